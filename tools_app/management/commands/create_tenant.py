@@ -1,0 +1,18 @@
+from django.core.management.base import BaseCommand
+
+from tools_app import tenants
+
+
+class Command(BaseCommand):
+    help = "Create a tenant and an API token for it; the token is printed once and never stored raw."
+
+    def add_arguments(self, parser):
+        parser.add_argument("slug")
+        parser.add_argument("--name", default="")
+        parser.add_argument("--token-name", default="agent", help="The agent identity the token stands for.")
+
+    def handle(self, slug, name, token_name, **options):
+        tenant = tenants.create_tenant(slug, name, actor="system:create_tenant")
+        _, raw = tenants.issue_token(tenant, token_name, actor="system:create_tenant")
+        self.stdout.write(f"Tenant {tenant.slug} created. API token for {token_name!r} (shown once):")
+        self.stdout.write(raw)

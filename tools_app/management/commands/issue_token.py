@@ -1,0 +1,20 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from tools_app import tenants
+from tools_app.models import Tenant
+
+
+class Command(BaseCommand):
+    help = "Issue another API token for an existing tenant (printed once)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("tenant")
+        parser.add_argument("name", help="The agent identity the token stands for.")
+
+    def handle(self, tenant, name, **options):
+        try:
+            tenant_obj = Tenant.objects.get(slug=tenant)
+        except Tenant.DoesNotExist:
+            raise CommandError(f"no tenant {tenant!r}") from None
+        _, raw = tenants.issue_token(tenant_obj, name, actor="system:issue_token")
+        self.stdout.write(raw)

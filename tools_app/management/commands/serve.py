@@ -1,0 +1,119 @@
+"""`make run`: migrate, create the demo, start every process, print where things are.
+
+Ctrl-C (or SIGTERM) stops every process this command started, and the
+embedded PostgreSQL server if that is what it ran on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from idemops import embedded_pg
+from tools_app.demo import ensure_demo
+
+STOP_GRACE_SECONDS = 5
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+class Command(BaseCommand):
+    help = "Run the whole platform in the foreground: web (admin, API, /mcp) and the job cluster."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default=os.environ.get("IDEMOPS_HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=int(os.environ.get("IDEMOPS_PORT", "8000")))
+        parser.add_argument("--web-workers", type=int, default=int(os.environ.get("WEB_WORKERS", "1")))
+
+    def handle(self, host, port, web_workers, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        demo = ensure_demo()
+        processes = [self.start(name, argv) for name, argv in self.process_specs(host, port, web_workers)]
+        # Also when started in the background, where SIGINT arrives ignored.
+        signal.signal(signal.SIGINT, _interrupt)
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            self.wait_until_healthy(f"http://{host}:{port}/healthz", processes)
+            self.print_banner(f"http://{host}:{port}", demo)
+            while all(p.poll() is None for _, p in processes):
+                time.sleep(0.5)
+            self.stderr.write("a process exited; stopping the others")
+        except KeyboardInterrupt:
+            self.stdout.write("\nstopping…")
+        finally:
+            self.stop(processes)
+            if settings.EMBEDDED_DATABASE:
+                embedded_pg.stop(settings.PGDATA.resolve())
+
+    def process_specs(self, host, port, web_workers):
+        python = sys.executable
+        return [
+            ("web", [python, "-m", "uvicorn", "idemops.asgi:application", "--host", host, "--port", str(port),
+                     "--workers", str(web_workers), "--no-access-log"]),
+            ("jobs", [python, "manage.py", "qcluster"]),
+        ]
+
+    def start(self, name, argv):
+        # Own session, so Ctrl-C reaches us first and we stop children in order.
+        return name, subprocess.Popen(argv, start_new_session=True, env=os.environ.copy())
+
+    def wait_until_healthy(self, url, processes, timeout=30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for _, p in processes):
+                raise SystemExit("a process exited during start-up; see its output above")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        raise SystemExit(f"{url} did not become healthy within {timeout}s")
+
+    def stop(self, processes):
+        for _, process in processes:
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for name, process in processes:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                # qcluster can hang on SIGTERM (django-q2 #346); the ORM
+                # broker redelivers whatever it held.
+                self.stderr.write(f"{name} did not stop in {STOP_GRACE_SECONDS}s; killing it")
+                process.kill()
+                process.wait()
+
+    def print_banner(self, base, demo):
+        token = demo.get("token", "(issued earlier; see var/demo-credentials.json)")
+        call = (
+            f"curl -s {base}/mcp -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' "
+            "-H 'Accept: application/json, text/event-stream' -d '{\"jsonrpc\":\"2.0\",\"id\":1,"
+            "\"method\":\"tools/call\",\"params\":{\"name\":\"create_order\",\"arguments\":{\"customer\":\"ACME\","
+            "\"items\":[{\"sku\":\"BOLT-1\",\"quantity\":3,\"unit_price\":\"2.50\"}],\"currency\":\"EUR\","
+            "\"idempotency_key\":\"demo-order-1\"}}}'"
+        )
+        password = demo.get("admin_password", "(in var/demo-credentials.json)")
+        self.stdout.write(f"""
+idemops is running.
+  Admin     {base}/admin/   user {demo['admin_user']}  password {password}
+  MCP       {base}/mcp      tenant demo, bearer token {token}
+  Health    {base}/healthz
+  Database  {'embedded PostgreSQL in ' + str(settings.PGDATA) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}
+
+Create an order (run it twice: the second call returns the same order, marked replayed):
+  {call}
+
+Ctrl-C stops everything.
+""")

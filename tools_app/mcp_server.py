@@ -1,0 +1,202 @@
+"""The MCP endpoint: the official SDK's MCPServer, serving the tool registry at /mcp.
+
+Each registered tool becomes an SDK `Tool` whose input schema is the tool's
+pydantic model and whose output schema adds the idempotency envelope. The
+handler is thin: authenticate (the SDK's bearer middleware calls our
+verifier), hand the raw arguments to `tools_app.calls.call_tool` in a
+database thread, and render the result or error.
+
+Streamable HTTP runs stateless, so any number of web processes can serve it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from typing import Any
+
+import anyio
+from django.conf import settings
+from django.db import close_old_connections
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.tools.base import Tool
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from tools_app import idempotency, metrics, tenants
+from tools_app.calls import Caller, CallResult, call_tool
+from tools_app.registry import ToolSpec, all_tools
+
+REPLAYED_META = "io.idemops/replayed"
+EXPIRES_META = "io.idemops/expires-at"
+
+
+# --- running ORM code from async handlers ---------------------------------------
+
+_db_limiter: anyio.CapacityLimiter | None = None
+
+
+async def in_db_thread(fn, /, *args, **kwargs):
+    """Run sync ORM code in a worker thread (not Django's single shared thread)."""
+    global _db_limiter
+    if _db_limiter is None:
+        _db_limiter = anyio.CapacityLimiter(settings.IDEMOPS["MCP_DB_THREADS"])
+    return await anyio.to_thread.run_sync(functools.partial(_with_fresh_connection, fn, *args, **kwargs),
+                                          limiter=_db_limiter)
+
+
+def _with_fresh_connection(fn, *args, **kwargs):
+    # Threads are pooled and keep their persistent connection; drop it if it
+    # broke or aged out, as Django does around each HTTP request.
+    close_old_connections()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        close_old_connections()
+
+
+# --- authentication ---------------------------------------------------------------
+
+
+class TenantTokenVerifier:
+    """Maps `Authorization: Bearer <token>` to the tenant and agent identity."""
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        api_token = await in_db_thread(tenants.authenticate_token, token)
+        if api_token is None:
+            return None
+        return AccessToken(
+            token=token, client_id=api_token.agent_identity, scopes=["tools"],
+            claims={"tenant_id": api_token.tenant_id, "token_id": api_token.pk},
+        )
+
+
+def current_caller() -> Caller:
+    access = get_access_token()
+    if access is None or not access.claims:  # the bearer middleware runs first; this is a guard
+        raise PermissionError("no authenticated tenant")
+    return Caller(tenant_id=access.claims["tenant_id"], actor=access.client_id)
+
+
+# --- results ----------------------------------------------------------------------
+
+
+class IdempotencyInfo(BaseModel):
+    """Attached to every write tool response."""
+
+    status: str = Field(description="SUCCEEDED, FAILED, PROCESSING or UNKNOWN")
+    replayed: bool = Field(description="True when this is the stored result of an earlier call with the key")
+    expires_at: str | None = Field(description="When this key's record may be reused or reviewed")
+    operation_id: str | None = None
+
+
+def idempotency_info(result: CallResult) -> dict[str, Any] | None:
+    record = result.record
+    if record is None:
+        return None
+    return IdempotencyInfo(status=record.status, replayed=result.replayed,
+                           expires_at=record.expires_at.isoformat(),
+                           operation_id=str(record.operation_id)).model_dump()
+
+
+def render(result: CallResult) -> CallToolResult:
+    info = idempotency_info(result)
+    if result.error is not None:
+        structured: dict[str, Any] = {"error": result.error.as_dict()}
+        text = f"{result.error.error_class}: {result.error.message}"
+    else:
+        structured = dict(result.result or {})
+        text = None
+    if info is not None:
+        structured["idempotency"] = info
+    # Sorted keys: PostgreSQL's jsonb does not keep key order, and a replay
+    # must read exactly like the first answer.
+    body = json.dumps(structured, ensure_ascii=False, sort_keys=True)
+    structured = json.loads(body)
+    meta = {REPLAYED_META: result.replayed, EXPIRES_META: info["expires_at"]} if info else None
+    return CallToolResult(
+        content=[TextContent(type="text", text=f"{text}\n{body}" if text else body)],
+        structured_content=structured, is_error=result.error is not None, _meta=meta,
+    )
+
+
+# --- SDK tools from registry declarations -----------------------------------------
+
+
+class _RawArguments(ArgModelBase):
+    """Passes the arguments through untouched: tools_app.calls validates them,
+    so a bad argument is an `invalid_input` error like any other."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def model_dump_one_level(self) -> dict[str, Any]:
+        return {"arguments": dict(self.model_extra or {})}
+
+
+def output_model(spec: ToolSpec) -> type[BaseModel]:
+    if not spec.writes:
+        return spec.output_model
+    return create_model(f"{spec.output_model.__name__}WithIdempotency", __base__=spec.output_model,
+                        idempotency=(IdempotencyInfo, ...))
+
+
+def annotations(spec: ToolSpec) -> ToolAnnotations:
+    return ToolAnnotations(
+        title=spec.title, read_only_hint=not spec.writes,
+        # With the same idempotency key, repeating a write has no further effect.
+        idempotent_hint=True, destructive_hint=spec.destructive if spec.writes else False,
+        open_world_hint=spec.open_world,
+    )
+
+
+def sdk_tool(spec: ToolSpec) -> Tool:
+    async def handle(arguments: dict[str, Any], ctx: Context) -> CallToolResult:
+        started = time.perf_counter()
+        caller = current_caller()
+        meta = ctx.request_context.meta or {}
+        result = await in_db_thread(call_tool, spec, caller, arguments, meta_key=meta.get(idempotency.META_KEY))
+        metrics.record_call(tenant_id=caller.tenant_id, tool=spec.name, outcome=result.outcome,
+                            error_class=result.error.error_class if result.error else "",
+                            latency_ms=(time.perf_counter() - started) * 1000)
+        return render(result)
+
+    out = output_model(spec)
+    return Tool(
+        fn=handle, name=spec.name, title=spec.title, description=spec.description,
+        parameters=spec.input_model.model_json_schema(), is_async=True, context_kwarg="ctx",
+        fn_metadata=FuncMetadata(arg_model=_RawArguments, output_model=out),
+        annotations=annotations(spec),
+    )
+
+
+def build_server() -> MCPServer:
+    public_url = settings.IDEMOPS["PUBLIC_URL"].rstrip("/")
+    return MCPServer(
+        name="idemops",
+        instructions="Write tools need an idempotency_key: reuse it on every retry of one operation. "
+                     "Errors carry a class: retry only `transient` (after retry_after, same key); "
+                     "`in_progress` means ask again with the same key; `unknown_outcome` means do not retry.",
+        tools=[sdk_tool(spec) for spec in all_tools()],
+        token_verifier=TenantTokenVerifier(),
+        # Our tokens are opaque per-tenant API keys, not audience-bound JWTs.
+        auth=AuthSettings(issuer_url=public_url, resource_server_url=f"{public_url}/mcp", required_scopes=["tools"],
+                          validate_token_resource=False),
+    )
+
+
+def build_app():
+    """The Starlette app serving /mcp (its lifespan runs the session manager)."""
+    return build_server().streamable_http_app(
+        streamable_http_path="/mcp",
+        stateless_http=True,
+        transport_security=TransportSecuritySettings(
+            allowed_hosts=settings.IDEMOPS["MCP_ALLOWED_HOSTS"],
+            allowed_origins=settings.IDEMOPS["MCP_ALLOWED_ORIGINS"],
+        ),
+    )

@@ -1,0 +1,75 @@
+from django.db import models
+from django.db.models import Q
+
+
+class RecordStatus(models.TextChoices):
+    PROCESSING = "PROCESSING", "Processing"
+    SUCCEEDED = "SUCCEEDED", "Succeeded"
+    FAILED = "FAILED", "Failed"
+    UNKNOWN = "UNKNOWN", "Unknown outcome"
+
+
+class ErrorClass(models.TextChoices):
+    """What an agent can do about an error. Shared by every tool."""
+
+    INVALID_INPUT = "invalid_input", "Invalid input: fix the arguments"
+    PERMISSION_DENIED = "permission_denied", "Permission denied"
+    NOT_FOUND = "not_found", "Not found"
+    CONFLICT = "conflict", "Key reused with other parameters"
+    IN_PROGRESS = "in_progress", "Still running: ask again after retry_after"
+    TRANSIENT = "transient", "Transient: retry with the same key after retry_after"
+    UNKNOWN_OUTCOME = "unknown_outcome", "Outcome unknown: do not retry, being reconciled"
+    EXPIRED = "expired", "Key past retention: a person must check"
+    ALREADY_DONE = "already_done", "Already done"
+
+
+class IdempotencyRecord(models.Model):
+    """One business operation: (tenant, tool, idempotency key) and what became of it.
+
+    The row is claimed by a single INSERT against the partial unique constraint
+    below; every later change is a conditional UPDATE in tools_app.idempotency.
+    A record past its retention may be *retired* (retired_at set), which frees
+    its key for a new operation while keeping the old row for auditors.
+    """
+
+    tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.PROTECT, related_name="records")
+    tool = models.CharField(max_length=100)
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the canonical business arguments.")
+    field_digests = models.JSONField(
+        default=dict, help_text="Digest per top-level argument, to name what differs on a conflict."
+    )
+    arguments = models.JSONField(default=dict, help_text="The business arguments (canonical form).")
+    status = models.CharField(max_length=16, choices=RecordStatus.choices, default=RecordStatus.PROCESSING)
+    result = models.JSONField(null=True, blank=True, help_text="What the first call returned; replays return it.")
+    error_class = models.CharField(max_length=32, choices=ErrorClass.choices, blank=True)
+    error_message = models.TextField(blank=True)
+    retry_not_before = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=1)
+    lease_owner = models.CharField(max_length=100, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    operation_id = models.UUIDField(unique=True, help_text="Stable id of this operation, sent downstream.")
+    trace_id = models.CharField(max_length=100, blank=True)
+    actor = models.CharField(max_length=200, blank=True, help_text="Who called (agent identity).")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(help_text="End of retention; what happens after is the tool's policy.")
+    retired_at = models.DateTimeField(null=True, blank=True, help_text="Set when an expired key was reused.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "tool", "key"],
+                condition=Q(retired_at__isnull=True),
+                name="one_live_record_per_key",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["status", "lease_expires_at"], name="record_status_lease"),
+            models.Index(fields=["tenant", "created_at"], name="record_tenant_created"),
+            models.Index(fields=["tool", "created_at"], name="record_tool_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} #{self.pk} ({self.status})"

@@ -1,0 +1,115 @@
+"""The tool registry: each tool is declared once, here or in tools_app/tools/.
+
+A declaration names the tool, its pydantic input and output models, whether
+it writes, which arguments are not business data (left out of the
+fingerprint), how long its idempotency records are kept and what happens to
+a key past that, and the handler. Everything else (the MCP schema, the
+annotations, the engine's policy) is derived from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tools_app.errors import NotFound
+from tools_app.idempotency import DEFAULT_RETENTION, KEY_RULE, ExpiryPolicy
+
+# Arguments every write tool takes that are not part of the operation.
+ENGINE_FIELDS = frozenset({"idempotency_key", "trace_id"})
+
+
+class ToolInput(BaseModel):
+    """Base of every tool's input model: unknown arguments are an error."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    trace_id: str | None = Field(None, max_length=100, description="Optional caller trace id, echoed in logs.")
+
+
+class WriteInput(ToolInput):
+    idempotency_key: str = Field(
+        description=f"Required for writes. The identity of this business operation: reuse it on every retry "
+                    f"of the same operation, use a new one for a new operation. {KEY_RULE}. May instead be sent "
+                    f"in the call's _meta as io.idemops/idempotency-key.",
+        min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._:-]+$",
+    )
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a handler knows about the call besides its arguments."""
+
+    tenant_id: int
+    actor: str
+    trace_id: str = ""
+    record: Any = None  # the IdempotencyRecord of a write call
+
+
+Handler = Callable[[ToolContext, Any], dict[str, Any] | BaseModel]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    title: str
+    description: str
+    input_model: type[ToolInput]
+    output_model: type[BaseModel]
+    handler: Handler
+    writes: bool
+    non_business_fields: frozenset[str] = frozenset()
+    retention: timedelta = DEFAULT_RETENTION
+    on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE
+    destructive: bool = False
+    open_world: bool = False
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def excluded_from_fingerprint(self) -> frozenset[str]:
+        return ENGINE_FIELDS | self.non_business_fields
+
+
+_TOOLS: dict[str, ToolSpec] = {}
+
+
+def register(spec: ToolSpec) -> ToolSpec:
+    if spec.name in _TOOLS:
+        raise ValueError(f"tool {spec.name!r} is declared twice")
+    if spec.writes and not issubclass(spec.input_model, WriteInput):
+        raise TypeError(f"write tool {spec.name!r} must take a WriteInput model")
+    _TOOLS[spec.name] = spec
+    return spec
+
+
+def _declare(writes: bool, **declaration: Any) -> Callable[[Handler], Handler]:
+    def decorator(handler: Handler) -> Handler:
+        description = declaration.pop("description", None) or (handler.__doc__ or "").strip()
+        register(ToolSpec(handler=handler, writes=writes, description=description, **declaration))
+        return handler
+
+    return decorator
+
+
+def write_tool(**declaration: Any) -> Callable[[Handler], Handler]:
+    """Declare a tool with side effects; it runs under the idempotency engine."""
+    return _declare(True, **declaration)
+
+
+def read_tool(**declaration: Any) -> Callable[[Handler], Handler]:
+    return _declare(False, **declaration)
+
+
+def get_tool(name: str) -> ToolSpec:
+    try:
+        return _TOOLS[name]
+    except KeyError:
+        raise NotFound(f"unknown tool {name!r}; tools/list names the tools") from None
+
+
+def all_tools() -> list[ToolSpec]:
+    return list(_TOOLS.values())

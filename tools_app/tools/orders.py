@@ -1,0 +1,72 @@
+"""Orders: `create_order` (write) and `get_order` (read)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+
+from tools_app.errors import NotFound
+from tools_app.models import Order, OrderLine
+from tools_app.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
+
+Money = Annotated[Decimal, Field(gt=0, max_digits=12, decimal_places=2)]
+Currency = Annotated[str, Field(pattern=r"^[A-Z]{3}$", description="ISO 4217 code, e.g. EUR")]
+
+
+class OrderItem(BaseModel):
+    sku: str = Field(min_length=1, max_length=64)
+    quantity: int = Field(gt=0, le=10_000)
+    unit_price: Money
+
+
+class CreateOrderInput(WriteInput):
+    customer: str = Field(min_length=1, max_length=200)
+    items: list[OrderItem] = Field(min_length=1, max_length=500)
+    currency: Currency
+
+
+class OrderOutput(BaseModel):
+    order_id: int
+    customer: str
+    currency: str
+    total: str = Field(description="Decimal string, e.g. 12.50")
+    items: list[OrderItem]
+    created_at: datetime
+
+
+class GetOrderInput(ToolInput):
+    order_id: int
+
+
+def order_output(order: Order) -> OrderOutput:
+    return OrderOutput(
+        order_id=order.pk, customer=order.customer, currency=order.currency, total=f"{order.total:.2f}",
+        items=[OrderItem(sku=line.sku, quantity=line.quantity, unit_price=line.unit_price)
+               for line in order.lines.all()],
+        created_at=order.created_at,
+    )
+
+
+@write_tool(name="create_order", title="Create an order", input_model=CreateOrderInput, output_model=OrderOutput)
+def create_order(ctx: ToolContext, args: CreateOrderInput) -> OrderOutput:
+    """Create an order with its lines and return its id and total. Requires idempotency_key: a retry with
+    the same key returns the same order instead of creating another."""
+    total = sum((item.unit_price * item.quantity for item in args.items), Decimal("0"))
+    order = Order.objects.create(tenant_id=ctx.tenant_id, record=ctx.record, customer=args.customer,
+                                 currency=args.currency, total=total)
+    OrderLine.objects.bulk_create(
+        OrderLine(order=order, sku=item.sku, quantity=item.quantity, unit_price=item.unit_price)
+        for item in args.items)
+    return order_output(order)
+
+
+@read_tool(name="get_order", title="Get an order", input_model=GetOrderInput, output_model=OrderOutput)
+def get_order(ctx: ToolContext, args: GetOrderInput) -> OrderOutput:
+    """Read one of this tenant's orders by id."""
+    order = Order.objects.filter(tenant_id=ctx.tenant_id, pk=args.order_id).prefetch_related("lines").first()
+    if order is None:
+        raise NotFound(f"no order {args.order_id} in this tenant")
+    return order_output(order)
