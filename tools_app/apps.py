@@ -8,4 +8,9 @@ class ToolsAppConfig(AppConfig):
 
     def ready(self) -> None:
         # Importing the tools registers them (one declaration per tool).
+        from django.db.models.signals import post_migrate
+
         from tools_app import tools  # noqa: F401
+        from tools_app.schedules import ensure_schedules
+
+        post_migrate.connect(ensure_schedules, sender=self)

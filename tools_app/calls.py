@@ -7,6 +7,7 @@ idempotent operation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,13 +16,14 @@ from pydantic import BaseModel, ValidationError
 from tools_app import idempotency
 from tools_app.errors import InvalidInput, ToolFailure
 from tools_app.models import CallOutcome, IdempotencyRecord
-from tools_app.registry import ToolContext, ToolSpec
+from tools_app.registry import ToolContext, ToolSpec, _no_progress
 
 
 @dataclass(frozen=True)
 class Caller:
     tenant_id: int
     actor: str
+    report_progress: Callable[[float, float | None, str | None], None] = _no_progress
 
 
 @dataclass
@@ -51,7 +53,8 @@ def call_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta
         if spec.writes:
             return _call_write(spec, caller, arguments, meta_key)
         args = validate_arguments(spec, arguments)
-        context = ToolContext(tenant_id=caller.tenant_id, actor=caller.actor, trace_id=args.trace_id or "")
+        context = ToolContext(tenant_id=caller.tenant_id, actor=caller.actor, trace_id=args.trace_id or "",
+                              report_progress=caller.report_progress)
         return CallResult(spec, result=dump_result(spec, spec.handler(context, args)))
     except ToolFailure as failure:
         return CallResult(spec, error=failure)
@@ -68,7 +71,7 @@ def _call_write(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_
 
     def execute(record: IdempotencyRecord) -> dict[str, Any]:
         context = ToolContext(tenant_id=caller.tenant_id, actor=caller.actor, trace_id=operation.trace_id,
-                              record=record)
+                              record=record, report_progress=caller.report_progress)
         return dump_result(spec, spec.handler(context, args))
 
     outcome = idempotency.run(operation, execute)

@@ -77,11 +77,16 @@ class TenantTokenVerifier:
         )
 
 
-def current_caller() -> Caller:
+def current_caller(ctx: Context) -> Caller:
     access = get_access_token()
     if access is None or not access.claims:  # the bearer middleware runs first; this is a guard
         raise PermissionError("no authenticated tenant")
-    return Caller(tenant_id=access.claims["tenant_id"], actor=access.client_id)
+
+    def report_progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        # Called from the database thread; the notification is sent on the event loop.
+        anyio.from_thread.run(ctx.report_progress, done, total, message)
+
+    return Caller(tenant_id=access.claims["tenant_id"], actor=access.client_id, report_progress=report_progress)
 
 
 # --- results ----------------------------------------------------------------------
@@ -158,7 +163,7 @@ def annotations(spec: ToolSpec) -> ToolAnnotations:
 def sdk_tool(spec: ToolSpec) -> Tool:
     async def handle(arguments: dict[str, Any], ctx: Context) -> CallToolResult:
         started = time.perf_counter()
-        caller = current_caller()
+        caller = current_caller(ctx)
         meta = ctx.request_context.meta or {}
         result = await in_db_thread(call_tool, spec, caller, arguments, meta_key=meta.get(idempotency.META_KEY))
         metrics.record_call(tenant_id=caller.tenant_id, tool=spec.name, outcome=result.outcome,

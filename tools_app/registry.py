@@ -40,6 +40,10 @@ class WriteInput(ToolInput):
     )
 
 
+def _no_progress(done: float, total: float | None = None, message: str | None = None) -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class ToolContext:
     """What a handler knows about the call besides its arguments."""
@@ -48,6 +52,9 @@ class ToolContext:
     actor: str
     trace_id: str = ""
     record: Any = None  # the IdempotencyRecord of a write call
+    # Sends an MCP progress notification if the caller asked for them
+    # (a progressToken); a no-op otherwise. Callable from the handler's thread.
+    report_progress: Callable[[float, float | None, str | None], None] = _no_progress
 
 
 Handler = Callable[[ToolContext, Any], dict[str, Any] | BaseModel]
