@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from tools_app import audit
-from tools_app.models import ApiToken, Tenant
+from tools_app.models import ApiToken, Tenant, TenantAccess
 
 TOKEN_PREFIX = "idm_"
 # last_used_at is informational; refreshing it at most this often keeps the
@@ -64,3 +64,10 @@ def authenticate_token(raw_token: str) -> ApiToken | None:
     if token.last_used_at is None or token.last_used_at < now - LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token
+
+
+def visible_tenant_ids(user) -> set[int] | None:
+    """The tenants a user may see: None means all (superusers)."""
+    if user.is_superuser:
+        return None
+    return set(TenantAccess.objects.filter(user=user).values_list("tenant_id", flat=True))

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from tools_app.models import ApiToken, Tenant
+from tools_app.models import ApiToken, Tenant, TenantAccess
 
 
 @admin.register(Tenant)
@@ -14,3 +14,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
     list_display = ["tenant", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
     list_filter = ["tenant"]
     readonly_fields = ["prefix", "digest", "created_at", "last_used_at"]
+
+
+@admin.register(TenantAccess)
+class TenantAccessAdmin(admin.ModelAdmin):
+    list_display = ["user", "tenant", "granted_at"]
+    list_filter = ["tenant"]

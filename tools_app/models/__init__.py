@@ -4,7 +4,7 @@ from tools_app.models.audit import AuditEvent
 from tools_app.models.business import Order, OrderLine, Ticket
 from tools_app.models.idempotency import ErrorClass, IdempotencyRecord, RecordStatus
 from tools_app.models.metrics import CallEvent, CallOutcome
-from tools_app.models.tenants import ApiToken, Tenant
+from tools_app.models.tenants import ApiToken, Tenant, TenantAccess
 
 __all__ = [
     "ApiToken",
@@ -17,5 +17,6 @@ __all__ = [
     "OrderLine",
     "RecordStatus",
     "Tenant",
+    "TenantAccess",
     "Ticket",
 ]

@@ -40,3 +40,22 @@ class ApiToken(models.Model):
     def agent_identity(self) -> str:
         """How this caller appears in audit events and approval requests."""
         return f"agent:{self.tenant.slug}/{self.name}"
+
+
+class TenantAccess(models.Model):
+    """Grants a Django user (operator, approver or auditor) one tenant.
+
+    Superusers see every tenant; any other user sees only the tenants granted
+    here (see tools_app.tenants.visible_tenant_ids).
+    """
+
+    user = models.ForeignKey("auth.User", on_delete=models.CASCADE, related_name="tenant_access")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="access")
+    granted_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name_plural = "tenant access"
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="tenant_access_once")]
+
+    def __str__(self) -> str:
+        return f"{self.user} → {self.tenant}"
