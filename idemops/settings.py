@@ -123,6 +123,10 @@ def _database_settings(url: str) -> dict:
     )
     if config["ENGINE"] != "django.db.backends.postgresql":
         raise RuntimeError("idemops runs on PostgreSQL only; DATABASE_URL must be postgres://...")
+    # Server-side binding lets psycopg prepare the statements we repeat (the
+    # engine's claim is one large statement: planning it each time would cost
+    # more than running it).
+    config["OPTIONS"].setdefault("server_side_binding", env_bool("DB_SERVER_SIDE_BINDING", True))
     # A Unix-socket URL (?host=/path) carries the host as an option.
     if not config["HOST"] and "host" in config["OPTIONS"]:
         config["HOST"] = config["OPTIONS"].pop("host")
@@ -191,7 +195,34 @@ IDEMOPS = {
     # How long a follower waits for the executor before answering in_progress.
     "FOLLOWER_WAIT_SECONDS": float(os.environ.get("IDEMOPS_FOLLOWER_WAIT_SECONDS", "2.0")),
     "IN_PROGRESS_RETRY_AFTER_SECONDS": env_int("IDEMOPS_IN_PROGRESS_RETRY_AFTER_SECONDS", 2),
+    # Reconciliation of UNKNOWN outcomes: backoff base, attempts before a
+    # person is asked, how long one reconciler keeps its turn on a record.
+    "RECONCILE_BACKOFF_SECONDS": env_int("IDEMOPS_RECONCILE_BACKOFF_SECONDS", 10),
+    "RECONCILE_MAX_ATTEMPTS": env_int("IDEMOPS_RECONCILE_MAX_ATTEMPTS", 6),
+    "RECONCILE_TURN_SECONDS": env_int("IDEMOPS_RECONCILE_TURN_SECONDS", 60),
+    # Downstream systems. `make run` starts demo ones (a payment gateway, a
+    # notification sink) unless this is off.
+    "RUN_DEMO_DOWNSTREAMS": env_bool("IDEMOPS_RUN_DEMO_DOWNSTREAMS", True),
+    "PAYMENT_GATEWAY_URL": os.environ.get("PAYMENT_GATEWAY_URL", "http://127.0.0.1:8001"),
+    "PAYMENT_GATEWAY_TIMEOUT_SECONDS": float(os.environ.get("PAYMENT_GATEWAY_TIMEOUT_SECONDS", "5")),
+    "WEBHOOK_ALLOWED_PREFIXES": env_list("NOTIFICATION_WEBHOOK_ALLOWED_PREFIXES", "http://127.0.0.1:8002/webhooks/"),
+    "WEBHOOK_TIMEOUT_SECONDS": float(os.environ.get("NOTIFICATION_WEBHOOK_TIMEOUT_SECONDS", "5")),
+    # The outbox relay.
+    "OUTBOX_BATCH_SIZE": env_int("IDEMOPS_OUTBOX_BATCH_SIZE", 20),
+    "OUTBOX_MAX_ATTEMPTS": env_int("IDEMOPS_OUTBOX_MAX_ATTEMPTS", 8),
+    "OUTBOX_BACKOFF_SECONDS": env_int("IDEMOPS_OUTBOX_BACKOFF_SECONDS", 5),
 }
+
+# Notification email goes through Django's SMTP backend (make run starts a
+# local sink on 8025; point EMAIL_HOST at a real relay in production).
+EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "127.0.0.1")
+EMAIL_PORT = env_int("EMAIL_PORT", 8025)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "idemops@localhost")
 
 LOGGING = {
     "version": 1,

@@ -40,9 +40,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from tools_app import audit
+from tools_app import audit, db
+from tools_app.crashpoints import crash_point
 from tools_app.errors import (
     Conflict,
     Expired,
@@ -52,7 +54,7 @@ from tools_app.errors import (
     Transient,
     UnknownOutcome,
 )
-from tools_app.models import IdempotencyRecord, RecordStatus
+from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +142,12 @@ class Operation:
     trace_id: str = ""
     retention: timedelta = DEFAULT_RETENTION
     on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE
+    # True: the side effect is local and commits with the record (a crash
+    # leaves nothing). False: it happens elsewhere (a downstream call), so
+    # the engine holds no transaction across it and an interrupted call ends
+    # UNKNOWN, to be reconciled.
+    transactional: bool = True
+    downstream_key: str = ""
 
     @cached_property
     def fingerprint(self) -> str:
@@ -162,6 +170,7 @@ class Outcome:
     record: IdempotencyRecord
     replayed: bool = False
     error: ToolFailure | None = None
+    executed: bool = False  # this call ran the side effect (or tried to)
 
     @property
     def result(self) -> dict[str, Any] | None:
@@ -234,24 +243,49 @@ def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) 
 
 
 def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome:
+    crash_point("after_claim")
     try:
-        with transaction.atomic():
+        if op.transactional:
+            with transaction.atomic():
+                result = execute(record)
+                record = mark_succeeded(record, result, actor=op.actor)
+        else:
             result = execute(record)
-            record = mark_succeeded(record, result, actor=op.actor)
+            crash_point("after_downstream")
+            with transaction.atomic():
+                record = mark_succeeded(record, result, actor=op.actor)
+    except UnknownOutcome as unknown:
+        return Outcome(mark_unknown(record, unknown, actor=op.actor), error=unknown, executed=True)
     except ToolFailure as failure:
-        return Outcome(mark_failed(record, failure, actor=op.actor), error=failure)
+        return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
     except LeaseLost:
         record.refresh_from_db()
-        return Outcome(record, error=UnknownOutcome(
+        return Outcome(record, executed=True, error=UnknownOutcome(
             "this call overran its lease and its outcome is being reconciled; do not retry with a new key"))
-    except Exception:
-        # A bug or a database error: the transaction rolled back, so nothing
-        # of the side effect committed and the same key may run again.
-        logger.exception("tool %s raised; record %s marked transient", op.tool, record.pk)
-        failure = Transient("internal error, nothing was committed; retry with the same key",
-                            retry_after=INTERNAL_ERROR_RETRY_AFTER)
-        return Outcome(mark_failed(record, failure, actor=op.actor), error=failure)
-    return Outcome(record)
+    except Exception as exc:
+        return _unexpected_error(record, op, exc)
+    crash_point("after_commit")
+    return Outcome(record, executed=True)
+
+
+def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) -> Outcome:
+    logger.exception("tool %s raised; record %s", op.tool, record.pk)
+    if not op.transactional:
+        # We cannot tell whether the downstream request went out.
+        unknown = UnknownOutcome("the call failed unexpectedly after it may have reached the downstream system; "
+                                 "it is being reconciled, do not retry with a new key",
+                                 evidence=evidence_entry("executor", error=type(exc).__name__))
+        return Outcome(mark_unknown(record, unknown, actor=op.actor), error=unknown, executed=True)
+    # A bug or a database error: the transaction rolled back, so nothing
+    # of the side effect committed and the same key may run again.
+    failure = Transient("internal error, nothing was committed; retry with the same key",
+                        retry_after=INTERNAL_ERROR_RETRY_AFTER)
+    return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
+
+
+def evidence_entry(source: str, **facts: Any) -> dict[str, Any]:
+    """One piece of evidence: who looked (executor, reconciler, operator, sweep), when, and what they saw."""
+    return {"at": timezone.now().isoformat(), "source": source, **facts}
 
 
 # --- state changes: one function each ----------------------------------------
@@ -275,49 +309,74 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
         field_digests=op.field_digests, arguments=json.loads(canonical_json(op.arguments)),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=_lease_owner(), lease_expires_at=_lease_expiry(now),
-        operation_id=uuid.uuid4(), trace_id=op.trace_id, actor=op.actor,
+        operation_id=uuid.uuid4(), trace_id=op.trace_id, actor=op.actor, downstream_key=op.downstream_key,
         created_at=now, updated_at=now, expires_at=now + op.retention,
     )
-    with transaction.atomic():
-        if _insert_unless_key_taken(record):
-            audit.record_event(action="record.claimed", obj=record, actor=op.actor, trace_id=op.trace_id,
-                               after={"status": record.status, "fingerprint": record.fingerprint})
-            return record, True
-    live = IdempotencyRecord.objects.filter(
-        tenant_id=op.tenant_id, tool=op.tool, key=op.key, retired_at__isnull=True).first()
-    if live is None:  # retired between our INSERT and this read: claim again
+    claimed_event = AuditEvent(
+        tenant_id=op.tenant_id, actor=op.actor, action="record.claimed", object_type="idempotencyrecord",
+        after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint}, trace_id=op.trace_id,
+        created_at=now,
+    )
+    row = _claim_or_fetch(record, claimed_event) or _fetch_live(op)
+    if row is None:  # the live record was retired between our INSERT and the read
         return claim(op)
-    return live, False
+    return db.from_row(IdempotencyRecord, row[:-1]), row[-1]
 
 
-def _insert_unless_key_taken(record: IdempotencyRecord) -> bool:
-    """INSERT the row; if the unique constraint already holds its key, insert nothing.
+def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tuple | None:
+    """One statement: INSERT the record and its audit event, or return the live record.
 
-    One statement, so two racing claims cannot both win: PostgreSQL makes the
-    second INSERT wait for the first to commit, then skip.
+    PostgreSQL makes an INSERT that collides with an uncommitted one wait for
+    it, then skip; so of two racing claims exactly one inserts. The row's last
+    column says whether this call inserted it. The fallback SELECT runs in
+    the statement's snapshot, taken before any such wait: after a race it may
+    see nothing, and the caller reads again.
     """
-    fields = [f for f in record._meta.concrete_fields if not f.primary_key]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    params = [f.get_db_prep_save(getattr(record, f.attname), connection) for f in fields]
-    sql = (f"INSERT INTO {connection.ops.quote_name(record._meta.db_table)} ({columns}) "
-           f"VALUES ({', '.join(['%s'] * len(fields))}) ON CONFLICT DO NOTHING RETURNING id")
+    columns, values, params = db.insert_parts(record)
+    audit_columns, audit_values, audit_params = db.insert_parts(
+        claimed_event, expressions={"object_id": "claimed.id::text"})
+    _, select_list = db.select_columns(IdempotencyRecord)
+    records = db.table(IdempotencyRecord)
+    sql = f"""
+        WITH claimed AS (
+            INSERT INTO {records} ({", ".join(columns)}) VALUES ({", ".join(values)})
+            ON CONFLICT DO NOTHING RETURNING *
+        ), audited AS (
+            INSERT INTO {db.table(AuditEvent)} ({", ".join(audit_columns)})
+            SELECT {", ".join(audit_values)} FROM claimed
+        )
+        SELECT {select_list}, true FROM claimed
+        UNION ALL
+        SELECT {select_list}, false FROM {records}
+        WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL AND NOT EXISTS (SELECT FROM claimed)
+    """
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        return False
-    record.pk = row[0]
-    record._state.adding = False
-    return True
+        cursor.execute(sql, [*params, *audit_params, record.tenant_id, record.tool, record.key])
+        return cursor.fetchone()
 
 
-def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any]) -> bool:
-    """The conditional UPDATE every state change goes through."""
+def _fetch_live(op: Operation) -> tuple | None:
+    _, select_list = db.select_columns(IdempotencyRecord)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {select_list}, false FROM {db.table(IdempotencyRecord)} "
+                       "WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL",
+                       [op.tenant_id, op.tool, op.key])
+        return cursor.fetchone()
+
+
+def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any],
+                evidence: dict[str, Any] | None = None) -> bool:
+    """The conditional UPDATE every state change goes through (appending evidence, if any)."""
     changes = {**changes, "updated_at": timezone.now()}
-    updated = IdempotencyRecord.objects.filter(pk=record.pk, **expected).update(**changes)
+    update = dict(changes)
+    if evidence is not None:
+        update["evidence"] = RawSQL('"evidence" || %s::jsonb', (json.dumps([evidence]),))
+    updated = IdempotencyRecord.objects.filter(pk=record.pk, **expected).update(**update)
     if updated:
         for name, value in changes.items():
             setattr(record, name, value)
+        if evidence is not None:
+            record.evidence = [*record.evidence, evidence]
     return bool(updated)
 
 
@@ -345,7 +404,7 @@ def mark_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str) 
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
         "retry_not_before": retry_not_before, "finished_at": now, "expires_at": now + retention,
         "lease_owner": "", "lease_expires_at": None,
-    }):
+    }, evidence=failure.evidence):
         audit.record_event(action="record.failed", obj=record, actor=actor, trace_id=record.trace_id,
                            before={"status": RecordStatus.PROCESSING},
                            after={"status": RecordStatus.FAILED, "error_class": failure.error_class})
@@ -384,6 +443,94 @@ def retire(record: IdempotencyRecord, *, actor: str, reason: str = "retention en
                        {"retired_at": now}):
         return False
     audit.record_event(action="record.retired", obj=record, actor=actor, reason=reason)
+    return True
+
+
+@transaction.atomic
+def mark_unknown(record: IdempotencyRecord, unknown: UnknownOutcome, *, actor: str) -> IdempotencyRecord:
+    """PROCESSING -> UNKNOWN, by the lease holder, when the downstream outcome is unknowable here."""
+    if _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
+        "status": RecordStatus.UNKNOWN, "error_class": unknown.error_class, "error_message": unknown.message,
+        "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": timezone.now(),
+    }, evidence=unknown.evidence or evidence_entry("executor", note=unknown.message)):
+        audit.record_event(action="record.unknown", obj=record, actor=actor, trace_id=record.trace_id,
+                           before={"status": RecordStatus.PROCESSING}, after={"status": RecordStatus.UNKNOWN},
+                           reason=unknown.message)
+    else:
+        record.refresh_from_db()
+    return record
+
+
+def expire_leases(now: datetime | None = None) -> list[IdempotencyRecord]:
+    """PROCESSING -> UNKNOWN for every record whose executor's lease ran out (it died or hung).
+
+    Never re-executes: a dead executor may have done its side effect.
+    """
+    now = now or timezone.now()
+    expired = []
+    for record in IdempotencyRecord.objects.filter(status=RecordStatus.PROCESSING, lease_expires_at__lt=now):
+        with transaction.atomic():
+            if _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner,
+                                    "lease_expires_at__lt": now}, {
+                "status": RecordStatus.UNKNOWN, "error_class": "unknown_outcome",
+                "error_message": "the executor's lease expired before it recorded an outcome",
+                "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": now,
+            }, evidence=evidence_entry("sweep", note=f"lease of {record.lease_owner} expired")):
+                audit.record_event(action="record.unknown", obj=record, actor="system:lease-sweep",
+                                   before={"status": RecordStatus.PROCESSING},
+                                   after={"status": RecordStatus.UNKNOWN}, reason="lease expired")
+                expired.append(record)
+    return expired
+
+
+@transaction.atomic
+def resolve_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str, reason: str,
+                      evidence: dict[str, Any]) -> bool:
+    """UNKNOWN -> SUCCEEDED: the downstream did it; store its result so a replay returns it."""
+    now = timezone.now()
+    retention = record.expires_at - record.created_at
+    if not _transition(record, {"status": RecordStatus.UNKNOWN}, {
+        "status": RecordStatus.SUCCEEDED, "result": result, "error_class": "", "error_message": "",
+        "finished_at": now, "expires_at": now + retention, "next_reconcile_at": None,
+    }, evidence=evidence):
+        return False
+    audit.record_event(action="record.reconciled", obj=record, actor=actor, trace_id=record.trace_id, reason=reason,
+                       before={"status": RecordStatus.UNKNOWN}, after={"status": RecordStatus.SUCCEEDED})
+    return True
+
+
+@transaction.atomic
+def resolve_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str, reason: str,
+                   evidence: dict[str, Any]) -> bool:
+    """UNKNOWN -> FAILED: definitely not done. A transient failure lets the same key run again."""
+    now = timezone.now()
+    retention = record.expires_at - record.created_at
+    if not _transition(record, {"status": RecordStatus.UNKNOWN}, {
+        "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
+        "retry_not_before": now if failure.retryable else None, "finished_at": now,
+        "expires_at": now + retention, "next_reconcile_at": None,
+    }, evidence=evidence):
+        return False
+    audit.record_event(action="record.reconciled", obj=record, actor=actor, trace_id=record.trace_id, reason=reason,
+                       before={"status": RecordStatus.UNKNOWN},
+                       after={"status": RecordStatus.FAILED, "error_class": failure.error_class})
+    return True
+
+
+@transaction.atomic
+def note_unresolved(record: IdempotencyRecord, *, evidence: dict[str, Any], next_attempt_at: datetime | None,
+                    actor: str) -> bool:
+    """UNKNOWN stays UNKNOWN: count the attempt; with no next attempt, escalate to a person."""
+    changes: dict[str, Any] = {"reconcile_attempts": record.reconcile_attempts + 1,
+                               "next_reconcile_at": next_attempt_at}
+    if next_attempt_at is None:
+        changes["escalated_at"] = timezone.now()
+    if not _transition(record, {"status": RecordStatus.UNKNOWN, "reconcile_attempts": record.reconcile_attempts},
+                       changes, evidence=evidence):
+        return False
+    if next_attempt_at is None:
+        audit.record_event(action="record.escalated", obj=record, actor=actor, trace_id=record.trace_id,
+                           reason="automatic reconciliation gave up; a person must decide")
     return True
 
 

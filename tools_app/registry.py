@@ -74,6 +74,16 @@ class ToolSpec:
     on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE
     destructive: bool = False
     open_world: bool = False
+    # False for tools whose effect happens in another system: the engine then
+    # holds no transaction across the call, sends `downstream_key` along, and
+    # an interrupted call ends UNKNOWN until `reconciler` finds out.
+    transactional: bool = True
+    # (record) -> reconciliation.Found | NotDone | StillUnknown. Transactional
+    # tools need none: if their record never committed, neither did the effect.
+    reconciler: Callable[[Any], Any] | None = None
+    # (record, downstream reference) -> the result to store when an operator
+    # resolves an UNKNOWN record as succeeded.
+    result_for_reference: Callable[[Any, str], dict[str, Any]] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -89,6 +99,8 @@ def register(spec: ToolSpec) -> ToolSpec:
         raise ValueError(f"tool {spec.name!r} is declared twice")
     if spec.writes and not issubclass(spec.input_model, WriteInput):
         raise TypeError(f"write tool {spec.name!r} must take a WriteInput model")
+    if not spec.transactional and spec.reconciler is None:
+        raise TypeError(f"tool {spec.name!r} acts downstream and must declare a reconciler")
     _TOOLS[spec.name] = spec
     return spec
 

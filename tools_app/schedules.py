@@ -18,7 +18,12 @@ class PeriodicJob:
     minutes: int = 1
 
 
-PERIODIC_JOBS: list[PeriodicJob] = []
+PERIODIC_JOBS: list[PeriodicJob] = [
+    # Dead executors' records → UNKNOWN, then ask downstream what happened.
+    PeriodicJob("idemops: expire leases and reconcile", "tools_app.reconciliation.run_periodic"),
+    # Events whose delivery is due (new ones also wake the relay directly).
+    PeriodicJob("idemops: outbox relay", "tools_app.outbox.relay_pending"),
+]
 
 
 def ensure_schedules(**kwargs) -> None:

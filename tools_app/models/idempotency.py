@@ -56,6 +56,15 @@ class IdempotencyRecord(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(help_text="End of retention; what happens after is the tool's policy.")
     retired_at = models.DateTimeField(null=True, blank=True, help_text="Set when an expired key was reused.")
+    # Downstream systems and reconciliation (tools_app.reconciliation).
+    downstream_key = models.CharField(max_length=100, blank=True,
+                                      help_text="The key sent downstream, derived from (tenant, tool, key).")
+    evidence = models.JSONField(default=list, blank=True,
+                                help_text="What was asked downstream, what came back, when; newest last.")
+    reconcile_attempts = models.PositiveIntegerField(default=0)
+    next_reconcile_at = models.DateTimeField(null=True, blank=True)
+    escalated_at = models.DateTimeField(null=True, blank=True, help_text="Automatic reconciliation gave up: "
+                                                                         "a person must decide.")
 
     class Meta:
         constraints = [
@@ -69,7 +78,25 @@ class IdempotencyRecord(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="record_status_lease"),
             models.Index(fields=["tenant", "created_at"], name="record_tenant_created"),
             models.Index(fields=["tool", "created_at"], name="record_tool_created"),
+            models.Index(fields=["next_reconcile_at"], condition=Q(status="UNKNOWN"), name="record_unknown_due"),
         ]
+        permissions = [("resolve_unknown", "Can resolve UNKNOWN outcomes")]
 
     def __str__(self) -> str:
         return f"{self.tool} #{self.pk} ({self.status})"
+
+
+class UnknownOutcomeManager(models.Manager):
+    def get_queryset(self):
+        return super().get_queryset().filter(status=RecordStatus.UNKNOWN)
+
+
+class UnknownOutcome(IdempotencyRecord):
+    """The operators' queue of UNKNOWN records (same table, its own admin page)."""
+
+    objects = UnknownOutcomeManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "UNKNOWN outcome"
+        ordering = ["created_at"]
