@@ -127,6 +127,7 @@ def _database_settings(url: str) -> dict:
     # engine's claim is one large statement: planning it each time would cost
     # more than running it).
     config["OPTIONS"].setdefault("server_side_binding", env_bool("DB_SERVER_SIDE_BINDING", True))
+    config["OPTIONS"].setdefault("prepare_threshold", env_int("DB_PREPARE_THRESHOLD", 5))
     # A Unix-socket URL (?host=/path) carries the host as an option.
     if not config["HOST"] and "host" in config["OPTIONS"]:
         config["HOST"] = config["OPTIONS"].pop("host")

@@ -6,6 +6,7 @@ the code), so adding a field to a model needs no change here.
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from typing import Any
 
@@ -64,3 +65,45 @@ def from_row(model: type[models.Model], row: tuple) -> models.Model:
             value = converter(value, None, connection)
         values.append(value)
     return model.from_db(connection.alias, attnames, values)
+
+
+_COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "in": "= ANY(%s)"}
+
+
+def conditional_update(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any], *,
+                       event: models.Model | None = None, append: dict[str, Any] | None = None) -> bool:
+    """UPDATE `instance`'s row only if it still matches `expected`; INSERT `event` only if it did.
+
+    One statement, so the state change and its audit event commit together
+    or not at all, even outside a transaction. `expected` takes field names
+    with an optional `__lt`, `__lte`, `__in` or `__isnull`; `append` adds one
+    item to a JSON list field. Returns whether the row matched.
+    """
+    model = type(instance)
+    sets, params = [], []
+    for name, value in changes.items():
+        field = model._meta.get_field(name)
+        sets.append(f"{connection.ops.quote_name(field.column)} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    for name, item in (append or {}).items():
+        column = connection.ops.quote_name(model._meta.get_field(name).column)
+        sets.append(f"{column} = {column} || %s::jsonb")
+        params.append(json.dumps([item], default=str))
+    conditions, condition_params = ["id = %s"], [instance.pk]
+    for key, value in expected.items():
+        name, _, lookup = key.partition("__")
+        column = connection.ops.quote_name(model._meta.get_field(name).column)
+        if lookup == "isnull":
+            conditions.append(f"{column} IS {'' if value else 'NOT '}NULL")
+        else:
+            conditions.append(f"{column} {_COMPARISONS[lookup]}")
+            condition_params.append(list(value) if lookup == "in" else value)
+    sql = f"WITH changed AS (UPDATE {table(model)} SET {', '.join(sets)} WHERE {' AND '.join(conditions)} RETURNING id)"
+    event_params: list[Any] = []
+    if event is not None:
+        columns, values, event_params = insert_parts(event)
+        sql += (f", audited AS (INSERT INTO {table(type(event))} ({', '.join(columns)}) "
+                f"SELECT {', '.join(values)} FROM changed)")
+    with connection.cursor() as cursor:
+        cursor.execute(sql + " SELECT count(*) FROM changed", [*params, *condition_params, *event_params])
+        return cursor.fetchone()[0] == 1

@@ -40,10 +40,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from tools_app import audit, db
+from tools_app import db
 from tools_app.crashpoints import crash_point
 from tools_app.errors import (
     Conflict,
@@ -300,10 +299,10 @@ def _lease_expiry(now: datetime) -> datetime:
 
 
 def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
-    """Insert a PROCESSING record for `op`, or fetch the live one holding its key.
-
-    Returns (record, True) for the executor and (record, False) for a follower.
-    """
+    """Return (record, True) if this call inserted the PROCESSING record for
+    `op` and is its executor, or (the live record, False) for a follower."""
+    if row := _fetch_live(op):  # replays, the common case, stop here: one indexed read
+        return db.from_row(IdempotencyRecord, row), False
     now = timezone.now()
     record = IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
@@ -312,25 +311,22 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
         operation_id=uuid.uuid4(), trace_id=op.trace_id, actor=op.actor, downstream_key=op.downstream_key,
         created_at=now, updated_at=now, expires_at=now + op.retention,
     )
-    claimed_event = AuditEvent(
-        tenant_id=op.tenant_id, actor=op.actor, action="record.claimed", object_type="idempotencyrecord",
-        after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint}, trace_id=op.trace_id,
-        created_at=now,
-    )
-    row = _claim_or_fetch(record, claimed_event) or _fetch_live(op)
-    if row is None:  # the live record was retired between our INSERT and the read
-        return claim(op)
-    return db.from_row(IdempotencyRecord, row[:-1]), row[-1]
+    claimed_event = _event(record, "record.claimed", op.actor,
+                           after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
+    if row := _claim_or_fetch(record, claimed_event):
+        return db.from_row(IdempotencyRecord, row[:-1]), row[-1]
+    # We lost a race to a claim our statement's snapshot could not see: read it now.
+    return claim(op)
 
 
 def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tuple | None:
-    """One statement: INSERT the record and its audit event, or return the live record.
+    """One statement: INSERT the record and its audit event, unless a live record holds the key.
 
-    PostgreSQL makes an INSERT that collides with an uncommitted one wait for
-    it, then skip; so of two racing claims exactly one inserts. The row's last
-    column says whether this call inserted it. The fallback SELECT runs in
-    the statement's snapshot, taken before any such wait: after a race it may
-    see nothing, and the caller reads again.
+    Two first calls racing both pass the NOT EXISTS; PostgreSQL makes the
+    second INSERT wait for the first to commit and then skip (ON CONFLICT DO
+    NOTHING), so exactly one inserts. The loser's statement returns no row
+    (its snapshot predates the winner's commit) and the caller reads again.
+    The row's last column says whether this call inserted it.
     """
     columns, values, params = db.insert_parts(record)
     audit_columns, audit_values, audit_params = db.insert_parts(
@@ -338,8 +334,12 @@ def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tup
     _, select_list = db.select_columns(IdempotencyRecord)
     records = db.table(IdempotencyRecord)
     sql = f"""
-        WITH claimed AS (
-            INSERT INTO {records} ({", ".join(columns)}) VALUES ({", ".join(values)})
+        WITH live AS (
+            SELECT {select_list} FROM {records}
+            WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL
+        ), claimed AS (
+            INSERT INTO {records} ({", ".join(columns)}) SELECT {", ".join(values)}
+            WHERE NOT EXISTS (SELECT FROM live)
             ON CONFLICT DO NOTHING RETURNING *
         ), audited AS (
             INSERT INTO {db.table(AuditEvent)} ({", ".join(audit_columns)})
@@ -347,118 +347,108 @@ def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tup
         )
         SELECT {select_list}, true FROM claimed
         UNION ALL
-        SELECT {select_list}, false FROM {records}
-        WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL AND NOT EXISTS (SELECT FROM claimed)
+        SELECT *, false FROM live
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *audit_params, record.tenant_id, record.tool, record.key])
+        cursor.execute(sql, [record.tenant_id, record.tool, record.key, *params, *audit_params])
         return cursor.fetchone()
 
 
 def _fetch_live(op: Operation) -> tuple | None:
     _, select_list = db.select_columns(IdempotencyRecord)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {select_list}, false FROM {db.table(IdempotencyRecord)} "
+        cursor.execute(f"SELECT {select_list} FROM {db.table(IdempotencyRecord)} "
                        "WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL",
                        [op.tenant_id, op.tool, op.key])
         return cursor.fetchone()
 
 
-def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any],
-                evidence: dict[str, Any] | None = None) -> bool:
-    """The conditional UPDATE every state change goes through (appending evidence, if any)."""
+def _event(record: IdempotencyRecord, action: str, actor: str, **fields: Any) -> AuditEvent:
+    return AuditEvent(tenant_id=record.tenant_id, actor=actor, action=action, object_type="idempotencyrecord",
+                      object_id=str(record.pk), trace_id=record.trace_id, created_at=timezone.now(), **fields)
+
+
+def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any], *, action: str,
+                actor: str, reason: str = "", evidence: dict[str, Any] | None = None) -> bool:
+    """The conditional UPDATE every state change goes through, with its audit event, in one statement.
+
+    The event records the status before and after; `evidence`, if any, is
+    appended to the record's evidence list.
+    """
     changes = {**changes, "updated_at": timezone.now()}
-    update = dict(changes)
-    if evidence is not None:
-        update["evidence"] = RawSQL('"evidence" || %s::jsonb', (json.dumps([evidence]),))
-    updated = IdempotencyRecord.objects.filter(pk=record.pk, **expected).update(**update)
-    if updated:
-        for name, value in changes.items():
-            setattr(record, name, value)
-        if evidence is not None:
-            record.evidence = [*record.evidence, evidence]
-    return bool(updated)
+    event = _event(record, action, actor, reason=reason, before={"status": record.status},
+                   after={"status": changes.get("status", record.status),
+                          **({"error_class": changes["error_class"]} if changes.get("error_class") else {})})
+    if not db.conditional_update(record, expected, changes, event=event,
+                                 append={"evidence": evidence} if evidence else None):
+        return False
+    for name, value in changes.items():
+        setattr(record, name, value)
+    if evidence:
+        record.evidence = [*record.evidence, evidence]
+    return True
+
+
+def _finished(record: IdempotencyRecord, now: datetime) -> dict[str, Any]:
+    """Fields every move to a final status sets: retention counts from the finish."""
+    return {"finished_at": now, "expires_at": now + (record.expires_at - record.created_at)}
 
 
 def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str) -> IdempotencyRecord:
     """PROCESSING -> SUCCEEDED, by the lease holder. Call inside the business transaction."""
-    now = timezone.now()
-    retention = record.expires_at - record.created_at
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
-        "status": RecordStatus.SUCCEEDED, "result": result, "finished_at": now, "expires_at": now + retention,
-        "lease_owner": "", "lease_expires_at": None, "error_class": "", "error_message": "",
-    }):
+        "status": RecordStatus.SUCCEEDED, "result": result, "lease_owner": "", "lease_expires_at": None,
+        "error_class": "", "error_message": "", **_finished(record, timezone.now()),
+    }, action="record.succeeded", actor=actor):
         raise LeaseLost(record.pk)
-    audit.record_event(action="record.succeeded", obj=record, actor=actor, trace_id=record.trace_id,
-                       before={"status": RecordStatus.PROCESSING}, after={"status": RecordStatus.SUCCEEDED})
     return record
 
 
-@transaction.atomic
 def mark_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str) -> IdempotencyRecord:
     """PROCESSING -> FAILED, by the lease holder; a transient failure may be reclaimed later."""
     now = timezone.now()
-    retention = record.expires_at - record.created_at
     retry_not_before = now + timedelta(seconds=failure.retry_after or 0) if failure.retryable else None
-    if _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
+    if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
-        "retry_not_before": retry_not_before, "finished_at": now, "expires_at": now + retention,
-        "lease_owner": "", "lease_expires_at": None,
-    }, evidence=failure.evidence):
-        audit.record_event(action="record.failed", obj=record, actor=actor, trace_id=record.trace_id,
-                           before={"status": RecordStatus.PROCESSING},
-                           after={"status": RecordStatus.FAILED, "error_class": failure.error_class})
-    else:
+        "retry_not_before": retry_not_before, "lease_owner": "", "lease_expires_at": None, **_finished(record, now),
+    }, action="record.failed", actor=actor, reason=failure.message, evidence=failure.evidence):
         record.refresh_from_db()
     return record
 
 
-@transaction.atomic
+def mark_unknown(record: IdempotencyRecord, unknown: UnknownOutcome, *, actor: str) -> IdempotencyRecord:
+    """PROCESSING -> UNKNOWN, by the lease holder, when the downstream outcome is unknowable here."""
+    if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
+        "status": RecordStatus.UNKNOWN, "error_class": unknown.error_class, "error_message": unknown.message,
+        "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": timezone.now(),
+    }, action="record.unknown", actor=actor, reason=unknown.message,
+            evidence=unknown.evidence or evidence_entry("executor", note=unknown.message)):
+        record.refresh_from_db()
+    return record
+
+
 def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | None:
     """FAILED(transient) -> PROCESSING for a retry with the same key and arguments.
 
     Guarded by the attempt count we saw, so of several racing retries one wins.
     """
-    now = timezone.now()
     if not _transition(record, {
         "status": RecordStatus.FAILED, "error_class": "transient", "fingerprint": op.fingerprint,
         "attempts": record.attempts,
     }, {
         "status": RecordStatus.PROCESSING, "attempts": record.attempts + 1, "lease_owner": _lease_owner(),
-        "lease_expires_at": _lease_expiry(now), "error_class": "", "error_message": "", "retry_not_before": None,
-        "finished_at": None, "trace_id": op.trace_id or record.trace_id,
-    }):
+        "lease_expires_at": _lease_expiry(timezone.now()), "error_class": "", "error_message": "",
+        "retry_not_before": None, "finished_at": None, "trace_id": op.trace_id or record.trace_id,
+    }, action="record.reclaimed", actor=op.actor):
         return None
-    audit.record_event(action="record.reclaimed", obj=record, actor=op.actor, trace_id=op.trace_id,
-                       before={"status": RecordStatus.FAILED}, after={"status": RecordStatus.PROCESSING,
-                                                                     "attempts": record.attempts})
     return record
 
 
-@transaction.atomic
 def retire(record: IdempotencyRecord, *, actor: str, reason: str = "retention ended; key reused") -> bool:
     """Free an expired finished record's key; the row stays for auditors."""
     now = timezone.now()
-    if not _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": now},
-                       {"retired_at": now}):
-        return False
-    audit.record_event(action="record.retired", obj=record, actor=actor, reason=reason)
-    return True
-
-
-@transaction.atomic
-def mark_unknown(record: IdempotencyRecord, unknown: UnknownOutcome, *, actor: str) -> IdempotencyRecord:
-    """PROCESSING -> UNKNOWN, by the lease holder, when the downstream outcome is unknowable here."""
-    if _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
-        "status": RecordStatus.UNKNOWN, "error_class": unknown.error_class, "error_message": unknown.message,
-        "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": timezone.now(),
-    }, evidence=unknown.evidence or evidence_entry("executor", note=unknown.message)):
-        audit.record_event(action="record.unknown", obj=record, actor=actor, trace_id=record.trace_id,
-                           before={"status": RecordStatus.PROCESSING}, after={"status": RecordStatus.UNKNOWN},
-                           reason=unknown.message)
-    else:
-        record.refresh_from_db()
-    return record
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": now},
+                       {"retired_at": now}, action="record.retired", actor=actor, reason=reason)
 
 
 def expire_leases(now: datetime | None = None) -> list[IdempotencyRecord]:
@@ -467,71 +457,44 @@ def expire_leases(now: datetime | None = None) -> list[IdempotencyRecord]:
     Never re-executes: a dead executor may have done its side effect.
     """
     now = now or timezone.now()
-    expired = []
-    for record in IdempotencyRecord.objects.filter(status=RecordStatus.PROCESSING, lease_expires_at__lt=now):
-        with transaction.atomic():
-            if _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner,
-                                    "lease_expires_at__lt": now}, {
-                "status": RecordStatus.UNKNOWN, "error_class": "unknown_outcome",
-                "error_message": "the executor's lease expired before it recorded an outcome",
-                "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": now,
-            }, evidence=evidence_entry("sweep", note=f"lease of {record.lease_owner} expired")):
-                audit.record_event(action="record.unknown", obj=record, actor="system:lease-sweep",
-                                   before={"status": RecordStatus.PROCESSING},
-                                   after={"status": RecordStatus.UNKNOWN}, reason="lease expired")
-                expired.append(record)
-    return expired
+    stale = IdempotencyRecord.objects.filter(status=RecordStatus.PROCESSING, lease_expires_at__lt=now)
+    return [record for record in stale if _transition(
+        record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner, "lease_expires_at__lt": now},
+        {"status": RecordStatus.UNKNOWN, "error_class": "unknown_outcome",
+         "error_message": "the executor's lease expired before it recorded an outcome",
+         "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": now},
+        action="record.unknown", actor="system:lease-sweep", reason="lease expired",
+        evidence=evidence_entry("sweep", note=f"lease of {record.lease_owner} expired"))]
 
 
-@transaction.atomic
 def resolve_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str, reason: str,
                       evidence: dict[str, Any]) -> bool:
     """UNKNOWN -> SUCCEEDED: the downstream did it; store its result so a replay returns it."""
-    now = timezone.now()
-    retention = record.expires_at - record.created_at
-    if not _transition(record, {"status": RecordStatus.UNKNOWN}, {
+    return _transition(record, {"status": RecordStatus.UNKNOWN}, {
         "status": RecordStatus.SUCCEEDED, "result": result, "error_class": "", "error_message": "",
-        "finished_at": now, "expires_at": now + retention, "next_reconcile_at": None,
-    }, evidence=evidence):
-        return False
-    audit.record_event(action="record.reconciled", obj=record, actor=actor, trace_id=record.trace_id, reason=reason,
-                       before={"status": RecordStatus.UNKNOWN}, after={"status": RecordStatus.SUCCEEDED})
-    return True
+        "next_reconcile_at": None, **_finished(record, timezone.now()),
+    }, action="record.reconciled", actor=actor, reason=reason, evidence=evidence)
 
 
-@transaction.atomic
 def resolve_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str, reason: str,
                    evidence: dict[str, Any]) -> bool:
     """UNKNOWN -> FAILED: definitely not done. A transient failure lets the same key run again."""
     now = timezone.now()
-    retention = record.expires_at - record.created_at
-    if not _transition(record, {"status": RecordStatus.UNKNOWN}, {
+    return _transition(record, {"status": RecordStatus.UNKNOWN}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
-        "retry_not_before": now if failure.retryable else None, "finished_at": now,
-        "expires_at": now + retention, "next_reconcile_at": None,
-    }, evidence=evidence):
-        return False
-    audit.record_event(action="record.reconciled", obj=record, actor=actor, trace_id=record.trace_id, reason=reason,
-                       before={"status": RecordStatus.UNKNOWN},
-                       after={"status": RecordStatus.FAILED, "error_class": failure.error_class})
-    return True
+        "retry_not_before": now if failure.retryable else None, "next_reconcile_at": None, **_finished(record, now),
+    }, action="record.reconciled", actor=actor, reason=reason, evidence=evidence)
 
 
-@transaction.atomic
 def note_unresolved(record: IdempotencyRecord, *, evidence: dict[str, Any], next_attempt_at: datetime | None,
                     actor: str) -> bool:
     """UNKNOWN stays UNKNOWN: count the attempt; with no next attempt, escalate to a person."""
-    changes: dict[str, Any] = {"reconcile_attempts": record.reconcile_attempts + 1,
-                               "next_reconcile_at": next_attempt_at}
-    if next_attempt_at is None:
-        changes["escalated_at"] = timezone.now()
-    if not _transition(record, {"status": RecordStatus.UNKNOWN, "reconcile_attempts": record.reconcile_attempts},
-                       changes, evidence=evidence):
-        return False
-    if next_attempt_at is None:
-        audit.record_event(action="record.escalated", obj=record, actor=actor, trace_id=record.trace_id,
-                           reason="automatic reconciliation gave up; a person must decide")
-    return True
+    escalate = next_attempt_at is None
+    return _transition(record, {"status": RecordStatus.UNKNOWN, "reconcile_attempts": record.reconcile_attempts}, {
+        "reconcile_attempts": record.reconcile_attempts + 1, "next_reconcile_at": next_attempt_at,
+        **({"escalated_at": timezone.now()} if escalate else {}),
+    }, action="record.escalated" if escalate else "record.reconcile_attempted", actor=actor,
+        reason="automatic reconciliation gave up; a person must decide" if escalate else "", evidence=evidence)
 
 
 # --- reading ------------------------------------------------------------------
