@@ -58,11 +58,9 @@ def run() -> str:
                                                                 "engine_replay")}
     for _ in range(ROUNDS):
         prefix = uuid.uuid4().hex[:8]
-        keys = [f"{prefix}-{i}" for i in range(CALLS_PER_ROUND)]
-        latencies["raw_claim"] += timed(lambda i: raw_claim(keys[i]), len(keys))
-        latencies["engine_claim"] += timed(lambda i: engine_claim(keys[i]), len(keys))
-        latencies["raw_select"] += timed(lambda i: raw_select(keys[i]), len(keys))
-        latencies["engine_replay"] += timed(lambda i: engine_replay(keys[i]), len(keys))
+        for name, step in (("raw_claim", raw_claim), ("engine_claim", engine_claim), ("raw_select", raw_select),
+                           ("engine_replay", engine_replay)):
+            latencies[name] += timed(lambda i, step=step, prefix=prefix: step(f"{prefix}-{i}"), CALLS_PER_ROUND)
     stats = {name: summary(values) for name, values in latencies.items()}
     claim_ratio = stats["engine_claim"]["median_ms"] / stats["raw_claim"]["median_ms"]
     replay_ratio = stats["engine_replay"]["median_ms"] / stats["raw_select"]["median_ms"]
