@@ -94,3 +94,11 @@ class WebServer(Service):
     @property
     def mcp_url(self) -> str:
         return f"{self.base_url}/mcp"
+
+
+class JobCluster(Service):
+    """`manage.py qcluster`: the django-q2 workers, on the test database."""
+
+    def __init__(self, name: str = "jobs", **env: str):
+        # Stop it with stop(): SIGTERM can hang (django-q2 #346), then SIGKILL follows.
+        super().__init__(name, [sys.executable, "manage.py", "qcluster"], child_env(**env))

@@ -140,6 +140,9 @@ class Operation:
     trace_id: str = ""
     retention: timedelta = DEFAULT_RETENTION
     on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE
+    # Consulted before every execution of a sensitive tool (tools_app.approvals.gate):
+    # an Outcome diverts the call to a person's approval, None lets it run.
+    approval: Callable[[IdempotencyRecord], Outcome | None] | None = None
 
     @cached_property
     def fingerprint(self) -> str:
@@ -217,6 +220,10 @@ def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outc
                 "with a new key, ask again later with the same key"))
         case RecordStatus.FAILED:
             return _follow_failed(record, op, execute)
+        case RecordStatus.AWAITING_APPROVAL:
+            from tools_app import approvals  # approvals builds on this module
+
+            return approvals.follow(record)
     raise AssertionError(f"unhandled status {record.status}")
 
 
@@ -235,6 +242,8 @@ def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) 
 
 def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome:
     try:
+        if op.approval is not None and (held := op.approval(record)) is not None:
+            return held
         with transaction.atomic():
             result = execute(record)
             record = mark_succeeded(record, result, actor=op.actor)
@@ -384,6 +393,82 @@ def retire(record: IdempotencyRecord, *, actor: str, reason: str = "retention en
                        {"retired_at": now}):
         return False
     audit.record_event(action="record.retired", obj=record, actor=actor, reason=reason)
+    return True
+
+
+# --- approval (tools_app.approvals decides; these move the record) ---------------
+
+
+@transaction.atomic
+def await_approval(record: IdempotencyRecord, *, actor: str) -> IdempotencyRecord:
+    """PROCESSING -> AWAITING_APPROVAL, by the lease holder, instead of executing.
+
+    The lease is dropped: nothing runs while a person decides, so the lease
+    sweep must not take the record for a dead executor. Call inside the
+    transaction that creates the ApprovalRequest.
+    """
+    if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
+        "status": RecordStatus.AWAITING_APPROVAL, "lease_owner": "", "lease_expires_at": None,
+    }):
+        raise LeaseLost(record.pk)
+    audit.record_event(action="record.awaiting_approval", obj=record, actor=actor, trace_id=record.trace_id,
+                       before={"status": RecordStatus.PROCESSING}, after={"status": RecordStatus.AWAITING_APPROVAL})
+    return record
+
+
+@transaction.atomic
+def start_approved(record: IdempotencyRecord, *, actor: str) -> bool:
+    """AWAITING_APPROVAL -> PROCESSING under a new lease, once the request is approved.
+
+    The status guard makes a second approval job, or a redelivered one, a no-op.
+    """
+    if not _transition(record, {"status": RecordStatus.AWAITING_APPROVAL}, {
+        "status": RecordStatus.PROCESSING, "lease_owner": _lease_owner(),
+        "lease_expires_at": _lease_expiry(timezone.now()),
+    }):
+        return False
+    audit.record_event(action="record.approved_execution", obj=record, actor=actor, trace_id=record.trace_id,
+                       before={"status": RecordStatus.AWAITING_APPROVAL}, after={"status": RecordStatus.PROCESSING})
+    return True
+
+
+def execute_approved(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
+    """Run an approved operation as its executor; None if the record had already left AWAITING_APPROVAL."""
+    if not start_approved(record, actor=op.actor):
+        return None
+    return _execute(record, op, execute)
+
+
+@transaction.atomic
+def close_unapproved(record: IdempotencyRecord, failure: ToolFailure, *, actor: str, reason: str) -> bool:
+    """AWAITING_APPROVAL -> FAILED (rejected or expired): retries with the key get `failure` again.
+
+    Call inside the transaction that ends the ApprovalRequest.
+    """
+    now = timezone.now()
+    retention = record.expires_at - record.created_at
+    if not _transition(record, {"status": RecordStatus.AWAITING_APPROVAL}, {
+        "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
+        "retry_not_before": None, "finished_at": now, "expires_at": now + retention,
+    }):
+        return False
+    audit.record_event(action="record.failed", obj=record, actor=actor, trace_id=record.trace_id, reason=reason,
+                       before={"status": RecordStatus.AWAITING_APPROVAL},
+                       after={"status": RecordStatus.FAILED, "error_class": failure.error_class})
+    return True
+
+
+@transaction.atomic
+def force_expire(record: IdempotencyRecord, *, actor: str, reason: str, trace_id: str = "") -> bool:
+    """An operator ends a finished record's retention now: the key's expiry policy applies from the next call."""
+    now = timezone.now()
+    before = record.expires_at
+    if not _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__gt": now},
+                       {"expires_at": now}):
+        return False
+    audit.record_event(action="record.force_expired", obj=record, actor=actor, reason=reason,
+                       trace_id=trace_id or record.trace_id,
+                       before={"expires_at": before.isoformat()}, after={"expires_at": now.isoformat()})
     return True
 
 

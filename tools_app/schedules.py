@@ -18,7 +18,12 @@ class PeriodicJob:
     minutes: int = 1
 
 
-PERIODIC_JOBS: list[PeriodicJob] = []
+PERIODIC_JOBS: list[PeriodicJob] = [
+    # Expire overdue approval requests, settle finished ones, re-queue stalled ones.
+    PeriodicJob(name="approvals.sweep", func="tools_app.approvals.sweep"),
+    # Link newly committed audit events into the hash chain.
+    PeriodicJob(name="audit.seal", func="tools_app.audit.seal_periodically"),
+]
 
 
 def ensure_schedules(**kwargs) -> None:

@@ -1,20 +1,40 @@
 """Models, one module per concept. The database is the source of truth."""
 
+from tools_app.models.announcements import Announcement
+from tools_app.models.approvals import (
+    ApprovalDecision,
+    ApprovalRequest,
+    ApprovalSettings,
+    ApprovalStatus,
+    ApprovalVerdict,
+    PendingApproval,
+)
 from tools_app.models.audit import AuditEvent
+from tools_app.models.audit_chain import AuditSeal
 from tools_app.models.business import Order, OrderLine, Ticket
+from tools_app.models.dashboard import Dashboard
 from tools_app.models.idempotency import ErrorClass, IdempotencyRecord, RecordStatus
 from tools_app.models.metrics import CallEvent, CallOutcome
 from tools_app.models.tenants import ApiToken, Tenant, TenantAccess
 
 __all__ = [
+    "Announcement",
     "ApiToken",
+    "ApprovalDecision",
+    "ApprovalRequest",
+    "ApprovalSettings",
+    "ApprovalStatus",
+    "ApprovalVerdict",
     "AuditEvent",
+    "AuditSeal",
     "CallEvent",
     "CallOutcome",
+    "Dashboard",
     "ErrorClass",
     "IdempotencyRecord",
     "Order",
     "OrderLine",
+    "PendingApproval",
     "RecordStatus",
     "Tenant",
     "TenantAccess",

@@ -7,6 +7,7 @@ class RecordStatus(models.TextChoices):
     SUCCEEDED = "SUCCEEDED", "Succeeded"
     FAILED = "FAILED", "Failed"
     UNKNOWN = "UNKNOWN", "Unknown outcome"
+    AWAITING_APPROVAL = "AWAITING_APPROVAL", "Awaiting approval"
 
 
 class ErrorClass(models.TextChoices):
@@ -21,6 +22,7 @@ class ErrorClass(models.TextChoices):
     UNKNOWN_OUTCOME = "unknown_outcome", "Outcome unknown: do not retry, being reconciled"
     EXPIRED = "expired", "Key past retention: a person must check"
     ALREADY_DONE = "already_done", "Already done"
+    PENDING_APPROVAL = "pending_approval", "Waiting for a person's approval: ask again with the same key"
 
 
 class IdempotencyRecord(models.Model):
@@ -40,7 +42,7 @@ class IdempotencyRecord(models.Model):
         default=dict, help_text="Digest per top-level argument, to name what differs on a conflict."
     )
     arguments = models.JSONField(default=dict, help_text="The business arguments (canonical form).")
-    status = models.CharField(max_length=16, choices=RecordStatus.choices, default=RecordStatus.PROCESSING)
+    status = models.CharField(max_length=24, choices=RecordStatus.choices, default=RecordStatus.PROCESSING)
     result = models.JSONField(null=True, blank=True, help_text="What the first call returned; replays return it.")
     error_class = models.CharField(max_length=32, choices=ErrorClass.choices, blank=True)
     error_message = models.TextField(blank=True)
@@ -58,6 +60,7 @@ class IdempotencyRecord(models.Model):
     retired_at = models.DateTimeField(null=True, blank=True, help_text="Set when an expired key was reused.")
 
     class Meta:
+        permissions = [("force_expire_idempotencyrecord", "Can force-expire an idempotency key")]
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant", "tool", "key"],
