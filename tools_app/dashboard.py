@@ -23,11 +23,12 @@ class Window:
     name: str
     length: timedelta
     bucket: timedelta
+    bucket_label: str
 
 
 WINDOWS = {
-    "hour": Window("hour", timedelta(hours=1), timedelta(minutes=5)),
-    "day": Window("day", timedelta(days=1), timedelta(hours=1)),
+    "hour": Window("hour", timedelta(hours=1), timedelta(minutes=5), "5 minutes"),
+    "day": Window("day", timedelta(days=1), timedelta(hours=1), "hour"),
 }
 
 

@@ -134,9 +134,13 @@ class OperatorActionsAdmin(admin.ModelAdmin):
 
     def _perform(self, request, action: OperatorAction, obj, reason: str) -> None:
         try:
-            self.message_user(request, f"{obj}: {action.perform(request, obj, reason)}", messages.SUCCESS)
+            self.message_user(request, f"{self._label(obj)}: {action.perform(request, obj, reason)}", messages.SUCCESS)
         except action.refused as refused:
-            self.message_user(request, f"{obj}: not done: {refused}", messages.ERROR)
+            self.message_user(request, f"{self._label(obj)}: not done: {refused}", messages.ERROR)
+
+    def _label(self, obj) -> str:
+        # Not str(obj): it may show the state from before the action.
+        return f"{self.opts.verbose_name} #{obj.pk}"
 
     def _confirmation(self, request, action, objects, form, bulk=False):
         context = {
@@ -158,6 +162,10 @@ class QueueAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).filter(**self.queue_filter)
+
+    def changelist_view(self, request, extra_context=None):
+        title = f"{self.opts.verbose_name_plural.capitalize()}, oldest first"
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})
 
 
 # --- column helpers shared by the queues ---------------------------------------------------
