@@ -129,25 +129,24 @@ def gate(spec: registry.ToolSpec, tenant_id: int, actor: str, args: BaseModel
                 return None
             raise PermissionDenied(f"approval request {existing.pk} is {existing.status.lower()}; "
                                    "this operation may not run")
-        policy = spec.approval(Tenant.objects.get(pk=tenant_id), args)
+        tenant = Tenant.objects.get(pk=tenant_id)
+        policy = spec.approval(tenant, args)
         if policy is None:
             return None
-        request = request_approval(record, policy, arguments=args.model_dump(mode="json",
-                                                                              exclude={"idempotency_key"}),
-                                   actor=actor)
+        request = request_approval(record, policy, tenant=tenant, actor=actor,
+                                   arguments=args.model_dump(mode="json", exclude={"idempotency_key"}))
         return Outcome(record, error=pending_error(request))
 
     return check
 
 
 @transaction.atomic
-def request_approval(record: IdempotencyRecord, policy: ApprovalPolicy, *, arguments: dict[str, Any],
-                     actor: str) -> ApprovalRequest:
+def request_approval(record: IdempotencyRecord, policy: ApprovalPolicy, *, tenant: Tenant,
+                     arguments: dict[str, Any], actor: str) -> ApprovalRequest:
     """PROCESSING -> AWAITING_APPROVAL, and a PENDING request bound to the record, in one transaction."""
     idempotency.await_approval(record, actor=actor)
     now = timezone.now()
-    ttl = policy.ttl or timedelta(minutes=tenant_settings(Tenant.objects.get(pk=record.tenant_id))
-                                  .request_ttl_minutes)
+    ttl = policy.ttl or timedelta(minutes=tenant_settings(tenant).request_ttl_minutes)
     request = ApprovalRequest.objects.create(
         tenant_id=record.tenant_id, record=record, fingerprint=record.fingerprint, tool=record.tool,
         arguments=arguments, summary=policy.summary, amount=policy.amount, currency=policy.currency,

@@ -118,13 +118,13 @@ class ApprovalRequestAdmin(ApprovalColumns, TenantScopedAdmin, ReadOnlyAdmin):
 
 @admin.register(ApprovalDecision)
 class ApprovalDecisionAdmin(TenantScopedAdmin, ReadOnlyAdmin):
-    tenant_field = "request__tenant"
+    tenant_field = "request__tenant_id"
     list_display = ["created_at", "request", "user", "verdict", "reason"]
     list_filter = ["verdict"]
 
 
 @admin.register(ApprovalSettings)
-class ApprovalSettingsAdmin(TenantScopedAdmin):
+class ApprovalSettingsAdmin(TenantScopedAdmin, admin.ModelAdmin):
     list_display = ["tenant", "request_ttl_minutes", "payment_threshold", "payment_second_threshold",
                     "threshold_currency"]
     AUDITED = ["request_ttl_minutes", "payment_threshold", "payment_second_threshold", "threshold_currency"]

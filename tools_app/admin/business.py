@@ -5,18 +5,18 @@ from tools_app.models import Announcement, Order, Ticket
 
 
 @admin.register(Order)
-class OrderAdmin(TenantScopedAdmin):
+class OrderAdmin(TenantScopedAdmin, admin.ModelAdmin):
     list_display = ["id", "tenant", "customer", "total", "currency", "created_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter)]
 
 
 @admin.register(Ticket)
-class TicketAdmin(TenantScopedAdmin):
+class TicketAdmin(TenantScopedAdmin, admin.ModelAdmin):
     list_display = ["id", "tenant", "subject", "priority", "status", "created_at"]
     list_filter = ["priority", "status", ("tenant", admin.RelatedOnlyFieldListFilter)]
 
 
 @admin.register(Announcement)
-class AnnouncementAdmin(TenantScopedAdmin):
+class AnnouncementAdmin(TenantScopedAdmin, admin.ModelAdmin):
     list_display = ["id", "tenant", "title", "audience", "published_at"]
     list_filter = ["audience", ("tenant", admin.RelatedOnlyFieldListFilter)]

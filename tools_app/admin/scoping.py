@@ -1,4 +1,4 @@
-"""Tenant scoping for every admin page that shows tenant data.
+"""Tenant scoping and read-only evidence, for every admin page that shows tenant data.
 
 A superuser sees every tenant; anyone else only the tenants granted to them
 by TenantAccess (tools_app.tenants.visible_tenant_ids). Scoping the queryset
@@ -7,18 +7,20 @@ also scopes the change pages and actions, which look objects up through it.
 
 from django.contrib import admin
 
-from tools_app import tenants
+from tools_app.tenants import visible_tenant_ids
 
 
-class TenantScopedAdmin(admin.ModelAdmin):
-    tenant_field = "tenant"  # the lookup path to the tenant id, e.g. "tenant" or "tenant_id"
+class TenantScopedAdmin:
+    """Mixin for ModelAdmins of models with a tenant (put it before the ModelAdmin base)."""
+
+    tenant_field = "tenant_id"  # the lookup path to the tenant id, e.g. "request__tenant_id"
 
     def get_queryset(self, request):
         return scope(super().get_queryset(request), request.user, self.tenant_field)
 
 
-def scope(queryset, user, tenant_field: str = "tenant"):
-    visible = tenants.visible_tenant_ids(user)
+def scope(queryset, user, tenant_field: str = "tenant_id"):
+    visible = visible_tenant_ids(user)
     if visible is None:
         return queryset
     return queryset.filter(**{f"{tenant_field}__in": visible})
