@@ -11,7 +11,7 @@ from django_q.models import OrmQ, Schedule
 
 from tests.jobs import queued_jobs, run_queued_jobs
 from tests.operators import make_operator
-from tools_app import approvals
+from tools_app import approvals, idempotency
 from tools_app.approvals import ApprovalRefused
 from tools_app.calls import Caller, call_tool
 from tools_app.models import (
@@ -260,6 +260,36 @@ def test_publishing_to_everyone_takes_two_different_people(caller, approver, sec
     assert actions(object_type="approvalrequest") == [
         "approval.requested", "approval.approval_counted", "approval.refused", "approval.approved",
         "approval.executed"]
+
+
+def test_an_approval_whose_job_was_lost_is_queued_again_by_the_sweep(caller, approver):
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+    approvals.approve(request, approver)
+    OrmQ.objects.all().delete()  # the job failed for good (django-q2 does not retry it)
+
+    assert approvals.sweep()["redriven"] == 0  # too soon: its job may still be on the way
+    ApprovalRequest.objects.update(dispatched_at=timezone.now() - approvals.REDRIVE_AFTER)
+    assert approvals.sweep()["redriven"] == 1
+    assert approvals.sweep()["redriven"] == 0  # once per stall
+    run_queued_jobs()
+
+    assert Announcement.objects.count() == 1
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.EXECUTED
+    assert AuditEvent.objects.filter(action="approval.redriven").count() == 1
+
+
+def test_the_sweep_settles_a_request_whose_job_died_after_running_it(caller, approver):
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+    approvals.approve(request, approver)
+    # the job ran the operation and died before settling the request
+    operation, execute = approvals.approved_operation(request)
+    idempotency.execute_approved(request.record, operation, execute)
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.APPROVED
+
+    assert approvals.sweep()["settled"] == 1
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.EXECUTED
+    run_queued_jobs()  # the original job, delivered late: nothing more happens
+    assert Announcement.objects.count() == 1
 
 
 # --- exactly once --------------------------------------------------------------------------

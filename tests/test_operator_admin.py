@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 import pytest
+from django.contrib import admin
 from django.contrib.auth.models import Group
 from django.urls import reverse
 from django.utils import timezone
@@ -317,3 +318,25 @@ def test_the_dashboard_shows_rates_per_tool_and_waiting_approvals(caller, as_bob
     page = response.content.decode()
     assert "50.0%" in page and "25.0%" in page and "<svg" in page and 'id="approvals-waiting">1<' in page
     assert "http://" not in page.split("<body")[1].replace("http://www.w3.org", "")  # no external assets
+
+
+@pytest.mark.parametrize("role", [None, OPERATOR, APPROVER, AUDITOR])
+def test_every_admin_page_renders_for_every_role(caller, client, django_user_model, tenant, role):
+    # given: some of everything
+    ask(caller)
+    call_tool(get_tool("create_ticket"), caller, {"idempotency_key": "t-1", "subject": "A", "body": "B"})
+    user = (make_operator("someone", role, tenant) if role else
+            django_user_model.objects.create_superuser("root", "r@example.invalid", "pw"))
+    client.force_login(user)
+
+    for model in list(admin.site._registry):
+        if model._meta.app_label != "tools_app":
+            continue
+        name = f"admin:{model._meta.app_label}_{model._meta.model_name}"
+        listing = client.get(reverse(f"{name}_changelist"))
+        # then: a page or a refusal, never an error
+        assert listing.status_code in (200, 403), (role, model)
+        if listing.status_code == 200 and "cl" in (listing.context or {}):
+            for obj in listing.context["cl"].result_list[:1]:
+                page = client.get(reverse(f"{name}_change", args=[obj.pk]))
+                assert page.status_code == 200, (role, model)
