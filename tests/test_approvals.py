@@ -23,6 +23,7 @@ from tools_app.models import (
     IdempotencyRecord,
     Order,
     RecordStatus,
+    Ticket,
 )
 from tools_app.registry import get_tool
 from tools_app.roles import APPROVER, OPERATOR
@@ -129,6 +130,37 @@ def test_an_approved_call_runs_once_in_a_job_and_a_retry_returns_its_result(call
     assert (request.status, request.decided_by, request.approvals) == (ApprovalStatus.EXECUTED, "user:bob", 1)
     assert actions(object_type="approvalrequest") == ["approval.requested", "approval.approved", "approval.executed"]
     assert AuditEvent.objects.get(action="approval.approved").reason == "looks right"
+
+
+def test_an_approved_deletion_deletes_the_order_once(caller, approver):
+    order = call(caller, "create_order", idempotency_key="o-1", customer="ACME", currency="EUR",
+                 items=[{"sku": "A", "quantity": 2, "unit_price": "5.25"}]).result
+    args = {"kind": "order", "id": order["order_id"], "reason": "duplicate"}
+    request = pending_request(call(caller, "delete_record", idempotency_key="d-1", **args))
+    assert request.summary == f"Delete order #{order['order_id']} of ACME, 10.50 EUR, 1 line. Reason: duplicate"
+
+    approvals.approve(request, approver)
+    run_queued_jobs()
+    retry = call(caller, "delete_record", idempotency_key="d-1", **args)
+
+    assert not Order.objects.filter(pk=order["order_id"]).exists()
+    assert retry.replayed and retry.result == {"kind": "order", "id": order["order_id"], "deleted": True,
+                                               "description": f"order #{order['order_id']} of ACME, 10.50 EUR, 1 line"}
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.EXECUTED
+
+
+def test_an_approved_deletion_of_something_deleted_meanwhile_fails_without_harm(caller, approver, tenant):
+    ticket = call(caller, "create_ticket", idempotency_key="t-1", subject="Printer", body="Jammed").result
+    args = {"kind": "ticket", "id": ticket["ticket_id"], "reason": "spam"}
+    request = pending_request(call(caller, "delete_record", idempotency_key="d-1", **args))
+    Ticket.objects.filter(pk=ticket["ticket_id"]).delete()
+
+    approvals.approve(request, approver)
+    run_queued_jobs()
+    retry = call(caller, "delete_record", idempotency_key="d-1", **args)
+
+    assert retry.error.error_class == "not_found"
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.FAILED
 
 
 def test_the_status_tool_reports_the_outcome(caller, approver):
