@@ -188,3 +188,9 @@ def manage(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.C
     """Run a management command as its own process against the test database."""
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=child_env(**env), timeout=timeout,
                           capture_output=True, text=True, check=True)
+class JobCluster(Service):
+    """`manage.py qcluster`: the django-q2 workers, on the test database."""
+
+    def __init__(self, name: str = "jobs", **env: str):
+        # Stop it with stop(): SIGTERM can hang (django-q2 #346), then SIGKILL follows.
+        super().__init__(name, [sys.executable, "manage.py", "qcluster"], child_env(**env))

@@ -37,8 +37,8 @@ def operator(username, *perms, tenant="acme"):
 
 def run_action(client, action, record, **form):
     response = client.post(QUEUE, {"action": action, "_selected_action": [record.pk]})
-    assert response.status_code == 200 and b"Resolve" in response.content  # the reason form
-    return client.post(QUEUE, {"action": action, "_selected_action": [record.pk], "apply": "1", **form})
+    assert response.status_code == 200 and b"operator-action-form" in response.content  # the reason form
+    return client.post(QUEUE, {"action": action, "_selected_action": [record.pk], "confirm": "yes", **form})
 
 
 def test_the_queue_lists_unknown_records_oldest_first_with_evidence(client, unknown_payment):
@@ -79,7 +79,7 @@ def test_an_operator_resolves_as_succeeded_with_the_payment_reference(client, un
 def test_reconcile_now_asks_the_gateway(client, unknown_payment, gateway):
     client.force_login(operator("alice", "resolve_unknown"))
 
-    client.post(QUEUE, {"action": "reconcile_now", "_selected_action": [unknown_payment.pk]})
+    run_action(client, "reconcile", unknown_payment)
 
     unknown_payment.refresh_from_db()
     assert unknown_payment.status == RecordStatus.SUCCEEDED
@@ -95,7 +95,7 @@ def test_an_operator_does_not_see_other_tenants_records(client, unknown_payment)
 def test_without_the_permission_the_admin_offers_no_resolution(client, unknown_payment):
     client.force_login(operator("bob"))
 
-    client.post(QUEUE, {"action": "resolve_failed", "_selected_action": [unknown_payment.pk], "apply": "1",
+    client.post(QUEUE, {"action": "resolve_failed", "_selected_action": [unknown_payment.pk], "confirm": "yes",
                         "reason": "trust me"})
 
     unknown_payment.refresh_from_db()

@@ -67,7 +67,7 @@ def from_row(model: type[models.Model], row: tuple) -> models.Model:
     return model.from_db(connection.alias, attnames, values)
 
 
-_COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "in": "= ANY(%s)"}
+_COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "gt": "> %s", "gte": ">= %s", "in": "= ANY(%s)"}
 
 
 def conditional_update(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any], *,
@@ -76,7 +76,7 @@ def conditional_update(instance: models.Model, expected: dict[str, Any], changes
 
     One statement, so the state change and its audit event commit together
     or not at all, even outside a transaction. `expected` takes field names
-    with an optional `__lt`, `__lte`, `__in` or `__isnull`; `append` adds one
+    with an optional `__lt`, `__lte`, `__gt`, `__gte`, `__in` or `__isnull`; `append` adds one
     item to a JSON list field. Returns whether the row matched.
     """
     model = type(instance)

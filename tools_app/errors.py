@@ -100,8 +100,14 @@ class AlreadyDone(ToolFailure):
     error_class = ErrorClass.ALREADY_DONE
 
 
+class PendingApproval(ToolFailure):
+    """Not a failure of the operation: it waits for a person. Carries `approval` details."""
+
+    error_class = ErrorClass.PENDING_APPROVAL
+
+
 FAILURE_TYPES: dict[str, type[ToolFailure]] = {
     str(t.error_class): t
     for t in (InvalidInput, PermissionDenied, NotFound, Conflict, InProgress, Transient, UnknownOutcome, Expired,
-              AlreadyDone)
+              AlreadyDone, PendingApproval)
 }

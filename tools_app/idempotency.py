@@ -147,6 +147,9 @@ class Operation:
     # UNKNOWN, to be reconciled.
     transactional: bool = True
     downstream_key: str = ""
+    # Consulted before every execution of a sensitive tool (tools_app.approvals.gate):
+    # an Outcome diverts the call to a person's approval, None lets it run.
+    approval: Callable[[IdempotencyRecord], Outcome | None] | None = None
 
     @cached_property
     def fingerprint(self) -> str:
@@ -225,6 +228,10 @@ def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outc
                 "with a new key, ask again later with the same key"))
         case RecordStatus.FAILED:
             return _follow_failed(record, op, execute)
+        case RecordStatus.AWAITING_APPROVAL:
+            from tools_app import approvals  # approvals builds on this module
+
+            return approvals.follow(record)
     raise AssertionError(f"unhandled status {record.status}")
 
 
@@ -244,6 +251,8 @@ def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) 
 def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome:
     crash_point("after_claim")
     try:
+        if op.approval is not None and (held := op.approval(record)) is not None:
+            return held
         if op.transactional:
             with transaction.atomic():
                 result = execute(record)
@@ -364,21 +373,25 @@ def _fetch_live(op: Operation) -> tuple | None:
 
 
 def _event(record: IdempotencyRecord, action: str, actor: str, **fields: Any) -> AuditEvent:
+    fields.setdefault("trace_id", record.trace_id)
     return AuditEvent(tenant_id=record.tenant_id, actor=actor, action=action, object_type="idempotencyrecord",
-                      object_id=str(record.pk), trace_id=record.trace_id, created_at=timezone.now(), **fields)
+                      object_id=str(record.pk), created_at=timezone.now(), **fields)
 
 
 def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any], *, action: str,
-                actor: str, reason: str = "", evidence: dict[str, Any] | None = None) -> bool:
+                actor: str, reason: str = "", evidence: dict[str, Any] | None = None, trace_id: str = "",
+                before: dict[str, Any] | None = None, after: dict[str, Any] | None = None) -> bool:
     """The conditional UPDATE every state change goes through, with its audit event, in one statement.
 
-    The event records the status before and after; `evidence`, if any, is
-    appended to the record's evidence list.
+    The event records the status before and after (unless told otherwise);
+    `evidence`, if any, is appended to the record's evidence list.
     """
     changes = {**changes, "updated_at": timezone.now()}
-    event = _event(record, action, actor, reason=reason, before={"status": record.status},
-                   after={"status": changes.get("status", record.status),
-                          **({"error_class": changes["error_class"]} if changes.get("error_class") else {})})
+    event = _event(
+        record, action, actor, reason=reason, trace_id=trace_id or record.trace_id,
+        before=before or {"status": record.status},
+        after=after or {"status": changes.get("status", record.status),
+                        **({"error_class": changes["error_class"]} if changes.get("error_class") else {})})
     if not db.conditional_update(record, expected, changes, event=event,
                                  append={"evidence": evidence} if evidence else None):
         return False
@@ -495,6 +508,61 @@ def note_unresolved(record: IdempotencyRecord, *, evidence: dict[str, Any], next
         **({"escalated_at": timezone.now()} if escalate else {}),
     }, action="record.escalated" if escalate else "record.reconcile_attempted", actor=actor,
         reason="automatic reconciliation gave up; a person must decide" if escalate else "", evidence=evidence)
+
+
+# --- approval (tools_app.approvals decides; these move the record) ---------------
+
+
+def await_approval(record: IdempotencyRecord, *, actor: str) -> IdempotencyRecord:
+    """PROCESSING -> AWAITING_APPROVAL, by the lease holder, instead of executing.
+
+    The lease is dropped: nothing runs while a person decides, so the lease
+    sweep must not take the record for a dead executor. Call inside the
+    transaction that creates the ApprovalRequest.
+    """
+    if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
+        "status": RecordStatus.AWAITING_APPROVAL, "lease_owner": "", "lease_expires_at": None,
+    }, action="record.awaiting_approval", actor=actor):
+        raise LeaseLost(record.pk)
+    return record
+
+
+def start_approved(record: IdempotencyRecord, *, actor: str) -> bool:
+    """AWAITING_APPROVAL -> PROCESSING under a new lease, once the request is approved.
+
+    The status guard makes a second approval job, or a redelivered one, a no-op.
+    """
+    return _transition(record, {"status": RecordStatus.AWAITING_APPROVAL}, {
+        "status": RecordStatus.PROCESSING, "lease_owner": _lease_owner(),
+        "lease_expires_at": _lease_expiry(timezone.now()),
+    }, action="record.approved_execution", actor=actor)
+
+
+def execute_approved(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
+    """Run an approved operation as its executor; None if the record had already left AWAITING_APPROVAL."""
+    if not start_approved(record, actor=op.actor):
+        return None
+    return _execute(record, op, execute)
+
+
+def close_unapproved(record: IdempotencyRecord, failure: ToolFailure, *, actor: str, reason: str) -> bool:
+    """AWAITING_APPROVAL -> FAILED (rejected or expired): retries with the key get `failure` again.
+
+    Call inside the transaction that ends the ApprovalRequest.
+    """
+    return _transition(record, {"status": RecordStatus.AWAITING_APPROVAL}, {
+        "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
+        "retry_not_before": None, **_finished(record, timezone.now()),
+    }, action="record.failed", actor=actor, reason=reason)
+
+
+def force_expire(record: IdempotencyRecord, *, actor: str, reason: str, trace_id: str = "") -> bool:
+    """An operator ends a finished record's retention now: the key's expiry policy applies from the next call."""
+    now = timezone.now()
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__gt": now},
+                       {"expires_at": now}, action="record.force_expired", actor=actor, reason=reason,
+                       trace_id=trace_id, before={"expires_at": record.expires_at.isoformat()},
+                       after={"expires_at": now.isoformat()})
 
 
 # --- reading ------------------------------------------------------------------

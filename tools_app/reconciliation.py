@@ -35,6 +35,7 @@ from tools_app.tenants import visible_tenant_ids
 
 logger = logging.getLogger(__name__)
 SWEEP_ACTOR = "system:reconciler"
+RESOLVE_PERMISSION = "tools_app.resolve_unknown"
 
 
 @dataclass
@@ -169,7 +170,7 @@ def _check_operator(record: IdempotencyRecord, user, actor: str, reason: str) ->
 
 
 def _refusal(record: IdempotencyRecord, user) -> str | None:
-    if not user.has_perm("tools_app.resolve_unknown"):
+    if not user.has_perm(RESOLVE_PERMISSION):
         return "you do not have the permission to resolve UNKNOWN outcomes"
     visible = visible_tenant_ids(user)
     if visible is not None and record.tenant_id not in visible:

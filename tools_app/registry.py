@@ -12,12 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tools_app.errors import NotFound
 from tools_app.idempotency import DEFAULT_RETENTION, KEY_RULE, ExpiryPolicy
+
+if TYPE_CHECKING:
+    from tools_app.approvals import ApprovalPolicy
+    from tools_app.models import Tenant
 
 # Arguments every write tool takes that are not part of the operation.
 ENGINE_FIELDS = frozenset({"idempotency_key", "trace_id"})
@@ -58,6 +62,9 @@ class ToolContext:
 
 
 Handler = Callable[[ToolContext, Any], dict[str, Any] | BaseModel]
+# Decides whether a call needs a person's approval: (tenant, validated arguments)
+# -> an ApprovalPolicy (summary, approvers needed, amount) or None to run at once.
+ApprovalRule = Callable[["Tenant", Any], "ApprovalPolicy | None"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class ToolSpec:
     # (record, downstream reference) -> the result to store when an operator
     # resolves an UNKNOWN record as succeeded.
     result_for_reference: Callable[[Any, str], dict[str, Any]] | None = None
+    approval: ApprovalRule | None = None  # set: a sensitive tool (see tools_app.approvals)
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -23,6 +23,10 @@ PERIODIC_JOBS: list[PeriodicJob] = [
     PeriodicJob("idemops: expire leases and reconcile", "tools_app.reconciliation.run_periodic"),
     # Events whose delivery is due (new ones also wake the relay directly).
     PeriodicJob("idemops: outbox relay", "tools_app.outbox.relay_pending"),
+    # Expire overdue approval requests, settle finished ones, re-queue stalled ones.
+    PeriodicJob(name="approvals.sweep", func="tools_app.approvals.sweep"),
+    # Link newly committed audit events into the hash chain.
+    PeriodicJob(name="audit.seal", func="tools_app.audit.seal_periodically"),
 ]
 
 

@@ -1,3 +1,12 @@
 """The operators' admin, one module per concept."""
 
-from tools_app.admin import audit, business, outbox, records, tenants, unknown_outcomes  # noqa: F401
+from tools_app.admin import (  # noqa: F401
+    approvals,
+    audit,
+    business,
+    dashboard,
+    outbox,
+    records,
+    tenants,
+    unknown_outcomes,
+)

@@ -7,6 +7,7 @@ class RecordStatus(models.TextChoices):
     SUCCEEDED = "SUCCEEDED", "Succeeded"
     FAILED = "FAILED", "Failed"
     UNKNOWN = "UNKNOWN", "Unknown outcome"
+    AWAITING_APPROVAL = "AWAITING_APPROVAL", "Awaiting approval"
 
 
 class ErrorClass(models.TextChoices):
@@ -21,6 +22,7 @@ class ErrorClass(models.TextChoices):
     UNKNOWN_OUTCOME = "unknown_outcome", "Outcome unknown: do not retry, being reconciled"
     EXPIRED = "expired", "Key past retention: a person must check"
     ALREADY_DONE = "already_done", "Already done"
+    PENDING_APPROVAL = "pending_approval", "Waiting for a person's approval: ask again with the same key"
 
 
 class IdempotencyRecord(models.Model):
@@ -40,7 +42,7 @@ class IdempotencyRecord(models.Model):
         default=dict, help_text="Digest per top-level argument, to name what differs on a conflict."
     )
     arguments = models.JSONField(default=dict, help_text="The business arguments (canonical form).")
-    status = models.CharField(max_length=16, choices=RecordStatus.choices, default=RecordStatus.PROCESSING)
+    status = models.CharField(max_length=24, choices=RecordStatus.choices, default=RecordStatus.PROCESSING)
     result = models.JSONField(null=True, blank=True, help_text="What the first call returned; replays return it.")
     error_class = models.CharField(max_length=32, choices=ErrorClass.choices, blank=True)
     error_message = models.TextField(blank=True)
@@ -80,7 +82,10 @@ class IdempotencyRecord(models.Model):
             models.Index(fields=["tool", "created_at"], name="record_tool_created"),
             models.Index(fields=["next_reconcile_at"], condition=Q(status="UNKNOWN"), name="record_unknown_due"),
         ]
-        permissions = [("resolve_unknown", "Can resolve UNKNOWN outcomes")]
+        permissions = [
+            ("resolve_unknown", "Can resolve UNKNOWN outcomes"),
+            ("force_expire_idempotencyrecord", "Can force-expire an idempotency key"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.tool} #{self.pk} ({self.status})"

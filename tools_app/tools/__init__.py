@@ -1,3 +1,12 @@
 """The tools. Importing this package registers every tool (see tools_app.registry)."""
 
-from tools_app.tools import identity, notifications, orders, payments, tickets  # noqa: F401
+from tools_app.tools import (  # noqa: F401
+    announcements,
+    approvals,
+    deletion,
+    identity,
+    notifications,
+    orders,
+    payments,
+    tickets,
+)
