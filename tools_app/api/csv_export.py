@@ -69,9 +69,24 @@ async def _in_request_thread(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
         await sync_to_async(chunks.close, thread_sensitive=True)()
 
 
+def _primed(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Compute the first chunk now: it runs the query, so a query that fails is an
+    ordinary error response instead of a 200 cut short after its headers."""
+    first = next(chunks)
+
+    def rest() -> Iterator[bytes]:
+        try:
+            yield first
+            yield from chunks
+        finally:
+            chunks.close()
+
+    return rest()
+
+
 def streaming_csv_response(request: HttpRequest, header: Sequence[str], rows: Iterable[Sequence[Any]],
                            filename: str) -> StreamingHttpResponse:
-    chunks = csv_chunks(header, rows)
+    chunks = _primed(csv_chunks(header, rows))
     # Under ASGI, Django would drain a sync iterator into a list before sending
     # it (django.http.StreamingHttpResponse.__aiter__): give it an async one.
     content = _in_request_thread(chunks) if isinstance(request, ASGIRequest) else chunks

@@ -16,8 +16,12 @@ filtered list at `<prefix>/export.csv`, and its errors in the OpenAPI schema.
 
 from __future__ import annotations
 
+from datetime import UTC
+
 import django_filters
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
+from django_filters.fields import IsoDateTimeField
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
@@ -80,13 +84,31 @@ def tenant_filter(field_name: str = "tenant__slug") -> django_filters.CharFilter
         help_text="Tenant slug. Only tenants granted to you ever match: another tenant's slug returns no rows.")
 
 
-def time_range(field_name: str, what: str) -> tuple[django_filters.IsoDateTimeFilter, django_filters.IsoDateTimeFilter]:
+class UtcIsoDateTimeField(IsoDateTimeField):
+    """An ISO 8601 time, converted to UTC: PostgreSQL refuses UTC offsets beyond
+    ±15:59 that Python accepts, and a time near year 1 or 9999 may not convert."""
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if value is None:
+            return None
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:
+            raise ValidationError("time out of range once converted to UTC", code="invalid") from None
+
+
+class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UtcIsoDateTimeField
+
+
+def time_range(field_name: str, what: str) -> tuple[UtcIsoDateTimeFilter, UtcIsoDateTimeFilter]:
     """`<x>_after` (inclusive) and `<x>_before` (exclusive), so ranges tile without overlap."""
     return (
-        django_filters.IsoDateTimeFilter(
+        UtcIsoDateTimeFilter(
             field_name=field_name, lookup_expr="gte",
             help_text=f"Only rows {what} at or after this ISO 8601 time (inclusive)."),
-        django_filters.IsoDateTimeFilter(
+        UtcIsoDateTimeFilter(
             field_name=field_name, lookup_expr="lt",
             help_text=f"Only rows {what} strictly before this ISO 8601 time (exclusive)."),
     )
@@ -163,6 +185,8 @@ class AuditorViewSet(viewsets.ReadOnlyModelViewSet):
     """
 
     tenant_field = "tenant_id"
+    # Any segment reaches the view, so a malformed id is DRF's JSON 404, not Django's HTML one.
+    lookup_value_regex = "[^/]+"
     export_name = ""
     csv_fields: list[str] | None = None
 
