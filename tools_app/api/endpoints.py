@@ -58,8 +58,6 @@ class TimeOrdering(OrderingFilter):
     on two pages.
     """
 
-    ordering_description = "Sort order: `-created_at` (newest first, the default) or `created_at` (oldest first)."
-
     def get_ordering(self, request, queryset, view):
         first = super().get_ordering(request, queryset, view)[0]
         if first.lstrip("-") == "id":
@@ -68,9 +66,11 @@ class TimeOrdering(OrderingFilter):
 
     def get_schema_operation_parameters(self, view):
         choices = [choice for field in view.ordering_fields for choice in (field, f"-{field}")]
+        description = (f"Sort order: a field for ascending, `-field` for descending; default `{view.ordering[0]}`. "
+                       "Rows with equal values come in id order.")
         return [{
             "name": self.ordering_param, "required": False, "in": "query",
-            "description": self.ordering_description,
+            "description": description,
             "schema": {"type": "string", "enum": choices, "default": view.ordering[0]},
         }]
 
@@ -207,6 +207,12 @@ class AuditorViewSet(viewsets.ReadOnlyModelViewSet):
         # Scoping is part of the queryset itself, so a detail view of another
         # tenant's row is a 404 and no filter or export can reach past it.
         return queryset.filter(**{f"{self.tenant_field}__in": tenant_ids})
+
+    @extend_schema(parameters=[OpenApiParameter(
+        "id", OpenApiTypes.INT, OpenApiParameter.PATH,
+        description="The row's id. A row of a tenant you may not see answers 404, like one that does not exist.")])
+    def retrieve(self, request, *args, **kwargs):
+        return super().retrieve(request, *args, **kwargs)
 
     def get_csv_fields(self) -> list[str]:
         return self.csv_fields or list(self.get_serializer().fields)
