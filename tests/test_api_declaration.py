@@ -9,17 +9,16 @@ import django_filters
 import pytest
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
-from rest_framework import serializers
 from rest_framework.routers import SimpleRouter
 
 from tests.api_support import csv_rows, key_client
-from tools_app.api.endpoints import AuditorViewSet, tenant_filter
+from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter
 from tools_app.models import Order, OrderLine
 
 # --- the declaration ------------------------------------------------------------
 
 
-class OrderLineSerializer(serializers.ModelSerializer):
+class OrderLineSerializer(AuditorSerializer):
     class Meta:
         model = OrderLine
         fields = ["id", "order", "sku", "quantity"]

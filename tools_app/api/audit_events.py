@@ -13,11 +13,11 @@ from __future__ import annotations
 import django_filters
 from rest_framework import serializers
 
-from tools_app.api.endpoints import AuditorViewSet, tenant_filter, time_range
+from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
 from tools_app.models import AuditEvent
 
 
-class AuditEventSerializer(serializers.ModelSerializer):
+class AuditEventSerializer(AuditorSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True,
                                           help_text="Tenant slug; null for system-wide events.")
 

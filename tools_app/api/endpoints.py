@@ -20,6 +20,7 @@ from datetime import UTC
 
 import django_filters
 from django.core.exceptions import ValidationError
+from django.db import models
 from django.db.models import QuerySet
 from django_filters.fields import IsoDateTimeField
 from django_filters.rest_framework import DjangoFilterBackend
@@ -112,6 +113,26 @@ def time_range(field_name: str, what: str) -> tuple[UtcIsoDateTimeFilter, UtcIso
             field_name=field_name, lookup_expr="lt",
             help_text=f"Only rows {what} strictly before this ISO 8601 time (exclusive)."),
     )
+
+
+# --- serializers -------------------------------------------------------------------------
+
+
+class UtcDateTimeField(serializers.DateTimeField):
+    """ISO 8601 in UTC with a `Z`, as DRF writes it here, without DRF's per-value
+    time zone lookup: it was half the serializing time of a CSV export."""
+
+    def to_representation(self, value):
+        if not value:
+            return None
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+class AuditorSerializer(serializers.ModelSerializer):
+    """Base of every endpoint's serializer: read-only, times in UTC."""
+
+    serializer_field_mapping = {**serializers.ModelSerializer.serializer_field_mapping,
+                                models.DateTimeField: UtcDateTimeField}
 
 
 # --- errors, as the schema shows them -------------------------------------------------

@@ -21,13 +21,13 @@ from django.db.models.functions import Left
 from rest_framework import serializers
 
 from tools_app import idempotency
-from tools_app.api.endpoints import AuditorViewSet, tenant_filter, time_range
+from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
 from tools_app.models import ErrorClass, IdempotencyRecord, RecordStatus
 
 KEY_DIGEST_LENGTH = len(idempotency.key_digest(""))
 
 
-class IdempotencyRecordSerializer(serializers.ModelSerializer):
+class IdempotencyRecordSerializer(AuditorSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     key_digest = serializers.SerializerMethodField(
         help_text="First 16 hex digits of SHA-256(idempotency key): the key itself is never exported.")
