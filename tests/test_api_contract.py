@@ -36,7 +36,8 @@ def given_real_records():
     return acme
 
 
-def test_schemathesis_finds_no_server_error_and_no_response_breaking_the_schema(web_server, transactional_db):
+def test_schemathesis_finds_no_server_error_and_no_response_breaking_the_schema(web_server, transactional_db,
+                                                                                 tmp_path):
     acme = given_real_records()
     _, raw_key = auditors.issue_key("contract-test", [acme], actor="system:test")
 
@@ -54,7 +55,8 @@ def test_schemathesis_finds_no_server_error_and_no_response_breaking_the_schema(
          "--generation-with-security-parameters", "false",
          "--request-timeout", "30",
          "--no-color"],
-        capture_output=True, text=True, timeout=900)
+        capture_output=True, text=True, timeout=900,
+        cwd=tmp_path)  # schemathesis and hypothesis keep caches in the working directory
 
     assert run.returncode == 0, run.stdout[-15000:] + run.stderr[-3000:]
     assert "6 total" in run.stdout or "6 passed" in run.stdout, run.stdout[-5000:]

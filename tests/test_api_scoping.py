@@ -119,3 +119,12 @@ def test_a_revoked_grant_takes_effect_on_the_next_request(tenant, other_tenant, 
 
     listed = ids(client.get("/api/v1/idempotency-records", {"page_size": 1000}))
     assert not set(listed) & set(rows["idempotency-records"]["globex"])
+
+
+def test_a_session_auditor_can_browse_the_api_in_html(tenant, rows):
+    client = session_auditor(tenant)
+
+    response = client.get("/api/v1/idempotency-records", HTTP_ACCEPT="text/html")
+
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/html")
+    assert "globex" not in response.content.decode()

@@ -1,6 +1,7 @@
 """What every auditors' endpoint shares; an endpoint only declares what differs.
 
-A new endpoint is a serializer (the columns, in order), a filterset and
+A new endpoint is a serializer deriving from AuditorSerializer (its fields
+are the columns, in order), a filterset and
 
     class TaskViewSet(AuditorViewSet):
         queryset = Task.objects.select_related("tenant")
