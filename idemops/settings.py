@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_q",
     "tools_app",
 ]
@@ -180,6 +181,21 @@ Q_CLUSTER = {
 # --- REST framework -------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+# The auditors' API (tools_app/api/). Swagger UI and Redoc are served from
+# drf-spectacular-sidecar's static files: no CDN is needed.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "idemops auditors' API",
+    "DESCRIPTION": "Read-only exports of idemops records for auditors, scoped to the tenants granted to them. "
+                   "Authenticate with an auditor key (`Authorization: Bearer ida_...`) or a session of a user "
+                   "with the auditor permission. Lists are cursor-paginated JSON; `<list>/export.csv` streams "
+                   "the same filtered rows as CSV.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- idemops -------------------------------------------------------------------

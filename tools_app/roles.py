@@ -31,7 +31,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     # Reads everything that is evidence; changes nothing.
     AUDITOR: [
         "view_dashboard", "view_auditevent", "view_auditseal", "view_idempotencyrecord", "view_approvalrequest",
-        "view_approvaldecision", "view_outboxevent",
+        "view_approvaldecision", "view_outboxevent", "use_auditor_api",
     ],
 }
 

@@ -3,6 +3,7 @@
 from tools_app.admin import (  # noqa: F401
     approvals,
     audit,
+    auditors,
     business,
     dashboard,
     outbox,

@@ -11,6 +11,7 @@ from tools_app.models.approvals import (
 )
 from tools_app.models.audit import AuditEvent
 from tools_app.models.audit_chain import AuditSeal
+from tools_app.models.auditors import AuditorKey
 from tools_app.models.business import Order, OrderLine, Ticket
 from tools_app.models.dashboard import Dashboard
 from tools_app.models.idempotency import ErrorClass, IdempotencyRecord, RecordStatus, UnknownOutcome
@@ -27,17 +28,18 @@ __all__ = [
     "ApprovalStatus",
     "ApprovalVerdict",
     "AuditEvent",
-    "DeadLetter",
     "AuditSeal",
+    "AuditorKey",
     "CallEvent",
     "CallOutcome",
     "Dashboard",
+    "DeadLetter",
     "ErrorClass",
     "IdempotencyRecord",
     "Order",
+    "OrderLine",
     "OutboxEvent",
     "OutboxStatus",
-    "OrderLine",
     "PendingApproval",
     "RecordStatus",
     "Tenant",
