@@ -165,3 +165,41 @@ def test_the_periodic_jobs_are_scheduled_after_migrate():
     funcs = set(Schedule.objects.values_list("func", flat=True))
 
     assert {"tools_app.reconciliation.run_periodic", "tools_app.outbox.relay_pending"} <= funcs
+
+
+@pytest.mark.django_db
+def test_a_payment_above_the_threshold_waits_for_a_person_then_pays_once(downstreams, gateway):
+    from tests.jobs import run_queued_jobs
+    from tests.operators import make_operator
+    from tools_app import approvals, tenants
+    from tools_app.calls import Caller, call_tool
+    from tools_app.models import ApprovalRequest, ApprovalSettings
+    from tools_app.registry import get_tool
+    from tools_app.roles import APPROVER
+
+    # given: payments above 100 EUR need one approval
+    tenant = tenants.create_tenant("acme")
+    ApprovalSettings.objects.create(tenant=tenant, payment_threshold=100)
+    caller = Caller(tenant.pk, "agent:acme/bot")
+    big, small = {**PAYMENT, "amount": "250.00"}, {**PAYMENT, "amount": "20.00"}
+
+    # when
+    asked = call_tool(get_tool("request_payment"), caller, {**big, "idempotency_key": "big"})
+    paid_at_once = call_tool(get_tool("request_payment"), caller, {**small, "idempotency_key": "small"})
+
+    # then: the big one waits, with what the operator will read; the small one is paid
+    assert asked.error.error_class == "pending_approval"
+    request = ApprovalRequest.objects.get()
+    assert request.summary == "Pay 250.00 EUR to ACME Supplies (reference INV-7)" and request.amount == 250
+    assert paid_at_once.error is None and len(gateway.payments()) == 1
+
+    # when: a person approves, and the job runs (twice: a redelivery)
+    approvals.approve(request, make_operator("bob", APPROVER, tenant), reason="invoice checked")
+    run_queued_jobs()
+    run_queued_jobs()
+
+    # then: one more payment, and the agent's retry returns it
+    retry = call_tool(get_tool("request_payment"), caller, {**big, "idempotency_key": "big"})
+    assert retry.error is None and retry.replayed
+    assert len(gateway.payments()) == 2
+    assert retry.result["payment_id"] in [p[0] for p in gateway.payments()]
