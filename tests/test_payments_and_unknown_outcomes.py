@@ -6,6 +6,9 @@ import pytest
 
 from tests.mcp_client import call_sync, error_of
 from tests.processes import manage
+from tools_app import dashboard
+from tools_app.errors import Transient
+from tools_app.idempotency import evidence_entry, resolve_failed
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
 
 pytestmark = pytest.mark.live
@@ -203,3 +206,22 @@ def test_a_payment_above_the_threshold_waits_for_a_person_then_pays_once(downstr
     assert retry.error is None and retry.replayed
     assert len(gateway.payments()) == 2
     assert retry.result["payment_id"] in [p[0] for p in gateway.payments()]
+
+
+def test_a_retry_the_gateway_recognises_counts_as_a_downstream_duplicate(web_server, token, downstreams, gateway):
+    # given: the gateway pays, but its answer is lost (UNKNOWN), and an operator says "not done" by mistake
+    gateway.set_fault("*", "succeed-then-hang", times=1)
+    pay(web_server, token, "p-dup")
+    record = IdempotencyRecord.objects.get(key="p-dup")
+    resolve_failed(record, Transient("operator error", retry_after=0), actor="user:ops", reason="mistake",
+                   evidence=evidence_entry("operator"))
+
+    # when: the agent retries with the same key
+    retry = pay(web_server, token, "p-dup")
+
+    # then: the gateway answered from its idempotency store: still one payment, and the evidence says so
+    assert not retry.is_error and len(gateway.payments()) == 1
+    record.refresh_from_db()
+    assert record.evidence[-1]["answer"] == {"status": 200, "deduplicated": True}
+    stats = {s.tool: s for s in dashboard.snapshot(None).tools}
+    assert stats["request_payment"].downstream_duplicates == 1

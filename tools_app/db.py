@@ -71,13 +71,13 @@ _COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "gt": "> %s", "gte": "
 
 
 def conditional_update(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any], *,
-                       event: models.Model | None = None, append: dict[str, Any] | None = None) -> bool:
+                       event: models.Model | None = None, append: dict[str, list] | None = None) -> bool:
     """UPDATE `instance`'s row only if it still matches `expected`; INSERT `event` only if it did.
 
     One statement, so the state change and its audit event commit together
     or not at all, even outside a transaction. `expected` takes field names
-    with an optional `__lt`, `__lte`, `__gt`, `__gte`, `__in` or `__isnull`; `append` adds one
-    item to a JSON list field. Returns whether the row matched.
+    with an optional `__lt`, `__lte`, `__gt`, `__gte`, `__in` or `__isnull`; `append` adds
+    items to JSON list fields. Returns whether the row matched.
     """
     model = type(instance)
     sets, params = [], []
@@ -85,10 +85,10 @@ def conditional_update(instance: models.Model, expected: dict[str, Any], changes
         field = model._meta.get_field(name)
         sets.append(f"{connection.ops.quote_name(field.column)} = %s")
         params.append(field.get_db_prep_save(value, connection))
-    for name, item in (append or {}).items():
+    for name, items in (append or {}).items():
         column = connection.ops.quote_name(model._meta.get_field(name).column)
         sets.append(f"{column} = {column} || %s::jsonb")
-        params.append(json.dumps([item], default=str))
+        params.append(json.dumps(items, default=str))
     conditions, condition_params = ["id = %s"], [instance.pk]
     for key, value in expected.items():
         name, _, lookup = key.partition("__")
