@@ -14,9 +14,12 @@ from django.db import connection, models
 
 
 @cache
-def _columns(model: type[models.Model]) -> tuple[tuple[models.Field, ...], tuple[str, ...]]:
+def _columns(model: type[models.Model]) -> tuple[tuple[models.Field, ...], tuple[str, ...], tuple[bool, ...]]:
+    """Fields, quoted columns, and whether each value needs Django's preparation
+    (JSON does; psycopg adapts strings, numbers, times and UUIDs itself)."""
     fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
-    return fields, tuple(connection.ops.quote_name(f.column) for f in fields)
+    return (fields, tuple(connection.ops.quote_name(f.column) for f in fields),
+            tuple(isinstance(f, models.JSONField) for f in fields))
 
 
 def table(model: type[models.Model]) -> str:
@@ -32,14 +35,15 @@ def insert_parts(
     column of a preceding CTE); those fields take no parameter.
     """
     expressions = expressions or {}
-    fields, columns = _columns(type(instance))
+    fields, columns, needs_prep = _columns(type(instance))
     values, params = [], []
-    for field in fields:
+    for field, prep in zip(fields, needs_prep, strict=True):
         if field.attname in expressions:
             values.append(expressions[field.attname])
-        else:
-            values.append("%s")
-            params.append(field.get_db_prep_save(getattr(instance, field.attname), connection))
+            continue
+        value = getattr(instance, field.attname)
+        values.append("%s")
+        params.append(field.get_db_prep_save(value, connection) if prep else value)
     return list(columns), values, params
 
 

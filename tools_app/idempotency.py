@@ -329,20 +329,25 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     `op` and is its executor, or (the live record, False) for a follower."""
     if row := _fetch_live(op):  # replays, the common case, stop here: one indexed read
         return db.from_row(IdempotencyRecord, row), False
-    now = timezone.now()
-    record = IdempotencyRecord(
-        tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
-        field_digests=op.field_digests, arguments=json.loads(canonical_json(op.arguments)),
-        status=RecordStatus.PROCESSING, attempts=1, lease_owner=_lease_owner(), lease_expires_at=_lease_expiry(now),
-        operation_id=uuid.uuid4(), trace_id=op.trace_id, actor=op.actor, downstream_key=op.downstream_key,
-        created_at=now, updated_at=now, expires_at=now + op.retention,
-    )
+    record = new_record(op)
     claimed_event = _event(record, "record.claimed", op.actor,
                            after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
     if row := _claim_or_fetch(record, claimed_event):
         return db.from_row(IdempotencyRecord, row[:-1]), row[-1]
     # We lost a race to a claim our statement's snapshot could not see: read it now.
     return claim(op)
+
+
+def new_record(op: Operation) -> IdempotencyRecord:
+    """The PROCESSING record a claim of `op` inserts (not saved)."""
+    now = timezone.now()
+    return IdempotencyRecord(
+        tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
+        field_digests=op.field_digests, arguments=json.loads(canonical_json(op.arguments)),
+        status=RecordStatus.PROCESSING, attempts=1, lease_owner=_lease_owner(), lease_expires_at=_lease_expiry(now),
+        operation_id=uuid.uuid4(), trace_id=op.trace_id, actor=op.actor, downstream_key=op.downstream_key,
+        created_at=now, updated_at=now, expires_at=now + op.retention,
+    )
 
 
 def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tuple | None:
