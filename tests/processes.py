@@ -94,3 +94,25 @@ class WebServer(Service):
     @property
     def mcp_url(self) -> str:
         return f"{self.base_url}/mcp"
+
+
+class Worker(Service):
+    """A django-q2 cluster (`manage.py qcluster`): its sentinel and workers share one process group."""
+
+    def __init__(self, name: str = "qcluster", **env: str):
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self._log_start = (LOG_DIR / f"{name}.log").stat().st_size if (LOG_DIR / f"{name}.log").exists() else 0
+        super().__init__(name, [sys.executable, "manage.py", "qcluster"], child_env(**env))
+        self.wait_log("running.")
+
+    def wait_log(self, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.log_tail()}")
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_start)
+                if text.encode() in log.read():
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name}: no {text!r} in its log: {self.log_tail()}")

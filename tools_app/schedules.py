@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.conf import settings
+
 
 @dataclass(frozen=True)
 class PeriodicJob:
@@ -18,7 +20,10 @@ class PeriodicJob:
     minutes: int = 1
 
 
-PERIODIC_JOBS: list[PeriodicJob] = []
+PERIODIC_JOBS: list[PeriodicJob] = [
+    # Revives long tasks whose worker died and queues due retries (tools_app.tasks.sweep).
+    PeriodicJob("idemops: task sweep", "tools_app.tasks.sweep", minutes=settings.IDEMOPS["TASK_SWEEP_MINUTES"]),
+]
 
 
 def ensure_schedules(**kwargs) -> None:

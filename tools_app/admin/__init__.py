@@ -1,3 +1,3 @@
 """The operators' admin, one module per concept."""
 
-from tools_app.admin import audit, business, records, tenants  # noqa: F401
+from tools_app.admin import audit, business, records, tasks, tenants  # noqa: F401

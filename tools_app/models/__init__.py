@@ -2,8 +2,10 @@
 
 from tools_app.models.audit import AuditEvent
 from tools_app.models.business import Order, OrderLine, Ticket
+from tools_app.models.documents import Document, DocumentChunk
 from tools_app.models.idempotency import ErrorClass, IdempotencyRecord, RecordStatus
 from tools_app.models.metrics import CallEvent, CallOutcome
+from tools_app.models.tasks import Checkpoint, StepOutcome, StepRun, Task, TaskArtifact, TaskStatus
 from tools_app.models.tenants import ApiToken, Tenant, TenantAccess
 
 __all__ = [
@@ -11,11 +13,19 @@ __all__ = [
     "AuditEvent",
     "CallEvent",
     "CallOutcome",
+    "Checkpoint",
+    "Document",
+    "DocumentChunk",
     "ErrorClass",
     "IdempotencyRecord",
     "Order",
     "OrderLine",
     "RecordStatus",
+    "StepOutcome",
+    "StepRun",
+    "Task",
+    "TaskArtifact",
+    "TaskStatus",
     "Tenant",
     "TenantAccess",
     "Ticket",
