@@ -216,7 +216,8 @@ def detect_format(data: bytes, filename: str = "", declared: str = "auto") -> st
     if _HTML_START.match(data[:1024]) or len(_HTML_TAGS.findall(text[:20_000])) >= 5:
         return "html"
     sample = text[:50_000]
-    if sum(1 for signal in _MARKDOWN_SIGNALS if signal.search(sample)) >= 2:
+    opens_with_heading = _MARKDOWN_SIGNALS[0].match(sample.lstrip())
+    if opens_with_heading or sum(1 for signal in _MARKDOWN_SIGNALS if signal.search(sample)) >= 2:
         return "markdown"
     return "text"
 

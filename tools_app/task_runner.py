@@ -113,10 +113,11 @@ class Runner:
             resumption = checkpoints.valid_prefix(task, self.pipeline, actor=self.owner)
         except Exception as exc:
             return self._failed(None, exc)
-        outputs, checksums = resumption.outputs, resumption.checksums
-        for index in range(resumption.next_index, len(self.pipeline.steps)):
+        outputs, checksums = dict(resumption.outputs), list(resumption.checksums)
+        first = resumption.next_index
+        for index in range(first, len(self.pipeline.steps)):
             step = self.pipeline.steps[index]
-            if index > resumption.next_index and time.monotonic() > self.slice_ends:
+            if index > first and time.monotonic() > self.slice_ends:
                 return ("handed on to a new job" if tasks.hand_on(task, self.owner) else "interrupted"), None
             run = tasks.begin_step(task, self.owner, step, index)
             if run is None:
