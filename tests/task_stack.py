@@ -123,3 +123,25 @@ def task_workers(django_db_setup, django_db_blocker, doc_dir, doc_server):
         cluster = Worker(name="workers-tasks", **stack_env(doc_dir, doc_server))
     yield cluster
     cluster.stop(grace=3)
+
+
+@pytest.fixture
+def settle_tasks(transactional_db):
+    """Before the test database is flushed: cancel what still runs and wait for the workers to let go.
+
+    (A worker writing while the flush truncates its tables deadlocks the flush.)
+    """
+    yield
+    from django_q.models import OrmQ
+
+    from tools_app import tasks
+    from tools_app.errors import AlreadyDone
+    from tools_app.models import StepRun, Task
+
+    for task in Task.objects.filter(status__in=tasks.ACTIVE):
+        try:
+            tasks.cancel(task, actor="test:teardown")
+        except AlreadyDone:
+            pass  # it finished meanwhile
+    wait_until(lambda: not OrmQ.objects.exists() and not StepRun.objects.filter(finished_at=None).exists(),
+               timeout=120, what="the workers to finish their jobs")

@@ -22,7 +22,7 @@ from tests.documents_fixtures import long_text, make_pdf, pdf_of_text
 from tests.mcp_client import call_sync
 from tools_app.models import Task, TaskStatus
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.usefixtures("settle_tasks")]
 
 EXTENSION = "io.modelcontextprotocol/tasks"
 MODERN = "2026-07-28"

@@ -17,7 +17,7 @@ from tests.mcp_client import call, call_sync, connect, error_of
 from tests.task_stack import wait_until
 from tools_app.models import AuditEvent, Checkpoint, Document, StepOutcome, StepRun, Task, TaskStatus
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.usefixtures("settle_tasks")]
 
 STEPS = ["receive", "detect_format", "extract_text", "chunk", "index", "summarize"]
 

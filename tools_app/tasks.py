@@ -87,7 +87,8 @@ def _event(task: Task, action: str, actor: str, before: str, reason: str = "", *
 def _enqueue(task: Task) -> None:
     """Queue a job for the task. The ORM broker joins the caller's transaction:
     if the transition rolls back, so does the job."""
-    async_task(JOB, str(task.pk), task_name=f"task-{task.pk}", group=f"task:{task.tool}")
+    # save=False: the Task row is the record of a run; django-q2 still keeps failed jobs (a bug in a runner).
+    async_task(JOB, str(task.pk), task_name=f"task-{task.pk}", group=f"task:{task.tool}", save=False)
 
 
 # --- creation ---------------------------------------------------------------------------
