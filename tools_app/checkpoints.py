@@ -55,16 +55,18 @@ class Prepared:
     data: bytes
     checksum: str
     input_digest: str
+    replaces: bool  # an (invalid) checkpoint exists at this position
 
 
-def prepare(task: Task, pipeline: Pipeline, step: Step, output: Any, previous_checksums: list[str]) -> Prepared:
+def prepare(task: Task, pipeline: Pipeline, step: Step, output: Any, previous_checksums: list[str],
+            replaces: bool = False) -> Prepared:
     data = serialize(output)
     return Prepared(step=step, sequence=pipeline.index_of(step.name), data=data, checksum=sha256(data),
-                    input_digest=input_digest(task, step, previous_checksums))
+                    input_digest=input_digest(task, step, previous_checksums), replaces=replaces)
 
 
-def write(task: Task, prepared: Prepared) -> Checkpoint:
-    """Store the checkpoint, replacing an invalid one at the same position.
+def write(task: Task, prepared: Prepared) -> None:
+    """Store the checkpoint, replacing an invalid one at the same position (one upsert).
 
     Call inside the transaction that advances the task (tasks.complete_step).
     """
@@ -76,13 +78,15 @@ def write(task: Task, prepared: Prepared) -> Checkpoint:
                                                data=prepared.data, created_at=now)
     else:
         inline = prepared.data.decode()
-    replaced = Checkpoint.objects.filter(task=task, sequence=prepared.sequence)
-    stale_artifacts = list(replaced.exclude(artifact=None).values_list("artifact_id", flat=True))
-    replaced.delete()
-    TaskArtifact.objects.filter(pk__in=stale_artifacts).delete()
-    return Checkpoint.objects.create(
-        task=task, step=prepared.step.name, sequence=prepared.sequence, input_digest=prepared.input_digest,
-        output_inline=inline, artifact=artifact, checksum=prepared.checksum, finished_at=now)
+    fields = {"step": prepared.step.name, "input_digest": prepared.input_digest, "output_inline": inline,
+              "artifact": artifact, "checksum": prepared.checksum, "finished_at": now}
+    Checkpoint.objects.bulk_create(
+        [Checkpoint(task=task, sequence=prepared.sequence, **fields)],
+        update_conflicts=True, unique_fields=["task", "sequence"], update_fields=list(fields))
+    if prepared.replaces:
+        # The artifact of the output this one replaced is nobody's now.
+        TaskArtifact.objects.filter(task=task, checkpoint__isnull=True).exclude(pk=getattr(artifact, "pk", None)) \
+            .delete()
 
 
 def stored_bytes(checkpoint: Checkpoint) -> bytes:
@@ -93,10 +97,12 @@ def stored_bytes(checkpoint: Checkpoint) -> bytes:
 
 @dataclass
 class Resumption:
-    """Where a task resumes: the outputs it may reuse and the checksums they had."""
+    """Where a task resumes: the outputs it may reuse, the checksums they had, and
+    the positions that hold a checkpoint (valid or not)."""
 
     outputs: dict[str, Any]
     checksums: list[str]
+    stored: frozenset[int] = frozenset()
 
     @property
     def next_index(self) -> int:
@@ -121,7 +127,7 @@ def valid_prefix(task: Task, pipeline: Pipeline, *, actor: str = audit.SYSTEM) -
             break
         outputs[step.name] = json.loads(stored_bytes(checkpoint))
         checksums.append(checkpoint.checksum)
-    return Resumption(outputs=outputs, checksums=checksums)
+    return Resumption(outputs=outputs, checksums=checksums, stored=frozenset(stored))
 
 
 def _problem(task: Task, step: Step, checkpoint: Checkpoint, previous_checksums: list[str]) -> str:

@@ -115,20 +115,21 @@ class Runner:
             return self._failed(None, exc)
         outputs, checksums = dict(resumption.outputs), list(resumption.checksums)
         first = resumption.next_index
+        run = None
         for index in range(first, len(self.pipeline.steps)):
             step = self.pipeline.steps[index]
-            if index > first and time.monotonic() > self.slice_ends:
-                return ("handed on to a new job" if tasks.hand_on(task, self.owner) else "interrupted"), None
-            run = tasks.begin_step(task, self.owner, step, index)
             if run is None:
-                return "interrupted before step " + step.name, None
+                run = tasks.begin_step(task, self.owner, step, index)
+                if run is None:
+                    return "interrupted before step " + step.name, None
             heartbeat = Heartbeat(task.pk, self.owner)
             context = StepContext(task=task, arguments=arguments, outputs=outputs, progress=heartbeat.progress,
                                   check=heartbeat.check)
             try:
                 with heartbeat:
                     output = step.run(context)
-                prepared = checkpoints.prepare(task, self.pipeline, step, output, checksums)
+                prepared = checkpoints.prepare(task, self.pipeline, step, output, checksums,
+                                               replaces=index in resumption.stored)
             except Interrupted:
                 tasks.finish_step_run(run, StepOutcome.INTERRUPTED)
                 return f"interrupted in step {step.name}", None
@@ -139,13 +140,23 @@ class Runner:
                 return f"interrupted in step {step.name}", None
             except Exception as exc:
                 return self._failed(run, exc)
-            if not tasks.complete_step(task, self.owner, prepared, run):
+            following = index + 1 < len(self.pipeline.steps)
+            # This job goes on to the next step unless it has run long enough (then a fresh job does).
+            then = (self.pipeline.steps[index + 1], index + 1) if following and not self._slice_used() else None
+            advanced = tasks.complete_step(task, self.owner, prepared, run, then)
+            if advanced is False:
                 tasks.finish_step_run(run, StepOutcome.INTERRUPTED)
                 return f"interrupted after step {step.name}", None
             # What later steps read is what a resumed run would read: the stored JSON.
             outputs[step.name] = json.loads(prepared.data)
             checksums.append(prepared.checksum)
+            if following and then is None:
+                return ("handed on to a new job" if tasks.hand_on(task, self.owner) else "interrupted"), None
+            run = advanced if then is not None else None
         return self._succeed(outputs[self.pipeline.steps[-1].name])
+
+    def _slice_used(self) -> bool:
+        return time.monotonic() > self.slice_ends
 
     def _succeed(self, final_output) -> tuple[str, datetime | None]:
         try:

@@ -1,7 +1,7 @@
 """The long-task state machine. Every transition is one function here.
 
 ```
-created ──take──▶ running ──complete_step──▶ running … ──succeed──▶ succeeded
+created ──take──▶ running ──begin_step, complete_step…──▶ running ──succeed──▶ succeeded
    ▲                 │ ├─fail (final error, attempts used up)────▶ failed
    │                 │ ├─retry_later (transient error)──▶ retrying ──take (when due)──▶ running
    │                 │ ├─pause_for_input (step waits)───▶ paused ──resume──▶ created
@@ -135,16 +135,21 @@ def take(task_id: str, owner: str) -> Task | None:
 
 @transaction.atomic
 def begin_step(task: Task, owner: str, step: Step, sequence: int) -> StepRun | None:
-    """Record that `step` starts, if the task is still ours and running (the between-steps check)."""
-    now = timezone.now()
-    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
-        "current_step": step.name, "lease_expires_at": _lease_expiry(now),
-        "progress_done": None, "progress_total": None, "progress_message": "",
-    }):
+    """Start the first step of a run, if the task is still ours and running."""
+    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, _step_changes(step)):
         return None
     _event(task, "task.step_started", owner, TaskStatus.RUNNING, step=step.name)
+    return _step_run(task, owner, step, sequence)
+
+
+def _step_changes(step: Step) -> dict[str, Any]:
+    return {"current_step": step.name, "lease_expires_at": _lease_expiry(timezone.now()),
+            "progress_done": None, "progress_total": None, "progress_message": ""}
+
+
+def _step_run(task: Task, owner: str, step: Step, sequence: int) -> StepRun:
     return StepRun.objects.create(task=task, step=step.name, sequence=sequence, attempt=task.attempts,
-                                  worker=owner, started_at=now)
+                                  worker=owner, started_at=timezone.now())
 
 
 def renew_lease(task_id, owner: str, progress: tuple[float | None, float | None, str] | None = None) -> bool:
@@ -160,22 +165,25 @@ def renew_lease(task_id, owner: str, progress: tuple[float | None, float | None,
 
 
 @transaction.atomic
-def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: StepRun) -> bool:
-    """Advance past a finished step and write its checkpoint, in one transaction.
+def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: StepRun,
+                  then: tuple[Step, int] | None = None) -> StepRun | bool:
+    """Advance past a finished step: its checkpoint, and the start of step `then`, in one transaction.
 
     Guarded by the lease: a task cancelled while the step was finishing keeps
-    no output from it.
+    no output from it, and its next step never starts. Returns the next
+    step's StepRun (or True when no step follows), False when the lease is gone.
     """
     completed = [name for name in task.completed_steps if name != prepared.step.name] + [prepared.step.name]
-    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
-        "completed_steps": completed, "lease_expires_at": _lease_expiry(timezone.now()),
-    }):
+    changes = {"completed_steps": completed, "lease_expires_at": _lease_expiry(timezone.now())}
+    if then is not None:
+        changes.update(_step_changes(then[0]))
+    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, changes):
         return False
     checkpoints.write(task, prepared)
     finish_step_run(run, StepOutcome.SUCCEEDED)
     _event(task, "task.step_completed", owner, TaskStatus.RUNNING, step=prepared.step.name,
-           checksum=prepared.checksum)
-    return True
+           checksum=prepared.checksum, next_step=then[0].name if then else None)
+    return _step_run(task, owner, *then) if then is not None else True
 
 
 def finish_step_run(run: StepRun, outcome: StepOutcome, error: str = "") -> None:
