@@ -197,7 +197,7 @@ IDEMOPS = {
     # --- long tasks (tools_app/tasks.py, docs/tasks.md) ---
     # A worker's lease on a running task; renewed every heartbeat while a step runs.
     "TASK_LEASE_SECONDS": float(os.environ.get("IDEMOPS_TASK_LEASE_SECONDS", "60")),
-    "TASK_HEARTBEAT_SECONDS": float(os.environ.get("IDEMOPS_TASK_HEARTBEAT_SECONDS", "5")),
+    "TASK_HEARTBEAT_SECONDS": float(os.environ.get("IDEMOPS_TASK_HEARTBEAT_SECONDS", "2")),
     # How often the sweep runs as a django-q2 schedule (minutes; one is the shortest).
     "TASK_SWEEP_MINUTES": env_int("IDEMOPS_TASK_SWEEP_MINUTES", 1),
     # A queued task no worker took within this long is queued again by the sweep.

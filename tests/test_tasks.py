@@ -9,7 +9,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 from django.utils import timezone
 from django_q.models import OrmQ
 
@@ -57,6 +57,15 @@ def test_start_task_creates_one_task_queued_in_the_same_transaction(caller, fast
     assert queued_jobs() == 1
     assert list(AuditEvent.objects.filter(object_id=str(task.pk)).values_list("action", flat=True)) == [
         "task.created"]
+
+
+def test_a_start_whose_transaction_rolls_back_leaves_no_task_and_no_queued_job(caller, fast):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        start(caller, {"text": TEXT})
+        assert Task.objects.count() == 1 and queued_jobs() == 1
+        raise RuntimeError("the surrounding transaction fails")
+
+    assert not Task.objects.exists() and queued_jobs() == 0
 
 
 @pytest.mark.parametrize(("arguments", "message"), [
