@@ -386,3 +386,36 @@ def test_a_pipeline_needs_unique_step_names():
     with pytest.raises(ValueError, match="unique names"):
         Pipeline(steps=(Step("a", print), Step("a", print)))
     assert pipeline_of(get_tool("ingest_document")) is INGEST and pipeline_of(get_tool("create_order")) is None
+
+
+# --- operators ------------------------------------------------------------------------------------
+
+
+def test_the_sweep_is_a_periodic_django_q2_schedule(db):
+    from django_q.models import Schedule
+
+    from tools_app.schedules import ensure_schedules
+
+    ensure_schedules()
+    ensure_schedules()
+
+    schedule = Schedule.objects.get(name="idemops: task sweep")
+    assert (schedule.func, schedule.schedule_type, schedule.minutes) == ("tools_app.tasks.sweep", "I", 1)
+
+
+def test_operators_see_a_tasks_step_history_and_can_cancel_it_from_the_admin(client, caller, fast,
+                                                                            django_user_model):
+    task = start(caller, {"text": TEXT})
+    tasks.begin_step(tasks.take(str(task.pk), "worker-a"), "worker-a", INGEST.steps[0], 0)
+    admin = django_user_model.objects.create_superuser("ops", "ops@example.invalid", "pw")
+    client.force_login(admin)
+
+    listing = client.get("/admin/tools_app/task/?status__exact=running")
+    page = client.get(f"/admin/tools_app/task/{task.pk}/change/")
+    client.post("/admin/tools_app/task/", {"action": "cancel_tasks", "_selected_action": [str(task.pk)]})
+
+    assert listing.status_code == 200 and str(task.pk) in listing.content.decode()
+    assert page.status_code == 200 and "worker-a" in page.content.decode()
+    task.refresh_from_db()
+    assert task.status == TaskStatus.CANCELLED
+    assert AuditEvent.objects.get(object_id=str(task.pk), action="task.cancelled").actor == "user:ops"
