@@ -374,8 +374,8 @@ def cancel(task: Task, *, actor: str, reason: str = "") -> Task:
         before = task.status
         if not _transition(task, {"status__in": ACTIVE}, {
             "status": TaskStatus.CANCELLED, "finished_at": timezone.now(), "lease_owner": "",
-            "lease_expires_at": None, "failure_reason": f"cancelled by {actor}" + (f": {reason}" if reason else ""),
-            "next_retry_at": None,
+            "lease_expires_at": None, "failure_class": "",
+            "failure_reason": f"cancelled by {actor}" + (f": {reason}" if reason else ""), "next_retry_at": None,
         }):
             return False
         _event(task, "task.cancelled", actor, before, reason, step=task.current_step)
