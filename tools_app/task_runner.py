@@ -166,13 +166,13 @@ class Runner:
         return ("succeeded" if tasks.succeed(self.task, self.owner, result) else "interrupted"), None
 
     def _failed(self, run: StepRun | None, exc: Exception) -> tuple[str, datetime | None]:
-        task, policy = self.task, self.pipeline.retry
+        task = self.task
         failure = self.pipeline.classify(exc)
         if not isinstance(exc, ToolFailure):
             logger.exception("task %s: step %s raised; treated as %s", task.pk, task.current_step,
                              failure.error_class)
-        if failure.retryable and task.attempts < policy.attempts_allowed():
-            delay = max(failure.retry_after or 0.0, policy.backoff(task.attempts))
+        if failure.retryable and task.attempts < task.max_attempts:
+            delay = max(failure.retry_after or 0.0, self.pipeline.retry.backoff(task.attempts))
             wait_here = delay <= settings.IDEMOPS["TASK_INLINE_RETRY_MAX_SECONDS"]
             if tasks.retry_later(task, self.owner, failure, delay, waited_by_worker=wait_here, run=run):
                 return f"retrying after {delay:.2f}s", (task.next_retry_at if wait_here else None)
