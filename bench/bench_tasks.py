@@ -1,4 +1,4 @@
-"""Long-task benchmark: prints a markdown section (recorded in docs/benchmarks-tasks.md).
+"""Issue 4: long tasks. A markdown section for `make bench` (figures in docs/benchmarks-tasks.md).
 
 1. Per-step checkpoint overhead: the same pipeline run by the task runner
    (lease, step history, checkpoint and audit per step) and as plain calls.
@@ -6,44 +6,38 @@
    steps each) vs a bare django-q2 job, on the same two-worker cluster.
 3. Time from a worker's SIGKILL to resumed progress on another worker.
 
-Runs on a throwaway database (bench_idemops) on the embedded PostgreSQL of
-the test suite (var/test-pg); worker processes are real `manage.py qcluster`.
-
-    .venv/bin/python bench/bench_tasks.py [--quick]
+Worker processes are real `manage.py qcluster` clusters on the benchmark
+database. Run alone with `.venv/bin/python bench/run.py tasks`.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import os
 import statistics
-import sys
 import time
+import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "idemops.test_settings")
+from django.db import connection
+from django_q.models import OrmQ
+from django_q.models import Success as QSuccess
+from django_q.tasks import async_task
+from pydantic import BaseModel
 
-import django  # noqa: E402
+from bench.common import ROOT
+from tests.documents_fixtures import long_text, pdf_of_text
+from tools_app import task_runner, tasks, tenants
+from tools_app.calls import Caller, call_tool
+from tools_app.models import StepRun, Task, TaskStatus, Tenant
+from tools_app.pipelines import Pipeline, Step, StepContext, task_tool
+from tools_app.registry import WriteInput, get_tool
+from tools_app.tools.documents import INGEST
 
-django.setup()
-
-from django.db import connection  # noqa: E402
-from django_q.models import OrmQ  # noqa: E402
-from django_q.models import Success as QSuccess  # noqa: E402
-from django_q.tasks import async_task  # noqa: E402
-from pydantic import BaseModel  # noqa: E402
-
-from tests.documents_fixtures import long_text, pdf_of_text  # noqa: E402
-from tools_app import task_runner, tasks, tenants  # noqa: E402
-from tools_app.calls import Caller, call_tool  # noqa: E402
-from tools_app.models import StepRun, Task, TaskStatus  # noqa: E402
-from tools_app.pipelines import Pipeline, Step, StepContext, task_tool  # noqa: E402
-from tools_app.registry import WriteInput, get_tool  # noqa: E402
-from tools_app.tools.documents import INGEST  # noqa: E402
-
+ROUNDS = 7
+THROUGHPUT_JOBS = 200
+KILLS = 3
+RUN = uuid.uuid4().hex[:8]  # keys of this run never meet an earlier run's
 LEASE = 2.0
 WORKER_ENV = {"IDEMOPS_TASK_LEASE_SECONDS": str(LEASE), "IDEMOPS_TASK_HEARTBEAT_SECONDS": "0.3", "Q_WORKERS": "2"}
 
@@ -89,7 +83,8 @@ def run_plain(task: Task, pipeline: Pipeline) -> None:
 
 
 def new_task(caller: Caller, tool: str, arguments: dict, key: str) -> Task:
-    result = call_tool(get_tool("start_task"), caller, {"tool": tool, "arguments": arguments, "idempotency_key": key})
+    result = call_tool(get_tool("start_task"), caller, {"tool": tool, "arguments": arguments,
+                                                         "idempotency_key": f"{RUN}-{key}"})
     assert result.error is None, result.error
     return Task.objects.get(pk=result.result["task_id"])
 
@@ -105,6 +100,7 @@ def one_update_commit_ms(task: Task, count: int = 200) -> float:
 
 
 def checkpoint_overhead(caller: Caller, rounds: int) -> tuple[float, list[str]]:
+    last_job = OrmQ.objects.order_by("-id").values_list("id", flat=True).first() or 0
     anchor_ms = one_update_commit_ms(new_task(caller, "bench_synthetic", {"size": 1}, "anchor"))
     rows = []
     cases = [
@@ -119,6 +115,7 @@ def checkpoint_overhead(caller: Caller, rounds: int) -> tuple[float, list[str]]:
         plain, runner = [], []
         for n in range(rounds):
             task = new_task(caller, tool, arguments, f"plain-{case}-{n}")
+            tasks.take(str(task.pk), "bench-plain")  # its queued job must not run it meanwhile
             started = time.perf_counter()
             run_plain(task, pipeline)
             plain.append(time.perf_counter() - started)
@@ -132,7 +129,8 @@ def checkpoint_overhead(caller: Caller, rounds: int) -> tuple[float, list[str]]:
         # The synthetic steps do no work: their ratio would only measure nothing.
         ratio = f"{r / p:.2f}×" if pipeline is INGEST else "—"
         rows.append(f"| {label} | {p:.1f} | {r:.1f} | {per_step:.2f} | {per_step / anchor_ms:.1f} | {ratio} |")
-    OrmQ.objects.all().delete()  # the jobs start_task queued; the runner ran them in-process
+    # The jobs start_task queued: the runner ran their tasks in-process already.
+    OrmQ.objects.filter(id__gt=last_job).delete()
     return anchor_ms, rows
 
 
@@ -152,11 +150,11 @@ def throughput(caller: Caller, count: int) -> list[str]:
 
     cluster = Worker(name="bench-throughput", **WORKER_ENV)
     try:
-        QSuccess.objects.all().delete()
+        group = f"bench-bare-{RUN}"
         started = time.perf_counter()
         for _ in range(count):
-            async_task("math.sqrt", 4.0)
-        drain(lambda: QSuccess.objects.count() >= count)
+            async_task("math.sqrt", 4.0, group=group)
+        drain(lambda: QSuccess.objects.filter(group=group).count() >= count)
         bare = count / (time.perf_counter() - started)
 
         started = time.perf_counter()
@@ -226,28 +224,17 @@ def tasks_lease_expired_at(task: Task) -> float:
 # --- the run -----------------------------------------------------------------------------------------
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
-    options = parser.parse_args()
-    rounds, count, kills = (3, 40, 1) if options.quick else (7, 200, 3)
-
-    connection.settings_dict["TEST"]["NAME"] = "bench_idemops"
-    connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+def run() -> str:
+    tenant = Tenant.objects.filter(slug="bench-tasks").first() or tenants.create_tenant("bench-tasks")
+    caller = Caller(tenant_id=tenant.pk, actor="agent:bench-tasks/bench")
     doc_dir = ROOT / "var" / "bench-docs"
     doc_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        tenant = tenants.create_tenant("bench", "Bench")
-        caller = Caller(tenant_id=tenant.pk, actor="agent:bench/bench")
-        anchor_ms, overhead = checkpoint_overhead(caller, rounds)
-        rates = throughput(caller, count)
-        recovered = recovery(caller, doc_dir, kills)
-    finally:
-        connection.creation.destroy_test_db("bench_idemops", verbosity=0)
+    anchor_ms, overhead = checkpoint_overhead(caller, ROUNDS)
+    rates = throughput(caller, THROUGHPUT_JOBS)
+    recovered = recovery(caller, doc_dir, KILLS)
+    return f"""## Long tasks (issue 4)
 
-    print(f"""## Long tasks
-
-Machine: {os.cpu_count()} cores, PostgreSQL {connection.pg_version // 10000} (embedded), medians of {rounds} rounds.
+{os.cpu_count()} cores, PostgreSQL {connection.pg_version // 10000}; medians of {ROUNDS} rounds.
 
 ### Per-step checkpoint overhead (in-process, one thread)
 
@@ -275,8 +262,4 @@ Times in seconds after the kill.
 | round | lease left at kill | lease expired (sweep) | step restarted | progress reported |
 | ---: | ---: | ---: | ---: | ---: |
 {chr(10).join(recovered)}
-""")
-
-
-if __name__ == "__main__":
-    main()
+"""

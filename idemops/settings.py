@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_q",
     "tools_app",
 ]
@@ -124,6 +125,11 @@ def _database_settings(url: str) -> dict:
     )
     if config["ENGINE"] != "django.db.backends.postgresql":
         raise RuntimeError("idemops runs on PostgreSQL only; DATABASE_URL must be postgres://...")
+    # Server-side binding lets psycopg prepare the statements we repeat (the
+    # engine's claim is one large statement: planning it each time would cost
+    # more than running it).
+    config["OPTIONS"].setdefault("server_side_binding", env_bool("DB_SERVER_SIDE_BINDING", True))
+    config["OPTIONS"].setdefault("prepare_threshold", env_int("DB_PREPARE_THRESHOLD", 5))
     # A Unix-socket URL (?host=/path) carries the host as an option.
     if not config["HOST"] and "host" in config["OPTIONS"]:
         config["HOST"] = config["OPTIONS"].pop("host")
@@ -177,6 +183,21 @@ Q_CLUSTER = {
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
+# The auditors' API (tools_app/api/). Swagger UI and Redoc are served from
+# drf-spectacular-sidecar's static files: no CDN is needed.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "idemops auditors' API",
+    "DESCRIPTION": "Read-only exports of idemops records for auditors, scoped to the tenants granted to them. "
+                   "Authenticate with an auditor key (`Authorization: Bearer ida_...`) or a session of a user "
+                   "with the auditor permission. Lists are cursor-paginated JSON; `<list>/export.csv` streams "
+                   "the same filtered rows as CSV.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
 
 # --- idemops -------------------------------------------------------------------
 IDEMOPS = {
@@ -192,6 +213,22 @@ IDEMOPS = {
     # How long a follower waits for the executor before answering in_progress.
     "FOLLOWER_WAIT_SECONDS": float(os.environ.get("IDEMOPS_FOLLOWER_WAIT_SECONDS", "2.0")),
     "IN_PROGRESS_RETRY_AFTER_SECONDS": env_int("IDEMOPS_IN_PROGRESS_RETRY_AFTER_SECONDS", 2),
+    # Reconciliation of UNKNOWN outcomes: backoff base, attempts before a
+    # person is asked, how long one reconciler keeps its turn on a record.
+    "RECONCILE_BACKOFF_SECONDS": env_int("IDEMOPS_RECONCILE_BACKOFF_SECONDS", 10),
+    "RECONCILE_MAX_ATTEMPTS": env_int("IDEMOPS_RECONCILE_MAX_ATTEMPTS", 6),
+    "RECONCILE_TURN_SECONDS": env_int("IDEMOPS_RECONCILE_TURN_SECONDS", 60),
+    # Downstream systems. `make run` starts demo ones (a payment gateway, a
+    # notification sink) unless this is off.
+    "RUN_DEMO_DOWNSTREAMS": env_bool("IDEMOPS_RUN_DEMO_DOWNSTREAMS", True),
+    "PAYMENT_GATEWAY_URL": os.environ.get("PAYMENT_GATEWAY_URL", "http://127.0.0.1:8001"),
+    "PAYMENT_GATEWAY_TIMEOUT_SECONDS": float(os.environ.get("PAYMENT_GATEWAY_TIMEOUT_SECONDS", "5")),
+    "WEBHOOK_ALLOWED_PREFIXES": env_list("NOTIFICATION_WEBHOOK_ALLOWED_PREFIXES", "http://127.0.0.1:8002/webhooks/"),
+    "WEBHOOK_TIMEOUT_SECONDS": float(os.environ.get("NOTIFICATION_WEBHOOK_TIMEOUT_SECONDS", "5")),
+    # The outbox relay.
+    "OUTBOX_BATCH_SIZE": env_int("IDEMOPS_OUTBOX_BATCH_SIZE", 20),
+    "OUTBOX_MAX_ATTEMPTS": env_int("IDEMOPS_OUTBOX_MAX_ATTEMPTS", 8),
+    "OUTBOX_BACKOFF_SECONDS": env_int("IDEMOPS_OUTBOX_BACKOFF_SECONDS", 5),
     # Largest /mcp request body (ingest_document takes documents of a few MB inline).
     "MCP_MAX_REQUEST_BYTES": env_int("MCP_MAX_REQUEST_BYTES", 32 * 1024 * 1024),
     # --- long tasks (tools_app/tasks.py, docs/tasks.md) ---
@@ -226,6 +263,17 @@ IDEMOPS = {
     "DOCUMENT_FETCH_TIMEOUT_SECONDS": float(os.environ.get("IDEMOPS_DOCUMENT_FETCH_TIMEOUT_SECONDS", "30")),
     "DOCUMENT_CHUNK_CHARS": env_int("IDEMOPS_DOCUMENT_CHUNK_CHARS", 1200),
 }
+
+# Notification email goes through Django's SMTP backend (make run starts a
+# local sink on 8025; point EMAIL_HOST at a real relay in production).
+EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "127.0.0.1")
+EMAIL_PORT = env_int("EMAIL_PORT", 8025)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "idemops@localhost")
 
 LOGGING = {
     "version": 1,

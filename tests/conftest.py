@@ -21,12 +21,61 @@ def caller(tenant):
 
 
 @pytest.fixture(scope="session")
-def web_server(django_db_setup, django_db_blocker):
-    """uvicorn serving idemops.asgi against the test database, for the whole session."""
-    from tests.processes import WebServer
+def _gateway(django_db_setup, django_db_blocker):
+    from tests.processes import PaymentGateway
 
     with django_db_blocker.unblock():
-        server = WebServer()
+        gateway = PaymentGateway()
+    yield gateway
+    gateway.stop()
+
+
+@pytest.fixture(scope="session")
+def _sink(django_db_setup, django_db_blocker):
+    from tests.processes import NotificationSink
+
+    with django_db_blocker.unblock():
+        sink = NotificationSink()
+    yield sink
+    sink.stop()
+
+
+@pytest.fixture
+def gateway(_gateway):
+    """The payment gateway process, emptied for this test."""
+    _gateway.reset()
+    return _gateway
+
+
+@pytest.fixture
+def sink(_sink):
+    """The notification sink process, emptied for this test."""
+    _sink.reset()
+    return _sink
+
+
+@pytest.fixture
+def downstreams(gateway, sink, settings):
+    """Both downstream systems; in-process code (tests, relay calls) is pointed at them too."""
+    from tests.processes import downstream_env
+
+    env = downstream_env(gateway, sink)
+    settings.IDEMOPS = {**settings.IDEMOPS, "PAYMENT_GATEWAY_URL": gateway.url,
+                        "PAYMENT_GATEWAY_TIMEOUT_SECONDS": 1.0,
+                        "WEBHOOK_ALLOWED_PREFIXES": [f"{sink.url}/webhooks/"]}
+    # Django's test set-up swaps in the in-memory mail backend; we want real SMTP.
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_PORT = sink.smtp_port
+    return env
+
+
+@pytest.fixture(scope="session")
+def web_server(django_db_setup, django_db_blocker, _gateway, _sink):
+    """uvicorn serving idemops.asgi against the test database and the test downstreams, for the session."""
+    from tests.processes import WebServer, downstream_env
+
+    with django_db_blocker.unblock():
+        server = WebServer(**downstream_env(_gateway, _sink))
     yield server
     server.stop()
 

@@ -96,14 +96,121 @@ class WebServer(Service):
         return f"{self.base_url}/mcp"
 
 
-class Worker(Service):
-    """A django-q2 cluster (`manage.py qcluster`): its sentinel and workers share one process group."""
+def service_database_url(name: str) -> str:
+    """A database of its own on the test server, for a downstream service."""
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo(test_database_url(), dbname=name)
+
+
+def drop_database(name: str) -> None:
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    with psycopg.connect(make_conninfo(test_database_url(), dbname="postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class PaymentGateway(Service):
+    """downstream.payment_gateway as a process, with its own database to check what it did."""
+
+    database = "test_payment_gateway"
+
+    def __init__(self):
+        drop_database(self.database)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.database_url = service_database_url(self.database)
+        super().__init__("payment-gateway", [sys.executable, "-m", "downstream.payment_gateway", "--port",
+                                             str(self.port), "--database-url", self.database_url], os.environ.copy())
+        self.wait_http(f"{self.url}/healthz")
+
+    def sql(self, query: str, params=()) -> list[tuple]:
+        import psycopg
+
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            cursor = conn.execute(query, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def payments(self) -> list[tuple]:
+        return self.sql("SELECT id, idempotency_key, amount FROM payments ORDER BY created_at")
+
+    def set_fault(self, key: str, mode: str, times: int | None = None) -> None:
+        self.sql("INSERT INTO faults (key, mode, remaining) VALUES (%s, %s, %s) ON CONFLICT (key) DO UPDATE "
+                 "SET mode = excluded.mode, remaining = excluded.remaining", (key, mode, times))
+
+    def reset(self) -> None:
+        self.sql("TRUNCATE payments, faults")
+
+
+class NotificationSink(Service):
+    """downstream.notification_sink as a process: SMTP + webhooks, deduplicating by event id."""
+
+    database = "test_notification_sink"
+
+    def __init__(self):
+        drop_database(self.database)
+        self.port, self.smtp_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.database_url = service_database_url(self.database)
+        super().__init__("notification-sink", [
+            sys.executable, "-m", "downstream.notification_sink", "--port", str(self.port),
+            "--smtp-port", str(self.smtp_port), "--database-url", self.database_url], os.environ.copy())
+        self.wait_http(f"{self.url}/healthz")
+
+    def sql(self, query: str, params=()) -> list[tuple]:
+        import psycopg
+
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            cursor = conn.execute(query, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def messages(self) -> dict[str, int]:
+        """Event id → how many times it was delivered."""
+        return dict(self.sql("SELECT event_id, deliveries FROM messages"))
+
+    def set_faults(self, *, delay_seconds: float = 0, fail_times: int = 0) -> None:
+        self.sql("UPDATE faults SET delay_seconds = %s, fail_times = %s", (delay_seconds, fail_times))
+
+    def reset(self) -> None:
+        self.sql("TRUNCATE messages")
+        self.set_faults()
+
+
+def downstream_env(gateway: PaymentGateway, sink: NotificationSink, **extra: str) -> dict[str, str]:
+    """Settings that point idemops processes at the test's downstream systems."""
+    return {"PAYMENT_GATEWAY_URL": gateway.url, "PAYMENT_GATEWAY_TIMEOUT_SECONDS": "1",
+            "EMAIL_PORT": str(sink.smtp_port), "EMAIL_TIMEOUT": "5",
+            "NOTIFICATION_WEBHOOK_ALLOWED_PREFIXES": f"{sink.url}/webhooks/", **extra}
+
+
+def manage(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run a management command as its own process against the test database."""
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=child_env(**env), timeout=timeout,
+                          capture_output=True, text=True, check=True)
+
+
+class JobCluster(Service):
+    """`manage.py qcluster`: the django-q2 workers, on the test database."""
+
+    def __init__(self, name: str = "jobs", **env: str):
+        # Stop it with stop(): SIGTERM can hang (django-q2 #346), then SIGKILL follows.
+        super().__init__(name, [sys.executable, "manage.py", "qcluster"], child_env(**env))
+
+
+class Worker(JobCluster):
+    """A JobCluster that is ready for work (its log says so) when the constructor returns."""
 
     def __init__(self, name: str = "qcluster", **env: str):
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
-        self._log_start = (LOG_DIR / f"{name}.log").stat().st_size if (LOG_DIR / f"{name}.log").exists() else 0
-        super().__init__(name, [sys.executable, "manage.py", "qcluster"], child_env(**env))
-        self.wait_log("running.")
+        log = LOG_DIR / f"{name}.log"
+        self._log_start = log.stat().st_size if log.exists() else 0
+        # Readiness is read from django-q2's INFO log line.
+        super().__init__(name, **{"LOG_LEVEL": "INFO", **env})
+        try:
+            self.wait_log("running.")
+        except RuntimeError:
+            self.kill()  # never leave a half-started cluster behind
+            raise
 
     def wait_log(self, text: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

@@ -10,9 +10,11 @@ from datetime import timedelta
 
 import pytest
 from django.db import connections, transaction
+from django.urls import reverse
 from django.utils import timezone
 from django_q.models import OrmQ
 
+from tests.operators import make_operator
 from tests.task_stack import DocServer
 from tools_app import checkpoints, task_runner, tasks
 from tools_app.calls import call_tool
@@ -20,6 +22,7 @@ from tools_app.errors import AlreadyDone, InvalidInput, NotFound, Transient
 from tools_app.models import AuditEvent, Checkpoint, StepOutcome, StepRun, Task, TaskArtifact, TaskStatus
 from tools_app.pipelines import Pipeline, RetryPolicy, Step, pipeline_of
 from tools_app.registry import get_tool
+from tools_app.roles import AUDITOR, OPERATOR
 from tools_app.tools.documents import INGEST
 
 TEXT = "# Notes\n\nThe crane schedule moved. Pallets wait at dock four.\n\nCustoms cleared the vessel."
@@ -403,19 +406,48 @@ def test_the_sweep_is_a_periodic_django_q2_schedule(db):
     assert (schedule.func, schedule.schedule_type, schedule.minutes) == ("tools_app.tasks.sweep", "I", 1)
 
 
-def test_operators_see_a_tasks_step_history_and_can_cancel_it_from_the_admin(client, caller, fast,
-                                                                            django_user_model):
+def running_task(caller) -> Task:
     task = start(caller, {"text": TEXT})
     tasks.begin_step(tasks.take(str(task.pk), "worker-a"), "worker-a", INGEST.steps[0], 0)
-    admin = django_user_model.objects.create_superuser("ops", "ops@example.invalid", "pw")
-    client.force_login(admin)
+    return task
 
-    listing = client.get("/admin/tools_app/task/?status__exact=running")
-    page = client.get(f"/admin/tools_app/task/{task.pk}/change/")
-    client.post("/admin/tools_app/task/", {"action": "cancel_tasks", "_selected_action": [str(task.pk)]})
+
+def test_an_operator_reads_a_tasks_step_history_and_cancels_it_with_a_reason(client, caller, fast, tenant):
+    task = running_task(caller)
+    client.force_login(make_operator("olga", OPERATOR, tenant))
+
+    listing = client.get(reverse("admin:tools_app_task_changelist"), {"status__exact": "running"})
+    page = client.get(reverse("admin:tools_app_task_change", args=[task.pk]))
+    client.post(reverse("admin:tools_app_task_act", args=[task.pk, "cancel"]), {"reason": "upstream is down"})
 
     assert listing.status_code == 200 and str(task.pk) in listing.content.decode()
-    assert page.status_code == 200 and "worker-a" in page.content.decode()
+    assert page.status_code == 200
+    assert "worker-a" in page.content.decode() and "task.step_started" in page.content.decode()
     task.refresh_from_db()
     assert task.status == TaskStatus.CANCELLED
-    assert AuditEvent.objects.get(object_id=str(task.pk), action="task.cancelled").actor == "user:ops"
+    event = AuditEvent.objects.get(object_id=str(task.pk), action="task.cancelled")
+    assert (event.actor, event.reason) == ("user:olga", "upstream is down")
+
+
+def test_an_auditor_sees_tasks_but_a_crafted_cancel_is_refused_and_audited(client, caller, fast, tenant):
+    task = running_task(caller)
+    client.force_login(make_operator("ann", AUDITOR, tenant))
+
+    page = client.get(reverse("admin:tools_app_task_change", args=[task.pk]))
+    client.post(reverse("admin:tools_app_task_act", args=[task.pk, "cancel"]), {"reason": "just because"})
+
+    assert page.status_code == 200 and page.context["operator_actions"] == []
+    task.refresh_from_db()
+    assert task.status == TaskStatus.RUNNING
+    assert AuditEvent.objects.get(object_id=str(task.pk), action="task.cancel_refused").actor == "user:ann"
+
+
+def test_an_operator_does_not_see_another_tenants_tasks(client, caller, fast, other_tenant):
+    task = running_task(caller)
+    client.force_login(make_operator("gus", OPERATOR, other_tenant))
+
+    listing = client.get(reverse("admin:tools_app_task_changelist"))
+    act = client.post(reverse("admin:tools_app_task_act", args=[task.pk, "cancel"]), {"reason": "x"})
+
+    assert str(task.pk) not in listing.content.decode() and act.status_code == 404
+    assert Task.objects.get(pk=task.pk).status == TaskStatus.RUNNING

@@ -11,6 +11,8 @@ class ToolsAppConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         from tools_app import tools  # noqa: F401
+        from tools_app.roles import ensure_roles
         from tools_app.schedules import ensure_schedules
 
         post_migrate.connect(ensure_schedules, sender=self)
+        post_migrate.connect(ensure_roles, sender=self)

@@ -7,15 +7,16 @@ idempotent operation.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from tools_app import idempotency
+from tools_app import approvals, idempotency, reconciliation
 from tools_app.errors import InvalidInput, ToolFailure
-from tools_app.models import CallOutcome, IdempotencyRecord
+from tools_app.models import CallOutcome, IdempotencyRecord, RecordStatus
 from tools_app.registry import ToolContext, ToolSpec, _no_progress
 
 
@@ -45,6 +46,7 @@ class CallResult:
             "conflict": CallOutcome.CONFLICT, "in_progress": CallOutcome.IN_PROGRESS,
             "unknown_outcome": CallOutcome.UNKNOWN, "invalid_input": CallOutcome.REJECTED,
             "expired": CallOutcome.REJECTED, "permission_denied": CallOutcome.REJECTED,
+            "pending_approval": CallOutcome.PENDING_APPROVAL,
         }.get(self.error.error_class, CallOutcome.FAILED)
 
 
@@ -68,10 +70,28 @@ def call_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta
 def _call_write(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None) -> CallResult:
     arguments = with_idempotency_key(arguments, meta_key)
     args = validate_arguments(spec, arguments)
+    operation, execute = write_operation(spec, caller, args)
+    outcome = idempotency.run(operation, execute)
+    if outcome.executed and outcome.record.status == RecordStatus.UNKNOWN:
+        reconciliation.reconcile_soon()
+    return CallResult(spec, result=outcome.result, error=outcome.error, record=outcome.record,
+                      replayed=outcome.replayed)
+
+
+def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel) -> tuple[idempotency.Operation,
+                                                                               idempotency.Executor]:
+    """A validated write call as the engine sees it, and its side effect.
+
+    Also used to run an approved call later (tools_app.approvals), with the
+    requester as the caller.
+    """
     operation = idempotency.Operation(
         tenant_id=caller.tenant_id, tool=spec.name, key=args.idempotency_key,
         arguments=args.model_dump(mode="python", exclude=set(spec.excluded_from_fingerprint)),
         actor=caller.actor, trace_id=args.trace_id or "", retention=spec.retention, on_expiry=spec.on_expiry,
+        transactional=spec.transactional,
+        downstream_key="" if spec.transactional else downstream_key(caller.tenant_id, spec.name, args.idempotency_key),
+        approval=approvals.gate(spec, caller.tenant_id, caller.actor, args) if spec.approval else None,
     )
 
     def execute(record: IdempotencyRecord) -> dict[str, Any]:
@@ -79,9 +99,13 @@ def _call_write(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_
                               record=record, report_progress=caller.report_progress)
         return dump_result(spec, spec.handler(context, args))
 
-    outcome = idempotency.run(operation, execute)
-    return CallResult(spec, result=outcome.result, error=outcome.error, record=outcome.record,
-                      replayed=outcome.replayed)
+    return operation, execute
+
+
+def downstream_key(tenant_id: int, tool: str, key: str) -> str:
+    """The key sent to a downstream system: stable for (tenant, tool, key), so a
+    retry after a transient failure is deduplicated there too, and opaque."""
+    return "idemops-" + hashlib.sha256(f"{tenant_id}:{tool}:{key}".encode()).hexdigest()[:40]
 
 
 def with_idempotency_key(arguments: dict[str, Any], meta_key: str | None) -> dict[str, Any]:

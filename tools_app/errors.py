@@ -23,12 +23,16 @@ class ToolFailure(Exception):
         retry_after: float | None = None,
         differing_fields: list[str] | None = None,
         details: dict[str, Any] | None = None,
+        evidence: dict[str, Any] | None = None,
     ):
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
         self.differing_fields = differing_fields
         self.details = details or {}
+        # What was asked downstream and what came back; kept on the record,
+        # never sent to the agent.
+        self.evidence = evidence
 
     @property
     def retryable(self) -> bool:
@@ -81,6 +85,10 @@ class Transient(ToolFailure):
 
 
 class UnknownOutcome(ToolFailure):
+    """Raised by a handler when a downstream request may or may not have taken
+    effect (a timeout after sending, a broken connection): the record becomes
+    UNKNOWN and is reconciled instead of retried."""
+
     error_class = ErrorClass.UNKNOWN_OUTCOME
 
 
@@ -92,8 +100,14 @@ class AlreadyDone(ToolFailure):
     error_class = ErrorClass.ALREADY_DONE
 
 
+class PendingApproval(ToolFailure):
+    """Not a failure of the operation: it waits for a person. Carries `approval` details."""
+
+    error_class = ErrorClass.PENDING_APPROVAL
+
+
 FAILURE_TYPES: dict[str, type[ToolFailure]] = {
     str(t.error_class): t
     for t in (InvalidInput, PermissionDenied, NotFound, Conflict, InProgress, Transient, UnknownOutcome, Expired,
-              AlreadyDone)
+              AlreadyDone, PendingApproval)
 }

@@ -42,7 +42,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from tools_app import audit
+from tools_app import db
+from tools_app.crashpoints import crash_point
 from tools_app.errors import (
     Conflict,
     Expired,
@@ -52,7 +53,7 @@ from tools_app.errors import (
     Transient,
     UnknownOutcome,
 )
-from tools_app.models import IdempotencyRecord, RecordStatus
+from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +141,15 @@ class Operation:
     trace_id: str = ""
     retention: timedelta = DEFAULT_RETENTION
     on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE
+    # True: the side effect is local and commits with the record (a crash
+    # leaves nothing). False: it happens elsewhere (a downstream call), so
+    # the engine holds no transaction across it and an interrupted call ends
+    # UNKNOWN, to be reconciled.
+    transactional: bool = True
+    downstream_key: str = ""
+    # Consulted before every execution of a sensitive tool (tools_app.approvals.gate):
+    # an Outcome diverts the call to a person's approval, None lets it run.
+    approval: Callable[[IdempotencyRecord], Outcome | None] | None = None
 
     @cached_property
     def fingerprint(self) -> str:
@@ -162,6 +172,7 @@ class Outcome:
     record: IdempotencyRecord
     replayed: bool = False
     error: ToolFailure | None = None
+    executed: bool = False  # this call ran the side effect (or tried to)
 
     @property
     def result(self) -> dict[str, Any] | None:
@@ -217,6 +228,10 @@ def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outc
                 "with a new key, ask again later with the same key"))
         case RecordStatus.FAILED:
             return _follow_failed(record, op, execute)
+        case RecordStatus.AWAITING_APPROVAL:
+            from tools_app import approvals  # approvals builds on this module
+
+            return approvals.follow(record)
     raise AssertionError(f"unhandled status {record.status}")
 
 
@@ -234,24 +249,51 @@ def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) 
 
 
 def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome:
+    crash_point("after_claim")
     try:
-        with transaction.atomic():
+        if op.approval is not None and (held := op.approval(record)) is not None:
+            return held
+        if op.transactional:
+            with transaction.atomic():
+                result = execute(record)
+                record = mark_succeeded(record, result, actor=op.actor)
+        else:
             result = execute(record)
-            record = mark_succeeded(record, result, actor=op.actor)
+            crash_point("after_downstream")
+            with transaction.atomic():
+                record = mark_succeeded(record, result, actor=op.actor)
+    except UnknownOutcome as unknown:
+        return Outcome(mark_unknown(record, unknown, actor=op.actor), error=unknown, executed=True)
     except ToolFailure as failure:
-        return Outcome(mark_failed(record, failure, actor=op.actor), error=failure)
+        return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
     except LeaseLost:
         record.refresh_from_db()
-        return Outcome(record, error=UnknownOutcome(
+        return Outcome(record, executed=True, error=UnknownOutcome(
             "this call overran its lease and its outcome is being reconciled; do not retry with a new key"))
-    except Exception:
-        # A bug or a database error: the transaction rolled back, so nothing
-        # of the side effect committed and the same key may run again.
-        logger.exception("tool %s raised; record %s marked transient", op.tool, record.pk)
-        failure = Transient("internal error, nothing was committed; retry with the same key",
-                            retry_after=INTERNAL_ERROR_RETRY_AFTER)
-        return Outcome(mark_failed(record, failure, actor=op.actor), error=failure)
-    return Outcome(record)
+    except Exception as exc:
+        return _unexpected_error(record, op, exc)
+    crash_point("after_commit")
+    return Outcome(record, executed=True)
+
+
+def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) -> Outcome:
+    logger.exception("tool %s raised; record %s", op.tool, record.pk)
+    if not op.transactional:
+        # We cannot tell whether the downstream request went out.
+        unknown = UnknownOutcome("the call failed unexpectedly after it may have reached the downstream system; "
+                                 "it is being reconciled, do not retry with a new key",
+                                 evidence=evidence_entry("executor", error=type(exc).__name__))
+        return Outcome(mark_unknown(record, unknown, actor=op.actor), error=unknown, executed=True)
+    # A bug or a database error: the transaction rolled back, so nothing
+    # of the side effect committed and the same key may run again.
+    failure = Transient("internal error, nothing was committed; retry with the same key",
+                        retry_after=INTERNAL_ERROR_RETRY_AFTER)
+    return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
+
+
+def evidence_entry(source: str, **facts: Any) -> dict[str, Any]:
+    """One piece of evidence: who looked (executor, reconciler, operator, sweep), when, and what they saw."""
+    return {"at": timezone.now().isoformat(), "source": source, **facts}
 
 
 # --- state changes: one function each ----------------------------------------
@@ -266,125 +308,261 @@ def _lease_expiry(now: datetime) -> datetime:
 
 
 def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
-    """Insert a PROCESSING record for `op`, or fetch the live one holding its key.
-
-    Returns (record, True) for the executor and (record, False) for a follower.
-    """
+    """Return (record, True) if this call inserted the PROCESSING record for
+    `op` and is its executor, or (the live record, False) for a follower."""
+    if row := _fetch_live(op):  # replays, the common case, stop here: one indexed read
+        return db.from_row(IdempotencyRecord, row), False
     now = timezone.now()
     record = IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
         field_digests=op.field_digests, arguments=json.loads(canonical_json(op.arguments)),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=_lease_owner(), lease_expires_at=_lease_expiry(now),
-        operation_id=uuid.uuid4(), trace_id=op.trace_id, actor=op.actor,
+        operation_id=uuid.uuid4(), trace_id=op.trace_id, actor=op.actor, downstream_key=op.downstream_key,
         created_at=now, updated_at=now, expires_at=now + op.retention,
     )
-    with transaction.atomic():
-        if _insert_unless_key_taken(record):
-            audit.record_event(action="record.claimed", obj=record, actor=op.actor, trace_id=op.trace_id,
-                               after={"status": record.status, "fingerprint": record.fingerprint})
-            return record, True
-    live = IdempotencyRecord.objects.filter(
-        tenant_id=op.tenant_id, tool=op.tool, key=op.key, retired_at__isnull=True).first()
-    if live is None:  # retired between our INSERT and this read: claim again
-        return claim(op)
-    return live, False
+    claimed_event = _event(record, "record.claimed", op.actor,
+                           after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
+    if row := _claim_or_fetch(record, claimed_event):
+        return db.from_row(IdempotencyRecord, row[:-1]), row[-1]
+    # We lost a race to a claim our statement's snapshot could not see: read it now.
+    return claim(op)
 
 
-def _insert_unless_key_taken(record: IdempotencyRecord) -> bool:
-    """INSERT the row; if the unique constraint already holds its key, insert nothing.
+def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tuple | None:
+    """One statement: INSERT the record and its audit event, unless a live record holds the key.
 
-    One statement, so two racing claims cannot both win: PostgreSQL makes the
-    second INSERT wait for the first to commit, then skip.
+    Two first calls racing both pass the NOT EXISTS; PostgreSQL makes the
+    second INSERT wait for the first to commit and then skip (ON CONFLICT DO
+    NOTHING), so exactly one inserts. The loser's statement returns no row
+    (its snapshot predates the winner's commit) and the caller reads again.
+    The row's last column says whether this call inserted it.
     """
-    fields = [f for f in record._meta.concrete_fields if not f.primary_key]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    params = [f.get_db_prep_save(getattr(record, f.attname), connection) for f in fields]
-    sql = (f"INSERT INTO {connection.ops.quote_name(record._meta.db_table)} ({columns}) "
-           f"VALUES ({', '.join(['%s'] * len(fields))}) ON CONFLICT DO NOTHING RETURNING id")
+    columns, values, params = db.insert_parts(record)
+    audit_columns, audit_values, audit_params = db.insert_parts(
+        claimed_event, expressions={"object_id": "claimed.id::text"})
+    _, select_list = db.select_columns(IdempotencyRecord)
+    records = db.table(IdempotencyRecord)
+    sql = f"""
+        WITH live AS (
+            SELECT {select_list} FROM {records}
+            WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL
+        ), claimed AS (
+            INSERT INTO {records} ({", ".join(columns)}) SELECT {", ".join(values)}
+            WHERE NOT EXISTS (SELECT FROM live)
+            ON CONFLICT DO NOTHING RETURNING *
+        ), audited AS (
+            INSERT INTO {db.table(AuditEvent)} ({", ".join(audit_columns)})
+            SELECT {", ".join(audit_values)} FROM claimed
+        )
+        SELECT {select_list}, true FROM claimed
+        UNION ALL
+        SELECT *, false FROM live
+    """
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
+        cursor.execute(sql, [record.tenant_id, record.tool, record.key, *params, *audit_params])
+        return cursor.fetchone()
+
+
+def _fetch_live(op: Operation) -> tuple | None:
+    _, select_list = db.select_columns(IdempotencyRecord)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {select_list} FROM {db.table(IdempotencyRecord)} "
+                       "WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL",
+                       [op.tenant_id, op.tool, op.key])
+        return cursor.fetchone()
+
+
+def _event(record: IdempotencyRecord, action: str, actor: str, **fields: Any) -> AuditEvent:
+    fields.setdefault("trace_id", record.trace_id)
+    return AuditEvent(tenant_id=record.tenant_id, actor=actor, action=action, object_type="idempotencyrecord",
+                      object_id=str(record.pk), created_at=timezone.now(), **fields)
+
+
+def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any], *, action: str,
+                actor: str, reason: str = "", evidence: dict[str, Any] | None = None, trace_id: str = "",
+                before: dict[str, Any] | None = None, after: dict[str, Any] | None = None) -> bool:
+    """The conditional UPDATE every state change goes through, with its audit event, in one statement.
+
+    The event records the status before and after (unless told otherwise);
+    `evidence`, if any, is appended to the record's evidence list.
+    """
+    changes = {**changes, "updated_at": timezone.now()}
+    event = _event(
+        record, action, actor, reason=reason, trace_id=trace_id or record.trace_id,
+        before=before or {"status": record.status},
+        after=after or {"status": changes.get("status", record.status),
+                        **({"error_class": changes["error_class"]} if changes.get("error_class") else {})})
+    if not db.conditional_update(record, expected, changes, event=event,
+                                 append={"evidence": evidence} if evidence else None):
         return False
-    record.pk = row[0]
-    record._state.adding = False
+    for name, value in changes.items():
+        setattr(record, name, value)
+    if evidence:
+        record.evidence = [*record.evidence, evidence]
     return True
 
 
-def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any]) -> bool:
-    """The conditional UPDATE every state change goes through."""
-    changes = {**changes, "updated_at": timezone.now()}
-    updated = IdempotencyRecord.objects.filter(pk=record.pk, **expected).update(**changes)
-    if updated:
-        for name, value in changes.items():
-            setattr(record, name, value)
-    return bool(updated)
+def _finished(record: IdempotencyRecord, now: datetime) -> dict[str, Any]:
+    """Fields every move to a final status sets: retention counts from the finish."""
+    return {"finished_at": now, "expires_at": now + (record.expires_at - record.created_at)}
 
 
 def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str) -> IdempotencyRecord:
     """PROCESSING -> SUCCEEDED, by the lease holder. Call inside the business transaction."""
-    now = timezone.now()
-    retention = record.expires_at - record.created_at
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
-        "status": RecordStatus.SUCCEEDED, "result": result, "finished_at": now, "expires_at": now + retention,
-        "lease_owner": "", "lease_expires_at": None, "error_class": "", "error_message": "",
-    }):
+        "status": RecordStatus.SUCCEEDED, "result": result, "lease_owner": "", "lease_expires_at": None,
+        "error_class": "", "error_message": "", **_finished(record, timezone.now()),
+    }, action="record.succeeded", actor=actor):
         raise LeaseLost(record.pk)
-    audit.record_event(action="record.succeeded", obj=record, actor=actor, trace_id=record.trace_id,
-                       before={"status": RecordStatus.PROCESSING}, after={"status": RecordStatus.SUCCEEDED})
     return record
 
 
-@transaction.atomic
 def mark_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str) -> IdempotencyRecord:
     """PROCESSING -> FAILED, by the lease holder; a transient failure may be reclaimed later."""
     now = timezone.now()
-    retention = record.expires_at - record.created_at
     retry_not_before = now + timedelta(seconds=failure.retry_after or 0) if failure.retryable else None
-    if _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
+    if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
-        "retry_not_before": retry_not_before, "finished_at": now, "expires_at": now + retention,
-        "lease_owner": "", "lease_expires_at": None,
-    }):
-        audit.record_event(action="record.failed", obj=record, actor=actor, trace_id=record.trace_id,
-                           before={"status": RecordStatus.PROCESSING},
-                           after={"status": RecordStatus.FAILED, "error_class": failure.error_class})
-    else:
+        "retry_not_before": retry_not_before, "lease_owner": "", "lease_expires_at": None, **_finished(record, now),
+    }, action="record.failed", actor=actor, reason=failure.message, evidence=failure.evidence):
         record.refresh_from_db()
     return record
 
 
-@transaction.atomic
+def mark_unknown(record: IdempotencyRecord, unknown: UnknownOutcome, *, actor: str) -> IdempotencyRecord:
+    """PROCESSING -> UNKNOWN, by the lease holder, when the downstream outcome is unknowable here."""
+    if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
+        "status": RecordStatus.UNKNOWN, "error_class": unknown.error_class, "error_message": unknown.message,
+        "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": timezone.now(),
+    }, action="record.unknown", actor=actor, reason=unknown.message,
+            evidence=unknown.evidence or evidence_entry("executor", note=unknown.message)):
+        record.refresh_from_db()
+    return record
+
+
 def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | None:
     """FAILED(transient) -> PROCESSING for a retry with the same key and arguments.
 
     Guarded by the attempt count we saw, so of several racing retries one wins.
     """
-    now = timezone.now()
     if not _transition(record, {
         "status": RecordStatus.FAILED, "error_class": "transient", "fingerprint": op.fingerprint,
         "attempts": record.attempts,
     }, {
         "status": RecordStatus.PROCESSING, "attempts": record.attempts + 1, "lease_owner": _lease_owner(),
-        "lease_expires_at": _lease_expiry(now), "error_class": "", "error_message": "", "retry_not_before": None,
-        "finished_at": None, "trace_id": op.trace_id or record.trace_id,
-    }):
+        "lease_expires_at": _lease_expiry(timezone.now()), "error_class": "", "error_message": "",
+        "retry_not_before": None, "finished_at": None, "trace_id": op.trace_id or record.trace_id,
+    }, action="record.reclaimed", actor=op.actor):
         return None
-    audit.record_event(action="record.reclaimed", obj=record, actor=op.actor, trace_id=op.trace_id,
-                       before={"status": RecordStatus.FAILED}, after={"status": RecordStatus.PROCESSING,
-                                                                     "attempts": record.attempts})
     return record
 
 
-@transaction.atomic
 def retire(record: IdempotencyRecord, *, actor: str, reason: str = "retention ended; key reused") -> bool:
     """Free an expired finished record's key; the row stays for auditors."""
     now = timezone.now()
-    if not _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": now},
-                       {"retired_at": now}):
-        return False
-    audit.record_event(action="record.retired", obj=record, actor=actor, reason=reason)
-    return True
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": now},
+                       {"retired_at": now}, action="record.retired", actor=actor, reason=reason)
+
+
+def expire_leases(now: datetime | None = None) -> list[IdempotencyRecord]:
+    """PROCESSING -> UNKNOWN for every record whose executor's lease ran out (it died or hung).
+
+    Never re-executes: a dead executor may have done its side effect.
+    """
+    now = now or timezone.now()
+    stale = IdempotencyRecord.objects.filter(status=RecordStatus.PROCESSING, lease_expires_at__lt=now)
+    return [record for record in stale if _transition(
+        record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner, "lease_expires_at__lt": now},
+        {"status": RecordStatus.UNKNOWN, "error_class": "unknown_outcome",
+         "error_message": "the executor's lease expired before it recorded an outcome",
+         "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": now},
+        action="record.unknown", actor="system:lease-sweep", reason="lease expired",
+        evidence=evidence_entry("sweep", note=f"lease of {record.lease_owner} expired"))]
+
+
+def resolve_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str, reason: str,
+                      evidence: dict[str, Any]) -> bool:
+    """UNKNOWN -> SUCCEEDED: the downstream did it; store its result so a replay returns it."""
+    return _transition(record, {"status": RecordStatus.UNKNOWN}, {
+        "status": RecordStatus.SUCCEEDED, "result": result, "error_class": "", "error_message": "",
+        "next_reconcile_at": None, **_finished(record, timezone.now()),
+    }, action="record.reconciled", actor=actor, reason=reason, evidence=evidence)
+
+
+def resolve_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str, reason: str,
+                   evidence: dict[str, Any]) -> bool:
+    """UNKNOWN -> FAILED: definitely not done. A transient failure lets the same key run again."""
+    now = timezone.now()
+    return _transition(record, {"status": RecordStatus.UNKNOWN}, {
+        "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
+        "retry_not_before": now if failure.retryable else None, "next_reconcile_at": None, **_finished(record, now),
+    }, action="record.reconciled", actor=actor, reason=reason, evidence=evidence)
+
+
+def note_unresolved(record: IdempotencyRecord, *, evidence: dict[str, Any], next_attempt_at: datetime | None,
+                    actor: str) -> bool:
+    """UNKNOWN stays UNKNOWN: count the attempt; with no next attempt, escalate to a person."""
+    escalate = next_attempt_at is None
+    return _transition(record, {"status": RecordStatus.UNKNOWN, "reconcile_attempts": record.reconcile_attempts}, {
+        "reconcile_attempts": record.reconcile_attempts + 1, "next_reconcile_at": next_attempt_at,
+        **({"escalated_at": timezone.now()} if escalate else {}),
+    }, action="record.escalated" if escalate else "record.reconcile_attempted", actor=actor,
+        reason="automatic reconciliation gave up; a person must decide" if escalate else "", evidence=evidence)
+
+
+# --- approval (tools_app.approvals decides; these move the record) ---------------
+
+
+def await_approval(record: IdempotencyRecord, *, actor: str) -> IdempotencyRecord:
+    """PROCESSING -> AWAITING_APPROVAL, by the lease holder, instead of executing.
+
+    The lease is dropped: nothing runs while a person decides, so the lease
+    sweep must not take the record for a dead executor. Call inside the
+    transaction that creates the ApprovalRequest.
+    """
+    if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
+        "status": RecordStatus.AWAITING_APPROVAL, "lease_owner": "", "lease_expires_at": None,
+    }, action="record.awaiting_approval", actor=actor):
+        raise LeaseLost(record.pk)
+    return record
+
+
+def start_approved(record: IdempotencyRecord, *, actor: str) -> bool:
+    """AWAITING_APPROVAL -> PROCESSING under a new lease, once the request is approved.
+
+    The status guard makes a second approval job, or a redelivered one, a no-op.
+    """
+    return _transition(record, {"status": RecordStatus.AWAITING_APPROVAL}, {
+        "status": RecordStatus.PROCESSING, "lease_owner": _lease_owner(),
+        "lease_expires_at": _lease_expiry(timezone.now()),
+    }, action="record.approved_execution", actor=actor)
+
+
+def execute_approved(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
+    """Run an approved operation as its executor; None if the record had already left AWAITING_APPROVAL."""
+    if not start_approved(record, actor=op.actor):
+        return None
+    return _execute(record, op, execute)
+
+
+def close_unapproved(record: IdempotencyRecord, failure: ToolFailure, *, actor: str, reason: str) -> bool:
+    """AWAITING_APPROVAL -> FAILED (rejected or expired): retries with the key get `failure` again.
+
+    Call inside the transaction that ends the ApprovalRequest.
+    """
+    return _transition(record, {"status": RecordStatus.AWAITING_APPROVAL}, {
+        "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
+        "retry_not_before": None, **_finished(record, timezone.now()),
+    }, action="record.failed", actor=actor, reason=reason)
+
+
+def force_expire(record: IdempotencyRecord, *, actor: str, reason: str, trace_id: str = "") -> bool:
+    """An operator ends a finished record's retention now: the key's expiry policy applies from the next call."""
+    now = timezone.now()
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__gt": now},
+                       {"expires_at": now}, action="record.force_expired", actor=actor, reason=reason,
+                       trace_id=trace_id, before={"expires_at": record.expires_at.isoformat()},
+                       after={"expires_at": now.isoformat()})
 
 
 # --- reading ------------------------------------------------------------------

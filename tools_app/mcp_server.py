@@ -95,7 +95,7 @@ def current_caller(ctx: Context) -> Caller:
 class IdempotencyInfo(BaseModel):
     """Attached to every write tool response."""
 
-    status: str = Field(description="SUCCEEDED, FAILED, PROCESSING or UNKNOWN")
+    status: str = Field(description="SUCCEEDED, FAILED, PROCESSING, UNKNOWN or AWAITING_APPROVAL")
     replayed: bool = Field(description="True when this is the stored result of an earlier call with the key")
     expires_at: str | None = Field(description="When this key's record may be reused or reviewed")
     operation_id: str | None = None

@@ -12,12 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tools_app.errors import NotFound
 from tools_app.idempotency import DEFAULT_RETENTION, KEY_RULE, ExpiryPolicy
+
+if TYPE_CHECKING:
+    from tools_app.approvals import ApprovalPolicy
+    from tools_app.models import Tenant
 
 # Arguments every write tool takes that are not part of the operation.
 ENGINE_FIELDS = frozenset({"idempotency_key", "trace_id"})
@@ -58,6 +62,9 @@ class ToolContext:
 
 
 Handler = Callable[[ToolContext, Any], dict[str, Any] | BaseModel]
+# Decides whether a call needs a person's approval: (tenant, validated arguments)
+# -> an ApprovalPolicy (summary, approvers needed, amount) or None to run at once.
+ApprovalRule = Callable[["Tenant", Any], "ApprovalPolicy | None"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,17 @@ class ToolSpec:
     on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE
     destructive: bool = False
     open_world: bool = False
+    # False for tools whose effect happens in another system: the engine then
+    # holds no transaction across the call, sends `downstream_key` along, and
+    # an interrupted call ends UNKNOWN until `reconciler` finds out.
+    transactional: bool = True
+    # (record) -> reconciliation.Found | NotDone | StillUnknown. Transactional
+    # tools need none: if their record never committed, neither did the effect.
+    reconciler: Callable[[Any], Any] | None = None
+    # (record, downstream reference) -> the result to store when an operator
+    # resolves an UNKNOWN record as succeeded.
+    result_for_reference: Callable[[Any, str], dict[str, Any]] | None = None
+    approval: ApprovalRule | None = None  # set: a sensitive tool (see tools_app.approvals)
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -89,6 +107,8 @@ def register(spec: ToolSpec) -> ToolSpec:
         raise ValueError(f"tool {spec.name!r} is declared twice")
     if spec.writes and not issubclass(spec.input_model, WriteInput):
         raise TypeError(f"write tool {spec.name!r} must take a WriteInput model")
+    if not spec.transactional and spec.reconciler is None:
+        raise TypeError(f"tool {spec.name!r} acts downstream and must declare a reconciler")
     _TOOLS[spec.name] = spec
     return spec
 

@@ -21,6 +21,14 @@ class PeriodicJob:
 
 
 PERIODIC_JOBS: list[PeriodicJob] = [
+    # Dead executors' records → UNKNOWN, then ask downstream what happened.
+    PeriodicJob("idemops: expire leases and reconcile", "tools_app.reconciliation.run_periodic"),
+    # Events whose delivery is due (new ones also wake the relay directly).
+    PeriodicJob("idemops: outbox relay", "tools_app.outbox.relay_pending"),
+    # Expire overdue approval requests, settle finished ones, re-queue stalled ones.
+    PeriodicJob(name="approvals.sweep", func="tools_app.approvals.sweep"),
+    # Link newly committed audit events into the hash chain.
+    PeriodicJob(name="audit.seal", func="tools_app.audit.seal_periodically"),
     # Revives long tasks whose worker died and queues due retries (tools_app.tasks.sweep).
     PeriodicJob("idemops: task sweep", "tools_app.tasks.sweep", minutes=settings.IDEMOPS["TASK_SWEEP_MINUTES"]),
 ]

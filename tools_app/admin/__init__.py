@@ -1,3 +1,14 @@
 """The operators' admin, one module per concept."""
 
-from tools_app.admin import audit, business, records, tasks, tenants  # noqa: F401
+from tools_app.admin import (  # noqa: F401
+    approvals,
+    audit,
+    auditors,
+    business,
+    dashboard,
+    outbox,
+    records,
+    tasks,
+    tenants,
+    unknown_outcomes,
+)

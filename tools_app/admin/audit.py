@@ -1,18 +1,21 @@
 from django.contrib import admin
 
-from tools_app.models import AuditEvent
+from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.models import AuditEvent, AuditSeal
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
-    list_display = ["id", "created_at", "tenant", "actor", "action", "object_type", "object_id"]
-    list_filter = ["action", "object_type", "tenant"]
+class AuditEventAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+    """Append-only: nobody adds, edits or deletes events here (the database refuses it too)."""
 
-    def has_add_permission(self, request):
-        return False
+    list_display = ["id", "created_at", "tenant", "actor", "action", "object_type", "object_id", "reason", "seq"]
+    list_filter = ["action", "object_type", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["actor", "=object_id", "=trace_id", "action"]
+    date_hierarchy = "created_at"
+    list_select_related = ["tenant"]
+    ordering = ["-id"]
 
-    def has_change_permission(self, request, obj=None):
-        return False
 
-    def has_delete_permission(self, request, obj=None):
-        return False
+@admin.register(AuditSeal)
+class AuditSealAdmin(ReadOnlyAdmin):
+    list_display = ["last_seq", "first_seq", "events", "last_hash", "sealed_at"]

@@ -1,6 +1,22 @@
 from django.contrib import admin
 
-from tools_app.models import Order, Ticket
+from tools_app.admin.scoping import TenantScopedAdmin
+from tools_app.models import Announcement, Order, Ticket
 
-admin.site.register(Order)
-admin.site.register(Ticket)
+
+@admin.register(Order)
+class OrderAdmin(TenantScopedAdmin, admin.ModelAdmin):
+    list_display = ["id", "tenant", "customer", "total", "currency", "created_at"]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter)]
+
+
+@admin.register(Ticket)
+class TicketAdmin(TenantScopedAdmin, admin.ModelAdmin):
+    list_display = ["id", "tenant", "subject", "priority", "status", "created_at"]
+    list_filter = ["priority", "status", ("tenant", admin.RelatedOnlyFieldListFilter)]
+
+
+@admin.register(Announcement)
+class AnnouncementAdmin(TenantScopedAdmin, admin.ModelAdmin):
+    list_display = ["id", "tenant", "title", "audience", "published_at"]
+    list_filter = ["audience", ("tenant", admin.RelatedOnlyFieldListFilter)]

@@ -7,6 +7,7 @@ class RecordStatus(models.TextChoices):
     SUCCEEDED = "SUCCEEDED", "Succeeded"
     FAILED = "FAILED", "Failed"
     UNKNOWN = "UNKNOWN", "Unknown outcome"
+    AWAITING_APPROVAL = "AWAITING_APPROVAL", "Awaiting approval"
 
 
 class ErrorClass(models.TextChoices):
@@ -21,6 +22,7 @@ class ErrorClass(models.TextChoices):
     UNKNOWN_OUTCOME = "unknown_outcome", "Outcome unknown: do not retry, being reconciled"
     EXPIRED = "expired", "Key past retention: a person must check"
     ALREADY_DONE = "already_done", "Already done"
+    PENDING_APPROVAL = "pending_approval", "Waiting for a person's approval: ask again with the same key"
 
 
 class IdempotencyRecord(models.Model):
@@ -40,7 +42,7 @@ class IdempotencyRecord(models.Model):
         default=dict, help_text="Digest per top-level argument, to name what differs on a conflict."
     )
     arguments = models.JSONField(default=dict, help_text="The business arguments (canonical form).")
-    status = models.CharField(max_length=16, choices=RecordStatus.choices, default=RecordStatus.PROCESSING)
+    status = models.CharField(max_length=24, choices=RecordStatus.choices, default=RecordStatus.PROCESSING)
     result = models.JSONField(null=True, blank=True, help_text="What the first call returned; replays return it.")
     error_class = models.CharField(max_length=32, choices=ErrorClass.choices, blank=True)
     error_message = models.TextField(blank=True)
@@ -56,6 +58,15 @@ class IdempotencyRecord(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(help_text="End of retention; what happens after is the tool's policy.")
     retired_at = models.DateTimeField(null=True, blank=True, help_text="Set when an expired key was reused.")
+    # Downstream systems and reconciliation (tools_app.reconciliation).
+    downstream_key = models.CharField(max_length=100, blank=True,
+                                      help_text="The key sent downstream, derived from (tenant, tool, key).")
+    evidence = models.JSONField(default=list, blank=True,
+                                help_text="What was asked downstream, what came back, when; newest last.")
+    reconcile_attempts = models.PositiveIntegerField(default=0)
+    next_reconcile_at = models.DateTimeField(null=True, blank=True)
+    escalated_at = models.DateTimeField(null=True, blank=True, help_text="Automatic reconciliation gave up: "
+                                                                         "a person must decide.")
 
     class Meta:
         constraints = [
@@ -69,7 +80,28 @@ class IdempotencyRecord(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="record_status_lease"),
             models.Index(fields=["tenant", "created_at"], name="record_tenant_created"),
             models.Index(fields=["tool", "created_at"], name="record_tool_created"),
+            models.Index(fields=["next_reconcile_at"], condition=Q(status="UNKNOWN"), name="record_unknown_due"),
+        ]
+        permissions = [
+            ("resolve_unknown", "Can resolve UNKNOWN outcomes"),
+            ("force_expire_idempotencyrecord", "Can force-expire an idempotency key"),
         ]
 
     def __str__(self) -> str:
         return f"{self.tool} #{self.pk} ({self.status})"
+
+
+class UnknownOutcomeManager(models.Manager):
+    def get_queryset(self):
+        return super().get_queryset().filter(status=RecordStatus.UNKNOWN)
+
+
+class UnknownOutcome(IdempotencyRecord):
+    """The operators' queue of UNKNOWN records (same table, its own admin page)."""
+
+    objects = UnknownOutcomeManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "UNKNOWN outcome"
+        ordering = ["created_at"]

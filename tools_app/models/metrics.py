@@ -8,6 +8,7 @@ class CallOutcome(models.TextChoices):
     IN_PROGRESS = "in_progress", "Answered in_progress after waiting"
     FAILED = "failed", "Failed"
     UNKNOWN = "unknown", "Outcome unknown"
+    PENDING_APPROVAL = "pending_approval", "Held for a person's approval"
     REJECTED = "rejected", "Rejected before execution (input, auth, expiry)"
     READ = "read", "Read tool"
 

@@ -63,6 +63,7 @@ class Task(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        permissions = [("manage_task", "Can cancel, pause and resume long tasks")]
         indexes = [
             models.Index(fields=["status", "lease_expires_at"], name="task_status_lease"),
             models.Index(fields=["tenant", "created_at"], name="task_tenant_created"),

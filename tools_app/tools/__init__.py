@@ -1,3 +1,14 @@
 """The tools. Importing this package registers every tool (see tools_app.registry)."""
 
-from tools_app.tools import documents, orders, task_tools, tickets  # noqa: F401
+from tools_app.tools import (  # noqa: F401
+    announcements,
+    approvals,
+    deletion,
+    documents,
+    identity,
+    notifications,
+    orders,
+    payments,
+    task_tools,
+    tickets,
+)

@@ -16,6 +16,7 @@ import urllib.request
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+from psycopg.conninfo import make_conninfo
 
 from idemops import embedded_pg
 from tools_app.demo import ensure_demo
@@ -57,10 +58,24 @@ class Command(BaseCommand):
 
     def process_specs(self, host, port, web_workers):
         python = sys.executable
-        return [
+        specs = [
             ("web", [python, "-m", "uvicorn", "idemops.asgi:application", "--host", host, "--port", str(port),
                      "--workers", str(web_workers), "--no-access-log"]),
             ("jobs", [python, "manage.py", "qcluster"]),
+        ]
+        if settings.IDEMOPS["RUN_DEMO_DOWNSTREAMS"]:
+            specs += self.downstream_specs(python)
+        return specs
+
+    def downstream_specs(self, python):
+        """The demo's downstream systems, each with its own database on our server."""
+        url = os.environ["DATABASE_URL"]
+        return [
+            ("payment-gateway", [python, "-m", "downstream.payment_gateway", "--port", "8001",
+                                 "--database-url", make_conninfo(url, dbname="payment_gateway")]),
+            ("notification-sink", [python, "-m", "downstream.notification_sink", "--port", "8002",
+                                   "--smtp-port", "8025", "--database-url",
+                                   make_conninfo(url, dbname="notification_sink")]),
         ]
 
     def start(self, name, argv):
@@ -110,6 +125,7 @@ idemops is running.
   Admin     {base}/admin/   user {demo['admin_user']}  password {password}
   MCP       {base}/mcp      tenant demo, bearer token {token}
   Health    {base}/healthz
+  Payment gateway (demo downstream)  http://127.0.0.1:8001   notification sink  http://127.0.0.1:8002/messages
   Database  {'embedded PostgreSQL in ' + str(settings.PGDATA) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}
 
 Create an order (run it twice: the second call returns the same order, marked replayed):

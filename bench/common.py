@@ -1,0 +1,49 @@
+"""Shared set-up for benchmarks: Django on a dedicated embedded cluster (var/bench-pg)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def setup_django() -> None:
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("IDEMOPS_PGDATA", str(ROOT / "var" / "bench-pg"))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "idemops.settings")
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+def timed(fn: Callable[[int], object], count: int) -> list[float]:
+    """Per-call latencies in milliseconds of fn(0..count-1)."""
+    latencies = []
+    for i in range(count):
+        start = time.perf_counter()
+        fn(i)
+        latencies.append((time.perf_counter() - start) * 1000)
+    return latencies
+
+
+def summary(latencies: list[float], wall_seconds: float | None = None) -> dict[str, float]:
+    ordered = sorted(latencies)
+    total = wall_seconds if wall_seconds is not None else sum(latencies) / 1000
+    return {
+        "median_ms": statistics.median(ordered),
+        "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+        "per_s": len(ordered) / total,
+    }
+
+
+def row(name: str, stats: dict[str, float]) -> str:
+    return f"| {name} | {stats['median_ms']:.3f} | {stats['p99_ms']:.3f} | {stats['per_s']:,.0f} |"

@@ -1,0 +1,194 @@
+"""A payment gateway: creates payments, honours Idempotency-Key, and can be told to misbehave.
+
+    POST /payments            Idempotency-Key: <key>   {"amount", "currency", "payee", "reference"}
+                              201 created | 200 same key, same request (Idempotent-Replayed: true)
+                              409 same key, other request | 422 invalid request
+    GET  /payments?idempotency_key=<key>   200 | 404     (what reconcilers ask)
+    GET  /payments/<id>                    200 | 404
+    PUT  /faults/<key or *>   {"mode": ..., "times": n?}  DELETE /faults/<key or *>
+    GET  /healthz
+
+Faults, per request (header X-Fault) or per key (PUT /faults): `fail` (500,
+nothing done), `reject` (422, nothing done), `ratelimit` (429, Retry-After), `unavailable` (503,
+Retry-After), `hang` (never answers, nothing done), `succeed-then-hang` (the
+payment is committed, the response never arrives).
+
+Run: python -m downstream.payment_gateway --port 8001 --database-url postgresql:///payment_gateway?host=...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import secrets
+from decimal import Decimal, InvalidOperation
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from downstream.common import arg_parser, service_lifespan
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS payments (
+    id text PRIMARY KEY,
+    idempotency_key text NOT NULL UNIQUE,
+    request_digest text NOT NULL,
+    amount numeric(14, 2) NOT NULL,
+    currency text NOT NULL,
+    payee text NOT NULL,
+    reference text NOT NULL,
+    status text NOT NULL DEFAULT 'succeeded',
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS faults (
+    key text PRIMARY KEY,      -- an idempotency key, or * for every request
+    mode text NOT NULL,
+    remaining integer          -- null: until deleted
+);
+"""
+FAULT_MODES = {"fail", "reject", "ratelimit", "unavailable", "hang", "succeed-then-hang"}
+RETRY_AFTER_SECONDS = "1"
+HANG_SECONDS = 3600
+
+
+def payment_json(row) -> dict:
+    id_, key, _, amount, currency, payee, reference, status, created_at = row
+    return {"payment_id": id_, "status": status, "amount": f"{amount:.2f}", "currency": currency, "payee": payee,
+            "reference": reference, "created_at": created_at.isoformat()}
+
+
+def validate(body: dict) -> tuple[dict | None, str | None]:
+    try:
+        amount = Decimal(str(body["amount"]))
+        if amount <= 0 or amount.as_tuple().exponent < -2:
+            return None, "amount must be positive with at most 2 decimals"
+        currency, payee, reference = str(body["currency"]), str(body["payee"]), str(body.get("reference", ""))
+    except (KeyError, TypeError, InvalidOperation):
+        return None, "amount, currency and payee are required"
+    if len(currency) != 3 or not payee:
+        return None, "currency must be a 3-letter code and payee non-empty"
+    return {"amount": amount, "currency": currency, "payee": payee, "reference": reference}, None
+
+
+async def take_fault(conn, key: str) -> str | None:
+    """The fault armed for this key (else for every key), one use taken if it has a count."""
+    row = await (await conn.execute(
+        "WITH armed AS (SELECT key FROM faults WHERE key = ANY(%s) AND (remaining IS NULL OR remaining > 0) "
+        "               ORDER BY key = '*' LIMIT 1 FOR UPDATE) "
+        "UPDATE faults SET remaining = remaining - 1 FROM armed WHERE faults.key = armed.key RETURNING faults.mode",
+        [[key, "*"]])).fetchone()
+    return row[0] if row else None
+
+
+async def create_payment(request: Request) -> Response:
+    key = request.headers.get("idempotency-key", "")
+    if not key or len(key) > 200:
+        return JSONResponse({"error": "Idempotency-Key header is required (at most 200 characters)"}, 400)
+    try:
+        body = await request.json()
+    except json.JSONDecodeError:
+        return JSONResponse({"error": "body must be JSON"}, 400)
+    payment, problem = validate(body if isinstance(body, dict) else {})
+    if problem:
+        return JSONResponse({"error": problem}, 422)
+    async with request.app.state.pool.connection() as conn:
+        fault = request.headers.get("x-fault") or await take_fault(conn, key)
+        await conn.commit()
+        if fault == "fail":
+            return JSONResponse({"error": "internal error (injected)"}, 500)
+        if fault == "reject":
+            return JSONResponse({"error": "payee account closed (injected)"}, 422)
+        if fault in ("ratelimit", "unavailable"):
+            return JSONResponse({"error": f"{fault} (injected)"}, 429 if fault == "ratelimit" else 503,
+                                headers={"Retry-After": RETRY_AFTER_SECONDS})
+        if fault == "hang":
+            await asyncio.sleep(HANG_SECONDS)
+        digest = hashlib.sha256(json.dumps({k: str(v) for k, v in payment.items()}, sort_keys=True).encode())
+        row, created = await insert_once(conn, key, digest.hexdigest(), payment)
+    if row[2] != digest.hexdigest():
+        return JSONResponse({"error": "Idempotency-Key was already used with a different request"}, 409)
+    if fault == "succeed-then-hang":
+        await asyncio.sleep(HANG_SECONDS)
+    return JSONResponse(payment_json(row), 201 if created else 200,
+                        headers={} if created else {"Idempotent-Replayed": "true"})
+
+
+async def insert_once(conn, key: str, digest: str, payment: dict) -> tuple[tuple, bool]:
+    """One payment per Idempotency-Key, guarded by the unique constraint."""
+    row = await (await conn.execute(
+        "INSERT INTO payments (id, idempotency_key, request_digest, amount, currency, payee, reference) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (idempotency_key) DO NOTHING RETURNING *",
+        ["pay_" + secrets.token_hex(8), key, digest, payment["amount"], payment["currency"], payment["payee"],
+         payment["reference"]])).fetchone()
+    created = row is not None
+    if not created:
+        row = await (await conn.execute("SELECT * FROM payments WHERE idempotency_key = %s", [key])).fetchone()
+    await conn.commit()
+    return row, created
+
+
+async def find_payments(request: Request) -> Response:
+    key = request.query_params.get("idempotency_key")
+    if not key:
+        return JSONResponse({"error": "idempotency_key is required"}, 400)
+    return await _one(request, "SELECT * FROM payments WHERE idempotency_key = %s", key)
+
+
+async def get_payment(request: Request) -> Response:
+    return await _one(request, "SELECT * FROM payments WHERE id = %s", request.path_params["payment_id"])
+
+
+async def _one(request: Request, sql: str, value: str) -> Response:
+    async with request.app.state.pool.connection() as conn:
+        row = await (await conn.execute(sql, [value])).fetchone()
+    if row is None:
+        return JSONResponse({"error": "no such payment"}, 404)
+    return JSONResponse(payment_json(row))
+
+
+async def set_fault(request: Request) -> Response:
+    body = await request.json()
+    if body.get("mode") not in FAULT_MODES:
+        return JSONResponse({"error": f"mode must be one of {sorted(FAULT_MODES)}"}, 422)
+    async with request.app.state.pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO faults (key, mode, remaining) VALUES (%s, %s, %s) "
+            "ON CONFLICT (key) DO UPDATE SET mode = excluded.mode, remaining = excluded.remaining",
+            [request.path_params["key"], body["mode"], body.get("times")])
+    return JSONResponse({"key": request.path_params["key"], "mode": body["mode"], "times": body.get("times")})
+
+
+async def clear_fault(request: Request) -> Response:
+    async with request.app.state.pool.connection() as conn:
+        await conn.execute("DELETE FROM faults WHERE key = %s", [request.path_params["key"]])
+    return Response(status_code=204)
+
+
+async def healthz(request: Request) -> Response:
+    async with request.app.state.pool.connection() as conn:
+        await conn.execute("SELECT 1")
+    return JSONResponse({"status": "ok"})
+
+
+def build_app(database_url: str) -> Starlette:
+    return Starlette(
+        routes=[
+            Route("/payments", create_payment, methods=["POST"]),
+            Route("/payments", find_payments, methods=["GET"]),
+            Route("/payments/{payment_id}", get_payment, methods=["GET"]),
+            Route("/faults/{key}", set_fault, methods=["PUT"]),
+            Route("/faults/{key}", clear_fault, methods=["DELETE"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ],
+        lifespan=service_lifespan(database_url, SCHEMA),
+    )
+
+
+if __name__ == "__main__":
+    import uvicorn
+
+    args = arg_parser("Run the payment gateway.", 8001, "payment_gateway").parse_args()
+    uvicorn.run(build_app(args.database_url), host=args.host, port=args.port, log_level="warning")

@@ -1,0 +1,86 @@
+"""Helpers for the auditors' API tests: rows with chosen attributes, and clients that hold a key."""
+
+from __future__ import annotations
+
+import csv
+import io
+import uuid
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from tools_app import auditors
+from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus, Tenant
+
+ENDPOINTS = ["idempotency-records", "audit-events"]
+
+
+def at(minutes: float) -> datetime:
+    """A fixed point in time, `minutes` after T0."""
+    return datetime(2026, 3, 1, 12, 0, tzinfo=timezone.get_current_timezone()) + timedelta(minutes=minutes)
+
+
+def make_record(tenant: Tenant, *, tool: str = "create_order", status: str = RecordStatus.SUCCEEDED,
+                created_at: datetime | None = None, finished_at: datetime | None = None, error_class: str = "",
+                actor: str = "agent:test/bot", key: str | None = None,
+                arguments: dict | None = None) -> IdempotencyRecord:
+    created_at = created_at or timezone.now()
+    if finished_at is None and status in (RecordStatus.SUCCEEDED, RecordStatus.FAILED):
+        finished_at = created_at + timedelta(seconds=1)
+    arguments = arguments or {"customer": "Jane Roe", "currency": "EUR"}
+    return IdempotencyRecord.objects.create(
+        tenant=tenant, tool=tool, key=key or f"key-{uuid.uuid4().hex}", fingerprint="f" * 64,
+        field_digests={name: "d" * 64 for name in arguments}, arguments=arguments, status=status,
+        result={"order_id": 1} if status == RecordStatus.SUCCEEDED else None, error_class=error_class,
+        operation_id=uuid.uuid4(), actor=actor, created_at=created_at, updated_at=created_at,
+        finished_at=finished_at, expires_at=created_at + timedelta(days=1))
+
+
+def make_event(tenant: Tenant | None, *, action: str = "record.succeeded", actor: str = "agent:test/bot",
+               created_at: datetime | None = None, reason: str = "", object_id: str = "1") -> AuditEvent:
+    return AuditEvent.objects.create(
+        tenant=tenant, actor=actor, action=action, object_type="idempotencyrecord", object_id=object_id,
+        before={"status": "PROCESSING"}, after={"status": "SUCCEEDED"}, reason=reason,
+        created_at=created_at or timezone.now())
+
+
+def make_row(endpoint: str, tenant: Tenant, **kwargs):
+    if endpoint == "idempotency-records":
+        return make_record(tenant, **kwargs)
+    return make_event(tenant, **kwargs)
+
+
+def key_client(*tenants: Tenant, name: str | None = None) -> APIClient:
+    """A client authenticated by a fresh auditor key granted to `tenants`."""
+    _, raw = auditors.issue_key(name or f"auditor-{uuid.uuid4().hex[:8]}", list(tenants), actor="system:test")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    client.raw_key = raw
+    return client
+
+
+def ids(response) -> list[int]:
+    return [row["id"] for row in response.json()["results"]]
+
+
+def all_pages(client: APIClient, url: str, params: dict | None = None) -> list[int]:
+    """Follow `next` links from the first page to the last; the ids in the order served."""
+    response = client.get(url, params or {})
+    assert response.status_code == 200, response.content
+    seen = ids(response)
+    while response.json()["next"]:
+        response = client.get(response.json()["next"])
+        assert response.status_code == 200, response.content
+        seen += ids(response)
+    return seen
+
+
+def csv_rows(response) -> list[dict[str, str]]:
+    body = b"".join(response.streaming_content).decode() if response.streaming else response.content.decode()
+    return list(csv.DictReader(io.StringIO(body)))
+
+
+def csv_lines(response) -> list[list[str]]:
+    body = b"".join(response.streaming_content).decode()
+    return list(csv.reader(io.StringIO(body)))

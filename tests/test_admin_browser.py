@@ -1,0 +1,106 @@
+"""The approval queue in a real browser: Playwright driving headless Chromium against uvicorn.
+
+Chromium comes from Debian's `chromium` package (never `playwright install`).
+Screenshots are saved under var/test-artifacts/browser/.
+"""
+
+import os
+import shutil
+from contextlib import contextmanager
+
+import pytest
+
+from tests.jobs import run_queued_jobs
+from tests.mcp_client import call_sync, error_of
+from tests.operators import PASSWORD, login_for_the_web_server, make_operator
+from tests.processes import ROOT
+from tools_app.models import Announcement, ApprovalRequest, ApprovalStatus, Tenant
+from tools_app.roles import APPROVER
+
+CHROMIUM = os.environ.get("IDEMOPS_CHROMIUM") or shutil.which("chromium") or next(
+    (p for p in ("/usr/bin/chromium",) if os.path.exists(p)), None)
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARTIFACTS = ROOT / "var" / "test-artifacts" / "browser"
+
+pytestmark = [
+    pytest.mark.live,
+    pytest.mark.browser,
+    pytest.mark.skipif(CHROMIUM is None, reason="browser tests skipped: Chromium not found. Install Debian's package "
+                                                "(as root: apt-get update && apt-get install -y chromium) or set "
+                                                "IDEMOPS_CHROMIUM to a Chromium binary"),
+]
+
+
+@contextmanager
+def browser_page():
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for stale in ARTIFACTS.glob("failure.*"):
+        stale.unlink()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(30_000)
+        try:
+            yield page
+        except Exception:
+            shot(page, "failure")  # what the browser showed when the test failed
+            (ARTIFACTS / "failure.html").write_text(page.content())
+            raise
+        finally:
+            browser.close()
+
+
+def shot(page, name):
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def ask(web_server, token, key, title):
+    args = {"title": title, "body": "Down at 2am", "audience": "staff", "idempotency_key": key}
+    return error_of(call_sync(web_server.mcp_url, token, "publish_announcement", args))["approval"], args
+
+
+def test_an_approver_logs_in_approves_a_request_and_sees_it_leave_the_queue(web_server, token):
+    # given: two pending requests from the agent, and an approver (ORM and MCP work stays outside the browser)
+    login_for_the_web_server(make_operator("bob", APPROVER, Tenant.objects.get(slug="acme")))
+    to_approve, args = ask(web_server, token, "ann-1", "Maintenance window")
+    to_keep, _ = ask(web_server, token, "ann-2", "Lunch menu")
+
+    with browser_page() as page:
+        # when: bob logs in, opens the request from the queue and approves it
+        page.goto(f"{web_server.base_url}/admin/login/?next=/admin/tools_app/pendingapproval/")
+        page.fill("#id_username", "bob")
+        page.fill("#id_password", PASSWORD)
+        page.click("input[type=submit]")
+        page.wait_for_selector("#result_list")
+        rows = page.locator("#result_list tbody tr")
+        assert rows.count() == 2
+        shot(page, "01-queue-before")
+
+        page.get_by_role("link", name=to_approve["summary"]).click()
+        page.wait_for_selector("#action-approve")
+        shot(page, "02-request")
+        page.click("#action-approve")
+        page.fill("#id_reason", "checked with the team")
+        shot(page, "03-confirm")
+        page.click("#confirm-action")
+        page.wait_for_selector("ul.messagelist")
+
+        # then: it left the queue, the other one is still there
+        assert "approved; it is being executed" in page.locator("ul.messagelist").inner_text()
+        assert rows.count() == 1
+        assert to_keep["summary"] in rows.first.inner_text()
+        assert page.get_by_role("link", name=to_approve["summary"]).count() == 0
+        shot(page, "04-queue-after")
+
+        page.goto(f"{web_server.base_url}/admin/tools_app/dashboard/")
+        assert page.locator("#approvals-waiting").inner_text() == "1"
+        shot(page, "05-dashboard")
+
+    assert ApprovalRequest.objects.get(pk=to_approve["request_id"]).status == ApprovalStatus.APPROVED
+    run_queued_jobs()
+    result = call_sync(web_server.mcp_url, token, "publish_announcement", args)
+    assert result.structured_content["announcement_id"] == Announcement.objects.get().pk
+    assert (ARTIFACTS / "04-queue-after.png").stat().st_size > 0

@@ -1,0 +1,468 @@
+"""Approvals against real PostgreSQL: divert, follow, decide, execute once, expire."""
+
+import threading
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import connection, connections
+from django.utils import timezone
+from django_q.models import OrmQ, Schedule
+
+from tests.jobs import queued_jobs, run_queued_jobs
+from tests.operators import make_operator
+from tools_app import approvals, idempotency
+from tools_app.approvals import ApprovalRefused
+from tools_app.calls import Caller, call_tool
+from tools_app.models import (
+    Announcement,
+    ApprovalRequest,
+    ApprovalSettings,
+    ApprovalStatus,
+    AuditEvent,
+    IdempotencyRecord,
+    Order,
+    RecordStatus,
+    Ticket,
+)
+from tools_app.registry import get_tool
+from tools_app.roles import APPROVER, OPERATOR
+
+STAFF_NOTE = {"title": "Maintenance", "body": "Down at 2am", "audience": "staff"}
+
+
+def call(caller, tool, **arguments):
+    return call_tool(get_tool(tool), caller, arguments)
+
+
+def pending_request(result) -> ApprovalRequest:
+    assert result.error is not None and result.error.error_class == "pending_approval", result.error
+    return ApprovalRequest.objects.get(pk=result.error.as_dict()["approval"]["request_id"])
+
+
+def actions(**filters):
+    return list(AuditEvent.objects.filter(**filters).order_by("id").values_list("action", flat=True))
+
+
+@pytest.fixture
+def approver(tenant):
+    return make_operator("bob", APPROVER, tenant)
+
+
+@pytest.fixture
+def second_approver(tenant):
+    return make_operator("carol", APPROVER, tenant)
+
+
+# --- asking --------------------------------------------------------------------------
+
+
+def test_a_sensitive_call_runs_nothing_and_answers_pending_approval(caller):
+    result = call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE)
+
+    request = pending_request(result)
+    approval = result.error.as_dict()["approval"]
+    assert approval == {"request_id": request.pk, "status": "pending", "summary": request.summary,
+                        "expires_at": request.expires_at.isoformat(), "approvals_required": 1, "approvals_given": 0}
+    assert "Maintenance" in request.summary and "staff" in request.summary
+    assert result.error.retry_after > 0 and not result.replayed
+    assert Announcement.objects.count() == 0
+    assert result.record.status == RecordStatus.AWAITING_APPROVAL and result.record.lease_owner == ""
+    assert (request.record_id, request.fingerprint) == (result.record.pk, result.record.fingerprint)
+    assert request.requested_by == "agent:acme/test"
+    assert actions(object_type="approvalrequest") == ["approval.requested"]
+    assert "record.awaiting_approval" in actions(object_type="idempotencyrecord")
+
+
+def test_the_same_key_and_arguments_get_the_same_request(caller):
+    first = call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE)
+    again = call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE, trace_id="other-trace")
+
+    assert pending_request(again).pk == pending_request(first).pk
+    assert again.replayed
+    assert ApprovalRequest.objects.count() == 1 and IdempotencyRecord.objects.count() == 1
+
+
+def test_other_arguments_with_the_same_key_are_a_conflict(caller):
+    call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE)
+
+    result = call(caller, "publish_announcement", idempotency_key="a-1", **{**STAFF_NOTE, "body": "Down at 3am"})
+
+    assert result.error.error_class == "conflict" and result.error.differing_fields == ["body"]
+    assert ApprovalRequest.objects.count() == 1
+
+
+def test_deleting_something_that_does_not_exist_fails_before_anyone_is_asked(caller):
+    result = call(caller, "delete_record", idempotency_key="d-1", kind="order", id=999, reason="cleanup")
+
+    assert result.error.error_class == "not_found"
+    assert ApprovalRequest.objects.count() == 0
+    assert IdempotencyRecord.objects.get().status == RecordStatus.FAILED
+
+
+def test_a_tool_without_an_approval_rule_runs_at_once(caller):
+    result = call(caller, "create_ticket", idempotency_key="t-1", subject="Printer", body="Jammed")
+
+    assert result.error is None and ApprovalRequest.objects.count() == 0
+
+
+# --- deciding ----------------------------------------------------------------------------
+
+
+def test_an_approved_call_runs_once_in_a_job_and_a_retry_returns_its_result(caller, approver):
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+
+    approvals.approve(request, approver, reason="looks right")
+    # then: nothing ran in the deciding request itself; a job is queued
+    assert Announcement.objects.count() == 0
+    assert [job["func"] for job in queued_jobs()] == ["tools_app.approvals.run_approved"]
+    during = call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE)
+    assert during.error.error_class == "pending_approval"
+    assert during.error.as_dict()["approval"]["status"] == "approved"
+
+    run_queued_jobs()
+    result = call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE)
+
+    announcement = Announcement.objects.get()
+    assert result.error is None and result.replayed
+    assert result.result["announcement_id"] == announcement.pk and announcement.record_id == request.record_id
+    request.refresh_from_db()
+    assert (request.status, request.decided_by, request.approvals) == (ApprovalStatus.EXECUTED, "user:bob", 1)
+    assert actions(object_type="approvalrequest") == ["approval.requested", "approval.approved", "approval.executed"]
+    assert AuditEvent.objects.get(action="approval.approved").reason == "looks right"
+
+
+def test_an_approved_deletion_deletes_the_order_once(caller, approver):
+    order = call(caller, "create_order", idempotency_key="o-1", customer="ACME", currency="EUR",
+                 items=[{"sku": "A", "quantity": 2, "unit_price": "5.25"}]).result
+    args = {"kind": "order", "id": order["order_id"], "reason": "duplicate"}
+    request = pending_request(call(caller, "delete_record", idempotency_key="d-1", **args))
+    assert request.summary == f"Delete order #{order['order_id']} of ACME, 10.50 EUR, 1 line. Reason: duplicate"
+
+    approvals.approve(request, approver)
+    run_queued_jobs()
+    retry = call(caller, "delete_record", idempotency_key="d-1", **args)
+
+    assert not Order.objects.filter(pk=order["order_id"]).exists()
+    assert retry.replayed and retry.result == {"kind": "order", "id": order["order_id"], "deleted": True,
+                                               "description": f"order #{order['order_id']} of ACME, 10.50 EUR, 1 line"}
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.EXECUTED
+
+
+def test_an_approved_deletion_of_something_deleted_meanwhile_fails_without_harm(caller, approver, tenant):
+    ticket = call(caller, "create_ticket", idempotency_key="t-1", subject="Printer", body="Jammed").result
+    args = {"kind": "ticket", "id": ticket["ticket_id"], "reason": "spam"}
+    request = pending_request(call(caller, "delete_record", idempotency_key="d-1", **args))
+    Ticket.objects.filter(pk=ticket["ticket_id"]).delete()
+
+    approvals.approve(request, approver)
+    run_queued_jobs()
+    retry = call(caller, "delete_record", idempotency_key="d-1", **args)
+
+    assert retry.error.error_class == "not_found"
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.FAILED
+
+
+def test_the_status_tool_reports_the_outcome(caller, approver):
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+    pending = call(caller, "get_approval_status", request_id=request.pk)
+    approvals.approve(request, approver)
+    run_queued_jobs()
+
+    done = call(caller, "get_approval_status", request_id=request.pk)
+
+    assert pending.result["status"] == "pending" and pending.result["result"] is None
+    assert done.result["status"] == "executed"
+    assert done.result["result"]["announcement_id"] == Announcement.objects.get().pk
+
+
+def test_the_status_tool_does_not_show_another_tenants_request(caller, other_tenant):
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+
+    result = call(Caller(tenant_id=other_tenant.pk, actor="agent:globex/x"), "get_approval_status",
+                  request_id=request.pk)
+
+    assert result.error.error_class == "not_found"
+
+
+def test_a_rejection_needs_a_reason_and_then_fails_the_call_for_good(caller, approver, tenant):
+    order = call(caller, "create_order", idempotency_key="o-1", customer="ACME", currency="EUR",
+                 items=[{"sku": "A", "quantity": 1, "unit_price": "5"}]).result
+    args = {"kind": "order", "id": order["order_id"], "reason": "duplicate"}
+    request = pending_request(call(caller, "delete_record", idempotency_key="d-1", **args))
+
+    with pytest.raises(ApprovalRefused, match="needs a reason"):
+        approvals.reject(request, approver, reason="  ")
+    approvals.reject(request, approver, reason="the customer still needs it")
+    retry = call(caller, "delete_record", idempotency_key="d-1", **args)
+
+    assert retry.error.error_class == "permission_denied"
+    assert "the customer still needs it" in retry.error.message and retry.replayed
+    assert Order.objects.filter(pk=order["order_id"]).exists()
+    request.refresh_from_db()
+    assert request.status == ApprovalStatus.REJECTED and request.reason == "the customer still needs it"
+    assert queued_jobs() == []
+    assert actions(object_type="approvalrequest") == ["approval.requested", "approval.refused", "approval.rejected"]
+
+
+def test_an_unanswered_request_expires_on_the_sweep(caller):
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+    ApprovalRequest.objects.filter(pk=request.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    swept = approvals.sweep()
+    retry = call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE)
+
+    assert swept["expired"] == 1
+    assert retry.error.error_class == "permission_denied" and "expired" in retry.error.message
+    request.refresh_from_db()
+    assert request.status == ApprovalStatus.EXPIRED
+    assert Announcement.objects.count() == 0
+    assert AuditEvent.objects.get(action="approval.expired").actor == "system:approvals"
+
+
+def test_an_expired_request_can_no_longer_be_approved(caller, approver):
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+    ApprovalRequest.objects.filter(pk=request.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    with pytest.raises(ApprovalRefused, match="expired"):
+        approvals.approve(request, approver)
+    assert queued_jobs() == []
+
+
+def test_the_sweep_and_the_seal_are_periodic_jobs(db):
+    assert set(Schedule.objects.values_list("name", "func")) >= {
+        ("approvals.sweep", "tools_app.approvals.sweep"), ("audit.seal", "tools_app.audit.seal_periodically")}
+
+
+# --- who may decide ---------------------------------------------------------------------
+
+
+def test_the_requester_cannot_approve_its_own_request_and_the_attempt_is_audited(tenant):
+    alice = make_operator("alice", APPROVER, tenant)
+    as_alice = Caller(tenant_id=tenant.pk, actor="user:alice")
+    request = pending_request(call(as_alice, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+
+    with pytest.raises(ApprovalRefused, match="self-approval"):
+        approvals.approve(request, alice)
+
+    request.refresh_from_db()
+    assert (request.status, request.approvals) == (ApprovalStatus.PENDING, 0)
+    refusal = AuditEvent.objects.get(action="approval.refused")
+    assert (refusal.actor, refusal.tenant_id, refusal.object_id) == ("user:alice", tenant.pk, str(request.pk))
+    assert "self-approval" in refusal.reason and refusal.after == {"attempted": "approve"}
+    assert refusal.trace_id == request.trace_id != ""
+
+
+def test_a_user_without_the_approve_permission_is_refused_and_audited(caller, tenant):
+    operator = make_operator("olga", OPERATOR, tenant)
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+
+    with pytest.raises(ApprovalRefused, match="missing permission"):
+        approvals.approve(request, operator)
+    with pytest.raises(ApprovalRefused, match="missing permission"):
+        approvals.reject(request, operator, reason="no")
+
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.PENDING
+    assert list(AuditEvent.objects.filter(action="approval.refused").values_list("actor", "after")) == [
+        ("user:olga", {"attempted": "approve"}), ("user:olga", {"attempted": "reject"})]
+
+
+def test_an_approver_of_another_tenant_is_refused(caller, other_tenant):
+    stranger = make_operator("gus", APPROVER, other_tenant)
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+
+    with pytest.raises(ApprovalRefused, match="tenant you may not see"):
+        approvals.approve(request, stranger)
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.PENDING
+
+
+def test_publishing_to_everyone_takes_two_different_people(caller, approver, second_approver):
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1",
+                                   **{**STAFF_NOTE, "audience": "everyone"}))
+    assert request.required_approvals == 2
+
+    assert approvals.approve(request, approver).status == ApprovalStatus.PENDING
+    with pytest.raises(ApprovalRefused, match="already decided"):
+        approvals.approve(request, approver)
+    assert queued_jobs() == []
+    assert approvals.approve(request, second_approver).status == ApprovalStatus.APPROVED
+
+    run_queued_jobs()
+    assert Announcement.objects.get().audience == "everyone"
+    assert actions(object_type="approvalrequest") == [
+        "approval.requested", "approval.approval_counted", "approval.refused", "approval.approved",
+        "approval.executed"]
+
+
+def test_an_approval_whose_job_was_lost_is_queued_again_by_the_sweep(caller, approver):
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+    approvals.approve(request, approver)
+    OrmQ.objects.all().delete()  # the job failed for good (django-q2 does not retry it)
+
+    assert approvals.sweep()["redriven"] == 0  # too soon: its job may still be on the way
+    ApprovalRequest.objects.update(dispatched_at=timezone.now() - approvals.REDRIVE_AFTER)
+    assert approvals.sweep()["redriven"] == 1
+    assert approvals.sweep()["redriven"] == 0  # once per stall
+    run_queued_jobs()
+
+    assert Announcement.objects.count() == 1
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.EXECUTED
+    assert AuditEvent.objects.filter(action="approval.redriven").count() == 1
+
+
+def test_the_sweep_settles_a_request_whose_job_died_after_running_it(caller, approver):
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+    approvals.approve(request, approver)
+    # the job ran the operation and died before settling the request
+    operation, execute = approvals.approved_operation(request)
+    idempotency.execute_approved(request.record, operation, execute)
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.APPROVED
+
+    assert approvals.sweep()["settled"] == 1
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.EXECUTED
+    run_queued_jobs()  # the original job, delivered late: nothing more happens
+    assert Announcement.objects.count() == 1
+
+
+# --- exactly once --------------------------------------------------------------------------
+
+
+def in_threads(*targets):
+    errors, barrier = [], threading.Barrier(len(targets))
+
+    def run(target):
+        try:
+            barrier.wait()
+            target()
+        except Exception as exc:  # collected, asserted by the caller
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return errors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_people_approving_at_once_queue_one_execution(tenant):
+    caller = Caller(tenant_id=tenant.pk, actor="agent:acme/test")
+    bob, carol = make_operator("bob", APPROVER, tenant), make_operator("carol", APPROVER, tenant)
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+
+    errors = in_threads(lambda: approvals.approve(request, bob), lambda: approvals.approve(request, carol))
+
+    assert len(errors) == 1 and isinstance(errors[0], ApprovalRefused) and "no longer pending" in str(errors[0])
+    assert OrmQ.objects.count() == 1
+    run_queued_jobs()
+    assert Announcement.objects.count() == 1
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.EXECUTED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_repeated_jobs_racing_the_agents_retries_execute_once(tenant):
+    # given: an approved request
+    caller = Caller(tenant_id=tenant.pk, actor="agent:acme/test")
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+    approvals.approve(request, make_operator("bob", APPROVER, tenant))
+    OrmQ.objects.all().delete()  # the jobs below stand for its delivery and two redeliveries
+    answers = []
+
+    def retry():
+        answers.append(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+
+    # when: three deliveries of the job and five agent retries start together
+    errors = in_threads(*[lambda: approvals.run_approved(request.pk)] * 3, *[retry] * 5)
+
+    # then
+    assert errors == []
+    announcement = Announcement.objects.get()
+    assert AuditEvent.objects.filter(action="record.succeeded").count() == 1
+    assert AuditEvent.objects.filter(action="record.approved_execution").count() == 1
+    for answer in answers:
+        if answer.error is None:
+            assert answer.result["announcement_id"] == announcement.pk and answer.replayed
+        else:
+            assert answer.error.error_class in {"pending_approval", "in_progress"}
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.EXECUTED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transient_failure_after_approval_runs_again_with_the_key_without_a_new_approval(tenant):
+    caller = Caller(tenant_id=tenant.pk, actor="agent:acme/test")
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+    approvals.approve(request, make_operator("bob", APPROVER, tenant))
+    with refusing_inserts("tools_app_announcement"):  # the database fails the approved run
+        run_queued_jobs()
+    record = IdempotencyRecord.objects.get()
+    assert (record.status, record.error_class) == (RecordStatus.FAILED, "transient")
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.APPROVED  # not final yet
+
+    IdempotencyRecord.objects.update(retry_not_before=timezone.now())
+    retry = call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE)
+    approvals.sweep()
+
+    assert retry.error is None and Announcement.objects.count() == 1
+    assert ApprovalRequest.objects.count() == 1
+    assert ApprovalRequest.objects.get().status == ApprovalStatus.EXECUTED
+
+
+class refusing_inserts:
+    """A real fault: a trigger that makes PostgreSQL refuse INSERTs into a table."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def __enter__(self):
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                           "$$ BEGIN RAISE EXCEPTION 'injected fault'; END $$")
+            cursor.execute(f"CREATE TRIGGER test_refuse BEFORE INSERT ON {self.table} "
+                           "FOR EACH ROW EXECUTE FUNCTION test_refuse()")
+
+    def __exit__(self, *exc):
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER test_refuse ON {self.table}")
+            cursor.execute("DROP FUNCTION test_refuse()")
+
+
+# --- policies --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("amount", "currency", "needed"), [
+    ("100.00", "EUR", None), ("100.01", "EUR", 1), ("1000.00", "EUR", 1), ("1000.01", "EUR", 2), ("5.00", "USD", 2),
+])
+def test_the_payment_policy_follows_the_tenants_thresholds(tenant, amount, currency, needed):
+    ApprovalSettings.objects.create(tenant=tenant, payment_threshold=Decimal("100"),
+                                    payment_second_threshold=Decimal("1000"), threshold_currency="EUR")
+    tenant.refresh_from_db()
+
+    policy = approvals.amount_policy(tenant, Decimal(amount), currency, summary="Pay")
+
+    assert (policy.approvals_required if policy else None) == needed
+    if policy:
+        assert (policy.amount, policy.currency) == (Decimal(amount), currency)
+
+
+def test_without_a_threshold_payments_need_no_approval(tenant):
+    assert approvals.amount_policy(tenant, Decimal("1000000"), "EUR", summary="Pay") is None
+
+
+def test_a_tenants_request_lifetime_sets_expires_at(caller, tenant):
+    ApprovalSettings.objects.create(tenant=tenant, request_ttl_minutes=5)
+
+    request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+
+    assert request.expires_at - request.created_at == timedelta(minutes=5)
+
+
+def test_other_tenants_keys_are_their_own(caller, other_tenant):
+    pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
+    theirs = call(Caller(tenant_id=other_tenant.pk, actor="agent:globex/x"), "publish_announcement",
+                  idempotency_key="a-1", **STAFF_NOTE)
+
+    assert pending_request(theirs).tenant_id == other_tenant.pk
+    assert ApprovalRequest.objects.count() == 2

@@ -1,0 +1,167 @@
+"""request_payment against a real gateway process that misbehaves on request."""
+
+import time
+
+import pytest
+
+from tests.mcp_client import call_sync, error_of
+from tests.processes import manage
+from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
+
+pytestmark = pytest.mark.live
+
+PAYMENT = {"amount": "42.50", "currency": "EUR", "payee": "ACME Supplies", "reference": "INV-7"}
+
+
+def pay(web_server, token, key, **overrides):
+    return call_sync(web_server.mcp_url, token, "request_payment", {**PAYMENT, **overrides, "idempotency_key": key})
+
+
+def test_a_payment_is_made_once_and_replayed(web_server, token, downstreams, gateway):
+    first = pay(web_server, token, "p-1")
+    again = pay(web_server, token, "p-1")
+
+    assert not first.is_error
+    assert again.structured_content["payment_id"] == first.structured_content["payment_id"]
+    assert again.structured_content["idempotency"]["replayed"] is True
+    assert [p[0] for p in gateway.payments()] == [first.structured_content["payment_id"]]
+
+
+def test_an_answer_that_never_arrives_is_unknown_then_reconciled_to_the_one_payment(
+        web_server, token, downstreams, gateway):
+    # given: the gateway commits the payment, then never answers
+    gateway.set_fault("*", "succeed-then-hang", times=1)
+
+    # when
+    first = pay(web_server, token, "p-hang")
+    retry = pay(web_server, token, "p-hang")
+
+    # then: nobody guessed
+    assert error_of(first)["class"] == "unknown_outcome"
+    assert error_of(retry)["class"] == "unknown_outcome"
+    record = IdempotencyRecord.objects.get(key="p-hang")
+    assert record.status == RecordStatus.UNKNOWN
+    assert record.evidence[-1]["error"] == "ReadTimeout"
+    assert len(gateway.payments()) == 1
+
+    # when: reconciliation runs (what the django-q2 schedule runs)
+    manage("reconcile", env=downstreams)
+
+    # then: the record holds the gateway's payment, and a retry returns it
+    record.refresh_from_db()
+    payment_id, key, _ = gateway.payments()[0]
+    assert (record.status, record.result["payment_id"], key) == (RecordStatus.SUCCEEDED, payment_id,
+                                                                  record.downstream_key)
+    assert record.evidence[-1]["source"] == "reconciler" and record.evidence[-1]["answer"]["status"] == 200
+    replay = pay(web_server, token, "p-hang")
+    assert replay.structured_content["payment_id"] == payment_id
+    assert replay.structured_content["idempotency"]["replayed"] is True
+    assert len(gateway.payments()) == 1
+    assert AuditEvent.objects.filter(object_id=str(record.pk), action="record.reconciled").exists()
+
+
+def test_a_request_that_hangs_before_paying_is_reconciled_as_not_done_and_may_run_again(
+        web_server, token, downstreams, gateway):
+    gateway.set_fault("*", "hang", times=1)
+
+    assert error_of(pay(web_server, token, "p-stuck"))["class"] == "unknown_outcome"
+    manage("reconcile", env=downstreams)
+
+    record = IdempotencyRecord.objects.get(key="p-stuck")
+    assert (record.status, record.error_class) == (RecordStatus.FAILED, "transient")
+    again = pay(web_server, token, "p-stuck")
+    assert not again.is_error
+    assert len(gateway.payments()) == 1
+
+
+def test_a_500_from_the_gateway_is_reconciled_not_guessed(web_server, token, downstreams, gateway):
+    gateway.set_fault("*", "fail", times=1)
+
+    assert error_of(pay(web_server, token, "p-500"))["class"] == "unknown_outcome"
+    assert IdempotencyRecord.objects.get(key="p-500").status == RecordStatus.UNKNOWN
+    manage("reconcile", env=downstreams)
+
+    assert not pay(web_server, token, "p-500").is_error
+    assert len(gateway.payments()) == 1
+
+
+def test_429_is_transient_with_retry_after_and_the_retry_pays_once(web_server, token, downstreams, gateway):
+    gateway.set_fault("*", "ratelimit", times=1)
+
+    first = error_of(pay(web_server, token, "p-429"))
+    too_soon = error_of(pay(web_server, token, "p-429"))
+    time.sleep(first["retry_after"])
+    later = pay(web_server, token, "p-429")
+
+    assert first["class"] == "transient" and first["retry_after"] == 1
+    assert too_soon["class"] == "transient" and 0 < too_soon["retry_after"] <= 1
+    assert not later.is_error
+    assert len(gateway.payments()) == 1
+    assert IdempotencyRecord.objects.get(key="p-429").attempts == 2
+
+
+def test_a_rejection_from_the_gateway_is_deterministic_and_replayed(web_server, token, downstreams, gateway):
+    gateway.set_fault("*", "reject", times=1)
+
+    first = error_of(pay(web_server, token, "p-422"))
+    again = error_of(pay(web_server, token, "p-422"))
+
+    assert first["class"] == again["class"] == "invalid_input"
+    assert first["message"] == again["message"]
+    assert gateway.payments() == []
+    record = IdempotencyRecord.objects.get(key="p-422")
+    assert (record.status, record.attempts) == (RecordStatus.FAILED, 1)
+    assert record.evidence[-1]["answer"]["status"] == 422
+
+
+def test_an_unreachable_gateway_is_transient(web_server, token, downstreams, gateway, settings):
+    from tests.processes import free_port
+    from tools_app.calls import Caller, call_tool
+    from tools_app.models import Tenant
+    from tools_app.registry import get_tool
+
+    settings.IDEMOPS = {**settings.IDEMOPS, "PAYMENT_GATEWAY_URL": f"http://127.0.0.1:{free_port()}"}
+    caller = Caller(tenant_id=Tenant.objects.get().pk, actor="agent:acme/test")
+
+    result = call_tool(get_tool("request_payment"), caller, {**PAYMENT, "idempotency_key": "p-refused"})
+
+    assert result.error.error_class == "transient" and result.error.retry_after > 0
+    assert result.record.status == RecordStatus.FAILED
+
+
+def test_the_same_key_for_another_payee_is_a_conflict_and_pays_nothing_more(web_server, token, downstreams, gateway):
+    pay(web_server, token, "p-2")
+
+    error = error_of(pay(web_server, token, "p-2", payee="Someone Else"))
+
+    assert error["class"] == "conflict" and error["differing_fields"] == ["payee"]
+    assert len(gateway.payments()) == 1
+
+
+def test_reconciliation_that_keeps_failing_escalates_to_a_person(web_server, token, downstreams, gateway, settings):
+    from tests.processes import free_port
+    from tools_app import reconciliation
+
+    gateway.set_fault("*", "hang", times=1)
+    pay(web_server, token, "p-lost")
+    settings.IDEMOPS = {**settings.IDEMOPS, "PAYMENT_GATEWAY_URL": f"http://127.0.0.1:{free_port()}",
+                        "RECONCILE_MAX_ATTEMPTS": 2}
+    record = IdempotencyRecord.objects.get(key="p-lost")
+
+    assert reconciliation.reconcile(record) == "unknown"
+    record.refresh_from_db()
+    assert record.escalated_at is None and record.next_reconcile_at is not None
+    assert reconciliation.reconcile(record) == "unknown"
+    record.refresh_from_db()
+    assert record.escalated_at is not None and record.next_reconcile_at is None
+    assert record.reconcile_attempts == 2
+    assert AuditEvent.objects.filter(object_id=str(record.pk), action="record.escalated").exists()
+
+
+@pytest.mark.django_db
+def test_the_periodic_jobs_are_scheduled_after_migrate():
+    from django_q.models import Schedule
+
+    funcs = set(Schedule.objects.values_list("func", flat=True))
+
+    assert {"tools_app.reconciliation.run_periodic", "tools_app.outbox.relay_pending"} <= funcs

@@ -1,0 +1,120 @@
+"""Operators resolve UNKNOWN outcomes in the admin; every decision is audited."""
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+
+from tools_app import reconciliation, tenants
+from tools_app.calls import Caller, call_tool
+from tools_app.errors import PermissionDenied
+from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
+from tools_app.registry import get_tool
+
+pytestmark = pytest.mark.live
+QUEUE = reverse("admin:tools_app_unknownoutcome_changelist")
+
+
+@pytest.fixture
+def unknown_payment(db, downstreams, gateway):
+    """A payment the gateway made but whose answer never arrived."""
+    tenant = tenants.create_tenant("acme")
+    gateway.set_fault("*", "succeed-then-hang", times=1)
+    result = call_tool(get_tool("request_payment"), Caller(tenant.pk, "agent:acme/bot"), {
+        "amount": "99.00", "currency": "EUR", "payee": "Bob", "idempotency_key": "pay-unknown"})
+    assert result.error.error_class == "unknown_outcome"
+    return IdempotencyRecord.objects.get(key="pay-unknown")
+
+
+def operator(username, *perms, tenant="acme"):
+    """A staff user granted `tenant` (operators see only granted tenants)."""
+    from tools_app.models import Tenant, TenantAccess
+
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_unknownoutcome", *perms]))
+    TenantAccess.objects.create(user=user, tenant=Tenant.objects.get_or_create(slug=tenant, name=tenant)[0])
+    return user
+
+
+def run_action(client, action, record, **form):
+    response = client.post(QUEUE, {"action": action, "_selected_action": [record.pk]})
+    assert response.status_code == 200 and b"operator-action-form" in response.content  # the reason form
+    return client.post(QUEUE, {"action": action, "_selected_action": [record.pk], "confirm": "yes", **form})
+
+
+def test_the_queue_lists_unknown_records_oldest_first_with_evidence(client, unknown_payment):
+    client.force_login(operator("alice", "resolve_unknown"))
+
+    response = client.get(QUEUE)
+
+    assert response.status_code == 200
+    content = response.content.decode()
+    assert "request_payment" in content and "ReadTimeout" in content
+
+
+def test_an_operator_resolves_as_failed_with_a_reason_and_it_is_audited(client, unknown_payment):
+    client.force_login(operator("alice", "resolve_unknown"))
+
+    response = run_action(client, "resolve_failed", unknown_payment, reason="bank says no such transfer")
+
+    assert response.status_code == 302
+    unknown_payment.refresh_from_db()
+    assert (unknown_payment.status, unknown_payment.error_class) == (RecordStatus.FAILED, "transient")
+    event = AuditEvent.objects.get(action="record.reconciled", object_id=str(unknown_payment.pk))
+    assert (event.actor, event.reason) == ("user:alice", "bank says no such transfer")
+    assert unknown_payment.evidence[-1]["actor"] == "user:alice"
+
+
+def test_an_operator_resolves_as_succeeded_with_the_payment_reference(client, unknown_payment, gateway):
+    client.force_login(operator("alice", "resolve_unknown"))
+    payment_id = gateway.payments()[0][0]
+
+    run_action(client, "resolve_succeeded", unknown_payment, reason="found in the gateway dashboard",
+               downstream_reference=payment_id)
+
+    unknown_payment.refresh_from_db()
+    assert unknown_payment.status == RecordStatus.SUCCEEDED
+    assert unknown_payment.result["payment_id"] == payment_id
+
+
+def test_reconcile_now_asks_the_gateway(client, unknown_payment, gateway):
+    client.force_login(operator("alice", "resolve_unknown"))
+
+    run_action(client, "reconcile", unknown_payment)
+
+    unknown_payment.refresh_from_db()
+    assert unknown_payment.status == RecordStatus.SUCCEEDED
+    assert unknown_payment.result["payment_id"] == gateway.payments()[0][0]
+
+
+def test_an_operator_does_not_see_other_tenants_records(client, unknown_payment):
+    client.force_login(operator("carol", "resolve_unknown", tenant="globex"))
+
+    assert "request_payment" not in client.get(QUEUE).content.decode()
+
+
+def test_without_the_permission_the_admin_offers_no_resolution(client, unknown_payment):
+    client.force_login(operator("bob"))
+
+    client.post(QUEUE, {"action": "resolve_failed", "_selected_action": [unknown_payment.pk], "confirm": "yes",
+                        "reason": "trust me"})
+
+    unknown_payment.refresh_from_db()
+    assert unknown_payment.status == RecordStatus.UNKNOWN
+
+
+def test_a_resolution_without_the_permission_is_refused_and_audited(unknown_payment):
+    with pytest.raises(PermissionDenied):
+        reconciliation.resolve_by_operator(unknown_payment, operator("bob"), succeeded=False, reason="trust me")
+
+    unknown_payment.refresh_from_db()
+    assert unknown_payment.status == RecordStatus.UNKNOWN
+    refused = AuditEvent.objects.get(action="record.resolve_refused")
+    assert refused.actor == "user:bob" and "permission" in refused.reason
+
+
+def test_an_operator_of_another_tenant_cannot_resolve(unknown_payment):
+    carol = operator("carol", "resolve_unknown", tenant="globex")
+
+    with pytest.raises(PermissionDenied):
+        reconciliation.resolve_by_operator(unknown_payment, carol, succeeded=False, reason="not mine")
+    assert IdempotencyRecord.objects.get(pk=unknown_payment.pk).status == RecordStatus.UNKNOWN

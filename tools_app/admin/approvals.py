@@ -1,0 +1,138 @@
+"""Approvals in the admin: the pending queue (approve / reject), every request's history, settings."""
+
+from django.contrib import admin
+from django.db import transaction
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+
+from tools_app import approvals, audit
+from tools_app.admin.operator_actions import (
+    REASON_REQUIRED,
+    OperatorAction,
+    QueueAdmin,
+    age,
+    audit_history,
+    pretty_json,
+    time_left,
+)
+from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.models import ApprovalDecision, ApprovalRequest, ApprovalSettings, ApprovalStatus, PendingApproval
+
+
+def approve(request, obj, reason: str) -> str:
+    decided = approvals.approve(obj, request.user, reason=reason)
+    if decided.status == ApprovalStatus.APPROVED:
+        return "approved; it is being executed"
+    return f"approval counted ({decided.approvals} of {decided.required_approvals})"
+
+
+def reject(request, obj, reason: str) -> str:
+    approvals.reject(obj, request.user, reason=reason)
+    return "rejected; it will not run"
+
+
+class ApprovalColumns:
+    """Columns and detail fields shared by the queue and the history."""
+
+    @admin.display(description="amount", ordering="amount")
+    def amount_display(self, obj):
+        return f"{obj.amount:.2f} {obj.currency}" if obj.amount is not None else "—"
+
+    @admin.display(description="who asked", ordering="requested_by")
+    def who_asked(self, obj):
+        return obj.requested_by
+
+    @admin.display(description="age", ordering="created_at")
+    def age_display(self, obj):
+        return age(obj.created_at)
+
+    @admin.display(description="expires", ordering="expires_at")
+    def expires_display(self, obj):
+        return time_left(obj.expires_at)
+
+    @admin.display(description="approvals")
+    def approvals_display(self, obj):
+        return f"{obj.approvals} of {obj.required_approvals}"
+
+    @admin.display(description="arguments")
+    def arguments_display(self, obj):
+        return pretty_json(obj.arguments)
+
+    @admin.display(description="idempotency record")
+    def record_link(self, obj):
+        url = reverse("admin:tools_app_idempotencyrecord_change", args=[obj.record_id])
+        return format_html('<a href="{}">#{} ({})</a>', url, obj.record_id, obj.record.status)
+
+    @admin.display(description="decisions")
+    def decisions_display(self, obj):
+        decisions = obj.decisions.select_related("user").order_by("created_at")
+        return format_html_join(
+            "", "<div>{} {} {}s {}</div>",
+            ((f"{d.created_at:%Y-%m-%d %H:%M:%S}", d.user.get_username(), d.verdict, d.reason) for d in decisions),
+        ) or "—"
+
+    @admin.display(description="audit history")
+    def history(self, obj):
+        return audit_history(obj, obj.record)
+
+
+DETAIL_FIELDS = ["summary", "tool", "tenant", "amount_display", "who_asked", "status", "approvals_display",
+                 "created_at", "expires_at", "decided_at", "decided_by", "reason", "arguments_display", "record_link",
+                 "trace_id", "decisions_display", "history"]
+
+
+@admin.register(PendingApproval)
+class PendingApprovalAdmin(ApprovalColumns, QueueAdmin):
+    queue_filter = {"status": ApprovalStatus.PENDING}
+    list_display = ["id", "summary", "tenant", "tool", "amount_display", "who_asked", "age_display",
+                    "expires_display", "approvals_display"]
+    list_display_links = ["id", "summary"]
+    list_filter = ["tool", ("tenant", admin.RelatedOnlyFieldListFilter), "required_approvals"]
+    search_fields = ["summary", "requested_by", "tool", "=trace_id"]
+    list_select_related = ["tenant"]
+    fields = DETAIL_FIELDS
+    readonly_fields = DETAIL_FIELDS
+    operator_actions = [
+        OperatorAction("approve", "Approve", "decide", approve, refused=(approvals.ApprovalRefused,),
+                       help_text="Optional note for the audit log."),
+        OperatorAction("reject", "Reject", "decide", reject, refused=(approvals.ApprovalRefused,),
+                       reason=REASON_REQUIRED, help_text="Required: the agent and the audit log get it.",
+                       style="danger"),
+    ]
+
+    def has_decide_permission(self, request, obj=None):
+        return request.user.has_perm(approvals.DECIDE_PERMISSION)
+
+
+@admin.register(ApprovalRequest)
+class ApprovalRequestAdmin(ApprovalColumns, TenantScopedAdmin, ReadOnlyAdmin):
+    list_display = ["id", "summary", "tenant", "tool", "status", "amount_display", "who_asked", "created_at",
+                    "decided_by", "approvals_display"]
+    list_filter = ["status", "tool", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["summary", "requested_by", "decided_by", "=trace_id"]
+    date_hierarchy = "created_at"
+    list_select_related = ["tenant"]
+    fields = DETAIL_FIELDS
+    readonly_fields = DETAIL_FIELDS
+
+
+@admin.register(ApprovalDecision)
+class ApprovalDecisionAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+    tenant_field = "request__tenant_id"
+    list_display = ["created_at", "request", "user", "verdict", "reason"]
+    list_filter = ["verdict"]
+
+
+@admin.register(ApprovalSettings)
+class ApprovalSettingsAdmin(TenantScopedAdmin, admin.ModelAdmin):
+    list_display = ["tenant", "request_ttl_minutes", "payment_threshold", "payment_second_threshold",
+                    "threshold_currency"]
+    AUDITED = ["request_ttl_minutes", "payment_threshold", "payment_second_threshold", "threshold_currency"]
+
+    def save_model(self, request, obj, form, change):
+        # A threshold decides what runs without a person: its changes are audited like decisions.
+        with transaction.atomic():
+            before = ({name: str(form.initial.get(name)) for name in self.AUDITED} if change else None)
+            super().save_model(request, obj, form, change)
+            audit.record_event(action="approval_settings.changed", obj=obj, actor=approvals.user_actor(request.user),
+                               before=before, after={name: str(getattr(obj, name)) for name in self.AUDITED})

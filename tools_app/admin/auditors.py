@@ -1,0 +1,68 @@
+"""Auditor keys in the admin: issue (the key is shown once), grant tenants, revoke.
+
+Every change goes through tools_app.auditors, so it is audited; the admin
+never writes an AuditorKey row itself.
+"""
+
+from django.contrib import admin, messages
+from django.template.response import TemplateResponse
+
+from tools_app import auditors
+from tools_app.models import AuditorKey
+
+
+def _actor(request) -> str:
+    return f"user:{request.user.get_username()}"
+
+
+@admin.register(AuditorKey)
+class AuditorKeyAdmin(admin.ModelAdmin):
+    list_display = ["name", "prefix", "granted_tenants", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["tenants", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "prefix"]
+    filter_horizontal = ["tenants"]
+    readonly_fields = ["prefix", "created_at", "created_by", "last_used_at", "revoked_at"]
+    actions = ["revoke_selected"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("tenants")
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ["name", "tenants"]
+        return ["name", "tenants", *self.readonly_fields]
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return []
+        return ["name", *self.readonly_fields]
+
+    @admin.display(description="tenants")
+    def granted_tenants(self, key: AuditorKey) -> str:
+        return ", ".join(t.slug for t in key.tenants.all()) or "—"
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            key, raw = auditors.issue_key(form.cleaned_data["name"], list(form.cleaned_data["tenants"]),
+                                          actor=_actor(request))
+            obj.pk, obj.prefix, obj.raw_key = key.pk, key.prefix, raw
+
+    def save_related(self, request, form, formsets, change):
+        if change:
+            auditors.set_tenants(form.instance, list(form.cleaned_data["tenants"]), actor=_actor(request))
+
+    def response_add(self, request, obj, post_url_continue=None):
+        # The raw key exists only in this response: it is not stored, logged or put in a message cookie.
+        return TemplateResponse(request, "admin/tools_app/auditorkey/issued.html", {
+            **self.admin_site.each_context(request), "opts": self.opts, "key": obj, "raw_key": obj.raw_key,
+            "title": f"Auditor key {obj.name} issued",
+        })
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # revoke instead: the row stays as the record of who held access
+
+    @admin.action(description="Revoke selected auditor keys", permissions=["change"])
+    def revoke_selected(self, request, queryset):
+        revoked = sum(auditors.revoke_key(key, actor=_actor(request), reason="revoked in the admin")
+                      for key in queryset)
+        self.message_user(request, f"{revoked} key(s) revoked.", messages.SUCCESS)

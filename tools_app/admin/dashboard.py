@@ -1,0 +1,90 @@
+"""The dashboard page: /admin/tools_app/dashboard/ (the Dashboard proxy's list page).
+
+Plain HTML, CSS and inline SVG: no JavaScript and no CDN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.template.response import TemplateResponse
+
+from tools_app import dashboard, tenants
+from tools_app.admin.operator_actions import age
+from tools_app.admin.scoping import ReadOnlyAdmin
+from tools_app.models import CallOutcome, Dashboard
+
+# Write-call outcomes in the charts, bottom to top, with their colours.
+SERIES = [
+    (CallOutcome.EXECUTED, "#417690"),
+    (CallOutcome.REPLAYED, "#79aec8"),
+    (CallOutcome.PENDING_APPROVAL, "#c9a227"),
+    (CallOutcome.CONFLICT, "#ba2121"),
+    (CallOutcome.IN_PROGRESS, "#e08e0b"),
+    (CallOutcome.UNKNOWN, "#6f42c1"),
+    (CallOutcome.FAILED, "#999999"),
+    (CallOutcome.REJECTED, "#cccccc"),
+]
+CHART_WIDTH, CHART_HEIGHT, AXIS = 720, 180, 28
+
+
+@dataclass(frozen=True)
+class Rect:
+    x: float
+    y: float
+    width: float
+    height: float
+    color: str
+    title: str
+
+
+def timeline_rects(snapshot: dashboard.Snapshot) -> tuple[list[Rect], int]:
+    """Stacked columns, one per bucket; returns the rectangles and the tallest column's total."""
+    totals = [sum(outcomes.get(s, 0) for s, _ in SERIES) for _, outcomes in snapshot.timeline]
+    peak = max(totals, default=0) or 1
+    slot = (CHART_WIDTH - AXIS) / max(len(snapshot.timeline), 1)
+    rects = []
+    for i, (at, outcomes) in enumerate(snapshot.timeline):
+        y = CHART_HEIGHT
+        for outcome, color in SERIES:
+            n = outcomes.get(outcome, 0)
+            if n:
+                height = n / peak * (CHART_HEIGHT - 10)
+                y -= height
+                rects.append(Rect(AXIS + i * slot + 1, y, slot - 2, height, color, f"{at:%H:%M} {outcome}: {n}"))
+    return rects, max(totals, default=0)
+
+
+def tool_bars(stats: dashboard.ToolStats) -> list[tuple[float, str, str]]:
+    """(percent width, colour, label) segments of one tool's write calls."""
+    if not stats.writes:
+        return []
+    return [(stats.count(o) / stats.writes * 100, color, f"{o}: {stats.count(o)}")
+            for o, color in SERIES if stats.count(o)]
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(ReadOnlyAdmin):
+    def changelist_view(self, request, extra_context=None):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        window = request.GET.get("window", "hour")
+        snap = dashboard.snapshot(tenants.visible_tenant_ids(request.user), window)
+        rects, peak = timeline_rects(snap)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Dashboard: the last {snap.window.name}",
+            "opts": self.opts,
+            "snapshot": snap,
+            "rows": [(s, tool_bars(s), age(s.oldest_waiting) if s.oldest_waiting else "—") for s in snap.tools],
+            "rects": rects, "peak": peak, "series": SERIES,
+            "chart_width": CHART_WIDTH, "chart_height": CHART_HEIGHT, "axis": AXIS,
+            "windows": list(dashboard.WINDOWS), "window": snap.window.name,
+            "approvals_waiting": sum(s.approvals_waiting for s in snap.tools),
+            "unknown_total": sum(s.unknown for s in snap.tools),
+            "overrun_total": sum(s.overrun_leases for s in snap.tools),
+            "oldest_pending": age(snap.now - snap.oldest_pending_age) if snap.oldest_pending_age else "—",
+        }
+        return TemplateResponse(request, "admin/tools_app/dashboard.html", context)

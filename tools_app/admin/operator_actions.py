@@ -1,0 +1,223 @@
+"""Operator actions and queues: one pattern for every queue page in the admin.
+
+A queue is a proxy model whose admin subclasses `QueueAdmin`: a read-only,
+tenant-scoped list, oldest first, with `operator_actions`. An operator
+action (`OperatorAction`) is a button on the object's page and an action on
+the list; either way the operator confirms on a form (with a reason field,
+required or optional), and `perform` calls the concept module, which makes
+the change in one transaction with its audit event and refuses (with an
+exception that is shown, never swallowed) what is not allowed. The admin
+only hides actions from users without the permission; the concept module is
+what enforces it, so a crafted POST is refused and audited as well.
+
+To add a queue (e.g. UNKNOWN outcomes): a proxy model with the right
+verbose name, a `QueueAdmin` subclass with `queue_filter`, list columns and
+`operator_actions = [OperatorAction(...)]`, a `has_<permission>_permission`
+method per action permission, and the permissions in tools_app.roles.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.db import models
+from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+
+from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.models import AuditEvent
+
+REASON_REQUIRED, REASON_OPTIONAL = "required", "optional"
+
+
+@dataclass(frozen=True)
+class OperatorAction:
+    name: str  # URL segment and admin action name, e.g. "approve"
+    label: str  # button text, e.g. "Approve"
+    permission: str  # checked as ModelAdmin.has_<permission>_permission(request)
+    perform: Callable[..., str]  # (request, obj, reason, **extra_fields): does it; returns the message to show
+    refused: tuple[type[Exception], ...] = ()  # exceptions that mean "not done, and why"
+    reason: str = REASON_OPTIONAL
+    help_text: str = ""
+    style: str = "default"  # "danger" paints the button red
+    # More inputs the action needs besides the reason, passed to `perform` by
+    # name, e.g. {"downstream_reference": forms.CharField()}.
+    extra_fields: dict[str, forms.Field] = field(default_factory=dict)
+
+
+class ActionForm(forms.Form):
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), required=False)
+
+    def __init__(self, *args, action: OperatorAction, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["reason"].required = action.reason == REASON_REQUIRED
+        self.fields["reason"].help_text = action.help_text
+        self.fields.update(copy.deepcopy(action.extra_fields))
+
+    @property
+    def extras(self) -> dict[str, Any]:
+        return {name: value for name, value in self.cleaned_data.items() if name != "reason"}
+
+
+class OperatorActionsAdmin(admin.ModelAdmin):
+    """Admin with `operator_actions`, each on the object page and on the list."""
+
+    operator_actions: list[OperatorAction] = []
+    change_form_template = "admin/tools_app/operator_change_form.html"
+
+    # --- wiring -------------------------------------------------------------------
+
+    def get_urls(self):
+        return [
+            path("<path:object_id>/act/<str:action_name>/", self.admin_site.admin_view(self.action_view),
+                 name=self._url_name("act")),
+        ] + super().get_urls()
+
+    def _url_name(self, view: str) -> str:
+        return f"{self.opts.app_label}_{self.opts.model_name}_{view}"
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        for action in self.operator_actions:
+            if self._allowed(request, action):
+                actions[action.name] = (self._bulk(action), action.name, f"{action.label} selected")
+        return actions
+
+    def _allowed(self, request, action: OperatorAction) -> bool:
+        return getattr(self, f"has_{action.permission}_permission")(request)
+
+    def _action(self, name: str) -> OperatorAction:
+        for action in self.operator_actions:
+            if action.name == name:
+                return action
+        raise PermissionDenied
+
+    def render_change_form(self, request, context, *args, obj=None, **kwargs):
+        context["operator_actions"] = [
+            (action, reverse(f"admin:{self._url_name('act')}", args=[obj.pk, action.name]))
+            for action in self.operator_actions if obj is not None and self._allowed(request, action)
+        ]
+        return super().render_change_form(request, context, *args, obj=obj, **kwargs)
+
+    # --- one object: /<pk>/act/<name>/ ----------------------------------------------
+
+    def action_view(self, request, object_id, action_name):
+        action = self._action(action_name)
+        # Through the scoped queryset: another tenant's object is a 404 here.
+        obj = get_object_or_404(self.get_queryset(request), pk=object_id)
+        if not self.has_view_permission(request, obj):
+            raise PermissionDenied
+        form = ActionForm(request.POST or None, action=action)
+        if request.method == "POST" and form.is_valid():
+            self._perform(request, action, obj, form.cleaned_data["reason"], form.extras)
+            return HttpResponseRedirect(reverse(f"admin:{self._url_name('changelist')}"))
+        return self._confirmation(request, action, [obj], form)
+
+    # --- several objects: a list action with the same confirmation form ------------------
+
+    def _bulk(self, action: OperatorAction):
+        def run(modeladmin, request, queryset):
+            form = ActionForm(request.POST if request.POST.get("confirm") else None, action=action)
+            if form.is_bound and form.is_valid():
+                for obj in queryset:
+                    self._perform(request, action, obj, form.cleaned_data["reason"], form.extras)
+                return None
+            return self._confirmation(request, action, list(queryset), form, bulk=True)
+
+        run.__name__ = action.name
+        return run
+
+    def _perform(self, request, action: OperatorAction, obj, reason: str, extras: dict[str, Any]) -> None:
+        try:
+            message = action.perform(request, obj, reason, **extras)
+            self.message_user(request, f"{self._label(obj)}: {message}", messages.SUCCESS)
+        except action.refused as refused:
+            self.message_user(request, f"{self._label(obj)}: not done: {refused}", messages.ERROR)
+
+    def _label(self, obj) -> str:
+        # Not str(obj): it may show the state from before the action.
+        return f"{self.opts.verbose_name} #{obj.pk}"
+
+    def _confirmation(self, request, action, objects, form, bulk=False):
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{action.label}: confirm",
+            "opts": self.opts, "action": action, "objects": objects, "form": form, "bulk": bulk,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "changelist_url": reverse(f"admin:{self._url_name('changelist')}"),
+        }
+        return TemplateResponse(request, "admin/tools_app/operator_action.html", context)
+
+
+class QueueAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
+    """A work queue: the rows matching `queue_filter`, oldest first, scoped to the user's tenants."""
+
+    queue_filter: dict[str, Any] = {}
+    ordering = ["created_at", "pk"]
+    list_per_page = 50
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(**self.queue_filter)
+
+    def changelist_view(self, request, extra_context=None):
+        title = f"{self.opts.verbose_name_plural.capitalize()}, oldest first"
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})
+
+
+# --- column helpers shared by the queues ---------------------------------------------------
+
+
+def age(since: datetime | None) -> str:
+    return _duration(timezone.now() - since) if since else "—"
+
+
+def time_left(until: datetime | None) -> str:
+    if until is None:
+        return "—"
+    left = until - timezone.now()
+    return f"in {_duration(left)}" if left > timedelta(0) else f"overdue {_duration(-left)}"
+
+
+def _duration(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    if seconds < 90:
+        return f"{seconds}s"
+    if seconds < 90 * 60:
+        return f"{seconds // 60}m"
+    if seconds < 48 * 3600:
+        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+
+
+def pretty_json(value: Any) -> str:
+    return format_html("<pre style='white-space:pre-wrap;margin:0'>{}</pre>",
+                       json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str))
+
+
+def audit_history(*objects: models.Model) -> str:
+    """The audit events about these objects, oldest first, as a small table."""
+    query = models.Q(pk__in=[])
+    for obj in objects:
+        if obj is not None and obj.pk is not None:
+            query |= models.Q(object_type=obj._meta.model_name, object_id=str(obj.pk))
+    events = AuditEvent.objects.filter(query).order_by("created_at", "pk")
+    rows = format_html_join(
+        "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        ((e.created_at.strftime("%Y-%m-%d %H:%M:%S"), e.actor, e.action, e.reason,
+          json.dumps(e.after, sort_keys=True, default=str) if e.after else "", e.seq or "unsealed") for e in events))
+    return format_html("<table><thead><tr><th>time</th><th>actor</th><th>action</th><th>reason</th><th>after</th>"
+                       "<th>seq</th></tr></thead><tbody>{}</tbody></table>", rows)

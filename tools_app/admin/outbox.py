@@ -1,0 +1,38 @@
+"""Outbox events, and the dead-letter queue with its re-drive action."""
+
+from django.contrib import admin
+
+from tools_app import outbox
+from tools_app.admin.operator_actions import OperatorAction, QueueAdmin, age
+from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.models import DeadLetter, OutboxEvent, OutboxStatus
+
+
+@admin.register(OutboxEvent)
+class OutboxEventAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+    list_display = ["id", "tenant", "kind", "status", "attempts", "next_attempt_at", "created_at", "delivered_at"]
+    list_filter = ["status", "kind", "tenant"]
+    search_fields = ["=id"]
+    ordering = ["-created_at"]
+
+
+def redrive(request, event, reason):
+    if not outbox.redrive(event, actor=f"user:{request.user.get_username()}", reason=reason):
+        raise outbox.DeliveryFailed("it is no longer dead-lettered")
+    return "sent back to the relay"
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(QueueAdmin):
+    queue_filter = {"status": OutboxStatus.DEAD}
+    list_display = ["id", "tenant", "kind", "waiting", "attempts", "last_error"]
+    list_filter = ["kind", "tenant"]
+    operator_actions = [OperatorAction("redrive", "Re-drive", "redrive", redrive, refused=(outbox.DeliveryFailed,),
+                                       help_text="Deliver again; the consumer deduplicates by event id.")]
+
+    @admin.display(description="waiting", ordering="created_at")
+    def waiting(self, event):
+        return age(event.created_at)
+
+    def has_redrive_permission(self, request, obj=None):
+        return request.user.has_perm("tools_app.redrive_outboxevent")

@@ -1,0 +1,70 @@
+"""The UNKNOWN-outcomes queue: records whose downstream outcome must be found out."""
+
+from django import forms
+from django.contrib import admin
+from django.utils.html import format_html
+
+from tools_app import reconciliation
+from tools_app.admin.operator_actions import REASON_REQUIRED, OperatorAction, QueueAdmin, age, pretty_json
+from tools_app.errors import ToolFailure
+from tools_app.models import RecordStatus, UnknownOutcome
+
+
+def reconcile_now(request, record, reason):
+    return f"now {reconciliation.reconcile(record, actor=f'user:{request.user.get_username()}')}"
+
+
+def resolve_succeeded(request, record, reason, downstream_reference=""):
+    reconciliation.resolve_by_operator(record, request.user, succeeded=True, reason=reason,
+                                       downstream_reference=downstream_reference)
+    return "resolved as succeeded"
+
+
+def resolve_failed(request, record, reason):
+    reconciliation.resolve_by_operator(record, request.user, succeeded=False, reason=reason)
+    return "resolved as failed (the agent may retry with the same key)"
+
+
+@admin.register(UnknownOutcome)
+class UnknownOutcomeAdmin(QueueAdmin):
+    queue_filter = {"status": RecordStatus.UNKNOWN}
+    list_display = ["id", "tenant", "tool", "waiting", "reconcile_attempts", "needs_person", "last_evidence"]
+    list_filter = ["tool", "tenant", ("escalated_at", admin.EmptyFieldListFilter)]
+    search_fields = ["=operation_id", "=downstream_key", "=trace_id"]
+    fields = ["tenant", "tool", "operation_id", "downstream_key", "actor", "created_at", "reconcile_attempts",
+              "next_reconcile_at", "escalated_at", "error_message", "evidence_json"]
+    readonly_fields = fields
+    operator_actions = [
+        OperatorAction("reconcile", "Reconcile now", "resolve", reconcile_now,
+                       refused=(ToolFailure,), help_text="Asks the downstream system by the key we sent."),
+        OperatorAction("resolve_succeeded", "Resolve as succeeded", "resolve", resolve_succeeded,
+                       refused=(ToolFailure,), reason=REASON_REQUIRED, help_text="What you checked.",
+                       extra_fields={"downstream_reference": forms.CharField(
+                           help_text="The downstream id of what was done, e.g. the payment id.")}),
+        OperatorAction("resolve_failed", "Resolve as failed", "resolve", resolve_failed, refused=(ToolFailure,),
+                       reason=REASON_REQUIRED, style="danger",
+                       help_text="Definitely not done: what you checked. The agent may then retry with the same key."),
+    ]
+
+    @admin.display(description="waiting", ordering="created_at")
+    def waiting(self, record):
+        return age(record.created_at)
+
+    @admin.display(description="needs a person", boolean=True)
+    def needs_person(self, record):
+        return record.escalated_at is not None
+
+    @admin.display(description="last evidence")
+    def last_evidence(self, record):
+        if not record.evidence:
+            return "—"
+        last = record.evidence[-1]
+        summary = last.get("answer") or last.get("error") or last.get("note") or ""
+        return format_html("<code>{}</code> {}", last.get("source", ""), str(summary)[:120])
+
+    @admin.display(description="evidence")
+    def evidence_json(self, record):
+        return pretty_json(record.evidence)
+
+    def has_resolve_permission(self, request, obj=None):
+        return request.user.has_perm(reconciliation.RESOLVE_PERMISSION)

@@ -1,0 +1,53 @@
+"""GET /api/v1/audit-events: the append-only audit log, with its hash-chain fields.
+
+Events are exported whole (before/after, reason): they are written to be
+read by auditors and hold states, digests and decisions, not secrets
+(callers of tools_app.audit.record_event keep it that way). `seq`,
+`prev_hash` and `hash` let an auditor verify the chain on the exported copy.
+Events with no tenant (system-wide, e.g. exports) are visible only to
+superusers.
+"""
+
+from __future__ import annotations
+
+import django_filters
+from rest_framework import serializers
+
+from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
+from tools_app.models import AuditEvent
+
+
+class AuditEventSerializer(AuditorSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True,
+                                          help_text="Tenant slug; null for system-wide events.")
+
+    class Meta:
+        model = AuditEvent
+        fields = [
+            "id", "seq", "created_at", "tenant", "actor", "action", "object_type", "object_id", "before", "after",
+            "reason", "trace_id", "prev_hash", "hash",
+        ]
+        read_only_fields = fields
+
+
+class AuditEventFilter(django_filters.FilterSet):
+    tenant = tenant_filter()
+    actor = django_filters.CharFilter(help_text="Who acted, exactly (`agent:<tenant>/<name>`, `user:<name>`, ...).")
+    action = django_filters.CharFilter(help_text="Event action, exactly (e.g. `record.succeeded`).")
+    object_type = django_filters.CharFilter(help_text="Model name of the object (e.g. `idempotencyrecord`).")
+    object_id = django_filters.CharFilter(help_text="Primary key of the object, with `object_type`.")
+    trace_id = django_filters.CharFilter(help_text="Trace id, exactly.")
+    created_after, created_before = time_range("created_at", "created")
+
+    class Meta:
+        model = AuditEvent
+        fields: list[str] = []
+
+
+class AuditEventViewSet(AuditorViewSet):
+    """Audit events: every decision and state change, in the transaction of the change."""
+
+    queryset = AuditEvent.objects.select_related("tenant")
+    serializer_class = AuditEventSerializer
+    filterset_class = AuditEventFilter
+    export_name = "audit-events"

@@ -1,0 +1,270 @@
+"""What every auditors' endpoint shares; an endpoint only declares what differs.
+
+A new endpoint is a serializer deriving from AuditorSerializer (its fields
+are the columns, in order), a filterset and
+
+    class TaskViewSet(AuditorViewSet):
+        queryset = Task.objects.select_related("tenant")
+        serializer_class = TaskSerializer
+        filterset_class = TaskFilter
+        export_name = "tasks"
+
+registered in tools_app/api/urls.py. From this base it gets: auditor key or
+session auth, tenant scoping (`tenant_field`; another tenant's row is 404),
+django-filter filters, ordering by time, cursor pages, a streamed CSV of the
+filtered list at `<prefix>/export.csv`, and its errors in the OpenAPI schema.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC
+
+import django_filters
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import QuerySet
+from django_filters.fields import IsoDateTimeField
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, viewsets
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.decorators import action
+from rest_framework.filters import OrderingFilter
+from rest_framework.pagination import CursorPagination
+from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
+
+from tools_app import auditors
+from tools_app.api import csv_export
+from tools_app.api.auth import AuditorKeyAuthentication, IsAuditor
+
+# --- pages and order ------------------------------------------------------------
+
+
+class TimeCursorPagination(CursorPagination):
+    """Cursor pages: stable under concurrent inserts, no COUNT(*), no deep OFFSET."""
+
+    page_size = 100
+    page_size_query_param = "page_size"
+    page_size_query_description = "Rows per page (1-1000, default 100)."
+    max_page_size = 1000
+    ordering = ("-created_at", "-id")
+
+
+class TimeOrdering(OrderingFilter):
+    """`?ordering=created_at` (oldest first) or `-created_at` (newest first, the default).
+
+    One field only, with the id as a tie-breaker in the same direction, so
+    rows that share a timestamp still come in one fixed order and no row is
+    on two pages.
+    """
+
+    def get_ordering(self, request, queryset, view):
+        first = super().get_ordering(request, queryset, view)[0]
+        if first.lstrip("-") == "id":
+            return (first,)
+        return (first, "-id" if first.startswith("-") else "id")
+
+    def get_schema_operation_parameters(self, view):
+        choices = [choice for field in view.ordering_fields for choice in (field, f"-{field}")]
+        description = (f"Sort order: a field for ascending, `-field` for descending; default `{view.ordering[0]}`. "
+                       "Rows with equal values come in id order.")
+        return [{
+            "name": self.ordering_param, "required": False, "in": "query",
+            "description": description,
+            "schema": {"type": "string", "enum": choices, "default": view.ordering[0]},
+        }]
+
+
+# --- filters every endpoint uses ----------------------------------------------------
+
+
+def tenant_filter(field_name: str = "tenant__slug") -> django_filters.CharFilter:
+    return django_filters.CharFilter(
+        field_name=field_name,
+        help_text="Tenant slug. Only tenants granted to you ever match: another tenant's slug returns no rows.")
+
+
+class UtcIsoDateTimeField(IsoDateTimeField):
+    """An ISO 8601 time, converted to UTC: PostgreSQL refuses UTC offsets beyond
+    ±15:59 that Python accepts, and a time near year 1 or 9999 may not convert."""
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if value is None:
+            return None
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:
+            raise ValidationError("time out of range once converted to UTC", code="invalid") from None
+
+
+class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UtcIsoDateTimeField
+
+
+def time_range(field_name: str, what: str) -> tuple[UtcIsoDateTimeFilter, UtcIsoDateTimeFilter]:
+    """`<x>_after` (inclusive) and `<x>_before` (exclusive), so ranges tile without overlap."""
+    return (
+        UtcIsoDateTimeFilter(
+            field_name=field_name, lookup_expr="gte",
+            help_text=f"Only rows {what} at or after this ISO 8601 time (inclusive)."),
+        UtcIsoDateTimeFilter(
+            field_name=field_name, lookup_expr="lt",
+            help_text=f"Only rows {what} strictly before this ISO 8601 time (exclusive)."),
+    )
+
+
+# --- serializers -------------------------------------------------------------------------
+
+
+class UtcDateTimeField(serializers.DateTimeField):
+    """ISO 8601 in UTC with a `Z`, as DRF writes it here, without DRF's per-value
+    time zone lookup: it was half the serializing time of a CSV export."""
+
+    def to_representation(self, value):
+        if not value:
+            return None
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+class AuditorSerializer(serializers.ModelSerializer):
+    """Base of every endpoint's serializer: read-only, times in UTC."""
+
+    serializer_field_mapping = {**serializers.ModelSerializer.serializer_field_mapping,
+                                models.DateTimeField: UtcDateTimeField}
+
+
+# --- errors, as the schema shows them -------------------------------------------------
+
+
+class ErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField(help_text="What went wrong.")
+
+
+ERROR_RESPONSES = {
+    401: OpenApiResponse(ErrorSerializer, description="No credentials, or an unknown or revoked auditor key."),
+    403: OpenApiResponse(ErrorSerializer, description="Logged in without the auditor permission."),
+    404: OpenApiResponse(ErrorSerializer, description="No such row among the tenants you may see, "
+                                                      "or an invalid cursor."),
+}
+FILTER_ERROR_RESPONSE = {
+    400: OpenApiResponse(OpenApiTypes.OBJECT, description="A filter parameter is invalid; the body names it. "
+                         "Shape: `{\"<parameter>\": [\"<message>\", ...]}`."),
+}
+
+
+class AuditorSchema(AutoSchema):
+    """Filters on the CSV export too, and the error answers on every operation."""
+
+    def get_filter_backends(self):
+        if getattr(self.view, "action", None) in ("list", "export"):
+            return self.view.filter_backends
+        return super().get_filter_backends()
+
+    def get_response_serializers(self):
+        responses = super().get_response_serializers()
+        if not isinstance(responses, dict):
+            responses = {200: responses}
+        extra = dict(ERROR_RESPONSES)
+        if getattr(self.view, "action", None) in ("list", "export"):
+            extra.update(FILTER_ERROR_RESPONSE)
+        return {**responses, **extra}
+
+    def get_operation_id(self):
+        if getattr(self.view, "action", None) == "export":
+            return f"{self.view.export_name.replace('-', '_')}_export_csv"
+        return super().get_operation_id()
+
+
+# --- CSV --------------------------------------------------------------------------------
+
+
+class CSVRenderer(BaseRenderer):
+    """Lets `Accept: text/csv` through content negotiation; renders the export's errors."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        if not isinstance(data, dict):
+            data = {"detail": data}
+        return b"".join(csv_export.csv_chunks(list(data), [list(data.values())]))
+
+
+# --- the base viewset -------------------------------------------------------------------
+
+
+class AuditorViewSet(viewsets.ReadOnlyModelViewSet):
+    """Read-only, tenant-scoped, filterable, paginated and exportable.
+
+    Subclasses set `queryset`, `serializer_class`, `filterset_class`,
+    `export_name`, and `tenant_field` when the tenant is reached through a
+    relation (e.g. `"task__tenant_id"` for checkpoints). `csv_fields` narrows
+    the CSV columns (default: every serializer field, in declared order).
+    """
+
+    tenant_field = "tenant_id"
+    # Any segment reaches the view, so a malformed id is DRF's JSON 404, not Django's HTML one.
+    lookup_value_regex = "[^/]+"
+    export_name = ""
+    csv_fields: list[str] | None = None
+
+    authentication_classes = [AuditorKeyAuthentication, SessionAuthentication]
+    permission_classes = [IsAuditor]
+    renderer_classes = [JSONRenderer, BrowsableAPIRenderer]
+    filter_backends = [DjangoFilterBackend, TimeOrdering]
+    pagination_class = TimeCursorPagination
+    ordering_fields = ["created_at"]
+    ordering = ["-created_at"]
+    schema = AuditorSchema()
+
+    def get_queryset(self) -> QuerySet:
+        queryset = super().get_queryset()
+        tenant_ids = auditors.visible_tenant_ids(self.request.user)
+        if tenant_ids is None:
+            return queryset
+        # Scoping is part of the queryset itself, so a detail view of another
+        # tenant's row is a 404 and no filter or export can reach past it.
+        return queryset.filter(**{f"{self.tenant_field}__in": tenant_ids})
+
+    @extend_schema(parameters=[OpenApiParameter(
+        "id", OpenApiTypes.INT, OpenApiParameter.PATH,
+        description="The row's id. A row of a tenant you may not see answers 404, like one that does not exist.")])
+    def retrieve(self, request, *args, **kwargs):
+        return super().retrieve(request, *args, **kwargs)
+
+    def get_csv_fields(self) -> list[str]:
+        return self.csv_fields or list(self.get_serializer().fields)
+
+    @extend_schema(
+        summary="Export the filtered list as CSV",
+        description="Every row matching the filters, in the requested order, streamed as CSV (UTF-8, CRLF, "
+                    "a header row first, columns in the order of the JSON fields). Lists are joined by `;`, "
+                    "objects are JSON; a text cell starting with `= + - @` is prefixed with `'` so that "
+                    "spreadsheets do not run it. Not paginated. Each export is recorded in the audit log.",
+        responses={(200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="The CSV file."),
+                   **ERROR_RESPONSES, **FILTER_ERROR_RESPONSE},
+        # The renderers exist for content negotiation (Accept: text/csv), not as a choice.
+        parameters=[OpenApiParameter("format", exclude=True)],
+    )
+    @action(detail=False, url_path="export.csv", renderer_classes=[JSONRenderer, CSVRenderer],
+            pagination_class=None)
+    def export(self, request, *args, **kwargs):
+        queryset = self.filter_queryset(self.get_queryset())
+        columns = self.get_csv_fields()
+        serializer = self.get_serializer()
+        auditors.record_export(request.user, self.export_name, _filters_of(request))
+        rows = (_row(serializer.to_representation(obj), columns)
+                for obj in queryset.iterator(chunk_size=csv_export.ROWS_PER_FETCH))
+        return csv_export.streaming_csv_response(request._request, columns, rows, f"{self.export_name}.csv")
+
+
+def _row(data: dict, columns: list[str]) -> list:
+    return [data.get(column) for column in columns]
+
+
+def _filters_of(request) -> dict[str, str]:
+    return {name: ",".join(request.query_params.getlist(name)) for name in sorted(request.query_params)}

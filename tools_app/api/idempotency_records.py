@@ -1,0 +1,97 @@
+"""GET /api/v1/idempotency-records: one row per business operation.
+
+What an auditor gets, and what not:
+- the key only as `key_digest` (tools_app.idempotency.key_digest, the form
+  logs use): enough to find the record of a key one holds (`?key_digest=`)
+  and to match log lines, nothing of the key's text, which agents may build
+  from personal data;
+- the `fingerprint` and the argument *names*, never their values, and no
+  stored result: both may carry personal data (payees, recipients, bodies),
+  and matching operations needs only the digest;
+- the error class, not the free-text error message (a handler or a
+  downstream system may quote input in it). Operators read both in the admin.
+"""
+
+from __future__ import annotations
+
+import django_filters
+from django.core.validators import RegexValidator
+from django.db.models import CharField, Func
+from django.db.models.functions import Left
+from rest_framework import serializers
+
+from tools_app import idempotency
+from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
+from tools_app.models import ErrorClass, IdempotencyRecord, RecordStatus
+
+KEY_DIGEST_LENGTH = len(idempotency.key_digest(""))
+
+
+class IdempotencyRecordSerializer(AuditorSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    key_digest = serializers.SerializerMethodField(
+        help_text="First 16 hex digits of SHA-256(idempotency key): the key itself is never exported.")
+    argument_names = serializers.SerializerMethodField(
+        help_text="The business arguments the call carried (names only, sorted).")
+    # Declared, not derived: a derived read-only field drops allow_blank, and
+    # the schema would then reject the "" of a record that did not fail.
+    error_class = serializers.ChoiceField(choices=ErrorClass.choices, allow_blank=True, read_only=True,
+                                          help_text="What an agent could do about the failure; empty unless failed.")
+
+    class Meta:
+        model = IdempotencyRecord
+        fields = [
+            "id", "operation_id", "tenant", "tool", "key_digest", "fingerprint", "argument_names", "status",
+            "error_class", "attempts", "actor", "trace_id", "created_at", "updated_at", "finished_at",
+            "retry_not_before", "expires_at", "retired_at",
+        ]
+        read_only_fields = fields
+
+    def get_key_digest(self, record: IdempotencyRecord) -> str:
+        return idempotency.key_digest(record.key)
+
+    def get_argument_names(self, record: IdempotencyRecord) -> list[str]:
+        return sorted(record.field_digests)
+
+
+class Sha256Hex(Func):
+    """SHA-256 of a text column as lowercase hex, with PostgreSQL's built-in sha256()."""
+
+    template = "ENCODE(SHA256(CONVERT_TO(%(expressions)s, 'UTF8')), 'hex')"
+    output_field = CharField()
+
+
+class IdempotencyRecordFilter(django_filters.FilterSet):
+    tenant = tenant_filter()
+    tool = django_filters.CharFilter(help_text="Tool name, exactly (e.g. `create_order`).")
+    status = django_filters.MultipleChoiceFilter(
+        choices=RecordStatus.choices, help_text="Record status; repeat the parameter for several.")
+    error_class = django_filters.MultipleChoiceFilter(
+        choices=ErrorClass.choices, help_text="Error class of a failed record; repeat the parameter for several.")
+    actor = django_filters.CharFilter(help_text="Who called, exactly (e.g. `agent:acme/billing-bot`).")
+    operation_id = django_filters.UUIDFilter(help_text="The operation id sent downstream.")
+    trace_id = django_filters.CharFilter(help_text="The caller's trace id, exactly.")
+    key_digest = django_filters.CharFilter(
+        method="filter_key_digest",
+        validators=[RegexValidator(f"^[0-9a-f]{{{KEY_DIGEST_LENGTH}}}$", "16 lowercase hex digits")],
+        help_text="First 16 hex digits of SHA-256 of the idempotency key, to find a key's record "
+                  "without sending the key.")
+    created_after, created_before = time_range("created_at", "created")
+    finished_after, finished_before = time_range("finished_at", "finished")
+
+    class Meta:
+        model = IdempotencyRecord
+        fields: list[str] = []
+
+    def filter_key_digest(self, queryset, name, value):
+        return queryset.annotate(_key_digest=Left(Sha256Hex("key"), KEY_DIGEST_LENGTH)).filter(_key_digest=value)
+
+
+class IdempotencyRecordViewSet(AuditorViewSet):
+    """Idempotency records: each business operation (tenant, tool, key) and what became of it."""
+
+    # The stored arguments and result are never exported: don't even read them.
+    queryset = IdempotencyRecord.objects.select_related("tenant").defer("arguments", "result")
+    serializer_class = IdempotencyRecordSerializer
+    filterset_class = IdempotencyRecordFilter
+    export_name = "idempotency-records"

@@ -1,0 +1,29 @@
+"""/api/v1/ endpoints, /api/schema/ (OpenAPI 3), /api/docs/ (Swagger UI), /api/redoc/.
+
+Registering an endpoint is one line below; the schema picks it up. See docs/api.md.
+"""
+
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework.routers import SimpleRouter
+
+from tools_app.api.audit_events import AuditEventViewSet
+from tools_app.api.idempotency_records import IdempotencyRecordViewSet
+
+router = SimpleRouter(trailing_slash="")
+router.register("idempotency-records", IdempotencyRecordViewSet, basename="idempotency-record")
+router.register("audit-events", AuditEventViewSet, basename="audit-event")
+
+# Routes that are not viewsets (e.g. audit-chain verification) are appended here.
+v1_routes = [*router.urls]
+# What the schema documents: exactly the /api/v1/ routes.
+v1_patterns = [path("api/v1/", include(v1_routes))]
+
+urlpatterns = [
+    path("v1/", include(v1_routes)),
+    path("schema/", SpectacularAPIView.as_view(patterns=v1_patterns), name="api-schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    # Log in for session access (auditors without admin access use this page).
+    path("auth/", include("rest_framework.urls")),
+]

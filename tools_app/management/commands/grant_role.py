@@ -1,0 +1,20 @@
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from tools_app import roles
+
+
+class Command(BaseCommand):
+    help = "Give a user an operator role (operator, approver, auditor) on some tenants; makes the user staff."
+
+    def add_arguments(self, parser):
+        parser.add_argument("username")
+        parser.add_argument("role", choices=sorted(roles.ROLE_PERMISSIONS))
+        parser.add_argument("--tenant", action="append", default=[], help="Tenant slug; repeat for several.")
+
+    def handle(self, username, role, tenant, **options):
+        user = get_user_model().objects.filter(username=username).first()
+        if user is None:
+            raise CommandError(f"no user {username!r}; create it first (manage.py createsuperuser or the admin)")
+        roles.grant(user, role, tenant, actor="system:grant_role")
+        self.stdout.write(f"{username} is now {role} on {', '.join(tenant) or 'no tenant yet'}")

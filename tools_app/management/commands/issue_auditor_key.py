@@ -1,0 +1,22 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from tools_app import auditors
+from tools_app.models import Tenant
+
+
+class Command(BaseCommand):
+    help = "Issue an auditor key for the REST API, granted to the given tenants (printed once, stored as a digest)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("name", help="Who holds the key (a person or an audit system).")
+        parser.add_argument("--tenant", action="append", required=True, dest="tenant_slugs",
+                            help="A tenant the key may read; repeat for several.")
+
+    def handle(self, name, tenant_slugs, **options):
+        found = list(Tenant.objects.filter(slug__in=tenant_slugs))
+        missing = sorted(set(tenant_slugs) - {t.slug for t in found})
+        if missing:
+            raise CommandError(f"no tenant {', '.join(missing)}")
+        _, raw = auditors.issue_key(name, found, actor="system:issue_auditor_key")
+        self.stderr.write(f"Auditor key {name!r} for {', '.join(sorted(tenant_slugs))} (shown once):")
+        self.stdout.write(raw)

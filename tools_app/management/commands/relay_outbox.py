@@ -1,0 +1,21 @@
+import json
+
+from django.core.management.base import BaseCommand
+
+from tools_app import outbox
+
+
+class Command(BaseCommand):
+    help = "Deliver due outbox events (what the relay job does), on demand."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--batch-size", type=int, default=None)
+        parser.add_argument("--one-batch", action="store_true", help="Deliver one batch, then stop.")
+
+    def handle(self, batch_size=None, one_batch=False, **options):
+        if one_batch:
+            report = outbox.relay_batch(batch_size)
+            result = {"delivered": report.delivered, "retried": report.retried, "dead": report.dead}
+        else:
+            result = outbox.relay_pending()
+        self.stdout.write(json.dumps(result))

@@ -1,0 +1,109 @@
+"""Human approval of sensitive operations: requests, decisions, per-tenant settings.
+
+An ApprovalRequest is bound to ONE idempotency record (one-to-one) and the
+fingerprint it was claimed with; every change of its status is a conditional
+UPDATE in tools_app.approvals.
+"""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "PENDING", "Pending"
+    APPROVED = "APPROVED", "Approved (executing)"
+    EXECUTED = "EXECUTED", "Executed"
+    FAILED = "FAILED", "Failed after approval"
+    REJECTED = "REJECTED", "Rejected"
+    EXPIRED = "EXPIRED", "Expired"
+
+
+class ApprovalRequest(models.Model):
+    tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.PROTECT, related_name="approval_requests")
+    record = models.OneToOneField("tools_app.IdempotencyRecord", on_delete=models.PROTECT, related_name="approval")
+    fingerprint = models.CharField(max_length=64, help_text="The record's fingerprint when approval was asked.")
+    tool = models.CharField(max_length=100)
+    arguments = models.JSONField(help_text="The validated call arguments, re-validated when the approved call runs.")
+    summary = models.TextField(help_text="What the operator is asked to approve, as shown in the queue.")
+    amount = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    currency = models.CharField(max_length=3, blank=True)
+    requested_by = models.CharField(max_length=200, help_text="The caller's identity; it can never approve.")
+    trace_id = models.CharField(max_length=100, blank=True)
+    required_approvals = models.PositiveSmallIntegerField(default=1)
+    approvals = models.PositiveSmallIntegerField(default=0, help_text="Distinct approvers so far.")
+    status = models.CharField(max_length=16, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)
+    reason = models.TextField(blank=True, help_text="Why it was rejected (required), or what ended it.")
+    decided_by = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True, help_text="Last time its execution job was queued.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        permissions = [("decide_approvalrequest", "Can approve or reject sensitive operations")]
+        constraints = [
+            models.CheckConstraint(condition=Q(required_approvals__gte=1), name="approval_needs_an_approver"),
+            models.CheckConstraint(condition=Q(approvals__lte=F("required_approvals")),
+                                   name="approvals_at_most_required"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "expires_at"], name="approval_status_expiry"),
+            models.Index(fields=["tenant", "status", "created_at"], name="approval_tenant_queue"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Approval #{self.pk} {self.tool} ({self.status})"
+
+
+class PendingApproval(ApprovalRequest):
+    """The operators' queue: pending requests only (see tools_app.admin.approvals)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "pending approval"
+        verbose_name_plural = "pending approvals"
+
+
+class ApprovalVerdict(models.TextChoices):
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+class ApprovalDecision(models.Model):
+    """One person's decision on a request. Unique per (request, user): N approvals need N people."""
+
+    request = models.ForeignKey(ApprovalRequest, on_delete=models.PROTECT, related_name="decisions")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="approval_decisions")
+    verdict = models.CharField(max_length=8, choices=ApprovalVerdict.choices)
+    reason = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["request", "user"], name="one_decision_per_person")]
+
+    def __str__(self) -> str:
+        return f"{self.user} {self.verdict}d #{self.request_id}"
+
+
+class ApprovalSettings(models.Model):
+    """Per-tenant approval thresholds. A tenant without a row uses the defaults below."""
+
+    tenant = models.OneToOneField("tools_app.Tenant", on_delete=models.CASCADE, related_name="approval_settings")
+    request_ttl_minutes = models.PositiveIntegerField(
+        default=24 * 60, help_text="How long a request waits for a decision before it expires.")
+    payment_threshold = models.DecimalField(
+        max_digits=14, decimal_places=2, null=True, blank=True,
+        help_text="Payments above this amount need one approval. Empty: payments never need approval.")
+    payment_second_threshold = models.DecimalField(
+        max_digits=14, decimal_places=2, null=True, blank=True,
+        help_text="Payments above this amount need two different approvers.")
+    threshold_currency = models.CharField(
+        max_length=3, default="EUR", help_text="Currency of the thresholds; other currencies always need approval.")
+
+    class Meta:
+        verbose_name_plural = "approval settings"
+
+    def __str__(self) -> str:
+        return f"approval settings of {self.tenant}"

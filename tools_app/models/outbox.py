@@ -1,0 +1,56 @@
+import uuid
+
+from django.db import models
+
+
+class OutboxStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    DELIVERED = "delivered", "Delivered"
+    DEAD = "dead", "Dead-lettered"
+
+
+class OutboxEvent(models.Model):
+    """A message to deliver, written in the transaction of the business change.
+
+    Delivery is at least once (tools_app.outbox); `id` is the stable event id
+    every consumer dedupes by, so the effect happens once.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.PROTECT, related_name="outbox_events")
+    record = models.ForeignKey("tools_app.IdempotencyRecord", on_delete=models.PROTECT, null=True, blank=True,
+                               related_name="outbox_events")
+    kind = models.CharField(max_length=64, help_text="What the relay does with it, e.g. notification.email")
+    payload = models.JSONField()
+    status = models.CharField(max_length=16, choices=OutboxStatus.choices, default=OutboxStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["next_attempt_at"], condition=models.Q(status="pending"), name="outbox_due"),
+            models.Index(fields=["status", "created_at"], name="outbox_status_created"),
+        ]
+        permissions = [("redrive_outboxevent", "Can re-drive dead-lettered outbox events")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id} ({self.status})"
+
+
+class DeadLetterManager(models.Manager):
+    def get_queryset(self):
+        return super().get_queryset().filter(status=OutboxStatus.DEAD)
+
+
+class DeadLetter(OutboxEvent):
+    """The operators' queue of dead-lettered outbox events."""
+
+    objects = DeadLetterManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead-lettered event"
+        ordering = ["created_at"]

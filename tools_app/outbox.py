@@ -1,0 +1,165 @@
+"""The transactional outbox: messages written with the business change, delivered at least once.
+
+`enqueue` runs inside the caller's transaction, so the event exists if and
+only if the change committed. The relay claims a batch with
+`SELECT ... FOR UPDATE SKIP LOCKED` (two relays never take the same event),
+delivers each, and marks it delivered or schedules another attempt with
+exponential backoff and jitter; past OUTBOX_MAX_ATTEMPTS an event is
+dead-lettered and waits for an operator to re-drive it.
+
+A relay killed mid-batch delivers some events without marking them; its
+transaction rolls back and they are delivered again. Consumers deduplicate by
+the event id (email Message-ID, webhook X-Event-Id), so each effect happens once.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import httpx2
+from django.conf import settings
+from django.core.mail import EmailMessage, get_connection
+from django.db import transaction
+from django.utils import timezone
+
+from tools_app import audit
+from tools_app.models import OutboxEvent, OutboxStatus
+
+logger = logging.getLogger(__name__)
+RELAY_ACTOR = "system:outbox-relay"
+
+
+class DeliveryFailed(Exception):
+    """The consumer did not take the event; try again later."""
+
+
+def enqueue(*, tenant_id: int, kind: str, payload: dict[str, Any], record=None) -> OutboxEvent:
+    """Write an event in the current transaction and wake the relay when it commits."""
+    from django_q.tasks import async_task
+
+    now = timezone.now()
+    event = OutboxEvent.objects.create(tenant_id=tenant_id, record=record, kind=kind, payload=payload,
+                                       next_attempt_at=now, created_at=now)
+    # The ORM broker's enqueue joins this transaction: no commit, no job.
+    async_task("tools_app.outbox.relay_pending", task_name="outbox-relay")
+    return event
+
+
+# --- delivery ----------------------------------------------------------------------
+
+
+def deliver(event: OutboxEvent) -> None:
+    if event.kind == "notification.email":
+        _send_email(event)
+    elif event.kind == "notification.webhook":
+        _post_webhook(event)
+    else:
+        raise DeliveryFailed(f"no delivery for kind {event.kind!r}")
+
+
+def _send_email(event: OutboxEvent) -> None:
+    payload = event.payload
+    message = EmailMessage(subject=payload["subject"], body=payload["body"], to=[payload["recipient"]],
+                           headers={"Message-ID": f"<{event.id}@idemops>"},
+                           connection=get_connection(timeout=settings.EMAIL_TIMEOUT))
+    try:
+        message.send()
+    except Exception as exc:  # smtplib and socket errors alike: the sink did not accept it
+        raise DeliveryFailed(f"{type(exc).__name__}: {exc}"[:300]) from exc
+
+
+def _post_webhook(event: OutboxEvent) -> None:
+    payload = event.payload
+    try:
+        response = httpx2.post(payload["recipient"], json={"subject": payload["subject"], "body": payload["body"]},
+                               headers={"X-Event-Id": str(event.id), "Idempotency-Key": str(event.id)},
+                               timeout=settings.IDEMOPS["WEBHOOK_TIMEOUT_SECONDS"])
+    except httpx2.TransportError as exc:
+        raise DeliveryFailed(type(exc).__name__) from exc
+    if not response.is_success:
+        raise DeliveryFailed(f"HTTP {response.status_code}")
+
+
+# --- the relay ------------------------------------------------------------------------
+
+
+@dataclass
+class RelayReport:
+    delivered: int = 0
+    retried: int = 0
+    dead: int = 0
+
+    @property
+    def handled(self) -> int:
+        return self.delivered + self.retried + self.dead
+
+
+def relay_batch(limit: int | None = None) -> RelayReport:
+    """Deliver one batch of due events. Rows stay locked until this transaction ends."""
+    report = RelayReport()
+    with transaction.atomic():
+        batch = list(OutboxEvent.objects.select_for_update(skip_locked=True)
+                     .filter(status=OutboxStatus.PENDING, next_attempt_at__lte=timezone.now())
+                     .order_by("next_attempt_at", "created_at")[:limit or settings.IDEMOPS["OUTBOX_BATCH_SIZE"]])
+        for event in batch:
+            try:
+                deliver(event)
+            except DeliveryFailed as exc:
+                if record_failed_attempt(event, str(exc)):
+                    report.dead += 1
+                else:
+                    report.retried += 1
+                continue
+            mark_delivered(event)
+            report.delivered += 1
+    return report
+
+
+def relay_pending() -> dict[str, int]:
+    """What the django-q2 job runs: batches until nothing is due."""
+    total = RelayReport()
+    while (report := relay_batch()).handled:
+        total.delivered += report.delivered
+        total.retried += report.retried
+        total.dead += report.dead
+    return {"delivered": total.delivered, "retried": total.retried, "dead": total.dead}
+
+
+def mark_delivered(event: OutboxEvent) -> bool:
+    """pending -> delivered."""
+    return bool(OutboxEvent.objects.filter(pk=event.pk, status=OutboxStatus.PENDING).update(
+        status=OutboxStatus.DELIVERED, delivered_at=timezone.now(), attempts=event.attempts + 1, last_error=""))
+
+
+def record_failed_attempt(event: OutboxEvent, error: str) -> bool:
+    """pending -> pending later, or -> dead after the last attempt. Returns True if dead-lettered."""
+    attempts = event.attempts + 1
+    dead = attempts >= settings.IDEMOPS["OUTBOX_MAX_ATTEMPTS"]
+    delay = settings.IDEMOPS["OUTBOX_BACKOFF_SECONDS"] * 2 ** (attempts - 1) * random.uniform(0.5, 1.5)
+    changes = {"attempts": attempts, "last_error": error,
+               "next_attempt_at": timezone.now() + timedelta(seconds=min(delay, 3600))}
+    if dead:
+        changes["status"] = OutboxStatus.DEAD
+    if OutboxEvent.objects.filter(pk=event.pk, status=OutboxStatus.PENDING, attempts=event.attempts).update(**changes) \
+            and dead:
+        audit.record_event(action="outbox.dead_lettered", obj=event, actor=RELAY_ACTOR, reason=error,
+                           after={"attempts": attempts})
+    return dead
+
+
+@transaction.atomic
+def redrive(event: OutboxEvent, *, actor: str, reason: str = "") -> bool:
+    """dead -> pending, attempts reset: an operator sends it again."""
+    if not OutboxEvent.objects.filter(pk=event.pk, status=OutboxStatus.DEAD).update(
+            status=OutboxStatus.PENDING, attempts=0, next_attempt_at=timezone.now()):
+        return False
+    audit.record_event(action="outbox.redriven", obj=event, actor=actor, reason=reason,
+                       before={"status": OutboxStatus.DEAD}, after={"status": OutboxStatus.PENDING})
+    from django_q.tasks import async_task
+
+    async_task("tools_app.outbox.relay_pending", task_name="outbox-relay")
+    return True

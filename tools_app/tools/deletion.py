@@ -1,0 +1,61 @@
+"""`delete_record`: delete one of the tenant's orders or tickets, after a person approves."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from django.db import models
+from pydantic import BaseModel, Field
+
+from tools_app.approvals import ApprovalPolicy
+from tools_app.errors import NotFound
+from tools_app.models import Order, Tenant, Ticket
+from tools_app.registry import ToolContext, WriteInput, write_tool
+
+DELETABLE: dict[str, type[models.Model]] = {"order": Order, "ticket": Ticket}
+
+
+class DeleteRecordInput(WriteInput):
+    kind: Literal["order", "ticket"]
+    id: int = Field(gt=0, description="The order_id or ticket_id.")
+    reason: str = Field(min_length=1, max_length=500, description="Why it should go; the approver reads it.")
+
+
+class DeleteRecordOutput(BaseModel):
+    kind: str
+    id: int
+    deleted: bool
+    description: str = Field(description="What was deleted.")
+
+
+def find(tenant_id: int, kind: str, object_id: int) -> models.Model:
+    target = DELETABLE[kind].objects.filter(tenant_id=tenant_id, pk=object_id).first()
+    if target is None:
+        raise NotFound(f"no {kind} {object_id} in this tenant")
+    return target
+
+
+def describe(target: models.Model) -> str:
+    if isinstance(target, Order):
+        lines = target.lines.count()
+        return (f"order #{target.pk} of {target.customer}, {target.total:.2f} {target.currency}, "
+                f"{lines} line{'s' if lines != 1 else ''}")
+    return f"ticket #{target.pk} “{target.subject}” ({target.priority}, {target.status})"
+
+
+def deletion_needs_approval(tenant: Tenant, args: DeleteRecordInput) -> ApprovalPolicy:
+    # Checked before a person is asked: nobody should approve deleting nothing.
+    target = find(tenant.pk, args.kind, args.id)
+    return ApprovalPolicy(summary=f"Delete {describe(target)}. Reason: {args.reason}")
+
+
+@write_tool(name="delete_record", title="Delete an order or a ticket", input_model=DeleteRecordInput,
+            output_model=DeleteRecordOutput, destructive=True, approval=deletion_needs_approval)
+def delete_record(ctx: ToolContext, args: DeleteRecordInput) -> DeleteRecordOutput:
+    """Delete one of this tenant's orders or tickets. Needs a person's approval: the first call answers
+    `pending_approval` with a request_id and the summary shown to the approver, and deletes nothing. Call
+    again with the same idempotency_key (or get_approval_status) to learn the outcome."""
+    target = find(ctx.tenant_id, args.kind, args.id)
+    description = describe(target)
+    target.delete()
+    return DeleteRecordOutput(kind=args.kind, id=args.id, deleted=True, description=description)

@@ -1,0 +1,78 @@
+"""`send_notification` (write, via the outbox) and `get_notification` (read)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from pydantic import BaseModel, Field
+
+from tools_app import outbox
+from tools_app.errors import InvalidInput, NotFound
+from tools_app.models import OutboxEvent
+from tools_app.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
+
+
+class SendNotificationInput(WriteInput):
+    channel: Literal["email", "webhook"]
+    recipient: str = Field(min_length=3, max_length=500, description="An email address, or a webhook URL on the "
+                                                                     "allow-list")
+    subject: str = Field(min_length=1, max_length=200)
+    body: str = Field(min_length=1, max_length=50_000)
+
+
+class NotificationOutput(BaseModel):
+    notification_id: str = Field(description="The event id; the receiver sees it as Message-ID / X-Event-Id")
+    channel: str
+    status: str = Field(description="pending, delivered or dead")
+    attempts: int
+
+
+class GetNotificationInput(ToolInput):
+    notification_id: str
+
+
+def check_recipient(channel: str, recipient: str) -> None:
+    if channel == "email":
+        try:
+            validate_email(recipient)
+        except ValidationError:
+            raise InvalidInput("recipient must be an email address for channel email") from None
+    elif not any(recipient.startswith(prefix) for prefix in settings.IDEMOPS["WEBHOOK_ALLOWED_PREFIXES"]):
+        raise InvalidInput("recipient must be a webhook URL on the allow-list for channel webhook")
+
+
+def notification_output(event: OutboxEvent) -> NotificationOutput:
+    return NotificationOutput(notification_id=str(event.id), channel=event.kind.removeprefix("notification."),
+                              status=event.status, attempts=event.attempts)
+
+
+@write_tool(name="send_notification", title="Send a notification", input_model=SendNotificationInput,
+            output_model=NotificationOutput, open_world=True)
+def send_notification(ctx: ToolContext, args: SendNotificationInput) -> NotificationOutput:
+    """Queue an email or webhook notification; it is delivered shortly, exactly once as far as the receiver
+    can tell. Requires idempotency_key: a retry with the same key queues nothing new."""
+    check_recipient(args.channel, args.recipient)
+    event = outbox.enqueue(tenant_id=ctx.tenant_id, record=ctx.record, kind=f"notification.{args.channel}",
+                           payload={"recipient": args.recipient, "subject": args.subject, "body": args.body})
+    return notification_output(event)
+
+
+@read_tool(name="get_notification", title="Get a notification's delivery status", input_model=GetNotificationInput,
+           output_model=NotificationOutput)
+def get_notification(ctx: ToolContext, args: GetNotificationInput) -> NotificationOutput:
+    """Read whether one of this tenant's notifications was delivered."""
+    event = OutboxEvent.objects.filter(tenant_id=ctx.tenant_id, pk=_uuid(args.notification_id)).first()
+    if event is None:
+        raise NotFound(f"no notification {args.notification_id} in this tenant")
+    return notification_output(event)
+
+
+def _uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise NotFound(f"no notification {value}") from None

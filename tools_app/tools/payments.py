@@ -1,0 +1,91 @@
+"""`request_payment`: a write whose effect happens in the payment gateway.
+
+The gateway gets the record's downstream key as its Idempotency-Key, so a
+retry after a transient failure cannot pay twice. An answer that never came
+back leaves the record UNKNOWN; `reconcile_payment` then asks the gateway
+for the payment by that key.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Annotated
+
+import httpx2
+from django.conf import settings
+from pydantic import BaseModel, Field
+
+from tools_app import downstream
+from tools_app.errors import InvalidInput
+from tools_app.idempotency import ExpiryPolicy, evidence_entry
+from tools_app.reconciliation import Found, NotDone, StillUnknown
+from tools_app.registry import ToolContext, WriteInput, write_tool
+
+
+class RequestPaymentInput(WriteInput):
+    amount: Annotated[Decimal, Field(gt=0, max_digits=12, decimal_places=2)]
+    currency: str = Field(pattern=r"^[A-Z]{3}$", description="ISO 4217 code, e.g. EUR")
+    payee: str = Field(min_length=1, max_length=200)
+    reference: str = Field("", max_length=200, description="Your reference, shown on the payment")
+
+
+class PaymentOutput(BaseModel):
+    payment_id: str
+    status: str
+    amount: str
+    currency: str
+    payee: str
+    reference: str
+    created_at: str
+
+
+def gateway_url(path: str) -> str:
+    return settings.IDEMOPS["PAYMENT_GATEWAY_URL"].rstrip("/") + path
+
+
+def _timeout() -> float:
+    return settings.IDEMOPS["PAYMENT_GATEWAY_TIMEOUT_SECONDS"]
+
+
+def reconcile_payment(record) -> Found | NotDone | StillUnknown:
+    """Ask the gateway whether a payment exists for the key we sent."""
+    url = gateway_url("/payments")
+    asked = {"method": "GET", "url": url, "idempotency_key": record.downstream_key}
+    try:
+        response = httpx2.get(url, params={"idempotency_key": record.downstream_key}, timeout=_timeout())
+    except httpx2.TransportError as exc:
+        return StillUnknown(evidence_entry("reconciler", asked=asked, error=type(exc).__name__))
+    answer = {"status": response.status_code, "body": response.text[:500]}
+    if response.status_code == 200:
+        return Found(PaymentOutput.model_validate(response.json()).model_dump(),
+                     evidence_entry("reconciler", asked=asked, answer=answer))
+    if response.status_code == 404:
+        return NotDone("the gateway has no payment for this key",
+                       evidence_entry("reconciler", asked=asked, answer=answer))
+    return StillUnknown(evidence_entry("reconciler", asked=asked, answer=answer))
+
+
+def payment_for_reference(record, payment_id: str) -> dict:
+    """What an operator's "succeeded, payment <id>" resolves to: the gateway's own record of it."""
+    response = httpx2.get(gateway_url(f"/payments/{payment_id}"), timeout=_timeout())
+    if response.status_code != 200:
+        raise InvalidInput(f"the gateway has no payment {payment_id!r}")
+    return PaymentOutput.model_validate(response.json()).model_dump()
+
+
+@write_tool(name="request_payment", title="Request a payment", input_model=RequestPaymentInput,
+            output_model=PaymentOutput, transactional=False, open_world=True,
+            reconciler=reconcile_payment, result_for_reference=payment_for_reference,
+            # A payment key is never silently reused after its retention.
+            on_expiry=ExpiryPolicy.HOLD)
+def request_payment(ctx: ToolContext, args: RequestPaymentInput) -> PaymentOutput:
+    """Ask the payment gateway to pay `amount` `currency` to `payee`. Requires idempotency_key: every retry
+    with the same key returns the same payment. If the answer is `unknown_outcome`, do not retry with a new
+    key: the payment is being reconciled, ask again later with the same key."""
+    body = {"amount": str(args.amount), "currency": args.currency, "payee": args.payee,
+            "reference": args.reference}
+    response = downstream.request(
+        "POST", gateway_url("/payments"), json=body, timeout=_timeout(),
+        headers={"Idempotency-Key": ctx.record.downstream_key},
+        asked={"idempotency_key": ctx.record.downstream_key, "amount": body["amount"], "currency": args.currency})
+    return PaymentOutput.model_validate(response.json())
