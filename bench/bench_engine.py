@@ -1,10 +1,17 @@
 """Issue 2 (a), (b): the engine against raw psycopg on the same database, one client.
 
-(a) claim+complete: `idempotency.run` of a new key with a no-op side effect,
-    vs raw `INSERT ... ON CONFLICT DO NOTHING RETURNING id` + `UPDATE`.
-(b) replay: `idempotency.run` of a key already SUCCEEDED, vs a raw indexed
-    SELECT of the same row.
-Both sides alternate in rounds so that machine noise hits them alike.
+(a) claim+complete: `idempotency.run` of a new key with a no-op side effect
+    (one INSERT of the record and its audit event, then one UPDATE to
+    SUCCEEDED with its audit event, two commits), against raw
+    `INSERT ... ON CONFLICT DO NOTHING RETURNING id` + `UPDATE`:
+    - on a minimal table (id, tenant, tool, key, fingerprint, status, result):
+      the issue's baseline;
+    - on the engine's own table, the same row the engine writes (its columns,
+      JSON and seven indexes), parameters prepared before timing: what the
+      record itself costs, so the rest is what the engine adds.
+(b) replay: `idempotency.run` of a key already SUCCEEDED, against a raw
+    indexed SELECT of the same row.
+The sides alternate in rounds so that machine noise hits them alike.
 """
 
 from __future__ import annotations
@@ -21,8 +28,8 @@ def run() -> str:
     import psycopg
     from django.db import connection
 
-    from tools_app import idempotency, tenants
-    from tools_app.models import Tenant
+    from tools_app import db, idempotency, tenants
+    from tools_app.models import IdempotencyRecord, Tenant
 
     tenant = Tenant.objects.filter(slug="bench").first() or tenants.create_tenant("bench")
     s = connection.settings_dict
@@ -45,38 +52,59 @@ def run() -> str:
         raw.execute("UPDATE bench_raw_claims SET status = 'SUCCEEDED', result = %s WHERE id = %s "
                     "AND status = 'PROCESSING'", ['{"ok": true}', rid])
 
+    full_rows: dict[str, tuple[list[str], list[str], list]] = {}
+    table = db.table(IdempotencyRecord)
+
+    def raw_full_claim(key: str) -> None:
+        columns, values, params = full_rows[key]
+        rid = raw.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(values)}) "
+                          "ON CONFLICT DO NOTHING RETURNING id", params).fetchone()[0]
+        raw.execute(f"UPDATE {table} SET status = 'SUCCEEDED', result = %s, lease_owner = '', "
+                    "lease_expires_at = NULL, finished_at = now(), updated_at = now() "
+                    "WHERE id = %s AND status = 'PROCESSING'", ['{"ok": true}', rid])
+
     def engine_replay(key: str) -> None:
         outcome = idempotency.run(operation(key), lambda record: {"ok": True})
         assert outcome.replayed
 
     def raw_select(key: str) -> None:
-        raw.execute("SELECT id, status, fingerprint, result FROM tools_app_idempotencyrecord "
+        raw.execute(f"SELECT id, status, fingerprint, result FROM {table} "
                     "WHERE tenant_id = %s AND tool = 'bench' AND key = %s AND retired_at IS NULL",
                     [tenant.pk, key]).fetchone()
 
-    latencies: dict[str, list[float]] = {name: [] for name in ("raw_claim", "engine_claim", "raw_select",
-                                                                "engine_replay")}
+    steps = {"raw_claim": raw_claim, "raw_full_claim": raw_full_claim, "engine_claim": engine_claim,
+             "raw_select": raw_select, "engine_replay": engine_replay}
+    latencies: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(ROUNDS):
         prefix = uuid.uuid4().hex[:8]
-        for name, step in (("raw_claim", raw_claim), ("engine_claim", engine_claim), ("raw_select", raw_select),
-                           ("engine_replay", engine_replay)):
-            latencies[name] += timed(lambda i, step=step, prefix=prefix: step(f"{prefix}-{i}"), CALLS_PER_ROUND)
+        for i in range(CALLS_PER_ROUND):
+            full_rows[f"full-{prefix}-{i}"] = db.insert_parts(idempotency.new_record(operation(f"full-{prefix}-{i}")))
+        for name, step in steps.items():
+            key_prefix = f"full-{prefix}" if name == "raw_full_claim" else prefix
+            latencies[name] += timed(lambda i, step=step, key_prefix=key_prefix: step(f"{key_prefix}-{i}"),
+                                     CALLS_PER_ROUND)
     stats = {name: summary(values) for name, values in latencies.items()}
-    claim_ratio = stats["engine_claim"]["median_ms"] / stats["raw_claim"]["median_ms"]
-    replay_ratio = stats["engine_replay"]["median_ms"] / stats["raw_select"]["median_ms"]
+
+    def ratio(a: str, b: str) -> float:
+        return stats[a]["median_ms"] / stats[b]["median_ms"]
+
     return "\n".join([
         "## Idempotency engine vs raw SQL (issue 2 a, b)",
         "",
-        f"One client, {ROUNDS} rounds × {CALLS_PER_ROUND} calls, the two sides alternating.",
+        f"One client, {ROUNDS} rounds × {CALLS_PER_ROUND} calls per path, the paths alternating.",
         "",
         "| Path | median ms | p99 ms | calls/s |",
         "| --- | ---: | ---: | ---: |",
-        row("raw INSERT … ON CONFLICT + UPDATE", stats["raw_claim"]),
-        row("engine claim + complete (with audit events)", stats["engine_claim"]),
+        row("raw INSERT … ON CONFLICT + UPDATE, minimal table", stats["raw_claim"]),
+        row("raw INSERT … ON CONFLICT + UPDATE, the engine's table and row", stats["raw_full_claim"]),
+        row("engine claim + complete (with both audit events)", stats["engine_claim"]),
         row("raw indexed SELECT", stats["raw_select"]),
         row("engine replay", stats["engine_replay"]),
         "",
-        f"- (a) claim+complete: engine / raw = **{claim_ratio:.2f}×** (target ≤ 1.5×)",
-        f"- (b) replay: engine / raw SELECT = **{replay_ratio:.2f}×** (target ≤ 1.5×)",
+        f"- (a) claim+complete: engine / raw on a minimal table = **{ratio('engine_claim', 'raw_claim'):.2f}×** "
+        f"(target ≤ 1.5×); engine / raw on the engine's own table = "
+        f"**{ratio('engine_claim', 'raw_full_claim'):.2f}×**; the record alone / minimal = "
+        f"{ratio('raw_full_claim', 'raw_claim'):.2f}×",
+        f"- (b) replay: engine / raw SELECT = **{ratio('engine_replay', 'raw_select'):.2f}×** (target ≤ 1.5×)",
         "",
     ])

@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def setup_django() -> None:
+    """Django on a fresh `bench` database of the embedded cluster in var/bench-pg (or DATABASE_URL's server)."""
     sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("IDEMOPS_PGDATA", str(ROOT / "var" / "bench-pg"))
+    os.environ.setdefault("DATABASE_URL", fresh_database_url())
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "idemops.settings")
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     import django
@@ -23,6 +24,19 @@ def setup_django() -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0, interactive=False)
+
+
+def fresh_database_url(name: str = "idemops_bench") -> str:
+    """Drop and recreate the benchmark database, so every run starts from an empty, current schema."""
+    import psycopg
+
+    from idemops.embedded_pg import ensure_running
+
+    admin_url = ensure_running((ROOT / "var" / "bench-pg").resolve(), "postgres")
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return admin_url.replace("/postgres?", f"/{name}?")
 
 
 def timed(fn: Callable[[int], object], count: int) -> list[float]:

@@ -11,9 +11,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from tools_app import auditors
-from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus, Tenant
+from tools_app.models import ApprovalRequest, AuditEvent, IdempotencyRecord, OutboxEvent, RecordStatus, Tenant
 
-ENDPOINTS = ["idempotency-records", "audit-events"]
+ENDPOINTS = ["idempotency-records", "audit-events", "approval-requests", "outbox-events"]
 
 
 def at(minutes: float) -> datetime:
@@ -45,10 +45,26 @@ def make_event(tenant: Tenant | None, *, action: str = "record.succeeded", actor
         created_at=created_at or timezone.now())
 
 
+def make_approval_request(tenant: Tenant, **kwargs) -> ApprovalRequest:
+    record = make_record(tenant, tool="request_payment", status=RecordStatus.AWAITING_APPROVAL)
+    now = timezone.now()
+    return ApprovalRequest.objects.create(
+        tenant=tenant, record=record, fingerprint=record.fingerprint, tool=record.tool,
+        arguments={"payee": "Jane Roe"}, summary="Pay 500 EUR to Jane Roe", amount=500, currency="EUR",
+        requested_by="agent:test/bot", created_at=now, expires_at=now + timedelta(hours=1), **kwargs)
+
+
+def make_outbox_event(tenant: Tenant, **kwargs) -> OutboxEvent:
+    now = timezone.now()
+    return OutboxEvent.objects.create(tenant=tenant, kind="notification.email", next_attempt_at=now, created_at=now,
+                                      payload={"recipient": "jane@example.com", "subject": "s", "body": "b"},
+                                      **kwargs)
+
+
 def make_row(endpoint: str, tenant: Tenant, **kwargs):
-    if endpoint == "idempotency-records":
-        return make_record(tenant, **kwargs)
-    return make_event(tenant, **kwargs)
+    maker = {"idempotency-records": make_record, "audit-events": make_event,
+             "approval-requests": make_approval_request, "outbox-events": make_outbox_event}[endpoint]
+    return maker(tenant, **kwargs)
 
 
 def key_client(*tenants: Tenant, name: str | None = None) -> APIClient:
@@ -60,8 +76,14 @@ def key_client(*tenants: Tenant, name: str | None = None) -> APIClient:
     return client
 
 
-def ids(response) -> list[int]:
+def ids(response) -> list:
+    """The ids of a page, as the JSON gives them (ints, or strings for UUID keys)."""
     return [row["id"] for row in response.json()["results"]]
+
+
+def pk_of(row) -> int | str:
+    """A row's id as the JSON gives it."""
+    return row.pk if isinstance(row.pk, int) else str(row.pk)
 
 
 def all_pages(client: APIClient, url: str, params: dict | None = None) -> list[int]:

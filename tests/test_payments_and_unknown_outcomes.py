@@ -6,6 +6,9 @@ import pytest
 
 from tests.mcp_client import call_sync, error_of
 from tests.processes import manage
+from tools_app import dashboard
+from tools_app.errors import Transient
+from tools_app.idempotency import evidence_entry, resolve_failed
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
 
 pytestmark = pytest.mark.live
@@ -165,3 +168,60 @@ def test_the_periodic_jobs_are_scheduled_after_migrate():
     funcs = set(Schedule.objects.values_list("func", flat=True))
 
     assert {"tools_app.reconciliation.run_periodic", "tools_app.outbox.relay_pending"} <= funcs
+
+
+@pytest.mark.django_db
+def test_a_payment_above_the_threshold_waits_for_a_person_then_pays_once(downstreams, gateway):
+    from tests.jobs import run_queued_jobs
+    from tests.operators import make_operator
+    from tools_app import approvals, tenants
+    from tools_app.calls import Caller, call_tool
+    from tools_app.models import ApprovalRequest, ApprovalSettings
+    from tools_app.registry import get_tool
+    from tools_app.roles import APPROVER
+
+    # given: payments above 100 EUR need one approval
+    tenant = tenants.create_tenant("acme")
+    ApprovalSettings.objects.create(tenant=tenant, payment_threshold=100)
+    caller = Caller(tenant.pk, "agent:acme/bot")
+    big, small = {**PAYMENT, "amount": "250.00"}, {**PAYMENT, "amount": "20.00"}
+
+    # when
+    asked = call_tool(get_tool("request_payment"), caller, {**big, "idempotency_key": "big"})
+    paid_at_once = call_tool(get_tool("request_payment"), caller, {**small, "idempotency_key": "small"})
+
+    # then: the big one waits, with what the operator will read; the small one is paid
+    assert asked.error.error_class == "pending_approval"
+    request = ApprovalRequest.objects.get()
+    assert request.summary == "Pay 250.00 EUR to ACME Supplies (reference INV-7)" and request.amount == 250
+    assert paid_at_once.error is None and len(gateway.payments()) == 1
+
+    # when: a person approves, and the job runs (twice: a redelivery)
+    approvals.approve(request, make_operator("bob", APPROVER, tenant), reason="invoice checked")
+    run_queued_jobs()
+    run_queued_jobs()
+
+    # then: one more payment, and the agent's retry returns it
+    retry = call_tool(get_tool("request_payment"), caller, {**big, "idempotency_key": "big"})
+    assert retry.error is None and retry.replayed
+    assert len(gateway.payments()) == 2
+    assert retry.result["payment_id"] in [p[0] for p in gateway.payments()]
+
+
+def test_a_retry_the_gateway_recognises_counts_as_a_downstream_duplicate(web_server, token, downstreams, gateway):
+    # given: the gateway pays, but its answer is lost (UNKNOWN), and an operator says "not done" by mistake
+    gateway.set_fault("*", "succeed-then-hang", times=1)
+    pay(web_server, token, "p-dup")
+    record = IdempotencyRecord.objects.get(key="p-dup")
+    resolve_failed(record, Transient("operator error", retry_after=0), actor="user:ops", reason="mistake",
+                   evidence=evidence_entry("operator"))
+
+    # when: the agent retries with the same key
+    retry = pay(web_server, token, "p-dup")
+
+    # then: the gateway answered from its idempotency store: still one payment, and the evidence says so
+    assert not retry.is_error and len(gateway.payments()) == 1
+    record.refresh_from_db()
+    assert record.evidence[-1]["answer"] == {"status": 200, "deduplicated": True}
+    stats = {s.tool: s for s in dashboard.snapshot(None).tools}
+    assert stats["request_payment"].downstream_duplicates == 1

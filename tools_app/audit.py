@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
@@ -181,28 +182,38 @@ class ChainReport:
         return self.broken is None
 
 
-def verify_chain() -> ChainReport:
-    """Recompute the chain from the first event; report the first broken link.
+def verify_chain(from_seq: int = 1, to_seq: int | None = None) -> ChainReport:
+    """Recompute the chain over [from_seq, to_seq] (default: all of it); report the first broken link.
 
     Detects an edited event (its hash no longer matches its content), an
     edited link (prev_hash differs from the predecessor's hash), deleted
     events (a gap in seq, or a chain shorter than the newest seal) and a
     rewritten chain that no longer matches the seals written at the time.
+    A range starting after 1 trusts the hash of the event just before it.
     """
     seals = dict(AuditSeal.objects.values_list("last_seq", "last_hash"))
-    expected_seq, prev_hash, verified = 1, GENESIS_HASH, 0
-    broken = None
-    for event in AuditEvent.objects.filter(seq__isnull=False).order_by("seq").iterator(chunk_size=2000):
+    prev_hash = GENESIS_HASH if from_seq <= 1 else _hash_before(from_seq)
+    expected_seq, verified, broken = max(from_seq, 1), 0, None
+    if prev_hash is None:
+        broken = BrokenLink(from_seq - 1, None, f"event {from_seq - 1}, the start of the range, is missing")
+    events = AuditEvent.objects.filter(seq__gte=expected_seq).order_by("seq")
+    if to_seq is not None:
+        events = events.filter(seq__lte=to_seq)
+    for event in ([] if broken else events.iterator(chunk_size=2000)):
         broken = _check_link(event, expected_seq, prev_hash, seals)
         if broken is not None:
             break
         expected_seq, prev_hash, verified = event.seq + 1, event.hash, verified + 1
-    last_sealed = max(seals, default=0)
+    last_sealed = min(max(seals, default=0), to_seq or sys.maxsize)
     if broken is None and expected_seq <= last_sealed:
         broken = BrokenLink(expected_seq, None, f"events {expected_seq}..{last_sealed} are missing: the chain ends "
                                                 f"at {expected_seq - 1} but a seal covers up to {last_sealed}")
-    return ChainReport(verified=verified, head_seq=expected_seq - 1, head_hash=prev_hash,
+    return ChainReport(verified=verified, head_seq=expected_seq - 1, head_hash=prev_hash or "",
                        unsealed=AuditEvent.objects.filter(seq__isnull=True).count(), broken=broken)
+
+
+def _hash_before(seq: int) -> str | None:
+    return AuditEvent.objects.filter(seq=seq - 1).values_list("hash", flat=True).first()
 
 
 def _check_link(event: AuditEvent, expected_seq: int, prev_hash: str, seals: dict[int, str]) -> BrokenLink | None:

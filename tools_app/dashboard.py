@@ -48,6 +48,8 @@ class ToolStats:
     replay_p50_ms: float | None = None
     replay_p95_ms: float | None = None
     overrun_leases: int = 0  # PROCESSING past its lease now: the executor died or hangs
+    # Operations the downstream answered from its own idempotency store (our key came back to it).
+    downstream_duplicates: int = 0
     unknown: int = 0  # records in UNKNOWN now
     approvals_waiting: int = 0
     oldest_waiting: datetime | None = None
@@ -121,6 +123,9 @@ def snapshot(tenant_ids: set[int] | None, window: str = "hour", now: datetime | 
         tool(row["tool"]).overrun_leases = row["n"]
     for row in records.filter(status=RecordStatus.UNKNOWN).values("tool").annotate(n=Count("id")):
         tool(row["tool"]).unknown = row["n"]
+    deduplicated = records.filter(finished_at__gt=since, evidence__contains=[{"answer": {"deduplicated": True}}])
+    for row in deduplicated.values("tool").annotate(n=Count("id")):
+        tool(row["tool"]).downstream_duplicates = row["n"]
     requests = _scoped(ApprovalRequest.objects.all(), tenant_ids)
     pending = requests.filter(status=ApprovalStatus.PENDING)
     for row in pending.values("tool").annotate(n=Count("id"), oldest=Min("created_at")):

@@ -14,9 +14,12 @@ from django.db import connection, models
 
 
 @cache
-def _columns(model: type[models.Model]) -> tuple[tuple[models.Field, ...], tuple[str, ...]]:
+def _columns(model: type[models.Model]) -> tuple[tuple[models.Field, ...], tuple[str, ...], tuple[bool, ...]]:
+    """Fields, quoted columns, and whether each value needs Django's preparation
+    (JSON does; psycopg adapts strings, numbers, times and UUIDs itself)."""
     fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
-    return fields, tuple(connection.ops.quote_name(f.column) for f in fields)
+    return (fields, tuple(connection.ops.quote_name(f.column) for f in fields),
+            tuple(isinstance(f, models.JSONField) for f in fields))
 
 
 def table(model: type[models.Model]) -> str:
@@ -32,14 +35,15 @@ def insert_parts(
     column of a preceding CTE); those fields take no parameter.
     """
     expressions = expressions or {}
-    fields, columns = _columns(type(instance))
+    fields, columns, needs_prep = _columns(type(instance))
     values, params = [], []
-    for field in fields:
+    for field, prep in zip(fields, needs_prep, strict=True):
         if field.attname in expressions:
             values.append(expressions[field.attname])
-        else:
-            values.append("%s")
-            params.append(field.get_db_prep_save(getattr(instance, field.attname), connection))
+            continue
+        value = getattr(instance, field.attname)
+        values.append("%s")
+        params.append(field.get_db_prep_save(value, connection) if prep else value)
     return list(columns), values, params
 
 
@@ -71,13 +75,13 @@ _COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "gt": "> %s", "gte": "
 
 
 def conditional_update(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any], *,
-                       event: models.Model | None = None, append: dict[str, Any] | None = None) -> bool:
+                       event: models.Model | None = None, append: dict[str, list] | None = None) -> bool:
     """UPDATE `instance`'s row only if it still matches `expected`; INSERT `event` only if it did.
 
     One statement, so the state change and its audit event commit together
     or not at all, even outside a transaction. `expected` takes field names
-    with an optional `__lt`, `__lte`, `__gt`, `__gte`, `__in` or `__isnull`; `append` adds one
-    item to a JSON list field. Returns whether the row matched.
+    with an optional `__lt`, `__lte`, `__gt`, `__gte`, `__in` or `__isnull`; `append` adds
+    items to JSON list fields. Returns whether the row matched.
     """
     model = type(instance)
     sets, params = [], []
@@ -85,10 +89,10 @@ def conditional_update(instance: models.Model, expected: dict[str, Any], changes
         field = model._meta.get_field(name)
         sets.append(f"{connection.ops.quote_name(field.column)} = %s")
         params.append(field.get_db_prep_save(value, connection))
-    for name, item in (append or {}).items():
+    for name, items in (append or {}).items():
         column = connection.ops.quote_name(model._meta.get_field(name).column)
         sets.append(f"{column} = {column} || %s::jsonb")
-        params.append(json.dumps([item], default=str))
+        params.append(json.dumps(items, default=str))
     conditions, condition_params = ["id = %s"], [instance.pk]
     for key, value in expected.items():
         name, _, lookup = key.partition("__")

@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from tools_app import tenants
-from tools_app.models import ApiToken, Tenant
+from tools_app.models import ApiToken, ApprovalSettings, Tenant
 
 DEMO_TENANT = "demo"
 DEMO_ADMIN = "admin"
@@ -33,6 +33,8 @@ def ensure_demo() -> dict[str, str]:
     tenant = Tenant.objects.filter(slug=DEMO_TENANT).first()
     if tenant is None:
         tenant = tenants.create_tenant(DEMO_TENANT, "Demo tenant", actor="system:demo")
+        # So the demo shows approvals: payments above 1,000 EUR wait for a person, above 10,000 for two.
+        ApprovalSettings.objects.create(tenant=tenant, payment_threshold=1000, payment_second_threshold=10000)
     if not saved.get("token") or tenants.authenticate_token(saved["token"]) is None:
         # First run, or the saved token was revoked or belongs to another database.
         name = f"demo-agent-{ApiToken.objects.filter(tenant=tenant).count() + 1}"

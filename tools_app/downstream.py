@@ -7,7 +7,8 @@
 - it may have arrived (timeout after sending, broken connection, other 5xx)
   → `UnknownOutcome`: the record goes UNKNOWN and is reconciled.
 
-Every failure carries evidence: what was asked, what came back, when.
+Every answer is evidence kept on the record: what was asked, what came back,
+when, and whether the downstream deduplicated our key (`Idempotent-Replayed`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import httpx2
 
 from tools_app.errors import Conflict, InvalidInput, PermissionDenied, Transient, UnknownOutcome
-from tools_app.idempotency import evidence_entry
+from tools_app.idempotency import evidence_entry, note_evidence
 
 DEFAULT_RETRY_AFTER = 1.0
 
@@ -41,6 +42,10 @@ def request(method: str, url: str, *, timeout: float, json: Any = None, headers:
             "reconciled, do not retry with a new key",
             evidence=evidence_entry("executor", asked=asked, error=type(exc).__name__)) from exc
     if response.is_success:
+        note_evidence(evidence_entry("executor", asked=asked, answer={
+            "status": response.status_code,
+            # The downstream recognised our key and returned its earlier result instead of acting again.
+            "deduplicated": response.headers.get("idempotent-replayed", "").lower() == "true"}))
         return response
     raise classify(response, asked)
 

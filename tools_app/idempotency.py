@@ -32,6 +32,7 @@ import time
 import unicodedata
 import uuid
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -253,15 +254,19 @@ def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Out
     try:
         if op.approval is not None and (held := op.approval(record)) is not None:
             return held
-        if op.transactional:
-            with transaction.atomic():
+        gathered = _gathered.set([])
+        try:
+            if op.transactional:
+                with transaction.atomic():
+                    result = execute(record)
+                    record = mark_succeeded(record, result, actor=op.actor, evidence=_gathered.get())
+            else:
                 result = execute(record)
-                record = mark_succeeded(record, result, actor=op.actor)
-        else:
-            result = execute(record)
-            crash_point("after_downstream")
-            with transaction.atomic():
-                record = mark_succeeded(record, result, actor=op.actor)
+                crash_point("after_downstream")
+                with transaction.atomic():
+                    record = mark_succeeded(record, result, actor=op.actor, evidence=_gathered.get())
+        finally:
+            _gathered.reset(gathered)
     except UnknownOutcome as unknown:
         return Outcome(mark_unknown(record, unknown, actor=op.actor), error=unknown, executed=True)
     except ToolFailure as failure:
@@ -296,6 +301,18 @@ def evidence_entry(source: str, **facts: Any) -> dict[str, Any]:
     return {"at": timezone.now().isoformat(), "source": source, **facts}
 
 
+# Evidence a handler gathers while it executes (e.g. each downstream answer),
+# stored with the record when it succeeds. Failures carry their own evidence.
+_gathered: ContextVar[list[dict[str, Any]] | None] = ContextVar("gathered_evidence", default=None)
+
+
+def note_evidence(entry: dict[str, Any]) -> None:
+    """Keep `entry` for the record being executed in this context (no-op outside one)."""
+    gathered = _gathered.get()
+    if gathered is not None:
+        gathered.append(entry)
+
+
 # --- state changes: one function each ----------------------------------------
 
 
@@ -312,20 +329,25 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     `op` and is its executor, or (the live record, False) for a follower."""
     if row := _fetch_live(op):  # replays, the common case, stop here: one indexed read
         return db.from_row(IdempotencyRecord, row), False
-    now = timezone.now()
-    record = IdempotencyRecord(
-        tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
-        field_digests=op.field_digests, arguments=json.loads(canonical_json(op.arguments)),
-        status=RecordStatus.PROCESSING, attempts=1, lease_owner=_lease_owner(), lease_expires_at=_lease_expiry(now),
-        operation_id=uuid.uuid4(), trace_id=op.trace_id, actor=op.actor, downstream_key=op.downstream_key,
-        created_at=now, updated_at=now, expires_at=now + op.retention,
-    )
+    record = new_record(op)
     claimed_event = _event(record, "record.claimed", op.actor,
                            after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
     if row := _claim_or_fetch(record, claimed_event):
         return db.from_row(IdempotencyRecord, row[:-1]), row[-1]
     # We lost a race to a claim our statement's snapshot could not see: read it now.
     return claim(op)
+
+
+def new_record(op: Operation) -> IdempotencyRecord:
+    """The PROCESSING record a claim of `op` inserts (not saved)."""
+    now = timezone.now()
+    return IdempotencyRecord(
+        tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
+        field_digests=op.field_digests, arguments=json.loads(canonical_json(op.arguments)),
+        status=RecordStatus.PROCESSING, attempts=1, lease_owner=_lease_owner(), lease_expires_at=_lease_expiry(now),
+        operation_id=uuid.uuid4(), trace_id=op.trace_id, actor=op.actor, downstream_key=op.downstream_key,
+        created_at=now, updated_at=now, expires_at=now + op.retention,
+    )
 
 
 def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tuple | None:
@@ -379,8 +401,9 @@ def _event(record: IdempotencyRecord, action: str, actor: str, **fields: Any) ->
 
 
 def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any], *, action: str,
-                actor: str, reason: str = "", evidence: dict[str, Any] | None = None, trace_id: str = "",
-                before: dict[str, Any] | None = None, after: dict[str, Any] | None = None) -> bool:
+                actor: str, reason: str = "", evidence: dict[str, Any] | list[dict[str, Any]] | None = None,
+                trace_id: str = "", before: dict[str, Any] | None = None,
+                after: dict[str, Any] | None = None) -> bool:
     """The conditional UPDATE every state change goes through, with its audit event, in one statement.
 
     The event records the status before and after (unless told otherwise);
@@ -392,13 +415,13 @@ def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: di
         before=before or {"status": record.status},
         after=after or {"status": changes.get("status", record.status),
                         **({"error_class": changes["error_class"]} if changes.get("error_class") else {})})
+    entries = [evidence] if isinstance(evidence, dict) else list(evidence or [])
     if not db.conditional_update(record, expected, changes, event=event,
-                                 append={"evidence": evidence} if evidence else None):
+                                 append={"evidence": entries} if entries else None):
         return False
     for name, value in changes.items():
         setattr(record, name, value)
-    if evidence:
-        record.evidence = [*record.evidence, evidence]
+    record.evidence = [*record.evidence, *entries]
     return True
 
 
@@ -407,12 +430,13 @@ def _finished(record: IdempotencyRecord, now: datetime) -> dict[str, Any]:
     return {"finished_at": now, "expires_at": now + (record.expires_at - record.created_at)}
 
 
-def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str) -> IdempotencyRecord:
+def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str,
+                   evidence: list[dict[str, Any]] | None = None) -> IdempotencyRecord:
     """PROCESSING -> SUCCEEDED, by the lease holder. Call inside the business transaction."""
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
         "status": RecordStatus.SUCCEEDED, "result": result, "lease_owner": "", "lease_expires_at": None,
         "error_class": "", "error_message": "", **_finished(record, timezone.now()),
-    }, action="record.succeeded", actor=actor):
+    }, action="record.succeeded", actor=actor, evidence=evidence):
         raise LeaseLost(record.pk)
     return record
 

@@ -7,15 +7,21 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
+from tools_app.api.approval_requests import ApprovalRequestViewSet
+from tools_app.api.audit_chain import AuditChainVerifyView
 from tools_app.api.audit_events import AuditEventViewSet
 from tools_app.api.idempotency_records import IdempotencyRecordViewSet
+from tools_app.api.outbox_events import OutboxEventViewSet
 
 router = SimpleRouter(trailing_slash="")
 router.register("idempotency-records", IdempotencyRecordViewSet, basename="idempotency-record")
 router.register("audit-events", AuditEventViewSet, basename="audit-event")
+router.register("approval-requests", ApprovalRequestViewSet, basename="approval-request")
+router.register("outbox-events", OutboxEventViewSet, basename="outbox-event")
 
-# Routes that are not viewsets (e.g. audit-chain verification) are appended here.
-v1_routes = [*router.urls]
+# Routes that are not viewsets.
+v1_routes = [*router.urls,
+             path("audit-chain/verify", AuditChainVerifyView.as_view(), name="audit-chain-verify")]
 # What the schema documents: exactly the /api/v1/ routes.
 v1_patterns = [path("api/v1/", include(v1_routes))]
 

@@ -16,6 +16,7 @@ from django.conf import settings
 from pydantic import BaseModel, Field
 
 from tools_app import downstream
+from tools_app.approvals import ApprovalPolicy, amount_policy
 from tools_app.errors import InvalidInput
 from tools_app.idempotency import ExpiryPolicy, evidence_entry
 from tools_app.reconciliation import Found, NotDone, StillUnknown
@@ -73,15 +74,25 @@ def payment_for_reference(record, payment_id: str) -> dict:
     return PaymentOutput.model_validate(response.json()).model_dump()
 
 
+def payment_needs_approval(tenant, args: RequestPaymentInput) -> ApprovalPolicy | None:
+    """Above the tenant's payment threshold a person confirms (two people above the second one)."""
+    return amount_policy(tenant, args.amount, args.currency,
+                         summary=f"Pay {args.amount} {args.currency} to {args.payee}"
+                                 + (f" (reference {args.reference})" if args.reference else ""))
+
+
 @write_tool(name="request_payment", title="Request a payment", input_model=RequestPaymentInput,
             output_model=PaymentOutput, transactional=False, open_world=True,
             reconciler=reconcile_payment, result_for_reference=payment_for_reference,
+            approval=payment_needs_approval,
             # A payment key is never silently reused after its retention.
             on_expiry=ExpiryPolicy.HOLD)
 def request_payment(ctx: ToolContext, args: RequestPaymentInput) -> PaymentOutput:
     """Ask the payment gateway to pay `amount` `currency` to `payee`. Requires idempotency_key: every retry
-    with the same key returns the same payment. If the answer is `unknown_outcome`, do not retry with a new
-    key: the payment is being reconciled, ask again later with the same key."""
+    with the same key returns the same payment. Above the tenant's approval threshold the answer is
+    `pending_approval` until a person confirms; call again with the same key to learn the outcome. If the
+    answer is `unknown_outcome`, do not retry with a new key: the payment is being reconciled, ask again
+    later with the same key."""
     body = {"amount": str(args.amount), "currency": args.currency, "payee": args.payee,
             "reference": args.reference}
     response = downstream.request(

@@ -1,0 +1,50 @@
+"""GET /api/v1/approval-requests: confirmation requests for sensitive operations and their outcome.
+
+Exported: who asked, for which tool and record, the amount and currency the
+thresholds were applied to, how many approvals were required and given, who
+decided, why, and when. Not exported: the arguments and the operator summary,
+which quote payees and other personal data (operators read them in the admin).
+"""
+
+from __future__ import annotations
+
+import django_filters
+from rest_framework import serializers
+
+from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
+from tools_app.models import ApprovalRequest, ApprovalStatus
+
+
+class ApprovalRequestSerializer(AuditorSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = ApprovalRequest
+        fields = ["id", "tenant", "tool", "record", "fingerprint", "status", "amount", "currency", "requested_by",
+                  "required_approvals", "approvals", "decided_by", "reason", "trace_id", "created_at", "decided_at",
+                  "expires_at", "finished_at"]
+        read_only_fields = fields
+
+
+class ApprovalRequestFilter(django_filters.FilterSet):
+    tenant = tenant_filter()
+    tool = django_filters.CharFilter(help_text="Tool name, exactly (e.g. `request_payment`).")
+    status = django_filters.MultipleChoiceFilter(choices=ApprovalStatus.choices,
+                                                 help_text="Request status; repeat the parameter for several.")
+    actor = django_filters.CharFilter(field_name="requested_by", help_text="Who asked, exactly.")
+    decided_by = django_filters.CharFilter(help_text="Who approved or rejected, exactly.")
+    created_after, created_before = time_range("created_at", "requested")
+    finished_after, finished_before = time_range("finished_at", "finished")
+
+    class Meta:
+        model = ApprovalRequest
+        fields: list[str] = []
+
+
+class ApprovalRequestViewSet(AuditorViewSet):
+    """Confirmation requests for sensitive operations: who asked, who decided, what became of them."""
+
+    queryset = ApprovalRequest.objects.select_related("tenant").defer("arguments", "summary")
+    serializer_class = ApprovalRequestSerializer
+    filterset_class = ApprovalRequestFilter
+    export_name = "approval-requests"
