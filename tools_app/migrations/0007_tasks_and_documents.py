@@ -10,7 +10,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tools_app', '0005_auditor_keys'),
+        ('tools_app', '0006_fewer_indexes_on_hot_tables'),
     ]
 
     operations = [
