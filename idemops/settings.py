@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    "django.contrib.postgres",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
@@ -228,6 +229,39 @@ IDEMOPS = {
     "OUTBOX_BATCH_SIZE": env_int("IDEMOPS_OUTBOX_BATCH_SIZE", 20),
     "OUTBOX_MAX_ATTEMPTS": env_int("IDEMOPS_OUTBOX_MAX_ATTEMPTS", 8),
     "OUTBOX_BACKOFF_SECONDS": env_int("IDEMOPS_OUTBOX_BACKOFF_SECONDS", 5),
+    # Largest /mcp request body (ingest_document takes documents of a few MB inline).
+    "MCP_MAX_REQUEST_BYTES": env_int("MCP_MAX_REQUEST_BYTES", 32 * 1024 * 1024),
+    # --- long tasks (tools_app/tasks.py, docs/tasks.md) ---
+    # A worker's lease on a running task; renewed every heartbeat while a step runs.
+    "TASK_LEASE_SECONDS": float(os.environ.get("IDEMOPS_TASK_LEASE_SECONDS", "60")),
+    "TASK_HEARTBEAT_SECONDS": float(os.environ.get("IDEMOPS_TASK_HEARTBEAT_SECONDS", "2")),
+    # How often the sweep runs as a django-q2 schedule (minutes; one is the shortest).
+    "TASK_SWEEP_MINUTES": env_int("IDEMOPS_TASK_SWEEP_MINUTES", 1),
+    # A queued task no worker took within this long is queued again by the sweep.
+    "TASK_REQUEUE_AFTER_SECONDS": float(os.environ.get("IDEMOPS_TASK_REQUEUE_AFTER_SECONDS", "300")),
+    # A task whose workers died this many times fails (a step that kills its worker).
+    "TASK_MAX_LEASE_EXPIRIES": env_int("IDEMOPS_TASK_MAX_LEASE_EXPIRIES", 5),
+    # Defaults for pipelines that do not declare their own retry policy.
+    "TASK_MAX_ATTEMPTS": env_int("IDEMOPS_TASK_MAX_ATTEMPTS", 5),
+    "TASK_BACKOFF_BASE_SECONDS": float(os.environ.get("IDEMOPS_TASK_BACKOFF_BASE_SECONDS", "2")),
+    "TASK_BACKOFF_MAX_SECONDS": float(os.environ.get("IDEMOPS_TASK_BACKOFF_MAX_SECONDS", "300")),
+    # A backoff up to this long is waited out by the worker; longer ones are left to the sweep.
+    "TASK_INLINE_RETRY_MAX_SECONDS": float(os.environ.get("IDEMOPS_TASK_INLINE_RETRY_MAX_SECONDS", "30")),
+    # A worker hands a task on to a fresh job at a step boundary after this long,
+    # so no job runs into django-q2's timeout.
+    "TASK_SLICE_SECONDS": float(os.environ.get("IDEMOPS_TASK_SLICE_SECONDS", str(Q_TIMEOUT / 2))),
+    # Calling a long tool directly waits this long for its task before answering in_progress.
+    "TASK_CALL_WAIT_SECONDS": float(os.environ.get("IDEMOPS_TASK_CALL_WAIT_SECONDS", "10")),
+    # Upper bound of wait_seconds in get_task_status / get_task_result.
+    "TASK_MAX_WAIT_SECONDS": float(os.environ.get("IDEMOPS_TASK_MAX_WAIT_SECONDS", "60")),
+    "TASK_POLL_INTERVAL_MS": env_int("IDEMOPS_TASK_POLL_INTERVAL_MS", 1000),
+    # --- documents (tools_app/documents.py) ---
+    # Paths and URLs ingest_document may read; everything else is refused. Empty: none.
+    "DOCUMENT_ALLOWED_DIRS": env_list("IDEMOPS_DOCUMENT_ALLOWED_DIRS", ""),
+    "DOCUMENT_ALLOWED_URL_PREFIXES": env_list("IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES", ""),
+    "DOCUMENT_MAX_BYTES": env_int("IDEMOPS_DOCUMENT_MAX_BYTES", 20 * 1024 * 1024),
+    "DOCUMENT_FETCH_TIMEOUT_SECONDS": float(os.environ.get("IDEMOPS_DOCUMENT_FETCH_TIMEOUT_SECONDS", "30")),
+    "DOCUMENT_CHUNK_CHARS": env_int("IDEMOPS_DOCUMENT_CHUNK_CHARS", 1200),
 }
 
 # Notification email goes through Django's SMTP backend (make run starts a

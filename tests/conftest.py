@@ -1,5 +1,6 @@
 import pytest
 
+from tests.task_stack import doc_dir, doc_server, settle_tasks, task_web, task_workers  # noqa: F401  (long tasks)
 from tools_app import tenants
 from tools_app.calls import Caller
 

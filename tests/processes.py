@@ -188,9 +188,38 @@ def manage(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.C
     """Run a management command as its own process against the test database."""
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=child_env(**env), timeout=timeout,
                           capture_output=True, text=True, check=True)
+
+
 class JobCluster(Service):
     """`manage.py qcluster`: the django-q2 workers, on the test database."""
 
     def __init__(self, name: str = "jobs", **env: str):
         # Stop it with stop(): SIGTERM can hang (django-q2 #346), then SIGKILL follows.
         super().__init__(name, [sys.executable, "manage.py", "qcluster"], child_env(**env))
+
+
+class Worker(JobCluster):
+    """A JobCluster that is ready for work (its log says so) when the constructor returns."""
+
+    def __init__(self, name: str = "qcluster", **env: str):
+        log = LOG_DIR / f"{name}.log"
+        self._log_start = log.stat().st_size if log.exists() else 0
+        # Readiness is read from django-q2's INFO log line.
+        super().__init__(name, **{"LOG_LEVEL": "INFO", **env})
+        try:
+            self.wait_log("running.")
+        except RuntimeError:
+            self.kill()  # never leave a half-started cluster behind
+            raise
+
+    def wait_log(self, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.log_tail()}")
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_start)
+                if text.encode() in log.read():
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name}: no {text!r} in its log: {self.log_tail()}")

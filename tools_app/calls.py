@@ -52,6 +52,11 @@ class CallResult:
 
 def call_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta_key: str | None = None) -> CallResult:
     try:
+        if spec.extras.get("pipeline") is not None:
+            # A long tool runs as a task: its call is start_task for it (one key space, one task).
+            from tools_app.task_calls import call_task_tool
+
+            return call_task_tool(spec, caller, arguments, meta_key)
         if spec.writes:
             return _call_write(spec, caller, arguments, meta_key)
         args = validate_arguments(spec, arguments)

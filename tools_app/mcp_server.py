@@ -181,6 +181,8 @@ def sdk_tool(spec: ToolSpec) -> Tool:
 
 
 def build_server() -> MCPServer:
+    from tools_app.mcp_tasks import TasksExtension  # it builds on this module
+
     public_url = settings.IDEMOPS["PUBLIC_URL"].rstrip("/")
     return MCPServer(
         name="idemops",
@@ -188,6 +190,7 @@ def build_server() -> MCPServer:
                      "Errors carry a class: retry only `transient` (after retry_after, same key); "
                      "`in_progress` means ask again with the same key; `unknown_outcome` means do not retry.",
         tools=[sdk_tool(spec) for spec in all_tools()],
+        extensions=[TasksExtension()],
         token_verifier=TenantTokenVerifier(),
         # Our tokens are opaque per-tenant API keys, not audience-bound JWTs.
         auth=AuthSettings(issuer_url=public_url, resource_server_url=f"{public_url}/mcp", required_scopes=["tools"],
@@ -200,6 +203,7 @@ def build_app():
     return build_server().streamable_http_app(
         streamable_http_path="/mcp",
         stateless_http=True,
+        max_request_body_size=settings.IDEMOPS["MCP_MAX_REQUEST_BYTES"],
         transport_security=TransportSecuritySettings(
             allowed_hosts=settings.IDEMOPS["MCP_ALLOWED_HOSTS"],
             allowed_origins=settings.IDEMOPS["MCP_ALLOWED_ORIGINS"],

@@ -22,6 +22,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "view_dashboard", "view_pendingapproval", "view_approvalrequest", "view_idempotencyrecord",
         "force_expire_idempotencyrecord", "view_auditevent", "view_order", "view_ticket", "view_announcement",
         "view_unknownoutcome", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
+        "view_task", "manage_task", "view_document",
     ],
     # Decides on sensitive operations; sees what they would touch.
     APPROVER: [
@@ -31,7 +32,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     # Reads everything that is evidence; changes nothing.
     AUDITOR: [
         "view_dashboard", "view_auditevent", "view_auditseal", "view_idempotencyrecord", "view_approvalrequest",
-        "view_approvaldecision", "view_outboxevent", "use_auditor_api",
+        "view_approvaldecision", "view_outboxevent", "use_auditor_api", "view_task",
     ],
 }
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.conf import settings
+
 
 @dataclass(frozen=True)
 class PeriodicJob:
@@ -27,6 +29,8 @@ PERIODIC_JOBS: list[PeriodicJob] = [
     PeriodicJob(name="approvals.sweep", func="tools_app.approvals.sweep"),
     # Link newly committed audit events into the hash chain.
     PeriodicJob(name="audit.seal", func="tools_app.audit.seal_periodically"),
+    # Revives long tasks whose worker died and queues due retries (tools_app.tasks.sweep).
+    PeriodicJob("idemops: task sweep", "tools_app.tasks.sweep", minutes=settings.IDEMOPS["TASK_SWEEP_MINUTES"]),
 ]
 
 

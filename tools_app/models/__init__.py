@@ -14,9 +14,11 @@ from tools_app.models.audit_chain import AuditSeal
 from tools_app.models.auditors import AuditorKey
 from tools_app.models.business import Order, OrderLine, Ticket
 from tools_app.models.dashboard import Dashboard
+from tools_app.models.documents import Document, DocumentChunk
 from tools_app.models.idempotency import ErrorClass, IdempotencyRecord, RecordStatus, UnknownOutcome
 from tools_app.models.metrics import CallEvent, CallOutcome
 from tools_app.models.outbox import DeadLetter, OutboxEvent, OutboxStatus
+from tools_app.models.tasks import Checkpoint, StepOutcome, StepRun, Task, TaskArtifact, TaskStatus
 from tools_app.models.tenants import ApiToken, Tenant, TenantAccess
 
 __all__ = [
@@ -32,8 +34,11 @@ __all__ = [
     "AuditorKey",
     "CallEvent",
     "CallOutcome",
+    "Checkpoint",
     "Dashboard",
     "DeadLetter",
+    "Document",
+    "DocumentChunk",
     "ErrorClass",
     "IdempotencyRecord",
     "Order",
@@ -42,6 +47,11 @@ __all__ = [
     "OutboxStatus",
     "PendingApproval",
     "RecordStatus",
+    "StepOutcome",
+    "StepRun",
+    "Task",
+    "TaskArtifact",
+    "TaskStatus",
     "Tenant",
     "TenantAccess",
     "Ticket",

@@ -4,9 +4,11 @@ from tools_app.tools import (  # noqa: F401
     announcements,
     approvals,
     deletion,
+    documents,
     identity,
     notifications,
     orders,
     payments,
+    task_tools,
     tickets,
 )

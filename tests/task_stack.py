@@ -1,0 +1,147 @@
+"""What the live task tests run against: a document server that fails on purpose,
+the environment for web and worker processes, and polling helpers.
+
+The document server is a real HTTP server (a thread of the test process): for
+each path it answers a scripted list of statuses, then keeps answering the
+last one, and counts the requests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.processes import free_port
+
+
+class DocServer:
+    def __init__(self):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/docs/"
+        self.routes: dict[str, tuple[list[int], bytes]] = {}
+        self.hits: dict[str, int] = defaultdict(int)
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                statuses, body = server.routes.get(self.path, ([404], b""))
+                index = server.hits[self.path]
+                server.hits[self.path] += 1
+                status = statuses[min(index, len(statuses) - 1)]
+                payload = body if status == 200 else b"unavailable"
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def serve(self, name: str, body: bytes, statuses: list[int] | None = None) -> str:
+        """Serve `body` at /docs/<name> after answering `statuses` first; returns the URL."""
+        self.routes[f"/docs/{name}"] = ([*(statuses or []), 200], body)
+        return self.base_url + name
+
+    def fail(self, name: str, status: int) -> str:
+        self.routes[f"/docs/{name}"] = ([status], b"")
+        return self.base_url + name
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def stack_env(doc_dir: Path, doc_server: DocServer, **overrides: str) -> dict[str, str]:
+    """Short leases and backoffs, so crashes and retries play out in seconds."""
+    return {
+        "IDEMOPS_TASK_LEASE_SECONDS": "2",
+        "IDEMOPS_TASK_HEARTBEAT_SECONDS": "0.3",
+        "IDEMOPS_TASK_BACKOFF_BASE_SECONDS": "0.4",
+        "IDEMOPS_TASK_CALL_WAIT_SECONDS": "1",
+        "IDEMOPS_DOCUMENT_ALLOWED_DIRS": str(doc_dir),
+        "IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES": doc_server.base_url,
+        "Q_WORKERS": "2",
+        **overrides,
+    }
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 60, what: str = "condition") -> object:
+    """Poll until `condition()` is truthy; return its value."""
+    deadline = time.monotonic() + timeout
+    pause = 0.02
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+# --- module-scoped fixtures (import them into a test module to use them) -----------------------
+
+
+@pytest.fixture(scope="module")
+def doc_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("docs")
+
+
+@pytest.fixture(scope="module")
+def doc_server():
+    server = DocServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def task_web(django_db_setup, django_db_blocker, doc_dir, doc_server):
+    """uvicorn with the documents allow-lists, for this module."""
+    from tests.processes import WebServer
+
+    with django_db_blocker.unblock():
+        server = WebServer(name="web-tasks", **stack_env(doc_dir, doc_server))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def task_workers(django_db_setup, django_db_blocker, doc_dir, doc_server):
+    """A django-q2 cluster of two workers, for this module."""
+    from tests.processes import Worker
+
+    with django_db_blocker.unblock():
+        cluster = Worker(name="workers-tasks", **stack_env(doc_dir, doc_server))
+    yield cluster
+    cluster.stop(grace=3)
+
+
+@pytest.fixture
+def settle_tasks(transactional_db):
+    """Before the test database is flushed: cancel what still runs and wait for the workers to let go.
+
+    (A worker writing while the flush truncates its tables deadlocks the flush.)
+    """
+    yield
+    from django_q.models import OrmQ
+
+    from tools_app import tasks
+    from tools_app.errors import AlreadyDone
+    from tools_app.models import StepRun, Task
+
+    for task in Task.objects.filter(status__in=tasks.ACTIVE):
+        try:
+            tasks.cancel(task, actor="test:teardown")
+        except AlreadyDone:
+            pass  # it finished meanwhile
+    wait_until(lambda: not OrmQ.objects.exists() and not StepRun.objects.filter(finished_at=None).exists(),
+               timeout=120, what="the workers to finish their jobs")

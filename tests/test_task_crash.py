@@ -1,0 +1,106 @@
+"""A worker SIGKILLed in the middle of a step: the task resumes on another worker.
+
+Real `manage.py qcluster` processes against the test database. Worker A is
+killed (its whole process group, no cleanup) while it is inside step k
+(extract_text, a long PDF read page by page); once its lease has expired the
+sweep hands the task to worker B, which resumes from the checkpoints.
+"""
+
+from collections import Counter
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+from tests.documents_fixtures import long_text, pdf_of_text
+from tests.processes import Worker
+from tests.task_stack import wait_until
+from tools_app import tenants
+from tools_app.calls import Caller, call_tool
+from tools_app.models import AuditEvent, Checkpoint, Document, StepRun, Task, TaskStatus
+from tools_app.registry import get_tool
+
+pytestmark = pytest.mark.live
+
+CRASH_STEP = "extract_text"
+ENV = {"IDEMOPS_TASK_LEASE_SECONDS": "2", "IDEMOPS_TASK_HEARTBEAT_SECONDS": "0.3", "Q_WORKERS": "1"}
+
+
+@pytest.fixture
+def workers(doc_dir):
+    started = []
+
+    def start(name):
+        worker = Worker(name=name, IDEMOPS_DOCUMENT_ALLOWED_DIRS=str(doc_dir), **ENV)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop(grace=3)
+
+
+def start_ingest(caller, path, key) -> Task:
+    result = call_tool(get_tool("start_task"), caller,
+                       {"tool": "ingest_document", "arguments": {"path": path}, "idempotency_key": key})
+    assert result.error is None, result.error
+    return Task.objects.get(pk=result.result["task_id"])
+
+
+def refreshed(task) -> Task:
+    task.refresh_from_db()
+    return task
+
+
+def sweep_expired_a_lease() -> bool:
+    out = StringIO()
+    call_command("sweep_tasks", stdout=out)
+    return "expired leases: 1" in out.getvalue()
+
+
+def comparable(task) -> dict:
+    document = Document.objects.get(task=task)
+    result = {k: v for k, v in task.result.items() if k != "document_id"}
+    return {"result": result, "chunks": list(document.chunks.order_by("seq").values_list("text", flat=True))}
+
+
+def test_a_worker_killed_inside_a_step_resumes_on_another_worker_from_its_checkpoints(
+        transactional_db, settings, doc_dir, workers):
+    # given a long PDF being ingested by worker A, which is inside step k (extract_text)
+    settings.IDEMOPS = {**settings.IDEMOPS, "DOCUMENT_ALLOWED_DIRS": [str(doc_dir)]}
+    tenant = tenants.create_tenant("acme", "ACME")
+    caller = Caller(tenant_id=tenant.pk, actor="agent:acme/test")
+    path = doc_dir / "crash.pdf"
+    path.write_bytes(pdf_of_text(long_text(2_000_000), title="Crash"))
+    worker_a = workers("crash-a")
+    task = start_ingest(caller, str(path), "crash-1")
+    wait_until(lambda: refreshed(task).current_step == CRASH_STEP and (task.progress_done or 0) >= 20,
+               timeout=120, what="worker A to be 20 pages into extract_text")
+
+    # when worker A is SIGKILLed, and worker B starts and the sweep runs once A's lease expired
+    worker_a.kill()
+    killed_run = StepRun.objects.get(task=task, step=CRASH_STEP)
+    assert killed_run.finished_at is None and not Checkpoint.objects.filter(task=task, step=CRASH_STEP).exists()
+    assert refreshed(task).status == TaskStatus.RUNNING
+    workers("crash-b")
+    wait_until(sweep_expired_a_lease, timeout=30, what="the sweep to expire worker A's lease")
+    wait_until(lambda: refreshed(task).status == TaskStatus.SUCCEEDED, timeout=240, what="the task to succeed")
+
+    # then the steps before k ran once, step k twice (the killed run and the resumed one), the rest once
+    runs = list(StepRun.objects.filter(task=task).order_by("started_at").values_list("step", "worker", "outcome"))
+    assert Counter(step for step, _, _ in runs) == Counter(
+        {"receive": 1, "detect_format": 1, CRASH_STEP: 2, "chunk": 1, "index": 1, "summarize": 1})
+    crashed, resumed = [(worker, outcome) for step, worker, outcome in runs if step == CRASH_STEP]
+    assert crashed[1] == "running" and resumed[1] == "succeeded"  # the killed run never finished
+    assert crashed[0].split(":")[1] != resumed[0].split(":")[1]  # another worker process took over
+    assert AuditEvent.objects.filter(object_id=str(task.pk), action="task.lease_expired").count() == 1
+    assert (task.attempts, task.lease_expiries) == (1, 1)  # a crash is not a failed attempt
+
+    # and the result is identical to an uninterrupted run's
+    reference = start_ingest(caller, str(path), "crash-reference")
+    wait_until(lambda: refreshed(reference).status == TaskStatus.SUCCEEDED, timeout=240,
+               what="the uninterrupted run to succeed")
+    assert Counter(StepRun.objects.filter(task=reference).values_list("step", flat=True)) == Counter(
+        dict.fromkeys(["receive", "detect_format", CRASH_STEP, "chunk", "index", "summarize"], 1))
+    assert comparable(task) == comparable(reference)
+    assert task.result["chunks"] > 1000

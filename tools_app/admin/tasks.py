@@ -1,0 +1,125 @@
+"""Long tasks in the admin: find stuck or failed tasks, read their step history,
+checkpoints and audit trail, and cancel, pause or resume them.
+
+Each action goes through tools_app.tasks (guarded, audited like an agent's),
+after tasks.operator_actor checks the manage_task permission and the tenant.
+"""
+
+from django.contrib import admin
+
+from tools_app import tasks
+from tools_app.admin.operator_actions import (
+    REASON_OPTIONAL,
+    REASON_REQUIRED,
+    OperatorAction,
+    OperatorActionsAdmin,
+    age,
+    audit_history,
+    pretty_json,
+)
+from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.errors import ToolFailure
+from tools_app.models import Checkpoint, Document, StepRun, Task
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class StepRunInline(ReadOnlyInline):
+    model = StepRun
+    verbose_name_plural = "step runs (one row per start of a step)"
+    fields = ["step", "attempt", "worker", "outcome", "error", "started_at", "finished_at"]
+    readonly_fields = fields
+
+
+class CheckpointInline(ReadOnlyInline):
+    model = Checkpoint
+    fields = ["sequence", "step", "checksum", "input_digest", "artifact", "finished_at"]
+    readonly_fields = fields
+
+
+def cancel(request, task, reason):
+    tasks.cancel(task, actor=tasks.operator_actor(task, request.user, "cancel"), reason=reason)
+    return "cancelled; a step still running stops at its next heartbeat"
+
+
+def resume(request, task, reason):
+    task = tasks.resume(task, actor=tasks.operator_actor(task, request.user, "resume"))
+    return f"now {task.status}"
+
+
+def pause(request, task, reason):
+    tasks.pause(task, actor=tasks.operator_actor(task, request.user, "pause"), reason=reason)
+    return "paused; resume it to queue it again"
+
+
+@admin.register(Task)
+class TaskAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
+    list_display = ["id", "tenant", "tool", "status", "current_step", "steps", "attempts", "lease_expiries",
+                    "failure_class", "last_update"]
+    list_filter = ["status", "tool", "failure_class", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["=id", "=trace_id"]
+    date_hierarchy = "created_at"
+    list_select_related = ["tenant"]
+    fields = ["tenant", "tool", "status", "current_step", "completed_steps", "steps_total", "progress_done",
+              "progress_total", "progress_message", "attempts", "max_attempts", "lease_expiries", "failure_class",
+              "failure_reason", "pause_reason", "input_request_display", "next_retry_at", "lease_owner",
+              "lease_expires_at", "version", "input_digest", "result_display", "trace_id", "actor", "enqueued_at",
+              "created_at", "updated_at", "finished_at", "history"]
+    readonly_fields = fields
+    inlines = [StepRunInline, CheckpointInline]
+    operator_actions = [
+        OperatorAction("cancel", "Cancel", "manage", cancel, refused=(ToolFailure,), reason=REASON_OPTIONAL,
+                       style="danger", help_text="No further step starts; the task cannot be resumed."),
+        OperatorAction("resume", "Resume", "manage", resume, refused=(ToolFailure,),
+                       help_text="Continues from the last valid checkpoint (paused, retrying, transiently "
+                                 "failed, or a dead worker's task)."),
+        OperatorAction("pause", "Pause", "manage", pause, refused=(ToolFailure,), reason=REASON_REQUIRED,
+                       help_text="Queued or retrying tasks only: why it must wait."),
+    ]
+
+    @admin.display(description="steps")
+    def steps(self, task):
+        return f"{len(task.completed_steps)}/{task.steps_total}"
+
+    @admin.display(description="last update", ordering="updated_at")
+    def last_update(self, task):
+        return f"{age(task.updated_at)} ago"
+
+    @admin.display(description="input request")
+    def input_request_display(self, task):
+        return pretty_json(task.input_request) if task.input_request else "—"
+
+    @admin.display(description="result")
+    def result_display(self, task):
+        return pretty_json(task.result) if task.result is not None else "—"
+
+    @admin.display(description="audit trail")
+    def history(self, task):
+        return audit_history(task)
+
+    def has_manage_permission(self, request, obj=None):
+        return request.user.has_perm(tasks.MANAGE_PERMISSION)
+
+
+@admin.register(Document)
+class DocumentAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+    list_display = ["id", "tenant", "title", "format", "characters", "chunk_count", "created_at", "ready_at"]
+    list_filter = ["format", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["title"]
+    list_select_related = ["tenant"]
+    fields = ["tenant", "task", "title", "format", "source", "content_sha256", "characters", "chunk_count",
+              "summary", "created_at", "ready_at"]
+    readonly_fields = fields

@@ -1,0 +1,150 @@
+"""Long tasks: a tool call that runs as a pipeline of steps on the job cluster.
+
+A Task is created by `start_task` under the idempotency engine (one task per
+operation: the one-to-one `record` is the business-level guard). Workers take
+it by a conditional UPDATE of its lease; every finished step writes a
+Checkpoint in the same transaction as the task's step advance, so a resumed
+task starts at the first step without a valid checkpoint. StepRun keeps the
+history of step executions (one row per start), which operators read and the
+crash tests count. All state changes live in tools_app.tasks.
+"""
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+
+class TaskStatus(models.TextChoices):
+    CREATED = "created", "Created (queued)"
+    RUNNING = "running", "Running"
+    PAUSED = "paused", "Paused (waiting for a person or a dependency)"
+    RETRYING = "retrying", "Retrying (backing off after a transient error)"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class Task(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.PROTECT, related_name="tasks")
+    tool = models.CharField(max_length=100, help_text="The tool whose pipeline this task runs.")
+    record = models.OneToOneField(
+        "tools_app.IdempotencyRecord", on_delete=models.PROTECT, related_name="task",
+        help_text="The start_task operation that created this task.")
+    arguments = models.JSONField(help_text="The tool's validated arguments: what every step reads.")
+    input_digest = models.CharField(max_length=64, help_text="SHA-256 of the canonical arguments.")
+    status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.CREATED)
+    current_step = models.CharField(max_length=100, blank=True)
+    completed_steps = models.JSONField(default=list, help_text="Names of the steps with a checkpoint, in order.")
+    steps_total = models.PositiveIntegerField()
+    progress_done = models.FloatField(null=True, blank=True)
+    progress_total = models.FloatField(null=True, blank=True)
+    progress_message = models.CharField(max_length=300, blank=True)
+    attempts = models.PositiveIntegerField(default=1, help_text="Runs after transient failures count here.")
+    max_attempts = models.PositiveIntegerField()
+    lease_expiries = models.PositiveIntegerField(default=0, help_text="Times a worker died holding the lease.")
+    failure_class = models.CharField(max_length=32, blank=True)
+    failure_reason = models.TextField(blank=True)
+    pause_reason = models.TextField(blank=True)
+    input_request = models.JSONField(
+        null=True, blank=True, help_text="What a paused step asks for: {key: {message, schema}}.")
+    resume_input = models.JSONField(null=True, blank=True, help_text="The answer given when resuming.")
+    next_retry_at = models.DateTimeField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=100, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    version = models.PositiveIntegerField(default=1, help_text="Bumped by every state change.")
+    result = models.JSONField(null=True, blank=True, help_text="The tool's result, once succeeded.")
+    trace_id = models.CharField(max_length=100, blank=True)
+    actor = models.CharField(max_length=200, blank=True)
+    enqueued_at = models.DateTimeField(null=True, blank=True, help_text="When a job for it was last queued.")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        permissions = [("manage_task", "Can cancel, pause and resume long tasks")]
+        indexes = [
+            models.Index(fields=["status", "lease_expires_at"], name="task_status_lease"),
+            models.Index(fields=["tenant", "created_at"], name="task_tenant_created"),
+            models.Index(fields=["status", "updated_at"], name="task_status_updated"),
+        ]
+        constraints = [
+            # A running task always has a lease holder; nothing else does.
+            models.CheckConstraint(
+                condition=Q(status="running", lease_owner__gt="", lease_expires_at__isnull=False)
+                | (~Q(status="running") & Q(lease_owner="")),
+                name="task_lease_iff_running"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} task {self.pk} ({self.status})"
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+
+class TaskArtifact(models.Model):
+    """A step output too large to keep inline in its checkpoint."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="artifacts")
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveBigIntegerField()
+    data = models.BinaryField()
+    created_at = models.DateTimeField()
+
+
+class Checkpoint(models.Model):
+    """A finished step's output, written in the transaction that advances the task.
+
+    `input_digest` covers what the step read (the task's arguments, the step's
+    version and the checksums of the outputs before it); `checksum` is the
+    SHA-256 of the stored output. Resume trusts a checkpoint only when both
+    still match.
+    """
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.CharField(max_length=100)
+    sequence = models.PositiveIntegerField(help_text="The step's position in the pipeline, from 0.")
+    input_digest = models.CharField(max_length=64)
+    output_inline = models.TextField(blank=True, help_text="The output as JSON, when small.")
+    artifact = models.ForeignKey(TaskArtifact, null=True, blank=True, on_delete=models.PROTECT)
+    checksum = models.CharField(max_length=64, help_text="SHA-256 of the output's stored bytes.")
+    finished_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["task", "sequence"]
+        constraints = [models.UniqueConstraint(fields=["task", "sequence"], name="one_checkpoint_per_step")]
+
+    def __str__(self) -> str:
+        return f"{self.step} of {self.task_id}"
+
+
+class StepOutcome(models.TextChoices):
+    RUNNING = "running", "Running (or its worker died)"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    INTERRUPTED = "interrupted", "Interrupted (cancelled or lease lost)"
+    PAUSED = "paused", "Paused"
+
+
+class StepRun(models.Model):
+    """One execution start of one step: the history operators read."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="step_runs")
+    step = models.CharField(max_length=100)
+    sequence = models.PositiveIntegerField()
+    attempt = models.PositiveIntegerField(help_text="The task's attempt number when the step started.")
+    worker = models.CharField(max_length=100)
+    outcome = models.CharField(max_length=16, choices=StepOutcome.choices, default=StepOutcome.RUNNING)
+    error = models.TextField(blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["started_at", "id"]
+        indexes = [models.Index(fields=["task", "sequence"], name="steprun_task_sequence")]
+
+    def __str__(self) -> str:
+        return f"{self.step} of {self.task_id} ({self.outcome})"

@@ -1,0 +1,187 @@
+"""The worker side of long tasks: the django-q2 job that runs a task's pipeline.
+
+`run_task` is the job. It takes the task's lease (tools_app.tasks.take) or
+ends at once: the lease, not django-q2, decides who runs a task. It resumes
+after the last valid checkpoint, runs each remaining step under a heartbeat
+that renews the lease and notices a cancel, and writes each step's
+checkpoint in the transaction that advances the task. Every write is
+guarded by the lease, so a worker that lost it (cancelled, or presumed dead
+and replaced) writes nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from datetime import datetime
+
+from django.conf import settings
+from django.db import connections
+from django.utils import timezone
+from pydantic import ValidationError
+
+from tools_app import checkpoints, tasks
+from tools_app.errors import ToolFailure, Transient
+from tools_app.models import StepOutcome, StepRun, Task
+from tools_app.pipelines import Interrupted, Pipeline, StepContext, WaitFor, pipeline_of
+from tools_app.registry import ToolSpec, get_tool
+
+logger = logging.getLogger(__name__)
+
+
+def run_task(task_id: str) -> str:
+    """django-q2 job: run the task as far as it goes. Returns what happened, for django-q2's log."""
+    outcome = "not taken (not runnable, or another worker holds it)"
+    while True:
+        owner = tasks.worker_identity()
+        task = tasks.take(task_id, owner)
+        if task is None:
+            return outcome
+        outcome, retry_at = Runner(task, owner).run()
+        if retry_at is None:
+            return outcome
+        # A short backoff is waited out here; the task is `retrying` meanwhile
+        # and anyone (a cancel, another job) may change it before we take it again.
+        time.sleep(max(0.0, (retry_at - timezone.now()).total_seconds()))
+
+
+class Heartbeat:
+    """Renews the lease while a step runs, carries its progress, and notices a cancel.
+
+    A thread of its own, so a step that blocks (a slow page, a slow fetch)
+    keeps its lease. It touches the database only after the first interval,
+    so short steps cost nothing.
+    """
+
+    def __init__(self, task_id, owner: str):
+        self.task_id = task_id
+        self.owner = owner
+        self.interval = min(settings.IDEMOPS["TASK_HEARTBEAT_SECONDS"], tasks.lease_seconds() / 3)
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._progress: tuple[float | None, float | None, str] | None = None
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{task_id}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def progress(self, done: float, total: float | None = None, message: str = "") -> None:
+        self.check()
+        self._progress = (done, total, message)
+
+    def check(self) -> None:
+        if self.lost.is_set():
+            raise Interrupted("the task was cancelled or its lease was lost")
+
+    def _beat(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                try:
+                    renewed = tasks.renew_lease(self.task_id, self.owner, self._progress)
+                except Exception:
+                    # A database hiccup: try again next beat; if it lasts, the
+                    # lease lapses and our guarded writes fail, which is safe.
+                    logger.exception("heartbeat of task %s failed", self.task_id)
+                    continue
+                if not renewed:
+                    self.lost.set()
+                    return
+        finally:
+            connections.close_all()  # this thread's connections only
+
+
+class Runner:
+    def __init__(self, task: Task, owner: str):
+        self.task = task
+        self.owner = owner
+        self.spec: ToolSpec = get_tool(task.tool)
+        self.pipeline: Pipeline = pipeline_of(self.spec)
+        self.slice_ends = time.monotonic() + settings.IDEMOPS["TASK_SLICE_SECONDS"]
+
+    def run(self) -> tuple[str, datetime | None]:
+        """Run the remaining steps. Returns (outcome, when to retry if this job should wait)."""
+        task = self.task
+        try:
+            arguments = self.spec.input_model.model_validate({**task.arguments, "idempotency_key": task.record.key})
+            resumption = checkpoints.valid_prefix(task, self.pipeline, actor=self.owner)
+        except Exception as exc:
+            return self._failed(None, exc)
+        outputs, checksums = dict(resumption.outputs), list(resumption.checksums)
+        first = resumption.next_index
+        run = None
+        for index in range(first, len(self.pipeline.steps)):
+            step = self.pipeline.steps[index]
+            if run is None:
+                run = tasks.begin_step(task, self.owner, step, index)
+                if run is None:
+                    return "interrupted before step " + step.name, None
+            heartbeat = Heartbeat(task.pk, self.owner)
+            context = StepContext(task=task, arguments=arguments, outputs=outputs, progress=heartbeat.progress,
+                                  check=heartbeat.check)
+            try:
+                with heartbeat:
+                    output = step.run(context)
+                prepared = checkpoints.prepare(task, self.pipeline, step, output, checksums,
+                                               replaces=index in resumption.stored)
+            except Interrupted:
+                tasks.finish_step_run(run, StepOutcome.INTERRUPTED)
+                return f"interrupted in step {step.name}", None
+            except WaitFor as wait:
+                if tasks.pause_for_input(task, self.owner, wait.reason, wait.input_request, run):
+                    return f"paused in step {step.name}", None
+                tasks.finish_step_run(run, StepOutcome.INTERRUPTED)
+                return f"interrupted in step {step.name}", None
+            except Exception as exc:
+                return self._failed(run, exc)
+            following = index + 1 < len(self.pipeline.steps)
+            # This job goes on to the next step unless it has run long enough (then a fresh job does).
+            then = (self.pipeline.steps[index + 1], index + 1) if following and not self._slice_used() else None
+            advanced = tasks.complete_step(task, self.owner, prepared, run, then)
+            if advanced is False:
+                tasks.finish_step_run(run, StepOutcome.INTERRUPTED)
+                return f"interrupted after step {step.name}", None
+            # What later steps read is what a resumed run would read: the stored JSON.
+            outputs[step.name] = json.loads(prepared.data)
+            checksums.append(prepared.checksum)
+            if following and then is None:
+                return ("handed on to a new job" if tasks.hand_on(task, self.owner) else "interrupted"), None
+            run = advanced if then is not None else None
+        return self._succeed(outputs[self.pipeline.steps[-1].name])
+
+    def _slice_used(self) -> bool:
+        return time.monotonic() > self.slice_ends
+
+    def _succeed(self, final_output) -> tuple[str, datetime | None]:
+        try:
+            result = self.spec.output_model.model_validate(final_output).model_dump(mode="json")
+        except ValidationError as exc:
+            return self._failed(None, exc)
+        return ("succeeded" if tasks.succeed(self.task, self.owner, result) else "interrupted"), None
+
+    def _failed(self, run: StepRun | None, exc: Exception) -> tuple[str, datetime | None]:
+        task = self.task
+        failure = self.pipeline.classify(exc)
+        if not isinstance(exc, ToolFailure):
+            logger.exception("task %s: step %s raised; treated as %s", task.pk, task.current_step,
+                             failure.error_class)
+        if failure.retryable and task.attempts < task.max_attempts:
+            delay = max(failure.retry_after or 0.0, self.pipeline.retry.backoff(task.attempts))
+            wait_here = delay <= settings.IDEMOPS["TASK_INLINE_RETRY_MAX_SECONDS"]
+            if tasks.retry_later(task, self.owner, failure, delay, waited_by_worker=wait_here, run=run):
+                return f"retrying after {delay:.2f}s", (task.next_retry_at if wait_here else None)
+        elif failure.retryable:
+            failure = Transient(f"{failure.message} (gave up after {task.attempts} attempts)")
+            if tasks.fail(task, self.owner, failure, run):
+                return "failed", None
+        elif tasks.fail(task, self.owner, failure, run):
+            return "failed", None
+        if run is not None:
+            tasks.finish_step_run(run, StepOutcome.INTERRUPTED)
+        return "interrupted", None

@@ -1,0 +1,488 @@
+"""The long-task state machine. Every transition is one function here.
+
+```
+created ──take──▶ running ──begin_step, complete_step…──▶ running ──succeed──▶ succeeded
+   ▲                 │ ├─fail (final error, attempts used up)────▶ failed
+   │                 │ ├─retry_later (transient error)──▶ retrying ──take (when due)──▶ running
+   │                 │ ├─pause_for_input (step waits)───▶ paused ──resume──▶ created
+   │                 │ └─hand_on (slice used up)────────▶ created
+   └──expire_lease (worker died: sweep, resume_task)──┘
+created|running|paused|retrying ──cancel──▶ cancelled
+```
+
+Each function is a conditional UPDATE guarded by what it expects (status,
+lease owner, version), plus its audit event, in one transaction; a count of
+0 means someone else changed the task first and nothing was written. The
+lease is the only guard against two workers running one task: django-q2
+delivers jobs at least once (a killed worker's job comes back after `retry`,
+and a job waiting longer than `retry` is delivered twice), so a job that
+cannot take the lease simply ends.
+
+Workers hold the lease while the task is `running` (a check constraint
+keeps the two together) and renew it while a step runs (`renew_lease`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import jsonschema
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+from django_q.tasks import async_task
+
+from tools_app import audit, checkpoints
+from tools_app.errors import AlreadyDone, InProgress, InvalidInput, NotFound, PermissionDenied, ToolFailure
+from tools_app.models import IdempotencyRecord, StepOutcome, StepRun, Task, TaskStatus
+from tools_app.pipelines import Step
+
+logger = logging.getLogger(__name__)
+
+JOB = "tools_app.task_runner.run_task"
+MANAGE_PERMISSION = "tools_app.manage_task"
+SWEEPER = "system:task-sweep"
+ACTIVE = (TaskStatus.CREATED, TaskStatus.RUNNING, TaskStatus.PAUSED, TaskStatus.RETRYING)
+RUNNABLE = (TaskStatus.CREATED, TaskStatus.RETRYING)
+# An operator or agent transition re-reads and retries this often when a
+# worker changed the task between the read and the UPDATE.
+OPTIMISTIC_ROUNDS = 5
+
+
+def worker_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def lease_seconds() -> float:
+    return float(settings.IDEMOPS["TASK_LEASE_SECONDS"])
+
+
+def _lease_expiry(now: datetime) -> datetime:
+    return now + timedelta(seconds=lease_seconds())
+
+
+def _transition(task: Task, expected: dict[str, Any], changes: dict[str, Any], condition: Q | None = None) -> bool:
+    """The conditional UPDATE every state change goes through; bumps the version."""
+    now = timezone.now()
+    updated = Task.objects.filter(condition or Q(), pk=task.pk, version=task.version, **expected).update(
+        **changes, version=F("version") + 1, updated_at=now)
+    if updated:
+        for name, value in changes.items():
+            setattr(task, name, value)
+        task.version += 1
+        task.updated_at = now
+    return bool(updated)
+
+
+def _event(task: Task, action: str, actor: str, before: str, reason: str = "", **after: Any) -> None:
+    audit.record_event(action=action, obj=task, actor=actor, trace_id=task.trace_id, reason=reason,
+                       before={"status": before}, after={"status": task.status, **after})
+
+
+def _enqueue(task: Task) -> None:
+    """Queue a job for the task. The ORM broker joins the caller's transaction:
+    if the transition rolls back, so does the job."""
+    # save=False: the Task row is the record of a run; django-q2 still keeps failed jobs (a bug in a runner).
+    async_task(JOB, str(task.pk), task_name=f"task-{task.pk}", group=f"task:{task.tool}", save=False)
+
+
+# --- creation ---------------------------------------------------------------------------
+
+
+@transaction.atomic
+def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, Any], input_digest: str,
+                steps_total: int, max_attempts: int, actor: str, trace_id: str = "") -> Task:
+    """-> created, and queued. Runs inside start_task's idempotency transaction.
+
+    The one-to-one `record` makes a second task for the same operation a
+    unique violation, whatever the engine above did.
+    """
+    now = timezone.now()
+    task = Task.objects.create(
+        tenant_id=record.tenant_id, tool=tool, record=record, arguments=arguments, input_digest=input_digest,
+        steps_total=steps_total, max_attempts=max_attempts, actor=actor, trace_id=trace_id,
+        enqueued_at=now, created_at=now, updated_at=now)
+    audit.record_event(action="task.created", obj=task, actor=actor, trace_id=trace_id,
+                       after={"status": task.status, "tool": tool})
+    _enqueue(task)
+    return task
+
+
+# --- the worker's transitions (guarded by the lease) ------------------------------------------
+
+
+@transaction.atomic
+def take(task_id: str, owner: str) -> Task | None:
+    """created|retrying (due, no live lease) -> running, held by `owner`. None: not ours to run."""
+    now = timezone.now()
+    task = Task.objects.select_related("record").filter(pk=task_id).first()
+    if task is None or task.status not in RUNNABLE or (task.next_retry_at and task.next_retry_at > now):
+        return None
+    before = task.status
+    if not _transition(task, {"status__in": RUNNABLE}, {
+        "status": TaskStatus.RUNNING, "lease_owner": owner, "lease_expires_at": _lease_expiry(now),
+        "next_retry_at": None,
+    }):
+        return None  # another worker took it (or it was cancelled) since we read it
+    _event(task, "task.taken", owner, before, attempt=task.attempts)
+    return task
+
+
+@transaction.atomic
+def begin_step(task: Task, owner: str, step: Step, sequence: int) -> StepRun | None:
+    """Start the first step of a run, if the task is still ours and running."""
+    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, _step_changes(step)):
+        return None
+    _event(task, "task.step_started", owner, TaskStatus.RUNNING, step=step.name)
+    return _step_run(task, owner, step, sequence)
+
+
+def _step_changes(step: Step) -> dict[str, Any]:
+    return {"current_step": step.name, "lease_expires_at": _lease_expiry(timezone.now()),
+            "progress_done": None, "progress_total": None, "progress_message": ""}
+
+
+def _step_run(task: Task, owner: str, step: Step, sequence: int) -> StepRun:
+    return StepRun.objects.create(task=task, step=step.name, sequence=sequence, attempt=task.attempts,
+                                  worker=owner, started_at=timezone.now())
+
+
+def renew_lease(task_id, owner: str, progress: tuple[float | None, float | None, str] | None = None) -> bool:
+    """Extend our lease (and record progress). False: cancelled, or the lease is no longer ours.
+
+    Liveness, not a state change: no version bump and no audit event.
+    """
+    changes: dict[str, Any] = {"lease_expires_at": _lease_expiry(timezone.now())}
+    if progress is not None:
+        done, total, message = progress
+        changes.update(progress_done=done, progress_total=total, progress_message=(message or "")[:300])
+    return bool(Task.objects.filter(pk=task_id, status=TaskStatus.RUNNING, lease_owner=owner).update(**changes))
+
+
+@transaction.atomic
+def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: StepRun,
+                  then: tuple[Step, int] | None = None) -> StepRun | bool:
+    """Advance past a finished step: its checkpoint, and the start of step `then`, in one transaction.
+
+    Guarded by the lease: a task cancelled while the step was finishing keeps
+    no output from it, and its next step never starts. Returns the next
+    step's StepRun (or True when no step follows), False when the lease is gone.
+    """
+    completed = [name for name in task.completed_steps if name != prepared.step.name] + [prepared.step.name]
+    changes = {"completed_steps": completed, "lease_expires_at": _lease_expiry(timezone.now())}
+    if then is not None:
+        changes.update(_step_changes(then[0]))
+    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, changes):
+        return False
+    checkpoints.write(task, prepared)
+    finish_step_run(run, StepOutcome.SUCCEEDED)
+    _event(task, "task.step_completed", owner, TaskStatus.RUNNING, step=prepared.step.name,
+           checksum=prepared.checksum, next_step=then[0].name if then else None)
+    return _step_run(task, owner, *then) if then is not None else True
+
+
+def finish_step_run(run: StepRun, outcome: StepOutcome, error: str = "") -> None:
+    """Close a StepRun history row (not task state: written even after a cancel)."""
+    StepRun.objects.filter(pk=run.pk).update(outcome=outcome, error=error[:2000], finished_at=timezone.now())
+
+
+@transaction.atomic
+def succeed(task: Task, owner: str, result: dict[str, Any]) -> bool:
+    """running -> succeeded, storing the tool's result."""
+    now = timezone.now()
+    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
+        "status": TaskStatus.SUCCEEDED, "result": result, "current_step": "", "finished_at": now,
+        "lease_owner": "", "lease_expires_at": None, "failure_class": "", "failure_reason": "",
+        "progress_done": task.steps_total, "progress_total": task.steps_total, "progress_message": "done",
+    }):
+        return False
+    _event(task, "task.succeeded", owner, TaskStatus.RUNNING)
+    return True
+
+
+@transaction.atomic
+def fail(task: Task, owner: str, failure: ToolFailure, run: StepRun | None = None) -> bool:
+    """running -> failed: a final error, or a transient one with no attempts left."""
+    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
+        "status": TaskStatus.FAILED, "failure_class": str(failure.error_class), "failure_reason": failure.message,
+        "finished_at": timezone.now(), "lease_owner": "", "lease_expires_at": None,
+    }):
+        return False
+    if run is not None:
+        finish_step_run(run, StepOutcome.FAILED, failure.message)
+    _event(task, "task.failed", owner, TaskStatus.RUNNING, failure_class=str(failure.error_class))
+    return True
+
+
+@transaction.atomic
+def retry_later(task: Task, owner: str, failure: ToolFailure, delay: float, *, waited_by_worker: bool,
+                run: StepRun | None = None) -> bool:
+    """running -> retrying: a transient error; the next attempt is due after `delay` seconds.
+
+    `waited_by_worker`: this job sleeps until then and takes the task again;
+    otherwise no job is queued and the sweep queues one once it is due.
+    """
+    now = timezone.now()
+    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
+        "status": TaskStatus.RETRYING, "attempts": task.attempts + 1, "next_retry_at": now + timedelta(seconds=delay),
+        "failure_class": str(failure.error_class), "failure_reason": failure.message,
+        "lease_owner": "", "lease_expires_at": None, "enqueued_at": now if waited_by_worker else None,
+    }):
+        return False
+    if run is not None:
+        finish_step_run(run, StepOutcome.FAILED, failure.message)
+    _event(task, "task.retry_scheduled", owner, TaskStatus.RUNNING, attempt=task.attempts,
+           retry_in_seconds=round(delay, 3), failure_class=str(failure.error_class))
+    return True
+
+
+@transaction.atomic
+def pause_for_input(task: Task, owner: str, reason: str, input_request: dict[str, Any] | None,
+                    run: StepRun | None = None) -> bool:
+    """running -> paused: a step waits for a person or a dependency."""
+    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
+        "status": TaskStatus.PAUSED, "pause_reason": reason, "input_request": input_request, "resume_input": None,
+        "lease_owner": "", "lease_expires_at": None,
+    }):
+        return False
+    if run is not None:
+        finish_step_run(run, StepOutcome.PAUSED, reason)
+    _event(task, "task.paused", owner, TaskStatus.RUNNING, reason, step=task.current_step)
+    return True
+
+
+@transaction.atomic
+def hand_on(task: Task, owner: str) -> bool:
+    """running -> created, queued again: this job ran long enough; a fresh one continues
+    from the checkpoints (keeps every job well inside django-q2's timeout)."""
+    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
+        "status": TaskStatus.CREATED, "lease_owner": "", "lease_expires_at": None, "enqueued_at": timezone.now(),
+    }):
+        return False
+    _event(task, "task.handed_on", owner, TaskStatus.RUNNING)
+    _enqueue(task)
+    return True
+
+
+# --- expiry: the worker died ---------------------------------------------------------------
+
+
+@transaction.atomic
+def expire_lease(task: Task, actor: str = SWEEPER) -> bool:
+    """running with an expired lease -> created and queued (or failed after too many deaths).
+
+    Guarded by the expired lease itself: a worker that renewed in time keeps it.
+    """
+    now = timezone.now()
+    before = task.status
+    deaths = task.lease_expiries + 1
+    expected = {"status": TaskStatus.RUNNING, "lease_owner": task.lease_owner, "lease_expires_at__lt": now}
+    if deaths >= settings.IDEMOPS["TASK_MAX_LEASE_EXPIRIES"]:
+        reason = (f"the worker running step {task.current_step!r} died {deaths} times; "
+                  "resume_task runs it again if the cause is fixed")
+        if not _transition(task, expected, {
+            "status": TaskStatus.FAILED, "lease_expiries": deaths, "failure_class": "transient",
+            "failure_reason": reason, "finished_at": now, "lease_owner": "", "lease_expires_at": None,
+        }):
+            return False
+        _event(task, "task.failed", actor, before, reason, failure_class="transient")
+        return True
+    if not _transition(task, expected, {
+        "status": TaskStatus.CREATED, "lease_expiries": deaths, "lease_owner": "", "lease_expires_at": None,
+        "enqueued_at": now,
+    }):
+        return False
+    _event(task, "task.lease_expired", actor, before, step=task.current_step, lease_expiries=deaths)
+    _enqueue(task)
+    return True
+
+
+def _waiting_for_a_job(now: datetime) -> Q:
+    """Runnable tasks no job will pick up: queued long ago (the job was lost or
+    failed), or due retries that no worker is waiting out."""
+    stale = now - timedelta(seconds=settings.IDEMOPS["TASK_REQUEUE_AFTER_SECONDS"])
+    not_waited = Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=stale)
+    return (Q(status=TaskStatus.CREATED, enqueued_at__lt=stale)
+            | Q(status=TaskStatus.RETRYING, next_retry_at__lte=now) & not_waited)
+
+
+@transaction.atomic
+def requeue(task: Task, actor: str = SWEEPER) -> bool:
+    """A runnable task that no job will take: queue it again."""
+    now = timezone.now()
+    if not _transition(task, {}, {"enqueued_at": now}, condition=_waiting_for_a_job(now)):
+        return False
+    _event(task, "task.requeued", actor, task.status)
+    _enqueue(task)
+    return True
+
+
+def sweep() -> dict[str, int]:
+    """The periodic safety net: revive tasks whose worker died, queue due retries and lost jobs."""
+    now = timezone.now()
+    counts = {"expired": 0, "requeued": 0}
+    for task in Task.objects.filter(status=TaskStatus.RUNNING, lease_expires_at__lt=now).order_by("pk"):
+        counts["expired"] += expire_lease(task)
+    for task in Task.objects.filter(_waiting_for_a_job(now)).order_by("pk"):
+        counts["requeued"] += requeue(task)
+    if any(counts.values()):
+        logger.info("task sweep: %s", counts)
+    return counts
+
+
+# --- agents' and operators' transitions -------------------------------------------------------
+
+
+def get_for_tenant(tenant_id: int, task_id: Any) -> Task:
+    """A task of this tenant; another tenant's id is 'not found' like an unknown one."""
+    try:
+        task = Task.objects.filter(tenant_id=tenant_id, pk=uuid.UUID(str(task_id))).first()
+    except ValueError:
+        task = None
+    if task is None:
+        raise NotFound(f"no task {task_id} in this tenant")
+    return task
+
+
+def operator_actor(task: Task, user, action: str) -> str:
+    """The actor name of an operator allowed to `action` this task; a refusal is audited and raised.
+
+    Operators need the manage_task permission and the task's tenant among
+    those they may see (the admin hides what they may not do; this enforces it).
+    """
+    from tools_app.tenants import visible_tenant_ids
+
+    actor = f"user:{user.get_username()}"
+    visible = visible_tenant_ids(user)
+    refusal = ("you do not have the permission to manage tasks" if not user.has_perm(MANAGE_PERMISSION)
+               else "this task belongs to a tenant you may not see" if visible is not None
+               and task.tenant_id not in visible else "")
+    if refusal:
+        with transaction.atomic():
+            audit.record_event(action=f"task.{action}_refused", obj=task, actor=actor, reason=refusal)
+        raise PermissionDenied(refusal)
+    return actor
+
+
+def _with_retries(task: Task, attempt) -> Task:
+    """Read-decide-UPDATE with the version guard; re-read when a worker moved the task meanwhile."""
+    for _ in range(OPTIMISTIC_ROUNDS):
+        with transaction.atomic():
+            if attempt(task):
+                return task
+        task.refresh_from_db()
+    raise InProgress("the task is changing fast; ask again", retry_after=1.0)
+
+
+def cancel(task: Task, *, actor: str, reason: str = "") -> Task:
+    """created|running|paused|retrying -> cancelled, at once.
+
+    A step still running finds out at its next heartbeat or checkpoint (both
+    guarded by the lease this clears) and stops; no further step starts.
+    """
+    def attempt(task: Task) -> bool:
+        if task.status == TaskStatus.CANCELLED:
+            return True
+        if task.finished:
+            raise AlreadyDone(f"task {task.pk} already {task.status}; nothing to cancel",
+                              details={"task_status": task.status})
+        before = task.status
+        if not _transition(task, {"status__in": ACTIVE}, {
+            "status": TaskStatus.CANCELLED, "finished_at": timezone.now(), "lease_owner": "",
+            "lease_expires_at": None, "failure_class": "",
+            "failure_reason": f"cancelled by {actor}" + (f": {reason}" if reason else ""), "next_retry_at": None,
+        }):
+            return False
+        _event(task, "task.cancelled", actor, before, reason, step=task.current_step)
+        return True
+
+    return _with_retries(task, attempt)
+
+
+def pause(task: Task, *, actor: str, reason: str) -> Task:
+    """created|retrying -> paused (an operator holds a queued task). A running task
+    pauses only from inside a step (WaitFor): its worker knows where it can stop."""
+    def attempt(task: Task) -> bool:
+        if task.status == TaskStatus.PAUSED:
+            return True
+        if task.status not in RUNNABLE:
+            raise InvalidInput(f"task {task.pk} is {task.status}; only queued or retrying tasks can be paused")
+        before = task.status
+        if not _transition(task, {"status__in": RUNNABLE, "lease_owner": ""}, {
+            "status": TaskStatus.PAUSED, "pause_reason": reason, "input_request": None, "next_retry_at": None,
+        }):
+            return False
+        _event(task, "task.paused", actor, before, reason)
+        return True
+
+    return _with_retries(task, attempt)
+
+
+def resume(task: Task, *, actor: str, answer: dict[str, Any] | None = None) -> Task:
+    """Continue a task from its last valid checkpoint, where that makes sense:
+
+    paused -> created (with the answer to its input request); retrying -> due now;
+    failed with a transient class -> created, attempts reset; running whose
+    worker died -> expire_lease. A queued or healthy running task is left as
+    is. Refused: succeeded and cancelled tasks, and deterministic failures
+    (with the reason: the input must change, which is a new task).
+    """
+    def attempt(task: Task) -> bool:
+        now = timezone.now()
+        before = task.status
+        match task.status:
+            case TaskStatus.SUCCEEDED:
+                raise AlreadyDone(f"task {task.pk} already succeeded; get_task_result returns its result",
+                                  details={"task_status": task.status})
+            case TaskStatus.CANCELLED:
+                raise AlreadyDone(f"task {task.pk} was cancelled ({task.failure_reason}); a cancelled task does "
+                                  "not resume: start a new task with a new idempotency_key",
+                                  details={"task_status": task.status})
+            case TaskStatus.FAILED if task.failure_class != "transient":
+                failure = ToolFailure.from_dict({"class": task.failure_class, "message": (
+                    f"task {task.pk} failed with a {task.failure_class} error that another run would repeat: "
+                    f"{task.failure_reason}. Fix the input and start a new task with a new idempotency_key.")})
+                failure.details = {"task_status": task.status, "failure_reason": task.failure_reason}
+                raise failure
+            case TaskStatus.FAILED:
+                changes = {"status": TaskStatus.CREATED, "attempts": 1, "lease_expiries": 0, "failure_class": "",
+                           "failure_reason": "", "finished_at": None, "enqueued_at": now}
+            case TaskStatus.PAUSED:
+                changes = {"status": TaskStatus.CREATED, "resume_input": _checked_answer(task, answer),
+                           "pause_reason": "", "enqueued_at": now}
+            case TaskStatus.RETRYING:
+                changes = {"next_retry_at": now, "enqueued_at": now}
+            case TaskStatus.RUNNING if task.lease_expires_at and task.lease_expires_at < now:
+                return expire_lease(task, actor=actor)
+            case _:
+                return True  # queued or running: nothing to do
+        if not _transition(task, {"status": before}, changes):
+            return False
+        _event(task, "task.resumed", actor, before, answered=sorted((answer or {}).keys()))
+        _enqueue(task)
+        return True
+
+    return _with_retries(task, attempt)
+
+
+def _checked_answer(task: Task, answer: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Answers must be to what the paused step asked, in the shape it asked for."""
+    if not answer:
+        return None
+    requested = task.input_request or {}
+    unknown = sorted(set(answer) - set(requested))
+    if unknown:
+        raise InvalidInput(f"task {task.pk} did not ask for {', '.join(unknown)}"
+                           + (f"; it asks for {', '.join(sorted(requested))}" if requested else ""))
+    for key, value in answer.items():
+        try:
+            jsonschema.validate(value, requested[key].get("schema", {}))
+        except jsonschema.ValidationError as exc:
+            raise InvalidInput(f"input {key!r} does not match what the task asked for: {exc.message}") from None
+    return answer
