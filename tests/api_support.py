@@ -11,9 +11,19 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from tools_app import auditors
-from tools_app.models import ApprovalRequest, AuditEvent, IdempotencyRecord, OutboxEvent, RecordStatus, Tenant
+from tools_app.models import (
+    ApprovalRequest,
+    AuditEvent,
+    Checkpoint,
+    IdempotencyRecord,
+    OutboxEvent,
+    RecordStatus,
+    Task,
+    TaskStatus,
+    Tenant,
+)
 
-ENDPOINTS = ["idempotency-records", "audit-events", "approval-requests", "outbox-events"]
+ENDPOINTS = ["idempotency-records", "audit-events", "approval-requests", "outbox-events", "tasks", "checkpoints"]
 
 
 def at(minutes: float) -> datetime:
@@ -61,9 +71,24 @@ def make_outbox_event(tenant: Tenant, **kwargs) -> OutboxEvent:
                                       **kwargs)
 
 
+def make_task(tenant: Tenant, **kwargs) -> Task:
+    now = timezone.now()
+    record = make_record(tenant, tool="ingest_document")
+    return Task.objects.create(tenant=tenant, record=record, tool="ingest_document", arguments={"text": "Jane Roe"},
+                               input_digest="d" * 64, status=TaskStatus.SUCCEEDED, steps_total=6, max_attempts=5,
+                               created_at=now, updated_at=now, finished_at=now, **kwargs)
+
+
+def make_checkpoint(tenant: Tenant, **kwargs) -> Checkpoint:
+    return Checkpoint.objects.create(task=make_task(tenant), step="extract_text", sequence=2, input_digest="i" * 64,
+                                     output_inline='{"text": "Jane Roe"}', checksum="c" * 64,
+                                     finished_at=timezone.now(), **kwargs)
+
+
 def make_row(endpoint: str, tenant: Tenant, **kwargs):
     maker = {"idempotency-records": make_record, "audit-events": make_event,
-             "approval-requests": make_approval_request, "outbox-events": make_outbox_event}[endpoint]
+             "approval-requests": make_approval_request, "outbox-events": make_outbox_event,
+             "tasks": make_task, "checkpoints": make_checkpoint}[endpoint]
     return maker(tenant, **kwargs)
 
 

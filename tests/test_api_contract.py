@@ -37,6 +37,8 @@ def given_real_records():
             "channel": "email", "recipient": "ops@example.com", "subject": "s", "body": "b", "idempotency_key": "n"})
         call_tool(get_tool("delete_record"), caller, {
             "kind": "order", "id": orders[0].result["order_id"], "reason": "duplicate", "idempotency_key": "d"})
+        call_tool(get_tool("start_task"), caller, {
+            "tool": "ingest_document", "arguments": {"text": "A short note."}, "idempotency_key": "t"})
     return acme
 
 

@@ -22,7 +22,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "view_dashboard", "view_pendingapproval", "view_approvalrequest", "view_idempotencyrecord",
         "force_expire_idempotencyrecord", "view_auditevent", "view_order", "view_ticket", "view_announcement",
         "view_unknownoutcome", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
-        "view_task", "manage_task", "view_document",
+        "view_task", "view_taskneedingattention", "manage_task", "view_document",
     ],
     # Decides on sensitive operations; sees what they would touch.
     APPROVER: [

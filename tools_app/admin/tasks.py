@@ -6,6 +6,8 @@ after tasks.operator_actor checks the manage_task permission and the tenant.
 """
 
 from django.contrib import admin
+from django.db.models import Q
+from django.utils import timezone
 
 from tools_app import tasks
 from tools_app.admin.operator_actions import (
@@ -13,13 +15,14 @@ from tools_app.admin.operator_actions import (
     REASON_REQUIRED,
     OperatorAction,
     OperatorActionsAdmin,
+    QueueAdmin,
     age,
     audit_history,
     pretty_json,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.errors import ToolFailure
-from tools_app.models import Checkpoint, Document, StepRun, Task
+from tools_app.models import Checkpoint, Document, StepRun, Task, TaskNeedingAttention, TaskStatus
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -65,14 +68,9 @@ def pause(request, task, reason):
     return "paused; resume it to queue it again"
 
 
-@admin.register(Task)
-class TaskAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
-    list_display = ["id", "tenant", "tool", "status", "current_step", "steps", "attempts", "lease_expiries",
-                    "failure_class", "last_update"]
-    list_filter = ["status", "tool", "failure_class", ("tenant", admin.RelatedOnlyFieldListFilter)]
-    search_fields = ["=id", "=trace_id"]
-    date_hierarchy = "created_at"
-    list_select_related = ["tenant"]
+class TaskPage:
+    """What both task pages show and do: the record of a task and the operator actions on it."""
+
     fields = ["tenant", "tool", "status", "current_step", "completed_steps", "steps_total", "progress_done",
               "progress_total", "progress_message", "attempts", "max_attempts", "lease_expiries", "failure_class",
               "failure_reason", "pause_reason", "input_request_display", "next_retry_at", "lease_owner",
@@ -80,6 +78,8 @@ class TaskAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
               "created_at", "updated_at", "finished_at", "history"]
     readonly_fields = fields
     inlines = [StepRunInline, CheckpointInline]
+    list_select_related = ["tenant"]
+    search_fields = ["=id", "=trace_id"]
     operator_actions = [
         OperatorAction("cancel", "Cancel", "manage", cancel, refused=(ToolFailure,), reason=REASON_OPTIONAL,
                        style="danger", help_text="No further step starts; the task cannot be resumed."),
@@ -112,6 +112,39 @@ class TaskAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
 
     def has_manage_permission(self, request, obj=None):
         return request.user.has_perm(tasks.MANAGE_PERMISSION)
+
+
+@admin.register(Task)
+class TaskAdmin(TaskPage, OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
+    """Every task, any status."""
+
+    list_display = ["id", "tenant", "tool", "status", "current_step", "steps", "attempts", "lease_expiries",
+                    "failure_class", "last_update"]
+    list_filter = ["status", "tool", "failure_class", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    date_hierarchy = "created_at"
+
+
+def needs_attention() -> Q:
+    """Failed, paused, backing off, or running on an expired lease (its worker died)."""
+    return (Q(status__in=[TaskStatus.FAILED, TaskStatus.PAUSED, TaskStatus.RETRYING])
+            | Q(status=TaskStatus.RUNNING, lease_expires_at__lt=timezone.now()))
+
+
+@admin.register(TaskNeedingAttention)
+class TaskQueueAdmin(TaskPage, QueueAdmin):
+    """The queue of tasks a person may need to look at, longest untouched first."""
+
+    list_display = ["id", "tenant", "tool", "status", "current_step", "steps", "attempts", "lease_expiries",
+                    "failure_class", "waiting"]
+    list_filter = ["status", "tool", "failure_class", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    ordering = ["updated_at", "pk"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(needs_attention())
+
+    @admin.display(description="since last update", ordering="updated_at")
+    def waiting(self, task):
+        return age(task.updated_at)
 
 
 @admin.register(Document)

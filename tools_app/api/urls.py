@@ -12,12 +12,15 @@ from tools_app.api.audit_chain import AuditChainVerifyView
 from tools_app.api.audit_events import AuditEventViewSet
 from tools_app.api.idempotency_records import IdempotencyRecordViewSet
 from tools_app.api.outbox_events import OutboxEventViewSet
+from tools_app.api.tasks import CheckpointViewSet, TaskViewSet
 
 router = SimpleRouter(trailing_slash="")
 router.register("idempotency-records", IdempotencyRecordViewSet, basename="idempotency-record")
 router.register("audit-events", AuditEventViewSet, basename="audit-event")
 router.register("approval-requests", ApprovalRequestViewSet, basename="approval-request")
 router.register("outbox-events", OutboxEventViewSet, basename="outbox-event")
+router.register("tasks", TaskViewSet, basename="task")
+router.register("checkpoints", CheckpointViewSet, basename="checkpoint")
 
 # Routes that are not viewsets.
 v1_routes = [*router.urls,

@@ -18,7 +18,15 @@ from tools_app.models.documents import Document, DocumentChunk
 from tools_app.models.idempotency import ErrorClass, IdempotencyRecord, RecordStatus, UnknownOutcome
 from tools_app.models.metrics import CallEvent, CallOutcome
 from tools_app.models.outbox import DeadLetter, OutboxEvent, OutboxStatus
-from tools_app.models.tasks import Checkpoint, StepOutcome, StepRun, Task, TaskArtifact, TaskStatus
+from tools_app.models.tasks import (
+    Checkpoint,
+    StepOutcome,
+    StepRun,
+    Task,
+    TaskArtifact,
+    TaskNeedingAttention,
+    TaskStatus,
+)
 from tools_app.models.tenants import ApiToken, Tenant, TenantAccess
 
 __all__ = [
@@ -51,6 +59,7 @@ __all__ = [
     "StepRun",
     "Task",
     "TaskArtifact",
+    "TaskNeedingAttention",
     "TaskStatus",
     "Tenant",
     "TenantAccess",

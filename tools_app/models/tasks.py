@@ -148,3 +148,13 @@ class StepRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.step} of {self.task_id} ({self.outcome})"
+
+
+class TaskNeedingAttention(Task):
+    """The operators' queue of failed or stuck tasks (same table, its own admin page):
+    failed, paused, backing off, or running on a lease that ran out (a dead worker)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "failed or stuck task"
+        verbose_name_plural = "failed or stuck tasks"
