@@ -12,7 +12,7 @@ Each writer transaction is `record_event` alone (the smallest transaction an
 audited change can be), so the figures show the chain's cost at its most
 visible. Then: how fast the sealer links and how fast verification checks.
 
-    .venv/bin/python bench/bench_audit_chain.py
+    make bench  (or: .venv/bin/python bench/run.py audit_chain)
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from pathlib import Path
+
+from bench.common import on_bench_database
 
 WRITERS = [1, 4, 8]
 EVENTS_PER_WRITER = 150
@@ -28,7 +29,6 @@ ROUNDS = 2
 
 
 def run() -> str:
-    from django.conf import settings
     from django.db import connection, connections
 
     from tools_app import audit, tenants
@@ -36,8 +36,8 @@ def run() -> str:
 
     # The inline rounds below extend the chain without seals, so each run starts
     # from an empty log: only ever on the benchmarks' own cluster.
-    if "bench-pg" not in str(settings.PGDATA) or not settings.EMBEDDED_DATABASE:
-        raise SystemExit("refusing to empty the audit log outside the benchmark database (var/bench-pg)")
+    if not on_bench_database():
+        raise SystemExit("refusing to empty the audit log outside the benchmarks' own database")
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE tools_app_auditevent, tools_app_auditseal")
     tenant = Tenant.objects.filter(slug="bench-audit").first() or tenants.create_tenant("bench-audit")
@@ -120,8 +120,4 @@ def run() -> str:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from bench.common import setup_django
-
-    setup_django()
-    print(run())
+    sys.exit("run it through bench/run.py: .venv/bin/python bench/run.py audit_chain")

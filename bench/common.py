@@ -26,7 +26,17 @@ def setup_django() -> None:
     call_command("migrate", verbosity=0, interactive=False)
 
 
-def fresh_database_url(name: str = "idemops_bench") -> str:
+BENCH_DATABASE = "idemops_bench"
+
+
+def on_bench_database() -> bool:
+    """True when Django is connected to the benchmarks' own throwaway database."""
+    from django.db import connection
+
+    return connection.settings_dict["NAME"] == BENCH_DATABASE
+
+
+def fresh_database_url(name: str = BENCH_DATABASE) -> str:
     """Drop and recreate the benchmark database, so every run starts from an empty, current schema."""
     import psycopg
 

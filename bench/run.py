@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import setup_django  # noqa: E402
+from bench.common import fresh_database_url, setup_django  # noqa: E402
 
 
 def main(selected: list[str]) -> None:
@@ -25,13 +25,6 @@ def main(selected: list[str]) -> None:
     modules = sorted(p.stem for p in (ROOT / "bench").glob("bench_*.py"))
     if selected:
         modules = [m for m in modules if any(s in m for s in selected)]
-    sections = []
-    for name in modules:
-        started = time.monotonic()
-        print(f"running {name} …", flush=True)
-        section = importlib.import_module(f"bench.{name}").run()
-        print(section, flush=True)
-        sections.append(f"{section}\n_{name}: {time.monotonic() - started:.0f}s_\n")
     load = os.getloadavg()
     header = [
         "# Benchmarks", "",
@@ -41,8 +34,26 @@ def main(selected: list[str]) -> None:
         "Embedded PostgreSQL under var/bench-pg, fsync on. Compare the ratios within one run; absolute "
         "times move with the machine's load.", "",
     ]
-    (ROOT / "docs" / "benchmarks.md").write_text("\n".join(header + sections))
+    sections = []
+    for name in modules:
+        started = time.monotonic()
+        print(f"running {name} …", flush=True)
+        fresh_database()  # what one module loads (a million rows, say) must not skew the next
+        section = importlib.import_module(f"bench.{name}").run()
+        print(section, flush=True)
+        sections.append(f"{section}\n_{name}: {time.monotonic() - started:.0f}s_\n")
+        # Written after each section, so a failing one loses nothing measured before it.
+        (ROOT / "docs" / "benchmarks.md").write_text("\n".join(header + sections))
     print("wrote docs/benchmarks.md")
+
+
+def fresh_database() -> None:
+    from django.core.management import call_command
+    from django.db import connections
+
+    connections.close_all()
+    fresh_database_url()
+    call_command("migrate", verbosity=0, interactive=False)
 
 
 if __name__ == "__main__":

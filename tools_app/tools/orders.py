@@ -41,11 +41,10 @@ class GetOrderInput(ToolInput):
     order_id: int
 
 
-def order_output(order: Order) -> OrderOutput:
+def order_output(order: Order, lines: list[OrderLine]) -> OrderOutput:
     return OrderOutput(
         order_id=order.pk, customer=order.customer, currency=order.currency, total=f"{order.total:.2f}",
-        items=[OrderItem(sku=line.sku, quantity=line.quantity, unit_price=line.unit_price)
-               for line in order.lines.all()],
+        items=[OrderItem(sku=line.sku, quantity=line.quantity, unit_price=line.unit_price) for line in lines],
         created_at=order.created_at,
     )
 
@@ -57,10 +56,10 @@ def create_order(ctx: ToolContext, args: CreateOrderInput) -> OrderOutput:
     total = sum((item.unit_price * item.quantity for item in args.items), Decimal("0"))
     order = Order.objects.create(tenant_id=ctx.tenant_id, record=ctx.record, customer=args.customer,
                                  currency=args.currency, total=total)
-    OrderLine.objects.bulk_create(
+    lines = OrderLine.objects.bulk_create(
         OrderLine(order=order, sku=item.sku, quantity=item.quantity, unit_price=item.unit_price)
         for item in args.items)
-    return order_output(order)
+    return order_output(order, lines)
 
 
 @read_tool(name="get_order", title="Get an order", input_model=GetOrderInput, output_model=OrderOutput)
@@ -69,4 +68,4 @@ def get_order(ctx: ToolContext, args: GetOrderInput) -> OrderOutput:
     order = Order.objects.filter(tenant_id=ctx.tenant_id, pk=args.order_id).prefetch_related("lines").first()
     if order is None:
         raise NotFound(f"no order {args.order_id} in this tenant")
-    return order_output(order)
+    return order_output(order, list(order.lines.all()))

@@ -1,55 +1,44 @@
 """Benchmark: peak memory of the web server during CSV exports, streamed vs built whole.
 
-    .venv/bin/python bench/api_csv_export.py [--rows 1000000]
+    make bench  (or .venv/bin/python bench/run.py api_csv; BENCH_CSV_ROWS=1000000 sets the big export)
 
-Loads three tenants with 10k, 100k and `--rows` idempotency records into a
-throwaway embedded PostgreSQL (var/bench-pg), then for each export starts a
+Loads three tenants with 10k, 100k and BENCH_CSV_ROWS idempotency records into
+the benchmark database, then for each export starts a
 fresh uvicorn process (the production ASGI app), warms it up with a small
 export, and reads the whole CSV over HTTP. The server's peak RSS (VmHWM from
 /proc) before and after the export gives the memory the export cost.
 
 The comparison is the same endpoint, filters and serializer with the CSV
 built whole in memory and returned as one response (bench/naive_export.py),
-for the two smaller tenants. Prints a markdown section; figures go in
-docs/benchmarks-api.md.
+for the two smaller tenants.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("IDEMOPS_PGDATA", str(ROOT / "var" / "bench-pg"))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "idemops.settings")
-os.environ.pop("DATABASE_URL", None)  # always the throwaway cluster, never a real database
+import httpx2
+from django.db import connection
 
-import django  # noqa: E402
-
-django.setup()
-
-import httpx2  # noqa: E402
-from django.core.management import call_command  # noqa: E402
-from django.db import connection  # noqa: E402
-
-from tests.processes import Service, child_env, free_port  # noqa: E402
-from tools_app import auditors, tenants  # noqa: E402
-from tools_app.models import IdempotencyRecord, Tenant  # noqa: E402
+from tests.processes import Service, child_env, free_port
+from tools_app import auditors, tenants
+from tools_app.models import IdempotencyRecord, Tenant
 
 FILL_SQL = """
 INSERT INTO tools_app_idempotencyrecord
     (tenant_id, tool, key, fingerprint, field_digests, arguments, status, result, error_class, error_message,
-     attempts, lease_owner, operation_id, trace_id, actor, created_at, updated_at, finished_at, expires_at)
+     attempts, lease_owner, operation_id, trace_id, actor, created_at, updated_at, finished_at, expires_at,
+     downstream_key, evidence, reconcile_attempts)
 SELECT %(tenant)s, 'create_order', 'order-' || g, md5(g::text) || md5((g + 1)::text),
        '{"currency": "x", "customer": "y", "items": "z"}'::jsonb,
        jsonb_build_object('customer', 'Customer ' || g, 'currency', 'EUR'),
        CASE WHEN g %% 10 = 0 THEN 'FAILED' ELSE 'SUCCEEDED' END, '{"order_id": 1}'::jsonb,
        CASE WHEN g %% 10 = 0 THEN 'transient' ELSE '' END, '', 1, '', gen_random_uuid(), 'trace-' || g,
-       'agent:bench/bot', now() - g * interval '1 second', now(), now(), now() + interval '1 day'
+       'agent:bench/bot', now() - g * interval '1 second', now(), now(), now() + interval '1 day',
+       '', '[]'::jsonb, 0
 FROM generate_series(1, %(rows)s) AS g
 """
 
@@ -114,13 +103,8 @@ def measure(kind: str, tenant: Tenant, raw_key: str) -> dict:
             "before": before / 1024, "after": after / 1024, "growth": (after - before) / 1024}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    args = parser.parse_args()
-
-    call_command("migrate", interactive=False, verbosity=0)
-    sizes = {"bench-10k": 10_000, "bench-100k": 100_000, "bench-big": args.rows}
+def run() -> str:
+    sizes = {"bench-10k": 10_000, "bench-100k": 100_000, "bench-big": int(os.environ.get("BENCH_CSV_ROWS", 1_000_000))}
     started = time.perf_counter()
     loaded = {slug: fill(slug, rows) for slug, rows in sizes.items()}
     load_seconds = time.perf_counter() - started
@@ -134,32 +118,25 @@ def main() -> None:
         if sizes[slug] <= 100_000:
             results.append(measure("built whole", tenant, raw_key))
 
-    print("## CSV export: server peak memory (streamed vs built whole)\n")
-    print(f"Rows loaded in {load_seconds:.0f} s (kept in var/bench-pg between runs). One fresh uvicorn process "
-          "per export; peak RSS is the process's VmHWM after a warm-up export, then after the measured one.\n")
-    print("| export | rows | CSV size (MiB) | time (s) | rows/s | peak RSS before (MiB) | peak RSS after (MiB) "
-          "| growth (MiB) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    lines = ["## CSV export: server peak memory, streamed vs built whole (issue 6)", "",
+             f"Rows loaded in {load_seconds:.0f} s. One fresh uvicorn process per export; peak RSS is the "
+             "process's VmHWM after a warm-up export, then after the measured one. \"Built whole\" is the same "
+             "endpoint, filters and serializer returning one response (bench/naive_settings.py).", "",
+             "| export | rows | CSV size (MiB) | time (s) | rows/s | peak RSS before (MiB) | peak RSS after (MiB) "
+             "| growth (MiB) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
-        print(f"| {r['kind']} | {r['rows']:,} | {r['mib']:.1f} | {r['seconds']:.1f} | "
-              f"{r['rows'] / r['seconds']:,.0f} | {r['before']:.1f} | {r['after']:.1f} | {r['growth']:.1f} |")
+        lines.append(f"| {r['kind']} | {r['rows']:,} | {r['mib']:.1f} | {r['seconds']:.1f} | "
+                     f"{r['rows'] / r['seconds']:,.0f} | {r['before']:.1f} | {r['after']:.1f} | {r['growth']:.1f} |")
     streamed = {r["rows"]: r["growth"] for r in results if r["kind"] == "streamed"}
     whole = {r["rows"]: r["growth"] for r in results if r["kind"] == "built whole"}
     big = max(streamed)
-    print(f"\nStreamed: {big:,} rows grew the server by {streamed[big]:.1f} MiB vs {streamed[10_000]:.1f} MiB "
-          f"for 10,000 rows. Built whole: 100,000 rows cost {whole[100_000]:.1f} MiB, "
-          f"{whole[100_000] / max(whole[10_000], 0.1):.1f}x the 10,000-row figure "
-          f"({whole[100_000] / max(streamed[big], 0.1):.0f}x the streamed {big:,}-row export).")
+    lines += ["", f"- Streamed: {big:,} rows grew the server by **{streamed[big]:.1f} MiB**, vs "
+                  f"{streamed[10_000]:.1f} MiB for 10,000 rows (constant memory).",
+              f"- Built whole: 100,000 rows cost {whole[100_000]:.1f} MiB, "
+              f"{whole[100_000] / max(whole[10_000], 0.1):.1f}× the 10,000-row figure.", ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        # Leave the data for the next run, not a server.
-        from django.conf import settings
-
-        from idemops import embedded_pg
-
-        connection.close()
-        embedded_pg.stop(settings.PGDATA)
+    sys.exit("run it through bench/run.py: .venv/bin/python bench/run.py api_csv")
