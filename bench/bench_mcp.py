@@ -19,6 +19,11 @@ import uuid
 from bench.common import ROOT, row, summary
 
 DURATION_SECONDS = 6
+MCP_NOTE = (
+    "Reading: a `whoami` call is nearly all fixed cost (HTTP, the SDK's stateless Streamable HTTP request with "
+    "SSE framing, the bearer-token lookup, the hop to a database thread); `create_order` adds the engine's two "
+    "durable commits, the order and its lines and the audit rows. The "
+    "load generator shares the machine's two cores with the server.")
 CONCURRENCY = (1, 32)
 ORDER = {"customer": "ACME", "items": [{"sku": "BOLT-1", "quantity": 3, "unit_price": "2.50"}], "currency": "EUR"}
 
@@ -96,4 +101,4 @@ def run() -> str:
                                                                         stats["create_order"])]
         ratios.append(f"- {concurrency} client(s): create_order / whoami throughput = "
                       f"**{stats['create_order']['per_s'] / stats['whoami']['per_s']:.2f}×** (target ≥ 0.7×)")
-    return "\n".join([*lines, "", *ratios, ""])
+    return "\n".join([*lines, "", *ratios, "", MCP_NOTE, ""])

@@ -1,4 +1,4 @@
-"""Issue 4: long tasks. A markdown section for `make bench` (figures in docs/benchmarks-tasks.md).
+"""Issue 4: long tasks. A markdown section for `make bench` (docs/benchmarks.md).
 
 1. Per-step checkpoint overhead: the same pipeline run by the task runner
    (lease, step history, checkpoint and audit per step) and as plain calls.
