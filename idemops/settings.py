@@ -194,6 +194,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/api/v1",
+    # One enum for the error classes, whether a field calls it error_class or failure_class.
+    "ENUM_NAME_OVERRIDES": {"ErrorClassEnum": "tools_app.models.idempotency.ErrorClass"},
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

@@ -172,6 +172,15 @@ class AuditorSchema(AutoSchema):
             extra.update(FILTER_ERROR_RESPONSE)
         return {**responses, **extra}
 
+    def _resolve_path_parameters(self, variables):
+        # The id's type comes from the model (integer or UUID); what it means is the same everywhere.
+        parameters = super()._resolve_path_parameters(variables)
+        for parameter in parameters:
+            if parameter["name"] == "id" and not parameter.get("description"):
+                parameter["description"] = ("The row's id. A row of a tenant you may not see answers 404, "
+                                            "like one that does not exist.")
+        return parameters
+
     def get_operation_id(self):
         if getattr(self.view, "action", None) == "export":
             return f"{self.view.export_name.replace('-', '_')}_export_csv"
@@ -229,12 +238,6 @@ class AuditorViewSet(viewsets.ReadOnlyModelViewSet):
         # Scoping is part of the queryset itself, so a detail view of another
         # tenant's row is a 404 and no filter or export can reach past it.
         return queryset.filter(**{f"{self.tenant_field}__in": tenant_ids})
-
-    @extend_schema(parameters=[OpenApiParameter(
-        "id", OpenApiTypes.INT, OpenApiParameter.PATH,
-        description="The row's id. A row of a tenant you may not see answers 404, like one that does not exist.")])
-    def retrieve(self, request, *args, **kwargs):
-        return super().retrieve(request, *args, **kwargs)
 
     def get_csv_fields(self) -> list[str]:
         return self.csv_fields or list(self.get_serializer().fields)

@@ -8,8 +8,6 @@ or the last error text, which may quote them.
 from __future__ import annotations
 
 import django_filters
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
@@ -47,8 +45,3 @@ class OutboxEventViewSet(AuditorViewSet):
     filterset_class = OutboxEventFilter
     export_name = "outbox-events"
 
-    @extend_schema(parameters=[OpenApiParameter(
-        "id", OpenApiTypes.UUID, OpenApiParameter.PATH,
-        description="The event id. An event of a tenant you may not see answers 404, like one that does not exist.")])
-    def retrieve(self, request, *args, **kwargs):
-        return super().retrieve(request, *args, **kwargs)

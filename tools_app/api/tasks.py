@@ -10,8 +10,6 @@ the digests and checksums prove what ran on what without revealing it.
 from __future__ import annotations
 
 import django_filters
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
@@ -68,11 +66,6 @@ class TaskViewSet(AuditorViewSet):
     # CSV cells are flat: the nested checkpoints have their own endpoint and export.
     csv_fields = [f for f in TaskSerializer.Meta.fields if f != "checkpoints"]
 
-    @extend_schema(parameters=[OpenApiParameter(
-        "id", OpenApiTypes.UUID, OpenApiParameter.PATH,
-        description="The task id. A task of a tenant you may not see answers 404, like one that does not exist.")])
-    def retrieve(self, request, *args, **kwargs):
-        return super().retrieve(request, *args, **kwargs)
 
 
 class CheckpointFilter(django_filters.FilterSet):

@@ -93,15 +93,8 @@ class IdempotencyRecord(models.Model):
         return f"{self.tool} #{self.pk} ({self.status})"
 
 
-class UnknownOutcomeManager(models.Manager):
-    def get_queryset(self):
-        return super().get_queryset().filter(status=RecordStatus.UNKNOWN)
-
-
 class UnknownOutcome(IdempotencyRecord):
     """The operators' queue of UNKNOWN records (same table, its own admin page)."""
-
-    objects = UnknownOutcomeManager()
 
     class Meta:
         proxy = True

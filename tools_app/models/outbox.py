@@ -40,15 +40,8 @@ class OutboxEvent(models.Model):
         return f"{self.kind} {self.id} ({self.status})"
 
 
-class DeadLetterManager(models.Manager):
-    def get_queryset(self):
-        return super().get_queryset().filter(status=OutboxStatus.DEAD)
-
-
 class DeadLetter(OutboxEvent):
     """The operators' queue of dead-lettered outbox events."""
-
-    objects = DeadLetterManager()
 
     class Meta:
         proxy = True
