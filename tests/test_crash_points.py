@@ -74,7 +74,8 @@ def test_a_payment_survives_a_crash_at_each_point(crashing_server, web_server, t
     assert [p[0] for p in gateway.payments()] == [retry.structured_content["payment_id"]]
 
 
-@pytest.mark.parametrize("point, orders_before_retry", [("after_claim", 0), ("after_commit", 1)])
+@pytest.mark.parametrize("point, orders_before_retry", [
+    ("after_claim", 0), ("after_downstream", 0), ("after_commit", 1)])
 def test_an_order_survives_a_crash_at_each_point(crashing_server, web_server, token, downstreams, point,
                                                  orders_before_retry):
     arguments = {**ORDER, "idempotency_key": f"order-crash-{point}"}

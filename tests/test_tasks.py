@@ -20,7 +20,7 @@ from tools_app import checkpoints, task_runner, tasks
 from tools_app.calls import call_tool
 from tools_app.errors import AlreadyDone, InvalidInput, NotFound, Transient
 from tools_app.models import AuditEvent, Checkpoint, StepOutcome, StepRun, Task, TaskArtifact, TaskStatus
-from tools_app.pipelines import Pipeline, RetryPolicy, Step, pipeline_of
+from tools_app.pipelines import Pipeline, RetryPolicy, Step
 from tools_app.registry import get_tool
 from tools_app.roles import AUDITOR, OPERATOR
 from tools_app.tools.documents import INGEST
@@ -388,7 +388,7 @@ def test_errors_are_classified_by_the_pipeline():
 def test_a_pipeline_needs_unique_step_names():
     with pytest.raises(ValueError, match="unique names"):
         Pipeline(steps=(Step("a", print), Step("a", print)))
-    assert pipeline_of(get_tool("ingest_document")) is INGEST and pipeline_of(get_tool("create_order")) is None
+    assert get_tool("ingest_document").pipeline is INGEST and get_tool("create_order").pipeline is None
 
 
 # --- operators ------------------------------------------------------------------------------------

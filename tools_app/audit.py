@@ -39,7 +39,14 @@ SEAL_LOCK_KEY = 0x1DE0_A0D1_7C4A_1200
 SEAL_BATCH = 1000
 
 
-def record_event(
+def record_event(**fields: Any) -> AuditEvent:
+    """Write an event now (call inside the transaction of the change)."""
+    event = new_event(**fields)
+    event.save()
+    return event
+
+
+def new_event(
     *,
     action: str,
     obj: models.Model,
@@ -50,7 +57,8 @@ def record_event(
     reason: str = "",
     trace_id: str = "",
 ) -> AuditEvent:
-    return AuditEvent.objects.create(
+    """An unsaved event about `obj`: for statements that insert it together with the change."""
+    return AuditEvent(
         tenant_id=tenant_id if tenant_id is not None else getattr(obj, "tenant_id", None),
         actor=actor,
         action=action,

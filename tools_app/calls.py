@@ -52,7 +52,7 @@ class CallResult:
 
 def call_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta_key: str | None = None) -> CallResult:
     try:
-        if spec.extras.get("pipeline") is not None:
+        if spec.pipeline is not None:
             # A long tool runs as a task: its call is start_task for it (one key space, one task).
             from tools_app.task_calls import call_task_tool
 

@@ -11,7 +11,7 @@ import os
 import signal
 
 # after_claim: the record is PROCESSING, nothing was sent downstream.
-# after_downstream: the downstream call returned, nothing recorded yet.
+# after_downstream: the handler returned (a downstream call answered), nothing recorded yet.
 # after_commit: the record is SUCCEEDED, the caller has no answer yet.
 POINTS = frozenset({"after_claim", "after_downstream", "after_commit"})
 _armed = frozenset(p.strip() for p in os.environ.get("IDEMOPS_CRASH_POINTS", "").split(",") if p.strip())

@@ -32,6 +32,7 @@ import time
 import unicodedata
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -43,7 +44,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from tools_app import db
+from tools_app import audit, db
 from tools_app.crashpoints import crash_point
 from tools_app.errors import (
     Conflict,
@@ -256,15 +257,12 @@ def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Out
             return held
         gathered = _gathered.set([])
         try:
-            if op.transactional:
-                with transaction.atomic():
-                    result = execute(record)
-                    record = mark_succeeded(record, result, actor=op.actor, evidence=_gathered.get())
-            else:
+            # A local effect commits with the record, or neither does; a
+            # downstream one is done before we record it (one statement).
+            with transaction.atomic() if op.transactional else nullcontext():
                 result = execute(record)
                 crash_point("after_downstream")
-                with transaction.atomic():
-                    record = mark_succeeded(record, result, actor=op.actor, evidence=_gathered.get())
+                record = mark_succeeded(record, result, actor=op.actor, evidence=_gathered.get())
         finally:
             _gathered.reset(gathered)
     except UnknownOutcome as unknown:
@@ -330,8 +328,9 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     if row := _fetch_live(op):  # replays, the common case, stop here: one indexed read
         return db.from_row(IdempotencyRecord, row), False
     record = new_record(op)
-    claimed_event = _event(record, "record.claimed", op.actor,
-                           after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
+    # The record has no id yet: the statement fills object_id from the inserted row.
+    claimed_event = audit.new_event(action="record.claimed", obj=record, actor=op.actor, trace_id=op.trace_id,
+                                    after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
     if row := _claim_or_fetch(record, claimed_event):
         return db.from_row(IdempotencyRecord, row[:-1]), row[-1]
     # We lost a race to a claim our statement's snapshot could not see: read it now.
@@ -394,12 +393,6 @@ def _fetch_live(op: Operation) -> tuple | None:
         return cursor.fetchone()
 
 
-def _event(record: IdempotencyRecord, action: str, actor: str, **fields: Any) -> AuditEvent:
-    fields.setdefault("trace_id", record.trace_id)
-    return AuditEvent(tenant_id=record.tenant_id, actor=actor, action=action, object_type="idempotencyrecord",
-                      object_id=str(record.pk), created_at=timezone.now(), **fields)
-
-
 def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any], *, action: str,
                 actor: str, reason: str = "", evidence: dict[str, Any] | list[dict[str, Any]] | None = None,
                 trace_id: str = "", before: dict[str, Any] | None = None,
@@ -410,8 +403,8 @@ def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: di
     `evidence`, if any, is appended to the record's evidence list.
     """
     changes = {**changes, "updated_at": timezone.now()}
-    event = _event(
-        record, action, actor, reason=reason, trace_id=trace_id or record.trace_id,
+    event = audit.new_event(
+        action=action, obj=record, actor=actor, reason=reason, trace_id=trace_id or record.trace_id,
         before=before or {"status": record.status},
         after=after or {"status": changes.get("status", record.status),
                         **({"error_class": changes["error_class"]} if changes.get("error_class") else {})})

@@ -36,7 +36,6 @@ from tools_app.calls import Caller
 from tools_app.errors import NotFound, ToolFailure
 from tools_app.mcp_server import in_db_thread, render
 from tools_app.models import Task, TaskStatus
-from tools_app.pipelines import pipeline_of
 from tools_app.registry import get_tool
 
 EXTENSION = "io.modelcontextprotocol/tasks"
@@ -209,7 +208,7 @@ class TasksExtension(Extension):
 
 def _is_long_tool(name: str) -> bool:
     try:
-        return pipeline_of(get_tool(name)) is not None
+        return get_tool(name).pipeline is not None
     except NotFound:
         return False
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 
 from django.db import close_old_connections
 from django.utils import timezone
@@ -56,7 +57,7 @@ def _ensure_flusher() -> None:
 
 def _flush_forever() -> None:
     while True:
-        threading.Event().wait(FLUSH_INTERVAL_SECONDS)
+        time.sleep(FLUSH_INTERVAL_SECONDS)
         _flush_quietly()
 
 

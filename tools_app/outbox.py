@@ -144,8 +144,9 @@ def record_failed_attempt(event: OutboxEvent, error: str) -> bool:
                "next_attempt_at": timezone.now() + timedelta(seconds=min(delay, 3600))}
     if dead:
         changes["status"] = OutboxStatus.DEAD
-    if OutboxEvent.objects.filter(pk=event.pk, status=OutboxStatus.PENDING, attempts=event.attempts).update(**changes) \
-            and dead:
+    moved = OutboxEvent.objects.filter(pk=event.pk, status=OutboxStatus.PENDING, attempts=event.attempts).update(
+        **changes)
+    if moved and dead:
         audit.record_event(action="outbox.dead_lettered", obj=event, actor=RELAY_ACTOR, reason=error,
                            after={"attempts": attempts})
     return dead

@@ -35,8 +35,6 @@ from pydantic import BaseModel
 from tools_app.errors import InvalidInput, ToolFailure
 from tools_app.registry import ToolContext, ToolSpec, WriteInput, register
 
-PIPELINE_EXTRA = "pipeline"
-
 
 class Interrupted(Exception):
     """The task was cancelled or its lease was lost: stop now, write nothing."""
@@ -139,10 +137,6 @@ class Pipeline:
         return Transient(f"{type(exc).__name__}: {exc}"[:500])
 
 
-def pipeline_of(spec: ToolSpec) -> Pipeline | None:
-    return spec.extras.get(PIPELINE_EXTRA)
-
-
 def _runs_as_task(ctx: ToolContext, args: Any) -> dict[str, Any]:
     # calls.call_tool sends long tools to tools_app.task_calls before any handler runs.
     raise AssertionError("a long tool's call starts its task; it has no direct handler")
@@ -153,4 +147,4 @@ def task_tool(*, name: str, title: str, description: str, input_model: type[Writ
     """Declare a long tool: calling it starts (or rejoins) a task running `pipeline`."""
     return register(ToolSpec(
         name=name, title=title, description=description, input_model=input_model, output_model=output_model,
-        handler=_runs_as_task, writes=True, extras={PIPELINE_EXTRA: pipeline}, **declaration))
+        handler=_runs_as_task, writes=True, pipeline=pipeline, **declaration))

@@ -10,7 +10,7 @@ annotations, the engine's policy) is derived from it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -92,7 +92,8 @@ class ToolSpec:
     # resolves an UNKNOWN record as succeeded.
     result_for_reference: Callable[[Any, str], dict[str, Any]] | None = None
     approval: ApprovalRule | None = None  # set: a sensitive tool (see tools_app.approvals)
-    extras: dict[str, Any] = field(default_factory=dict)
+    # Set for long tools (tools_app.pipelines.task_tool): a call starts or rejoins a task running it.
+    pipeline: Any = None
 
     @property
     def excluded_from_fingerprint(self) -> frozenset[str]:

@@ -22,7 +22,6 @@ from tools_app import idempotency, tasks
 from tools_app.calls import Caller, CallResult, call_tool, validate_arguments, with_idempotency_key
 from tools_app.errors import AlreadyDone, InProgress, InvalidInput, ToolFailure
 from tools_app.models import Task, TaskStatus
-from tools_app.pipelines import pipeline_of
 from tools_app.registry import ENGINE_FIELDS, ToolContext, ToolSpec, all_tools, get_tool
 
 START_TASK = "start_task"
@@ -119,7 +118,7 @@ def describe(task: Task) -> TaskStatusView:
 
 
 def long_tools() -> list[str]:
-    return sorted(spec.name for spec in all_tools() if pipeline_of(spec) is not None)
+    return sorted(spec.name for spec in all_tools() if spec.pipeline is not None)
 
 
 # --- starting -----------------------------------------------------------------------------------
@@ -128,7 +127,7 @@ def long_tools() -> list[str]:
 def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str) -> TaskHandle:
     """Create the task for `tool` (start_task's handler, inside the engine's transaction)."""
     spec = get_tool(tool)
-    pipeline = pipeline_of(spec)
+    pipeline = spec.pipeline
     if pipeline is None:
         raise InvalidInput(f"{tool} does not run as a task; tools that do: {', '.join(long_tools())}")
     given = sorted(ENGINE_FIELDS & arguments.keys())

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from tools_app import checkpoints, tasks
 from tools_app.errors import ToolFailure, Transient
 from tools_app.models import StepOutcome, StepRun, Task
-from tools_app.pipelines import Interrupted, Pipeline, StepContext, WaitFor, pipeline_of
+from tools_app.pipelines import Interrupted, Pipeline, StepContext, WaitFor
 from tools_app.registry import ToolSpec, get_tool
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class Runner:
         self.task = task
         self.owner = owner
         self.spec: ToolSpec = get_tool(task.tool)
-        self.pipeline: Pipeline = pipeline_of(self.spec)
+        self.pipeline: Pipeline = self.spec.pipeline
         self.slice_ends = time.monotonic() + settings.IDEMOPS["TASK_SLICE_SECONDS"]
 
     def run(self) -> tuple[str, datetime | None]:
