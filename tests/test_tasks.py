@@ -157,14 +157,14 @@ def test_of_two_workers_racing_for_a_task_exactly_one_takes_it(transactional_db,
 def test_a_cancel_takes_the_lease_away_so_the_running_worker_writes_nothing_more(transactional_db, caller, fast):
     task = start(caller, {"text": TEXT})
     mine = tasks.take(str(task.pk), "worker-a")
-    run = tasks.begin_step(mine, "worker-a", INGEST.steps[0], 0)
+    run = tasks.begin_step(mine, "worker-a", INGEST.steps[0], 0, completed=[])
 
     tasks.cancel(Task.objects.get(pk=task.pk), actor="agent:acme/test", reason="changed my mind")
 
-    prepared = checkpoints.prepare(mine, INGEST, INGEST.steps[0], {"data_base64": ""}, [])
+    prepared = checkpoints.prepare(mine, INGEST.steps[0], 0, {"data_base64": ""}, [])
     assert tasks.renew_lease(task.pk, "worker-a") is False
     assert tasks.complete_step(mine, "worker-a", prepared, run) is False
-    assert tasks.begin_step(mine, "worker-a", INGEST.steps[1], 1) is None
+    assert tasks.begin_step(mine, "worker-a", INGEST.steps[1], 1, completed=[]) is None
     assert not Checkpoint.objects.exists()
     task.refresh_from_db()
     assert task.status == TaskStatus.CANCELLED and "changed my mind" in task.failure_reason
@@ -215,7 +215,7 @@ def test_a_long_job_hands_the_task_on_to_a_new_job_at_a_step_boundary(transactio
 def paused_task(caller) -> Task:
     task = start(caller, {"text": TEXT})
     task = tasks.take(str(task.pk), "worker-a")
-    tasks.begin_step(task, "worker-a", INGEST.steps[2], 2)
+    tasks.begin_step(task, "worker-a", INGEST.steps[2], 2, completed=[])
     assert tasks.pause_for_input(task, "worker-a", "needs text", {"text": {"schema": {"type": "string"}}})
     return Task.objects.get(pk=task.pk)
 
@@ -408,7 +408,7 @@ def test_the_sweep_is_a_periodic_django_q2_schedule(db):
 
 def running_task(caller) -> Task:
     task = start(caller, {"text": TEXT})
-    tasks.begin_step(tasks.take(str(task.pk), "worker-a"), "worker-a", INGEST.steps[0], 0)
+    tasks.begin_step(tasks.take(str(task.pk), "worker-a"), "worker-a", INGEST.steps[0], 0, completed=[])
     return task
 
 

@@ -55,14 +55,12 @@ class Prepared:
     data: bytes
     checksum: str
     input_digest: str
-    replaces: bool  # an (invalid) checkpoint exists at this position
 
 
-def prepare(task: Task, pipeline: Pipeline, step: Step, output: Any, previous_checksums: list[str],
-            replaces: bool = False) -> Prepared:
+def prepare(task: Task, step: Step, sequence: int, output: Any, previous_checksums: list[str]) -> Prepared:
     data = serialize(output)
-    return Prepared(step=step, sequence=pipeline.index_of(step.name), data=data, checksum=sha256(data),
-                    input_digest=input_digest(task, step, previous_checksums), replaces=replaces)
+    return Prepared(step=step, sequence=sequence, data=data, checksum=sha256(data),
+                    input_digest=input_digest(task, step, previous_checksums))
 
 
 def write(task: Task, prepared: Prepared) -> None:
@@ -83,10 +81,8 @@ def write(task: Task, prepared: Prepared) -> None:
     Checkpoint.objects.bulk_create(
         [Checkpoint(task=task, sequence=prepared.sequence, **fields)],
         update_conflicts=True, unique_fields=["task", "sequence"], update_fields=list(fields))
-    if prepared.replaces:
-        # The artifact of the output this one replaced is nobody's now.
-        TaskArtifact.objects.filter(task=task, checkpoint__isnull=True).exclude(pk=getattr(artifact, "pk", None)) \
-            .delete()
+    # The artifact of an output this one replaced (an invalid checkpoint) is nobody's now.
+    TaskArtifact.objects.filter(task=task, checkpoint__isnull=True).exclude(pk=getattr(artifact, "pk", None)).delete()
 
 
 def stored_bytes(checkpoint: Checkpoint) -> bytes:
@@ -97,12 +93,10 @@ def stored_bytes(checkpoint: Checkpoint) -> bytes:
 
 @dataclass
 class Resumption:
-    """Where a task resumes: the outputs it may reuse, the checksums they had, and
-    the positions that hold a checkpoint (valid or not)."""
+    """Where a task resumes: the outputs it may reuse (by step, in order) and the checksums they had."""
 
     outputs: dict[str, Any]
     checksums: list[str]
-    stored: frozenset[int] = frozenset()
 
     @property
     def next_index(self) -> int:
@@ -127,7 +121,7 @@ def valid_prefix(task: Task, pipeline: Pipeline, *, actor: str = audit.SYSTEM) -
             break
         outputs[step.name] = json.loads(stored_bytes(checkpoint))
         checksums.append(checkpoint.checksum)
-    return Resumption(outputs=outputs, checksums=checksums, stored=frozenset(stored))
+    return Resumption(outputs=outputs, checksums=checksums)
 
 
 def _problem(task: Task, step: Step, checkpoint: Checkpoint, previous_checksums: list[str]) -> str:

@@ -57,7 +57,7 @@ class StepContext:
     """What a running step sees. Built by the runner (tools_app.task_runner)."""
 
     def __init__(self, *, task, arguments: BaseModel, outputs: Mapping[str, Any],
-                 progress: Callable[[float, float | None, str], None], check: Callable[[], None]):
+                 progress: Callable[[float, float | None, str], None]):
         self.task = task
         self.task_id = task.pk
         self.tenant_id = task.tenant_id
@@ -65,15 +65,11 @@ class StepContext:
         self.outputs = outputs
         self.resume_input: dict[str, Any] = task.resume_input or {}
         self._progress = progress
-        self._check = check
 
     def progress(self, done: float, total: float | None = None, message: str = "") -> None:
-        """Record progress inside the step; raises Interrupted once the task is cancelled."""
+        """Record progress inside the step; raises Interrupted once the task is cancelled
+        (long steps call it often: it is also the cooperative cancellation point)."""
         self._progress(done, total, message)
-
-    def check_cancelled(self) -> None:
-        """Raise Interrupted if the task was cancelled or its lease lost (cheap: no query)."""
-        self._check()
 
 
 StepFunction = Callable[[StepContext], Any]
@@ -84,7 +80,6 @@ class Step:
     name: str
     run: StepFunction
     version: int = 1  # bump when the step's output changes: its old checkpoints stop being valid
-    description: str = ""
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,10 @@ from pydantic import BaseModel, Field
 from tools_app import idempotency, tasks
 from tools_app.calls import Caller, CallResult, call_tool, validate_arguments, with_idempotency_key
 from tools_app.errors import AlreadyDone, InProgress, InvalidInput, ToolFailure
-from tools_app.models import Task, TaskStatus
+from tools_app.models import ErrorClass, Task, TaskStatus
 from tools_app.registry import ENGINE_FIELDS, ToolContext, ToolSpec, all_tools, get_tool
 
 START_TASK = "start_task"
-TRANSIENT = "transient"
 
 
 # --- what an agent sees -----------------------------------------------------------------------
@@ -69,11 +68,6 @@ class TaskStatusView(BaseModel):
     next_action: str
 
 
-def is_retryable(task: Task) -> bool:
-    return task.status in (TaskStatus.PAUSED, TaskStatus.RETRYING) or (
-        task.status == TaskStatus.FAILED and task.failure_class == TRANSIENT)
-
-
 def next_action(task: Task) -> str:
     match task.status:
         case TaskStatus.CREATED:
@@ -92,7 +86,7 @@ def next_action(task: Task) -> str:
             return f"Paused: {task.pause_reason} resume_task continues it; cancel_task stops it."
         case TaskStatus.SUCCEEDED:
             return "Done. get_task_result returns the result."
-        case TaskStatus.FAILED if task.failure_class == TRANSIENT:
+        case TaskStatus.FAILED if tasks.resumable(task):
             return (f"Failed after retries: {task.failure_reason}. resume_task runs it again from its last "
                     "checkpoint.")
         case TaskStatus.FAILED:
@@ -114,7 +108,7 @@ def describe(task: Task) -> TaskStatusView:
         input_request=task.input_request if task.status == TaskStatus.PAUSED else None,
         next_retry_at=task.next_retry_at if task.status == TaskStatus.RETRYING else None,
         created_at=task.created_at, last_update=task.updated_at, finished_at=task.finished_at,
-        cancellable=task.status in tasks.ACTIVE, retryable=is_retryable(task), next_action=next_action(task))
+        cancellable=task.status in tasks.ACTIVE, retryable=tasks.resumable(task), next_action=next_action(task))
 
 
 def long_tools() -> list[str]:
@@ -179,7 +173,7 @@ def unfinished(task: Task) -> ToolFailure:
     """The error that stands for a task without a result (yet)."""
     details = {"task_id": str(task.pk), "task_status": task.status}
     if task.status == TaskStatus.FAILED:
-        failure = ToolFailure.from_dict({"class": task.failure_class or TRANSIENT, "message": (
+        failure = ToolFailure.from_dict({"class": task.failure_class or ErrorClass.TRANSIENT, "message": (
             f"task {task.pk} failed: {task.failure_reason}. {next_action(task)}")})
         failure.details = details
         return failure

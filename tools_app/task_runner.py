@@ -119,17 +119,15 @@ class Runner:
         for index in range(first, len(self.pipeline.steps)):
             step = self.pipeline.steps[index]
             if run is None:
-                run = tasks.begin_step(task, self.owner, step, index)
+                run = tasks.begin_step(task, self.owner, step, index, completed=list(resumption.outputs))
                 if run is None:
                     return "interrupted before step " + step.name, None
             heartbeat = Heartbeat(task.pk, self.owner)
-            context = StepContext(task=task, arguments=arguments, outputs=outputs, progress=heartbeat.progress,
-                                  check=heartbeat.check)
+            context = StepContext(task=task, arguments=arguments, outputs=outputs, progress=heartbeat.progress)
             try:
                 with heartbeat:
                     output = step.run(context)
-                prepared = checkpoints.prepare(task, self.pipeline, step, output, checksums,
-                                               replaces=index in resumption.stored)
+                prepared = checkpoints.prepare(task, step, index, output, checksums)
             except Interrupted:
                 tasks.finish_step_run(run, StepOutcome.INTERRUPTED)
                 return f"interrupted in step {step.name}", None

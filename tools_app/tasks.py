@@ -34,13 +34,13 @@ from typing import Any
 import jsonschema
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from tools_app import audit, checkpoints
+from tools_app import audit, checkpoints, db
 from tools_app.errors import AlreadyDone, InProgress, InvalidInput, NotFound, PermissionDenied, ToolFailure
-from tools_app.models import IdempotencyRecord, StepOutcome, StepRun, Task, TaskStatus
+from tools_app.models import ErrorClass, IdempotencyRecord, StepOutcome, StepRun, Task, TaskStatus
 from tools_app.pipelines import Step
 
 logger = logging.getLogger(__name__)
@@ -67,22 +67,21 @@ def _lease_expiry(now: datetime) -> datetime:
     return now + timedelta(seconds=lease_seconds())
 
 
-def _transition(task: Task, expected: dict[str, Any], changes: dict[str, Any], condition: Q | None = None) -> bool:
-    """The conditional UPDATE every state change goes through; bumps the version."""
-    now = timezone.now()
-    updated = Task.objects.filter(condition or Q(), pk=task.pk, version=task.version, **expected).update(
-        **changes, version=F("version") + 1, updated_at=now)
-    if updated:
-        for name, value in changes.items():
-            setattr(task, name, value)
-        task.version += 1
-        task.updated_at = now
-    return bool(updated)
+def _transition(task: Task, expected: dict[str, Any], changes: dict[str, Any], *, action: str, actor: str,
+                reason: str = "", **after: Any) -> bool:
+    """The conditional UPDATE every state change goes through, with its audit event, in one statement.
 
-
-def _event(task: Task, action: str, actor: str, before: str, reason: str = "", **after: Any) -> None:
-    audit.record_event(action=action, obj=task, actor=actor, trace_id=task.trace_id, reason=reason,
-                       before={"status": before}, after={"status": task.status, **after})
+    Guarded by the version read (and `expected`); bumps it. `after` adds to the event's after-state.
+    """
+    changes = {**changes, "version": task.version + 1, "updated_at": timezone.now()}
+    event = audit.new_event(action=action, obj=task, actor=actor, trace_id=task.trace_id, reason=reason,
+                            before={"status": task.status},
+                            after={"status": changes.get("status", task.status), **after})
+    if not db.conditional_update(task, {"version": task.version, **expected}, changes, event=event):
+        return False
+    for name, value in changes.items():
+        setattr(task, name, value)
+    return True
 
 
 def _enqueue(task: Task) -> None:
@@ -124,22 +123,25 @@ def take(task_id: str, owner: str) -> Task | None:
     task = Task.objects.select_related("record").filter(pk=task_id).first()
     if task is None or task.status not in RUNNABLE or (task.next_retry_at and task.next_retry_at > now):
         return None
-    before = task.status
     if not _transition(task, {"status__in": RUNNABLE}, {
         "status": TaskStatus.RUNNING, "lease_owner": owner, "lease_expires_at": _lease_expiry(now),
         "next_retry_at": None,
-    }):
+    }, action="task.taken", actor=owner, attempt=task.attempts):
         return None  # another worker took it (or it was cancelled) since we read it
-    _event(task, "task.taken", owner, before, attempt=task.attempts)
     return task
 
 
 @transaction.atomic
-def begin_step(task: Task, owner: str, step: Step, sequence: int) -> StepRun | None:
-    """Start the first step of a run, if the task is still ours and running."""
-    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, _step_changes(step)):
+def begin_step(task: Task, owner: str, step: Step, sequence: int, completed: list[str]) -> StepRun | None:
+    """Start the first step of a run, if the task is still ours and running.
+
+    `completed` are the steps whose checkpoints this run verified: a rejected
+    checkpoint's step no longer counts as done.
+    """
+    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner},
+                       {**_step_changes(step), "completed_steps": completed},
+                       action="task.step_started", actor=owner, step=step.name):
         return None
-    _event(task, "task.step_started", owner, TaskStatus.RUNNING, step=step.name)
     return _step_run(task, owner, step, sequence)
 
 
@@ -178,12 +180,12 @@ def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: S
     changes = {"completed_steps": completed, "lease_expires_at": _lease_expiry(timezone.now())}
     if then is not None:
         changes.update(_step_changes(then[0]))
-    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, changes):
+    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, changes,
+                       action="task.step_completed", actor=owner, step=prepared.step.name,
+                       checksum=prepared.checksum, next_step=then[0].name if then else None):
         return False
     checkpoints.write(task, prepared)
     finish_step_run(run, StepOutcome.SUCCEEDED)
-    _event(task, "task.step_completed", owner, TaskStatus.RUNNING, step=prepared.step.name,
-           checksum=prepared.checksum, next_step=then[0].name if then else None)
     return _step_run(task, owner, *then) if then is not None else True
 
 
@@ -192,18 +194,13 @@ def finish_step_run(run: StepRun, outcome: StepOutcome, error: str = "") -> None
     StepRun.objects.filter(pk=run.pk).update(outcome=outcome, error=error[:2000], finished_at=timezone.now())
 
 
-@transaction.atomic
 def succeed(task: Task, owner: str, result: dict[str, Any]) -> bool:
     """running -> succeeded, storing the tool's result."""
-    now = timezone.now()
-    if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
-        "status": TaskStatus.SUCCEEDED, "result": result, "current_step": "", "finished_at": now,
+    return _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
+        "status": TaskStatus.SUCCEEDED, "result": result, "current_step": "", "finished_at": timezone.now(),
         "lease_owner": "", "lease_expires_at": None, "failure_class": "", "failure_reason": "",
         "progress_done": task.steps_total, "progress_total": task.steps_total, "progress_message": "done",
-    }):
-        return False
-    _event(task, "task.succeeded", owner, TaskStatus.RUNNING)
-    return True
+    }, action="task.succeeded", actor=owner)
 
 
 @transaction.atomic
@@ -212,11 +209,10 @@ def fail(task: Task, owner: str, failure: ToolFailure, run: StepRun | None = Non
     if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
         "status": TaskStatus.FAILED, "failure_class": str(failure.error_class), "failure_reason": failure.message,
         "finished_at": timezone.now(), "lease_owner": "", "lease_expires_at": None,
-    }):
+    }, action="task.failed", actor=owner, failure_class=str(failure.error_class)):
         return False
     if run is not None:
         finish_step_run(run, StepOutcome.FAILED, failure.message)
-    _event(task, "task.failed", owner, TaskStatus.RUNNING, failure_class=str(failure.error_class))
     return True
 
 
@@ -233,12 +229,11 @@ def retry_later(task: Task, owner: str, failure: ToolFailure, delay: float, *, w
         "status": TaskStatus.RETRYING, "attempts": task.attempts + 1, "next_retry_at": now + timedelta(seconds=delay),
         "failure_class": str(failure.error_class), "failure_reason": failure.message,
         "lease_owner": "", "lease_expires_at": None, "enqueued_at": now if waited_by_worker else None,
-    }):
+    }, action="task.retry_scheduled", actor=owner, attempt=task.attempts + 1, retry_in_seconds=round(delay, 3),
+            failure_class=str(failure.error_class)):
         return False
     if run is not None:
         finish_step_run(run, StepOutcome.FAILED, failure.message)
-    _event(task, "task.retry_scheduled", owner, TaskStatus.RUNNING, attempt=task.attempts,
-           retry_in_seconds=round(delay, 3), failure_class=str(failure.error_class))
     return True
 
 
@@ -249,11 +244,10 @@ def pause_for_input(task: Task, owner: str, reason: str, input_request: dict[str
     if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
         "status": TaskStatus.PAUSED, "pause_reason": reason, "input_request": input_request, "resume_input": None,
         "lease_owner": "", "lease_expires_at": None,
-    }):
+    }, action="task.paused", actor=owner, reason=reason, step=task.current_step):
         return False
     if run is not None:
         finish_step_run(run, StepOutcome.PAUSED, reason)
-    _event(task, "task.paused", owner, TaskStatus.RUNNING, reason, step=task.current_step)
     return True
 
 
@@ -263,9 +257,8 @@ def hand_on(task: Task, owner: str) -> bool:
     from the checkpoints (keeps every job well inside django-q2's timeout)."""
     if not _transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
         "status": TaskStatus.CREATED, "lease_owner": "", "lease_expires_at": None, "enqueued_at": timezone.now(),
-    }):
+    }, action="task.handed_on", actor=owner):
         return False
-    _event(task, "task.handed_on", owner, TaskStatus.RUNNING)
     _enqueue(task)
     return True
 
@@ -280,25 +273,20 @@ def expire_lease(task: Task, actor: str = SWEEPER) -> bool:
     Guarded by the expired lease itself: a worker that renewed in time keeps it.
     """
     now = timezone.now()
-    before = task.status
     deaths = task.lease_expiries + 1
     expected = {"status": TaskStatus.RUNNING, "lease_owner": task.lease_owner, "lease_expires_at__lt": now}
     if deaths >= settings.IDEMOPS["TASK_MAX_LEASE_EXPIRIES"]:
         reason = (f"the worker running step {task.current_step!r} died {deaths} times; "
                   "resume_task runs it again if the cause is fixed")
-        if not _transition(task, expected, {
-            "status": TaskStatus.FAILED, "lease_expiries": deaths, "failure_class": "transient",
+        return _transition(task, expected, {
+            "status": TaskStatus.FAILED, "lease_expiries": deaths, "failure_class": ErrorClass.TRANSIENT,
             "failure_reason": reason, "finished_at": now, "lease_owner": "", "lease_expires_at": None,
-        }):
-            return False
-        _event(task, "task.failed", actor, before, reason, failure_class="transient")
-        return True
+        }, action="task.failed", actor=actor, reason=reason, failure_class=ErrorClass.TRANSIENT)
     if not _transition(task, expected, {
         "status": TaskStatus.CREATED, "lease_expiries": deaths, "lease_owner": "", "lease_expires_at": None,
         "enqueued_at": now,
-    }):
+    }, action="task.lease_expired", actor=actor, step=task.current_step, lease_expiries=deaths):
         return False
-    _event(task, "task.lease_expired", actor, before, step=task.current_step, lease_expiries=deaths)
     _enqueue(task)
     return True
 
@@ -314,11 +302,11 @@ def _waiting_for_a_job(now: datetime) -> Q:
 
 @transaction.atomic
 def requeue(task: Task, actor: str = SWEEPER) -> bool:
-    """A runnable task that no job will take: queue it again."""
-    now = timezone.now()
-    if not _transition(task, {}, {"enqueued_at": now}, condition=_waiting_for_a_job(now)):
+    """A runnable task that no job will take (as the sweep read it): queue it again.
+
+    The version guard is enough: any change since the read bumped it."""
+    if not _transition(task, {}, {"enqueued_at": timezone.now()}, action="task.requeued", actor=actor):
         return False
-    _event(task, "task.requeued", actor, task.status)
     _enqueue(task)
     return True
 
@@ -370,6 +358,15 @@ def operator_actor(task: Task, user, action: str) -> str:
     return actor
 
 
+def resumable(task: Task, now: datetime | None = None) -> bool:
+    """Whether resume_task would run the task again (from its last valid checkpoint)."""
+    now = now or timezone.now()
+    return (task.status in (TaskStatus.PAUSED, TaskStatus.RETRYING)
+            or (task.status == TaskStatus.FAILED and task.failure_class == ErrorClass.TRANSIENT)
+            or (task.status == TaskStatus.RUNNING and task.lease_expires_at is not None
+                and task.lease_expires_at < now))
+
+
 def _with_retries(task: Task, attempt) -> Task:
     """Read-decide-UPDATE with the version guard; re-read when a worker moved the task meanwhile."""
     for _ in range(OPTIMISTIC_ROUNDS):
@@ -392,15 +389,11 @@ def cancel(task: Task, *, actor: str, reason: str = "") -> Task:
         if task.finished:
             raise AlreadyDone(f"task {task.pk} already {task.status}; nothing to cancel",
                               details={"task_status": task.status})
-        before = task.status
-        if not _transition(task, {"status__in": ACTIVE}, {
+        return _transition(task, {"status__in": ACTIVE}, {
             "status": TaskStatus.CANCELLED, "finished_at": timezone.now(), "lease_owner": "",
             "lease_expires_at": None, "failure_class": "",
             "failure_reason": f"cancelled by {actor}" + (f": {reason}" if reason else ""), "next_retry_at": None,
-        }):
-            return False
-        _event(task, "task.cancelled", actor, before, reason, step=task.current_step)
-        return True
+        }, action="task.cancelled", actor=actor, reason=reason, step=task.current_step)
 
     return _with_retries(task, attempt)
 
@@ -413,13 +406,9 @@ def pause(task: Task, *, actor: str, reason: str) -> Task:
             return True
         if task.status not in RUNNABLE:
             raise InvalidInput(f"task {task.pk} is {task.status}; only queued or retrying tasks can be paused")
-        before = task.status
-        if not _transition(task, {"status__in": RUNNABLE, "lease_owner": ""}, {
+        return _transition(task, {"status__in": RUNNABLE, "lease_owner": ""}, {
             "status": TaskStatus.PAUSED, "pause_reason": reason, "input_request": None, "next_retry_at": None,
-        }):
-            return False
-        _event(task, "task.paused", actor, before, reason)
-        return True
+        }, action="task.paused", actor=actor, reason=reason)
 
     return _with_retries(task, attempt)
 
@@ -444,7 +433,7 @@ def resume(task: Task, *, actor: str, answer: dict[str, Any] | None = None) -> T
                 raise AlreadyDone(f"task {task.pk} was cancelled ({task.failure_reason}); a cancelled task does "
                                   "not resume: start a new task with a new idempotency_key",
                                   details={"task_status": task.status})
-            case TaskStatus.FAILED if task.failure_class != "transient":
+            case TaskStatus.FAILED if not resumable(task, now):
                 failure = ToolFailure.from_dict({"class": task.failure_class, "message": (
                     f"task {task.pk} failed with a {task.failure_class} error that another run would repeat: "
                     f"{task.failure_reason}. Fix the input and start a new task with a new idempotency_key.")})
@@ -462,9 +451,9 @@ def resume(task: Task, *, actor: str, answer: dict[str, Any] | None = None) -> T
                 return expire_lease(task, actor=actor)
             case _:
                 return True  # queued or running: nothing to do
-        if not _transition(task, {"status": before}, changes):
+        if not _transition(task, {"status": before}, changes, action="task.resumed", actor=actor,
+                           answered=sorted((answer or {}).keys())):
             return False
-        _event(task, "task.resumed", actor, before, answered=sorted((answer or {}).keys()))
         _enqueue(task)
         return True
 

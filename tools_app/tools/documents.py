@@ -150,12 +150,12 @@ def summarize(ctx: StepContext) -> dict[str, Any]:
 
 INGEST = Pipeline(
     steps=(
-        Step("receive", receive, description="read the bytes (inline, allowed path or allowed URL)"),
-        Step("detect_format", detect_format, description="text, Markdown, HTML or PDF"),
-        Step("extract_text", extract_text, description="plain text and title; PDFs page by page"),
-        Step("chunk", chunk, description="pieces of at most DOCUMENT_CHUNK_CHARS characters"),
-        Step("index", index, description="the document and its chunks, full-text indexed"),
-        Step("summarize", summarize, description="an extractive summary; the document becomes searchable"),
+        Step("receive", receive),
+        Step("detect_format", detect_format),
+        Step("extract_text", extract_text),
+        Step("chunk", chunk),
+        Step("index", index),
+        Step("summarize", summarize),
     ),
     final=(UnicodeError,),
     validate=check_source,
