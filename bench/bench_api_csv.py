@@ -9,7 +9,7 @@ export, and reads the whole CSV over HTTP. The server's peak RSS (VmHWM from
 /proc) before and after the export gives the memory the export cost.
 
 The comparison is the same endpoint, filters and serializer with the CSV
-built whole in memory and returned as one response (bench/naive_export.py),
+built whole in memory and returned as one response (bench/naive_settings.py, bench/naive_urls.py),
 for the two smaller tenants.
 """
 
@@ -25,7 +25,7 @@ from django.db import connection
 
 from tests.processes import Service, child_env, free_port
 from tools_app import auditors, tenants
-from tools_app.models import IdempotencyRecord, Tenant
+from tools_app.models import Tenant
 
 FILL_SQL = """
 INSERT INTO tools_app_idempotencyrecord
@@ -44,12 +44,9 @@ FROM generate_series(1, %(rows)s) AS g
 
 
 def fill(slug: str, rows: int) -> Tenant:
-    tenant = Tenant.objects.filter(slug=slug).first() or tenants.create_tenant(slug)
-    have = IdempotencyRecord.objects.filter(tenant=tenant).count()
-    if have != rows:
-        IdempotencyRecord.objects.filter(tenant=tenant).delete()
-        with connection.cursor() as cursor:
-            cursor.execute(FILL_SQL, {"tenant": tenant.pk, "rows": rows})
+    tenant = tenants.create_tenant(slug)
+    with connection.cursor() as cursor:
+        cursor.execute(FILL_SQL, {"tenant": tenant.pk, "rows": rows})
     return tenant
 
 

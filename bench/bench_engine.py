@@ -37,9 +37,9 @@ def run() -> str:
     from django.db import connection
 
     from tools_app import db, idempotency, tenants
-    from tools_app.models import IdempotencyRecord, Tenant
+    from tools_app.models import IdempotencyRecord
 
-    tenant = Tenant.objects.filter(slug="bench").first() or tenants.create_tenant("bench")
+    tenant = tenants.create_tenant("bench")
     s = connection.settings_dict
     raw = psycopg.connect(dbname=s["NAME"], host=s["HOST"], user=s["USER"], autocommit=True)
     raw.execute("CREATE TABLE IF NOT EXISTS bench_raw_claims (id bigserial PRIMARY KEY, tenant_id bigint, "

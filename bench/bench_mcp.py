@@ -73,9 +73,8 @@ def start_server() -> tuple[subprocess.Popen, str]:
 
 def run() -> str:
     from tools_app import tenants
-    from tools_app.models import Tenant
 
-    tenant = Tenant.objects.filter(slug="bench-mcp").first() or tenants.create_tenant("bench-mcp")
+    tenant = tenants.create_tenant("bench-mcp")
     _, token = tenants.issue_token(tenant, f"bench-{uuid.uuid4().hex[:6]}")
     server, url = start_server()
     try:

@@ -29,7 +29,7 @@ from bench.common import ROOT
 from tests.documents_fixtures import long_text, pdf_of_text
 from tools_app import task_runner, tasks, tenants
 from tools_app.calls import Caller, call_tool
-from tools_app.models import StepRun, Task, TaskStatus, Tenant
+from tools_app.models import StepRun, Task, TaskStatus
 from tools_app.pipelines import Pipeline, Step, StepContext, task_tool
 from tools_app.registry import WriteInput, get_tool
 from tools_app.tools.documents import INGEST
@@ -225,7 +225,7 @@ def tasks_lease_expired_at(task: Task) -> float:
 
 
 def run() -> str:
-    tenant = Tenant.objects.filter(slug="bench-tasks").first() or tenants.create_tenant("bench-tasks")
+    tenant = tenants.create_tenant("bench-tasks")
     caller = Caller(tenant_id=tenant.pk, actor="agent:bench-tasks/bench")
     doc_dir = ROOT / "var" / "bench-docs"
     doc_dir.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def setup_django() -> None:
     """Django on a fresh `bench` database of the embedded cluster in var/bench-pg (or DATABASE_URL's server)."""
     sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("DATABASE_URL", fresh_database_url())
+    if "DATABASE_URL" not in os.environ:
+        os.environ["DATABASE_URL"] = fresh_database_url()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "idemops.settings")
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     import django

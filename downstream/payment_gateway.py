@@ -96,24 +96,30 @@ async def create_payment(request: Request) -> Response:
         return JSONResponse({"error": problem}, 422)
     async with request.app.state.pool.connection() as conn:
         fault = request.headers.get("x-fault") or await take_fault(conn, key)
-        await conn.commit()
-        if fault == "fail":
-            return JSONResponse({"error": "internal error (injected)"}, 500)
-        if fault == "reject":
-            return JSONResponse({"error": "payee account closed (injected)"}, 422)
-        if fault in ("ratelimit", "unavailable"):
-            return JSONResponse({"error": f"{fault} (injected)"}, 429 if fault == "ratelimit" else 503,
-                                headers={"Retry-After": RETRY_AFTER_SECONDS})
-        if fault == "hang":
-            await asyncio.sleep(HANG_SECONDS)
-        digest = hashlib.sha256(json.dumps({k: str(v) for k, v in payment.items()}, sort_keys=True).encode())
+    if fault == "fail":
+        return JSONResponse({"error": "internal error (injected)"}, 500)
+    if fault == "reject":
+        return JSONResponse({"error": "payee account closed (injected)"}, 422)
+    if fault in ("ratelimit", "unavailable"):
+        return JSONResponse({"error": f"{fault} (injected)"}, 429 if fault == "ratelimit" else 503,
+                            headers={"Retry-After": RETRY_AFTER_SECONDS})
+    if fault == "hang":
+        # Never answers and never pays, not even after the client gave up (and holds no connection).
+        return await _never_answer()
+    digest = hashlib.sha256(json.dumps({k: str(v) for k, v in payment.items()}, sort_keys=True).encode())
+    async with request.app.state.pool.connection() as conn:
         row, created = await insert_once(conn, key, digest.hexdigest(), payment)
     if row[2] != digest.hexdigest():
         return JSONResponse({"error": "Idempotency-Key was already used with a different request"}, 409)
     if fault == "succeed-then-hang":
-        await asyncio.sleep(HANG_SECONDS)
+        return await _never_answer()
     return JSONResponse(payment_json(row), 201 if created else 200,
                         headers={} if created else {"Idempotent-Replayed": "true"})
+
+
+async def _never_answer() -> Response:
+    await asyncio.sleep(HANG_SECONDS)
+    return JSONResponse({"error": "gave up hanging"}, 504)
 
 
 async def insert_once(conn, key: str, digest: str, payment: dict) -> tuple[tuple, bool]:

@@ -111,18 +111,16 @@ def drop_database(name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-class PaymentGateway(Service):
-    """downstream.payment_gateway as a process, with its own database to check what it did."""
+class DownstreamService(Service):
+    """A service of downstream/ as a process, on a fresh database of its own (to check what it did)."""
 
-    database = "test_payment_gateway"
-
-    def __init__(self):
-        drop_database(self.database)
+    def __init__(self, name: str, module: str, database: str, *extra_args: str):
+        drop_database(database)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.database_url = service_database_url(self.database)
-        super().__init__("payment-gateway", [sys.executable, "-m", "downstream.payment_gateway", "--port",
-                                             str(self.port), "--database-url", self.database_url], os.environ.copy())
+        self.database_url = service_database_url(database)
+        super().__init__(name, [sys.executable, "-m", module, "--port", str(self.port),
+                                "--database-url", self.database_url, *extra_args], os.environ.copy())
         self.wait_http(f"{self.url}/healthz")
 
     def sql(self, query: str, params=()) -> list[tuple]:
@@ -131,46 +129,42 @@ class PaymentGateway(Service):
         with psycopg.connect(self.database_url, autocommit=True) as conn:
             cursor = conn.execute(query, params)
             return cursor.fetchall() if cursor.description else []
+
+    def put(self, path: str, body: dict) -> None:
+        """Tell the service to misbehave, through its own HTTP API."""
+        import httpx2
+
+        httpx2.put(f"{self.url}{path}", json=body, timeout=10).raise_for_status()
+
+
+class PaymentGateway(DownstreamService):
+    def __init__(self):
+        super().__init__("payment-gateway", "downstream.payment_gateway", "test_payment_gateway")
 
     def payments(self) -> list[tuple]:
         return self.sql("SELECT id, idempotency_key, amount FROM payments ORDER BY created_at")
 
     def set_fault(self, key: str, mode: str, times: int | None = None) -> None:
-        self.sql("INSERT INTO faults (key, mode, remaining) VALUES (%s, %s, %s) ON CONFLICT (key) DO UPDATE "
-                 "SET mode = excluded.mode, remaining = excluded.remaining", (key, mode, times))
+        self.put(f"/faults/{key}", {"mode": mode, "times": times})
 
     def reset(self) -> None:
         self.sql("TRUNCATE payments, faults")
 
 
-class NotificationSink(Service):
-    """downstream.notification_sink as a process: SMTP + webhooks, deduplicating by event id."""
-
-    database = "test_notification_sink"
+class NotificationSink(DownstreamService):
+    """SMTP + webhooks, deduplicating by event id."""
 
     def __init__(self):
-        drop_database(self.database)
-        self.port, self.smtp_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.database_url = service_database_url(self.database)
-        super().__init__("notification-sink", [
-            sys.executable, "-m", "downstream.notification_sink", "--port", str(self.port),
-            "--smtp-port", str(self.smtp_port), "--database-url", self.database_url], os.environ.copy())
-        self.wait_http(f"{self.url}/healthz")
-
-    def sql(self, query: str, params=()) -> list[tuple]:
-        import psycopg
-
-        with psycopg.connect(self.database_url, autocommit=True) as conn:
-            cursor = conn.execute(query, params)
-            return cursor.fetchall() if cursor.description else []
+        self.smtp_port = free_port()
+        super().__init__("notification-sink", "downstream.notification_sink", "test_notification_sink",
+                         "--smtp-port", str(self.smtp_port))
 
     def messages(self) -> dict[str, int]:
         """Event id → how many times it was delivered."""
         return dict(self.sql("SELECT event_id, deliveries FROM messages"))
 
     def set_faults(self, *, delay_seconds: float = 0, fail_times: int = 0) -> None:
-        self.sql("UPDATE faults SET delay_seconds = %s, fail_times = %s", (delay_seconds, fail_times))
+        self.put("/faults", {"delay_seconds": delay_seconds, "fail_times": fail_times})
 
     def reset(self) -> None:
         self.sql("TRUNCATE messages")

@@ -5,7 +5,7 @@ from django.contrib.auth.models import Group, User
 from rest_framework.test import APIClient
 
 from tests.api_support import ENDPOINTS, key_client, make_row
-from tools_app import auditors
+from tools_app import auditors, tenants
 from tools_app.models import AuditEvent, AuditorKey
 
 pytestmark = pytest.mark.django_db
@@ -28,7 +28,7 @@ def test_it_answers_401_to_an_unknown_key(tenant):
 
 
 def test_it_answers_401_to_an_agents_mcp_token(tenant):
-    _, raw_token = __import__("tools_app.tenants", fromlist=["issue_token"]).issue_token(tenant, "bot")
+    _, raw_token = tenants.issue_token(tenant, "bot")
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_token}")
 

@@ -118,6 +118,7 @@ def test_a_revoked_grant_takes_effect_on_the_next_request(tenant, other_tenant, 
     auditors.set_tenants(key, [tenant], actor="user:admin")
 
     listed = ids(client.get("/api/v1/idempotency-records", {"page_size": 1000}))
+    assert set(listed) >= set(rows["idempotency-records"]["acme"])  # still granted
     assert not set(listed) & set(rows["idempotency-records"]["globex"])
 
 

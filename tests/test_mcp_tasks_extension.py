@@ -96,16 +96,18 @@ class TasksClient(ClientExtension):
 
     async def resolve(self, handle: CreateTaskResult, ctx: ClaimContext) -> CallToolResult:
         self.handles.append(handle)
-        while True:
+        deadline = asyncio.get_running_loop().time() + 120
+        while asyncio.get_running_loop().time() < deadline:
             task = await get_task(ctx.session, handle.task_id)
             self.seen.append(task.status)
             if task.status == "completed":
                 return CallToolResult.model_validate(task.result)
-            if task.status in ("failed", "cancelled"):
-                raise RuntimeError(f"task {task.status}: {task.status_message}")
+            if task.status == "cancelled":
+                raise RuntimeError(f"task cancelled: {task.status_message}")
             if task.status == "input_required" and self.answers:
                 await answer(ctx.session, handle.task_id, task.input_requests, self.answers)
             await asyncio.sleep(0.1)
+        raise TimeoutError(f"task {handle.task_id} did not complete; statuses seen: {self.seen[-5:]}")
 
 
 async def get_task(session, task_id: str) -> DetailedTask:

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 from django.utils import timezone
@@ -77,7 +78,7 @@ def test_a_relay_killed_mid_batch_loses_nothing_and_duplicates_nothing(tenant, d
 
     # then: every event delivered, each notification received once, some of them redelivered and deduplicated
     assert set(OutboxEvent.objects.filter(status=OutboxStatus.DELIVERED).values_list("id", flat=True)) == \
-        {__import__("uuid").UUID(i) for i in ids}
+        {uuid.UUID(i) for i in ids}
     received = sink.messages()
     assert set(received) == ids
     assert max(received.values()) == 2

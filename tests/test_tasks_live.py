@@ -86,7 +86,7 @@ def test_the_same_key_with_other_arguments_is_a_conflict_and_starts_nothing(task
 
 def test_a_client_that_disconnects_and_reconnects_gets_the_same_task_by_key(task_web, task_workers, token,
                                                                              doc_dir):
-    # given a start_task whose connection is gone once it answered
+    # given a start_task whose connection is gone once it answered (each call_sync is its own connection)
     path = big_pdf(doc_dir, "reconnect.pdf", 300_000)
     first = task_of(start(task_web, token, {"path": path}, "reconnect-1"))
 
@@ -99,6 +99,8 @@ def test_a_client_that_disconnects_and_reconnects_gets_the_same_task_by_key(task
     assert again.structured_content["idempotency"]["replayed"] is True
     if direct.is_error:  # not finished within the call's wait: in_progress naming the same task
         assert error_of(direct)["class"] == "in_progress" and error_of(direct)["task_id"] == str(first.pk)
+    else:  # finished within the wait: that task's document
+        assert direct.structured_content["document_id"] == Document.objects.get(task_id=first.pk).pk
     wait_until(lambda: status_of(first) == TaskStatus.SUCCEEDED, what="the task to succeed")
     finished = call_sync(task_web.mcp_url, token, "ingest_document", {"path": path, "idempotency_key": "reconnect-1"})
     assert finished.structured_content["document_id"] == Document.objects.get().pk

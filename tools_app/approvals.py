@@ -205,7 +205,7 @@ def reject(request: ApprovalRequest, user, *, reason: str) -> ApprovalRequest:
 
 
 def _decide(request, user, verdict, reason, take) -> ApprovalRequest:
-    actor = user_actor(user)
+    actor = audit.user_actor(user)
     reason = (reason or "").strip()
     try:
         _check_decider(request, user, actor, verdict, reason)
@@ -217,10 +217,6 @@ def _decide(request, user, verdict, reason, take) -> ApprovalRequest:
         raise ApprovalRefused(str(refusal)) from None
     request.refresh_from_db()
     return request
-
-
-def user_actor(user) -> str:
-    return f"user:{user.get_username()}"
 
 
 def _check_decider(request: ApprovalRequest, user, actor: str, verdict: str, reason: str) -> None:

@@ -39,6 +39,11 @@ SEAL_LOCK_KEY = 0x1DE0_A0D1_7C4A_1200
 SEAL_BATCH = 1000
 
 
+def user_actor(user) -> str:
+    """How a person appears in audit events and on decisions."""
+    return f"user:{user.get_username()}"
+
+
 def record_event(**fields: Any) -> AuditEvent:
     """Write an event now (call inside the transaction of the change)."""
     event = new_event(**fields)

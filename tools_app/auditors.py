@@ -128,7 +128,7 @@ def identity(user: Any) -> str:
     """How an auditor appears in audit events."""
     if isinstance(user, KeyAuditor):
         return user.identity
-    return f"user:{user.get_username()}"
+    return audit.user_actor(user)
 
 
 def record_export(user: Any, resource: str, filters: dict[str, str]) -> None:

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Aggregate, Count, FloatField, Min, QuerySet
+from django.db.models import Aggregate, Count, FloatField, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
@@ -123,7 +123,9 @@ def snapshot(tenant_ids: set[int] | None, window: str = "hour", now: datetime | 
         tool(row["tool"]).overrun_leases = row["n"]
     for row in records.filter(status=RecordStatus.UNKNOWN).values("tool").annotate(n=Count("id")):
         tool(row["tool"]).unknown = row["n"]
-    deduplicated = records.filter(finished_at__gt=since, evidence__contains=[{"answer": {"deduplicated": True}}])
+    # created_at bounds the scan with an index; an operation finishing in the window started shortly before.
+    deduplicated = records.filter(created_at__gt=since - timedelta(hours=1), finished_at__gt=since,
+                                  evidence__contains=[{"answer": {"deduplicated": True}}])
     for row in deduplicated.values("tool").annotate(n=Count("id")):
         tool(row["tool"]).downstream_duplicates = row["n"]
     requests = _scoped(ApprovalRequest.objects.all(), tenant_ids)
@@ -131,7 +133,9 @@ def snapshot(tenant_ids: set[int] | None, window: str = "hour", now: datetime | 
     for row in pending.values("tool").annotate(n=Count("id"), oldest=Min("created_at")):
         tool(row["tool"]).approvals_waiting, tool(row["tool"]).oldest_waiting = row["n"], row["oldest"]
     oldest = pending.aggregate(oldest=Min("created_at"))["oldest"]
-    decided = requests.filter(decided_at__gt=since).values("status").annotate(n=Count("id"))
+    # Expiry, execution and failure end a request without a decision time: count what ended in the window too.
+    decided = requests.filter(Q(decided_at__gt=since) | Q(finished_at__gt=since)).values("status").annotate(
+        n=Count("id"))
     return Snapshot(
         window=win, now=now, tools=sorted(stats.values(), key=lambda s: s.tool),
         timeline=_timeline(calls, since, now, win.bucket),

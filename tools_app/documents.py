@@ -413,18 +413,21 @@ def index(*, tenant_id: int, task_id, title: str, fmt: str, source: str, content
           chunks: list[str], progress: Progress = _no_progress) -> Document:
     """Create the task's document and (re)write its chunks; full-text vectors are a generated column.
 
-    A step re-run after a crash replaces what the killed run wrote, so the
-    document ends the same either way.
+    A step re-run (after a crash, or with new earlier outputs) replaces what
+    an earlier run wrote, fields and chunks alike, in one transaction: readers
+    never see a half-written set of chunks.
     """
-    document, _ = Document.objects.get_or_create(task_id=task_id, defaults=dict(
-        tenant_id=tenant_id, title=title[:TITLE_MAX], format=fmt, source=source[:500],
-        content_sha256=content_sha256, characters=len(text), chunk_count=len(chunks), created_at=timezone.now()))
-    DocumentChunk.objects.filter(document=document).delete()
-    for start in range(0, len(chunks), INDEX_BATCH):
-        batch = chunks[start:start + INDEX_BATCH]
-        DocumentChunk.objects.bulk_create(
-            DocumentChunk(document=document, seq=start + offset, text=text_) for offset, text_ in enumerate(batch))
-        progress(start + len(batch), len(chunks), f"indexed {start + len(batch)}/{len(chunks)} chunks")
+    with transaction.atomic():
+        fields = dict(tenant_id=tenant_id, title=title[:TITLE_MAX], format=fmt, source=source[:500],
+                      content_sha256=content_sha256, characters=len(text), chunk_count=len(chunks))
+        document, _ = Document.objects.update_or_create(
+            task_id=task_id, defaults=fields, create_defaults={**fields, "created_at": timezone.now()})
+        DocumentChunk.objects.filter(document=document).delete()
+        for start in range(0, len(chunks), INDEX_BATCH):
+            batch = chunks[start:start + INDEX_BATCH]
+            DocumentChunk.objects.bulk_create(DocumentChunk(document=document, seq=start + offset, text=text_)
+                                              for offset, text_ in enumerate(batch))
+            progress(start + len(batch), len(chunks), f"indexed {start + len(batch)}/{len(chunks)} chunks")
     return document
 
 

@@ -14,6 +14,7 @@ the event id (email Message-ID, webhook X-Event-Id), so each effect happens once
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from dataclasses import dataclass
@@ -126,7 +127,7 @@ def relay_pending() -> dict[str, int]:
         total.delivered += report.delivered
         total.retried += report.retried
         total.dead += report.dead
-    return {"delivered": total.delivered, "retried": total.retried, "dead": total.dead}
+    return dataclasses.asdict(total)
 
 
 def mark_delivered(event: OutboxEvent) -> bool:

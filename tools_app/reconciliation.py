@@ -23,15 +23,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
-from tools_app import audit, idempotency
-from tools_app.errors import InvalidInput, PermissionDenied, Transient
+from tools_app import idempotency, tenants
+from tools_app.errors import InvalidInput, Transient
 from tools_app.idempotency import evidence_entry
 from tools_app.models import IdempotencyRecord, RecordStatus
 from tools_app.registry import ToolSpec, get_tool
-from tools_app.tenants import visible_tenant_ids
 
 logger = logging.getLogger(__name__)
 SWEEP_ACTOR = "system:reconciler"
@@ -144,8 +142,10 @@ def next_attempt_at(attempt: int) -> datetime | None:
 def resolve_by_operator(record: IdempotencyRecord, user, *, succeeded: bool, reason: str,
                         downstream_reference: str = "") -> None:
     """An operator's decision on an UNKNOWN record, with evidence. Refusals are audited too."""
-    actor = f"user:{user.get_username()}"
-    _check_operator(record, user, actor, reason)
+    if not reason.strip():
+        raise InvalidInput("a resolution needs a reason")
+    actor = tenants.authorize(user, RESOLVE_PERMISSION, record, action="record.resolve_refused",
+                              what="resolve UNKNOWN outcomes")
     evidence = evidence_entry("operator", actor=actor, reason=reason, downstream_reference=downstream_reference)
     if succeeded:
         spec = get_tool(record.tool)
@@ -158,24 +158,6 @@ def resolve_by_operator(record: IdempotencyRecord, user, *, succeeded: bool, rea
         done = idempotency.resolve_failed(record, failure, actor=actor, reason=reason, evidence=evidence)
     if not done:
         raise InvalidInput("this record is no longer UNKNOWN; reload it")
-
-
-def _check_operator(record: IdempotencyRecord, user, actor: str, reason: str) -> None:
-    if not reason.strip():
-        raise InvalidInput("a resolution needs a reason")
-    if refusal := _refusal(record, user):
-        with transaction.atomic():
-            audit.record_event(action="record.resolve_refused", obj=record, actor=actor, reason=refusal)
-        raise PermissionDenied(refusal)
-
-
-def _refusal(record: IdempotencyRecord, user) -> str | None:
-    if not user.has_perm(RESOLVE_PERMISSION):
-        return "you do not have the permission to resolve UNKNOWN outcomes"
-    visible = visible_tenant_ids(user)
-    if visible is not None and record.tenant_id not in visible:
-        return "this record belongs to a tenant you are not granted"
-    return None
 
 
 def reconcile_soon() -> None:

@@ -39,7 +39,7 @@ from django.utils import timezone
 from django_q.tasks import async_task
 
 from tools_app import audit, checkpoints, db
-from tools_app.errors import AlreadyDone, InProgress, InvalidInput, NotFound, PermissionDenied, ToolFailure
+from tools_app.errors import AlreadyDone, InProgress, InvalidInput, NotFound, ToolFailure
 from tools_app.models import ErrorClass, IdempotencyRecord, StepOutcome, StepRun, Task, TaskStatus
 from tools_app.pipelines import Step
 
@@ -339,23 +339,10 @@ def get_for_tenant(tenant_id: int, task_id: Any) -> Task:
 
 
 def operator_actor(task: Task, user, action: str) -> str:
-    """The actor name of an operator allowed to `action` this task; a refusal is audited and raised.
+    """The actor name of an operator allowed to `action` this task; a refusal is audited and raised."""
+    from tools_app.tenants import authorize
 
-    Operators need the manage_task permission and the task's tenant among
-    those they may see (the admin hides what they may not do; this enforces it).
-    """
-    from tools_app.tenants import visible_tenant_ids
-
-    actor = f"user:{user.get_username()}"
-    visible = visible_tenant_ids(user)
-    refusal = ("you do not have the permission to manage tasks" if not user.has_perm(MANAGE_PERMISSION)
-               else "this task belongs to a tenant you may not see" if visible is not None
-               and task.tenant_id not in visible else "")
-    if refusal:
-        with transaction.atomic():
-            audit.record_event(action=f"task.{action}_refused", obj=task, actor=actor, reason=refusal)
-        raise PermissionDenied(refusal)
-    return actor
+    return authorize(user, MANAGE_PERMISSION, task, action=f"task.{action}_refused", what="manage tasks")
 
 
 def resumable(task: Task, now: datetime | None = None) -> bool:

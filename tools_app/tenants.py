@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from tools_app import audit
+from tools_app.errors import PermissionDenied
 from tools_app.models import ApiToken, Tenant, TenantAccess
 
 TOKEN_PREFIX = "idm_"
@@ -64,6 +65,26 @@ def authenticate_token(raw_token: str) -> ApiToken | None:
     if token.last_used_at is None or token.last_used_at < now - LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token
+
+
+def authorize(user, permission: str, obj, *, action: str, what: str) -> str:
+    """The actor name of an operator allowed to `what` (e.g. "resolve UNKNOWN outcomes") on `obj`.
+
+    Needs `permission` and `obj`'s tenant among those the user may see. The
+    admin only hides what a user may not do; this enforces it, and a refusal
+    is audited (as `action`) before it is raised.
+    """
+    actor = audit.user_actor(user)
+    visible = visible_tenant_ids(user)
+    if not user.has_perm(permission):
+        refusal = f"you do not have the permission to {what}"
+    elif visible is not None and obj.tenant_id not in visible:
+        refusal = f"this {obj._meta.verbose_name} belongs to a tenant you may not see"
+    else:
+        return actor
+    with transaction.atomic():
+        audit.record_event(action=action, obj=obj, actor=actor, reason=refusal)
+    raise PermissionDenied(refusal)
 
 
 def visible_tenant_ids(user) -> set[int] | None:

@@ -134,5 +134,5 @@ class ApprovalSettingsAdmin(TenantScopedAdmin, admin.ModelAdmin):
         with transaction.atomic():
             before = ({name: str(form.initial.get(name)) for name in self.AUDITED} if change else None)
             super().save_model(request, obj, form, change)
-            audit.record_event(action="approval_settings.changed", obj=obj, actor=approvals.user_actor(request.user),
+            audit.record_event(action="approval_settings.changed", obj=obj, actor=audit.user_actor(request.user),
                                before=before, after={name: str(getattr(obj, name)) for name in self.AUDITED})

@@ -7,12 +7,12 @@ never writes an AuditorKey row itself.
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 
-from tools_app import auditors
+from tools_app import audit, auditors
 from tools_app.models import AuditorKey
 
 
 def _actor(request) -> str:
-    return f"user:{request.user.get_username()}"
+    return audit.user_actor(request.user)
 
 
 @admin.register(AuditorKey)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
+from django.urls import path
 
 from tools_app import dashboard, tenants
 from tools_app.admin.operator_actions import age
@@ -67,6 +68,11 @@ def tool_bars(stats: dashboard.ToolStats) -> list[tuple[float, str, str]]:
 
 @admin.register(Dashboard)
 class DashboardAdmin(ReadOnlyAdmin):
+    def get_urls(self):
+        # The dashboard page only: no change or history pages of single call events (they are not tenant-scoped).
+        return [path("", self.admin_site.admin_view(self.changelist_view),
+                     name=f"{self.opts.app_label}_{self.opts.model_name}_changelist")]
+
     def changelist_view(self, request, extra_context=None):
         if not self.has_view_permission(request):
             raise PermissionDenied

@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from tools_app import outbox
+from tools_app import audit, outbox
 from tools_app.admin.operator_actions import OperatorAction, QueueAdmin, age
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.models import DeadLetter, OutboxEvent, OutboxStatus
@@ -11,13 +11,14 @@ from tools_app.models import DeadLetter, OutboxEvent, OutboxStatus
 @admin.register(OutboxEvent)
 class OutboxEventAdmin(TenantScopedAdmin, ReadOnlyAdmin):
     list_display = ["id", "tenant", "kind", "status", "attempts", "next_attempt_at", "created_at", "delivered_at"]
-    list_filter = ["status", "kind", "tenant"]
+    list_filter = ["status", "kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    list_select_related = ["tenant"]
     search_fields = ["=id"]
     ordering = ["-created_at"]
 
 
 def redrive(request, event, reason):
-    if not outbox.redrive(event, actor=f"user:{request.user.get_username()}", reason=reason):
+    if not outbox.redrive(event, actor=audit.user_actor(request.user), reason=reason):
         raise outbox.DeliveryFailed("it is no longer dead-lettered")
     return "sent back to the relay"
 
@@ -26,7 +27,8 @@ def redrive(request, event, reason):
 class DeadLetterAdmin(QueueAdmin):
     queue_filter = {"status": OutboxStatus.DEAD}
     list_display = ["id", "tenant", "kind", "waiting", "attempts", "last_error"]
-    list_filter = ["kind", "tenant"]
+    list_filter = ["kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    list_select_related = ["tenant"]
     operator_actions = [OperatorAction("redrive", "Re-drive", "redrive", redrive, refused=(outbox.DeliveryFailed,),
                                        help_text="Deliver again; the consumer deduplicates by event id.")]
 

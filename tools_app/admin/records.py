@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from tools_app import approvals, idempotency
+from tools_app import audit, idempotency
 from tools_app.admin.operator_actions import (
     REASON_REQUIRED,
     OperatorAction,
@@ -21,7 +21,7 @@ class NotExpirable(Exception):
 
 
 def force_expire(request, record, reason: str) -> str:
-    if not idempotency.force_expire(record, actor=approvals.user_actor(request.user), reason=reason):
+    if not idempotency.force_expire(record, actor=audit.user_actor(request.user), reason=reason):
         raise NotExpirable("only a finished record within its retention can be expired")
     return "retention ended now; the tool's expiry policy applies to the next call with this key"
 

@@ -4,14 +4,14 @@ from django import forms
 from django.contrib import admin
 from django.utils.html import format_html
 
-from tools_app import reconciliation
+from tools_app import audit, reconciliation
 from tools_app.admin.operator_actions import REASON_REQUIRED, OperatorAction, QueueAdmin, age, pretty_json
 from tools_app.errors import ToolFailure
 from tools_app.models import RecordStatus, UnknownOutcome
 
 
 def reconcile_now(request, record, reason):
-    return f"now {reconciliation.reconcile(record, actor=f'user:{request.user.get_username()}')}"
+    return f"now {reconciliation.reconcile(record, actor=audit.user_actor(request.user))}"
 
 
 def resolve_succeeded(request, record, reason, downstream_reference=""):
@@ -29,7 +29,8 @@ def resolve_failed(request, record, reason):
 class UnknownOutcomeAdmin(QueueAdmin):
     queue_filter = {"status": RecordStatus.UNKNOWN}
     list_display = ["id", "tenant", "tool", "waiting", "reconcile_attempts", "needs_person", "last_evidence"]
-    list_filter = ["tool", "tenant", ("escalated_at", admin.EmptyFieldListFilter)]
+    list_filter = ["tool", ("tenant", admin.RelatedOnlyFieldListFilter), ("escalated_at", admin.EmptyFieldListFilter)]
+    list_select_related = ["tenant"]
     search_fields = ["=operation_id", "=downstream_key", "=trace_id"]
     fields = ["tenant", "tool", "operation_id", "downstream_key", "actor", "created_at", "reconcile_attempts",
               "next_reconcile_at", "escalated_at", "error_message", "evidence_json"]

@@ -10,10 +10,13 @@ the digests and checksums prove what ran on what without revealing it.
 from __future__ import annotations
 
 import django_filters
+from django.db.models import Prefetch
 from rest_framework import serializers
 
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
 from tools_app.models import Checkpoint, ErrorClass, Task, TaskStatus
+
+TASK_CONTENT = ("arguments", "result", "input_request", "resume_input")
 
 
 class CheckpointSerializer(AuditorSerializer):
@@ -58,8 +61,9 @@ class TaskFilter(django_filters.FilterSet):
 class TaskViewSet(AuditorViewSet):
     """Long tasks, each with the checkpoints it holds."""
 
-    queryset = (Task.objects.select_related("tenant").defer("arguments", "result", "input_request", "resume_input")
-                .prefetch_related("checkpoints__task__tenant"))
+    # Never read what is not exported: arguments, results and step outputs can be megabytes of document.
+    queryset = (Task.objects.select_related("tenant").defer(*TASK_CONTENT)
+                .prefetch_related(Prefetch("checkpoints", Checkpoint.objects.defer("output_inline"))))
     serializer_class = TaskSerializer
     filterset_class = TaskFilter
     export_name = "tasks"
@@ -81,7 +85,8 @@ class CheckpointFilter(django_filters.FilterSet):
 class CheckpointViewSet(AuditorViewSet):
     """Checkpoints of every visible task (`?task=<id>` for one task's), in the order they were written."""
 
-    queryset = Checkpoint.objects.select_related("task__tenant").defer("output_inline")
+    queryset = Checkpoint.objects.select_related("task__tenant").defer(
+        "output_inline", *(f"task__{name}" for name in TASK_CONTENT))
     serializer_class = CheckpointSerializer
     filterset_class = CheckpointFilter
     tenant_field = "task__tenant_id"

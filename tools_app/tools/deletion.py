@@ -57,5 +57,7 @@ def delete_record(ctx: ToolContext, args: DeleteRecordInput) -> DeleteRecordOutp
     again with the same idempotency_key (or get_approval_status) to learn the outcome."""
     target = find(ctx.tenant_id, args.kind, args.id)
     description = describe(target)
-    target.delete()
+    # Delete by query, not by the object read above: if it went meanwhile, say so instead of claiming a deletion.
+    if not DELETABLE[args.kind].objects.filter(tenant_id=ctx.tenant_id, pk=args.id).delete()[0]:
+        raise NotFound(f"no {args.kind} {args.id} in this tenant (deleted meanwhile)")
     return DeleteRecordOutput(kind=args.kind, id=args.id, deleted=True, description=description)

@@ -1,6 +1,7 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from tools_app import tenants
+from tools_app.models import Tenant
 
 
 class Command(BaseCommand):
@@ -12,6 +13,8 @@ class Command(BaseCommand):
         parser.add_argument("--token-name", default="agent", help="The agent identity the token stands for.")
 
     def handle(self, slug, name, token_name, **options):
+        if Tenant.objects.filter(slug=slug).exists():
+            raise CommandError(f"tenant {slug!r} exists; issue_token gives it another token")
         tenant = tenants.create_tenant(slug, name, actor="system:create_tenant")
         _, raw = tenants.issue_token(tenant, token_name, actor="system:create_tenant")
         self.stdout.write(f"Tenant {tenant.slug} created. API token for {token_name!r} (shown once):")

@@ -2,6 +2,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from tools_app import roles
+from tools_app.models import Tenant
 
 
 class Command(BaseCommand):
@@ -16,5 +17,7 @@ class Command(BaseCommand):
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise CommandError(f"no user {username!r}; create it first (manage.py createsuperuser or the admin)")
+        if unknown := set(tenant) - set(Tenant.objects.filter(slug__in=tenant).values_list("slug", flat=True)):
+            raise CommandError(f"no tenant {', '.join(sorted(unknown))}")
         roles.grant(user, role, tenant, actor="system:grant_role")
         self.stdout.write(f"{username} is now {role} on {', '.join(tenant) or 'no tenant yet'}")

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 from django.core.management.base import BaseCommand
@@ -15,7 +16,7 @@ class Command(BaseCommand):
     def handle(self, batch_size=None, one_batch=False, **options):
         if one_batch:
             report = outbox.relay_batch(batch_size)
-            result = {"delivered": report.delivered, "retried": report.retried, "dead": report.dead}
+            result = dataclasses.asdict(report)
         else:
             result = outbox.relay_pending()
         self.stdout.write(json.dumps(result))
