@@ -24,6 +24,10 @@ def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
+def env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
 def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
@@ -213,7 +217,7 @@ IDEMOPS = {
     # How long an executor holds a record before the sweep may call it UNKNOWN.
     "EXECUTION_LEASE_SECONDS": env_int("IDEMOPS_EXECUTION_LEASE_SECONDS", 60),
     # How long a follower waits for the executor before answering in_progress.
-    "FOLLOWER_WAIT_SECONDS": float(os.environ.get("IDEMOPS_FOLLOWER_WAIT_SECONDS", "2.0")),
+    "FOLLOWER_WAIT_SECONDS": env_float("IDEMOPS_FOLLOWER_WAIT_SECONDS", 2.0),
     "IN_PROGRESS_RETRY_AFTER_SECONDS": env_int("IDEMOPS_IN_PROGRESS_RETRY_AFTER_SECONDS", 2),
     # Reconciliation of UNKNOWN outcomes: backoff base, attempts before a
     # person is asked, how long one reconciler keeps its turn on a record.
@@ -224,9 +228,9 @@ IDEMOPS = {
     # notification sink) unless this is off.
     "RUN_DEMO_DOWNSTREAMS": env_bool("IDEMOPS_RUN_DEMO_DOWNSTREAMS", True),
     "PAYMENT_GATEWAY_URL": os.environ.get("PAYMENT_GATEWAY_URL", "http://127.0.0.1:8001"),
-    "PAYMENT_GATEWAY_TIMEOUT_SECONDS": float(os.environ.get("PAYMENT_GATEWAY_TIMEOUT_SECONDS", "5")),
+    "PAYMENT_GATEWAY_TIMEOUT_SECONDS": env_float("PAYMENT_GATEWAY_TIMEOUT_SECONDS", 5),
     "WEBHOOK_ALLOWED_PREFIXES": env_list("NOTIFICATION_WEBHOOK_ALLOWED_PREFIXES", "http://127.0.0.1:8002/webhooks/"),
-    "WEBHOOK_TIMEOUT_SECONDS": float(os.environ.get("NOTIFICATION_WEBHOOK_TIMEOUT_SECONDS", "5")),
+    "WEBHOOK_TIMEOUT_SECONDS": env_float("NOTIFICATION_WEBHOOK_TIMEOUT_SECONDS", 5),
     # The outbox relay.
     "OUTBOX_BATCH_SIZE": env_int("IDEMOPS_OUTBOX_BATCH_SIZE", 20),
     "OUTBOX_MAX_ATTEMPTS": env_int("IDEMOPS_OUTBOX_MAX_ATTEMPTS", 8),
@@ -235,34 +239,34 @@ IDEMOPS = {
     "MCP_MAX_REQUEST_BYTES": env_int("MCP_MAX_REQUEST_BYTES", 32 * 1024 * 1024),
     # --- long tasks (tools_app/tasks.py, docs/tasks.md) ---
     # A worker's lease on a running task; renewed every heartbeat while a step runs.
-    "TASK_LEASE_SECONDS": float(os.environ.get("IDEMOPS_TASK_LEASE_SECONDS", "60")),
-    "TASK_HEARTBEAT_SECONDS": float(os.environ.get("IDEMOPS_TASK_HEARTBEAT_SECONDS", "2")),
+    "TASK_LEASE_SECONDS": env_float("IDEMOPS_TASK_LEASE_SECONDS", 60),
+    "TASK_HEARTBEAT_SECONDS": env_float("IDEMOPS_TASK_HEARTBEAT_SECONDS", 2),
     # How often the sweep runs as a django-q2 schedule (minutes; one is the shortest).
     "TASK_SWEEP_MINUTES": env_int("IDEMOPS_TASK_SWEEP_MINUTES", 1),
     # A queued task no worker took within this long is queued again by the sweep.
-    "TASK_REQUEUE_AFTER_SECONDS": float(os.environ.get("IDEMOPS_TASK_REQUEUE_AFTER_SECONDS", "300")),
+    "TASK_REQUEUE_AFTER_SECONDS": env_float("IDEMOPS_TASK_REQUEUE_AFTER_SECONDS", 300),
     # A task whose workers died this many times fails (a step that kills its worker).
     "TASK_MAX_LEASE_EXPIRIES": env_int("IDEMOPS_TASK_MAX_LEASE_EXPIRIES", 5),
     # Defaults for pipelines that do not declare their own retry policy.
     "TASK_MAX_ATTEMPTS": env_int("IDEMOPS_TASK_MAX_ATTEMPTS", 5),
-    "TASK_BACKOFF_BASE_SECONDS": float(os.environ.get("IDEMOPS_TASK_BACKOFF_BASE_SECONDS", "2")),
-    "TASK_BACKOFF_MAX_SECONDS": float(os.environ.get("IDEMOPS_TASK_BACKOFF_MAX_SECONDS", "300")),
+    "TASK_BACKOFF_BASE_SECONDS": env_float("IDEMOPS_TASK_BACKOFF_BASE_SECONDS", 2),
+    "TASK_BACKOFF_MAX_SECONDS": env_float("IDEMOPS_TASK_BACKOFF_MAX_SECONDS", 300),
     # A backoff up to this long is waited out by the worker; longer ones are left to the sweep.
-    "TASK_INLINE_RETRY_MAX_SECONDS": float(os.environ.get("IDEMOPS_TASK_INLINE_RETRY_MAX_SECONDS", "30")),
+    "TASK_INLINE_RETRY_MAX_SECONDS": env_float("IDEMOPS_TASK_INLINE_RETRY_MAX_SECONDS", 30),
     # A worker hands a task on to a fresh job at a step boundary after this long,
     # so no job runs into django-q2's timeout.
-    "TASK_SLICE_SECONDS": float(os.environ.get("IDEMOPS_TASK_SLICE_SECONDS", str(Q_TIMEOUT / 2))),
+    "TASK_SLICE_SECONDS": env_float("IDEMOPS_TASK_SLICE_SECONDS", Q_TIMEOUT / 2),
     # Calling a long tool directly waits this long for its task before answering in_progress.
-    "TASK_CALL_WAIT_SECONDS": float(os.environ.get("IDEMOPS_TASK_CALL_WAIT_SECONDS", "10")),
+    "TASK_CALL_WAIT_SECONDS": env_float("IDEMOPS_TASK_CALL_WAIT_SECONDS", 10),
     # Upper bound of wait_seconds in get_task_status / get_task_result.
-    "TASK_MAX_WAIT_SECONDS": float(os.environ.get("IDEMOPS_TASK_MAX_WAIT_SECONDS", "60")),
+    "TASK_MAX_WAIT_SECONDS": env_float("IDEMOPS_TASK_MAX_WAIT_SECONDS", 60),
     "TASK_POLL_INTERVAL_MS": env_int("IDEMOPS_TASK_POLL_INTERVAL_MS", 1000),
     # --- documents (tools_app/documents.py) ---
     # Paths and URLs ingest_document may read; everything else is refused. Empty: none.
     "DOCUMENT_ALLOWED_DIRS": env_list("IDEMOPS_DOCUMENT_ALLOWED_DIRS", ""),
     "DOCUMENT_ALLOWED_URL_PREFIXES": env_list("IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES", ""),
     "DOCUMENT_MAX_BYTES": env_int("IDEMOPS_DOCUMENT_MAX_BYTES", 20 * 1024 * 1024),
-    "DOCUMENT_FETCH_TIMEOUT_SECONDS": float(os.environ.get("IDEMOPS_DOCUMENT_FETCH_TIMEOUT_SECONDS", "30")),
+    "DOCUMENT_FETCH_TIMEOUT_SECONDS": env_float("IDEMOPS_DOCUMENT_FETCH_TIMEOUT_SECONDS", 30),
     "DOCUMENT_CHUNK_CHARS": env_int("IDEMOPS_DOCUMENT_CHUNK_CHARS", 1200),
 }
 

@@ -12,10 +12,8 @@ Issuing, granting and revoking are audited in the same transaction.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
@@ -27,13 +25,9 @@ from tools_app.models import AuditorKey, Tenant
 KEY_PREFIX = "ida_"
 PERMISSION = "tools_app.use_auditor_api"
 GROUP_NAME = "auditor"
-# As for API tokens: last_used_at is informational, so authentication stays a
-# read except for one write a minute.
-LAST_USED_RESOLUTION = timedelta(minutes=1)
-
-
-def key_digest(raw_key: str) -> str:
-    return hashlib.sha256(raw_key.encode()).hexdigest()
+# Hashed and refreshed like API tokens (tools_app.tenants).
+key_digest = tenants.token_digest
+LAST_USED_RESOLUTION = tenants.LAST_USED_RESOLUTION
 
 
 # --- keys: one function per state change --------------------------------------

@@ -77,16 +77,23 @@ class TenantTokenVerifier:
         )
 
 
-def current_caller(ctx: Context) -> Caller:
+def authenticated_caller() -> Caller:
+    """The tenant and agent of the verified bearer token (the SDK's middleware ran first)."""
     access = get_access_token()
-    if access is None or not access.claims:  # the bearer middleware runs first; this is a guard
+    if access is None or not access.claims:  # a guard: /mcp never runs a tool unauthenticated
         raise PermissionError("no authenticated tenant")
+    return Caller(tenant_id=access.claims["tenant_id"], actor=access.client_id)
+
+
+def current_caller(ctx: Context) -> Caller:
+    """The caller, able to send progress notifications on this request."""
+    caller = authenticated_caller()
 
     def report_progress(done: float, total: float | None = None, message: str | None = None) -> None:
         # Called from the database thread; the notification is sent on the event loop.
         anyio.from_thread.run(ctx.report_progress, done, total, message)
 
-    return Caller(tenant_id=access.claims["tenant_id"], actor=access.client_id, report_progress=report_progress)
+    return Caller(tenant_id=caller.tenant_id, actor=caller.actor, report_progress=report_progress)
 
 
 # --- results ----------------------------------------------------------------------
@@ -131,6 +138,13 @@ def render(result: CallResult) -> CallToolResult:
     )
 
 
+def count_call(caller: Caller, tool: str, result: CallResult, started: float) -> None:
+    """One CallEvent for the dashboard (batched; see tools_app.metrics)."""
+    metrics.record_call(tenant_id=caller.tenant_id, tool=tool, outcome=result.outcome,
+                        error_class=result.error.error_class if result.error else "",
+                        latency_ms=(time.perf_counter() - started) * 1000)
+
+
 # --- SDK tools from registry declarations -----------------------------------------
 
 
@@ -166,9 +180,7 @@ def sdk_tool(spec: ToolSpec) -> Tool:
         caller = current_caller(ctx)
         meta = ctx.request_context.meta or {}
         result = await in_db_thread(call_tool, spec, caller, arguments, meta_key=meta.get(idempotency.META_KEY))
-        metrics.record_call(tenant_id=caller.tenant_id, tool=spec.name, outcome=result.outcome,
-                            error_class=result.error.error_class if result.error else "",
-                            latency_ms=(time.perf_counter() - started) * 1000)
+        count_call(caller, spec.name, result, started)
         return render(result)
 
     out = output_model(spec)

@@ -24,17 +24,16 @@ import time
 from typing import Any
 
 from django.conf import settings
-from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver.server import require_client_extension
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, CallToolRequestParams, RequestParams
 from pydantic import Field
 
-from tools_app import idempotency, metrics, task_calls, tasks
+from tools_app import idempotency, task_calls, tasks
 from tools_app.calls import Caller
 from tools_app.errors import NotFound, ToolFailure
-from tools_app.mcp_server import in_db_thread, render
+from tools_app.mcp_server import authenticated_caller, count_call, in_db_thread, render
 from tools_app.models import Task, TaskStatus
 from tools_app.registry import get_tool
 
@@ -50,13 +49,6 @@ class TaskIdParams(RequestParams):
 
 class UpdateTaskParams(TaskIdParams):
     input_responses: dict[str, Any] = Field(default_factory=dict)
-
-
-def tenant_caller() -> Caller:
-    access = get_access_token()
-    if access is None or not access.claims:  # the bearer middleware runs first; this is a guard
-        raise PermissionError("no authenticated tenant")
-    return Caller(tenant_id=access.claims["tenant_id"], actor=access.client_id)
 
 
 def declares_extension(ctx) -> bool:
@@ -182,28 +174,26 @@ class TasksExtension(Extension):
         if not declares_extension(ctx) or not _is_long_tool(params.name):
             return await call_next(ctx)
         began = time.perf_counter()
-        caller = tenant_caller()
+        caller = authenticated_caller()
         meta = ctx.meta or {}
         started, handle = await in_db_thread(_start, params.name, caller, dict(params.arguments or {}),
                                              meta.get(idempotency.META_KEY))
-        metrics.record_call(tenant_id=caller.tenant_id, tool=params.name, outcome=started.outcome,
-                            error_class=started.error.error_class if started.error else "",
-                            latency_ms=(time.perf_counter() - began) * 1000)
+        count_call(caller, params.name, started, began)
         if handle is None:
             return render(started)  # refused before a task existed: an ordinary tool error
         return {"resultType": "task", **handle}
 
     async def get(self, ctx, params: TaskIdParams) -> dict[str, Any]:
         require_client_extension(ctx, EXTENSION)
-        return await in_db_thread(_get, tenant_caller(), params.task_id)
+        return await in_db_thread(_get, authenticated_caller(), params.task_id)
 
     async def update(self, ctx, params: UpdateTaskParams) -> dict[str, Any]:
         require_client_extension(ctx, EXTENSION)
-        return await in_db_thread(_update, tenant_caller(), params.task_id, params.input_responses)
+        return await in_db_thread(_update, authenticated_caller(), params.task_id, params.input_responses)
 
     async def cancel(self, ctx, params: TaskIdParams) -> dict[str, Any]:
         require_client_extension(ctx, EXTENSION)
-        return await in_db_thread(_cancel, tenant_caller(), params.task_id)
+        return await in_db_thread(_cancel, authenticated_caller(), params.task_id)
 
 
 def _is_long_tool(name: str) -> bool:

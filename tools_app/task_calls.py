@@ -207,7 +207,14 @@ def wait_for(task: Task, seconds: float, report_progress=None) -> Task:
             return task
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 2, 0.5)
-        task.refresh_from_db()
+        # What waiting needs, not the arguments (an inline document can be megabytes).
+        task.refresh_from_db(fields=WATCHED_FIELDS)
+
+
+WATCHED_FIELDS = ["status", "current_step", "completed_steps", "progress_done", "progress_total",
+                  "progress_message", "attempts", "failure_class", "failure_reason", "pause_reason",
+                  "input_request", "next_retry_at", "lease_expires_at", "result", "version", "updated_at",
+                  "finished_at"]
 
 
 def overall_progress(task: Task) -> float:
