@@ -214,8 +214,13 @@ IDEMOPS = {
     "MCP_ALLOWED_ORIGINS": env_list("MCP_ALLOWED_ORIGINS", "http://localhost:*,http://127.0.0.1:*"),
     # Threads one web process uses for database work of MCP calls.
     "MCP_DB_THREADS": env_int("MCP_DB_THREADS", 16),
-    # How long an executor holds a record before the sweep may call it UNKNOWN.
-    "EXECUTION_LEASE_SECONDS": env_int("IDEMOPS_EXECUTION_LEASE_SECONDS", 60),
+    # Write leases (tools_app/idempotency.py, tools_app/leases.py): how long an
+    # executor holds a record before a follower or the sweep may take it for
+    # dead (PROCESSING -> UNKNOWN), and how often its heartbeat renews it while
+    # the handler runs (at most a third of the lease). After a crash, a key
+    # settles within the lease (plus the sweep period, if nobody asks).
+    "EXECUTION_LEASE_SECONDS": env_float("IDEMOPS_EXECUTION_LEASE_SECONDS", 10),
+    "EXECUTION_HEARTBEAT_SECONDS": env_float("IDEMOPS_EXECUTION_HEARTBEAT_SECONDS", 2),
     # How long a follower waits for the executor before answering in_progress.
     "FOLLOWER_WAIT_SECONDS": env_float("IDEMOPS_FOLLOWER_WAIT_SECONDS", 2.0),
     "IN_PROGRESS_RETRY_AFTER_SECONDS": env_int("IDEMOPS_IN_PROGRESS_RETRY_AFTER_SECONDS", 2),
