@@ -218,9 +218,12 @@ IDEMOPS = {
     # executor holds a record before a follower or the sweep may take it for
     # dead (PROCESSING -> UNKNOWN), and how often its heartbeat renews it while
     # the handler runs (at most a third of the lease). After a crash, a key
-    # settles within the lease (plus the sweep period, if nobody asks).
+    # settles within the lease plus the sweep period below.
     "EXECUTION_LEASE_SECONDS": env_float("IDEMOPS_EXECUTION_LEASE_SECONDS", 10),
     "EXECUTION_HEARTBEAT_SECONDS": env_float("IDEMOPS_EXECUTION_HEARTBEAT_SECONDS", 2),
+    # How often each django-q2 worker process runs the lease sweep and the due
+    # reconciliations (tools_app/schedules.py); 0 leaves them to the 1-minute schedule.
+    "LEASE_SWEEP_SECONDS": env_float("IDEMOPS_LEASE_SWEEP_SECONDS", 1),
     # How long a follower waits for the executor before answering in_progress.
     "FOLLOWER_WAIT_SECONDS": env_float("IDEMOPS_FOLLOWER_WAIT_SECONDS", 2.0),
     "IN_PROGRESS_RETRY_AFTER_SECONDS": env_int("IDEMOPS_IN_PROGRESS_RETRY_AFTER_SECONDS", 2),

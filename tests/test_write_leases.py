@@ -178,3 +178,29 @@ def test_a_live_executors_lease_is_not_taken(tenant):
     record.refresh_from_db()
     assert record.status == RecordStatus.PROCESSING
 
+
+@pytest.mark.live
+def test_the_cluster_settles_a_dead_executors_key_within_seconds_with_no_caller_and_no_schedule(transactional_db,
+                                                                                                 tenant):
+    from django_q.models import Schedule
+
+    from tests.processes import Worker
+
+    # given a key whose executor died, that nobody asks about, and no minute schedule to sweep it
+    Schedule.objects.all().delete()
+    record = claimed_by_a_dead_executor(operation(tenant))
+
+    # when a django-q2 cluster runs
+    worker = Worker("lease-loop", IDEMOPS_LEASE_SWEEP_SECONDS="0.2")
+    try:
+        deadline = time.monotonic() + 30
+        while IdempotencyRecord.objects.get(pk=record.pk).status != RecordStatus.FAILED:
+            assert time.monotonic() < deadline, "the cluster's loop never swept the expired lease"
+            time.sleep(0.1)
+    finally:
+        worker.stop(grace=3)
+
+    # then its loop took the lease for dead and reconciled it (nothing committed: the same key may run again)
+    assert actions(record)[1:] == [("record.unknown", "system:lease-sweep"), ("record.reconciled", "system:reconciler")]
+    record.refresh_from_db()
+    assert (record.status, record.error_class) == (RecordStatus.FAILED, "transient")
