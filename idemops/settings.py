@@ -67,6 +67,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # A database outage answers 503 + Retry-After, not a 500 (tools_app/unavailable.py).
+    "tools_app.unavailable.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -224,6 +226,8 @@ IDEMOPS = {
     # How often each django-q2 worker process runs the lease sweep and the due
     # reconciliations (tools_app/schedules.py); 0 leaves them to the 1-minute schedule.
     "LEASE_SWEEP_SECONDS": env_float("IDEMOPS_LEASE_SWEEP_SECONDS", 1),
+    # Retry-After of the 503 and `transient` answers while the database is unreachable.
+    "UNAVAILABLE_RETRY_AFTER_SECONDS": env_float("IDEMOPS_UNAVAILABLE_RETRY_AFTER_SECONDS", 2),
     # How long a follower waits for the executor before answering in_progress.
     "FOLLOWER_WAIT_SECONDS": env_float("IDEMOPS_FOLLOWER_WAIT_SECONDS", 2.0),
     "IN_PROGRESS_RETRY_AFTER_SECONDS": env_int("IDEMOPS_IN_PROGRESS_RETRY_AFTER_SECONDS", 2),
