@@ -248,3 +248,46 @@ class Worker(JobCluster):
                     return
             time.sleep(0.1)
         raise RuntimeError(f"{self.name}: no {text!r} in its log: {self.log_tail()}")
+
+
+class Stack:
+    """A whole idemops of its own on a PostgreSQL server of its own (data under `root`), for
+    tests and benchmarks that stop that server or kill its processes: web (uvicorn), a
+    django-q2 cluster, the payment gateway and the notification sink, all on that server,
+    with one tenant and its API token. `env` adds settings for the idemops processes."""
+
+    def __init__(self, root: Path, name: str, **env: str):
+        self.name = name
+        self.database = DatabaseServer(root / "pg")
+        self.env = {"DATABASE_URL": self.database.url, **env}
+        self.services: list[Service] = []
+        try:
+            manage("migrate", env=self.env, timeout=300)
+            self.token = manage("create_tenant", "acme", env=self.env).stdout.splitlines()[-1]
+            self.tenant_id = self.database.sql("SELECT id FROM tools_app_tenant WHERE slug = 'acme'")[0][0]
+            self.gateway = self.started(PaymentGateway(f"{name}-gateway", f"{name}_payment_gateway",
+                                                       server_url=self.database.url))
+            self.sink = self.started(NotificationSink(f"{name}-sink", f"{name}_notification_sink",
+                                                      server_url=self.database.url))
+            self.env.update(downstream_env(self.gateway, self.sink))
+            self.web = self.web_server("web")
+            self.cluster = self.started(Worker(f"{name}-jobs", **self.env))
+        except BaseException:
+            self.stop()
+            raise
+
+    def started(self, service):
+        self.services.append(service)
+        return service
+
+    def web_server(self, name: str, **env: str) -> WebServer:
+        """Another web process on this stack (e.g. armed with crash points); stopped with it."""
+        return self.started(WebServer(f"{self.name}-{name}", **{**self.env, **env}))
+
+    def sql(self, query: str, params=()) -> list[tuple]:
+        return self.database.sql(query, params)
+
+    def stop(self) -> None:
+        for service in reversed(self.services):
+            service.stop(grace=3)
+        self.database.stop()

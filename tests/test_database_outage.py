@@ -10,25 +10,16 @@ Retry-After, while the server is stopped for a few seconds and started again.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx2
 import pytest
 from mcp.shared.exceptions import MCPError
 
+from tests.agents import Answer, call_tool, call_tool_sync, call_until_done
 from tests.mcp_client import call
-from tests.processes import (
-    DatabaseServer,
-    NotificationSink,
-    PaymentGateway,
-    WebServer,
-    Worker,
-    downstream_env,
-    manage,
-)
+from tests.processes import Stack
 from tools_app.calls import downstream_key
 from tools_app.models import IdempotencyRecord, Order
 
@@ -39,131 +30,14 @@ OUTAGE_SECONDS = 3
 LEASE_SECONDS = 3
 ORDER = {"customer": "ACME", "items": [{"sku": "BOLT-1", "quantity": 2, "unit_price": "2.50"}], "currency": "EUR"}
 PAYMENT = {"amount": "10.00", "currency": "EUR", "payee": "Bob", "reference": "outage"}
-# What an agent may be told while an operation has not finished: each says what to do next.
-WAITING_CLASSES = {"transient", "in_progress", "unknown_outcome"}
-
-
-@dataclass
-class Stack:
-    database: DatabaseServer
-    web: WebServer
-    gateway: PaymentGateway
-    sink: NotificationSink
-    cluster: Worker
-    token: str
-    tenant_id: int
-
-    def count(self, model) -> int:
-        return self.database.sql(f'SELECT count(*) FROM "{model._meta.db_table}"')[0][0]
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    database = DatabaseServer(tmp_path_factory.mktemp("outage") / "pg")
-    env = {"DATABASE_URL": database.url, "IDEMOPS_EXECUTION_LEASE_SECONDS": str(LEASE_SECONDS),
-           "IDEMOPS_LEASE_SWEEP_SECONDS": "0.5"}
-    started = []
-    try:
-        manage("migrate", env=env, timeout=300)
-        token = manage("create_tenant", "acme", env=env).stdout.splitlines()[-1]
-        tenant_id = database.sql("SELECT id FROM tools_app_tenant WHERE slug = 'acme'")[0][0]
-        gateway = PaymentGateway("outage-gateway", "outage_payment_gateway", server_url=database.url)
-        started.append(gateway)
-        sink = NotificationSink("outage-sink", "outage_notification_sink", server_url=database.url)
-        started.append(sink)
-        env.update(downstream_env(gateway, sink))
-        web = WebServer("outage-web", **env)
-        started.append(web)
-        cluster = Worker("outage-jobs", **env)
-        started.append(cluster)
-        yield Stack(database, web, gateway, sink, cluster, token, tenant_id)
-    finally:
-        for service in reversed(started):
-            service.stop(grace=3)
-        database.stop()
-
-
-# --- an agent speaking plain JSON-RPC over HTTP -------------------------------------------------
-
-
-@dataclass
-class Answer:
-    """One HTTP answer to a tools/call, as an agent sees it."""
-
-    status: int
-    headers: dict[str, str]
-    body: str
-    result: dict[str, Any] | None = None  # the tool result (structuredContent), for 200s
-    rpc_error: dict[str, Any] | None = None  # a JSON-RPC error object
-    is_error: bool = False
-
-    @property
-    def succeeded(self) -> bool:
-        return self.result is not None and not self.is_error
-
-    @property
-    def error(self) -> dict[str, Any] | None:
-        if self.rpc_error is not None:
-            return self.rpc_error.get("data")
-        return self.result.get("error") if self.is_error and self.result else None
-
-    def problem(self) -> str | None:
-        """Why this answer would leave an agent guessing, or None when it says what to do."""
-        if self.succeeded:
-            return None
-        if self.status == 503:
-            if "retry-after" not in self.headers:
-                return "503 without Retry-After"
-            if not self.headers.get("content-type", "").startswith("application/json"):
-                return f"503 as {self.headers.get('content-type')}"
-        elif self.status != 200:
-            return f"HTTP {self.status} {self.headers.get('content-type')}: {self.body[:200]}"
-        error = self.error or {}
-        if error.get("class") not in WAITING_CLASSES:
-            return f"no class: {self.body[:300]}"
-        if error["class"] == "transient" and not isinstance(error.get("retry_after"), (int, float)):
-            return f"transient without retry_after: {self.body[:300]}"
-        return None
-
-    @property
-    def retry_after(self) -> float:
-        if "retry-after" in self.headers:
-            return float(self.headers["retry-after"])
-        return float((self.error or {}).get("retry_after") or 0.5)
-
-
-def read_answer(response: httpx2.Response) -> Answer:
-    answer = Answer(response.status_code, {k.lower(): v for k, v in response.headers.items()}, response.text)
-    text = response.text
-    if text.startswith("event:") or "\ndata: " in text or text.startswith("data: "):
-        text = text.split("data: ", 1)[1].split("\n", 1)[0]  # one SSE message: the response
-    try:
-        message = json.loads(text)
-    except ValueError:
-        return answer  # not JSON at all: problem() names it
-    if "error" in message:
-        answer.rpc_error = message["error"]
-    elif "result" in message:
-        answer.result = message["result"].get("structuredContent") or {}
-        answer.is_error = bool(message["result"].get("isError"))
-    return answer
-
-
-async def call_until_done(client: httpx2.AsyncClient, url: str, token: str, tool: str, arguments: dict,
-                          answers: list[Answer], deadline: float) -> Answer:
-    """Call until the operation succeeds, as an agent would: same key, waiting as told."""
-    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
-    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
-    while True:
-        assert time.monotonic() < deadline, f"{tool} {arguments['idempotency_key']} never succeeded: {answers[-3:]}"
-        try:
-            answer = read_answer(await client.post(url, json=body, headers=headers))
-        except httpx2.TransportError as exc:  # no answer at all: also a failure to classify
-            answer = Answer(0, {}, f"{type(exc).__name__}: {exc}")
-        answers.append(answer)
-        if answer.succeeded:
-            return answer
-        await asyncio.sleep(min(answer.retry_after, 2.0) if answer.problem() is None else 0.5)
+    stack = Stack(tmp_path_factory.mktemp("outage"), "outage", IDEMOPS_EXECUTION_LEASE_SECONDS=str(LEASE_SECONDS),
+                  IDEMOPS_LEASE_SWEEP_SECONDS="0.5")
+    yield stack
+    stack.stop()
 
 
 @dataclass
@@ -213,14 +87,14 @@ def test_every_answer_during_a_database_restart_has_a_class_and_every_key_then_s
     problems = [problem for answer in answers if (problem := answer.problem())]
     assert problems == []
     # (the outage was seen, both at the door and inside tool calls)
-    assert any(a.status == 503 and a.error["class"] == "transient" for a in answers)
-    assert any(a.status == 200 and a.error and a.error["class"] == "transient" for a in answers)
+    assert any(a.status == 503 and a.error_class == "transient" for a in answers)
+    assert any(a.status == 200 and a.error_class == "transient" for a in answers)
 
     # and every key succeeded exactly once: one order per create_order key, one payment per request_payment key
     orders = {key: id_ for agent in agents for key, id_ in agent.orders.items()}
     payments = {key: id_ for agent in agents for key, id_ in agent.payments.items()}
     assert len(orders) >= CLIENTS and len(payments) >= CLIENTS
-    order_rows = stack.database.sql(
+    order_rows = stack.sql(
         f'SELECT r.key, o.id FROM "{Order._meta.db_table}" o '
         f'JOIN "{IdempotencyRecord._meta.db_table}" r ON r.id = o.record_id')
     assert sorted(order_rows) == sorted(orders.items())
@@ -246,16 +120,14 @@ def test_while_the_database_is_down_every_entry_point_answers_503_and_all_recove
     stack.gateway.set_fault(downstream_key(stack.tenant_id, "request_payment", key), "hang", times=1)
     arguments = {**PAYMENT, "idempotency_key": key}
 
-    async def pay_while_the_database_stops():
+    async def pay_while_the_database_stops() -> Answer:
         async with httpx2.AsyncClient(timeout=30) as client:
-            body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
-                    "params": {"name": "request_payment", "arguments": arguments}}
-            headers = {"Authorization": f"Bearer {stack.token}", "Accept": "application/json, text/event-stream"}
-            pending = asyncio.create_task(client.post(stack.web.mcp_url, json=body, headers=headers))
-            while not stack.database.sql("SELECT 1 FROM tools_app_idempotencyrecord WHERE key = %s", [key]):
+            pending = asyncio.create_task(call_tool(client, stack.web.mcp_url, stack.token, "request_payment",
+                                                    arguments))
+            while not stack.sql("SELECT 1 FROM tools_app_idempotencyrecord WHERE key = %s", [key]):
                 await asyncio.sleep(0.05)
             await asyncio.to_thread(stack.database.stop)
-            return read_answer(await pending)
+            return await pending
 
     inside = asyncio.run(pay_while_the_database_stops())
     try:
@@ -297,31 +169,23 @@ def test_while_the_database_is_down_every_entry_point_answers_503_and_all_recove
                       follow_redirects=False).status_code == 302  # to the login page
 
     # and the interrupted payment settles through the cluster's reconciliation: paid exactly once
-    deadline = time.monotonic() + 60
-    answer = None
-    while time.monotonic() < deadline:
-        answer = read_answer(httpx2.post(
-            stack.web.mcp_url, json={"jsonrpc": "2.0", "id": 8, "method": "tools/call",
-                                     "params": {"name": "request_payment", "arguments": arguments}},
-            headers={"Authorization": f"Bearer {stack.token}", "Accept": "application/json, text/event-stream"},
-            timeout=30))
-        assert answer.problem() is None
-        if answer.succeeded:
-            break
-        time.sleep(min(answer.retry_after, 1))
-    assert answer is not None and answer.succeeded
+    async def retry_until_paid() -> tuple[Answer, list[Answer]]:
+        answers: list[Answer] = []
+        async with httpx2.AsyncClient(timeout=30) as client:
+            paid = await call_until_done(client, stack.web.mcp_url, stack.token, "request_payment", arguments,
+                                         answers, deadline=time.monotonic() + 60)
+        return paid, answers
+
+    answer, answers = asyncio.run(retry_until_paid())
+    assert [a.problem() for a in answers if a.problem()] == []
     assert stack.gateway.sql("SELECT id FROM payments WHERE idempotency_key = %s",
                              [downstream_key(stack.tenant_id, "request_payment", key)]) == [
         (answer.result["payment_id"],)]
 
     # and the cluster delivers notifications again (its pusher, workers and the sink reconnected)
-    sent = read_answer(httpx2.post(
-        stack.web.mcp_url, json={"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
-            "name": "send_notification", "arguments": {
-                "channel": "webhook", "recipient": f"{stack.sink.url}/webhooks/ops", "subject": "back",
-                "body": "the database is back", "idempotency_key": "back-1"}}},
-        headers={"Authorization": f"Bearer {stack.token}", "Accept": "application/json, text/event-stream"},
-        timeout=30))
+    sent = call_tool_sync(stack.web.mcp_url, stack.token, "send_notification", {
+        "channel": "webhook", "recipient": f"{stack.sink.url}/webhooks/ops", "subject": "back",
+        "body": "the database is back", "idempotency_key": "back-1"})
     assert sent.succeeded, sent.body
     deadline = time.monotonic() + 30
     while not stack.sink.messages() and time.monotonic() < deadline:
