@@ -20,8 +20,10 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import close_old_connections
 from django.utils.module_loading import import_string
+
+from tools_app import unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +36,8 @@ class PeriodicJob:
 
 
 PERIODIC_JOBS: list[PeriodicJob] = [
-    # Dead executors' records → UNKNOWN, then ask downstream what happened.
+    # Dead executors' records → UNKNOWN, then ask downstream what happened. The
+    # loop below runs it every second; this schedule is its backstop.
     PeriodicJob("idemops: expire leases and reconcile", "tools_app.reconciliation.run_periodic"),
     # Events whose delivery is due (new ones also wake the relay directly).
     PeriodicJob("idemops: outbox relay", "tools_app.outbox.relay_pending"),
@@ -81,8 +84,8 @@ def _loop(job: LoopJob) -> None:
             # Django does around each request (CONN_HEALTH_CHECKS).
             close_old_connections()
             func()
-        except DatabaseError as exc:  # an outage: the next round tries again
-            logger.warning("%s: %s: %s", job.name, type(exc).__name__, str(exc).strip()[:200])
+        except unavailable.DATABASE_ERRORS as exc:  # an outage: the next round tries again
+            unavailable.log(job.name, exc)
         except Exception:
             logger.exception("%s failed; it runs again in %ss", job.name, job.seconds)
 
