@@ -121,6 +121,33 @@ def test_a_lost_lease_is_detected_and_the_late_executor_commits_nothing(transact
     assert "record.succeeded" not in [action for action, _ in actions(record)]
 
 
+def test_a_handler_holding_a_lock_on_its_own_record_is_not_stuck_behind_its_heartbeat(transactional_db, tenant,
+                                                                                      short_leases):
+    # given a handler that locks its own record for several heartbeat intervals
+    def locking_order(record):
+        IdempotencyRecord.objects.select_for_update().get(pk=record.pk)
+        time.sleep(0.5)
+        return make_order(tenant)(record)
+
+    outcomes = []
+
+    def call():
+        try:
+            outcomes.append(idempotency.run(operation(tenant), locking_order))
+        finally:
+            connections.close_all()
+
+    # when
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(20)
+
+    # then the heartbeat skipped the beats it could not make instead of waiting for the executor
+    # that waits for it
+    assert not caller.is_alive(), "the call hung: its heartbeat queued behind its own transaction's lock"
+    assert outcomes[0].error is None and Order.objects.count() == 1
+
+
 def test_a_retry_that_finds_a_dead_executors_lease_expired_runs_a_local_tool_at_once(tenant):
     # given a create_order whose executor died after its claim
     record = claimed_by_a_dead_executor(operation(tenant))

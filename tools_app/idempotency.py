@@ -348,6 +348,11 @@ def _lease_expiry(now: datetime) -> datetime:
     return now + timedelta(seconds=lease_seconds())
 
 
+def heartbeat_interval() -> float:
+    return leases.heartbeat_interval(settings.IDEMOPS["EXECUTION_HEARTBEAT_SECONDS"], lease_seconds())
+
+
+@transaction.atomic
 def renew_lease(record: IdempotencyRecord) -> bool:
     """Extend the executor's lease while its handler runs. False: the record is no longer
     ours (a follower or the sweep took it for dead).
@@ -355,14 +360,18 @@ def renew_lease(record: IdempotencyRecord) -> bool:
     Liveness, not a state change: no audit event. Guarded by the owner only,
     not the expiry: a lease that ran out but that nobody took yet is still ours.
     """
+    # Never queue behind a lock on the row: if the executor's own transaction
+    # held one, the executor would wait for its heartbeat (it joins it) while
+    # the heartbeat waited for the executor. A beat that times out is skipped.
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = {max(1, int(heartbeat_interval() * 500))}")
     return bool(IdempotencyRecord.objects.filter(
         pk=record.pk, status=RecordStatus.PROCESSING, lease_owner=record.lease_owner,
     ).update(lease_expires_at=_lease_expiry(timezone.now())))
 
 
 def _heartbeat(record: IdempotencyRecord) -> leases.Heartbeat:
-    interval = leases.heartbeat_interval(settings.IDEMOPS["EXECUTION_HEARTBEAT_SECONDS"], lease_seconds())
-    return leases.Heartbeat(lambda: renew_lease(record), interval, name=f"lease-of-record-{record.pk}")
+    return leases.Heartbeat(lambda: renew_lease(record), heartbeat_interval(), name=f"lease-of-record-{record.pk}")
 
 
 def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
