@@ -32,7 +32,6 @@ import psycopg
 
 from tests.agents import Answer, call_tool, call_until_done
 from tests.processes import Stack
-from tools_app.calls import downstream_key
 from tools_app.models import IdempotencyRecord, Order
 
 ORDER = {"customer": "ACME", "items": [{"sku": "BOLT-1", "quantity": 1, "unit_price": "2.50"}], "currency": "EUR"}
@@ -89,9 +88,8 @@ def kill_mid_call(stack: Stack, keys: list[Key], label: str) -> float:
     """Start every key's first call on a web process of its own, wait until all are claimed and
     in flight (payments: the paid half paid), SIGKILL it. Returns the time of the kill."""
     payments = [k for k in keys if k.tool == "request_payment"]
-    for n, key in enumerate(payments):  # half paid then never answered, half never paid
-        stack.gateway.set_fault(downstream_key(stack.tenant_id, key.tool, key.key),
-                                "succeed-then-hang" if n % 2 else "hang", times=1)
+    paid_half, unpaid_half = payments[:len(payments) // 2], payments[len(payments) // 2:]
+    orders = [k for k in keys if k.tool == "create_order"]
     # Enough database threads that every call is in flight at once (each held call keeps one).
     victim = stack.web_server(f"victim-{label}", PAYMENT_GATEWAY_TIMEOUT_SECONDS="300",
                               MCP_DB_THREADS=str(len(keys) + 8))
@@ -101,10 +99,17 @@ def kill_mid_call(stack: Stack, keys: list[Key], label: str) -> float:
 
     async def first_calls() -> None:
         async with httpx2.AsyncClient(timeout=300) as client:
-            calls = [asyncio.create_task(call_tool(client, victim.mcp_url, stack.token, k.tool, k.arguments))
-                     for k in keys]
-            await asyncio.to_thread(wait_until, lambda: in_flight(stack, keys) and
-                                    len(paid(stack, payments)) == len(payments) // 2, 60, "calls in flight")
+            calls = []
+            # The gateway's next requests: half paid then never answered, half never paid.
+            for batch, fault in ((paid_half, "succeed-then-hang"), (unpaid_half, "hang")):
+                stack.gateway.set_fault("*", fault, times=len(batch))
+                calls += [asyncio.create_task(call_tool(client, victim.mcp_url, stack.token, k.tool, k.arguments))
+                          for k in batch]
+                await asyncio.to_thread(wait_until, lambda: faults_left(stack) == 0, 60, f"{fault} requests")
+            calls += [asyncio.create_task(call_tool(client, victim.mcp_url, stack.token, k.tool, k.arguments))
+                      for k in orders]
+            await asyncio.to_thread(wait_until, lambda: in_flight(stack, keys), 60, "calls in flight")
+            assert len(paid(stack, payments)) == len(paid_half)
             await asyncio.to_thread(victim.kill)
             await asyncio.gather(*calls)  # each ends with the connection the kill broke
 
@@ -113,6 +118,11 @@ def kill_mid_call(stack: Stack, keys: list[Key], label: str) -> float:
         return time.monotonic()
     finally:
         lock.close()  # the dead process's transactions abort; nothing of them commits
+
+
+def faults_left(stack: Stack) -> int:
+    rows = stack.gateway.sql("SELECT remaining FROM faults WHERE key = '*'")
+    return rows[0][0] if rows else 0
 
 
 def in_flight(stack: Stack, keys: list[Key]) -> bool:
@@ -128,8 +138,8 @@ def all_final(stack: Stack, keys: list[Key]) -> bool:
 
 
 def paid(stack: Stack, keys: list[Key]) -> list[str]:
-    """The gateway's payments for these keys (their forwarded keys, one per payment)."""
-    forwarded = [downstream_key(stack.tenant_id, k.tool, k.key) for k in keys if k.tool == "request_payment"]
+    """The gateway's payments for these keys (by the key each record forwarded: one payment each)."""
+    forwarded = list(stack.forwarded_keys(k.key for k in keys if k.tool == "request_payment").values())
     return [key for (key,) in stack.gateway.sql("SELECT idempotency_key FROM payments WHERE idempotency_key = ANY(%s)",
                                                 [forwarded])]
 
@@ -137,10 +147,10 @@ def paid(stack: Stack, keys: list[Key]) -> list[str]:
 def once_each(stack: Stack, keys: list[Key]) -> bool:
     """Every key took effect exactly once: one order per create_order key, one payment per request_payment key."""
     orders = [k.key for k in keys if k.tool == "create_order"]
-    payments = [downstream_key(stack.tenant_id, k.tool, k.key) for k in keys if k.tool == "request_payment"]
+    payments = [k for k in keys if k.tool == "request_payment"]
     order_keys = stack.sql(f'SELECT r.key FROM "{Order._meta.db_table}" o JOIN "{RECORDS}" r ON r.id = o.record_id '
                            'WHERE r.key = ANY(%s)', [orders])
-    return sorted(k for (k,) in order_keys) == sorted(orders) and sorted(paid(stack, keys)) == sorted(payments)
+    return sorted(k for (k,) in order_keys) == sorted(orders) and len(paid(stack, payments)) == len(payments)
 
 
 def killed_and_asked(stack: Stack, per_tool: int) -> dict:

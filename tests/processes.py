@@ -287,6 +287,11 @@ class Stack:
     def sql(self, query: str, params=()) -> list[tuple]:
         return self.database.sql(query, params)
 
+    def forwarded_keys(self, keys) -> dict[str, str]:
+        """idempotency key -> the key its live record forwarded to the downstream system."""
+        return dict(self.sql("SELECT key, downstream_key FROM tools_app_idempotencyrecord "
+                             "WHERE key = ANY(%s) AND retired_at IS NULL", [list(keys)]))
+
     def stop(self) -> None:
         for service in reversed(self.services):
             service.stop(grace=3)

@@ -169,7 +169,7 @@ def test_a_retry_that_finds_a_dead_executors_lease_expired_runs_a_local_tool_at_
 
 def test_a_retry_that_finds_a_downstream_calls_lease_expired_answers_unknown_and_queues_its_reconciliation(tenant):
     # given a request_payment whose executor died: it may have paid
-    op = operation(tenant, tool="request_payment", transactional=False, downstream_key="idemops-abc")
+    op = operation(tenant, tool="request_payment", transactional=False)
     record = claimed_by_a_dead_executor(op)
     queued = OrmQ.objects.count()
 
