@@ -3,13 +3,16 @@
 import time
 
 import pytest
+from django.utils import timezone
 
 from tests.mcp_client import call_sync, error_of
+from tests.operators import make_operator
 from tests.processes import manage
 from tools_app import dashboard
 from tools_app.errors import Transient
 from tools_app.idempotency import evidence_entry, resolve_failed
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
+from tools_app.roles import OPERATOR
 
 pytestmark = pytest.mark.live
 
@@ -151,10 +154,11 @@ def test_reconciliation_that_keeps_failing_escalates_to_a_person(web_server, tok
                         "RECONCILE_MAX_ATTEMPTS": 2}
     record = IdempotencyRecord.objects.get(key="p-lost")
 
-    assert reconciliation.reconcile(record) == "unknown"
+    assert reconciliation.reconcile(record, make_operator("olga", OPERATOR, record.tenant)) == "unknown"
     record.refresh_from_db()
     assert record.escalated_at is None and record.next_reconcile_at is not None
-    assert reconciliation.reconcile(record) == "unknown"
+    IdempotencyRecord.objects.filter(pk=record.pk).update(next_reconcile_at=timezone.now())
+    assert reconciliation.reconcile_due() == {"succeeded": 0, "failed": 0, "unknown": 1}
     record.refresh_from_db()
     assert record.escalated_at is not None and record.next_reconcile_at is None
     assert record.reconcile_attempts == 2

@@ -44,7 +44,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from tools_app import audit, db
+from tools_app import audit, db, tenants
 from tools_app.crashpoints import crash_point
 from tools_app.errors import (
     Conflict,
@@ -573,13 +573,21 @@ def close_unapproved(record: IdempotencyRecord, failure: ToolFailure, *, actor: 
     }, action="record.failed", actor=actor, reason=reason)
 
 
-def force_expire(record: IdempotencyRecord, *, actor: str, reason: str, trace_id: str = "") -> bool:
+# --- operators (each checks its Permit first: tools_app.tenants.authorize) -------------
+
+FORCE_EXPIRE = tenants.Permit("tools_app.force_expire_idempotencyrecord", "force_expire",
+                              "force-expire idempotency keys", "record.force_expire_refused")
+
+
+def force_expire(record: IdempotencyRecord, user, *, reason: str) -> bool:
     """An operator ends a finished record's retention now: the key's expiry policy applies from the next call."""
+    actor = tenants.authorize(user, FORCE_EXPIRE, record)
+    if not reason.strip():
+        raise InvalidInput("force-expiring a key needs a reason")
     now = timezone.now()
     return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__gt": now},
                        {"expires_at": now}, action="record.force_expired", actor=actor, reason=reason,
-                       trace_id=trace_id, before={"expires_at": record.expires_at.isoformat()},
-                       after={"expires_at": now.isoformat()})
+                       before={"expires_at": record.expires_at.isoformat()}, after={"expires_at": now.isoformat()})
 
 
 # --- reading ------------------------------------------------------------------

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from tools_app import audit, idempotency
+from tools_app import idempotency
 from tools_app.admin.operator_actions import (
     REASON_REQUIRED,
     OperatorAction,
@@ -13,6 +13,7 @@ from tools_app.admin.operator_actions import (
     pretty_json,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.errors import ToolFailure
 from tools_app.models import ApprovalRequest, IdempotencyRecord
 
 
@@ -21,7 +22,7 @@ class NotExpirable(Exception):
 
 
 def force_expire(request, record, reason: str) -> str:
-    if not idempotency.force_expire(record, actor=audit.user_actor(request.user), reason=reason):
+    if not idempotency.force_expire(record, request.user, reason=reason):
         raise NotExpirable("only a finished record within its retention can be expired")
     return "retention ended now; the tool's expiry policy applies to the next call with this key"
 
@@ -39,13 +40,10 @@ class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAd
               "expires_at", "retired_at", "approval_link", "history"]
     readonly_fields = fields
     operator_actions = [
-        OperatorAction("force_expire", "Force-expire key", "force_expire", force_expire, refused=(NotExpirable,),
-                       reason=REASON_REQUIRED, style="danger",
+        OperatorAction("force_expire", "Force-expire key", idempotency.FORCE_EXPIRE, force_expire,
+                       refused=(NotExpirable, ToolFailure), reason=REASON_REQUIRED, style="danger",
                        help_text="Required: why this key's stored result must no longer be replayed."),
     ]
-
-    def has_force_expire_permission(self, request, obj=None):
-        return request.user.has_perm("tools_app.force_expire_idempotencyrecord")
 
     @admin.display(description="key (digest)")
     def key_digest(self, obj):
