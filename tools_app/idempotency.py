@@ -148,7 +148,6 @@ class Operation:
     # the engine holds no transaction across it and an interrupted call ends
     # UNKNOWN, to be reconciled.
     transactional: bool = True
-    downstream_key: str = ""
     # Consulted before every execution of a sensitive tool (tools_app.approvals.gate):
     # an Outcome diverts the call to a person's approval, None lets it run.
     approval: Callable[[IdempotencyRecord], Outcome | None] | None = None
@@ -340,13 +339,21 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
 def new_record(op: Operation) -> IdempotencyRecord:
     """The PROCESSING record a claim of `op` inserts (not saved)."""
     now = timezone.now()
+    operation_id = uuid.uuid4()
     return IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
         field_digests=op.field_digests, arguments=json.loads(canonical_json(op.arguments)),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=_lease_owner(), lease_expires_at=_lease_expiry(now),
-        operation_id=uuid.uuid4(), trace_id=op.trace_id, actor=op.actor, downstream_key=op.downstream_key,
+        operation_id=operation_id, trace_id=op.trace_id, actor=op.actor,
+        downstream_key="" if op.transactional else downstream_key(operation_id),
         created_at=now, updated_at=now, expires_at=now + op.retention,
     )
+
+
+def downstream_key(operation_id: uuid.UUID) -> str:
+    """The key sent to a downstream system: one per operation, so every retry of it is deduplicated
+    there, and a key freed after its retention (retired or released) is a new operation there too."""
+    return f"idemops-{operation_id.hex}"
 
 
 def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tuple | None:
@@ -577,6 +584,8 @@ def close_unapproved(record: IdempotencyRecord, failure: ToolFailure, *, actor: 
 
 FORCE_EXPIRE = tenants.Permit("tools_app.force_expire_idempotencyrecord", "force_expire",
                               "force-expire idempotency keys", "record.force_expire_refused")
+RELEASE_HELD_KEY = tenants.Permit("tools_app.release_held_key", "release_held_key",
+                                  "release held idempotency keys", "record.release_refused")
 
 
 def force_expire(record: IdempotencyRecord, user, *, reason: str) -> bool:
@@ -588,6 +597,29 @@ def force_expire(record: IdempotencyRecord, user, *, reason: str) -> bool:
     return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__gt": now},
                        {"expires_at": now}, action="record.force_expired", actor=actor, reason=reason,
                        before={"expires_at": record.expires_at.isoformat()}, after={"expires_at": now.isoformat()})
+
+
+def release_held_key(record: IdempotencyRecord, user, *, reason: str, checked: str,
+                     downstream_reference: str = "") -> bool:
+    """An operator frees a key held past its retention (ExpiryPolicy.HOLD), after checking downstream.
+
+    The record is retired as `retire` does: its row stays for auditors, and
+    the next call with the key runs as a new operation (with a new
+    downstream key, so the downstream system does not answer it with the old
+    effect). What the operator checked is kept as evidence on the record and
+    in the audit event.
+    """
+    actor = tenants.authorize(user, RELEASE_HELD_KEY, record)
+    if not reason.strip() or not checked.strip():
+        raise InvalidInput("releasing a held key needs a reason and what you checked downstream "
+                           "(e.g. the payment id found, or 'no payment at the gateway for this key')")
+    now = timezone.now()
+    facts = {"checked": checked, "downstream_reference": downstream_reference}
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": now},
+                       {"retired_at": now}, action="record.released", actor=actor, reason=reason,
+                       evidence=evidence_entry("operator", actor=actor, reason=reason, **facts),
+                       before={"status": record.status, "expires_at": record.expires_at.isoformat()},
+                       after={"retired_at": now.isoformat(), **facts})
 
 
 # --- reading ------------------------------------------------------------------

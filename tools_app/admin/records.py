@@ -1,5 +1,7 @@
-"""Idempotency records, read-only: fingerprint, stored result, attempts, history; force-expire (audited)."""
+"""Idempotency records, read-only: fingerprint, stored result, attempts, history; force-expire and
+release a held key (audited)."""
 
+from django import forms
 from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
@@ -27,6 +29,13 @@ def force_expire(request, record, reason: str) -> str:
     return "retention ended now; the tool's expiry policy applies to the next call with this key"
 
 
+def release_held_key(request, record, reason: str, checked: str, downstream_reference: str = "") -> str:
+    if not idempotency.release_held_key(record, request.user, reason=reason, checked=checked,
+                                        downstream_reference=downstream_reference):
+        raise NotExpirable("only a finished record past its retention (a held key) can be released")
+    return "released; the next call with this key runs as a new operation"
+
+
 @admin.register(IdempotencyRecord)
 class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
     list_display = ["id", "tenant", "tool", "key_digest", "status", "attempts", "created_at", "expires_at"]
@@ -43,6 +52,18 @@ class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAd
         OperatorAction("force_expire", "Force-expire key", idempotency.FORCE_EXPIRE, force_expire,
                        refused=(NotExpirable, ToolFailure), reason=REASON_REQUIRED, style="danger",
                        help_text="Required: why this key's stored result must no longer be replayed."),
+        OperatorAction("release_held_key", "Release held key", idempotency.RELEASE_HELD_KEY, release_held_key,
+                       refused=(NotExpirable, ToolFailure), reason=REASON_REQUIRED, style="danger",
+                       help_text="Required: why the key may run again. Check the downstream system first: "
+                                 "the next call with this key runs as a new operation.",
+                       extra_fields={
+                           "checked": forms.CharField(
+                               widget=forms.Textarea(attrs={"rows": 2, "cols": 60}), label="What you checked",
+                               help_text="Where you looked and what it showed, e.g. 'gateway: no payment for "
+                                         "this key' or 'gateway: payment pay_123 refunded'."),
+                           "downstream_reference": forms.CharField(
+                               required=False, help_text="The downstream id you found, if any."),
+                       }),
     ]
 
     @admin.display(description="key (digest)")

@@ -61,8 +61,8 @@ class IdempotencyRecord(models.Model):
     expires_at = models.DateTimeField(help_text="End of retention; what happens after is the tool's policy.")
     retired_at = models.DateTimeField(null=True, blank=True, help_text="Set when an expired key was reused.")
     # Downstream systems and reconciliation (tools_app.reconciliation).
-    downstream_key = models.CharField(max_length=100, blank=True,
-                                      help_text="The key sent downstream, derived from (tenant, tool, key).")
+    downstream_key = models.CharField(
+        max_length=100, blank=True, help_text="The key sent downstream: one per operation (derived from operation_id).")
     evidence = models.JSONField(default=list, blank=True,
                                 help_text="What was asked downstream, what came back, when; newest last.")
     reconcile_attempts = models.PositiveIntegerField(default=0)
@@ -87,6 +87,7 @@ class IdempotencyRecord(models.Model):
         permissions = [
             ("resolve_unknown", "Can resolve UNKNOWN outcomes"),
             ("force_expire_idempotencyrecord", "Can force-expire an idempotency key"),
+            ("release_held_key", "Can release an idempotency key held past its retention"),
         ]
 
     def __str__(self) -> str:
