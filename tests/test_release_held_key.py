@@ -66,7 +66,7 @@ def test_an_operator_releases_a_held_payment_key_with_evidence_and_the_next_call
         "downstream_reference": first.structured_content["payment_id"]}, follow=True)
 
     # then: the button was there, the incomplete form changed nothing, and the release is evidence and audited
-    assert b'id="action-release_held_key"' in page.content
+    assert b'id="action-release_held_key"' in page.content and held.downstream_key.encode() in page.content
     assert incomplete.status_code == 200 and b"This field is required" in incomplete.content
     assert any("released" in str(m) for m in done.context["messages"])
     released = IdempotencyRecord.objects.get(pk=held.pk)
@@ -78,6 +78,8 @@ def test_an_operator_releases_a_held_payment_key_with_evidence_and_the_next_call
     event = AuditEvent.objects.get(action="record.released", object_id=str(held.pk))
     assert (event.actor, event.reason) == ("user:olga", "customer wants to pay again")
     assert event.after["checked"] == "gateway dashboard: payment refunded on request"
+    shown = client.get(reverse("admin:tools_app_idempotencyrecord_change", args=[held.pk])).content.decode()
+    assert "gateway dashboard: payment refunded on request" in shown  # the record page shows its evidence
 
     # when: the agent calls again with the key, twice
     second = pay(web_server, token)

@@ -45,8 +45,8 @@ class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAd
     list_select_related = ["tenant"]
     fields = ["tenant", "tool", "key_digest", "status", "fingerprint", "field_digests_display", "arguments_display",
               "result_display", "error_class", "error_message", "retry_not_before", "attempts", "lease_owner",
-              "lease_expires_at", "operation_id", "trace_id", "actor", "created_at", "updated_at", "finished_at",
-              "expires_at", "retired_at", "approval_link", "history"]
+              "lease_expires_at", "operation_id", "downstream_key", "trace_id", "actor", "created_at", "updated_at",
+              "finished_at", "expires_at", "retired_at", "evidence_display", "approval_link", "history"]
     readonly_fields = fields
     operator_actions = [
         OperatorAction("force_expire", "Force-expire key", idempotency.FORCE_EXPIRE, force_expire,
@@ -82,6 +82,11 @@ class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAd
     @admin.display(description="stored result")
     def result_display(self, obj):
         return pretty_json(obj.result) if obj.result is not None else "—"
+
+    @admin.display(description="evidence")
+    def evidence_display(self, obj):
+        # What was asked downstream and what came back; an operator's release or resolution adds what they checked.
+        return pretty_json(obj.evidence) if obj.evidence else "—"
 
     @admin.display(description="approval request")
     def approval_link(self, obj):
