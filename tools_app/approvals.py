@@ -230,7 +230,7 @@ def _check_decision(request: ApprovalRequest, actor: str, permit: tenants.Permit
     """The rules of deciding, for someone who may decide on this tenant's requests."""
     if actor == request.requested_by:
         raise _Refusal("self-approval: the requester cannot decide on its own request")
-    if permit == REJECT and not reason:
+    if permit is REJECT and not reason:
         raise _Refusal("a rejection needs a reason")
 
 
