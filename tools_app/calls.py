@@ -7,7 +7,6 @@ idempotent operation.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -104,8 +103,10 @@ def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel) -> tuple[id
 
 def downstream_key(tenant_id: int, tool: str, key: str) -> str:
     """The key sent to a downstream system: stable for (tenant, tool, key), so a
-    retry after a transient failure is deduplicated there too, and opaque."""
-    return "idemops-" + hashlib.sha256(f"{tenant_id}:{tool}:{key}".encode()).hexdigest()[:40]
+    retry after a transient failure is deduplicated there too, and opaque: keyed
+    like key digests, so the downstream cannot recover the key by trying guesses.
+    (The NUL keeps these messages apart from key digests': keys never hold one.)"""
+    return "idemops-" + idempotency.keyed_hash(f"downstream\0{tenant_id}:{tool}:{key}")[:40]
 
 
 def with_idempotency_key(arguments: dict[str, Any], meta_key: str | None) -> dict[str, Any]:

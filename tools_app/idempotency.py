@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -44,7 +45,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from tools_app import audit, db
+from tools_app import audit, db, redaction
 from tools_app.crashpoints import crash_point
 from tools_app.errors import (
     Conflict,
@@ -89,9 +90,25 @@ def validate_key(key: Any) -> str:
     return key
 
 
+KEY_DIGEST_LENGTH = 16
+
+
+def key_digest_secret() -> bytes:
+    return settings.IDEMOPS["KEY_DIGEST_SECRET"].encode()
+
+
+def keyed_hash(message: str) -> str:
+    """HMAC-SHA256 of `message` under the server's KEY_DIGEST_SECRET, as hex.
+
+    Keyed, not a plain hash: keys are often order numbers or e-mail addresses,
+    and a plain SHA-256 of those falls to a dictionary in seconds.
+    """
+    return hmac.new(key_digest_secret(), message.encode(), hashlib.sha256).hexdigest()
+
+
 def key_digest(key: str) -> str:
-    """How a key appears outside the database (logs, exports): never raw."""
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+    """How a key appears outside the database (admin, auditors' API, logs): never raw."""
+    return keyed_hash(key)[:KEY_DIGEST_LENGTH]
 
 
 def canonical_json(value: Any) -> str:
@@ -280,7 +297,7 @@ def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Out
 
 
 def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) -> Outcome:
-    logger.exception("tool %s raised; record %s", op.tool, record.pk)
+    logger.exception("tool %s raised; record %s, key digest %s", op.tool, record.pk, key_digest(op.key))
     if not op.transactional:
         # We cannot tell whether the downstream request went out.
         unknown = UnknownOutcome("the call failed unexpectedly after it may have reached the downstream system; "
@@ -342,7 +359,8 @@ def new_record(op: Operation) -> IdempotencyRecord:
     now = timezone.now()
     return IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
-        field_digests=op.field_digests, arguments=json.loads(canonical_json(op.arguments)),
+        # What is kept to be read: URLs lose their query (tokens); the fingerprint covers the full arguments.
+        field_digests=op.field_digests, arguments=redaction.scrub_urls(json.loads(canonical_json(op.arguments))),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=_lease_owner(), lease_expires_at=_lease_expiry(now),
         operation_id=uuid.uuid4(), trace_id=op.trace_id, actor=op.actor, downstream_key=op.downstream_key,
         created_at=now, updated_at=now, expires_at=now + op.retention,
