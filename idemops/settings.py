@@ -274,7 +274,8 @@ IDEMOPS = {
     "TASK_SLICE_SECONDS": env_float("IDEMOPS_TASK_SLICE_SECONDS", Q_TIMEOUT / 2),
     # Calling a long tool directly waits this long for its task before answering in_progress.
     "TASK_CALL_WAIT_SECONDS": env_float("IDEMOPS_TASK_CALL_WAIT_SECONDS", 10),
-    # Upper bound of wait_seconds in get_task_status / get_task_result.
+    # Upper bound of wait_seconds in get_task_status / get_task_result: the tools' schema states it
+    # (read at start-up), and a larger value is invalid_input.
     "TASK_MAX_WAIT_SECONDS": env_float("IDEMOPS_TASK_MAX_WAIT_SECONDS", 60),
     "TASK_POLL_INTERVAL_MS": env_int("IDEMOPS_TASK_POLL_INTERVAL_MS", 1000),
     # --- documents (tools_app/documents.py) ---

@@ -141,6 +141,33 @@ def test_the_same_key_for_another_payee_is_a_conflict_and_pays_nothing_more(web_
     assert len(gateway.payments()) == 1
 
 
+def test_a_key_the_gateway_holds_for_another_request_is_a_downstream_conflict_for_an_operator(
+        web_server, token, downstreams, gateway):
+    import httpx2
+
+    from tools_app.calls import downstream_key
+    from tools_app.models import Tenant
+
+    # given: the gateway already holds the key idemops forwards for "p-409", for another payment (as after an
+    # operator released a held key that the agent then used for something else)
+    forwarded = downstream_key(Tenant.objects.get().pk, "request_payment", "p-409")
+    httpx2.post(f"{gateway.url}/payments", json={**PAYMENT, "payee": "Someone Else"},
+                headers={"Idempotency-Key": forwarded}, timeout=10).raise_for_status()
+
+    # when the agent pays with that key, and retries
+    first = error_of(pay(web_server, token, "p-409"))
+    again = error_of(pay(web_server, token, "p-409"))
+
+    # then: its own class, no differing_fields (nothing differed here), advice for an operator; nothing paid
+    assert first["class"] == again["class"] == "downstream_conflict"
+    assert "differing_fields" not in first
+    assert "operator must check" in first["message"] and "do not just use a new key" in first["message"]
+    assert [p[1] for p in gateway.payments()] == [forwarded]
+    record = IdempotencyRecord.objects.get(key="p-409")
+    assert (record.status, record.error_class, record.attempts) == (RecordStatus.FAILED, "downstream_conflict", 1)
+    assert record.downstream_key == forwarded and record.evidence[-1]["answer"]["status"] == 409
+
+
 def test_reconciliation_that_keeps_failing_escalates_to_a_person(web_server, token, downstreams, gateway, settings):
     from tests.processes import free_port
     from tools_app import reconciliation

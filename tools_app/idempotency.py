@@ -48,6 +48,7 @@ from django.utils import timezone
 from tools_app import audit, db, redaction
 from tools_app.crashpoints import crash_point
 from tools_app.errors import (
+    UNKNOWN_OUTCOME_ADVICE,
     Conflict,
     Expired,
     InProgress,
@@ -243,8 +244,7 @@ def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outc
                 retry_after=_in_progress_retry_after()))
         case RecordStatus.UNKNOWN:
             return Outcome(record, error=UnknownOutcome(
-                "the outcome of the first call is unknown and is being reconciled; do not retry "
-                "with a new key, ask again later with the same key"))
+                f"the outcome of the first call is unknown and is being reconciled: {UNKNOWN_OUTCOME_ADVICE}"))
         case RecordStatus.FAILED:
             return _follow_failed(record, op, execute)
         case RecordStatus.AWAITING_APPROVAL:
@@ -289,7 +289,7 @@ def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Out
     except LeaseLost:
         record.refresh_from_db()
         return Outcome(record, executed=True, error=UnknownOutcome(
-            "this call overran its lease and its outcome is being reconciled; do not retry with a new key"))
+            f"this call overran its lease and its outcome is being reconciled: {UNKNOWN_OUTCOME_ADVICE}"))
     except Exception as exc:
         return _unexpected_error(record, op, exc)
     crash_point("after_commit")
@@ -301,7 +301,7 @@ def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) 
     if not op.transactional:
         # We cannot tell whether the downstream request went out.
         unknown = UnknownOutcome("the call failed unexpectedly after it may have reached the downstream system; "
-                                 "it is being reconciled, do not retry with a new key",
+                                 f"it is being reconciled: {UNKNOWN_OUTCOME_ADVICE}",
                                  evidence=evidence_entry("executor", error=type(exc).__name__))
         return Outcome(mark_unknown(record, unknown, actor=op.actor), error=unknown, executed=True)
     # A bug or a database error: the transaction rolled back, so nothing
