@@ -229,7 +229,7 @@ IDEMOPS = {
     # The key of the HMAC-SHA256 digests that stand for idempotency keys outside the
     # database (admin, auditors' API, logs) and of the keys forwarded downstream. It must be
     # the same on every process; changing it changes every digest shown from then on.
-    "KEY_DIGEST_SECRET": os.environ.get("IDEMOPS_KEY_DIGEST_SECRET") or derived_secret("idemops/key-digest"),
+    "KEY_DIGEST_SECRET": os.environ.get("IDEMOPS_KEY_DIGEST_SECRET") or derived_secret("idemops:key-digest"),
     # How long an executor holds a record before the sweep may call it UNKNOWN.
     "EXECUTION_LEASE_SECONDS": env_int("IDEMOPS_EXECUTION_LEASE_SECONDS", 60),
     # How long a follower waits for the executor before answering in_progress.

@@ -72,7 +72,7 @@ def test_a_key_digest_is_an_hmac_under_the_server_secret_not_a_plain_sha256(sett
 def test_the_default_secret_is_derived_from_the_django_secret_key_with_its_own_label(settings):
     from idemops.settings import derived_secret
 
-    assert settings.IDEMOPS["KEY_DIGEST_SECRET"] == derived_secret("idemops/key-digest")
+    assert settings.IDEMOPS["KEY_DIGEST_SECRET"] == derived_secret("idemops:key-digest")
     assert settings.SECRET_KEY not in settings.IDEMOPS["KEY_DIGEST_SECRET"]
 
 
@@ -114,6 +114,17 @@ def test_the_same_key_in_two_tenants_shows_the_digest_the_server_computes_in_the
         assert expected in page and "jane.roe@example.com" not in page
     listing = admin.get(reverse("admin:tools_app_idempotencyrecord_changelist")).content.decode()
     assert listing.count(expected) == 2
+
+
+@pytest.mark.django_db
+def test_the_unknown_outcomes_page_shows_the_key_as_the_same_digest(tenant):
+    record = make_record(tenant, key="jane.roe@example.com", status=RecordStatus.UNKNOWN)
+
+    page = superuser_client().get(reverse("admin:tools_app_unknownoutcome_change", args=[record.pk]))
+
+    assert page.status_code == 200
+    assert idempotency.key_digest("jane.roe@example.com") in page.content.decode()
+    assert "jane.roe@example.com" not in page.content.decode()
 
 
 @pytest.mark.django_db

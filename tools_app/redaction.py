@@ -33,7 +33,7 @@ from tools_app.errors import InvalidInput
 
 WITHHELD = "[withheld]"
 PERSON_PREFIX = "user:"  # tools_app.audit.user_actor
-SEAL_LABEL = b"idemops/sealed-arguments"
+SEAL_LABEL = b"idemops:sealed-arguments"
 
 
 def failure_text(text: str) -> str:
