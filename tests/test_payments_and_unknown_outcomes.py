@@ -144,6 +144,26 @@ def test_the_same_key_for_another_payee_is_a_conflict_and_pays_nothing_more(web_
     assert len(gateway.payments()) == 1
 
 
+def test_a_key_the_gateway_holds_for_another_request_is_a_downstream_conflict_for_an_operator(
+        web_server, token, downstreams, gateway):
+    # given: the gateway answers 409 "key already used with another request" (as when its store holds the
+    # forwarded key for something else); the forwarded key is per operation, so the fault is armed for any key
+    gateway.set_fault("*", "conflict", times=1)
+
+    # when the agent pays, and retries with the same key
+    first = error_of(pay(web_server, token, "p-409"))
+    again = error_of(pay(web_server, token, "p-409"))
+
+    # then: its own class, no differing_fields (nothing differed here), advice for an operator; nothing paid
+    assert first["class"] == again["class"] == "downstream_conflict"
+    assert "differing_fields" not in first
+    assert "operator must check" in first["message"] and "do not just use a new key" in first["message"]
+    assert gateway.payments() == []
+    record = IdempotencyRecord.objects.get(key="p-409")
+    assert (record.status, record.error_class, record.attempts) == (RecordStatus.FAILED, "downstream_conflict", 1)
+    assert record.evidence[-1]["answer"]["status"] == 409
+
+
 def test_reconciliation_that_keeps_failing_escalates_to_a_person(web_server, token, downstreams, gateway, settings):
     from tests.processes import free_port
     from tools_app import reconciliation

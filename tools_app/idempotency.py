@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -44,9 +45,10 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from tools_app import audit, db, tenants
+from tools_app import audit, db, redaction, tenants
 from tools_app.crashpoints import crash_point
 from tools_app.errors import (
+    UNKNOWN_OUTCOME_ADVICE,
     Conflict,
     Expired,
     InProgress,
@@ -89,9 +91,25 @@ def validate_key(key: Any) -> str:
     return key
 
 
+KEY_DIGEST_LENGTH = 16
+
+
+def key_digest_secret() -> bytes:
+    return settings.IDEMOPS["KEY_DIGEST_SECRET"].encode()
+
+
+def keyed_hash(message: str) -> str:
+    """HMAC-SHA256 of `message` under the server's KEY_DIGEST_SECRET, as hex.
+
+    Keyed, not a plain hash: keys are often order numbers or e-mail addresses,
+    and a plain SHA-256 of those falls to a dictionary in seconds.
+    """
+    return hmac.new(key_digest_secret(), message.encode(), hashlib.sha256).hexdigest()
+
+
 def key_digest(key: str) -> str:
-    """How a key appears outside the database (logs, exports): never raw."""
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+    """How a key appears outside the database (admin, auditors' API, logs): never raw."""
+    return keyed_hash(key)[:KEY_DIGEST_LENGTH]
 
 
 def canonical_json(value: Any) -> str:
@@ -225,8 +243,7 @@ def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outc
                 retry_after=_in_progress_retry_after()))
         case RecordStatus.UNKNOWN:
             return Outcome(record, error=UnknownOutcome(
-                "the outcome of the first call is unknown and is being reconciled; do not retry "
-                "with a new key, ask again later with the same key"))
+                f"the outcome of the first call is unknown and is being reconciled: {UNKNOWN_OUTCOME_ADVICE}"))
         case RecordStatus.FAILED:
             return _follow_failed(record, op, execute)
         case RecordStatus.AWAITING_APPROVAL:
@@ -271,7 +288,7 @@ def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Out
     except LeaseLost:
         record.refresh_from_db()
         return Outcome(record, executed=True, error=UnknownOutcome(
-            "this call overran its lease and its outcome is being reconciled; do not retry with a new key"))
+            f"this call overran its lease and its outcome is being reconciled: {UNKNOWN_OUTCOME_ADVICE}"))
     except Exception as exc:
         return _unexpected_error(record, op, exc)
     crash_point("after_commit")
@@ -279,11 +296,11 @@ def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Out
 
 
 def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) -> Outcome:
-    logger.exception("tool %s raised; record %s", op.tool, record.pk)
+    logger.exception("tool %s raised; record %s, key digest %s", op.tool, record.pk, key_digest(op.key))
     if not op.transactional:
         # We cannot tell whether the downstream request went out.
         unknown = UnknownOutcome("the call failed unexpectedly after it may have reached the downstream system; "
-                                 "it is being reconciled, do not retry with a new key",
+                                 f"it is being reconciled: {UNKNOWN_OUTCOME_ADVICE}",
                                  evidence=evidence_entry("executor", error=type(exc).__name__))
         return Outcome(mark_unknown(record, unknown, actor=op.actor), error=unknown, executed=True)
     # A bug or a database error: the transaction rolled back, so nothing
@@ -342,7 +359,8 @@ def new_record(op: Operation) -> IdempotencyRecord:
     operation_id = uuid.uuid4()
     return IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
-        field_digests=op.field_digests, arguments=json.loads(canonical_json(op.arguments)),
+        # What is kept to be read: URLs lose their query (tokens); the fingerprint covers the full arguments.
+        field_digests=op.field_digests, arguments=redaction.scrub_urls(json.loads(canonical_json(op.arguments))),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=_lease_owner(), lease_expires_at=_lease_expiry(now),
         operation_id=operation_id, trace_id=op.trace_id, actor=op.actor,
         downstream_key="" if op.transactional else downstream_key(operation_id),

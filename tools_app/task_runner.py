@@ -22,7 +22,7 @@ from django.db import connections
 from django.utils import timezone
 from pydantic import ValidationError
 
-from tools_app import checkpoints, tasks
+from tools_app import checkpoints, redaction, tasks
 from tools_app.errors import ToolFailure, Transient
 from tools_app.models import StepOutcome, StepRun, Task
 from tools_app.pipelines import Interrupted, Pipeline, StepContext, WaitFor
@@ -109,7 +109,8 @@ class Runner:
         """Run the remaining steps. Returns (outcome, when to retry if this job should wait)."""
         task = self.task
         try:
-            arguments = self.spec.input_model.model_validate({**task.arguments, "idempotency_key": task.record.key})
+            arguments = self.spec.input_model.model_validate({
+                **task.arguments, **redaction.unseal(task.sealed_arguments), "idempotency_key": task.record.key})
             resumption = checkpoints.valid_prefix(task, self.pipeline, actor=self.owner)
         except Exception as exc:
             return self._failed(None, exc)

@@ -97,7 +97,8 @@ def _enqueue(task: Task) -> None:
 
 @transaction.atomic
 def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, Any], input_digest: str,
-                steps_total: int, max_attempts: int, actor: str, trace_id: str = "") -> Task:
+                steps_total: int, max_attempts: int, actor: str, trace_id: str = "",
+                sealed_arguments: str = "") -> Task:
     """-> created, and queued. Runs inside start_task's idempotency transaction.
 
     The one-to-one `record` makes a second task for the same operation a
@@ -106,8 +107,8 @@ def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, An
     now = timezone.now()
     task = Task.objects.create(
         tenant_id=record.tenant_id, tool=tool, record=record, arguments=arguments, input_digest=input_digest,
-        steps_total=steps_total, max_attempts=max_attempts, actor=actor, trace_id=trace_id,
-        enqueued_at=now, created_at=now, updated_at=now)
+        sealed_arguments=sealed_arguments, steps_total=steps_total, max_attempts=max_attempts, actor=actor,
+        trace_id=trace_id, enqueued_at=now, created_at=now, updated_at=now)
     audit.record_event(action="task.created", obj=task, actor=actor, trace_id=trace_id,
                        after={"status": task.status, "tool": tool})
     _enqueue(task)

@@ -39,7 +39,7 @@ def release_held_key(request, record, reason: str, checked: str, downstream_refe
 @admin.register(IdempotencyRecord)
 class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
     list_display = ["id", "tenant", "tool", "key_digest", "status", "attempts", "created_at", "expires_at"]
-    list_filter = ["status", "tool", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    list_filter = ["status", "error_class", "tool", ("tenant", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["=operation_id", "=trace_id"]
     date_hierarchy = "created_at"
     list_select_related = ["tenant"]

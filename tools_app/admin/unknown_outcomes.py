@@ -4,7 +4,7 @@ from django import forms
 from django.contrib import admin
 from django.utils.html import format_html
 
-from tools_app import reconciliation
+from tools_app import audit, idempotency, reconciliation
 from tools_app.admin.operator_actions import REASON_REQUIRED, OperatorAction, QueueAdmin, age, pretty_json
 from tools_app.errors import ToolFailure
 from tools_app.models import RecordStatus, UnknownOutcome
@@ -32,8 +32,8 @@ class UnknownOutcomeAdmin(QueueAdmin):
     list_filter = ["tool", ("tenant", admin.RelatedOnlyFieldListFilter), ("escalated_at", admin.EmptyFieldListFilter)]
     list_select_related = ["tenant"]
     search_fields = ["=operation_id", "=downstream_key", "=trace_id"]
-    fields = ["tenant", "tool", "operation_id", "downstream_key", "actor", "created_at", "reconcile_attempts",
-              "next_reconcile_at", "escalated_at", "error_message", "evidence_json"]
+    fields = ["tenant", "tool", "key_digest", "operation_id", "downstream_key", "actor", "created_at",
+              "reconcile_attempts", "next_reconcile_at", "escalated_at", "error_message", "evidence_json"]
     readonly_fields = fields
     operator_actions = [
         OperatorAction("reconcile", "Reconcile now", reconciliation.RECONCILE, reconcile_now,
@@ -46,6 +46,10 @@ class UnknownOutcomeAdmin(QueueAdmin):
                        refused=(ToolFailure,), reason=REASON_REQUIRED, style="danger",
                        help_text="Definitely not done: what you checked. The agent may then retry with the same key."),
     ]
+
+    @admin.display(description="key (digest)")
+    def key_digest(self, record):
+        return idempotency.key_digest(record.key)
 
     @admin.display(description="waiting", ordering="created_at")
     def waiting(self, record):

@@ -16,10 +16,13 @@ class ErrorClass(models.TextChoices):
     INVALID_INPUT = "invalid_input", "Invalid input: fix the arguments"
     PERMISSION_DENIED = "permission_denied", "Permission denied"
     NOT_FOUND = "not_found", "Not found"
-    CONFLICT = "conflict", "Key reused with other parameters"
+    CONFLICT = "conflict", "Key reused with other parameters: a new operation needs a new key"
+    DOWNSTREAM_CONFLICT = "downstream_conflict", (
+        "The downstream system holds this key for another request: an operator must check")
     IN_PROGRESS = "in_progress", "Still running: ask again after retry_after"
     TRANSIENT = "transient", "Transient: retry with the same key after retry_after"
-    UNKNOWN_OUTCOME = "unknown_outcome", "Outcome unknown: do not retry, being reconciled"
+    UNKNOWN_OUTCOME = "unknown_outcome", (
+        "Outcome unknown, being reconciled: no new key; the same key answers the outcome once known")
     EXPIRED = "expired", "Key past retention: a person must check"
     ALREADY_DONE = "already_done", "Already done"
     PENDING_APPROVAL = "pending_approval", "Waiting for a person's approval: ask again with the same key"

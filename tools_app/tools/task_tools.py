@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from pydantic import BaseModel, Field
 
 from tools_app import task_calls, tasks
@@ -17,8 +18,12 @@ from tools_app.registry import ToolContext, ToolInput, WriteInput, read_tool, wr
 from tools_app.task_calls import TaskHandle, TaskStatusView
 from tools_app.tenants import Agent
 
+# The schema states the real limit (the setting, read when the tools are declared); more is invalid_input,
+# never a silently shorter wait.
+MAX_WAIT_SECONDS = settings.IDEMOPS["TASK_MAX_WAIT_SECONDS"]
 WAIT_RULE = ("Seconds to wait for the task to finish (or pause) before answering, with progress notifications "
-             "when the call has a progressToken. 0 answers at once.")
+             f"when the call has a progressToken. 0 answers at once; at most {MAX_WAIT_SECONDS:g} "
+             "(call again to wait longer).")
 
 
 class StartTaskInput(WriteInput):
@@ -32,7 +37,7 @@ class TaskIdInput(ToolInput):
 
 
 class WaitingInput(TaskIdInput):
-    wait_seconds: float = Field(0, ge=0, le=600, description=WAIT_RULE)
+    wait_seconds: float = Field(0, ge=0, le=MAX_WAIT_SECONDS, description=WAIT_RULE)
 
 
 class ResumeTaskInput(WriteInput):
