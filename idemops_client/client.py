@@ -172,8 +172,7 @@ class _Connection:
             self.failure = exc
         finally:
             self.dead = True
-            self.client = None if not self._ready.is_set() else self.client
-            self._ready.set()
+            self._ready.set()  # a connection that never opened: start() raises its failure
 
     def close(self) -> None:
         self.dead = True
@@ -314,31 +313,41 @@ class IdempotentClient:
             raise ValueError("idempotency_key in the arguments and key= differ")
         key = key if key is not None else given
         business = business_arguments(arguments, info.non_business_fields)
-        digest = fingerprint(business)
         call_id = key if key is not None else derive_key(self.session_id, tool, business)
         # One flight per operation in this process: a concurrent identical call waits, then reads the ledger.
         flight = self._flights.setdefault((tool, call_id), anyio.Lock())
-        async with flight:
-            entry = self.store.get(self.session_id, tool, call_id)
-            if entry is not None and entry.state == State.DONE and entry.fingerprint == digest:
-                return CallResult(tool=tool, structured=entry.result or {}, key=entry.key,
-                                  operation_id=entry.operation_id, replayed=True, from_ledger=True, entry=entry)
-            if entry is not None and entry.fingerprint != digest:
-                # The caller's key is already this session's key for other arguments: the server
-                # will say `conflict` (or, for declared non-business fields, replay). The entry
-                # belongs to the first operation and is left as it is.
-                detached = self.store.new_entry(session_id=self.session_id, tool=tool, call_id=call_id,
-                                                key=entry.key, fingerprint=digest, arguments=business)
-                return await self._write(tool, detached, arguments, policy, may_prepare=False, persist=False)
-            if entry is None:
-                wire_key = key
-                if wire_key is None and info.requires_operation_id:
-                    wire_key = await self._prepare(tool, arguments, call_id, policy)
-                # Recorded before it is sent: a crash from here on leaves an entry to ask about again.
-                entry = self.store.add(self.store.new_entry(
-                    session_id=self.session_id, tool=tool, call_id=call_id, key=wire_key or call_id,
-                    fingerprint=digest, arguments=business))
-            return await self._write(tool, entry, arguments, policy, may_prepare=key is None)
+        try:
+            async with flight:
+                return await self._call_write(info, arguments, key, call_id, business, policy)
+        finally:
+            if not flight.locked() and not flight.statistics().tasks_waiting:
+                self._flights.pop((tool, call_id), None)
+
+    async def _call_write(self, info: ToolInfo, arguments: dict[str, Any], key: str | None, call_id: str,
+                          business: dict[str, Any], policy: RetryPolicy) -> CallResult:
+        tool = info.name
+        digest = fingerprint(business)
+        entry = self.store.get(self.session_id, tool, call_id)
+        if entry is None:
+            wire_key = key
+            if wire_key is None and info.requires_operation_id:
+                wire_key = await self._prepare(tool, arguments, call_id, policy)
+            # Recorded before it is sent: a crash from here on leaves an entry to ask about again.
+            # (Another process may have added it first: then its entry is the one.)
+            entry = self.store.add(self.store.new_entry(
+                session_id=self.session_id, tool=tool, call_id=call_id, key=wire_key or call_id,
+                fingerprint=digest, arguments=business))
+        if entry.fingerprint != digest:
+            # The caller's key is already this session's key for other arguments: the server
+            # will say `conflict` (or, for declared non-business fields, replay). The entry
+            # belongs to the first operation and is left as it is.
+            detached = self.store.new_entry(session_id=self.session_id, tool=tool, call_id=call_id,
+                                            key=entry.key, fingerprint=digest, arguments=business)
+            return await self._write(tool, detached, arguments, policy, may_prepare=False, persist=False)
+        if entry.state == State.DONE:
+            return CallResult(tool=tool, structured=entry.result or {}, key=entry.key,
+                              operation_id=entry.operation_id, replayed=True, from_ledger=True, entry=entry)
+        return await self._write(tool, entry, arguments, policy, may_prepare=key is None)
 
     async def _write(self, tool: str, entry: Entry, arguments: dict[str, Any], policy: RetryPolicy,
                      may_prepare: bool, persist: bool = True) -> CallResult:

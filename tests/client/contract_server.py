@@ -14,7 +14,7 @@ Tools:
   from the refusal: `invalid_input` with `operation_id_required: true`);
 - `note_order`: declares `note` as a non-business field (`_meta`
   io.idemops/non-business-fields), takes any valid key;
-- `slow_order`: answers `in_progress` until `finish()` is called;
+- `slow_order`: answers `in_progress` until `finish()` ends it;
 - `prepare_operation`, `get_operation`: as in the contract.
 """
 
@@ -148,7 +148,7 @@ class ContractServer:
         if not known and issued["fingerprint"] != fingerprint(business):
             return failure("conflict", "the operation id was issued for other arguments",
                            differing_fields=sorted(business))
-        return self.run(tool, business, key, lambda: {"payment_id": f"pay-{len(self.executions) + 1}"},
+        return self.run(tool, business, key, lambda: {"payment_id": f"pay-{len(self.executions)}"},
                         operation_id=key)
 
     def run(self, tool: str, business: dict[str, Any], key: str | None, execute: Any, wait: bool = False,
@@ -177,7 +177,13 @@ class ContractServer:
         return answer({**record["result"], "idempotency": info})
 
     def finish(self) -> None:
-        self.finished.set()
+        """Let the slow operations end: each runs once, as its executor would."""
+        with self._lock:
+            self.finished.set()
+            for (tool, _), record in self.records.items():
+                if record["status"] == "PROCESSING":
+                    self.executions.append((tool, {}))
+                    record["result"], record["status"] = {"order": "finished"}, "SUCCEEDED"
 
 
 def fingerprint(arguments: dict[str, Any]) -> str:
