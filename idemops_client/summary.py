@@ -23,7 +23,7 @@ HEADER = ("Tool calls in this session (an identical call is answered from this l
           "'unknown' and 'in progress' ones are asked about again with the same key, never re-done with new ones):")
 
 _STATE_TEXT = {
-    State.SUBMITTED: "submitted, no answer yet",
+    State.SUBMITTED: "submitted, no result yet",
     State.IN_PROGRESS: "in progress",
     State.PENDING_APPROVAL: "pending approval by a person",
     State.UNKNOWN: "unknown (may have happened; being checked)",
@@ -79,6 +79,8 @@ def outcome_text(entry: Entry) -> str:
         error = entry.error or {}
         message = _scalar(error.get("message", ""))
         return f"failed: {error.get('class', 'error')}" + (f" ({message})" if message else "")
+    if entry.state == State.SUBMITTED and entry.error:
+        return f"{_STATE_TEXT[entry.state]} (last answer: {entry.error.get('class', 'error')})"
     return _STATE_TEXT[entry.state]
 
 

@@ -175,11 +175,12 @@ def test_the_attempt_budget_ends_with_an_exception_naming_the_last_class(web_ser
             proxy.inject("unavailable", "create_order", times=100, retry_after=0.1)
             with pytest.raises(RetriesExhausted) as raised:
                 await client.call("create_order", ORDER)
-            return raised.value, proxy.calls("create_order"), client.ledger.entries()
+            return raised.value, proxy.calls("create_order"), client.ledger.entries(), client.ledger.summary_for_model()
 
-    error, requests, entries = asyncio.run(scenario())
+    error, requests, entries, summary = asyncio.run(scenario())
 
     assert (error.reason, error.error_class, error.attempts) == ("attempts", "unavailable", 4)
+    assert "→ submitted, no result yet (last answer: unavailable)" in summary
     assert "retry budget exhausted" in str(error) and "unavailable" in str(error)
     assert len(requests) == 4 and len({r.key for r in requests}) == 1
     # Every 503 refused the request: nothing happened, and the ledger says so.
