@@ -9,10 +9,10 @@ client's timeout), a payment, a notification, a long task (a document
 ingestion, which needs the job workers `make run` starts), a deterministic
 error, and a re-planned duplicate of the first order.
 
-Then it checks, without trusting the client: every answer the server sent
-(the proxy kept them, delivered or not) names one resource per operation
-and every operation used one key; the read tools find one order per order
-placed, the notification, and one document for the ingested text. The last
+Then it counts side effects without trusting the client: every answer the
+server sent (the proxy kept them, delivered or not) must name one resource
+per operation, and the read tools must find one order per order placed and
+one document for the ingested text (and the notification). The last
 line ends in `duplicates N`; the exit status is 1 if N > 0, 2 if a call did
 not end as planned, 0 otherwise.
 """
@@ -166,24 +166,28 @@ async def replan_and_mistake(client: IdempotentClient, proxy: FaultProxy, report
 
 
 async def verify(client: IdempotentClient, proxy: FaultProxy, report: Report, tag: str) -> int:
-    """Count side effects from the wire and through the read tools; return the duplicates found."""
-    duplicates = 0
+    """Count side effects from the wire and through the read tools; return the duplicates found.
+
+    Two independent counts of the same effects; the larger is reported (each is
+    a lower bound: the wire sees every answer the server sent, the read tools
+    see what the database holds).
+    """
     report.say("")
     report.say("Checking for duplicates:")
-    # 1. The wire: per operation (tool + canonical business arguments), the keys used and the resources named.
+    # 1. The wire: per operation (tool + canonical business arguments), the resources the server's answers named,
+    #    delivered or not. Two orders for one operation show up as two order ids.
     keys, resources = defaultdict(set), defaultdict(set)
     for exchange in proxy.calls():
-        if exchange.key is None or exchange.arguments is None:
-            continue
+        if exchange.key is None or exchange.arguments is None or exchange.reply is None:
+            continue  # a request the server never saw (a 503 from the proxy) did nothing
         operation = (exchange.tool, canonical_json(business_arguments(exchange.arguments)))
         keys[operation].add(exchange.key)
         structured = exchange.structured or {}
         if not structured.get("error"):
             resources[operation] |= {(k, str(structured[k])) for k in RESULT_IDS if k in structured}
-    wire = wire_duplicates(keys, resources)
-    duplicates += wire
-    report.say(f"- on the wire: {len(keys)} operations, {sum(len(v) for v in keys.values())} keys, "
-               f"{sum(len(v) for v in resources.values())} resources named; duplicates {wire}")
+    wire = wire_duplicates(resources)
+    report.say(f"- on the wire: {len(keys)} operations reached the server with {sum(len(v) for v in keys.values())} "
+               f"keys and named {sum(len(v) for v in resources.values())} resources; duplicates {wire}")
     # 2. The read tools: every order of this run, by probing ids around the ones we got.
     ids = sorted(int(v) for op in resources.values() for k, v in op if k == "order_id")
     customers = defaultdict(int)
@@ -196,7 +200,6 @@ async def verify(client: IdempotentClient, proxy: FaultProxy, report: Report, ta
             if str(found["customer"]).startswith(f"{tag}-"):
                 customers[found["customer"]] += 1
     order_duplicates = sum(n - 1 for n in customers.values())
-    duplicates += order_duplicates
     report.say(f"- get_order: {len(customers)} orders of this run found, {sum(customers.values())} rows; "
                f"duplicates {order_duplicates}")
     if len(customers) != 4:
@@ -207,20 +210,20 @@ async def verify(client: IdempotentClient, proxy: FaultProxy, report: Report, ta
         report.say(f"- get_notification: {value[:8]}… {found['status']}")
     hits = await client.call("search_documents", {"query": f'"idemops demo {tag}"', "limit": 50})
     documents = {hit["document_id"] for hit in hits["hits"]}
-    duplicates += max(0, len(documents) - 1)
+    document_duplicates = max(0, len(documents) - 1)
     report.say(f"- search_documents: {len(documents)} document(s) with this run's text; "
-               f"duplicates {max(0, len(documents) - 1)}")
+               f"duplicates {document_duplicates}")
     if not documents:
         report.problems.append("the ingested document is not found")
-    return duplicates
+    return max(wire, order_duplicates + document_duplicates)
 
 
-def wire_duplicates(keys: dict[Any, set], resources: dict[Any, set]) -> int:
-    """Per operation: more than one key, or more than one resource of a kind (two orders), is a duplicate."""
+def wire_duplicates(resources: dict[Any, set]) -> int:
+    """Per operation, more than one resource of a kind (two order ids) is a duplicate."""
     total = 0
-    for operation, used in keys.items():
-        per_kind = Counter(kind for kind, _ in resources[operation])
-        total += max(0, len(used) - 1, *(n - 1 for n in per_kind.values()))
+    for named in resources.values():
+        per_kind = Counter(kind for kind, _ in named)
+        total += sum(n - 1 for n in per_kind.values())
     return total
 
 
