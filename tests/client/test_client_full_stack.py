@@ -6,10 +6,13 @@ import sys
 
 import pytest
 
-from idemops_client import IdempotentClient, MemoryLedger, RetryPolicy
+from idemops_client import IdempotentClient, Ledger, MemoryLedger, RetriesExhausted, RetryPolicy, State
 from idemops_client.faults import FaultProxy
+from tests.operators import make_operator
 from tests.processes import ROOT
-from tools_app.models import Document, IdempotencyRecord, RecordStatus, Task
+from tools_app import approvals
+from tools_app.models import Announcement, ApprovalRequest, Document, IdempotencyRecord, RecordStatus, Task, Tenant
+from tools_app.roles import APPROVER
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("settle_tasks")]
 
@@ -62,3 +65,30 @@ def test_a_payment_whose_gateway_answer_never_came_is_asked_about_until_reconcil
     assert len({r.key for r in requests}) == 1
     assert [row[0] for row in gateway.payments()] == [result["payment_id"]]
     assert IdempotencyRecord.objects.get(tool="request_payment").status == RecordStatus.SUCCEEDED
+
+
+def test_a_call_waiting_for_approval_stays_pending_in_the_ledger_and_a_later_call_gets_the_result(
+        full_stack, token, tmp_path):
+    note = {"title": "Maintenance", "body": "Down at 2am", "audience": "staff"}
+
+    async def agent_turn(policy):
+        async with FaultProxy(full_stack.base_url) as proxy:
+            async with IdempotentClient(proxy.url_for(full_stack.mcp_url), token, ledger=Ledger(tmp_path / "l.sqlite"),
+                                        session_id="chat-42") as client:
+                try:
+                    outcome = await client.call("publish_announcement", note, policy=policy)
+                except RetriesExhausted as error:
+                    outcome = error
+                return outcome, client.ledger.entries()[0], client.ledger.summary_for_model(), proxy.calls()
+
+    # The server says to come back in 30 s: past a 5 s budget, so the client stops at once.
+    error, waiting, summary, first_requests = asyncio.run(agent_turn(RetryPolicy(max_attempts=10, max_seconds=5)))
+    bob = make_operator("bob", APPROVER, Tenant.objects.get(slug="acme"))
+    approvals.approve(ApprovalRequest.objects.get(), bob)
+    result, done, _, later_requests = asyncio.run(agent_turn(RetryPolicy(max_attempts=30, max_seconds=90,
+                                                                         max_delay=2)))
+
+    assert (error.error_class, error.reason, error.attempts) == ("pending_approval", "time", 1)
+    assert waiting.state == State.PENDING_APPROVAL and "→ pending approval by a person" in summary
+    assert result["announcement_id"] == Announcement.objects.get().pk and done.state == State.DONE
+    assert {r.key for r in first_requests + later_requests} == {waiting.key}
