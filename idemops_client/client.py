@@ -18,7 +18,8 @@ For a write tool (its input schema has `idempotency_key`) a call:
 5. retries what is worth retrying (errors.RETRYABLE; unknown classes only
    with a retry_after) with the same key, within the RetryPolicy's budget.
 
-Read tools are retried on transport failures only and not recorded.
+Read tools are not recorded; they are retried on the same rules (a read
+has no side effect).
 
 The SDK's client runs one connection at a time, owned by a task of this
 client: a failed connection (a dropped answer, a reset) fails the requests
