@@ -207,7 +207,7 @@ def recover_once(caller: Caller, path: Path, env: dict[str, str], n: int) -> str
     drain(lambda: (current().progress_done or 0) > 0, timeout=120)
     progressed = time.time()
     expired = tasks_lease_expired_at(task)
-    tasks.cancel(current(), actor="bench")
+    tasks.cancel(current(), tenants.Agent(current().tenant_id, "bench"))
     standby.stop(grace=3)
     first.stop(grace=0)
     return (f"| {n + 1} | {lease_left:.2f} | {expired - killed_at:.2f} | {resumed - killed_at:.2f} | "

@@ -14,7 +14,8 @@ it reconnects by itself when the database is back.
 Faults, per request (header X-Fault) or per key (PUT /faults): `fail` (500,
 nothing done), `reject` (422, nothing done), `ratelimit` (429, Retry-After), `unavailable` (503,
 Retry-After), `hang` (never answers, nothing done), `succeed-then-hang` (the
-payment is committed, the response never arrives).
+payment is committed, the response never arrives), `conflict` (409 as for a key
+already used with another request, nothing done).
 
 Run: python -m downstream.payment_gateway --port 8001 --database-url postgresql:///payment_gateway?host=...
 """
@@ -52,7 +53,7 @@ CREATE TABLE IF NOT EXISTS faults (
     remaining integer          -- null: until deleted
 );
 """
-FAULT_MODES = {"fail", "reject", "ratelimit", "unavailable", "hang", "succeed-then-hang"}
+FAULT_MODES = {"fail", "reject", "ratelimit", "unavailable", "hang", "succeed-then-hang", "conflict"}
 HANG_SECONDS = 3600
 
 
@@ -109,14 +110,20 @@ async def create_payment(request: Request) -> Response:
         # Never answers and never pays, not even after the client gave up (and holds no connection).
         return await _never_answer()
     digest = hashlib.sha256(json.dumps({k: str(v) for k, v in payment.items()}, sort_keys=True).encode())
+    if fault == "conflict":
+        return _key_reused()
     async with request.app.state.db.connection() as conn:
         row, created = await insert_once(conn, key, digest.hexdigest(), payment)
     if row[2] != digest.hexdigest():
-        return JSONResponse({"error": "Idempotency-Key was already used with a different request"}, 409)
+        return _key_reused()
     if fault == "succeed-then-hang":
         return await _never_answer()
     return JSONResponse(payment_json(row), 201 if created else 200,
                         headers={} if created else {"Idempotent-Replayed": "true"})
+
+
+def _key_reused() -> Response:
+    return JSONResponse({"error": "Idempotency-Key was already used with a different request"}, 409)
 
 
 async def _never_answer() -> Response:

@@ -6,6 +6,8 @@ environment; the defaults are for `make run` on one machine.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import secrets
 from pathlib import Path
@@ -45,6 +47,16 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
+# Old keys during a rotation: signed sessions and sealed task arguments made with them still open.
+SECRET_KEY_FALLBACKS = env_list("DJANGO_SECRET_KEY_FALLBACKS", "")
+
+
+def derived_secret(label: str) -> str:
+    """A secret of its own for one purpose, derived from SECRET_KEY (HMAC with a label, so the
+    derived value tells nothing about SECRET_KEY or about another purpose's secret)."""
+    return hmac.new(SECRET_KEY.encode(), label.encode(), hashlib.sha256).hexdigest()
+
+
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "http://localhost:8000,http://127.0.0.1:8000")
@@ -125,7 +137,7 @@ def _database_settings(url: str) -> dict:
     config = dj_database_url.parse(
         url,
         # Persistent connections: with Django's default of 0 the django-q2
-        # cluster measured ~8x slower on this machine (NOTES.md).
+        # cluster measured ~8x slower on a 2-core machine.
         conn_max_age=env_int("DB_CONN_MAX_AGE", 600),
         conn_health_checks=True,
     )
@@ -216,6 +228,10 @@ IDEMOPS = {
     "MCP_ALLOWED_ORIGINS": env_list("MCP_ALLOWED_ORIGINS", "http://localhost:*,http://127.0.0.1:*"),
     # Threads one web process uses for database work of MCP calls.
     "MCP_DB_THREADS": env_int("MCP_DB_THREADS", 16),
+    # The key of the HMAC-SHA256 digests that stand for idempotency keys outside the
+    # database (admin, auditors' API, logs) and of the keys forwarded downstream. It must be
+    # the same on every process; changing it changes every digest shown from then on.
+    "KEY_DIGEST_SECRET": os.environ.get("IDEMOPS_KEY_DIGEST_SECRET") or derived_secret("idemops:key-digest"),
     # Write leases (tools_app/idempotency.py, tools_app/leases.py): how long an
     # executor holds a record before a follower or the sweep may take it for
     # dead (PROCESSING -> UNKNOWN), and how often its heartbeat renews it while
@@ -270,7 +286,8 @@ IDEMOPS = {
     "TASK_SLICE_SECONDS": env_float("IDEMOPS_TASK_SLICE_SECONDS", Q_TIMEOUT / 2),
     # Calling a long tool directly waits this long for its task before answering in_progress.
     "TASK_CALL_WAIT_SECONDS": env_float("IDEMOPS_TASK_CALL_WAIT_SECONDS", 10),
-    # Upper bound of wait_seconds in get_task_status / get_task_result.
+    # Upper bound of wait_seconds in get_task_status / get_task_result: the tools' schema states it
+    # (read at start-up), and a larger value is invalid_input.
     "TASK_MAX_WAIT_SECONDS": env_float("IDEMOPS_TASK_MAX_WAIT_SECONDS", 60),
     "TASK_POLL_INTERVAL_MS": env_int("IDEMOPS_TASK_POLL_INTERVAL_MS", 1000),
     # --- documents (tools_app/documents.py) ---

@@ -137,10 +137,11 @@ def settle_tasks(transactional_db):
     from tools_app import tasks
     from tools_app.errors import AlreadyDone
     from tools_app.models import StepRun, Task
+    from tools_app.tenants import Agent
 
     for task in Task.objects.filter(status__in=tasks.ACTIVE):
         try:
-            tasks.cancel(task, actor="test:teardown")
+            tasks.cancel(task, Agent(task.tenant_id, "test:teardown"))
         except AlreadyDone:
             pass  # it finished meanwhile
     wait_until(lambda: not OrmQ.objects.exists() and not StepRun.objects.filter(finished_at=None).exists(),

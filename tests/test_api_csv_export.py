@@ -16,8 +16,8 @@ from tools_app.registry import get_tool
 
 RECORD_COLUMNS = [
     "id", "operation_id", "tenant", "tool", "key_digest", "fingerprint", "argument_names", "status", "error_class",
-    "attempts", "actor", "trace_id", "created_at", "updated_at", "finished_at", "retry_not_before", "expires_at",
-    "retired_at",
+    "error_message", "attempts", "actor", "trace_id", "created_at", "updated_at", "finished_at", "retry_not_before",
+    "expires_at", "retired_at",
 ]
 EVENT_COLUMNS = ["id", "seq", "created_at", "tenant", "actor", "action", "object_type", "object_id", "before",
                  "after", "reason", "trace_id", "prev_hash", "hash"]
@@ -73,7 +73,7 @@ def test_an_invalid_filter_is_refused_before_any_row_is_sent(tenant):
 @pytest.mark.django_db
 def test_lists_and_objects_are_flattened_and_formulas_defused(tenant):
     make_record(tenant, arguments={"items": [], "currency": "EUR"}, actor="=HYPERLINK(\"http://x\")")
-    make_event(tenant, reason="@SUM(A1)")
+    make_event(tenant, reason="@SUM(A1)", actor="user:ops")  # a person's reason is exported
     client = key_client(tenant)
 
     record = csv_rows(client.get("/api/v1/idempotency-records/export.csv"))[0]
@@ -123,7 +123,7 @@ def test_neither_json_nor_csv_carries_the_key_the_arguments_or_the_result(tenant
     assert body["key_digest"] == idempotency.key_digest("jane-roe-order-77")
     assert body["fingerprint"] == record.fingerprint
     assert body["argument_names"] == ["currency", "customer", "items"]
-    assert "result" not in body and "arguments" not in body and "error_message" not in body
+    assert "result" not in body and "arguments" not in body and body["error_message"] == ""
     assert body["operation_id"] == str(record.operation_id)
 
 

@@ -133,11 +133,11 @@ def test_an_operator_sees_no_decision_buttons_and_a_crafted_approval_is_refused_
 
     page = client.get(reverse("admin:tools_app_pendingapproval_change", args=[request.pk]))
     queue = client.get(QUEUE)
-    crafted = client.post(act_url(request, "approve"), {"reason": ""}, follow=True)
+    crafted = client.post(act_url(request, "approve"), {"reason": ""})
 
     assert page.status_code == 200 and b'id="action-approve"' not in page.content
     assert "approve" not in dict(queue.context["cl"].model_admin.get_action_choices(queue.wsgi_request))
-    assert any("missing permission" in m for m in messages_of(crafted))
+    assert crafted.status_code == 403
     assert ApprovalRequest.objects.get().status == ApprovalStatus.PENDING
     refusal = AuditEvent.objects.get(action="approval.refused")
     assert (refusal.actor, refusal.object_id) == ("user:olga", str(request.pk))
@@ -165,7 +165,7 @@ def test_an_approver_sees_and_decides_only_their_tenants_requests(caller, client
 
     assert [r.pk for r in queue.context["cl"].result_list] == [theirs.pk]
     assert client.get(reverse("admin:tools_app_pendingapproval_change", args=[mine_not.pk])).status_code == 302
-    assert client.post(act_url(mine_not, "approve"), {"reason": ""}).status_code == 404
+    assert client.post(act_url(mine_not, "approve"), {"reason": ""}).status_code == 403
     records = client.get(reverse("admin:tools_app_idempotencyrecord_changelist"))
     assert {r.tenant_id for r in records.context["cl"].result_list} == {other_tenant.pk}
     assert ApprovalRequest.objects.get(pk=mine_not.pk).status == ApprovalStatus.PENDING

@@ -8,11 +8,13 @@ import uuid
 import pytest
 from django.utils import timezone
 
+from tests.operators import make_operator
 from tests.processes import ROOT, child_env, manage
 from tools_app import outbox
 from tools_app.calls import Caller, call_tool
 from tools_app.models import AuditEvent, OutboxEvent, OutboxStatus
 from tools_app.registry import get_tool
+from tools_app.roles import OPERATOR
 
 pytestmark = pytest.mark.live
 
@@ -103,7 +105,7 @@ def test_failed_deliveries_back_off_then_dead_letter_then_redrive(tenant, downst
     assert AuditEvent.objects.filter(action="outbox.dead_lettered", object_id=event_id).exists()
 
     sink.set_faults(fail_times=0)
-    assert outbox.redrive(event, actor="user:ops", reason="sink fixed")
+    assert outbox.redrive(event, make_operator("ops", OPERATOR, tenant), reason="sink fixed")
     assert outbox.relay_batch().delivered == 1
     assert sink.messages() == {event_id: 1}
 

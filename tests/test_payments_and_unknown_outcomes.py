@@ -3,13 +3,16 @@
 import time
 
 import pytest
+from django.utils import timezone
 
 from tests.mcp_client import call_sync, error_of
+from tests.operators import make_operator
 from tests.processes import manage
 from tools_app import dashboard
 from tools_app.errors import Transient
 from tools_app.idempotency import evidence_entry, resolve_failed
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
+from tools_app.roles import OPERATOR
 
 pytestmark = pytest.mark.live
 
@@ -141,6 +144,26 @@ def test_the_same_key_for_another_payee_is_a_conflict_and_pays_nothing_more(web_
     assert len(gateway.payments()) == 1
 
 
+def test_a_key_the_gateway_holds_for_another_request_is_a_downstream_conflict_for_an_operator(
+        web_server, token, downstreams, gateway):
+    # given: the gateway answers 409 "key already used with another request" (as when its store holds the
+    # forwarded key for something else); the forwarded key is per operation, so the fault is armed for any key
+    gateway.set_fault("*", "conflict", times=1)
+
+    # when the agent pays, and retries with the same key
+    first = error_of(pay(web_server, token, "p-409"))
+    again = error_of(pay(web_server, token, "p-409"))
+
+    # then: its own class, no differing_fields (nothing differed here), advice for an operator; nothing paid
+    assert first["class"] == again["class"] == "downstream_conflict"
+    assert "differing_fields" not in first
+    assert "operator must check" in first["message"] and "do not just use a new key" in first["message"]
+    assert gateway.payments() == []
+    record = IdempotencyRecord.objects.get(key="p-409")
+    assert (record.status, record.error_class, record.attempts) == (RecordStatus.FAILED, "downstream_conflict", 1)
+    assert record.evidence[-1]["answer"]["status"] == 409
+
+
 def test_reconciliation_that_keeps_failing_escalates_to_a_person(web_server, token, downstreams, gateway, settings):
     from tests.processes import free_port
     from tools_app import reconciliation
@@ -151,10 +174,11 @@ def test_reconciliation_that_keeps_failing_escalates_to_a_person(web_server, tok
                         "RECONCILE_MAX_ATTEMPTS": 2}
     record = IdempotencyRecord.objects.get(key="p-lost")
 
-    assert reconciliation.reconcile(record) == "unknown"
+    assert reconciliation.reconcile(record, make_operator("olga", OPERATOR, record.tenant)) == "unknown"
     record.refresh_from_db()
     assert record.escalated_at is None and record.next_reconcile_at is not None
-    assert reconciliation.reconcile(record) == "unknown"
+    IdempotencyRecord.objects.filter(pk=record.pk).update(next_reconcile_at=timezone.now())
+    assert reconciliation.reconcile_due() == {"succeeded": 0, "failed": 0, "unknown": 1}
     record.refresh_from_db()
     assert record.escalated_at is not None and record.next_reconcile_at is None
     assert record.reconcile_attempts == 2

@@ -18,11 +18,12 @@ from tests.operators import make_operator
 from tests.task_stack import DocServer
 from tools_app import checkpoints, task_runner, tasks
 from tools_app.calls import call_tool
-from tools_app.errors import AlreadyDone, InvalidInput, NotFound, Transient
+from tools_app.errors import AlreadyDone, InvalidInput, NotFound, PermissionDenied, Transient
 from tools_app.models import AuditEvent, Checkpoint, StepOutcome, StepRun, Task, TaskArtifact, TaskStatus
 from tools_app.pipelines import Pipeline, RetryPolicy, Step
 from tools_app.registry import get_tool
 from tools_app.roles import AUDITOR, OPERATOR
+from tools_app.tenants import Agent
 from tools_app.tools.documents import INGEST
 
 TEXT = "# Notes\n\nThe crane schedule moved. Pallets wait at dock four.\n\nCustoms cleared the vessel."
@@ -33,6 +34,11 @@ def fast(settings):
     settings.IDEMOPS = {**settings.IDEMOPS, "TASK_CALL_WAIT_SECONDS": 0, "TASK_BACKOFF_BASE_SECONDS": 0.01,
                         "TASK_BACKOFF_MAX_SECONDS": 0.05}
     return settings
+
+
+def agent(caller) -> Agent:
+    """The tenant's agent, as the MCP tools pass it to tools_app.tasks."""
+    return Agent(caller.tenant_id, caller.actor)
 
 
 def start(caller, arguments, key="k-1"):
@@ -159,7 +165,7 @@ def test_a_cancel_takes_the_lease_away_so_the_running_worker_writes_nothing_more
     mine = tasks.take(str(task.pk), "worker-a")
     run = tasks.begin_step(mine, "worker-a", INGEST.steps[0], 0, completed=[])
 
-    tasks.cancel(Task.objects.get(pk=task.pk), actor="agent:acme/test", reason="changed my mind")
+    tasks.cancel(Task.objects.get(pk=task.pk), agent(caller), reason="changed my mind")
 
     prepared = checkpoints.prepare(mine, INGEST.steps[0], 0, {"data_base64": ""}, [])
     assert tasks.renew_lease(task.pk, "worker-a") is False
@@ -191,7 +197,7 @@ def test_a_transient_error_is_retried_with_backoff_until_attempts_run_out_then_r
         assert AuditEvent.objects.filter(object_id=str(task.pk), action="task.retry_scheduled").count() == 2
 
         # and resume_task runs it again from the start of its attempts
-        tasks.resume(task, actor="agent:acme/test")
+        tasks.resume(task, agent(caller))
         assert (task.status, task.attempts) == (TaskStatus.CREATED, 1)
         assert task_runner.run_task(str(task.pk)) == "succeeded"
     finally:
@@ -224,10 +230,10 @@ def test_resume_answers_a_paused_task_only_with_what_it_asked_for(caller, fast):
     task = paused_task(caller)
 
     with pytest.raises(InvalidInput, match="did not ask for password"):
-        tasks.resume(task, actor="a", answer={"password": "x"})
+        tasks.resume(task, agent(caller), answer={"password": "x"})
     with pytest.raises(InvalidInput, match="does not match"):
-        tasks.resume(task, actor="a", answer={"text": 42})
-    resumed = tasks.resume(task, actor="a", answer={"text": "hello"})
+        tasks.resume(task, agent(caller), answer={"text": 42})
+    resumed = tasks.resume(task, agent(caller), answer={"text": "hello"})
 
     assert (resumed.status, resumed.resume_input, resumed.pause_reason) == (TaskStatus.CREATED, {"text": "hello"}, "")
 
@@ -245,7 +251,7 @@ def test_resume_refuses_finished_tasks_another_run_would_not_change(caller, fast
     task.refresh_from_db()
 
     with pytest.raises(error) as refused:
-        tasks.resume(task, actor="a")
+        tasks.resume(task, agent(caller))
 
     assert refused.value.details["task_status"] == status
     if status == TaskStatus.FAILED:
@@ -258,7 +264,7 @@ def test_resume_makes_a_backing_off_task_due_now(caller, fast):
                                            next_retry_at=timezone.now() + timedelta(hours=1))
     task.refresh_from_db()
 
-    resumed = tasks.resume(task, actor="a")
+    resumed = tasks.resume(task, agent(caller))
 
     assert resumed.next_retry_at <= timezone.now() and tasks.take(str(task.pk), "w") is not None
 
@@ -267,23 +273,37 @@ def test_resume_leaves_a_healthy_running_task_alone_and_revives_one_whose_worker
     task = tasks.take(str(start(caller, {"text": TEXT}).pk), "worker-a")
     version = task.version
 
-    assert tasks.resume(task, actor="a").version == version  # lease alive: nothing to do
+    assert tasks.resume(task, agent(caller)).version == version  # lease alive: nothing to do
 
     Task.objects.filter(pk=task.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     task.refresh_from_db()
-    revived = tasks.resume(task, actor="a")
+    revived = tasks.resume(task, agent(caller))
     assert (revived.status, revived.lease_owner, revived.lease_expiries) == (TaskStatus.CREATED, "", 1)
 
 
-def test_an_operator_pauses_only_queued_tasks(caller, fast):
+def test_an_operator_pauses_only_queued_tasks(caller, fast, tenant):
     task = start(caller, {"text": TEXT})
+    ops = make_operator("ops", OPERATOR, tenant)
 
-    paused = tasks.pause(task, actor="user:ops", reason="waiting for the legal team")
+    paused = tasks.pause(task, ops, reason="waiting for the legal team")
 
     assert paused.status == TaskStatus.PAUSED and tasks.take(str(task.pk), "w") is None
-    running = tasks.take(str(tasks.resume(paused, actor="user:ops").pk), "w")
+    running = tasks.take(str(tasks.resume(paused, ops).pk), "w")
     with pytest.raises(InvalidInput, match="only queued or retrying"):
-        tasks.pause(running, actor="user:ops", reason="x")
+        tasks.pause(running, ops, reason="x")
+
+
+def test_an_agent_may_cancel_and_resume_its_tenants_tasks_but_not_pause_them(caller, fast):
+    task = start(caller, {"text": TEXT})
+
+    with pytest.raises(PermissionDenied, match="agents may not"):
+        tasks.pause(task, agent(caller), reason="hold on")
+
+    task.refresh_from_db()
+    assert task.status == TaskStatus.CREATED
+    refusal = AuditEvent.objects.get(object_id=str(task.pk), action="task.pause_refused")
+    assert (refusal.actor, refusal.after) == (caller.actor, {"attempted": "pause"})
+    assert tasks.cancel(task, agent(caller)).status == TaskStatus.CANCELLED
 
 
 def test_the_sweep_revives_dead_workers_tasks_and_requeues_lost_jobs(caller, fast):
@@ -434,9 +454,9 @@ def test_an_auditor_sees_tasks_but_a_crafted_cancel_is_refused_and_audited(clien
     client.force_login(make_operator("ann", AUDITOR, tenant))
 
     page = client.get(reverse("admin:tools_app_task_change", args=[task.pk]))
-    client.post(reverse("admin:tools_app_task_act", args=[task.pk, "cancel"]), {"reason": "just because"})
+    crafted = client.post(reverse("admin:tools_app_task_act", args=[task.pk, "cancel"]), {"reason": "just because"})
 
-    assert page.status_code == 200 and page.context["operator_actions"] == []
+    assert page.status_code == 200 and page.context["operator_actions"] == [] and crafted.status_code == 403
     task.refresh_from_db()
     assert task.status == TaskStatus.RUNNING
     assert AuditEvent.objects.get(object_id=str(task.pk), action="task.cancel_refused").actor == "user:ann"
@@ -449,5 +469,5 @@ def test_an_operator_does_not_see_another_tenants_tasks(client, caller, fast, ot
     listing = client.get(reverse("admin:tools_app_task_changelist"))
     act = client.post(reverse("admin:tools_app_task_act", args=[task.pk, "cancel"]), {"reason": "x"})
 
-    assert str(task.pk) not in listing.content.decode() and act.status_code == 404
+    assert str(task.pk) not in listing.content.decode() and act.status_code == 403
     assert Task.objects.get(pk=task.pk).status == TaskStatus.RUNNING

@@ -23,9 +23,9 @@ agent's retry cannot run it twice. Rejection and expiry end the record as
 FAILED(permission_denied): retries with the key get that answer.
 
 Who may decide: users with `tools_app.decide_approvalrequest`, on tenants
-they may see, never on their own request. Every decision and every refused
-attempt is an audit event. Row order when both change: the request first,
-then its record.
+they may see (`APPROVE`, `REJECT`, checked by tenants.authorize), never on
+their own request. Every decision and every refused attempt is an audit
+event. Row order when both change: the request first, then its record.
 """
 
 from __future__ import annotations
@@ -190,44 +190,47 @@ def approval_info(request: ApprovalRequest) -> dict[str, Any]:
 # --- operators' decisions ------------------------------------------------------------
 
 
+APPROVE = tenants.Permit(DECIDE_PERMISSION, ApprovalVerdict.APPROVE, "approve or reject requests", "approval.refused")
+REJECT = tenants.Permit(DECIDE_PERMISSION, ApprovalVerdict.REJECT, "approve or reject requests", "approval.refused")
+
+
 class _Refusal(Exception):
     pass
 
 
 def approve(request: ApprovalRequest, user, *, reason: str = "") -> ApprovalRequest:
     """Count `user`'s approval; the last one needed approves the request and queues its execution."""
-    return _decide(request, user, ApprovalVerdict.APPROVE, reason, _count_approval)
+    return _decide(request, user, APPROVE, reason, _count_approval)
 
 
 def reject(request: ApprovalRequest, user, *, reason: str) -> ApprovalRequest:
     """Reject the request (a reason is required); the operation will never run."""
-    return _decide(request, user, ApprovalVerdict.REJECT, reason, _reject)
+    return _decide(request, user, REJECT, reason, _reject)
 
 
-def _decide(request, user, verdict, reason, take) -> ApprovalRequest:
-    actor = audit.user_actor(user)
+def _decide(request, user, permit: tenants.Permit, reason, take) -> ApprovalRequest:
+    try:
+        actor = tenants.authorize(user, permit, request)
+    except PermissionDenied as denied:  # already audited
+        raise ApprovalRefused(denied.message) from None
     reason = (reason or "").strip()
     try:
-        _check_decider(request, user, actor, verdict, reason)
+        _check_decision(request, actor, permit, reason)
         with transaction.atomic():
-            _record_decision(request, user, verdict, reason)
+            _record_decision(request, user, permit.attempted, reason)
             take(request, actor, reason)
     except _Refusal as refusal:
-        _audit_refusal(request, actor, verdict, str(refusal))
+        tenants.audit_refusal(permit, request, actor, str(refusal))
         raise ApprovalRefused(str(refusal)) from None
     request.refresh_from_db()
     return request
 
 
-def _check_decider(request: ApprovalRequest, user, actor: str, verdict: str, reason: str) -> None:
-    if not user.has_perm(DECIDE_PERMISSION):
-        raise _Refusal("missing permission: only approvers may approve or reject")
-    visible = tenants.visible_tenant_ids(user)
-    if visible is not None and request.tenant_id not in visible:
-        raise _Refusal("this request belongs to a tenant you may not see")
+def _check_decision(request: ApprovalRequest, actor: str, permit: tenants.Permit, reason: str) -> None:
+    """The rules of deciding, for someone who may decide on this tenant's requests."""
     if actor == request.requested_by:
         raise _Refusal("self-approval: the requester cannot decide on its own request")
-    if verdict == ApprovalVerdict.REJECT and not reason:
+    if permit is REJECT and not reason:
         raise _Refusal("a rejection needs a reason")
 
 
@@ -290,12 +293,6 @@ def _not_pending(request: ApprovalRequest) -> str:
     if status == ApprovalStatus.PENDING and expires_at <= timezone.now():
         return "the request has expired"
     return f"the request is no longer pending (it is {status.lower()})"
-
-
-def _audit_refusal(request: ApprovalRequest, actor: str, verdict: str, why: str) -> None:
-    with transaction.atomic():
-        audit.record_event(action="approval.refused", obj=request, actor=actor, reason=why,
-                           trace_id=request.trace_id, after={"attempted": verdict})
 
 
 # --- execution -------------------------------------------------------------------------

@@ -67,7 +67,8 @@ def new_event(
         tenant_id=tenant_id if tenant_id is not None else getattr(obj, "tenant_id", None),
         actor=actor,
         action=action,
-        object_type=obj._meta.model_name,
+        # A queue's proxy (UNKNOWN outcome, dead letter) is the row itself: name the real model.
+        object_type=obj._meta.concrete_model._meta.model_name,
         object_id=str(obj.pk),
         before=before,
         after=after,

@@ -7,7 +7,6 @@ idempotent operation.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -90,7 +89,6 @@ def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel) -> tuple[id
         arguments=args.model_dump(mode="python", exclude=set(spec.excluded_from_fingerprint)),
         actor=caller.actor, trace_id=args.trace_id or "", retention=spec.retention, on_expiry=spec.on_expiry,
         transactional=spec.transactional,
-        downstream_key="" if spec.transactional else downstream_key(caller.tenant_id, spec.name, args.idempotency_key),
         approval=approvals.gate(spec, caller.tenant_id, caller.actor, args) if spec.approval else None,
     )
 
@@ -100,12 +98,6 @@ def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel) -> tuple[id
         return dump_result(spec, spec.handler(context, args))
 
     return operation, execute
-
-
-def downstream_key(tenant_id: int, tool: str, key: str) -> str:
-    """The key sent to a downstream system: stable for (tenant, tool, key), so a
-    retry after a transient failure is deduplicated there too, and opaque."""
-    return "idemops-" + hashlib.sha256(f"{tenant_id}:{tool}:{key}".encode()).hexdigest()[:40]
 
 
 def with_idempotency_key(arguments: dict[str, Any], meta_key: str | None) -> dict[str, Any]:

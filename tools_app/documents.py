@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx2
 from django.conf import settings
@@ -33,6 +33,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from tools_app import redaction
 from tools_app.errors import InvalidInput, NotFound, PermissionDenied, Transient
 from tools_app.models import Document, DocumentChunk
 from tools_app.models.documents import SEARCH_CONFIG
@@ -86,10 +87,7 @@ def allowed_url(raw: str) -> str:
     raise InvalidInput("url is not on this server's allow-list (IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES)")
 
 
-def public_url(raw: str) -> str:
-    """A URL as it may be shown and stored: no query or fragment (they may carry tokens)."""
-    url = urlsplit(raw)
-    return urlunsplit((url.scheme, url.netloc, url.path, "", ""))
+public_url = redaction.public_url  # a URL as it may be shown and stored
 
 
 def decode_base64(value: str) -> bytes:

@@ -2,8 +2,8 @@
 
 - the request never left (connection refused, pool timeout) → `Transient`;
 - 429 and 503 → `Transient` with the server's Retry-After;
-- other 4xx → deterministic (`InvalidInput`, `Conflict` for 409, `PermissionDenied`
-  for 401/403): replayed, never retried;
+- other 4xx → deterministic (`InvalidInput`, `DownstreamConflict` for 409,
+  `PermissionDenied` for 401/403): replayed, never retried;
 - it may have arrived (timeout after sending, broken connection, other 5xx)
   → `UnknownOutcome`: the record goes UNKNOWN and is reconciled.
 
@@ -17,7 +17,14 @@ from typing import Any
 
 import httpx2
 
-from tools_app.errors import Conflict, InvalidInput, PermissionDenied, Transient, UnknownOutcome
+from tools_app.errors import (
+    UNKNOWN_OUTCOME_ADVICE,
+    DownstreamConflict,
+    InvalidInput,
+    PermissionDenied,
+    Transient,
+    UnknownOutcome,
+)
 from tools_app.idempotency import evidence_entry, note_evidence
 
 DEFAULT_RETRY_AFTER = 1.0
@@ -39,7 +46,7 @@ def request(method: str, url: str, *, timeout: float, json: Any = None, headers:
     except httpx2.TransportError as exc:
         raise UnknownOutcome(
             f"the downstream request was sent but no answer came back ({type(exc).__name__}); its outcome is being "
-            "reconciled, do not retry with a new key",
+            f"reconciled: {UNKNOWN_OUTCOME_ADVICE}",
             evidence=evidence_entry("executor", asked=asked, error=type(exc).__name__)) from exc
     if response.is_success:
         note_evidence(evidence_entry("executor", asked=asked, answer={
@@ -59,15 +66,18 @@ def classify(response: httpx2.Response, asked: dict[str, Any]):
         return Transient(f"the downstream system asked us to slow down ({status}); retry with the same key after "
                          f"{retry_after:g}s", retry_after=retry_after, evidence=evidence)
     if status == 409:
-        return Conflict(f"the downstream system refused the request as a conflict: {_message(response)}",
-                        evidence=evidence)
+        return DownstreamConflict(
+            f"the downstream system already holds this operation's key for a different request "
+            f"({_message(response)}); an operator must check what it did. Do not retry with this key, and do not "
+            "just use a new key: the earlier request may be this same operation, already done",
+            evidence=evidence)
     if status in (401, 403):
         return PermissionDenied(f"the downstream system refused the request ({status})", evidence=evidence)
     if 400 <= status < 500:
         return InvalidInput(f"the downstream system rejected the request ({status}): {_message(response)}",
                             evidence=evidence)
     return UnknownOutcome(f"the downstream system failed ({status}) after receiving the request; its outcome is "
-                          "being reconciled, do not retry with a new key", evidence=evidence)
+                          f"being reconciled: {UNKNOWN_OUTCOME_ADVICE}", evidence=evidence)
 
 
 def _retry_after(response: httpx2.Response) -> float:

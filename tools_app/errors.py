@@ -12,6 +12,10 @@ from typing import Any
 
 from tools_app.models import ErrorClass
 
+# The one rule for `unknown_outcome`: in every such message, the MCP server's instructions and the README.
+UNKNOWN_OUTCOME_ADVICE = ("do not retry with a new key; calling again with the same key is safe and answers the "
+                          "reconciled outcome once it is known")
+
 
 class ToolFailure(Exception):
     error_class: ErrorClass = ErrorClass.INVALID_INPUT
@@ -76,6 +80,17 @@ class Conflict(ToolFailure):
     error_class = ErrorClass.CONFLICT
 
 
+class DownstreamConflict(ToolFailure):
+    """The downstream system already holds the key we forwarded for a *different* request (its 409).
+
+    Not `conflict`: our own record saw no other arguments, so there are no
+    differing_fields, and a new key is no fix either (the earlier request may
+    be the same operation, done once already). A person must look.
+    """
+
+    error_class = ErrorClass.DOWNSTREAM_CONFLICT
+
+
 class InProgress(ToolFailure):
     error_class = ErrorClass.IN_PROGRESS
 
@@ -108,6 +123,6 @@ class PendingApproval(ToolFailure):
 
 FAILURE_TYPES: dict[str, type[ToolFailure]] = {
     str(t.error_class): t
-    for t in (InvalidInput, PermissionDenied, NotFound, Conflict, InProgress, Transient, UnknownOutcome, Expired,
-              AlreadyDone, PendingApproval)
+    for t in (InvalidInput, PermissionDenied, NotFound, Conflict, DownstreamConflict, InProgress, Transient,
+              UnknownOutcome, Expired, AlreadyDone, PendingApproval)
 }

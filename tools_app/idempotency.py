@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import hmac
 import json
 import logging
 import re
@@ -48,9 +49,10 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from tools_app import audit, db, leases
+from tools_app import audit, db, leases, redaction, tenants
 from tools_app.crashpoints import crash_point
 from tools_app.errors import (
+    UNKNOWN_OUTCOME_ADVICE,
     Conflict,
     Expired,
     InProgress,
@@ -94,9 +96,25 @@ def validate_key(key: Any) -> str:
     return key
 
 
+KEY_DIGEST_LENGTH = 16
+
+
+def key_digest_secret() -> bytes:
+    return settings.IDEMOPS["KEY_DIGEST_SECRET"].encode()
+
+
+def keyed_hash(message: str) -> str:
+    """HMAC-SHA256 of `message` under the server's KEY_DIGEST_SECRET, as hex.
+
+    Keyed, not a plain hash: keys are often order numbers or e-mail addresses,
+    and a plain SHA-256 of those falls to a dictionary in seconds.
+    """
+    return hmac.new(key_digest_secret(), message.encode(), hashlib.sha256).hexdigest()
+
+
 def key_digest(key: str) -> str:
-    """How a key appears outside the database (logs, exports): never raw."""
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+    """How a key appears outside the database (admin, auditors' API, logs): never raw."""
+    return keyed_hash(key)[:KEY_DIGEST_LENGTH]
 
 
 def canonical_json(value: Any) -> str:
@@ -153,7 +171,6 @@ class Operation:
     # the engine holds no transaction across it and an interrupted call ends
     # UNKNOWN, to be reconciled.
     transactional: bool = True
-    downstream_key: str = ""
     # Consulted before every execution of a sensitive tool (tools_app.approvals.gate):
     # an Outcome diverts the call to a person's approval, None lets it run.
     approval: Callable[[IdempotencyRecord], Outcome | None] | None = None
@@ -233,8 +250,7 @@ def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outc
                 retry_after=_in_progress_retry_after()))
         case RecordStatus.UNKNOWN:
             return Outcome(record, error=UnknownOutcome(
-                "the outcome of the first call is unknown and is being reconciled; do not retry "
-                "with a new key, ask again later with the same key"))
+                f"the outcome of the first call is unknown and is being reconciled: {UNKNOWN_OUTCOME_ADVICE}"))
         case RecordStatus.FAILED:
             return _follow_failed(record, op, execute)
         case RecordStatus.AWAITING_APPROVAL:
@@ -294,7 +310,7 @@ def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Out
     except LeaseLost:
         record.refresh_from_db()
         return Outcome(record, executed=True, error=UnknownOutcome(
-            "this call overran its lease and its outcome is being reconciled; do not retry with a new key"))
+            f"this call overran its lease and its outcome is being reconciled: {UNKNOWN_OUTCOME_ADVICE}"))
     except Exception as exc:
         return _unexpected_error(record, op, exc)
     crash_point("after_commit")
@@ -302,11 +318,11 @@ def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Out
 
 
 def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) -> Outcome:
-    logger.exception("tool %s raised; record %s", op.tool, record.pk)
+    logger.exception("tool %s raised; record %s, key digest %s", op.tool, record.pk, key_digest(op.key))
     if not op.transactional:
         # We cannot tell whether the downstream request went out.
         unknown = UnknownOutcome("the call failed unexpectedly after it may have reached the downstream system; "
-                                 "it is being reconciled, do not retry with a new key",
+                                 f"it is being reconciled: {UNKNOWN_OUTCOME_ADVICE}",
                                  evidence=evidence_entry("executor", error=type(exc).__name__))
         return Outcome(mark_unknown(record, unknown, actor=op.actor), error=unknown, executed=True)
     # A bug or a database error: the transaction rolled back, so nothing
@@ -392,13 +408,22 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
 def new_record(op: Operation) -> IdempotencyRecord:
     """The PROCESSING record a claim of `op` inserts (not saved)."""
     now = timezone.now()
+    operation_id = uuid.uuid4()
     return IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
-        field_digests=op.field_digests, arguments=json.loads(canonical_json(op.arguments)),
+        # What is kept to be read: URLs lose their query (tokens); the fingerprint covers the full arguments.
+        field_digests=op.field_digests, arguments=redaction.scrub_urls(json.loads(canonical_json(op.arguments))),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=_lease_owner(), lease_expires_at=_lease_expiry(now),
-        operation_id=uuid.uuid4(), trace_id=op.trace_id, actor=op.actor, downstream_key=op.downstream_key,
+        operation_id=operation_id, trace_id=op.trace_id, actor=op.actor,
+        downstream_key="" if op.transactional else downstream_key(operation_id),
         created_at=now, updated_at=now, expires_at=now + op.retention,
     )
+
+
+def downstream_key(operation_id: uuid.UUID) -> str:
+    """The key sent to a downstream system: one per operation, so every retry of it is deduplicated
+    there, and a key freed after its retention (retired or released) is a new operation there too."""
+    return f"idemops-{operation_id.hex}"
 
 
 def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tuple | None:
@@ -650,13 +675,46 @@ def close_unapproved(record: IdempotencyRecord, failure: ToolFailure, *, actor: 
     }, action="record.failed", actor=actor, reason=reason)
 
 
-def force_expire(record: IdempotencyRecord, *, actor: str, reason: str, trace_id: str = "") -> bool:
+# --- operators (each checks its Permit first: tools_app.tenants.authorize) -------------
+
+FORCE_EXPIRE = tenants.Permit("tools_app.force_expire_idempotencyrecord", "force_expire",
+                              "force-expire idempotency keys", "record.force_expire_refused")
+RELEASE_HELD_KEY = tenants.Permit("tools_app.release_held_key", "release_held_key",
+                                  "release held idempotency keys", "record.release_refused")
+
+
+def force_expire(record: IdempotencyRecord, user, *, reason: str) -> bool:
     """An operator ends a finished record's retention now: the key's expiry policy applies from the next call."""
+    actor = tenants.authorize(user, FORCE_EXPIRE, record)
+    if not reason.strip():
+        raise InvalidInput("force-expiring a key needs a reason")
     now = timezone.now()
     return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__gt": now},
                        {"expires_at": now}, action="record.force_expired", actor=actor, reason=reason,
-                       trace_id=trace_id, before={"expires_at": record.expires_at.isoformat()},
-                       after={"expires_at": now.isoformat()})
+                       before={"expires_at": record.expires_at.isoformat()}, after={"expires_at": now.isoformat()})
+
+
+def release_held_key(record: IdempotencyRecord, user, *, reason: str, checked: str,
+                     downstream_reference: str = "") -> bool:
+    """An operator frees a key held past its retention (ExpiryPolicy.HOLD), after checking downstream.
+
+    The record is retired as `retire` does: its row stays for auditors, and
+    the next call with the key runs as a new operation (with a new
+    downstream key, so the downstream system does not answer it with the old
+    effect). What the operator checked is kept as evidence on the record and
+    in the audit event.
+    """
+    actor = tenants.authorize(user, RELEASE_HELD_KEY, record)
+    if not reason.strip() or not checked.strip():
+        raise InvalidInput("releasing a held key needs a reason and what you checked downstream "
+                           "(e.g. the payment id found, or 'no payment at the gateway for this key')")
+    now = timezone.now()
+    facts = {"checked": checked, "downstream_reference": downstream_reference}
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": now},
+                       {"retired_at": now}, action="record.released", actor=actor, reason=reason,
+                       evidence=evidence_entry("operator", actor=actor, reason=reason, **facts),
+                       before={"status": record.status, "expires_at": record.expires_at.isoformat()},
+                       after={"retired_at": now.isoformat(), **facts})
 
 
 # --- reading ------------------------------------------------------------------

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from tools_app import idempotency, metrics, tenants, unavailable
 from tools_app.calls import Caller, CallResult, call_tool
+from tools_app.errors import UNKNOWN_OUTCOME_ADVICE
 from tools_app.registry import ToolSpec, all_tools
 
 REPLAYED_META = "io.idemops/replayed"
@@ -222,9 +223,13 @@ def build_server() -> MCPServer:
     public_url = settings.IDEMOPS["PUBLIC_URL"].rstrip("/")
     return MCPServer(
         name="idemops",
-        instructions="Write tools need an idempotency_key: reuse it on every retry of one operation. "
-                     "Errors carry a class: retry only `transient` (after retry_after, same key); "
-                     "`in_progress` means ask again with the same key; `unknown_outcome` means do not retry.",
+        instructions="Write tools need an idempotency_key: reuse it on every retry of one operation, and use a "
+                     "new key only for a new operation. Errors carry a class: retry `transient` after "
+                     "retry_after with the same key; `in_progress` and `pending_approval`: ask again with the "
+                     f"same key; `unknown_outcome`: {UNKNOWN_OUTCOME_ADVICE}; `conflict`: the key was used with "
+                     "other arguments (a new operation needs a new key); `downstream_conflict`: the downstream "
+                     "system holds the key for another request, so neither retry it nor pick a new key: an "
+                     "operator must check.",
         tools=[sdk_tool(spec) for spec in all_tools()],
         extensions=[TasksExtension()],
         token_verifier=TenantTokenVerifier(),

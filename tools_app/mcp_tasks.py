@@ -36,6 +36,7 @@ from tools_app.errors import NotFound, ToolFailure
 from tools_app.mcp_server import authenticated_caller, count_call, in_db_thread, render
 from tools_app.models import Task, TaskStatus
 from tools_app.registry import get_tool
+from tools_app.tenants import Agent
 
 EXTENSION = "io.modelcontextprotocol/tasks"
 PROTOCOL_VERSIONS = frozenset({"2026-07-28"})
@@ -134,9 +135,9 @@ def _update(caller: Caller, task_id: str, responses: dict[str, Any]) -> dict[str
     answers, declined = answers_from(task, responses)
     try:
         if declined:
-            tasks.cancel(task, actor=caller.actor, reason="the requested input was declined")
+            tasks.cancel(task, Agent(caller.tenant_id, caller.actor), reason="the requested input was declined")
         elif answers:
-            tasks.resume(task, actor=caller.actor, answer=answers)
+            tasks.resume(task, Agent(caller.tenant_id, caller.actor), answer=answers)
     except ToolFailure as failure:
         raise MCPError(code=INVALID_PARAMS, message=failure.message) from None
     return {}
@@ -145,7 +146,7 @@ def _update(caller: Caller, task_id: str, responses: dict[str, Any]) -> dict[str
 def _cancel(caller: Caller, task_id: str) -> dict[str, Any]:
     task = _task(caller, task_id)
     try:
-        tasks.cancel(task, actor=caller.actor, reason="tasks/cancel")
+        tasks.cancel(task, Agent(caller.tenant_id, caller.actor), reason="tasks/cancel")
     except ToolFailure:
         pass  # already finished: cancellation is cooperative, the ack stands
     return {}

@@ -27,7 +27,7 @@ from django.core.mail import EmailMessage, get_connection
 from django.db import transaction
 from django.utils import timezone
 
-from tools_app import audit
+from tools_app import audit, tenants
 from tools_app.models import OutboxEvent, OutboxStatus
 
 logger = logging.getLogger(__name__)
@@ -153,15 +153,20 @@ def record_failed_attempt(event: OutboxEvent, error: str) -> bool:
     return dead
 
 
-@transaction.atomic
-def redrive(event: OutboxEvent, *, actor: str, reason: str = "") -> bool:
+REDRIVE = tenants.Permit("tools_app.redrive_outboxevent", "redrive", "re-drive dead-lettered events",
+                         "outbox.redrive_refused")
+
+
+def redrive(event: OutboxEvent, user, *, reason: str = "") -> bool:
     """dead -> pending, attempts reset: an operator sends it again."""
-    if not OutboxEvent.objects.filter(pk=event.pk, status=OutboxStatus.DEAD).update(
-            status=OutboxStatus.PENDING, attempts=0, next_attempt_at=timezone.now()):
-        return False
-    audit.record_event(action="outbox.redriven", obj=event, actor=actor, reason=reason,
-                       before={"status": OutboxStatus.DEAD}, after={"status": OutboxStatus.PENDING})
+    actor = tenants.authorize(user, REDRIVE, event)
     from django_q.tasks import async_task
 
-    async_task("tools_app.outbox.relay_pending", task_name="outbox-relay")
+    with transaction.atomic():
+        if not OutboxEvent.objects.filter(pk=event.pk, status=OutboxStatus.DEAD).update(
+                status=OutboxStatus.PENDING, attempts=0, next_attempt_at=timezone.now()):
+            return False
+        audit.record_event(action="outbox.redriven", obj=event, actor=actor, reason=reason,
+                           before={"status": OutboxStatus.DEAD}, after={"status": OutboxStatus.PENDING})
+        async_task("tools_app.outbox.relay_pending", task_name="outbox-relay")
     return True

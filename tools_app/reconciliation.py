@@ -10,8 +10,10 @@ we sent; its answer moves the record:
 - `StillUnknown`     → stays UNKNOWN, tried again with backoff; after
   RECONCILE_MAX_ATTEMPTS it is escalated to a person (the admin's UNKNOWN queue).
 
-Operators resolve escalated (or any) UNKNOWN records with evidence, which
-needs the `tools_app.resolve_unknown` permission; every decision is audited.
+Operators reconcile now, or resolve escalated (or any) UNKNOWN records with
+evidence, which needs the `tools_app.resolve_unknown` permission on the
+record's tenant (`RECONCILE`, `RESOLVE`); every decision and every refusal
+is audited. The periodic job reconciles through `_reconcile`, as the system.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from tools_app.registry import ToolSpec, get_tool
 logger = logging.getLogger(__name__)
 SWEEP_ACTOR = "system:reconciler"
 RESOLVE_PERMISSION = "tools_app.resolve_unknown"
+RECONCILE = tenants.Permit(RESOLVE_PERMISSION, "reconcile", "reconcile UNKNOWN outcomes", "record.reconcile_refused")
+RESOLVE = tenants.Permit(RESOLVE_PERMISSION, "resolve", "resolve UNKNOWN outcomes", "record.resolve_refused")
 
 
 @dataclass
@@ -82,7 +86,7 @@ def reconcile_due(limit: int = 100) -> dict[str, int]:
                                            next_reconcile_at__lte=timezone.now()).order_by("next_reconcile_at")
     for record in due[:limit]:
         if _take_turn(record):
-            counts[reconcile(record)] += 1
+            counts[_reconcile(record, actor=SWEEP_ACTOR)] += 1
     return counts
 
 
@@ -98,7 +102,7 @@ def _take_turn(record: IdempotencyRecord) -> bool:
 # --- one record -----------------------------------------------------------------------
 
 
-def reconcile(record: IdempotencyRecord, *, actor: str = SWEEP_ACTOR) -> str:
+def _reconcile(record: IdempotencyRecord, *, actor: str) -> str:
     """Ask the downstream system and apply its answer. Returns the record's status word."""
     answer = _ask(record)
     match answer:
@@ -139,13 +143,20 @@ def next_attempt_at(attempt: int) -> datetime | None:
 # --- operators -------------------------------------------------------------------------
 
 
+def reconcile(record: IdempotencyRecord, user) -> str:
+    """An operator's "reconcile now": ask the downstream system at once, due or not."""
+    actor = tenants.authorize(user, RECONCILE, record)
+    if record.status != RecordStatus.UNKNOWN:
+        raise InvalidInput("this record is no longer UNKNOWN; reload it")
+    return _reconcile(record, actor=actor)
+
+
 def resolve_by_operator(record: IdempotencyRecord, user, *, succeeded: bool, reason: str,
                         downstream_reference: str = "") -> None:
     """An operator's decision on an UNKNOWN record, with evidence. Refusals are audited too."""
+    actor = tenants.authorize(user, RESOLVE, record)
     if not reason.strip():
         raise InvalidInput("a resolution needs a reason")
-    actor = tenants.authorize(user, RESOLVE_PERMISSION, record, action="record.resolve_refused",
-                              what="resolve UNKNOWN outcomes")
     evidence = evidence_entry("operator", actor=actor, reason=reason, downstream_reference=downstream_reference)
     if succeeded:
         spec = get_tool(record.tool)

@@ -20,7 +20,8 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     # Watches the queues and the dashboard, looks into records, frees stuck keys.
     OPERATOR: [
         "view_dashboard", "view_pendingapproval", "view_approvalrequest", "view_idempotencyrecord",
-        "force_expire_idempotencyrecord", "view_auditevent", "view_order", "view_ticket", "view_announcement",
+        "force_expire_idempotencyrecord", "release_held_key", "view_auditevent", "view_order", "view_ticket",
+        "view_announcement",
         "view_unknownoutcome", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
         "view_task", "view_taskneedingattention", "manage_task", "view_document",
     ],

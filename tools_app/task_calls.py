@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from pydantic import BaseModel, Field
 
-from tools_app import idempotency, tasks
+from tools_app import idempotency, redaction, tasks
 from tools_app.calls import Caller, CallResult, call_tool, validate_arguments, with_idempotency_key
 from tools_app.errors import AlreadyDone, InProgress, InvalidInput, ToolFailure
 from tools_app.models import ErrorClass, Task, TaskStatus
@@ -131,10 +131,13 @@ def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str) -> T
     if pipeline.validate is not None:
         pipeline.validate(validated)
     business = validated.model_dump(mode="json", exclude=set(spec.excluded_from_fingerprint))
+    # A document URL's query (a signed URL's token) is needed by the worker that fetches it and by
+    # no one else: it is stored only sealed, and the task shows the URL without it.
+    shown, secret = redaction.split_secrets(business)
     task = tasks.create_task(
-        record=ctx.record, tool=spec.name, arguments=business, input_digest=idempotency.digest(business),
-        steps_total=len(pipeline.steps), max_attempts=pipeline.retry.attempts_allowed(), actor=ctx.actor,
-        trace_id=ctx.trace_id)
+        record=ctx.record, tool=spec.name, arguments=shown, sealed_arguments=redaction.seal(secret),
+        input_digest=idempotency.digest(business), steps_total=len(pipeline.steps),
+        max_attempts=pipeline.retry.attempts_allowed(), actor=ctx.actor, trace_id=ctx.trace_id)
     return TaskHandle(task_id=str(task.pk), tool=spec.name, created_at=task.created_at,
                       next_action="Poll get_task_status with this task_id; get_task_result once it succeeded. "
                                   "Retrying start_task with the same idempotency_key returns this same task.")

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.utils import timezone
 from pydantic import ValidationError
 
-from tools_app import checkpoints, leases, tasks
+from tools_app import checkpoints, leases, redaction, tasks
 from tools_app.errors import ToolFailure, Transient
 from tools_app.models import StepOutcome, StepRun, Task
 from tools_app.pipelines import Interrupted, Pipeline, StepContext, WaitFor
@@ -76,7 +76,8 @@ class Runner:
         """Run the remaining steps. Returns (outcome, when to retry if this job should wait)."""
         task = self.task
         try:
-            arguments = self.spec.input_model.model_validate({**task.arguments, "idempotency_key": task.record.key})
+            arguments = self.spec.input_model.model_validate({
+                **task.arguments, **redaction.unseal(task.sealed_arguments), "idempotency_key": task.record.key})
             resumption = checkpoints.valid_prefix(task, self.pipeline, actor=self.owner)
         except Exception as exc:
             return self._failed(None, exc)

@@ -40,6 +40,7 @@ from tools_app import audit, checkpoints, db, leases
 from tools_app.errors import AlreadyDone, InProgress, InvalidInput, NotFound, ToolFailure
 from tools_app.models import ErrorClass, IdempotencyRecord, StepOutcome, StepRun, Task, TaskStatus
 from tools_app.pipelines import Step
+from tools_app.tenants import Permit, authorize
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,8 @@ def _enqueue(task: Task) -> None:
 
 @transaction.atomic
 def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, Any], input_digest: str,
-                steps_total: int, max_attempts: int, actor: str, trace_id: str = "") -> Task:
+                steps_total: int, max_attempts: int, actor: str, trace_id: str = "",
+                sealed_arguments: str = "") -> Task:
     """-> created, and queued. Runs inside start_task's idempotency transaction.
 
     The one-to-one `record` makes a second task for the same operation a
@@ -103,8 +105,8 @@ def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, An
     now = timezone.now()
     task = Task.objects.create(
         tenant_id=record.tenant_id, tool=tool, record=record, arguments=arguments, input_digest=input_digest,
-        steps_total=steps_total, max_attempts=max_attempts, actor=actor, trace_id=trace_id,
-        enqueued_at=now, created_at=now, updated_at=now)
+        sealed_arguments=sealed_arguments, steps_total=steps_total, max_attempts=max_attempts, actor=actor,
+        trace_id=trace_id, enqueued_at=now, created_at=now, updated_at=now)
     audit.record_event(action="task.created", obj=task, actor=actor, trace_id=trace_id,
                        after={"status": task.status, "tool": tool})
     _enqueue(task)
@@ -322,7 +324,7 @@ def sweep() -> dict[str, int]:
     return counts
 
 
-# --- agents' and operators' transitions -------------------------------------------------------
+# --- agents' and operators' transitions (each checks its Permit first) ---------------------------
 
 
 def get_for_tenant(tenant_id: int, task_id: Any) -> Task:
@@ -334,13 +336,6 @@ def get_for_tenant(tenant_id: int, task_id: Any) -> Task:
     if task is None:
         raise NotFound(f"no task {task_id} in this tenant")
     return task
-
-
-def operator_actor(task: Task, user, action: str) -> str:
-    """The actor name of an operator allowed to `action` this task; a refusal is audited and raised."""
-    from tools_app.tenants import authorize
-
-    return authorize(user, MANAGE_PERMISSION, task, action=f"task.{action}_refused", what="manage tasks")
 
 
 def resumable(task: Task, now: datetime | None = None) -> bool:
@@ -362,12 +357,19 @@ def _with_retries(task: Task, attempt) -> Task:
     raise InProgress("the task is changing fast; ask again", retry_after=1.0)
 
 
-def cancel(task: Task, *, actor: str, reason: str = "") -> Task:
-    """created|running|paused|retrying -> cancelled, at once.
+CANCEL = Permit(MANAGE_PERMISSION, "cancel", "manage tasks", "task.cancel_refused", agents=True)
+PAUSE = Permit(MANAGE_PERMISSION, "pause", "manage tasks", "task.pause_refused")
+RESUME = Permit(MANAGE_PERMISSION, "resume", "manage tasks", "task.resume_refused", agents=True)
+
+
+def cancel(task: Task, who, *, reason: str = "") -> Task:
+    """created|running|paused|retrying -> cancelled, at once, by an operator or the tenant's agent.
 
     A step still running finds out at its next heartbeat or checkpoint (both
     guarded by the lease this clears) and stops; no further step starts.
     """
+    actor = authorize(who, CANCEL, task)
+
     def attempt(task: Task) -> bool:
         if task.status == TaskStatus.CANCELLED:
             return True
@@ -383,9 +385,11 @@ def cancel(task: Task, *, actor: str, reason: str = "") -> Task:
     return _with_retries(task, attempt)
 
 
-def pause(task: Task, *, actor: str, reason: str) -> Task:
+def pause(task: Task, who, *, reason: str) -> Task:
     """created|retrying -> paused (an operator holds a queued task). A running task
     pauses only from inside a step (WaitFor): its worker knows where it can stop."""
+    actor = authorize(who, PAUSE, task)
+
     def attempt(task: Task) -> bool:
         if task.status == TaskStatus.PAUSED:
             return True
@@ -398,15 +402,18 @@ def pause(task: Task, *, actor: str, reason: str) -> Task:
     return _with_retries(task, attempt)
 
 
-def resume(task: Task, *, actor: str, answer: dict[str, Any] | None = None) -> Task:
+def resume(task: Task, who, *, answer: dict[str, Any] | None = None) -> Task:
     """Continue a task from its last valid checkpoint, where that makes sense:
 
     paused -> created (with the answer to its input request); retrying -> due now;
     failed with a transient class -> created, attempts reset; running whose
     worker died -> expire_lease. A queued or healthy running task is left as
     is. Refused: succeeded and cancelled tasks, and deterministic failures
-    (with the reason: the input must change, which is a new task).
+    (with the reason: the input must change, which is a new task). By an
+    operator or the tenant's agent.
     """
+    actor = authorize(who, RESUME, task)
+
     def attempt(task: Task) -> bool:
         now = timezone.now()
         before = task.status

@@ -1,12 +1,19 @@
-"""Tenants and their API tokens.
+"""Tenants, their API tokens, and who may act on a tenant's objects.
 
 Tokens are shown once, at issue, and stored only as a SHA-256 digest.
+
+`authorize` is the one check of every operation an operator (or an agent)
+can reach: each concept function calls it with its `Permit` before it
+changes anything, so no entry point (admin, command, API, MCP) can skip it.
+Periodic jobs call the concepts' internal functions instead: they act for
+the system, not for a person.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
@@ -67,24 +74,64 @@ def authenticate_token(raw_token: str) -> ApiToken | None:
     return token
 
 
-def authorize(user, permission: str, obj, *, action: str, what: str) -> str:
-    """The actor name of an operator allowed to `what` (e.g. "resolve UNKNOWN outcomes") on `obj`.
+@dataclass(frozen=True)
+class Permit:
+    """What one operator operation needs: a permission, on the object's tenant.
 
-    Needs `permission` and `obj`'s tenant among those the user may see. The
-    admin only hides what a user may not do; this enforces it, and a refusal
-    is audited (as `action`) before it is raised.
+    Declared once, next to the operation in its concept module. The operation
+    calls `authorize` with it first thing, whoever called it; the admin asks
+    the same Permit before it shows a button or a confirmation form.
     """
-    actor = audit.user_actor(user)
-    visible = visible_tenant_ids(user)
-    if not user.has_perm(permission):
-        refusal = f"you do not have the permission to {what}"
-    elif visible is not None and obj.tenant_id not in visible:
-        refusal = f"this {obj._meta.verbose_name} belongs to a tenant you may not see"
+
+    permission: str  # e.g. "tools_app.force_expire_idempotencyrecord"
+    attempted: str  # the operation's name in refusal events, e.g. "force_expire"
+    what: str  # completes "you do not have the permission to ...", e.g. "force-expire idempotency keys"
+    refused_event: str  # the audit action of a refusal, e.g. "record.force_expire_refused"
+    agents: bool = False  # whether the tenant's agent (its API token) may do it on the tenant's objects
+
+
+@dataclass(frozen=True)
+class Agent:
+    """An MCP caller, authenticated by its tenant's API token: it acts on that tenant's objects only."""
+
+    tenant_id: int
+    actor: str
+
+
+def authorize(who, permit: Permit, obj) -> str:
+    """The actor name of `who` (an operator's user, or an Agent) if it may do `permit`'s operation on `obj`.
+
+    A person needs the permission and `obj`'s tenant among those they may
+    see; an agent needs an operation open to agents, on its own tenant.
+    Anything else is refused: the refusal is audited, then PermissionDenied
+    is raised. Call it before opening the operation's transaction, so the
+    refusal's event commits although the operation does not happen.
+    """
+    if isinstance(who, Agent):
+        actor = who.actor
+        if not permit.agents:
+            refusal = f"agents may not {permit.what}"
+        elif obj.tenant_id != who.tenant_id:
+            refusal = f"this {obj._meta.verbose_name} belongs to another tenant"
+        else:
+            return actor
     else:
-        return actor
-    with transaction.atomic():
-        audit.record_event(action=action, obj=obj, actor=actor, reason=refusal)
+        actor = audit.user_actor(who)
+        if not who.has_perm(permit.permission):
+            refusal = f"missing permission: you do not have the permission to {permit.what}"
+        elif (visible := visible_tenant_ids(who)) is not None and obj.tenant_id not in visible:
+            refusal = f"this {obj._meta.verbose_name} belongs to a tenant you may not see"
+        else:
+            return actor
+    audit_refusal(permit, obj, actor, refusal)
     raise PermissionDenied(refusal)
+
+
+def audit_refusal(permit: Permit, obj, actor: str, refusal: str) -> None:
+    """The audit event of a refused attempt (also for a concept's own rules, e.g. no self-approval)."""
+    with transaction.atomic():
+        audit.record_event(action=permit.refused_event, obj=obj, actor=actor, reason=refusal,
+                           trace_id=getattr(obj, "trace_id", ""), after={"attempted": permit.attempted})
 
 
 def visible_tenant_ids(user) -> set[int] | None:

@@ -93,15 +93,12 @@ class PendingApprovalAdmin(ApprovalColumns, QueueAdmin):
     fields = DETAIL_FIELDS
     readonly_fields = DETAIL_FIELDS
     operator_actions = [
-        OperatorAction("approve", "Approve", "decide", approve, refused=(approvals.ApprovalRefused,),
+        OperatorAction("approve", "Approve", approvals.APPROVE, approve, refused=(approvals.ApprovalRefused,),
                        help_text="Optional note for the audit log."),
-        OperatorAction("reject", "Reject", "decide", reject, refused=(approvals.ApprovalRefused,),
+        OperatorAction("reject", "Reject", approvals.REJECT, reject, refused=(approvals.ApprovalRefused,),
                        reason=REASON_REQUIRED, help_text="Required: the agent and the audit log get it.",
                        style="danger"),
     ]
-
-    def has_decide_permission(self, request, obj=None):
-        return request.user.has_perm(approvals.DECIDE_PERMISSION)
 
 
 @admin.register(ApprovalRequest)

@@ -6,14 +6,19 @@ action (`OperatorAction`) is a button on the object's page and an action on
 the list; either way the operator confirms on a form (with a reason field,
 required or optional), and `perform` calls the concept module, which makes
 the change in one transaction with its audit event and refuses (with an
-exception that is shown, never swallowed) what is not allowed. The admin
-only hides actions from users without the permission; the concept module is
-what enforces it, so a crafted POST is refused and audited as well.
+exception that is shown, never swallowed) what is not allowed.
+
+Who may: each action names the concept's `Permit` (tools_app.tenants). The
+concept function checks it itself, whoever calls it; the admin asks the same
+Permit to show a button, and again before it shows a confirmation form or
+runs anything, on the object page and on the list alike. A crafted GET or
+POST by someone without the permission, or on another tenant's object, is
+answered 403 and its refusal is an audit event.
 
 To add a queue (e.g. UNKNOWN outcomes): a proxy model with the right
 verbose name, a `QueueAdmin` subclass with `queue_filter`, list columns and
-`operator_actions = [OperatorAction(...)]`, a `has_<permission>_permission`
-method per action permission, and the permissions in tools_app.roles.
+`operator_actions = [OperatorAction(...)]`, and the action permissions in
+tools_app.roles.
 """
 
 from __future__ import annotations
@@ -28,15 +33,16 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import models
-from django.http import HttpResponseRedirect
+from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from tools_app import errors, tenants
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.models import AuditEvent
 
@@ -47,7 +53,7 @@ REASON_REQUIRED, REASON_OPTIONAL = "required", "optional"
 class OperatorAction:
     name: str  # URL segment and admin action name, e.g. "approve"
     label: str  # button text, e.g. "Approve"
-    permission: str  # checked as ModelAdmin.has_<permission>_permission(request)
+    permit: tenants.Permit  # who may: the Permit the concept function checks, e.g. idempotency.FORCE_EXPIRE
     perform: Callable[..., str]  # (request, obj, reason, **extra_fields): does it; returns the message to show
     refused: tuple[type[Exception], ...] = ()  # exceptions that mean "not done, and why"
     reason: str = REASON_OPTIONAL
@@ -98,13 +104,32 @@ class OperatorActionsAdmin(admin.ModelAdmin):
         return actions
 
     def _allowed(self, request, action: OperatorAction) -> bool:
-        return getattr(self, f"has_{action.permission}_permission")(request)
+        """Whether to offer the action at all (the tenant is checked per object, by `_authorize`)."""
+        return request.user.has_perm(action.permit.permission)
 
     def _action(self, name: str) -> OperatorAction:
         for action in self.operator_actions:
             if action.name == name:
                 return action
         raise PermissionDenied
+
+    def _authorize(self, request, action: OperatorAction, objects) -> None:
+        """Refuse (403) unless the user may do `action` on every one of `objects`; each refusal is audited."""
+        refusals = []
+        for obj in objects:
+            try:
+                tenants.authorize(request.user, action.permit, obj)
+            except errors.PermissionDenied as refused:
+                refusals.append(f"{self._label(obj)}: {refused.message}")
+        if refusals or not self._allowed(request, action):
+            raise PermissionDenied("; ".join(refusals) or f"you may not {action.permit.what}")
+
+    def _target(self, object_id):
+        """The object by id, whatever its tenant: another tenant's object is refused, not hidden."""
+        try:
+            return self.model._default_manager.filter(pk=object_id).first()
+        except (ValueError, ValidationError):  # not an id of this model (e.g. a task's UUID)
+            return None
 
     def render_change_form(self, request, context, *args, obj=None, **kwargs):
         context["operator_actions"] = [
@@ -117,10 +142,12 @@ class OperatorActionsAdmin(admin.ModelAdmin):
 
     def action_view(self, request, object_id, action_name):
         action = self._action(action_name)
-        # Through the scoped queryset: another tenant's object is a 404 here.
+        target = self._target(object_id)
+        if target is None:
+            raise Http404
+        self._authorize(request, action, [target])  # GET too: the form is the first step of the action
+        # Through the queue's (scoped) queryset: an object that left the queue is a 404 here.
         obj = get_object_or_404(self.get_queryset(request), pk=object_id)
-        if not self.has_view_permission(request, obj):
-            raise PermissionDenied
         form = ActionForm(request.POST or None, action=action)
         if request.method == "POST" and form.is_valid():
             self._perform(request, action, obj, form.cleaned_data["reason"], form.extras)
@@ -128,6 +155,30 @@ class OperatorActionsAdmin(admin.ModelAdmin):
         return self._confirmation(request, action, [obj], form)
 
     # --- several objects: a list action with the same confirmation form ------------------
+
+    def changelist_view(self, request, extra_context=None):
+        # Before Django's own checks, which refuse a user who may not view the
+        # list or drop an action not offered to them, without an audit event.
+        if request.method == "POST" and (action := self._posted_action(request)) is not None:
+            selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+            try:
+                objects = list(self.model._default_manager.filter(pk__in=selected))
+            except (ValueError, ValidationError):
+                objects = []
+            self._authorize(request, action, objects)
+        return super().changelist_view(request, extra_context)
+
+    def _posted_action(self, request) -> OperatorAction | None:
+        """The operator action a changelist POST asks for, read as ModelAdmin.response_action reads it."""
+        try:
+            index = int(request.POST.get("index", 0))
+        except ValueError:
+            index = 0
+        names = request.POST.getlist("action")
+        if not -len(names) <= index < len(names):  # as Django indexes it
+            return None
+        name = names[index]
+        return next((action for action in self.operator_actions if action.name == name), None)
 
     def _bulk(self, action: OperatorAction):
         def run(modeladmin, request, queryset):

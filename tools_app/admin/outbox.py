@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from tools_app import audit, outbox
+from tools_app import outbox
 from tools_app.admin.operator_actions import OperatorAction, QueueAdmin, age
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.models import DeadLetter, OutboxEvent, OutboxStatus
@@ -18,7 +18,7 @@ class OutboxEventAdmin(TenantScopedAdmin, ReadOnlyAdmin):
 
 
 def redrive(request, event, reason):
-    if not outbox.redrive(event, actor=audit.user_actor(request.user), reason=reason):
+    if not outbox.redrive(event, request.user, reason=reason):
         raise outbox.DeliveryFailed("it is no longer dead-lettered")
     return "sent back to the relay"
 
@@ -29,12 +29,9 @@ class DeadLetterAdmin(QueueAdmin):
     list_display = ["id", "tenant", "kind", "waiting", "attempts", "last_error"]
     list_filter = ["kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant"]
-    operator_actions = [OperatorAction("redrive", "Re-drive", "redrive", redrive, refused=(outbox.DeliveryFailed,),
+    operator_actions = [OperatorAction("redrive", "Re-drive", outbox.REDRIVE, redrive, refused=(outbox.DeliveryFailed,),
                                        help_text="Deliver again; the consumer deduplicates by event id.")]
 
     @admin.display(description="waiting", ordering="created_at")
     def waiting(self, event):
         return age(event.created_at)
-
-    def has_redrive_permission(self, request, obj=None):
-        return request.user.has_perm("tools_app.redrive_outboxevent")

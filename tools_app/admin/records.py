@@ -1,10 +1,12 @@
-"""Idempotency records, read-only: fingerprint, stored result, attempts, history; force-expire (audited)."""
+"""Idempotency records, read-only: fingerprint, stored result, attempts, history; force-expire and
+release a held key (audited)."""
 
+from django import forms
 from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from tools_app import audit, idempotency
+from tools_app import idempotency
 from tools_app.admin.operator_actions import (
     REASON_REQUIRED,
     OperatorAction,
@@ -13,6 +15,7 @@ from tools_app.admin.operator_actions import (
     pretty_json,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.errors import ToolFailure
 from tools_app.models import ApprovalRequest, IdempotencyRecord
 
 
@@ -21,31 +24,47 @@ class NotExpirable(Exception):
 
 
 def force_expire(request, record, reason: str) -> str:
-    if not idempotency.force_expire(record, actor=audit.user_actor(request.user), reason=reason):
+    if not idempotency.force_expire(record, request.user, reason=reason):
         raise NotExpirable("only a finished record within its retention can be expired")
     return "retention ended now; the tool's expiry policy applies to the next call with this key"
+
+
+def release_held_key(request, record, reason: str, checked: str, downstream_reference: str = "") -> str:
+    if not idempotency.release_held_key(record, request.user, reason=reason, checked=checked,
+                                        downstream_reference=downstream_reference):
+        raise NotExpirable("only a finished record past its retention (a held key) can be released")
+    return "released; the next call with this key runs as a new operation"
 
 
 @admin.register(IdempotencyRecord)
 class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
     list_display = ["id", "tenant", "tool", "key_digest", "status", "attempts", "created_at", "expires_at"]
-    list_filter = ["status", "tool", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    list_filter = ["status", "error_class", "tool", ("tenant", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["=operation_id", "=trace_id"]
     date_hierarchy = "created_at"
     list_select_related = ["tenant"]
     fields = ["tenant", "tool", "key_digest", "status", "fingerprint", "field_digests_display", "arguments_display",
               "result_display", "error_class", "error_message", "retry_not_before", "attempts", "lease_owner",
-              "lease_expires_at", "operation_id", "trace_id", "actor", "created_at", "updated_at", "finished_at",
-              "expires_at", "retired_at", "approval_link", "history"]
+              "lease_expires_at", "operation_id", "downstream_key", "trace_id", "actor", "created_at", "updated_at",
+              "finished_at", "expires_at", "retired_at", "evidence_display", "approval_link", "history"]
     readonly_fields = fields
     operator_actions = [
-        OperatorAction("force_expire", "Force-expire key", "force_expire", force_expire, refused=(NotExpirable,),
-                       reason=REASON_REQUIRED, style="danger",
+        OperatorAction("force_expire", "Force-expire key", idempotency.FORCE_EXPIRE, force_expire,
+                       refused=(NotExpirable, ToolFailure), reason=REASON_REQUIRED, style="danger",
                        help_text="Required: why this key's stored result must no longer be replayed."),
+        OperatorAction("release_held_key", "Release held key", idempotency.RELEASE_HELD_KEY, release_held_key,
+                       refused=(NotExpirable, ToolFailure), reason=REASON_REQUIRED, style="danger",
+                       help_text="Required: why the key may run again. Check the downstream system first: "
+                                 "the next call with this key runs as a new operation.",
+                       extra_fields={
+                           "checked": forms.CharField(
+                               widget=forms.Textarea(attrs={"rows": 2, "cols": 60}), label="What you checked",
+                               help_text="Where you looked and what it showed, e.g. 'gateway: no payment for "
+                                         "this key' or 'gateway: payment pay_123 refunded'."),
+                           "downstream_reference": forms.CharField(
+                               required=False, help_text="The downstream id you found, if any."),
+                       }),
     ]
-
-    def has_force_expire_permission(self, request, obj=None):
-        return request.user.has_perm("tools_app.force_expire_idempotencyrecord")
 
     @admin.display(description="key (digest)")
     def key_digest(self, obj):
@@ -63,6 +82,11 @@ class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAd
     @admin.display(description="stored result")
     def result_display(self, obj):
         return pretty_json(obj.result) if obj.result is not None else "—"
+
+    @admin.display(description="evidence")
+    def evidence_display(self, obj):
+        # What was asked downstream and what came back; an operator's release or resolution adds what they checked.
+        return pretty_json(obj.evidence) if obj.evidence else "—"
 
     @admin.display(description="approval request")
     def approval_link(self, obj):

@@ -2,7 +2,7 @@
 checkpoints and audit trail, and cancel, pause or resume them.
 
 Each action goes through tools_app.tasks (guarded, audited like an agent's),
-after tasks.operator_actor checks the manage_task permission and the tenant.
+which checks the manage_task permission and the tenant itself.
 """
 
 from django.contrib import admin
@@ -54,17 +54,17 @@ class CheckpointInline(ReadOnlyInline):
 
 
 def cancel(request, task, reason):
-    tasks.cancel(task, actor=tasks.operator_actor(task, request.user, "cancel"), reason=reason)
+    tasks.cancel(task, request.user, reason=reason)
     return "cancelled; a step still running stops at its next heartbeat"
 
 
 def resume(request, task, reason):
-    task = tasks.resume(task, actor=tasks.operator_actor(task, request.user, "resume"))
+    task = tasks.resume(task, request.user)
     return f"now {task.status}"
 
 
 def pause(request, task, reason):
-    tasks.pause(task, actor=tasks.operator_actor(task, request.user, "pause"), reason=reason)
+    tasks.pause(task, request.user, reason=reason)
     return "paused; resume it to queue it again"
 
 
@@ -81,12 +81,12 @@ class TaskPage:
     list_select_related = ["tenant"]
     search_fields = ["=id", "=trace_id"]
     operator_actions = [
-        OperatorAction("cancel", "Cancel", "manage", cancel, refused=(ToolFailure,), reason=REASON_OPTIONAL,
+        OperatorAction("cancel", "Cancel", tasks.CANCEL, cancel, refused=(ToolFailure,), reason=REASON_OPTIONAL,
                        style="danger", help_text="No further step starts; the task cannot be resumed."),
-        OperatorAction("resume", "Resume", "manage", resume, refused=(ToolFailure,),
+        OperatorAction("resume", "Resume", tasks.RESUME, resume, refused=(ToolFailure,),
                        help_text="Continues from the last valid checkpoint (paused, retrying, transiently "
                                  "failed, or a dead worker's task)."),
-        OperatorAction("pause", "Pause", "manage", pause, refused=(ToolFailure,), reason=REASON_REQUIRED,
+        OperatorAction("pause", "Pause", tasks.PAUSE, pause, refused=(ToolFailure,), reason=REASON_REQUIRED,
                        help_text="Queued or retrying tasks only: why it must wait."),
     ]
 
@@ -109,9 +109,6 @@ class TaskPage:
     @admin.display(description="audit trail")
     def history(self, task):
         return audit_history(task)
-
-    def has_manage_permission(self, request, obj=None):
-        return request.user.has_perm(tasks.MANAGE_PERMISSION)
 
 
 @admin.register(Task)

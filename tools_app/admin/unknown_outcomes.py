@@ -4,14 +4,14 @@ from django import forms
 from django.contrib import admin
 from django.utils.html import format_html
 
-from tools_app import audit, reconciliation
+from tools_app import idempotency, reconciliation
 from tools_app.admin.operator_actions import REASON_REQUIRED, OperatorAction, QueueAdmin, age, pretty_json
 from tools_app.errors import ToolFailure
 from tools_app.models import RecordStatus, UnknownOutcome
 
 
 def reconcile_now(request, record, reason):
-    return f"now {reconciliation.reconcile(record, actor=audit.user_actor(request.user))}"
+    return f"now {reconciliation.reconcile(record, request.user)}"
 
 
 def resolve_succeeded(request, record, reason, downstream_reference=""):
@@ -32,20 +32,24 @@ class UnknownOutcomeAdmin(QueueAdmin):
     list_filter = ["tool", ("tenant", admin.RelatedOnlyFieldListFilter), ("escalated_at", admin.EmptyFieldListFilter)]
     list_select_related = ["tenant"]
     search_fields = ["=operation_id", "=downstream_key", "=trace_id"]
-    fields = ["tenant", "tool", "operation_id", "downstream_key", "actor", "created_at", "reconcile_attempts",
-              "next_reconcile_at", "escalated_at", "error_message", "evidence_json"]
+    fields = ["tenant", "tool", "key_digest", "operation_id", "downstream_key", "actor", "created_at",
+              "reconcile_attempts", "next_reconcile_at", "escalated_at", "error_message", "evidence_json"]
     readonly_fields = fields
     operator_actions = [
-        OperatorAction("reconcile", "Reconcile now", "resolve", reconcile_now,
+        OperatorAction("reconcile", "Reconcile now", reconciliation.RECONCILE, reconcile_now,
                        refused=(ToolFailure,), help_text="Asks the downstream system by the key we sent."),
-        OperatorAction("resolve_succeeded", "Resolve as succeeded", "resolve", resolve_succeeded,
+        OperatorAction("resolve_succeeded", "Resolve as succeeded", reconciliation.RESOLVE, resolve_succeeded,
                        refused=(ToolFailure,), reason=REASON_REQUIRED, help_text="What you checked.",
                        extra_fields={"downstream_reference": forms.CharField(
                            help_text="The downstream id of what was done, e.g. the payment id.")}),
-        OperatorAction("resolve_failed", "Resolve as failed", "resolve", resolve_failed, refused=(ToolFailure,),
-                       reason=REASON_REQUIRED, style="danger",
+        OperatorAction("resolve_failed", "Resolve as failed", reconciliation.RESOLVE, resolve_failed,
+                       refused=(ToolFailure,), reason=REASON_REQUIRED, style="danger",
                        help_text="Definitely not done: what you checked. The agent may then retry with the same key."),
     ]
+
+    @admin.display(description="key (digest)")
+    def key_digest(self, record):
+        return idempotency.key_digest(record.key)
 
     @admin.display(description="waiting", ordering="created_at")
     def waiting(self, record):
@@ -66,6 +70,3 @@ class UnknownOutcomeAdmin(QueueAdmin):
     @admin.display(description="evidence")
     def evidence_json(self, record):
         return pretty_json(record.evidence)
-
-    def has_resolve_permission(self, request, obj=None):
-        return request.user.has_perm(reconciliation.RESOLVE_PERMISSION)

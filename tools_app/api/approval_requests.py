@@ -2,8 +2,10 @@
 
 Exported: who asked, for which tool and record, the amount and currency the
 thresholds were applied to, how many approvals were required and given, who
-decided, why, and when. Not exported: the arguments and the operator summary,
-which quote payees and other personal data (operators read them in the admin).
+decided, why (a rejecter's reason; the failure text of a request that failed
+or expired is withheld, as everywhere in the API: tools_app.redaction), and
+when. Not exported: the arguments and the operator summary, which quote
+payees and other personal data (operators read them in the admin).
 """
 
 from __future__ import annotations
@@ -11,12 +13,16 @@ from __future__ import annotations
 import django_filters
 from rest_framework import serializers
 
+from tools_app import redaction
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
 from tools_app.models import ApprovalRequest, ApprovalStatus
 
 
 class ApprovalRequestSerializer(AuditorSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    reason = serializers.SerializerMethodField(
+        help_text=f"A rejection's reason; `{redaction.WITHHELD}` for the failure text of a request that failed "
+                  "or expired.")
 
     class Meta:
         model = ApprovalRequest
@@ -24,6 +30,10 @@ class ApprovalRequestSerializer(AuditorSerializer):
                   "required_approvals", "approvals", "decided_by", "reason", "trace_id", "created_at", "decided_at",
                   "expires_at", "finished_at"]
         read_only_fields = fields
+
+    def get_reason(self, request: ApprovalRequest) -> str:
+        # Only a rejection's reason is a person's (tools_app.approvals._reject); the others are failure texts.
+        return request.reason if request.status == ApprovalStatus.REJECTED else redaction.failure_text(request.reason)
 
 
 class ApprovalRequestFilter(django_filters.FilterSet):

@@ -1,11 +1,14 @@
 """GET /api/v1/audit-events: the append-only audit log, with its hash-chain fields.
 
-Events are exported whole (before/after, reason): they are written to be
-read by auditors and hold states, digests and decisions, not secrets
-(callers of tools_app.audit.record_event keep it that way). `seq`,
-`prev_hash` and `hash` let an auditor verify the chain on the exported copy.
-Events with no tenant (system-wide, e.g. exports) are visible only to
-superusers.
+Events are exported whole (before/after hold states, digests and
+decisions, not secrets: callers of tools_app.audit.record_event keep it that
+way), except the reason of an event a person did not write: failure messages
+and agents' notes may quote the caller's data, so they are withheld exactly
+as the records endpoint withholds error messages (tools_app.redaction).
+`seq`, `prev_hash` and `hash` let an auditor check the chain's links on the
+exported copy; an event whose reason is withheld can be rehashed only by the
+server (`/api/v1/audit-chain/verify`). Events with no tenant (system-wide,
+e.g. exports) are visible only to superusers.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import django_filters
 from rest_framework import serializers
 
+from tools_app import redaction
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
 from tools_app.models import AuditEvent
 
@@ -20,6 +24,9 @@ from tools_app.models import AuditEvent
 class AuditEventSerializer(AuditorSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True,
                                           help_text="Tenant slug; null for system-wide events.")
+    reason = serializers.SerializerMethodField(
+        help_text=f"Why, in a person's own words; `{redaction.WITHHELD}` for text the system or an agent wrote "
+                  "(failure messages may quote the caller's data; operators read it in the admin).")
 
     class Meta:
         model = AuditEvent
@@ -28,6 +35,9 @@ class AuditEventSerializer(AuditorSerializer):
             "reason", "trace_id", "prev_hash", "hash",
         ]
         read_only_fields = fields
+
+    def get_reason(self, event: AuditEvent) -> str:
+        return redaction.event_reason(event.actor, event.reason)
 
 
 class AuditEventFilter(django_filters.FilterSet):

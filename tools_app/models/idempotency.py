@@ -16,10 +16,13 @@ class ErrorClass(models.TextChoices):
     INVALID_INPUT = "invalid_input", "Invalid input: fix the arguments"
     PERMISSION_DENIED = "permission_denied", "Permission denied"
     NOT_FOUND = "not_found", "Not found"
-    CONFLICT = "conflict", "Key reused with other parameters"
+    CONFLICT = "conflict", "Key reused with other parameters: a new operation needs a new key"
+    DOWNSTREAM_CONFLICT = "downstream_conflict", (
+        "The downstream system holds this key for another request: an operator must check")
     IN_PROGRESS = "in_progress", "Still running: ask again after retry_after"
     TRANSIENT = "transient", "Transient: retry with the same key after retry_after"
-    UNKNOWN_OUTCOME = "unknown_outcome", "Outcome unknown: do not retry, being reconciled"
+    UNKNOWN_OUTCOME = "unknown_outcome", (
+        "Outcome unknown, being reconciled: no new key; the same key answers the outcome once known")
     EXPIRED = "expired", "Key past retention: a person must check"
     ALREADY_DONE = "already_done", "Already done"
     PENDING_APPROVAL = "pending_approval", "Waiting for a person's approval: ask again with the same key"
@@ -61,8 +64,8 @@ class IdempotencyRecord(models.Model):
     expires_at = models.DateTimeField(help_text="End of retention; what happens after is the tool's policy.")
     retired_at = models.DateTimeField(null=True, blank=True, help_text="Set when an expired key was reused.")
     # Downstream systems and reconciliation (tools_app.reconciliation).
-    downstream_key = models.CharField(max_length=100, blank=True,
-                                      help_text="The key sent downstream, derived from (tenant, tool, key).")
+    downstream_key = models.CharField(
+        max_length=100, blank=True, help_text="The key sent downstream: one per operation (derived from operation_id).")
     evidence = models.JSONField(default=list, blank=True,
                                 help_text="What was asked downstream, what came back, when; newest last.")
     reconcile_attempts = models.PositiveIntegerField(default=0)
@@ -87,6 +90,7 @@ class IdempotencyRecord(models.Model):
         permissions = [
             ("resolve_unknown", "Can resolve UNKNOWN outcomes"),
             ("force_expire_idempotencyrecord", "Can force-expire an idempotency key"),
+            ("release_held_key", "Can release an idempotency key held past its retention"),
         ]
 
     def __str__(self) -> str:

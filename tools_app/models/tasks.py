@@ -32,7 +32,11 @@ class Task(models.Model):
     record = models.OneToOneField(
         "tools_app.IdempotencyRecord", on_delete=models.PROTECT, related_name="task",
         help_text="The start_task operation that created this task.")
-    arguments = models.JSONField(help_text="The tool's validated arguments: what every step reads.")
+    arguments = models.JSONField(
+        help_text="The tool's validated arguments, as they may be shown (URLs without their query).")
+    sealed_arguments = models.TextField(
+        blank=True, help_text="The arguments scrubbing changed, in full, encrypted (tools_app.redaction.seal): "
+                              "what the steps read over `arguments`.")
     input_digest = models.CharField(max_length=64, help_text="SHA-256 of the canonical arguments.")
     status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.CREATED)
     current_step = models.CharField(max_length=100, blank=True)

@@ -91,8 +91,9 @@ def request_payment(ctx: ToolContext, args: RequestPaymentInput) -> PaymentOutpu
     """Ask the payment gateway to pay `amount` `currency` to `payee`. Requires idempotency_key: every retry
     with the same key returns the same payment. Above the tenant's approval threshold the answer is
     `pending_approval` until a person confirms; call again with the same key to learn the outcome. If the
-    answer is `unknown_outcome`, do not retry with a new key: the payment is being reconciled, ask again
-    later with the same key."""
+    answer is `unknown_outcome`, the payment is being reconciled: do not retry with a new key; calling again
+    with the same key is safe and answers the reconciled outcome once it is known. `downstream_conflict`: the
+    gateway holds this key for another payment; an operator must check, so neither retry nor use a new key."""
     body = {"amount": str(args.amount), "currency": args.currency, "payee": args.payee,
             "reference": args.reference}
     response = downstream.request(

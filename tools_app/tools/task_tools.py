@@ -9,15 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from pydantic import BaseModel, Field
 
 from tools_app import task_calls, tasks
 from tools_app.models import TaskStatus
 from tools_app.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
 from tools_app.task_calls import TaskHandle, TaskStatusView
+from tools_app.tenants import Agent
 
+# The schema states the real limit (the setting, read when the tools are declared); more is invalid_input,
+# never a silently shorter wait.
+MAX_WAIT_SECONDS = settings.IDEMOPS["TASK_MAX_WAIT_SECONDS"]
 WAIT_RULE = ("Seconds to wait for the task to finish (or pause) before answering, with progress notifications "
-             "when the call has a progressToken. 0 answers at once.")
+             f"when the call has a progressToken. 0 answers at once; at most {MAX_WAIT_SECONDS:g} "
+             "(call again to wait longer).")
 
 
 class StartTaskInput(WriteInput):
@@ -31,7 +37,7 @@ class TaskIdInput(ToolInput):
 
 
 class WaitingInput(TaskIdInput):
-    wait_seconds: float = Field(0, ge=0, le=600, description=WAIT_RULE)
+    wait_seconds: float = Field(0, ge=0, le=MAX_WAIT_SECONDS, description=WAIT_RULE)
 
 
 class ResumeTaskInput(WriteInput):
@@ -88,7 +94,7 @@ def resume_task(ctx: ToolContext, args: ResumeTaskInput) -> TaskStatusView:
     or revive one whose worker died; it restarts from its last valid checkpoint. Refused, with the reason, for
     tasks that succeeded, were cancelled, or failed in a way another run would repeat."""
     task = tasks.get_for_tenant(ctx.tenant_id, args.task_id)
-    return task_calls.describe(tasks.resume(task, actor=ctx.actor, answer=args.input))
+    return task_calls.describe(tasks.resume(task, Agent(ctx.tenant_id, ctx.actor), answer=args.input))
 
 
 @write_tool(name="cancel_task", title="Cancel a task", input_model=CancelTaskInput, output_model=TaskStatusView)
@@ -96,4 +102,4 @@ def cancel_task(ctx: ToolContext, args: CancelTaskInput) -> TaskStatusView:
     """Cancel a task now: it is marked cancelled at once and no further step starts (a step in progress stops at
     its next check). Cancelling a cancelled task is a no-op; a finished task cannot be cancelled."""
     task = tasks.get_for_tenant(ctx.tenant_id, args.task_id)
-    return task_calls.describe(tasks.cancel(task, actor=ctx.actor, reason=args.reason))
+    return task_calls.describe(tasks.cancel(task, Agent(ctx.tenant_id, ctx.actor), reason=args.reason))

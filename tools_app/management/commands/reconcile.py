@@ -1,24 +1,35 @@
 import json
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from tools_app import reconciliation
-from tools_app.models import IdempotencyRecord, RecordStatus
+from tools_app.errors import ToolFailure
+from tools_app.models import IdempotencyRecord
 
 
 class Command(BaseCommand):
     help = ("Expire dead executors' leases (PROCESSING → UNKNOWN) and reconcile UNKNOWN records that are due: "
-            "what the periodic job does, on demand.")
+            "what the periodic job does, on demand. With --record, an operator reconciles one record now.")
 
     def add_arguments(self, parser):
-        parser.add_argument("--record", type=int, help="Reconcile this UNKNOWN record now, due or not.")
+        parser.add_argument("--record", type=int, help="Reconcile this UNKNOWN record now, due or not (needs --user).")
+        parser.add_argument("--user", help="The operator reconciling --record: needs the resolve_unknown "
+                                           "permission on the record's tenant, like the admin's button.")
 
-    def handle(self, record=None, **options):
+    def handle(self, record=None, user=None, **options):
         if record is None:
             self.stdout.write(json.dumps(reconciliation.run_periodic()))
             return
+        if not user:
+            raise CommandError("--record needs --user: the operator on whose authority it is reconciled")
+        operator = get_user_model().objects.filter(username=user).first()
+        if operator is None:
+            raise CommandError(f"no user {user!r}")
+        target = IdempotencyRecord.objects.filter(pk=record).first()
+        if target is None:
+            raise CommandError(f"no record {record}")
         try:
-            target = IdempotencyRecord.objects.get(pk=record, status=RecordStatus.UNKNOWN)
-        except IdempotencyRecord.DoesNotExist:
-            raise CommandError(f"no UNKNOWN record {record}") from None
-        self.stdout.write(reconciliation.reconcile(target, actor="system:reconcile-command"))
+            self.stdout.write(reconciliation.reconcile(target, operator))
+        except ToolFailure as refused:
+            raise CommandError(f"not reconciled: {refused.message}") from None

@@ -1,0 +1,580 @@
+"""IdempotentClient: tool calls that are safe to retry, remembered in a ledger.
+
+    async with IdempotentClient(url, token, ledger=Ledger("calls.sqlite"), session_id="chat-42") as client:
+        result = await client.call("create_order", {...})
+        print(client.ledger.summary_for_model())
+
+For a write tool (its input schema has `idempotency_key`) a call:
+
+1. takes the caller's key, or derives one from (session, tool, canonical
+   business arguments), so a re-planned identical call has the same key;
+2. consults the ledger: an identical call already done in this session is
+   answered from it without a round trip; anything else is (re)sent with the
+   key the ledger holds;
+3. for a tool the server marks as needing a server-issued operation id,
+   asks `prepare_operation` for one first (when the server offers it) and
+   carries it verbatim as the key;
+4. records the call as `submitted` before sending, then every answer;
+5. retries what is worth retrying (errors.RETRYABLE; unknown classes only
+   with a retry_after) with the same key, within the RetryPolicy's budget.
+
+Read tools are not recorded; they are retried on the same rules (a read
+has no side effect).
+
+The SDK's client runs one connection at a time, owned by a task of this
+client: a failed connection (a dropped answer, a reset) fails the requests
+in flight on it, and the next attempt opens a new one.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import email.utils
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult
+
+from idemops_client.canonical import business_arguments, derive_key, fingerprint
+from idemops_client.errors import DETERMINISTIC, ClientError, RetriesExhausted, ToolCallError, is_retryable
+from idemops_client.ledger import Entry, LedgerStore, MemoryLedger, SessionLedger, State
+from idemops_client.retry import RetryPolicy
+
+META_KEY = "io.idemops/idempotency-key"
+REPLAYED_META = "io.idemops/replayed"
+# What the server says about a tool in tools/list (see README: the server contract).
+REQUIRES_OPERATION_ID_META = "io.idemops/requires-operation-id"
+NON_BUSINESS_META = "io.idemops/non-business-fields"
+PREPARE_TOOL = "prepare_operation"
+GET_OPERATION_TOOL = "get_operation"
+
+# The server's answer classes, as ledger states.
+_STATE_OF_CLASS = {
+    "in_progress": State.IN_PROGRESS,
+    "unknown_outcome": State.UNKNOWN,
+    "pending_approval": State.PENDING_APPROVAL,
+}
+# get_operation's status values, as ledger states and answer classes.
+_OPERATION_STATUS = {
+    "SUCCEEDED": (State.DONE, None),
+    "FAILED": (State.FAILED, None),
+    "PROCESSING": (State.IN_PROGRESS, "in_progress"),
+    "UNKNOWN": (State.UNKNOWN, "unknown_outcome"),
+    "AWAITING_APPROVAL": (State.PENDING_APPROVAL, "pending_approval"),
+}
+
+# HTTP answers seen by the current attempt. The SDK sends each request from a task
+# that inherits the sender's context, so an attempt sees its own responses' status
+# and Retry-After even though the SDK itself reports a 503 only as a generic error.
+_http_seen: contextvars.ContextVar[list[tuple[int, str | None]] | None] = contextvars.ContextVar(
+    "idemops_http_seen", default=None)
+
+
+async def _observe(response: httpx2.Response) -> None:
+    seen = _http_seen.get()
+    if seen is not None:
+        seen.append((response.status_code, response.headers.get("retry-after")))
+
+
+@dataclass(frozen=True)
+class ToolInfo:
+    name: str
+    writes: bool
+    requires_operation_id: bool = False
+    non_business_fields: frozenset[str] = frozenset()
+
+
+@dataclass
+class CallResult:
+    """A call's answer. `structured` is the server's structuredContent (with its `idempotency` block)."""
+
+    tool: str
+    structured: dict[str, Any]
+    text: str = ""
+    key: str | None = None
+    operation_id: str | None = None
+    replayed: bool = False  # the stored result of an earlier call with this key (the server's or the ledger's)
+    from_ledger: bool = False  # answered from the ledger, without a round trip
+    attempts: int = 0
+    entry: Entry | None = None
+    raw: CallToolResult | None = field(default=None, repr=False)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.structured[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.structured.get(name, default)
+
+
+@dataclass
+class _Answer:
+    """What one attempt came back with."""
+
+    error_class: str | None = None
+    message: str = ""
+    error: dict[str, Any] | None = None
+    retry_after: float | None = None
+    result: CallToolResult | None = None
+    structured: dict[str, Any] = field(default_factory=dict)
+    sent: bool = False  # the request may have reached the server
+    from_server: bool = False  # the server's tool answered (not the transport)
+
+    @property
+    def ok(self) -> bool:
+        return self.error_class is None
+
+    @property
+    def idempotency(self) -> dict[str, Any]:
+        info = self.structured.get("idempotency")
+        return info if isinstance(info, dict) else {}
+
+
+class _Connection:
+    """One SDK session, entered and exited by a task of its own.
+
+    The SDK cancels the task that entered a session when its transport fails;
+    here that task only waits, so no caller is cancelled: requests in flight
+    fail with "connection closed" and the next attempt opens a new session.
+    """
+
+    def __init__(self, url: str, http: httpx2.AsyncClient, timeout: float):
+        self.url = url
+        self.http = http
+        self.timeout = timeout
+        self.client: Client | None = None
+        self.dead = False
+        self.failure: BaseException | None = None
+        self._ready = anyio.Event()
+        self._close = anyio.Event()
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> Client:
+        tg.start_soon(self._run)
+        await self._ready.wait()
+        if self.client is None:
+            raise self.failure or ClientError("connection closed before it opened")
+        return self.client
+
+    async def _run(self) -> None:
+        try:
+            async with Client(streamable_http_client(self.url, http_client=self.http), mode="legacy",
+                              read_timeout_seconds=self.timeout) as client:
+                self.client = client
+                self._ready.set()
+                await self._close.wait()
+        except Exception as exc:  # never into the task group: that would cancel the client's owner
+            self.failure = exc
+        finally:
+            self.dead = True
+            self._ready.set()  # a connection that never opened: start() raises its failure
+
+    def close(self) -> None:
+        self.dead = True
+        self._close.set()
+
+
+class IdempotentClient:
+    def __init__(self, url: str, token: str | None = None, *, ledger: LedgerStore | None = None,
+                 session_id: str = "default", policy: RetryPolicy | None = None,
+                 headers: Mapping[str, str] | None = None, rng: random.Random | None = None):
+        self.url = url
+        self.session_id = session_id
+        self.store: LedgerStore = ledger if ledger is not None else MemoryLedger()
+        self.policy = policy or RetryPolicy()
+        self._rng = rng or random.Random()
+        self._headers = dict(headers or {})
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._http: httpx2.AsyncClient | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._connection: _Connection | None = None
+        self._connect_lock = anyio.Lock()
+        self._tools: dict[str, ToolInfo] | None = None
+        self._flights: dict[tuple[str, str], anyio.Lock] = {}
+
+    @property
+    def ledger(self) -> SessionLedger:
+        """The ledger seen through this client's session."""
+        return SessionLedger(self.store, self.session_id)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> IdempotentClient:
+        self._http = httpx2.AsyncClient(headers=self._headers, event_hooks={"response": [_observe]},
+                                        timeout=httpx2.Timeout(self.policy.attempt_timeout, connect=10))
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self.store.purge_expired()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        if self._connection is not None:
+            self._connection.close()
+        assert self._tg is not None and self._http is not None
+        await self._tg.__aexit__(*exc_info)
+        await self._http.aclose()
+
+    async def _open(self) -> _Connection:
+        """The live connection, or a new one."""
+        async with self._connect_lock:
+            connection = self._connection
+            if connection is None or connection.dead or connection.client is None:
+                if self._tg is None or self._http is None:
+                    raise ClientError("use IdempotentClient in `async with`")
+                connection = _Connection(self.url, self._http, self.policy.attempt_timeout)
+                self._connection = connection
+                await connection.start(self._tg)
+            return connection
+
+    async def _guarded(self, request: Callable[[Client], Awaitable[Any]], timeout: float) -> Any:
+        """Run one request on the connection; a failure comes back as an _Answer (never raised)."""
+        seen: list[tuple[int, str | None]] = []
+        token = _http_seen.set(seen)
+        connection = None
+        try:
+            with anyio.fail_after(timeout + 5):  # a guard: the SDK's own read timeout comes first
+                connection = await self._open()
+                assert connection.client is not None
+                return await request(connection.client)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except BaseException as exc:  # noqa: BLE001 (classified; cancellation is re-raised above)
+            answer = _failure(_leaf(exc), seen, reached=connection is not None)
+            if answer.error_class == "transport" and connection is not None:
+                connection.close()  # the next attempt opens a new one
+            return answer
+        finally:
+            _http_seen.reset(token)
+
+    def _next_wait(self, what: str, key: str | None, answer: _Answer, attempt: int, started: float,
+                   policy: RetryPolicy) -> float:
+        """How long to wait before the next attempt; raises if there is none."""
+        assert answer.error_class is not None
+        if not is_retryable(answer.error_class, answer.retry_after):
+            raise ToolCallError(what, answer.error_class, answer.message, key=key, retry_after=answer.retry_after,
+                                error=answer.error, attempts=attempt)
+        wait = policy.delay(attempt, answer.retry_after, self._rng)
+        elapsed = time.monotonic() - started
+        if attempt >= policy.max_attempts or elapsed + wait >= policy.max_seconds:
+            raise RetriesExhausted(what, answer.error_class, answer.message, key=key, retry_after=answer.retry_after,
+                                   error=answer.error, attempts=attempt, elapsed=elapsed,
+                                   reason="attempts" if attempt >= policy.max_attempts else "time")
+        return wait
+
+    @staticmethod
+    def _timeout(policy: RetryPolicy, started: float) -> float:
+        return max(1.0, min(policy.attempt_timeout, policy.max_seconds - (time.monotonic() - started)))
+
+    # --- tools -------------------------------------------------------------------------------
+
+    async def tools(self, refresh: bool = False) -> dict[str, ToolInfo]:
+        """The server's tools as this client needs them (tools/list, read once)."""
+        if self._tools is None or refresh:
+            started, attempt = time.monotonic(), 0
+            while True:
+                attempt += 1
+                listed = await self._guarded(_list_tools, self._timeout(self.policy, started))
+                if not isinstance(listed, _Answer):
+                    break
+                await anyio.sleep(self._next_wait("tools/list", None, listed, attempt, started, self.policy))
+            self._tools = {tool.name: tool_info(tool) for tool in listed}
+        return self._tools
+
+    async def _tool(self, name: str) -> ToolInfo:
+        tools = await self.tools()
+        if name not in tools:
+            tools = await self.tools(refresh=True)
+        if name not in tools:
+            raise ToolCallError(name, "not_found", f"the server lists no tool {name!r}")
+        return tools[name]
+
+    # --- calls -------------------------------------------------------------------------------
+
+    async def call(self, tool: str, arguments: Mapping[str, Any] | None = None, *, key: str | None = None,
+                   policy: RetryPolicy | None = None) -> CallResult:
+        """Call `tool`; for a write, safely: see the module docstring.
+
+        Raises ToolCallError for a final error (its `error_class` says which), and
+        RetriesExhausted when the budget ran out (its `error_class` is the last answer's).
+        """
+        arguments = dict(arguments or {})
+        policy = policy or self.policy
+        info = await self._tool(tool)
+        if not info.writes:
+            return await self._read(tool, arguments, policy)
+        given = arguments.pop("idempotency_key", None)
+        if key is not None and given is not None and key != given:
+            raise ValueError("idempotency_key in the arguments and key= differ")
+        key = key if key is not None else given
+        business = business_arguments(arguments, info.non_business_fields)
+        call_id = key if key is not None else derive_key(self.session_id, tool, business)
+        # One flight per operation in this process: a concurrent identical call waits, then reads the ledger.
+        flight = self._flights.setdefault((tool, call_id), anyio.Lock())
+        try:
+            async with flight:
+                return await self._call_write(info, arguments, key, call_id, business, policy)
+        finally:
+            if not flight.locked() and not flight.statistics().tasks_waiting:
+                self._flights.pop((tool, call_id), None)
+
+    async def _call_write(self, info: ToolInfo, arguments: dict[str, Any], key: str | None, call_id: str,
+                          business: dict[str, Any], policy: RetryPolicy) -> CallResult:
+        tool = info.name
+        digest = fingerprint(business)
+        entry = self.store.get(self.session_id, tool, call_id)
+        if entry is None:
+            wire_key = key
+            if wire_key is None and info.requires_operation_id:
+                wire_key = await self._prepare(tool, arguments, call_id, policy)
+            # Recorded before it is sent: a crash from here on leaves an entry to ask about again.
+            # (Another process may have added it first: then its entry is the one.)
+            entry = self.store.add(self.store.new_entry(
+                session_id=self.session_id, tool=tool, call_id=call_id, key=wire_key or call_id,
+                fingerprint=digest, arguments=business))
+        if entry.fingerprint != digest:
+            # The caller's key is already this session's key for other arguments: the server
+            # will say `conflict` (or, for declared non-business fields, replay). The entry
+            # belongs to the first operation and is left as it is.
+            detached = self.store.new_entry(session_id=self.session_id, tool=tool, call_id=call_id,
+                                            key=entry.key, fingerprint=digest, arguments=business)
+            return await self._write(tool, detached, arguments, policy, may_prepare=False, persist=False)
+        if entry.state == State.DONE:
+            return CallResult(tool=tool, structured=entry.result or {}, key=entry.key,
+                              operation_id=entry.operation_id, replayed=True, from_ledger=True, entry=entry)
+        return await self._write(tool, entry, arguments, policy, may_prepare=key is None)
+
+    async def _write(self, tool: str, entry: Entry, arguments: dict[str, Any], policy: RetryPolicy,
+                     may_prepare: bool, persist: bool = True) -> CallResult:
+        started, attempt = time.monotonic(), 0
+        while True:
+            attempt += 1
+            answer = await self._attempt(tool, arguments, entry.key, self._timeout(policy, started))
+            entry.attempts += 1
+            if may_prepare and answer.error_class == "invalid_input" and (answer.error or {}).get(
+                    "operation_id_required"):
+                # The server refuses the key as not one it issued (unknown, expired unused,
+                # or the tool became high-risk): nothing ran under it, so a fresh id is safe. Once.
+                may_prepare = False
+                operation_id = await self._prepare(tool, arguments, entry.call_id, policy)
+                if operation_id is not None:
+                    entry.key = operation_id
+                    self.store.save(entry)
+                    attempt -= 1
+                    continue
+            self._record(entry, answer, persist)
+            if answer.ok:
+                return self._result(tool, entry, answer, attempt)
+            await anyio.sleep(self._next_wait(tool, entry.key, answer, attempt, started, policy))
+
+    def _record(self, entry: Entry, answer: _Answer, persist: bool = True) -> None:
+        """The ledger entry after an answer (saved before anything else happens)."""
+        operation_id = answer.idempotency.get("operation_id")
+        if operation_id:
+            entry.operation_id = str(operation_id)
+        if answer.ok:
+            entry.state = State.DONE
+            entry.result = answer.structured
+            entry.error = None
+        elif answer.from_server:
+            entry.error = answer.error
+            if answer.error_class in _STATE_OF_CLASS:
+                entry.state = _STATE_OF_CLASS[answer.error_class]
+            elif answer.error_class in DETERMINISTIC:
+                entry.state = State.FAILED
+            # transient, rate_limited and the like: nothing was done; the state stands.
+        else:
+            entry.error = answer.error
+            if answer.sent and entry.state == State.SUBMITTED:
+                # No answer to a request that may have arrived: it may have happened.
+                entry.state = State.UNKNOWN
+        if persist:
+            self.store.save(entry)
+
+    def _result(self, tool: str, entry: Entry, answer: _Answer, attempts: int) -> CallResult:
+        assert answer.result is not None
+        replayed = bool(answer.idempotency.get("replayed")) or bool((answer.result.meta or {}).get(REPLAYED_META))
+        return CallResult(tool=tool, structured=answer.structured, text=_text(answer.result), key=entry.key,
+                          operation_id=entry.operation_id, replayed=replayed, attempts=attempts, entry=entry,
+                          raw=answer.result)
+
+    async def _read(self, tool: str, arguments: dict[str, Any], policy: RetryPolicy, key: str | None = None
+                    ) -> CallResult:
+        """A read (or prepare_operation) changes nothing the caller relies on: any retryable answer is asked again."""
+        started, attempt = time.monotonic(), 0
+        while True:
+            attempt += 1
+            answer = await self._attempt(tool, arguments, key, self._timeout(policy, started))
+            if answer.ok:
+                assert answer.result is not None
+                return CallResult(tool=tool, structured=answer.structured, text=_text(answer.result),
+                                  attempts=attempt, raw=answer.result)
+            await anyio.sleep(self._next_wait(tool, None, answer, attempt, started, policy))
+
+    async def _attempt(self, tool: str, arguments: dict[str, Any], key: str | None, timeout: float) -> _Answer:
+        async def request(client: Client) -> _Answer:
+            result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout,
+                                            meta={META_KEY: key} if key is not None else None)
+            return _interpret(result)
+
+        return await self._guarded(request, timeout)
+
+    async def _prepare(self, tool: str, arguments: dict[str, Any], call_id: str, policy: RetryPolicy) -> str | None:
+        """A server-issued operation id for a high-risk tool, if the server offers prepare_operation.
+
+        Keyed by the call id: asked again (a retry, or a re-planned call after the
+        ledger was lost), the server answers the same id.
+        """
+        if PREPARE_TOOL not in await self.tools():
+            return None
+        prepared = await self._read(PREPARE_TOOL, {"tool": tool, "arguments": arguments}, policy, key=call_id)
+        operation_id = prepared.get("operation_id")
+        if not isinstance(operation_id, str) or not operation_id:
+            raise ToolCallError(PREPARE_TOOL, "protocol_error", "prepare_operation answered no operation_id")
+        return operation_id
+
+    # --- looking operations up ------------------------------------------------------------------
+
+    async def refresh(self) -> list[Entry]:
+        """Ask the server (get_operation) about this session's unfinished entries, without re-sending them.
+
+        Returns the entries it updated; an empty list if the server has no get_operation.
+        """
+        if GET_OPERATION_TOOL not in await self.tools():
+            return []
+        updated = []
+        for entry in self.ledger.entries():
+            if entry.state.finished:
+                continue
+            lookup = ({"operation_id": entry.operation_id} if entry.operation_id
+                      else {"tool": entry.tool, "idempotency_key": entry.key})
+            try:
+                found = await self._read(GET_OPERATION_TOOL, lookup, self.policy)
+            except ToolCallError as error:
+                if error.error_class == "not_found":
+                    continue  # never arrived (or long expired): the entry stands
+                raise
+            state, _ = _OPERATION_STATUS.get(str(found.get("status")), (None, None))
+            if state is None:
+                continue
+            entry.state = state
+            entry.operation_id = found.get("operation_id") or entry.operation_id
+            if state == State.DONE:
+                entry.result, entry.error = found.get("result"), None
+            elif found.get("error"):
+                entry.error = found.get("error")
+            self.store.save(entry)
+            updated.append(entry)
+        return updated
+
+
+# --- reading answers -------------------------------------------------------------------------------
+
+
+def tool_info(tool: Any) -> ToolInfo:
+    meta = tool.meta or {}
+    properties = (tool.input_schema or {}).get("properties") or {}
+    read_only = tool.annotations.read_only_hint if tool.annotations is not None else None
+    writes = "idempotency_key" in properties or read_only is False
+    return ToolInfo(name=tool.name, writes=writes, requires_operation_id=bool(meta.get(REQUIRES_OPERATION_ID_META)),
+                    non_business_fields=frozenset(meta.get(NON_BUSINESS_META) or ()))
+
+
+def _text(result: CallToolResult | None) -> str:
+    if result is None:
+        return ""
+    return "\n".join(getattr(block, "text", "") for block in result.content)
+
+
+def _interpret(result: CallToolResult) -> _Answer:
+    structured = dict(result.structured_content or {})
+    if not result.is_error:
+        return _Answer(result=result, structured=structured, sent=True, from_server=True)
+    error = structured.get("error")
+    if not isinstance(error, dict) or not isinstance(error.get("class"), str):
+        # An isError result without the error object (not an idemops answer): nothing to act on.
+        message = _text(result)[:500] or "the tool answered an error without a class"
+        return _Answer(error_class="protocol_error", message=message, result=result, structured=structured,
+                       error={"class": "protocol_error", "message": message}, sent=True, from_server=True)
+    retry_after = error.get("retry_after")
+    return _Answer(error_class=error["class"], message=str(error.get("message", "")), error=error,
+                   retry_after=float(retry_after) if isinstance(retry_after, (int, float)) else None,
+                   result=result, structured=structured, sent=True, from_server=True)
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup):
+        inner = [e for e in exc.exceptions if not isinstance(e, anyio.get_cancelled_exc_class())]
+        exc = inner[0] if inner else exc.exceptions[0]
+    return exc
+
+
+def _failure(exc: BaseException, seen: list[tuple[int, str | None]], reached: bool) -> _Answer:
+    """A client-side class for a failed attempt, from the exception and the HTTP statuses it saw.
+
+    `sent` says whether the request may have reached the server's tool: not if the
+    connection never opened, not for a 503 (refused, nothing done), not for 401/403/429.
+    """
+    failed = [(status, retry_after) for status, retry_after in seen if status >= 400]
+    if failed:
+        status, retry_after = failed[-1]
+        if status == 503:
+            return _client_answer("unavailable", "HTTP 503 from the server", _retry_after(retry_after), sent=False)
+        if status >= 500:
+            # A 502/504 from a proxy may come after the server acted.
+            return _client_answer("unavailable", f"HTTP {status} from the server", _retry_after(retry_after),
+                                  sent=reached)
+        if status in (401, 403):
+            return _client_answer("unauthorized", f"HTTP {status}: the token was refused", None)
+        if status == 429:
+            return _client_answer("rate_limited", "HTTP 429", _retry_after(retry_after) or 1.0)
+        return _client_answer("protocol_error", f"HTTP {status} from the server", None)
+    if isinstance(exc, MCPError):
+        if exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
+            return _client_answer("transport", exc.message, None, sent=reached)
+        return _client_answer("protocol_error", f"JSON-RPC error {exc.code}: {exc.message}", None)
+    if isinstance(exc, (httpx2.TransportError, OSError, TimeoutError, anyio.BrokenResourceError,
+                        anyio.ClosedResourceError, anyio.EndOfStream)):
+        # A refused connection sent nothing; anything else may have reached the server.
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return _client_answer("transport", text, None, sent=reached and not isinstance(exc, httpx2.ConnectError))
+    return _client_answer("protocol_error", f"{type(exc).__name__}: {exc}", None, sent=reached)
+
+
+async def _list_tools(client: Client) -> list[Any]:
+    tools, cursor = [], None
+    while True:
+        page = await client.list_tools(cursor=cursor)
+        tools += page.tools
+        cursor = page.next_cursor
+        if cursor is None:
+            return tools
+
+
+def _client_answer(error_class: str, message: str, retry_after: float | None, sent: bool = False) -> _Answer:
+    error: dict[str, Any] = {"class": error_class, "message": message}
+    if retry_after is not None:
+        error["retry_after"] = retry_after
+    return _Answer(error_class=error_class, message=message, error=error, retry_after=retry_after, sent=sent)
+
+
+def _retry_after(header: str | None) -> float | None:
+    """Retry-After as seconds (delta-seconds or an HTTP date)."""
+    if not header:
+        return None
+    try:
+        return max(0.0, float(header))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(header)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())

@@ -1,0 +1,272 @@
+"""The call ledger: what this agent submitted, with which key, and what became of it.
+
+One entry per operation: (session, tool, call id), where the call id is the
+caller's explicit key or the key derived from the canonical arguments. The
+entry is written as `submitted` before the request leaves, so a crash
+between sending and hearing back leaves a record to ask about again with the
+same key, instead of a blank that invites a second operation.
+
+`LedgerStore` is the interface; `Ledger` keeps entries in SQLite (stdlib
+`sqlite3`, WAL, one short transaction per change, so asyncio tasks in one
+process and several processes on one file can share it); `MemoryLedger`
+keeps them in a dict. Entries expire (`ttl`, 24 hours by default, the
+server's default retention); expired entries are ignored and purged.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sqlite3
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TTL_SECONDS = 24 * 3600
+
+
+class State(enum.StrEnum):
+    SUBMITTED = "submitted"  # recorded and sent (or about to be); no answer yet
+    IN_PROGRESS = "in_progress"  # the server is still running it
+    PENDING_APPROVAL = "pending_approval"  # waits for a person
+    UNKNOWN = "unknown"  # may have happened: the server is reconciling it, or the answer never came back
+    DONE = "done"  # finished with a result
+    FAILED = "failed"  # finished with an error (a retryable one if the budget ran out: see `error`)
+
+    @property
+    def finished(self) -> bool:
+        return self in (State.DONE, State.FAILED)
+
+
+@dataclass
+class Entry:
+    session_id: str
+    tool: str
+    call_id: str  # the explicit key, or the derived one
+    key: str  # the key sent: call_id, or an operation id the server issued (prepare_operation)
+    fingerprint: str
+    arguments: dict[str, Any]  # business arguments, for the summary
+    state: State = State.SUBMITTED
+    operation_id: str | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    attempts: int = 0
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    expires_at: float = 0.0
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.expires_at <= (time.time() if now is None else now)
+
+
+class LedgerStore(ABC):
+    """Where entries live. Every method is one atomic step; implementations must be
+    safe for concurrent callers (tasks, threads, and for shared stores, processes)."""
+
+    def __init__(self, ttl: float = DEFAULT_TTL_SECONDS):
+        self.ttl = ttl
+
+    @abstractmethod
+    def get(self, session_id: str, tool: str, call_id: str) -> Entry | None:
+        """The live (unexpired) entry, or None."""
+
+    @abstractmethod
+    def add(self, entry: Entry) -> Entry:
+        """Store `entry` unless a live one with its identity exists; return whichever is stored.
+
+        Two processes adding the same call at once both get the one entry that won.
+        """
+
+    @abstractmethod
+    def save(self, entry: Entry) -> None:
+        """Overwrite the stored entry with this identity."""
+
+    @abstractmethod
+    def entries(self, session_id: str) -> list[Entry]:
+        """The session's live entries, oldest first."""
+
+    @abstractmethod
+    def purge_expired(self) -> int:
+        """Delete expired entries; return how many."""
+
+    def close(self) -> None:  # noqa: B027 (optional for stores without resources)
+        pass
+
+    def new_entry(self, **fields: Any) -> Entry:
+        now = time.time()
+        return Entry(created_at=now, updated_at=now, expires_at=now + self.ttl, **fields)
+
+    def summary_for_model(self, session_id: str, limit: int = 20) -> str:
+        from idemops_client.summary import render
+
+        return render(self.entries(session_id), limit=limit)
+
+
+class MemoryLedger(LedgerStore):
+    """Entries in this process's memory: gone when it exits."""
+
+    def __init__(self, ttl: float = DEFAULT_TTL_SECONDS):
+        super().__init__(ttl)
+        self._entries: dict[tuple[str, str, str], Entry] = {}
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str, tool: str, call_id: str) -> Entry | None:
+        with self._lock:
+            entry = self._entries.get((session_id, tool, call_id))
+            return replace(entry) if entry is not None and not entry.expired() else None
+
+    def add(self, entry: Entry) -> Entry:
+        with self._lock:
+            identity = (entry.session_id, entry.tool, entry.call_id)
+            existing = self._entries.get(identity)
+            if existing is None or existing.expired():
+                self._entries[identity] = replace(entry)
+                return replace(entry)
+            return replace(existing)
+
+    def save(self, entry: Entry) -> None:
+        with self._lock:
+            self._entries[(entry.session_id, entry.tool, entry.call_id)] = replace(entry, updated_at=time.time())
+
+    def entries(self, session_id: str) -> list[Entry]:
+        with self._lock:
+            now = time.time()
+            return sorted((replace(e) for e in self._entries.values()
+                           if e.session_id == session_id and not e.expired(now)), key=lambda e: e.created_at)
+
+    def purge_expired(self) -> int:
+        with self._lock:
+            now = time.time()
+            dead = [k for k, e in self._entries.items() if e.expired(now)]
+            for k in dead:
+                del self._entries[k]
+            return len(dead)
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    session_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    state TEXT NOT NULL,
+    operation_id TEXT,
+    result TEXT,
+    error TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (session_id, tool, call_id)
+);
+CREATE INDEX IF NOT EXISTS calls_expiry ON calls (expires_at);
+"""
+_COLUMNS = ("session_id", "tool", "call_id", "key", "fingerprint", "arguments", "state", "operation_id", "result",
+            "error", "attempts", "created_at", "updated_at", "expires_at")
+_JSON_COLUMNS = ("arguments", "result", "error")
+
+
+class Ledger(LedgerStore):
+    """Entries in a SQLite file (or ":memory:"), shared by every task, thread and process that opens it."""
+
+    def __init__(self, path: str | Path = "calls.sqlite", ttl: float = DEFAULT_TTL_SECONDS,
+                 busy_timeout: float = 10.0):
+        super().__init__(ttl)
+        self.path = str(path)
+        # One connection, one lock: each method is a single short transaction, and
+        # sqlite3 objects must not be used by two threads at once.
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+        if self.path != ":memory:":
+            # WAL: readers never block the writer, and a second process can work on the file at once.
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL" if self.path != ":memory:" else "PRAGMA synchronous=OFF")
+        with self._lock:
+            self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _row(self, row: tuple | None) -> Entry | None:
+        if row is None:
+            return None
+        values = dict(zip(_COLUMNS, row, strict=True))
+        for name in _JSON_COLUMNS:
+            values[name] = json.loads(values[name]) if values[name] is not None else None
+        values["state"] = State(values["state"])
+        return Entry(**values)
+
+    def _values(self, entry: Entry) -> tuple:
+        values = {name: getattr(entry, name) for name in _COLUMNS}
+        for name in _JSON_COLUMNS:
+            values[name] = json.dumps(values[name], ensure_ascii=False) if values[name] is not None else None
+        values["state"] = str(entry.state)
+        return tuple(values[name] for name in _COLUMNS)
+
+    def get(self, session_id: str, tool: str, call_id: str) -> Entry | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM calls WHERE session_id = ? AND tool = ? AND call_id = ? "
+                "AND expires_at > ?", (session_id, tool, call_id, time.time())).fetchone()
+        return self._row(row)
+
+    def add(self, entry: Entry) -> Entry:
+        placeholders = ", ".join("?" for _ in _COLUMNS)
+        with self._lock:
+            # IMMEDIATE: take the write lock first, so a second process adding the
+            # same call waits and then reads the winner's entry.
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                # Only an expired entry is replaced; a live one wins.
+                self._db.execute(
+                    f"INSERT INTO calls ({', '.join(_COLUMNS)}) VALUES ({placeholders}) "
+                    "ON CONFLICT (session_id, tool, call_id) DO UPDATE SET "
+                    + ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS[3:])
+                    + " WHERE calls.expires_at <= ?", (*self._values(entry), time.time()))
+                row = self._db.execute(
+                    f"SELECT {', '.join(_COLUMNS)} FROM calls WHERE session_id = ? AND tool = ? AND call_id = ?",
+                    (entry.session_id, entry.tool, entry.call_id)).fetchone()
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return self._row(row)
+
+    def save(self, entry: Entry) -> None:
+        entry.updated_at = time.time()
+        assignments = ", ".join(f"{c} = ?" for c in _COLUMNS[3:])
+        values = self._values(entry)
+        with self._lock:
+            self._db.execute(f"UPDATE calls SET {assignments} WHERE session_id = ? AND tool = ? AND call_id = ?",
+                             (*values[3:], *values[:3]))
+
+    def entries(self, session_id: str) -> list[Entry]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM calls WHERE session_id = ? AND expires_at > ? "
+                "ORDER BY created_at, rowid", (session_id, time.time())).fetchall()
+        return [self._row(row) for row in rows]
+
+    def purge_expired(self) -> int:
+        with self._lock:
+            return self._db.execute("DELETE FROM calls WHERE expires_at <= ?", (time.time(),)).rowcount
+
+
+class SessionLedger:
+    """A ledger seen through one session: what `IdempotentClient.ledger` is."""
+
+    def __init__(self, store: LedgerStore, session_id: str):
+        self.store = store
+        self.session_id = session_id
+
+    def entries(self) -> list[Entry]:
+        return self.store.entries(self.session_id)
+
+    def summary_for_model(self, limit: int = 20) -> str:
+        return self.store.summary_for_model(self.session_id, limit=limit)

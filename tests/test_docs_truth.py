@@ -1,0 +1,335 @@
+"""README.md and docs/*.md say only what exists: paths, commands, settings, error classes, endpoints, defaults.
+
+Docs rot quietly: a file is renamed, a setting's default changes, an error
+class is added and nobody updates the table. These checks read the docs the
+way a user would act on them (open this file, run this command, set this
+variable, call this endpoint) and fail naming the doc and the stale mention.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+from django.core.management import get_commands
+from django.urls import Resolver404, resolve
+
+from tools_app.models import ErrorClass
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CODE_DIRS = ("idemops", "tools_app", "downstream", "bench")
+TOP_LEVEL = ("idemops", "tools_app", "downstream", "tests", "bench", "docs", "templates", ".ci")
+
+
+def text_of(doc: Path) -> str:
+    return doc.read_text()
+
+
+def name_of(doc: Path) -> str:
+    return str(doc.relative_to(ROOT))
+
+
+def spans(text: str) -> list[str]:
+    """The `inline code` spans of a Markdown text, and the lines of its fenced blocks."""
+    fenced = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+    rest = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+    return re.findall(r"`([^`\n]+)`", rest) + [line for block in fenced for line in block.splitlines()]
+
+
+def expand_braces(path: str) -> list[str]:
+    match = re.search(r"\{([^{}]*)\}", path)
+    if not match:
+        return [path]
+    return [expanded for option in match.group(1).split(",")
+            for expanded in expand_braces(path[:match.start()] + option + path[match.end():])]
+
+
+# --- files --------------------------------------------------------------------------------------
+
+PATH = re.compile(rf"(?<![\w./-])((?:{'|'.join(re.escape(d) for d in TOP_LEVEL)})/[\w./{{}},*-]*"
+                  r"|manage\.py|Makefile|requirements\.txt|pyproject\.toml)")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=name_of)
+def test_every_file_path_a_doc_mentions_exists(doc):
+    missing = []
+    for mention in PATH.findall(text_of(doc)):
+        for path in expand_braces(mention.rstrip(".,")):
+            if "*" in path:
+                found = list(ROOT.glob(path))
+            else:
+                found = [ROOT / path] if (ROOT / path).exists() else []
+            if not found:
+                missing.append(path)
+    assert not missing, f"{name_of(doc)} mentions paths that do not exist: {sorted(set(missing))}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=name_of)
+def test_every_link_to_another_doc_resolves(doc):
+    links = re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", text_of(doc))
+    broken = [link for link in links if not (doc.parent / link).exists()]
+    assert not broken, f"{name_of(doc)} links to files that do not exist: {broken}"
+
+
+def permission_names() -> set[str]:
+    """`tools_app.<codename>` of every permission the app's models declare (custom and default)."""
+    from django.apps import apps
+
+    names = set()
+    for model in apps.get_app_config("tools_app").get_models():
+        opts = model._meta
+        names |= {codename for codename, _ in opts.permissions}
+        names |= {f"{action}_{opts.model_name}" for action in opts.default_permissions}
+    return {f"tools_app.{name}" for name in names}
+
+
+def test_names_permissions_and_test_functions_the_docs_cite_exist():
+    """`tools_app.x.y` is a module attribute or a permission; `test_…` names are tests in tests/."""
+    tests_source = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
+    permissions = permission_names()
+    problems = []
+    for doc in DOCS:
+        for span in spans(text_of(doc)):
+            for dotted in re.findall(r"(?<![\w.])(tools_app(?:\.\w+)+)", span):
+                if dotted not in permissions and not _resolves(dotted):
+                    problems.append(f"{name_of(doc)}: {dotted}")
+            for test in re.findall(r"(?<![\w.])(test_\w+)(?![\w.])", span):
+                if f"def {test}(" not in tests_source:
+                    problems.append(f"{name_of(doc)}: {test}")
+    assert not problems, problems
+
+
+def _resolves(dotted: str) -> bool:
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(obj, attribute):
+                return False
+            obj = getattr(obj, attribute)
+        return True
+    return False
+
+
+# --- commands -------------------------------------------------------------------------------------
+
+
+def test_every_command_the_docs_mention_exists():
+    commands = set(get_commands())
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
+    problems = []
+    for doc in DOCS:
+        text = text_of(doc)
+        problems += [f"{name_of(doc)}: manage.py {c}" for c in re.findall(r"manage\.py (\w+)", text)
+                     if c not in commands]
+        problems += [f"{name_of(doc)}: make {t}" for t in re.findall(r"`make ([\w-]+)", text) if t not in targets]
+        problems += [f"{name_of(doc)}: make {t}" for line in spans(text)
+                     for t in re.findall(r"^make ([\w-]+)", line) if t not in targets]
+    assert not problems, f"commands that do not exist: {problems}"
+
+
+# --- error classes ----------------------------------------------------------------------------------
+
+
+def error_table_classes(text: str) -> list[list[str]]:
+    """For each Markdown table with a `Class` column: the backticked names in that column."""
+    tables = []
+    for table in re.findall(r"(?:^\|.*\|\n)+", text, re.MULTILINE):
+        rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.strip().splitlines()]
+        header = [cell.lower() for cell in rows[0]]
+        if "class" in header:
+            column = header.index("class")
+            # (Parenthesised remarks may name fields, e.g. `differing_fields`.)
+            tables.append([name for row in rows[2:]
+                           for name in re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", row[column]))])
+    return tables
+
+
+def test_the_readme_error_table_lists_exactly_the_error_classes_there_are():
+    tables = error_table_classes(text_of(ROOT / "README.md"))
+
+    assert tables, "README.md has no error-class table"
+    assert sorted(tables[0]) == sorted(ErrorClass.values)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=name_of)
+def test_every_error_class_a_doc_names_exists(doc):
+    text = text_of(doc)
+    named = [name for table in error_table_classes(text) for name in table]
+    named += re.findall(r"(?:error\.class|error class|class) ?=? ?`(\w+)`", text)
+    named += re.findall(r"`(\w+)` class\b", text)
+    unknown = sorted(set(named) - set(ErrorClass.values))
+    assert not unknown, f"{name_of(doc)} names error classes that do not exist: {unknown}"
+
+
+# --- settings -----------------------------------------------------------------------------------------
+
+
+def settings_read() -> dict[str, object]:
+    """Every environment variable the code reads, with its default where it is a constant expression."""
+    found: dict[str, object] = {}
+    for directory in CODE_DIRS:
+        for source in (ROOT / directory).rglob("*.py"):
+            for node in ast.walk(ast.parse(source.read_text())):
+                if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                        and isinstance(node.args[0].value, str)):
+                    continue
+                function = ast.unparse(node.func)
+                if function in ("env_int", "env_float", "env_bool", "env_list", "os.environ.get", "os.getenv",
+                                "os.environ.setdefault"):
+                    default = None
+                    if len(node.args) > 1:
+                        try:
+                            default = eval(compile(ast.Expression(node.args[1]), str(source), "eval"), {})
+                        except Exception:
+                            default = None
+                    found.setdefault(node.args[0].value, default)
+                elif function == "os.environ.__getitem__":
+                    found.setdefault(node.args[0].value, None)
+            for name in re.findall(r"os\.environ\[\"([A-Z][A-Z0-9_]+)\"\]", source.read_text()):
+                found.setdefault(name, None)
+    return found
+
+
+def code_constants() -> set[str]:
+    """Upper-case names the code defines (module constants, enum members such as AWAITING_APPROVAL)."""
+    names = set()
+    for directory in CODE_DIRS:
+        for source in (ROOT / directory).rglob("*.py"):
+            for node in ast.walk(ast.parse(source.read_text())):
+                targets = node.targets if isinstance(node, ast.Assign) else (
+                    [node.target] if isinstance(node, ast.AnnAssign) else [])
+                names |= {t.id for t in targets if isinstance(t, ast.Name) and t.id.isupper()}
+    return names
+
+
+def known_setting_names() -> set[str]:
+    from django.conf import settings
+
+    return (set(settings_read()) | set(settings.IDEMOPS) | {name for name in dir(settings) if name.isupper()}
+            | code_constants())
+
+
+SETTING = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=name_of)
+def test_every_setting_a_doc_names_is_read_by_the_code(doc):
+    known = known_setting_names()
+    named = {token for span in spans(text_of(doc)) for token in re.findall(r"\b[A-Z][A-Z0-9_]+\b", span)
+             if SETTING.match(token)}
+    unknown = sorted(name for name in named if name not in known)
+    assert not unknown, f"{name_of(doc)} names settings the code does not read: {unknown}"
+
+
+UNITS = {"": 1, "s": 1, "kib": 1024, "mib": 1024 * 1024}
+
+
+def _doc_number(cell: str) -> float | None:
+    match = re.fullmatch(r"([\d.,]+)\s*(s|KiB|MiB)?", cell.strip())
+    if not match:
+        return None
+    return float(match.group(1).replace(",", "")) * UNITS[(match.group(2) or "").lower()]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=name_of)
+def test_every_default_a_settings_table_states_is_the_default_in_the_code(doc):
+    defaults = settings_read()
+    wrong = []
+    for name, cell in re.findall(r"^\| `([A-Z][A-Z0-9_]+)` \| ([^|]+) \|", text_of(doc), re.MULTILINE):
+        stated = _doc_number(cell)
+        if name not in defaults or stated is None:
+            continue
+        actual = defaults[name]
+        if actual is None or float(actual) != stated:
+            wrong.append(f"{name}: doc says {cell.strip()}, code says {actual}")
+    assert not wrong, f"{name_of(doc)}: {wrong}"
+
+
+# --- endpoints ------------------------------------------------------------------------------------
+
+
+ENDPOINT = re.compile(r"(?<![\w.])(/(?:api|admin|healthz|mcp)[^\s`)\"',]*)")
+
+
+def served_routes() -> list[str]:
+    """Every URL pattern's full route, as text (prefixes like /api/v1/ are served if a route starts there)."""
+    from django.urls import get_resolver
+
+    def walk(patterns, prefix):
+        for pattern in patterns:
+            route = prefix + str(pattern.pattern).lstrip("^")
+            if hasattr(pattern, "url_patterns"):
+                yield from walk(pattern.url_patterns, route)
+            else:
+                yield "/" + route
+
+    return list(walk(get_resolver().url_patterns, ""))
+
+
+def _concrete(path: str) -> str:
+    path = path.split("?")[0].rstrip(".")
+    path = re.sub(r"\{[^}]*\}|<[^>]*>", "1", path)
+    return path.replace("…", "").replace("...", "")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=name_of)
+def test_every_endpoint_a_doc_names_is_served(doc):
+    asgi = (ROOT / "idemops" / "asgi.py").read_text()
+    routes = served_routes()
+    unserved = []
+    for span in spans(text_of(doc)):
+        for path in ENDPOINT.findall(span):
+            concrete = _concrete(path)
+            if concrete.startswith("/mcp"):
+                if '"/mcp"' not in asgi and "'/mcp'" not in asgi:
+                    unserved.append(path)
+                continue
+            try:
+                resolve(concrete)
+            except Resolver404:
+                if not (concrete.endswith("/") and any(route.startswith(concrete) for route in routes)):
+                    unserved.append(path)
+    assert not unserved, f"{name_of(doc)} names endpoints that are not served: {unserved}"
+
+
+def test_the_checks_above_read_something_from_every_doc():
+    """A guard against a check that silently matches nothing."""
+    for doc in DOCS:
+        assert spans(text_of(doc)), name_of(doc)
+    assert "IDEMOPS_TASK_LEASE_SECONDS" in settings_read()
+    assert any(PATH.findall(text_of(doc)) for doc in DOCS)
+    assert any(ENDPOINT.findall(" ".join(spans(text_of(doc)))) for doc in DOCS)
+
+
+# --- and the other way round: what is built is documented -----------------------------------------
+
+
+def test_the_api_doc_lists_every_endpoint_that_is_served():
+    from tools_app.api.urls import router, v1_routes
+
+    api_doc = text_of(ROOT / "docs" / "api.md")
+    served = [f"/api/v1/{prefix}" for prefix, _, _ in router.registry]
+    served += [f"/api/v1/{route.pattern}" for route in v1_routes if not str(route.pattern).startswith("^")]
+    endpoint_table = "\n".join(line for line in api_doc.splitlines() if line.startswith("| `GET /api/v1/"))
+
+    assert [path for path in served if f"`GET {path}" not in endpoint_table] == []
+    assert "still to add" not in api_doc.lower()
+
+
+def test_the_readme_lists_every_tool_and_the_docs_every_command():
+    from tools_app.registry import all_tools
+
+    readme = text_of(ROOT / "README.md")
+    everything = "\n".join(text_of(doc) for doc in DOCS)
+    ours = [name for name, app in get_commands().items() if app == "tools_app"]
+
+    assert [spec.name for spec in all_tools() if f"`{spec.name}`" not in readme] == []
+    assert [command for command in ours if f"manage.py {command}" not in everything] == []
