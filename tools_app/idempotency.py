@@ -264,7 +264,12 @@ def _take_over(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord:
     """The executor's lease ran out under a follower's eyes: the follower moves the record on
     itself, as the sweep would, and settles at once what can be settled (`on_lease_expired`)."""
     if expire_lease(record, actor=op.actor, source="follower"):
-        _settle_expired(record)
+        try:
+            _settle_expired(record)
+        except Exception:
+            # Settling now only saves a wait: the record is UNKNOWN and due, and
+            # the reconciliation sweep settles it; the caller hears so.
+            logger.exception("settling record %s after its lease expired failed", record.pk)
     # Also when another follower or the sweep got there first: follow what it is now.
     record.refresh_from_db()
     return record

@@ -99,6 +99,25 @@ def _take_turn(record: IdempotencyRecord) -> bool:
     ).update(next_reconcile_at=claimed_until))
 
 
+def settle_expired(record: IdempotencyRecord) -> None:
+    """Right after a follower took a dead executor's record (PROCESSING -> UNKNOWN).
+
+    A tool whose effect is local needs nobody to ask: nothing committed, so
+    the record is settled now (FAILED, transient) and the follower's own
+    call runs the operation again. A downstream tool's answer is the
+    downstream system's: its reconciliation is queued now, not at the next sweep.
+    """
+    if reconciler_for(get_tool(record.tool)) is nothing_committed:
+        record.refresh_from_db()
+        if _take_turn(record):
+            _reconcile(record, actor=SWEEP_ACTOR)
+    else:
+        reconcile_soon()
+
+
+idempotency.on_lease_expired(settle_expired)
+
+
 # --- one record -----------------------------------------------------------------------
 
 
@@ -169,25 +188,6 @@ def resolve_by_operator(record: IdempotencyRecord, user, *, succeeded: bool, rea
         done = idempotency.resolve_failed(record, failure, actor=actor, reason=reason, evidence=evidence)
     if not done:
         raise InvalidInput("this record is no longer UNKNOWN; reload it")
-
-
-def settle_expired(record: IdempotencyRecord) -> None:
-    """Right after a follower took a dead executor's record (PROCESSING -> UNKNOWN).
-
-    A tool whose effect is local needs nobody to ask: nothing committed, so
-    the record is settled now (FAILED, transient) and the follower's own
-    call runs the operation again. A downstream tool's answer is the
-    downstream system's: its reconciliation is queued now, not at the next sweep.
-    """
-    if reconciler_for(get_tool(record.tool)) is nothing_committed:
-        record.refresh_from_db()
-        if _take_turn(record):
-            reconcile(record)
-    else:
-        reconcile_soon()
-
-
-idempotency.on_lease_expired(settle_expired)
 
 
 def reconcile_soon() -> None:
