@@ -227,6 +227,8 @@ def test_resume_answers_a_paused_task_only_with_what_it_asked_for(caller, fast):
         tasks.resume(task, actor="a", answer={"password": "x"})
     with pytest.raises(InvalidInput, match="does not match"):
         tasks.resume(task, actor="a", answer={"text": 42})
+    with pytest.raises(InvalidInput, match="cannot be stored at text"):  # as tasks/update may send it
+        tasks.resume(task, actor="a", answer={"text": "a\x00b"})
     resumed = tasks.resume(task, actor="a", answer={"text": "hello"})
 
     assert (resumed.status, resumed.resume_input, resumed.pause_reason) == (TaskStatus.CREATED, {"text": "hello"}, "")
