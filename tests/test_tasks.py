@@ -77,7 +77,7 @@ def test_a_start_whose_transaction_rolls_back_leaves_no_task_and_no_queued_job(c
     ({"tool": "ingest_document", "arguments": {"text": "x", "url": "http://a/"}}, "exactly one of"),
     ({"tool": "ingest_document", "arguments": {"text": "x", "colour": "red"}}, "colour"),
     ({"tool": "ingest_document", "arguments": {"path": "/etc/passwd"}}, "not under a directory"),
-    ({"tool": "ingest_document", "arguments": {"url": "http://169.254.169.254/latest/"}}, "not on this server"),
+    ({"tool": "ingest_document", "arguments": {"url": "http://169.254.169.254/latest/"}}, "allow-list"),
     ({"tool": "ingest_document", "arguments": {"content_base64": "%%%"}}, "not valid base64"),
 ])
 def test_start_task_refuses_bad_calls_before_any_task_exists(caller, fast, arguments, message):
