@@ -4,7 +4,7 @@ from django import forms
 from django.contrib import admin
 from django.utils.html import format_html
 
-from tools_app import audit, idempotency, reconciliation
+from tools_app import idempotency, reconciliation
 from tools_app.admin.operator_actions import REASON_REQUIRED, OperatorAction, QueueAdmin, age, pretty_json
 from tools_app.errors import ToolFailure
 from tools_app.models import RecordStatus, UnknownOutcome
