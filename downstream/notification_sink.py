@@ -9,6 +9,7 @@ counted, not stored again, so "the effect happens once" is checkable.
     GET  /messages[?event_id=...]            what arrived, with a delivery count
     PUT  /faults  {"delay_seconds": s, "fail_times": n}   slow or refuse the next deliveries
     GET  /healthz                            200 | 503 while its database is unreachable
+    any other request                        404, and recorded in stray_requests (method, raw path)
 
 Run: python -m downstream.notification_sink --port 8002 --smtp-port 8025 --database-url ...
 """
@@ -46,6 +47,12 @@ CREATE TABLE IF NOT EXISTS faults (
     fail_times integer NOT NULL DEFAULT 0
 );
 INSERT INTO faults (id) VALUES (1) ON CONFLICT DO NOTHING;
+CREATE TABLE IF NOT EXISTS stray_requests (
+    id serial PRIMARY KEY,
+    method text NOT NULL,
+    path text NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT now()
+);
 """
 STORE = """
 INSERT INTO messages (event_id, channel, recipient, subject, body) VALUES (%s, %s, %s, %s, %s)
@@ -117,6 +124,14 @@ async def set_faults(request: Request) -> Response:
     return JSONResponse(body)
 
 
+async def stray(request: Request) -> Response:
+    """A request to no route: kept, so a test can show nothing was sent where it must not go."""
+    path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path
+    async with request.app.state.db.connection() as conn:
+        await conn.execute("INSERT INTO stray_requests (method, path) VALUES (%s, %s)", [request.method, path])
+    return JSONResponse({"error": "not found"}, 404)
+
+
 def build_app(database_url: str) -> Starlette:
     return Starlette(
         routes=[
@@ -124,6 +139,7 @@ def build_app(database_url: str) -> Starlette:
             Route("/messages", list_messages, methods=["GET"]),
             Route("/faults", set_faults, methods=["PUT"]),
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/{path:path}", stray, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
         ],
         lifespan=service_lifespan(database_url, SCHEMA),
         exception_handlers=EXCEPTION_HANDLERS,

@@ -259,6 +259,9 @@ IDEMOPS = {
     "PAYMENT_GATEWAY_TIMEOUT_SECONDS": env_float("PAYMENT_GATEWAY_TIMEOUT_SECONDS", 5),
     "WEBHOOK_ALLOWED_PREFIXES": env_list("NOTIFICATION_WEBHOOK_ALLOWED_PREFIXES", "http://127.0.0.1:8002/webhooks/"),
     "WEBHOOK_TIMEOUT_SECONDS": env_float("NOTIFICATION_WEBHOOK_TIMEOUT_SECONDS", 5),
+    # Host names on the URL allow-lists (webhooks, documents) that may resolve to private, loopback
+    # or link-local addresses; any other name must resolve to public ones (tools_app/url_allowlist.py).
+    "OUTBOUND_PRIVATE_HOSTS": env_list("IDEMOPS_OUTBOUND_PRIVATE_HOSTS", ""),
     # The outbox relay.
     "OUTBOX_BATCH_SIZE": env_int("IDEMOPS_OUTBOX_BATCH_SIZE", 20),
     "OUTBOX_MAX_ATTEMPTS": env_int("IDEMOPS_OUTBOX_MAX_ATTEMPTS", 8),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -34,3 +35,36 @@ def call_sync(url: str, token: str, tool: str, arguments: dict[str, Any], **kwar
 def error_of(result: CallToolResult) -> dict[str, Any]:
     assert result.is_error, f"expected an error, got {result.structured_content}"
     return result.structured_content["error"]
+
+
+# --- raw JSON-RPC over HTTP, for what the SDK's client would never send ----------------------------
+
+
+def post_raw(url: str, token: str, message: Any) -> httpx2.Response:
+    """POST one JSON-RPC message as bytes, exactly as given (any id, any arguments)."""
+    return httpx2.post(url, content=json.dumps(message), timeout=30, headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"})
+
+
+def answer_of(response: httpx2.Response) -> dict[str, Any]:
+    """The JSON-RPC answer in a response: the JSON body, or the last `data:` event of an SSE stream."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        events = [line[len("data:"):].strip() for line in response.text.splitlines() if line.startswith("data:")]
+        return json.loads(events[-1])
+    return response.json()
+
+
+def raw_call(url: str, token: str, tool: str, arguments: Any, request_id: Any = 1) -> dict[str, Any]:
+    """tools/call with raw arguments; returns the JSON-RPC answer."""
+    response = post_raw(url, token, {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                                     "params": {"name": tool, "arguments": arguments}})
+    assert response.status_code == 200, response.text
+    return answer_of(response)
+
+
+def raw_error_of(answer: dict[str, Any]) -> dict[str, Any]:
+    """The classified error of a raw tools/call answer that is an isError result."""
+    result = answer["result"]
+    assert result["isError"], f"expected an error, got {result}"
+    return result["structuredContent"]["error"]

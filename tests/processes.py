@@ -168,8 +168,12 @@ class NotificationSink(DownstreamService):
     def set_faults(self, *, delay_seconds: float = 0, fail_times: int = 0) -> None:
         self.put("/faults", {"delay_seconds": delay_seconds, "fail_times": fail_times})
 
+    def stray_requests(self) -> list[tuple[str, str]]:
+        """(method, raw path) of every request that matched none of the sink's routes."""
+        return self.sql("SELECT method, path FROM stray_requests ORDER BY id")
+
     def reset(self) -> None:
-        self.sql("TRUNCATE messages")
+        self.sql("TRUNCATE messages, stray_requests")
         self.set_faults()
 
 

@@ -110,12 +110,6 @@ def test_bad_arguments_are_invalid_input_naming_the_field(web_server, token):
     assert Order.objects.count() == 0
 
 
-def test_an_unknown_tool_is_an_error_result(web_server, token):
-    result = call_sync(web_server.mcp_url, token, "drop_tables", {})
-
-    assert result.is_error and "Unknown tool: drop_tables" in result.content[0].text
-
-
 @pytest.mark.parametrize("token_value", [None, "idm_not-a-real-token", "garbage"])
 def test_without_a_valid_token_mcp_answers_401(web_server, transactional_db, token_value):
     headers = {"Authorization": f"Bearer {token_value}"} if token_value else {}

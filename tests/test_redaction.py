@@ -8,6 +8,7 @@ payments and documents real HTTP servers.
 import hashlib
 import hmac
 import json
+import uuid
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -16,7 +17,7 @@ from django.urls import reverse
 
 from tests.api_support import ENDPOINTS, key_client, make_event, make_record
 from tests.task_stack import DocServer
-from tools_app import calls, idempotency, redaction, task_runner
+from tools_app import idempotency, redaction, task_runner
 from tools_app.api.idempotency_records import HmacSha256Hex
 from tools_app.calls import Caller, call_tool
 from tools_app.models import (
@@ -76,12 +77,13 @@ def test_the_default_secret_is_derived_from_the_django_secret_key_with_its_own_l
     assert settings.SECRET_KEY not in settings.IDEMOPS["KEY_DIGEST_SECRET"]
 
 
-def test_the_key_forwarded_downstream_is_keyed_too():
-    forwarded = calls.downstream_key(7, "request_payment", "order-2026-0042")
+def test_the_key_forwarded_downstream_is_made_from_the_operation_not_from_the_callers_key():
+    operation = uuid.uuid4()
 
-    assert forwarded == calls.downstream_key(7, "request_payment", "order-2026-0042")
-    assert forwarded != "idemops-" + hashlib.sha256(b"7:request_payment:order-2026-0042").hexdigest()[:40]
-    assert forwarded != calls.downstream_key(8, "request_payment", "order-2026-0042")
+    forwarded = idempotency.downstream_key(operation)
+
+    assert forwarded == idempotency.downstream_key(operation) == f"idemops-{operation.hex}"
+    assert forwarded != idempotency.downstream_key(uuid.uuid4())
 
 
 @pytest.mark.django_db

@@ -83,7 +83,7 @@ def test_a_start_whose_transaction_rolls_back_leaves_no_task_and_no_queued_job(c
     ({"tool": "ingest_document", "arguments": {"text": "x", "url": "http://a/"}}, "exactly one of"),
     ({"tool": "ingest_document", "arguments": {"text": "x", "colour": "red"}}, "colour"),
     ({"tool": "ingest_document", "arguments": {"path": "/etc/passwd"}}, "not under a directory"),
-    ({"tool": "ingest_document", "arguments": {"url": "http://169.254.169.254/latest/"}}, "not on this server"),
+    ({"tool": "ingest_document", "arguments": {"url": "http://169.254.169.254/latest/"}}, "allow-list"),
     ({"tool": "ingest_document", "arguments": {"content_base64": "%%%"}}, "not valid base64"),
 ])
 def test_start_task_refuses_bad_calls_before_any_task_exists(caller, fast, arguments, message):
@@ -233,6 +233,8 @@ def test_resume_answers_a_paused_task_only_with_what_it_asked_for(caller, fast):
         tasks.resume(task, agent(caller), answer={"password": "x"})
     with pytest.raises(InvalidInput, match="does not match"):
         tasks.resume(task, agent(caller), answer={"text": 42})
+    with pytest.raises(InvalidInput, match="cannot be stored at text"):  # as tasks/update may send it
+        tasks.resume(task, agent(caller), answer={"text": "a\x00b"})
     resumed = tasks.resume(task, agent(caller), answer={"text": "hello"})
 
     assert (resumed.status, resumed.resume_input, resumed.pause_reason) == (TaskStatus.CREATED, {"text": "hello"}, "")

@@ -11,12 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import DataError
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from tools_app import approvals, idempotency, reconciliation
-from tools_app.errors import InvalidInput, ToolFailure
+from tools_app.errors import InvalidInput, ToolFailure, invalid_data
 from tools_app.models import CallOutcome, IdempotencyRecord, RecordStatus
-from tools_app.registry import ToolContext, ToolSpec, _no_progress
+from tools_app.registry import ToolContext, ToolSpec, _no_progress, parse_arguments
 
 
 @dataclass(frozen=True)
@@ -58,17 +60,19 @@ def call_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta
             return call_task_tool(spec, caller, arguments, meta_key)
         if spec.writes:
             return _call_write(spec, caller, arguments, meta_key)
-        args = validate_arguments(spec, arguments)
+        args = checked_arguments(spec, arguments)
         context = ToolContext(tenant_id=caller.tenant_id, actor=caller.actor, trace_id=args.trace_id or "",
                               report_progress=caller.report_progress)
         return CallResult(spec, result=dump_result(spec, spec.handler(context, args)))
     except ToolFailure as failure:
         return CallResult(spec, error=failure)
+    except DataError as exc:  # past validation (a read, or a claim): nothing was stored
+        return CallResult(spec, error=invalid_data(exc))
 
 
 def _call_write(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None) -> CallResult:
     arguments = with_idempotency_key(arguments, meta_key)
-    args = validate_arguments(spec, arguments)
+    args = checked_arguments(spec, arguments)
     operation, execute = write_operation(spec, caller, args)
     outcome = idempotency.run(operation, execute)
     if outcome.executed and outcome.record.status == RecordStatus.UNKNOWN:
@@ -111,13 +115,24 @@ def with_idempotency_key(arguments: dict[str, Any], meta_key: str | None) -> dic
     return {**arguments, "idempotency_key": idempotency.validate_key(key if key is not None else meta_key)}
 
 
+def checked_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> BaseModel:
+    """The validated arguments of a call, after the tool's own checks: all before any key is claimed."""
+    args = validate_arguments(spec, arguments)
+    if spec.check is not None:
+        spec.check(args)
+    return args
+
+
 def validate_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> BaseModel:
     try:
-        return spec.input_model.model_validate(arguments)
+        return parse_arguments(spec.input_model, arguments)
+    except PydanticSerializationError:
+        # Only in-process callers get here (over MCP the SDK's JSON parser refused it first).
+        raise InvalidInput(f"invalid arguments for {spec.name}: arguments: not representable as JSON") from None
     except ValidationError as exc:
         # Field names and rules only: the rejected values are the caller's data.
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
-                             for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: "
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
         raise InvalidInput(f"invalid arguments for {spec.name}: {problems}") from None
 
 

@@ -22,9 +22,9 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Callable
+from contextlib import closing
 from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx2
 from django.conf import settings
@@ -33,7 +33,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from tools_app import redaction
+from tools_app import redaction, url_allowlist
 from tools_app.errors import InvalidInput, NotFound, PermissionDenied, Transient
 from tools_app.models import Document, DocumentChunk
 from tools_app.models.documents import SEARCH_CONFIG
@@ -72,19 +72,9 @@ def allowed_path(raw: str) -> Path:
     raise InvalidInput("path is not under a directory this server may read (IDEMOPS_DOCUMENT_ALLOWED_DIRS)")
 
 
-def allowed_url(raw: str) -> str:
-    """`raw` if it is http(s) and starts with an allowed prefix, compared by scheme, host, port and path."""
-    url = urlsplit(raw)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise InvalidInput("url must be an http or https URL")
-    if url.username or url.password:
-        raise InvalidInput("url must not carry credentials")
-    for prefix in settings.IDEMOPS["DOCUMENT_ALLOWED_URL_PREFIXES"]:
-        allowed = urlsplit(prefix)
-        if ((url.scheme, url.hostname, url.port) == (allowed.scheme, allowed.hostname, allowed.port)
-                and url.path.startswith(allowed.path or "/")):
-            return raw
-    raise InvalidInput("url is not on this server's allow-list (IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES)")
+def allowed_url(raw: str) -> url_allowlist.Target:
+    """Where `raw` may be fetched from, if it passes IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES (tools_app.url_allowlist)."""
+    return url_allowlist.check(raw, settings.IDEMOPS["DOCUMENT_ALLOWED_URL_PREFIXES"], field="url")
 
 
 public_url = redaction.public_url  # a URL as it may be shown and stored
@@ -124,11 +114,15 @@ def read_path(raw: str, progress: Progress = _no_progress) -> bytes:
 
 
 def fetch_url(raw: str, progress: Progress = _no_progress) -> bytes:
-    """GET the URL. Network trouble, 429 and 5xx are transient; redirects and other 4xx are final."""
-    url = allowed_url(raw)
+    """GET the URL. Network trouble, 429 and 5xx are transient; redirects and other 4xx are final.
+
+    The URL is checked again here (a task's stored arguments are not trusted) and fetched from
+    the address the check resolved.
+    """
+    target = allowed_url(raw)
     timeout = settings.IDEMOPS["DOCUMENT_FETCH_TIMEOUT_SECONDS"]
     try:
-        with httpx2.Client(timeout=timeout, follow_redirects=False) as client, client.stream("GET", url) as response:
+        with httpx2.Client(timeout=timeout) as client, closing(target.send(client, "GET", stream=True)) as response:
             _check_status(response)
             total = int(response.headers.get("content-length") or 0) or None
             if total:

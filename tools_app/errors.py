@@ -121,6 +121,14 @@ class PendingApproval(ToolFailure):
     error_class = ErrorClass.PENDING_APPROVAL
 
 
+def invalid_data(exc: Exception) -> InvalidInput:
+    """A database data error (django.db.DataError: out of range, too long, unstorable) as the
+    caller's error. Never transient: the same values fail the same way. Names the kind, not the value."""
+    kind = type(exc.__cause__ or exc).__name__
+    return InvalidInput(f"a value does not fit what the database stores ({kind}); nothing was committed. "
+                        "Check the ranges and lengths the tool's schema states")
+
+
 FAILURE_TYPES: dict[str, type[ToolFailure]] = {
     str(t.error_class): t
     for t in (InvalidInput, PermissionDenied, NotFound, Conflict, DownstreamConflict, InProgress, Transient,

@@ -46,7 +46,7 @@ from functools import cached_property
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DataError, connection, transaction
 from django.utils import timezone
 
 from tools_app import audit, db, leases, redaction, tenants
@@ -60,6 +60,7 @@ from tools_app.errors import (
     ToolFailure,
     Transient,
     UnknownOutcome,
+    invalid_data,
 )
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
 
@@ -330,6 +331,10 @@ def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) 
                                  f"it is being reconciled: {UNKNOWN_OUTCOME_ADVICE}",
                                  evidence=evidence_entry("executor", error=type(exc).__name__))
         return Outcome(mark_unknown(record, unknown, actor=op.actor), error=unknown, executed=True)
+    if isinstance(exc, DataError):
+        # A value the database refuses (out of range, too long): running again fails the same way.
+        failure = invalid_data(exc)
+        return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
     # A bug or a database error: the transaction rolled back, so nothing
     # of the side effect committed and the same key may run again.
     failure = Transient("internal error, nothing was committed; retry with the same key",

@@ -32,13 +32,15 @@ from mcp.server.mcpserver.tools.base import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from mcp_types import INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, create_model
+from starlette.middleware import Middleware
 
 from tools_app import idempotency, metrics, tenants, unavailable
 from tools_app.calls import Caller, CallResult, call_tool
-from tools_app.errors import UNKNOWN_OUTCOME_ADVICE
-from tools_app.registry import ToolSpec, all_tools
+from tools_app.errors import UNKNOWN_OUTCOME_ADVICE, NotFound
+from tools_app.mcp_guard import RequestIdGuard
+from tools_app.registry import ToolSpec, all_tools, get_tool
 
 REPLAYED_META = "io.idemops/replayed"
 EXPIRES_META = "io.idemops/expires-at"
@@ -217,11 +219,22 @@ def sdk_tool(spec: ToolSpec) -> Tool:
     )
 
 
+class IdemopsServer(MCPServer):
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None):
+        # The MCP spec makes an unknown tool a protocol error (-32602), not a tool result (the SDK
+        # answers one with unclassified text); its data carries our error class.
+        try:
+            get_tool(name)
+        except NotFound as unknown:
+            raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {name}", data=unknown.as_dict()) from None
+        return await super().call_tool(name, arguments, context)
+
+
 def build_server() -> MCPServer:
     from tools_app.mcp_tasks import TasksExtension  # it builds on this module
 
     public_url = settings.IDEMOPS["PUBLIC_URL"].rstrip("/")
-    return MCPServer(
+    return IdemopsServer(
         name="idemops",
         instructions="Write tools need an idempotency_key: reuse it on every retry of one operation, and use a "
                      "new key only for a new operation. Errors carry a class: retry `transient` after "
@@ -287,4 +300,6 @@ def build_app():
         ),
     )
     app.add_middleware(DatabaseGuard)  # outermost of the app's middleware: around the bearer-token check
+    # Innermost, after the SDK's authentication middleware (see tools_app.mcp_guard).
+    app.user_middleware.append(Middleware(RequestIdGuard, max_body_size=settings.IDEMOPS["MCP_MAX_REQUEST_BYTES"]))
     return app

@@ -5,7 +5,9 @@ only if the change committed. The relay claims a batch with
 `SELECT ... FOR UPDATE SKIP LOCKED` (two relays never take the same event),
 delivers each, and marks it delivered or schedules another attempt with
 exponential backoff and jitter; past OUTBOX_MAX_ATTEMPTS an event is
-dead-lettered and waits for an operator to re-drive it.
+dead-lettered and waits for an operator to re-drive it. A webhook URL is
+checked against the allow-list again before each attempt (tools_app.url_allowlist);
+one that fails it is dead-lettered at once, unsent.
 
 A relay killed mid-batch delivers some events without marking them; its
 transaction rolls back and they are delivered again. Consumers deduplicate by
@@ -27,7 +29,8 @@ from django.core.mail import EmailMessage, get_connection
 from django.db import transaction
 from django.utils import timezone
 
-from tools_app import audit, tenants
+from tools_app import audit, tenants, url_allowlist
+from tools_app.errors import InvalidInput, Transient
 from tools_app.models import OutboxEvent, OutboxStatus
 
 logger = logging.getLogger(__name__)
@@ -36,6 +39,14 @@ RELAY_ACTOR = "system:outbox-relay"
 
 class DeliveryFailed(Exception):
     """The consumer did not take the event; try again later."""
+
+    final = False
+
+
+class DeliveryRefused(DeliveryFailed):
+    """The event must not be delivered as it is (its webhook URL fails the allow-list): dead at once."""
+
+    final = True
 
 
 def enqueue(*, tenant_id: int, kind: str, payload: dict[str, Any], record=None) -> OutboxEvent:
@@ -75,13 +86,22 @@ def _send_email(event: OutboxEvent) -> None:
 
 def _post_webhook(event: OutboxEvent) -> None:
     payload = event.payload
+    # The stored URL is checked again, against today's allow-list, and the
+    # request goes to the address that check resolved (no second DNS answer).
     try:
-        response = httpx2.post(payload["recipient"], json={"subject": payload["subject"], "body": payload["body"]},
-                               headers={"X-Event-Id": str(event.id), "Idempotency-Key": str(event.id)},
-                               timeout=settings.IDEMOPS["WEBHOOK_TIMEOUT_SECONDS"])
+        target = url_allowlist.check(payload["recipient"], settings.IDEMOPS["WEBHOOK_ALLOWED_PREFIXES"],
+                                     field="recipient")
+    except InvalidInput as exc:
+        raise DeliveryRefused(exc.message) from exc
+    except Transient as exc:
+        raise DeliveryFailed(exc.message) from exc
+    try:
+        with httpx2.Client(timeout=settings.IDEMOPS["WEBHOOK_TIMEOUT_SECONDS"]) as client:
+            response = target.send(client, "POST", json={"subject": payload["subject"], "body": payload["body"]},
+                                   headers={"X-Event-Id": str(event.id), "Idempotency-Key": str(event.id)})
     except httpx2.TransportError as exc:
         raise DeliveryFailed(type(exc).__name__) from exc
-    if not response.is_success:
+    if not response.is_success:  # a redirect too: it is never followed
         raise DeliveryFailed(f"HTTP {response.status_code}")
 
 
@@ -110,7 +130,7 @@ def relay_batch(limit: int | None = None) -> RelayReport:
             try:
                 deliver(event)
             except DeliveryFailed as exc:
-                if record_failed_attempt(event, str(exc)):
+                if record_failed_attempt(event, str(exc), final=exc.final):
                     report.dead += 1
                 else:
                     report.retried += 1
@@ -136,10 +156,11 @@ def mark_delivered(event: OutboxEvent) -> bool:
         status=OutboxStatus.DELIVERED, delivered_at=timezone.now(), attempts=event.attempts + 1, last_error=""))
 
 
-def record_failed_attempt(event: OutboxEvent, error: str) -> bool:
-    """pending -> pending later, or -> dead after the last attempt. Returns True if dead-lettered."""
+def record_failed_attempt(event: OutboxEvent, error: str, *, final: bool = False) -> bool:
+    """pending -> pending later, or -> dead after the last attempt (or at once if `final`).
+    Returns True if dead-lettered."""
     attempts = event.attempts + 1
-    dead = attempts >= settings.IDEMOPS["OUTBOX_MAX_ATTEMPTS"]
+    dead = final or attempts >= settings.IDEMOPS["OUTBOX_MAX_ATTEMPTS"]
     delay = settings.IDEMOPS["OUTBOX_BACKOFF_SECONDS"] * 2 ** (attempts - 1) * random.uniform(0.5, 1.5)
     changes = {"attempts": attempts, "last_error": error,
                "next_attempt_at": timezone.now() + timedelta(seconds=min(delay, 3600))}

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, DataError
 from pydantic import BaseModel
 
-from tools_app.errors import InvalidInput, ToolFailure
+from tools_app.errors import InvalidInput, ToolFailure, invalid_data
 from tools_app.registry import ToolContext, ToolSpec, WriteInput, register
 
 
@@ -125,6 +125,8 @@ class Pipeline:
         """The failure a step's exception stands for; `.retryable` says whether to retry."""
         if isinstance(exc, ToolFailure):
             return exc
+        if isinstance(exc, DataError):  # a DatabaseError, but the same values fail the same way
+            return invalid_data(exc)
         if isinstance(exc, self.final):
             return InvalidInput(str(exc) or type(exc).__name__)
         from tools_app.errors import Transient

@@ -1,9 +1,10 @@
 """The tool registry: each tool is declared once, here or in tools_app/tools/.
 
-A declaration names the tool, its pydantic input and output models, whether
-it writes, which arguments are not business data (left out of the
-fingerprint), how long its idempotency records are kept and what happens to
-a key past that, and the handler. Everything else (the MCP schema, the
+A declaration names the tool, its pydantic input and output models (built on
+StrictModel: strict types, no unknown fields at any level), whether it writes,
+which arguments are not business data (left out of the fingerprint), how long
+its idempotency records are kept and what happens to a key past that, the
+checks its arguments must pass before a key is claimed, and the handler. Everything else (the MCP schema, the
 annotations, the engine's policy) is derived from it.
 """
 
@@ -12,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tools_app.errors import NotFound
 from tools_app.idempotency import DEFAULT_RETENTION, KEY_RULE, ExpiryPolicy
@@ -27,10 +29,83 @@ if TYPE_CHECKING:
 ENGINE_FIELDS = frozenset({"idempotency_key", "trace_id"})
 
 
-class ToolInput(BaseModel):
-    """Base of every tool's input model: unknown arguments are an error."""
+BIGINT_MAX = 2**63 - 1
+# An id of a row (every primary key is a bigint).
+ObjectId = Annotated[int, Field(gt=0, le=BIGINT_MAX)]
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+def storable(text: str) -> bool:
+    """False for what PostgreSQL cannot store in text or jsonb: NUL, and unpaired surrogates (not UTF-8).
+
+    Plain `in` and encode rather than a regex: inline documents run to megabytes.
+    """
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def unstorable_at(value: Any) -> str | None:
+    """Where inside `value` a string PostgreSQL cannot store is ("" for `value` itself), or None.
+
+    Nested models are skipped: they are StrictModels and checked themselves.
+    """
+    if isinstance(value, str):
+        return None if storable(value) else ""
+    items = (value.items() if isinstance(value, dict)
+             else enumerate(value) if isinstance(value, (list, tuple)) else ())
+    for key, item in items:
+        if isinstance(key, str) and not storable(key):
+            return f"key {key!r}"
+        inner = unstorable_at(item)
+        if inner is not None:
+            return f"{key}.{inner}" if inner else str(key)
+    return None
+
+
+class StrictModel(BaseModel):
+    """Base of every model a tool's arguments are read into, nested ones included.
+
+    Arguments are validated as the JSON they arrived as (see `parse_arguments`),
+    in strict mode: an integer field takes 3, not "3", 3.0 or true; a decimal
+    field takes "2.50" or 2.5. Unknown fields are an error at every level, and
+    no string may hold a character PostgreSQL cannot store, so a bad argument
+    is `invalid_input` naming its field, before a key is claimed, instead of a
+    database error later.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        where = unstorable_at(value)
+        if where is not None:
+            at = f" at {where}" if where else ""
+            raise ValueError(f"contains a character that cannot be stored{at} (NUL, U+0000, or an unpaired "
+                             "surrogate)")
+        return value
+
+
+def parse_arguments(model: type[BaseModel], arguments: Any) -> BaseModel:
+    """Validate `arguments` (JSON-compatible data) as the JSON they stand for.
+
+    Strict JSON mode is the contract agents see in the schema: "2.50" is a
+    decimal and "normal" an enum value, but "3" is not an integer. In-process
+    callers may pass Decimals and the like: they are written as JSON first.
+    """
+    return model.model_validate_json(pydantic_core.to_json(arguments))
+
+
+class ToolInput(StrictModel):
+    """Base of every tool's input model."""
+
+    model_config = ConfigDict(str_strip_whitespace=True)
 
     trace_id: str | None = Field(None, max_length=100, description="Optional caller trace id, echoed in logs.")
 
@@ -92,6 +167,10 @@ class ToolSpec:
     # resolves an UNKNOWN record as succeeded.
     result_for_reference: Callable[[Any, str], dict[str, Any]] | None = None
     approval: ApprovalRule | None = None  # set: a sensitive tool (see tools_app.approvals)
+    # Checks beyond the input model (allow-lists, what another tool accepts), given the
+    # validated arguments; they run before a write claims its key, so a refused call
+    # leaves the key unused. Raise a ToolFailure naming the field.
+    check: Callable[[Any], None] | None = None
     # Set for long tools (tools_app.pipelines.task_tool): a call starts or rejoins a task running it.
     pipeline: Any = None
 

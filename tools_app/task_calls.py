@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from tools_app import idempotency, redaction, tasks
 from tools_app.calls import Caller, CallResult, call_tool, validate_arguments, with_idempotency_key
-from tools_app.errors import AlreadyDone, InProgress, InvalidInput, ToolFailure
+from tools_app.errors import AlreadyDone, InProgress, InvalidInput, NotFound, ToolFailure
 from tools_app.models import ErrorClass, Task, TaskStatus
 from tools_app.registry import ENGINE_FIELDS, ToolContext, ToolSpec, all_tools, get_tool
 
@@ -118,18 +118,33 @@ def long_tools() -> list[str]:
 # --- starting -----------------------------------------------------------------------------------
 
 
-def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str) -> TaskHandle:
-    """Create the task for `tool` (start_task's handler, inside the engine's transaction)."""
-    spec = get_tool(tool)
-    pipeline = spec.pipeline
-    if pipeline is None:
-        raise InvalidInput(f"{tool} does not run as a task; tools that do: {', '.join(long_tools())}")
+def inner_call(tool: str, arguments: dict[str, Any], key: str) -> tuple[ToolSpec, BaseModel]:
+    """The long tool start_task names, and the arguments for it, validated by its own model."""
+    try:
+        spec = get_tool(tool)
+    except NotFound:
+        raise NotFound(f"tool: no tool {tool!r}; tools that run as tasks: {', '.join(long_tools())}") from None
+    if spec.pipeline is None:
+        raise InvalidInput(f"tool: {tool} does not run as a task; tools that do: {', '.join(long_tools())}")
     given = sorted(ENGINE_FIELDS & arguments.keys())
     if given:
-        raise InvalidInput(f"give {', '.join(given)} to start_task itself, not inside arguments")
-    validated = validate_arguments(spec, {**arguments, "idempotency_key": key})
-    if pipeline.validate is not None:
-        pipeline.validate(validated)
+        raise InvalidInput(f"arguments: give {', '.join(given)} to start_task itself, not inside arguments")
+    return spec, validate_arguments(spec, {**arguments, "idempotency_key": key})
+
+
+def check_start(args: Any) -> None:
+    """start_task's checks before its key is claimed (so a typo leaves the key unused): the inner
+    arguments against their tool's model, then the pipeline's own checks (allow-lists, sizes)."""
+    spec, validated = inner_call(args.tool, args.arguments, args.idempotency_key)
+    if spec.pipeline.validate is not None:
+        spec.pipeline.validate(validated)
+
+
+def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str) -> TaskHandle:
+    """Create the task for `tool` (start_task's handler, inside the engine's transaction; check_start
+    has passed)."""
+    spec, validated = inner_call(tool, arguments, key)
+    pipeline = spec.pipeline
     business = validated.model_dump(mode="json", exclude=set(spec.excluded_from_fingerprint))
     # A document URL's query (a signed URL's token) is needed by the worker that fetches it and by
     # no one else: it is stored only sealed, and the task shows the URL without it.

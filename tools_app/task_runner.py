@@ -24,7 +24,7 @@ from tools_app import checkpoints, leases, redaction, tasks
 from tools_app.errors import ToolFailure, Transient
 from tools_app.models import StepOutcome, StepRun, Task
 from tools_app.pipelines import Interrupted, Pipeline, StepContext, WaitFor
-from tools_app.registry import ToolSpec, get_tool
+from tools_app.registry import ToolSpec, get_tool, parse_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class Runner:
         """Run the remaining steps. Returns (outcome, when to retry if this job should wait)."""
         task = self.task
         try:
-            arguments = self.spec.input_model.model_validate({
+            arguments = parse_arguments(self.spec.input_model, {
                 **task.arguments, **redaction.unseal(task.sealed_arguments), "idempotency_key": task.record.key})
             resumption = checkpoints.valid_prefix(task, self.pipeline, actor=self.owner)
         except Exception as exc:

@@ -40,6 +40,7 @@ from tools_app import audit, checkpoints, db, leases
 from tools_app.errors import AlreadyDone, InProgress, InvalidInput, NotFound, ToolFailure
 from tools_app.models import ErrorClass, IdempotencyRecord, StepOutcome, StepRun, Task, TaskStatus
 from tools_app.pipelines import Step
+from tools_app.registry import unstorable_at
 from tools_app.tenants import Permit, authorize
 
 logger = logging.getLogger(__name__)
@@ -461,6 +462,8 @@ def _checked_answer(task: Task, answer: dict[str, Any] | None) -> dict[str, Any]
     if unknown:
         raise InvalidInput(f"task {task.pk} did not ask for {', '.join(unknown)}"
                            + (f"; it asks for {', '.join(sorted(requested))}" if requested else ""))
+    if (where := unstorable_at(answer)) is not None:  # resume_task's arguments were checked; tasks/update's not
+        raise InvalidInput(f"input: contains a character that cannot be stored at {where} (NUL, U+0000)")
     for key, value in answer.items():
         try:
             jsonschema.validate(value, requested[key].get("schema", {}))

@@ -8,11 +8,11 @@ from pydantic import BaseModel, Field
 
 from tools_app import approvals
 from tools_app.errors import NotFound
-from tools_app.registry import ToolContext, ToolInput, read_tool
+from tools_app.registry import ObjectId, ToolContext, ToolInput, read_tool
 
 
 class ApprovalStatusInput(ToolInput):
-    request_id: int = Field(gt=0, description="The request_id from a pending_approval answer.")
+    request_id: ObjectId = Field(description="The request_id from a pending_approval answer.")
 
 
 class ApprovalStatusOutput(BaseModel):

@@ -10,14 +10,14 @@ from pydantic import BaseModel, Field
 from tools_app.approvals import ApprovalPolicy
 from tools_app.errors import NotFound
 from tools_app.models import Order, Tenant, Ticket
-from tools_app.registry import ToolContext, WriteInput, write_tool
+from tools_app.registry import ObjectId, ToolContext, WriteInput, write_tool
 
 DELETABLE: dict[str, type[models.Model]] = {"order": Order, "ticket": Ticket}
 
 
 class DeleteRecordInput(WriteInput):
     kind: Literal["order", "ticket"]
-    id: int = Field(gt=0, description="The order_id or ticket_id.")
+    id: ObjectId = Field(description="The order_id or ticket_id.")
     reason: str = Field(min_length=1, max_length=500, description="Why it should go; the approver reads it.")
 
 

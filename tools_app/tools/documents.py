@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, model_validator
 from tools_app import documents
 from tools_app.errors import InvalidInput
 from tools_app.pipelines import Pipeline, Step, StepContext, WaitFor, task_tool
-from tools_app.registry import ToolContext, ToolInput, WriteInput, read_tool
+from tools_app.registry import ObjectId, ToolContext, ToolInput, WriteInput, read_tool
 
 SOURCES = ("text", "content_base64", "path", "url")
 
@@ -195,7 +195,7 @@ class SearchDocumentsOutput(BaseModel):
 
 
 class GetDocumentInput(ToolInput):
-    document_id: int
+    document_id: ObjectId
     include_text: bool = False
     max_chars: int = Field(20_000, ge=1, le=500_000, description="With include_text: at most this much text.")
 

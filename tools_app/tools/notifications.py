@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from pydantic import BaseModel, Field
 
-from tools_app import outbox
+from tools_app import outbox, url_allowlist
 from tools_app.errors import InvalidInput, NotFound
 from tools_app.models import OutboxEvent
 from tools_app.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
@@ -35,14 +35,16 @@ class GetNotificationInput(ToolInput):
     notification_id: str
 
 
-def check_recipient(channel: str, recipient: str) -> None:
-    if channel == "email":
+def check_recipient(args: SendNotificationInput) -> None:
+    """Before the key is claimed: an email address, or a webhook URL on the allow-list (checked again
+    by the relay right before it posts)."""
+    if args.channel == "email":
         try:
-            validate_email(recipient)
+            validate_email(args.recipient)
         except ValidationError:
-            raise InvalidInput("recipient must be an email address for channel email") from None
-    elif not any(recipient.startswith(prefix) for prefix in settings.IDEMOPS["WEBHOOK_ALLOWED_PREFIXES"]):
-        raise InvalidInput("recipient must be a webhook URL on the allow-list for channel webhook")
+            raise InvalidInput("recipient: must be an email address for channel email") from None
+    else:
+        url_allowlist.check(args.recipient, settings.IDEMOPS["WEBHOOK_ALLOWED_PREFIXES"], field="recipient")
 
 
 def notification_output(event: OutboxEvent) -> NotificationOutput:
@@ -51,11 +53,10 @@ def notification_output(event: OutboxEvent) -> NotificationOutput:
 
 
 @write_tool(name="send_notification", title="Send a notification", input_model=SendNotificationInput,
-            output_model=NotificationOutput, open_world=True)
+            output_model=NotificationOutput, open_world=True, check=check_recipient)
 def send_notification(ctx: ToolContext, args: SendNotificationInput) -> NotificationOutput:
     """Queue an email or webhook notification; it is delivered shortly, exactly once as far as the receiver
     can tell. Requires idempotency_key: a retry with the same key queues nothing new."""
-    check_recipient(args.channel, args.recipient)
     event = outbox.enqueue(tenant_id=ctx.tenant_id, record=ctx.record, kind=f"notification.{args.channel}",
                            payload={"recipient": args.recipient, "subject": args.subject, "body": args.body})
     return notification_output(event)

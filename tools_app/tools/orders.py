@@ -6,26 +6,51 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from tools_app.errors import NotFound
 from tools_app.models import Order, OrderLine
-from tools_app.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
+from tools_app.registry import ObjectId, StrictModel, ToolContext, ToolInput, WriteInput, read_tool, write_tool
 
-Money = Annotated[Decimal, Field(gt=0, max_digits=12, decimal_places=2)]
+# The columns' own precision, so an order that validates also fits.
+_UNIT_PRICE = OrderLine._meta.get_field("unit_price")
+_TOTAL = Order._meta.get_field("total")
+MAX_TOTAL = Decimal(10) ** (_TOTAL.max_digits - _TOTAL.decimal_places) - Decimal(10) ** -_TOTAL.decimal_places
+
+Money = Annotated[Decimal, Field(gt=0, max_digits=_UNIT_PRICE.max_digits, decimal_places=_UNIT_PRICE.decimal_places,
+                                 description='A decimal string, e.g. "12.50" (a JSON number is accepted too).')]
 Currency = Annotated[str, Field(pattern=r"^[A-Z]{3}$", description="ISO 4217 code, e.g. EUR")]
 
 
-class OrderItem(BaseModel):
+class OrderItem(StrictModel):
     sku: str = Field(min_length=1, max_length=64)
     quantity: int = Field(gt=0, le=10_000)
     unit_price: Money
 
 
+def order_total(items: list[OrderItem]) -> Decimal:
+    return sum((item.unit_price * item.quantity for item in items), Decimal("0"))
+
+
 class CreateOrderInput(WriteInput):
     customer: str = Field(min_length=1, max_length=200)
-    items: list[OrderItem] = Field(min_length=1, max_length=500)
+    items: list[OrderItem] = Field(min_length=1, max_length=500,
+                                   description=f"The order's lines; their total may be at most {MAX_TOTAL}.")
     currency: Currency
+
+    @field_validator("items")
+    @classmethod
+    def total_fits(cls, items: list[OrderItem]) -> list[OrderItem]:
+        if order_total(items) > MAX_TOTAL:
+            raise ValueError(f"the order total (the sum of quantity times unit_price) must be at most {MAX_TOTAL}")
+        return items
+
+
+class OrderLineOutput(BaseModel):
+    # Not the (strict) input model: the SDK validates our JSON output, where a decimal is a string.
+    sku: str
+    quantity: int
+    unit_price: Decimal
 
 
 class OrderOutput(BaseModel):
@@ -33,18 +58,18 @@ class OrderOutput(BaseModel):
     customer: str
     currency: str
     total: str = Field(description="Decimal string, e.g. 12.50")
-    items: list[OrderItem]
+    items: list[OrderLineOutput]
     created_at: datetime
 
 
 class GetOrderInput(ToolInput):
-    order_id: int
+    order_id: ObjectId
 
 
 def order_output(order: Order, lines: list[OrderLine]) -> OrderOutput:
     return OrderOutput(
         order_id=order.pk, customer=order.customer, currency=order.currency, total=f"{order.total:.2f}",
-        items=[OrderItem(sku=line.sku, quantity=line.quantity, unit_price=line.unit_price) for line in lines],
+        items=[OrderLineOutput(sku=line.sku, quantity=line.quantity, unit_price=line.unit_price) for line in lines],
         created_at=order.created_at,
     )
 
@@ -53,9 +78,8 @@ def order_output(order: Order, lines: list[OrderLine]) -> OrderOutput:
 def create_order(ctx: ToolContext, args: CreateOrderInput) -> OrderOutput:
     """Create an order with its lines and return its id and total. Requires idempotency_key: a retry with
     the same key returns the same order instead of creating another."""
-    total = sum((item.unit_price * item.quantity for item in args.items), Decimal("0"))
     order = Order.objects.create(tenant_id=ctx.tenant_id, record=ctx.record, customer=args.customer,
-                                 currency=args.currency, total=total)
+                                 currency=args.currency, total=order_total(args.items))
     lines = OrderLine.objects.bulk_create(
         OrderLine(order=order, sku=item.sku, quantity=item.quantity, unit_price=item.unit_price)
         for item in args.items)

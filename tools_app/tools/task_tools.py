@@ -58,7 +58,8 @@ class TaskResult(BaseModel):
     result: dict[str, Any]
 
 
-@write_tool(name="start_task", title="Start a long task", input_model=StartTaskInput, output_model=TaskHandle)
+@write_tool(name="start_task", title="Start a long task", input_model=StartTaskInput, output_model=TaskHandle,
+            check=task_calls.check_start)
 def start_task(ctx: ToolContext, args: StartTaskInput) -> TaskHandle:
     """Start a long tool (ingest_document) as a durable task and return its task_id at once. The task survives
     disconnects and worker restarts and resumes from its last checkpoint. Requires idempotency_key: a retry with

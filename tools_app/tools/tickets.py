@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from tools_app.errors import NotFound
 from tools_app.models import Ticket
-from tools_app.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
+from tools_app.registry import ObjectId, ToolContext, ToolInput, WriteInput, read_tool, write_tool
 
 
 class CreateTicketInput(WriteInput):
@@ -26,7 +26,7 @@ class TicketOutput(BaseModel):
 
 
 class GetTicketInput(ToolInput):
-    ticket_id: int
+    ticket_id: ObjectId
 
 
 def ticket_output(ticket: Ticket) -> TicketOutput:
