@@ -8,7 +8,7 @@ counted, not stored again, so "the effect happens once" is checkable.
     POST /webhooks/<name>                    X-Event-Id: <event-id>   any JSON body
     GET  /messages[?event_id=...]            what arrived, with a delivery count
     PUT  /faults  {"delay_seconds": s, "fail_times": n}   slow or refuse the next deliveries
-    GET  /healthz
+    GET  /healthz                            200 | 503 while its database is unreachable
     any other request                        404, and recorded in stray_requests (method, raw path)
 
 Run: python -m downstream.notification_sink --port 8002 --smtp-port 8025 --database-url ...
@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from downstream.common import arg_parser, ensure_database, service_lifespan
+from downstream.common import EXCEPTION_HANDLERS, arg_parser, ensure_database, healthz, service_lifespan
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -74,14 +74,18 @@ class SmtpHandler:
         event_id = (message.get("Message-ID") or "").strip("<>").split("@")[0]
         if not event_id:
             return "550 Message-ID required: it is the event id we deduplicate by"
-        with psycopg.connect(self.database_url, autocommit=True) as conn:
-            delay, fail = conn.execute(TAKE_FAULT).fetchone()
-            await asyncio.sleep(delay)
-            if fail:
-                return "451 temporary failure (injected)"
-            body = message.get_body(("plain",))
-            conn.execute(STORE, [event_id, "email", ", ".join(envelope.rcpt_tos), message.get("Subject", ""),
-                                 body.get_content() if body else ""])
+        try:
+            # A connection per message: nothing to go stale across a database restart.
+            with psycopg.connect(self.database_url, autocommit=True, connect_timeout=2) as conn:
+                delay, fail = conn.execute(TAKE_FAULT).fetchone()
+                await asyncio.sleep(delay)
+                if fail:
+                    return "451 temporary failure (injected)"
+                body = message.get_body(("plain",))
+                conn.execute(STORE, [event_id, "email", ", ".join(envelope.rcpt_tos), message.get("Subject", ""),
+                                     body.get_content() if body else ""])
+        except psycopg.OperationalError:
+            return "451 database unavailable, try again later"
         return "250 OK"
 
 
@@ -90,7 +94,7 @@ async def receive_webhook(request: Request) -> Response:
     if not event_id:
         return JSONResponse({"error": "X-Event-Id header is required"}, 400)
     payload = await request.json()
-    async with request.app.state.pool.connection() as conn:
+    async with request.app.state.db.connection() as conn:
         delay, fail = await (await conn.execute(TAKE_FAULT)).fetchone()
         await conn.commit()
         await asyncio.sleep(delay)
@@ -103,7 +107,7 @@ async def receive_webhook(request: Request) -> Response:
 
 async def list_messages(request: Request) -> Response:
     event_id = request.query_params.get("event_id")
-    async with request.app.state.pool.connection() as conn:
+    async with request.app.state.db.connection() as conn:
         cursor = await conn.execute(
             "SELECT event_id, channel, recipient, subject, body, deliveries FROM messages "
             "WHERE %s::text IS NULL OR event_id = %s ORDER BY first_received_at", [event_id, event_id])
@@ -114,7 +118,7 @@ async def list_messages(request: Request) -> Response:
 
 async def set_faults(request: Request) -> Response:
     body = await request.json()
-    async with request.app.state.pool.connection() as conn:
+    async with request.app.state.db.connection() as conn:
         await conn.execute("UPDATE faults SET delay_seconds = %s, fail_times = %s WHERE id = 1",
                            [float(body.get("delay_seconds", 0)), int(body.get("fail_times", 0))])
     return JSONResponse(body)
@@ -123,13 +127,9 @@ async def set_faults(request: Request) -> Response:
 async def stray(request: Request) -> Response:
     """A request to no route: kept, so a test can show nothing was sent where it must not go."""
     path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path
-    async with request.app.state.pool.connection() as conn:
+    async with request.app.state.db.connection() as conn:
         await conn.execute("INSERT INTO stray_requests (method, path) VALUES (%s, %s)", [request.method, path])
     return JSONResponse({"error": "not found"}, 404)
-
-
-async def healthz(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
 
 
 def build_app(database_url: str) -> Starlette:
@@ -142,6 +142,7 @@ def build_app(database_url: str) -> Starlette:
             Route("/{path:path}", stray, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
         ],
         lifespan=service_lifespan(database_url, SCHEMA),
+        exception_handlers=EXCEPTION_HANDLERS,
     )
 
 

@@ -6,7 +6,10 @@
     GET  /payments?idempotency_key=<key>   200 | 404     (what reconcilers ask)
     GET  /payments/<id>                    200 | 404
     PUT  /faults/<key or *>   {"mode": ..., "times": n?}  DELETE /faults/<key or *>
-    GET  /healthz
+    GET  /healthz                          200 | 503 while its database is unreachable
+
+While its database is unreachable every endpoint answers 503 with Retry-After;
+it reconnects by itself when the database is back.
 
 Faults, per request (header X-Fault) or per key (PUT /faults): `fail` (500,
 nothing done), `reject` (422, nothing done), `ratelimit` (429, Retry-After), `unavailable` (503,
@@ -30,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from downstream.common import arg_parser, service_lifespan
+from downstream.common import EXCEPTION_HANDLERS, RETRY_AFTER_SECONDS, arg_parser, healthz, service_lifespan
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS payments (
@@ -51,7 +54,6 @@ CREATE TABLE IF NOT EXISTS faults (
 );
 """
 FAULT_MODES = {"fail", "reject", "ratelimit", "unavailable", "hang", "succeed-then-hang", "conflict"}
-RETRY_AFTER_SECONDS = "1"
 HANG_SECONDS = 3600
 
 
@@ -95,7 +97,7 @@ async def create_payment(request: Request) -> Response:
     payment, problem = validate(body if isinstance(body, dict) else {})
     if problem:
         return JSONResponse({"error": problem}, 422)
-    async with request.app.state.pool.connection() as conn:
+    async with request.app.state.db.connection() as conn:
         fault = request.headers.get("x-fault") or await take_fault(conn, key)
     if fault == "fail":
         return JSONResponse({"error": "internal error (injected)"}, 500)
@@ -110,7 +112,7 @@ async def create_payment(request: Request) -> Response:
     digest = hashlib.sha256(json.dumps({k: str(v) for k, v in payment.items()}, sort_keys=True).encode())
     if fault == "conflict":
         return _key_reused()
-    async with request.app.state.pool.connection() as conn:
+    async with request.app.state.db.connection() as conn:
         row, created = await insert_once(conn, key, digest.hexdigest(), payment)
     if row[2] != digest.hexdigest():
         return _key_reused()
@@ -155,7 +157,7 @@ async def get_payment(request: Request) -> Response:
 
 
 async def _one(request: Request, sql: str, value: str) -> Response:
-    async with request.app.state.pool.connection() as conn:
+    async with request.app.state.db.connection() as conn:
         row = await (await conn.execute(sql, [value])).fetchone()
     if row is None:
         return JSONResponse({"error": "no such payment"}, 404)
@@ -166,7 +168,7 @@ async def set_fault(request: Request) -> Response:
     body = await request.json()
     if body.get("mode") not in FAULT_MODES:
         return JSONResponse({"error": f"mode must be one of {sorted(FAULT_MODES)}"}, 422)
-    async with request.app.state.pool.connection() as conn:
+    async with request.app.state.db.connection() as conn:
         await conn.execute(
             "INSERT INTO faults (key, mode, remaining) VALUES (%s, %s, %s) "
             "ON CONFLICT (key) DO UPDATE SET mode = excluded.mode, remaining = excluded.remaining",
@@ -175,15 +177,9 @@ async def set_fault(request: Request) -> Response:
 
 
 async def clear_fault(request: Request) -> Response:
-    async with request.app.state.pool.connection() as conn:
+    async with request.app.state.db.connection() as conn:
         await conn.execute("DELETE FROM faults WHERE key = %s", [request.path_params["key"]])
     return Response(status_code=204)
-
-
-async def healthz(request: Request) -> Response:
-    async with request.app.state.pool.connection() as conn:
-        await conn.execute("SELECT 1")
-    return JSONResponse({"status": "ok"})
 
 
 def build_app(database_url: str) -> Starlette:
@@ -197,6 +193,7 @@ def build_app(database_url: str) -> Starlette:
             Route("/healthz", healthz, methods=["GET"]),
         ],
         lifespan=service_lifespan(database_url, SCHEMA),
+        exception_handlers=EXCEPTION_HANDLERS,
     )
 
 

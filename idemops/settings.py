@@ -79,6 +79,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # A database outage answers 503 + Retry-After, not a 500 (tools_app/unavailable.py).
+    "tools_app.unavailable.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -230,8 +232,18 @@ IDEMOPS = {
     # database (admin, auditors' API, logs) and of the keys forwarded downstream. It must be
     # the same on every process; changing it changes every digest shown from then on.
     "KEY_DIGEST_SECRET": os.environ.get("IDEMOPS_KEY_DIGEST_SECRET") or derived_secret("idemops:key-digest"),
-    # How long an executor holds a record before the sweep may call it UNKNOWN.
-    "EXECUTION_LEASE_SECONDS": env_int("IDEMOPS_EXECUTION_LEASE_SECONDS", 60),
+    # Write leases (tools_app/idempotency.py, tools_app/leases.py): how long an
+    # executor holds a record before a follower or the sweep may take it for
+    # dead (PROCESSING -> UNKNOWN), and how often its heartbeat renews it while
+    # the handler runs (at most a third of the lease). After a crash, a key
+    # settles within the lease plus the sweep period below.
+    "EXECUTION_LEASE_SECONDS": env_float("IDEMOPS_EXECUTION_LEASE_SECONDS", 10),
+    "EXECUTION_HEARTBEAT_SECONDS": env_float("IDEMOPS_EXECUTION_HEARTBEAT_SECONDS", 2),
+    # How often each django-q2 worker process runs the lease sweep and the due
+    # reconciliations (tools_app/schedules.py); 0 leaves them to the 1-minute schedule.
+    "LEASE_SWEEP_SECONDS": env_float("IDEMOPS_LEASE_SWEEP_SECONDS", 1),
+    # Retry-After of the 503 and `transient` answers while the database is unreachable.
+    "UNAVAILABLE_RETRY_AFTER_SECONDS": env_float("IDEMOPS_UNAVAILABLE_RETRY_AFTER_SECONDS", 2),
     # How long a follower waits for the executor before answering in_progress.
     "FOLLOWER_WAIT_SECONDS": env_float("IDEMOPS_FOLLOWER_WAIT_SECONDS", 2.0),
     "IN_PROGRESS_RETRY_AFTER_SECONDS": env_int("IDEMOPS_IN_PROGRESS_RETRY_AFTER_SECONDS", 2),

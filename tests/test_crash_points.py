@@ -87,3 +87,52 @@ def test_an_order_survives_a_crash_at_each_point(crashing_server, web_server, to
     retry = call_sync(web_server.mcp_url, token, "create_order", arguments)
     assert not retry.is_error
     assert list(Order.objects.values_list("pk", flat=True)) == [retry.structured_content["order_id"]]
+
+
+def wait_for_lease_expiry(key: str) -> IdempotencyRecord:
+    """Wait until the dead executor's lease ran out: time passing, no sweep running."""
+    record = IdempotencyRecord.objects.get(key=key)
+    while record.lease_expires_at >= timezone.now():
+        time.sleep(0.1)
+    return record
+
+
+def test_a_retry_after_the_lease_gets_a_dead_executors_order_done_without_any_sweep(crashing_server, web_server,
+                                                                                     token, downstreams):
+    # given a web process SIGKILLed holding a claimed create_order key
+    arguments = {**ORDER, "idempotency_key": "order-no-sweep"}
+    call_and_die(crashing_server("after_claim"), token, "create_order", arguments)
+    record = wait_for_lease_expiry("order-no-sweep")
+    assert record.status == RecordStatus.PROCESSING  # nothing swept it
+
+    # when the agent retries once the lease ran out
+    retry = call_sync(web_server.mcp_url, token, "create_order", arguments)
+
+    # then that one call answers the order: the retry settled the dead claim (nothing had
+    # committed) and ran it, exactly once
+    assert not retry.is_error
+    assert list(Order.objects.values_list("pk", flat=True)) == [retry.structured_content["order_id"]]
+    record.refresh_from_db()
+    assert (record.status, record.attempts) == (RecordStatus.SUCCEEDED, 2)
+    assert record.evidence[0]["source"] == "follower"
+
+
+def test_a_retry_after_the_lease_learns_a_dead_executors_payment_is_being_reconciled_without_any_sweep(
+        crashing_server, web_server, token, downstreams, gateway):
+    # given a web process SIGKILLed after the gateway paid, before it recorded the payment
+    arguments = {**PAYMENT, "idempotency_key": "pay-no-sweep"}
+    call_and_die(crashing_server("after_downstream"), token, "request_payment", arguments)
+    wait_for_lease_expiry("pay-no-sweep")
+
+    # when the agent retries once the lease ran out
+    retry = call_sync(web_server.mcp_url, token, "request_payment", arguments)
+
+    # then it hears at once that the outcome is being reconciled (not in_progress), and the
+    # record is due for reconciliation now; reconciliation then finds the one payment
+    assert retry.is_error and retry.structured_content["error"]["class"] == "unknown_outcome"
+    record = IdempotencyRecord.objects.get(key="pay-no-sweep")
+    assert record.status == RecordStatus.UNKNOWN and record.next_reconcile_at <= timezone.now()
+    manage("reconcile", env=downstreams)
+    replay = call_sync(web_server.mcp_url, token, "request_payment", arguments)
+    assert not replay.is_error and replay.structured_content["idempotency"]["replayed"] is True
+    assert [p[0] for p in gateway.payments()] == [replay.structured_content["payment_id"]]

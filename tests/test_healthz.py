@@ -11,7 +11,7 @@ def test_it_reports_database_and_queue(client):
 
 
 @pytest.mark.django_db
-def test_it_answers_503_when_the_database_is_unreachable(client, settings):
+def test_it_answers_503_with_retry_after_when_the_database_is_unreachable(client, settings):
     from django.db import connection
 
     connection.close()
@@ -23,5 +23,5 @@ def test_it_answers_503_when_the_database_is_unreachable(client, settings):
         connection.close()
         connection.settings_dict["NAME"] = original
 
-    assert response.status_code == 503
+    assert response.status_code == 503 and int(response["Retry-After"]) >= 1
     assert response.json()["checks"]["database"]["ok"] is False

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from contextlib import closing
 from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx2
 from django.conf import settings

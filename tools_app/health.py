@@ -7,6 +7,8 @@ from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 from django_q.brokers import get_broker
 
+from tools_app import unavailable
+
 
 def check_database() -> dict:
     with connection.cursor() as cursor:
@@ -29,6 +31,7 @@ def healthz(request):
             checks[name] = check()
         except Exception as exc:  # report, don't raise: this is what monitors read
             checks[name] = {"ok": False, "error": type(exc).__name__}
-    healthy = all(c["ok"] for c in checks.values())
-    return JsonResponse({"status": "ok" if healthy else "unavailable", "checks": checks},
-                        status=200 if healthy else 503)
+    if all(c["ok"] for c in checks.values()):
+        return JsonResponse({"status": "ok", "checks": checks})
+    return JsonResponse({"status": "unavailable", "checks": checks}, status=503,
+                        headers={"Retry-After": unavailable.retry_after_header()})

@@ -14,6 +14,12 @@ gets the first call's result:
    (`in_progress`, `unknown_outcome`, `transient` + retry_after); a follower
    with other arguments gets `conflict` naming the differing fields.
 
+The executor holds a short lease on the record (EXECUTION_LEASE_SECONDS),
+renewed by a heartbeat while its handler runs (tools_app.leases). If it dies,
+the lease runs out within seconds, and the first follower that finds it
+expired moves the record on itself (`expire_lease`, the sweep's transition),
+so nobody waits for a periodic job to learn the real state.
+
 Every state change is one function below: a conditional UPDATE guarded by
 the status (and lease owner) it expects, plus its audit event, in one
 transaction.
@@ -26,9 +32,7 @@ import hashlib
 import hmac
 import json
 import logging
-import os
 import re
-import socket
 import time
 import unicodedata
 import uuid
@@ -45,7 +49,7 @@ from django.conf import settings
 from django.db import DataError, connection, transaction
 from django.utils import timezone
 
-from tools_app import audit, db, redaction, tenants
+from tools_app import audit, db, leases, redaction, tenants
 from tools_app.crashpoints import crash_point
 from tools_app.errors import (
     UNKNOWN_OUTCOME_ADVICE,
@@ -70,6 +74,7 @@ DEFAULT_RETENTION = timedelta(hours=24)
 # retry, after a short pause.
 INTERNAL_ERROR_RETRY_AFTER = 1.0
 FINISHED = (RecordStatus.SUCCEEDED, RecordStatus.FAILED)
+SWEEPER = "system:lease-sweep"
 
 
 class ExpiryPolicy(enum.StrEnum):
@@ -235,6 +240,8 @@ def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outc
             differing_fields=fields))
     if record.status == RecordStatus.PROCESSING:
         record = wait_for_outcome(record)
+        if lease_expired(record):
+            record = _take_over(record, op)
     match record.status:
         case RecordStatus.SUCCEEDED:
             return Outcome(record, replayed=True)
@@ -252,6 +259,21 @@ def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outc
 
             return approvals.follow(record)
     raise AssertionError(f"unhandled status {record.status}")
+
+
+def _take_over(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord:
+    """The executor's lease ran out under a follower's eyes: the follower moves the record on
+    itself, as the sweep would, and settles at once what can be settled (`on_lease_expired`)."""
+    if expire_lease(record, actor=op.actor, source="follower"):
+        try:
+            _settle_expired(record)
+        except Exception:
+            # Settling now only saves a wait: the record is UNKNOWN and due, and
+            # the reconciliation sweep settles it; the caller hears so.
+            logger.exception("settling record %s after its lease expired failed", record.pk)
+    # Also when another follower or the sweep got there first: follow what it is now.
+    record.refresh_from_db()
+    return record
 
 
 def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
@@ -277,7 +299,12 @@ def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Out
             # A local effect commits with the record, or neither does; a
             # downstream one is done before we record it (one statement).
             with transaction.atomic() if op.transactional else nullcontext():
-                result = execute(record)
+                # The heartbeat stops before the guarded write below: a renewal
+                # queued behind our own transaction's lock on the row would
+                # wait for us while we wait for it. If it found the lease lost,
+                # that write fails on its owner guard (LeaseLost).
+                with _heartbeat(record):
+                    result = execute(record)
                 crash_point("after_downstream")
                 record = mark_succeeded(record, result, actor=op.actor, evidence=_gathered.get())
         finally:
@@ -336,11 +363,41 @@ def note_evidence(entry: dict[str, Any]) -> None:
 
 
 def _lease_owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return leases.new_owner()
+
+
+def lease_seconds() -> float:
+    return float(settings.IDEMOPS["EXECUTION_LEASE_SECONDS"])
 
 
 def _lease_expiry(now: datetime) -> datetime:
-    return now + timedelta(seconds=settings.IDEMOPS["EXECUTION_LEASE_SECONDS"])
+    return now + timedelta(seconds=lease_seconds())
+
+
+def heartbeat_interval() -> float:
+    return leases.heartbeat_interval(settings.IDEMOPS["EXECUTION_HEARTBEAT_SECONDS"], lease_seconds())
+
+
+@transaction.atomic
+def renew_lease(record: IdempotencyRecord) -> bool:
+    """Extend the executor's lease while its handler runs. False: the record is no longer
+    ours (a follower or the sweep took it for dead).
+
+    Liveness, not a state change: no audit event. Guarded by the owner only,
+    not the expiry: a lease that ran out but that nobody took yet is still ours.
+    """
+    # Never queue behind a lock on the row: if the executor's own transaction
+    # held one, the executor would wait for its heartbeat (it joins it) while
+    # the heartbeat waited for the executor. A beat that times out is skipped.
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = {max(1, int(heartbeat_interval() * 500))}")
+    return bool(IdempotencyRecord.objects.filter(
+        pk=record.pk, status=RecordStatus.PROCESSING, lease_owner=record.lease_owner,
+    ).update(lease_expires_at=_lease_expiry(timezone.now())))
+
+
+def _heartbeat(record: IdempotencyRecord) -> leases.Heartbeat:
+    return leases.Heartbeat(lambda: renew_lease(record), heartbeat_interval(), name=f"lease-of-record-{record.pk}")
 
 
 def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
@@ -511,20 +568,45 @@ def retire(record: IdempotencyRecord, *, actor: str, reason: str = "retention en
                        {"retired_at": now}, action="record.retired", actor=actor, reason=reason)
 
 
-def expire_leases(now: datetime | None = None) -> list[IdempotencyRecord]:
-    """PROCESSING -> UNKNOWN for every record whose executor's lease ran out (it died or hung).
+def expire_lease(record: IdempotencyRecord, *, actor: str = SWEEPER, source: str = "sweep",
+                 now: datetime | None = None) -> bool:
+    """PROCESSING -> UNKNOWN: the executor's lease ran out (it died, hung, or lost its database).
 
-    Never re-executes: a dead executor may have done its side effect.
+    Never re-executes: a dead executor may have done its side effect; the
+    record is due for reconciliation at once. Guarded by the expired lease
+    itself: an executor that renewed in time keeps the record. Taken by the
+    sweep, and by a follower that finds the lease expired (`source` says which).
     """
     now = now or timezone.now()
-    stale = IdempotencyRecord.objects.filter(status=RecordStatus.PROCESSING, lease_expires_at__lt=now)
-    return [record for record in stale if _transition(
+    return _transition(
         record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner, "lease_expires_at__lt": now},
         {"status": RecordStatus.UNKNOWN, "error_class": "unknown_outcome",
          "error_message": "the executor's lease expired before it recorded an outcome",
          "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": now},
-        action="record.unknown", actor="system:lease-sweep", reason="lease expired",
-        evidence=evidence_entry("sweep", note=f"lease of {record.lease_owner} expired"))]
+        action="record.unknown", actor=actor, reason="lease expired",
+        evidence=evidence_entry(source, note=f"lease of {record.lease_owner} expired"))
+
+
+def expire_leases(now: datetime | None = None) -> list[IdempotencyRecord]:
+    """The sweep: `expire_lease` for every record whose executor's lease ran out."""
+    now = now or timezone.now()
+    stale = IdempotencyRecord.objects.filter(status=RecordStatus.PROCESSING, lease_expires_at__lt=now)
+    return [record for record in stale if expire_lease(record, now=now)]
+
+
+def _left_to_the_sweep(record: IdempotencyRecord) -> None:
+    """Until a settler is registered, an expired record waits for the reconciliation sweep."""
+
+
+# How a record a follower just took from a dead executor is settled at once
+# where that is possible: tools_app.reconciliation registers it (it builds on
+# this module, so this one cannot import it).
+_settle_expired: Callable[[IdempotencyRecord], None] = _left_to_the_sweep
+
+
+def on_lease_expired(settle: Callable[[IdempotencyRecord], None]) -> None:
+    global _settle_expired
+    _settle_expired = settle
 
 
 def resolve_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str, reason: str,
@@ -652,11 +734,18 @@ def is_expired(record: IdempotencyRecord, now: datetime | None = None) -> bool:
     return record.status in FINISHED and record.expires_at <= (now or timezone.now())
 
 
+def lease_expired(record: IdempotencyRecord, now: datetime | None = None) -> bool:
+    """PROCESSING, and its executor stopped renewing its lease in time."""
+    return (record.status == RecordStatus.PROCESSING and record.lease_expires_at is not None
+            and record.lease_expires_at < (now or timezone.now()))
+
+
 def wait_for_outcome(record: IdempotencyRecord) -> IdempotencyRecord:
-    """Poll a PROCESSING record until it finishes or the follower wait runs out."""
+    """Poll a PROCESSING record until it finishes, its lease runs out, or the follower wait runs out."""
     deadline = time.monotonic() + settings.IDEMOPS["FOLLOWER_WAIT_SECONDS"]
     pause = 0.01
-    while record.status == RecordStatus.PROCESSING and time.monotonic() < deadline:
+    while (record.status == RecordStatus.PROCESSING and not lease_expired(record)
+           and time.monotonic() < deadline):
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 2, 0.2)
         record.refresh_from_db()

@@ -7,6 +7,11 @@ verifier), hand the raw arguments to `tools_app.calls.call_tool` in a
 database thread, and render the result or error.
 
 Streamable HTTP runs stateless, so any number of web processes can serve it.
+
+While the database is unreachable (tools_app.unavailable), a tool call
+answers `transient` with `retry_after`, another request that needs the
+database a JSON-RPC error of that class, and a request whose bearer token
+cannot be checked HTTP 503 with Retry-After (`DatabaseGuard`).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from mcp_types import INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotatio
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.middleware import Middleware
 
-from tools_app import idempotency, metrics, tenants
+from tools_app import idempotency, metrics, tenants, unavailable
 from tools_app.calls import Caller, CallResult, call_tool
 from tools_app.errors import UNKNOWN_OUTCOME_ADVICE, NotFound
 from tools_app.mcp_guard import RequestIdGuard
@@ -39,6 +44,8 @@ from tools_app.registry import ToolSpec, all_tools, get_tool
 
 REPLAYED_META = "io.idemops/replayed"
 EXPIRES_META = "io.idemops/expires-at"
+# JSON-RPC's range for implementation-defined server errors.
+DATABASE_UNAVAILABLE_CODE = -32000
 
 
 # --- running ORM code from async handlers ---------------------------------------
@@ -46,13 +53,24 @@ EXPIRES_META = "io.idemops/expires-at"
 _db_limiter: anyio.CapacityLimiter | None = None
 
 
+class DatabaseUnavailable(MCPError):
+    """The database could not be reached: a JSON-RPC error of class `transient`, with `retry_after`."""
+
+    def __init__(self):
+        super().__init__(DATABASE_UNAVAILABLE_CODE, unavailable.MESSAGE, data=unavailable.error_body())
+
+
 async def in_db_thread(fn, /, *args, **kwargs):
     """Run sync ORM code in a worker thread (not Django's single shared thread)."""
     global _db_limiter
     if _db_limiter is None:
         _db_limiter = anyio.CapacityLimiter(settings.IDEMOPS["MCP_DB_THREADS"])
-    return await anyio.to_thread.run_sync(functools.partial(_with_fresh_connection, fn, *args, **kwargs),
-                                          limiter=_db_limiter)
+    try:
+        return await anyio.to_thread.run_sync(functools.partial(_with_fresh_connection, fn, *args, **kwargs),
+                                              limiter=_db_limiter)
+    except unavailable.DATABASE_ERRORS as exc:
+        unavailable.log(getattr(fn, "__qualname__", "mcp"), exc)
+        raise DatabaseUnavailable() from exc
 
 
 def _with_fresh_connection(fn, *args, **kwargs):
@@ -183,7 +201,12 @@ def sdk_tool(spec: ToolSpec) -> Tool:
         started = time.perf_counter()
         caller = current_caller(ctx)
         meta = ctx.request_context.meta or {}
-        result = await in_db_thread(call_tool, spec, caller, arguments, meta_key=meta.get(idempotency.META_KEY))
+        try:
+            result = await in_db_thread(call_tool, spec, caller, arguments, meta_key=meta.get(idempotency.META_KEY))
+        except DatabaseUnavailable:
+            # Whatever the call did is either committed with its record or not at
+            # all, and the engine runs the key at most once: the same key may retry.
+            result = CallResult(spec, error=unavailable.transient())
         count_call(caller, spec.name, result, started)
         return render(result)
 
@@ -229,6 +252,42 @@ def build_server() -> MCPServer:
     )
 
 
+class DatabaseGuard:
+    """ASGI middleware around the SDK's /mcp app: a database error before the response
+    started (the bearer-token lookup) becomes HTTP 503 with Retry-After and a JSON-RPC error.
+
+    It sits inside Starlette's error middleware, which would answer a plain-text
+    500 "Internal Server Error"; the SDK's client reads a JSON-RPC error at a
+    non-2xx status as that error (data.class = "transient").
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked_send)
+        except (DatabaseUnavailable, *unavailable.DATABASE_ERRORS) as exc:
+            if started:
+                raise
+            if not isinstance(exc, DatabaseUnavailable):
+                unavailable.log(scope.get("path", "/mcp"), exc)
+            # The request's id may not have been read yet: JSON-RPC's null id.
+            body = json.dumps({"jsonrpc": "2.0", "id": None, "error": DatabaseUnavailable().error.model_dump()})
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"retry-after", unavailable.retry_after_header().encode())]})
+            await send({"type": "http.response.body", "body": body.encode()})
+
+
 def build_app():
     """The Starlette app serving /mcp (its lifespan runs the session manager)."""
     app = build_server().streamable_http_app(
@@ -240,6 +299,7 @@ def build_app():
             allowed_origins=settings.IDEMOPS["MCP_ALLOWED_ORIGINS"],
         ),
     )
+    app.add_middleware(DatabaseGuard)  # outermost of the app's middleware: around the bearer-token check
     # Innermost, after the SDK's authentication middleware (see tools_app.mcp_guard).
     app.user_middleware.append(Middleware(RequestIdGuard, max_body_size=settings.IDEMOPS["MCP_MAX_REQUEST_BYTES"]))
     return app

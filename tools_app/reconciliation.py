@@ -1,7 +1,7 @@
 """Reconciliation: finding out what became of UNKNOWN outcomes, never guessing.
 
 A record is UNKNOWN when its executor could not tell whether the side effect
-happened (a timeout after sending, a crash: see `idempotency.expire_leases`).
+happened (a timeout after sending, a crash: see `idempotency.expire_lease`).
 Each tool declares a reconciler that asks the downstream system by the key
 we sent; its answer moves the record:
 
@@ -97,6 +97,25 @@ def _take_turn(record: IdempotencyRecord) -> bool:
     return bool(IdempotencyRecord.objects.filter(
         pk=record.pk, status=RecordStatus.UNKNOWN, next_reconcile_at=record.next_reconcile_at,
     ).update(next_reconcile_at=claimed_until))
+
+
+def settle_expired(record: IdempotencyRecord) -> None:
+    """Right after a follower took a dead executor's record (PROCESSING -> UNKNOWN).
+
+    A tool whose effect is local needs nobody to ask: nothing committed, so
+    the record is settled now (FAILED, transient) and the follower's own
+    call runs the operation again. A downstream tool's answer is the
+    downstream system's: its reconciliation is queued now, not at the next sweep.
+    """
+    if reconciler_for(get_tool(record.tool)) is nothing_committed:
+        record.refresh_from_db()
+        if _take_turn(record):
+            _reconcile(record, actor=SWEEP_ACTOR)
+    else:
+        reconcile_soon()
+
+
+idempotency.on_lease_expired(settle_expired)
 
 
 # --- one record -----------------------------------------------------------------------

@@ -1,16 +1,31 @@
-"""Periodic jobs, run by the django-q2 cluster as schedules.
+"""Periodic jobs, run by the django-q2 cluster: schedules, and loops of a few seconds.
 
-Declared here once; `ensure_schedules` (run after every migrate) creates or
-updates them by name. django-q2's scheduler looks at schedules about every
-30 seconds, so one minute is the shortest period; jobs that must react
-sooner are also enqueued directly when their trigger happens.
+Schedules are declared here once; `ensure_schedules` (run after every
+migrate) creates or updates them by name. django-q2's scheduler looks at
+schedules about every 30 seconds, so one minute is the shortest period; jobs
+that must react sooner are also enqueued directly when their trigger happens.
+
+What must run more often than that is a loop: `start_loops` (connected to
+django-q2's `post_spawn` signal) starts a thread in every worker process of
+every cluster that runs the job every few seconds. Several loops may run the
+same job at once; the job's transitions are guarded conditional updates, so
+that costs a few indexed reads, never a double effect.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import close_old_connections
+from django.utils.module_loading import import_string
+
+from tools_app import unavailable
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -21,7 +36,8 @@ class PeriodicJob:
 
 
 PERIODIC_JOBS: list[PeriodicJob] = [
-    # Dead executors' records → UNKNOWN, then ask downstream what happened.
+    # Dead executors' records → UNKNOWN, then ask downstream what happened. The
+    # loop below runs it every second; this schedule is its backstop.
     PeriodicJob("idemops: expire leases and reconcile", "tools_app.reconciliation.run_periodic"),
     # Events whose delivery is due (new ones also wake the relay directly).
     PeriodicJob("idemops: outbox relay", "tools_app.outbox.relay_pending"),
@@ -32,6 +48,46 @@ PERIODIC_JOBS: list[PeriodicJob] = [
     # Revives long tasks whose worker died and queues due retries (tools_app.tasks.sweep).
     PeriodicJob("idemops: task sweep", "tools_app.tasks.sweep", minutes=settings.IDEMOPS["TASK_SWEEP_MINUTES"]),
 ]
+
+
+@dataclass(frozen=True)
+class LoopJob:
+    name: str
+    func: str  # dotted path of a function taking no arguments
+    seconds: float  # pause between two runs; 0 turns the loop off
+
+
+LOOP_JOBS: list[LoopJob] = [
+    # A dead executor's key settles within its lease plus this period, even
+    # if no caller asks for it again (a caller that does settles it itself).
+    LoopJob("idemops: lease sweep and due reconciliations", "tools_app.reconciliation.run_periodic",
+            seconds=settings.IDEMOPS["LEASE_SWEEP_SECONDS"]),
+]
+
+
+def start_loops(**kwargs) -> list[threading.Thread]:
+    """django-q2 `post_spawn` receiver: start this worker process's loops (daemon threads:
+    they end with the process, which django-q2 replaces, loops and all)."""
+    threads = [threading.Thread(target=_loop, args=(job,), name=job.name, daemon=True)
+               for job in LOOP_JOBS if job.seconds > 0]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _loop(job: LoopJob) -> None:
+    func = import_string(job.func)
+    while True:
+        time.sleep(job.seconds)
+        try:
+            # A connection broken by a database restart is replaced here, as
+            # Django does around each request (CONN_HEALTH_CHECKS).
+            close_old_connections()
+            func()
+        except unavailable.DATABASE_ERRORS as exc:  # an outage: the next round tries again
+            unavailable.log(job.name, exc)
+        except Exception:
+            logger.exception("%s failed; it runs again in %ss", job.name, job.seconds)
 
 
 def ensure_schedules(**kwargs) -> None:

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from datetime import datetime
 
 from django.conf import settings
-from django.db import connections
 from django.utils import timezone
 from pydantic import ValidationError
 
-from tools_app import checkpoints, redaction, tasks
+from tools_app import checkpoints, leases, redaction, tasks
 from tools_app.errors import ToolFailure, Transient
 from tools_app.models import StepOutcome, StepRun, Task
 from tools_app.pipelines import Interrupted, Pipeline, StepContext, WaitFor
@@ -47,30 +45,15 @@ def run_task(task_id: str) -> str:
         time.sleep(max(0.0, (retry_at - timezone.now()).total_seconds()))
 
 
-class Heartbeat:
-    """Renews the lease while a step runs, carries its progress, and notices a cancel.
-
-    A thread of its own, so a step that blocks (a slow page, a slow fetch)
-    keeps its lease. It touches the database only after the first interval,
-    so short steps cost nothing.
-    """
+class Heartbeat(leases.Heartbeat):
+    """The task's lease heartbeat (tools_app.leases): also carries the step's progress,
+    and lets the step notice a cancel (a cancel clears the lease, so renewal fails)."""
 
     def __init__(self, task_id, owner: str):
-        self.task_id = task_id
-        self.owner = owner
-        self.interval = min(settings.IDEMOPS["TASK_HEARTBEAT_SECONDS"], tasks.lease_seconds() / 3)
-        self.lost = threading.Event()
-        self._stop = threading.Event()
         self._progress: tuple[float | None, float | None, str] | None = None
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{task_id}", daemon=True)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__init__(lambda: tasks.renew_lease(task_id, owner, self._progress),
+                         leases.heartbeat_interval(settings.IDEMOPS["TASK_HEARTBEAT_SECONDS"], tasks.lease_seconds()),
+                         name=f"heartbeat-{task_id}")
 
     def progress(self, done: float, total: float | None = None, message: str = "") -> None:
         self.check()
@@ -79,22 +62,6 @@ class Heartbeat:
     def check(self) -> None:
         if self.lost.is_set():
             raise Interrupted("the task was cancelled or its lease was lost")
-
-    def _beat(self) -> None:
-        try:
-            while not self._stop.wait(self.interval):
-                try:
-                    renewed = tasks.renew_lease(self.task_id, self.owner, self._progress)
-                except Exception:
-                    # A database hiccup: try again next beat; if it lasts, the
-                    # lease lapses and our guarded writes fail, which is safe.
-                    logger.exception("heartbeat of task %s failed", self.task_id)
-                    continue
-                if not renewed:
-                    self.lost.set()
-                    return
-        finally:
-            connections.close_all()  # this thread's connections only
 
 
 class Runner:

@@ -25,8 +25,6 @@ keeps the two together) and renew it while a step runs (`renew_lease`).
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,7 +36,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from tools_app import audit, checkpoints, db
+from tools_app import audit, checkpoints, db, leases
 from tools_app.errors import AlreadyDone, InProgress, InvalidInput, NotFound, ToolFailure
 from tools_app.models import ErrorClass, IdempotencyRecord, StepOutcome, StepRun, Task, TaskStatus
 from tools_app.pipelines import Step
@@ -58,7 +56,7 @@ OPTIMISTIC_ROUNDS = 5
 
 
 def worker_identity() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return leases.new_owner()
 
 
 def lease_seconds() -> float:
