@@ -1,35 +1,45 @@
 # idemops: `make run` serves the platform, `make test` runs the whole suite.
-# Both start from nothing: they create .venv and install requirements.txt.
+# Both start from nothing: they create .venv and install what they need
+# (requirements.txt to run; requirements-dev.txt adds tests, linters, benchmarks).
 
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+RUNTIME := $(VENV)/.installed-runtime
+DEV     := $(VENV)/.installed-dev
 
-.PHONY: run test bench install db-stop clean lint
+.PHONY: run test bench install install-dev db-stop clean lint
 
-$(STAMP): requirements.txt
+$(RUNTIME): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
-	@touch $(STAMP)
+	@touch $(RUNTIME)
 
-install: $(STAMP)
+$(DEV): $(RUNTIME) requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	@touch $(DEV)
 
-run: $(STAMP)
+install: $(RUNTIME)
+
+install-dev: $(DEV)
+
+run: $(RUNTIME)
 	$(PY) manage.py serve
 
-test: $(STAMP)
+test: $(DEV)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(DEV)
 	$(PY) bench/run.py
 
-lint: $(STAMP)
+# ruff, and the import contract of pyproject.toml ([tool.importlinter]): layers import only downwards.
+lint: $(DEV)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # Stop the embedded PostgreSQL servers (make run's and the tests').
-db-stop: $(STAMP)
+db-stop: $(RUNTIME)
 	$(PY) -m idemops.embedded_pg stop --pgdata var/pg
 	$(PY) -m idemops.embedded_pg stop --pgdata var/test-pg
 

@@ -24,7 +24,7 @@ import httpx2
 from django.db import connection
 
 from tests.processes import Service, child_env, free_port
-from tools_app import auditors, tenants
+from tools_app.access import auditors, tenants
 from tools_app.models import Tenant
 
 FILL_SQL = """

@@ -31,7 +31,8 @@ ROUNDS = 2
 def run() -> str:
     from django.db import connection, connections
 
-    from tools_app import audit, tenants
+    from tools_app.access import tenants
+    from tools_app.core import audit
     from tools_app.models import AuditEvent
 
     # The inline rounds below extend the chain without seals, so each run starts

@@ -1,6 +1,6 @@
 """Issue 2 (a), (b): the engine against raw psycopg on the same database, one client.
 
-(a) claim+complete: `idempotency.run` of a new key with a no-op side effect
+(a) claim+complete: `engine.run` of a new key with a no-op side effect
     (one INSERT of the record and its audit event, then one UPDATE to
     SUCCEEDED with its audit event, two commits), against raw
     `INSERT ... ON CONFLICT DO NOTHING RETURNING id` + `UPDATE`:
@@ -9,7 +9,7 @@
     - on the engine's own table, the same row the engine writes (its columns,
       JSON and seven indexes), parameters prepared before timing: what the
       record itself costs, so the rest is what the engine adds.
-(b) replay: `idempotency.run` of a key already SUCCEEDED, against a raw
+(b) replay: `engine.run` of a key already SUCCEEDED, against a raw
     indexed SELECT of the same row.
 The sides alternate in rounds so that machine noise hits them alike.
 """
@@ -36,7 +36,9 @@ def run() -> str:
     import psycopg
     from django.db import connection
 
-    from tools_app import db, idempotency, tenants
+    from tools_app import engine
+    from tools_app.access import tenants
+    from tools_app.core import db
     from tools_app.models import IdempotencyRecord
 
     tenant = tenants.create_tenant("bench")
@@ -45,13 +47,13 @@ def run() -> str:
     raw.execute("CREATE TABLE IF NOT EXISTS bench_raw_claims (id bigserial PRIMARY KEY, tenant_id bigint, "
                 "tool text, key text, fingerprint text, status text, result jsonb, UNIQUE (tenant_id, tool, key))")
 
-    def operation(key: str) -> idempotency.Operation:
-        return idempotency.Operation(tenant_id=tenant.pk, tool="bench", key=key,
-                                     arguments={"customer": "ACME", "items": [{"sku": "A", "quantity": 1}]},
-                                     actor="agent:bench/a")
+    def operation(key: str) -> engine.Operation:
+        return engine.Operation(tenant_id=tenant.pk, tool="bench", key=key,
+                                arguments={"customer": "ACME", "items": [{"sku": "A", "quantity": 1}]},
+                                actor="agent:bench/a")
 
     def engine_claim(key: str) -> None:
-        idempotency.run(operation(key), lambda record: {"ok": True})
+        engine.run(operation(key), lambda record: {"ok": True})
 
     def raw_claim(key: str) -> None:
         rid = raw.execute("INSERT INTO bench_raw_claims (tenant_id, tool, key, fingerprint, status) "
@@ -72,7 +74,7 @@ def run() -> str:
                     "WHERE id = %s AND status = 'PROCESSING'", ['{"ok": true}', rid])
 
     def engine_replay(key: str) -> None:
-        outcome = idempotency.run(operation(key), lambda record: {"ok": True})
+        outcome = engine.run(operation(key), lambda record: {"ok": True})
         assert outcome.replayed
 
     def raw_select(key: str) -> None:
@@ -86,7 +88,7 @@ def run() -> str:
     for _ in range(ROUNDS):
         prefix = uuid.uuid4().hex[:8]
         for i in range(CALLS_PER_ROUND):
-            full_rows[f"full-{prefix}-{i}"] = db.insert_parts(idempotency.new_record(operation(f"full-{prefix}-{i}")))
+            full_rows[f"full-{prefix}-{i}"] = db.insert_parts(engine.new_record(operation(f"full-{prefix}-{i}")))
         for name, step in steps.items():
             key_prefix = f"full-{prefix}" if name == "raw_full_claim" else prefix
             latencies[name] += timed(lambda i, step=step, key_prefix=key_prefix: step(f"{key_prefix}-{i}"),

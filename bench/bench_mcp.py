@@ -72,7 +72,7 @@ def start_server() -> tuple[subprocess.Popen, str]:
 
 
 def run() -> str:
-    from tools_app import tenants
+    from tools_app.access import tenants
 
     tenant = tenants.create_tenant("bench-mcp")
     _, token = tenants.issue_token(tenant, f"bench-{uuid.uuid4().hex[:6]}")

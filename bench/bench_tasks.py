@@ -27,11 +27,13 @@ from pydantic import BaseModel
 
 from bench.common import ROOT
 from tests.documents_fixtures import long_text, pdf_of_text
-from tools_app import task_runner, tasks, tenants
-from tools_app.calls import Caller, call_tool
+from tools_app import tasks
+from tools_app.access import tenants
 from tools_app.models import StepRun, Task, TaskStatus
-from tools_app.pipelines import Pipeline, Step, StepContext, task_tool
-from tools_app.registry import WriteInput, get_tool
+from tools_app.tasks import jobs as task_jobs
+from tools_app.toolkit.calls import Caller, call_tool
+from tools_app.toolkit.pipelines import Pipeline, Step, StepContext, task_tool
+from tools_app.toolkit.registry import WriteInput, get_tool
 from tools_app.tools.documents import INGEST
 
 ROUNDS = 7
@@ -121,7 +123,7 @@ def checkpoint_overhead(caller: Caller, rounds: int) -> tuple[float, list[str]]:
             plain.append(time.perf_counter() - started)
             task = new_task(caller, tool, arguments, f"runner-{case}-{n}")
             started = time.perf_counter()
-            assert task_runner.run_task(str(task.pk)) == "succeeded"
+            assert task_jobs.run_task(str(task.pk)) == "succeeded"
             runner.append(time.perf_counter() - started)
         steps = len(pipeline.steps)
         p, r = statistics.median(plain) * 1000, statistics.median(runner) * 1000

@@ -13,7 +13,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "idemops.settings")
 
 django_app = get_asgi_application()
 
-from tools_app.mcp_server import build_app  # noqa: E402  (needs Django set up)
+from tools_app.mcp.server import build_app  # noqa: E402  (needs Django set up)
 
 mcp_app = build_app()
 

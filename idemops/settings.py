@@ -80,7 +80,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     # A database outage answers 503 + Retry-After, not a 500 (tools_app/unavailable.py).
-    "tools_app.unavailable.DatabaseUnavailableMiddleware",
+    "tools_app.web.unavailable.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -213,7 +213,7 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/api/v1",
     # One enum for the error classes, whether a field calls it error_class or failure_class.
-    "ENUM_NAME_OVERRIDES": {"ErrorClassEnum": "tools_app.models.idempotency.ErrorClass"},
+    "ENUM_NAME_OVERRIDES": {"ErrorClassEnum": "tools_app.core.errors.ErrorClass"},
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from tools_app.health import healthz
+from tools_app.web.health import healthz
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from tools_app import auditors
+from tools_app.access import auditors
 from tools_app.models import (
     ApprovalRequest,
     AuditEvent,

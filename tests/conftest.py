@@ -1,8 +1,8 @@
 import pytest
 
 from tests.task_stack import doc_dir, doc_server, settle_tasks, task_web, task_workers  # noqa: F401  (long tasks)
-from tools_app import tenants
-from tools_app.calls import Caller
+from tools_app.access import tenants
+from tools_app.toolkit.calls import Caller
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from django.contrib.auth import get_user_model
 
-from tools_app import roles
+from tools_app.access import roles
 
 PASSWORD = "correct-horse-battery"
 

@@ -135,9 +135,9 @@ def settle_tasks(transactional_db):
     from django_q.models import OrmQ
 
     from tools_app import tasks
-    from tools_app.errors import AlreadyDone
+    from tools_app.access.tenants import Agent
+    from tools_app.core.errors import AlreadyDone
     from tools_app.models import StepRun, Task
-    from tools_app.tenants import Agent
 
     for task in Task.objects.filter(status__in=tasks.ACTIVE):
         try:

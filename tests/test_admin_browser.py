@@ -14,8 +14,8 @@ from tests.jobs import run_queued_jobs
 from tests.mcp_client import call_sync, error_of
 from tests.operators import PASSWORD, login_for_the_web_server, make_operator
 from tests.processes import ROOT
+from tools_app.access.roles import APPROVER
 from tools_app.models import Announcement, ApprovalRequest, ApprovalStatus, Tenant
-from tools_app.roles import APPROVER
 
 CHROMIUM = os.environ.get("IDEMOPS_CHROMIUM") or shutil.which("chromium") or next(
     (p for p in ("/usr/bin/chromium",) if os.path.exists(p)), None)

@@ -5,7 +5,7 @@ from django.contrib.auth.models import Group, User
 from rest_framework.test import APIClient
 
 from tests.api_support import ENDPOINTS, key_client, make_row
-from tools_app import auditors, tenants
+from tools_app.access import auditors, tenants
 from tools_app.models import AuditEvent, AuditorKey
 
 pytestmark = pytest.mark.django_db

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from tools_app import auditors, tenants
-from tools_app.calls import Caller, call_tool
-from tools_app.registry import get_tool
+from tools_app.access import auditors, tenants
+from tools_app.toolkit.calls import Caller, call_tool
+from tools_app.toolkit.registry import get_tool
 
 pytestmark = pytest.mark.live
 

@@ -8,11 +8,12 @@ import httpx2
 import pytest
 
 from tests.api_support import at, csv_lines, csv_rows, key_client, make_event, make_record
-from tools_app import idempotency, tenants
+from tools_app.access import tenants
 from tools_app.api.idempotency_records import IdempotencyRecordSerializer
-from tools_app.calls import Caller, call_tool
+from tools_app.core import keys
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
-from tools_app.registry import get_tool
+from tools_app.toolkit.calls import Caller, call_tool
+from tools_app.toolkit.registry import get_tool
 
 RECORD_COLUMNS = [
     "id", "operation_id", "tenant", "tool", "key_digest", "fingerprint", "argument_names", "status", "error_class",
@@ -120,7 +121,7 @@ def test_neither_json_nor_csv_carries_the_key_the_arguments_or_the_result(tenant
         assert "Jane Roe" not in exported and "Secret Lane" not in exported
         assert "BOLT-1" not in exported
     body = json.loads(as_json)
-    assert body["key_digest"] == idempotency.key_digest("jane-roe-order-77")
+    assert body["key_digest"] == keys.key_digest("jane-roe-order-77")
     assert body["fingerprint"] == record.fingerprint
     assert body["argument_names"] == ["currency", "customer", "items"]
     assert "result" not in body and "arguments" not in body and body["error_message"] == ""
@@ -134,7 +135,7 @@ def test_the_live_server_streams_a_large_export_in_chunks(web_server, transactio
     globex = tenants.create_tenant("globex", "Globex")
     IdempotencyRecord.objects.bulk_create([_record(acme, i) for i in range(6000)] +
                                           [_record(globex, 10_000 + i) for i in range(10)])
-    from tools_app import auditors
+    from tools_app.access import auditors
 
     _, raw = auditors.issue_key("firm", [acme], actor="system:test")
 
@@ -151,7 +152,7 @@ def test_the_live_server_streams_a_large_export_in_chunks(web_server, transactio
     # then every acme row arrives once, in order, and no globex row
     rows = list(csv.DictReader(io.StringIO(b"".join(chunks).decode())))
     assert len(rows) == 6000
-    assert [row["key_digest"] for row in rows] == [idempotency.key_digest(f"k-{i}") for i in range(6000)]
+    assert [row["key_digest"] for row in rows] == [keys.key_digest(f"k-{i}") for i in range(6000)]
     assert {row["tenant"] for row in rows} == {"acme"}
 
 

@@ -4,7 +4,7 @@ import pytest
 from django.utils import timezone
 
 from tests.api_support import all_pages, at, ids, key_client, make_event, make_record
-from tools_app import idempotency
+from tools_app.core import keys
 from tools_app.models import RecordStatus
 
 pytestmark = pytest.mark.django_db
@@ -54,8 +54,8 @@ def listed(client, url, params):
      {"order_failed", "ticket_transient"}),
     ({"finished_after": at(11).isoformat()}, {"order_failed", "ticket_transient"}),
     ({"finished_before": at(11).isoformat()}, {"order_ok"}),
-    ({"key_digest": idempotency.key_digest("order-2026-0042")}, {"order_processing"}),
-    ({"key_digest": idempotency.key_digest("no-such-key")}, set()),
+    ({"key_digest": keys.key_digest("order-2026-0042")}, {"order_processing"}),
+    ({"key_digest": keys.key_digest("no-such-key")}, set()),
 ])
 def test_record_filters_return_exactly_the_matching_rows(params, expected, tenant, records):
     client = key_client(tenant)

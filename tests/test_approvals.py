@@ -11,9 +11,10 @@ from django_q.models import OrmQ, Schedule
 
 from tests.jobs import queued_jobs, run_queued_jobs
 from tests.operators import make_operator
-from tools_app import approvals, idempotency
+from tools_app import approvals, engine
+from tools_app.access.roles import APPROVER, OPERATOR
 from tools_app.approvals import ApprovalRefused
-from tools_app.calls import Caller, call_tool
+from tools_app.core.jobs import JOBS
 from tools_app.models import (
     Announcement,
     ApprovalRequest,
@@ -25,8 +26,8 @@ from tools_app.models import (
     RecordStatus,
     Ticket,
 )
-from tools_app.registry import get_tool
-from tools_app.roles import APPROVER, OPERATOR
+from tools_app.toolkit.calls import Caller, call_tool
+from tools_app.toolkit.registry import get_tool
 
 STAFF_NOTE = {"title": "Maintenance", "body": "Down at 2am", "audience": "staff"}
 
@@ -115,7 +116,7 @@ def test_an_approved_call_runs_once_in_a_job_and_a_retry_returns_its_result(call
     approvals.approve(request, approver, reason="looks right")
     # then: nothing ran in the deciding request itself; a job is queued
     assert Announcement.objects.count() == 0
-    assert [job["func"] for job in queued_jobs()] == ["tools_app.approvals.run_approved"]
+    assert [job["func"] for job in queued_jobs()] == [JOBS["approvals.run_approved"]]
     during = call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE)
     assert during.error.error_class == "pending_approval"
     assert during.error.as_dict()["approval"]["status"] == "approved"
@@ -231,7 +232,7 @@ def test_an_expired_request_can_no_longer_be_approved(caller, approver):
 
 def test_the_sweep_and_the_seal_are_periodic_jobs(db):
     assert set(Schedule.objects.values_list("name", "func")) >= {
-        ("approvals.sweep", "tools_app.approvals.sweep"), ("audit.seal", "tools_app.audit.seal_periodically")}
+        ("approvals.sweep", JOBS["approvals.sweep"]), ("audit.seal", JOBS["audit.seal"])}
 
 
 # --- who may decide ---------------------------------------------------------------------
@@ -315,7 +316,7 @@ def test_the_sweep_settles_a_request_whose_job_died_after_running_it(caller, app
     approvals.approve(request, approver)
     # the job ran the operation and died before settling the request
     operation, execute = approvals.approved_operation(request)
-    idempotency.execute_approved(request.record, operation, execute)
+    engine.execute_approved(request.record, operation, execute)
     assert ApprovalRequest.objects.get().status == ApprovalStatus.APPROVED
 
     assert approvals.sweep()["settled"] == 1

@@ -11,8 +11,8 @@ from tests.mcp_client import call_sync, error_of
 from tests.operators import make_operator
 from tests.processes import JobCluster
 from tools_app import approvals
+from tools_app.access.roles import APPROVER
 from tools_app.models import Announcement, ApprovalRequest, ApprovalStatus, AuditEvent, Order, Tenant
-from tools_app.roles import APPROVER
 
 pytestmark = pytest.mark.live
 

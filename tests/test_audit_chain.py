@@ -7,7 +7,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, connections, transaction
 
-from tools_app import audit, tenants
+from tools_app.access import tenants
+from tools_app.core import audit
 from tools_app.models import AuditEvent, AuditSeal
 
 

@@ -7,7 +7,7 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from tools_app import auditors
+from tools_app.access import auditors
 from tools_app.models import AuditEvent, AuditorKey
 
 pytestmark = pytest.mark.django_db

@@ -5,8 +5,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 
-from tools_app import tenants
-from tools_app.demo import ensure_demo
+from tools_app.access import tenants
+from tools_app.management.demo import ensure_demo
 from tools_app.models import ApiToken, AuditEvent, Tenant
 
 

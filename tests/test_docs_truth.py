@@ -17,7 +17,7 @@ import pytest
 from django.core.management import get_commands
 from django.urls import Resolver404, resolve
 
-from tools_app.models import ErrorClass
+from tools_app.core.errors import ErrorClass
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -325,7 +325,7 @@ def test_the_api_doc_lists_every_endpoint_that_is_served():
 
 
 def test_the_readme_lists_every_tool_and_the_docs_every_command():
-    from tools_app.registry import all_tools
+    from tools_app.toolkit.registry import all_tools
 
     readme = text_of(ROOT / "README.md")
     everything = "\n".join(text_of(doc) for doc in DOCS)

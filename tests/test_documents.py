@@ -7,11 +7,13 @@ from ipaddress import ip_address
 import pytest
 
 from tests.documents_fixtures import long_text, make_pdf, pdf_of_text
-from tools_app import documents, task_runner, url_allowlist
-from tools_app.calls import Caller, call_tool
-from tools_app.errors import InvalidInput, NotFound
+from tools_app import documents
+from tools_app.core import redaction, url_allowlist
+from tools_app.core.errors import InvalidInput, NotFound
 from tools_app.models import Task
-from tools_app.registry import get_tool
+from tools_app.tasks import jobs as task_jobs
+from tools_app.toolkit.calls import Caller, call_tool
+from tools_app.toolkit.registry import get_tool
 
 HTML = """<!DOCTYPE html><html><head><title>Dock  rules</title><style>p {color: red}</style>
 <script>var secret = "do not index";</script></head>
@@ -151,7 +153,7 @@ def test_an_allowed_url_is_accepted_and_shown_without_its_query(allowed, monkeyp
     url = "https://docs.example.com/public/guide.pdf?token=s3cret"
 
     assert str(documents.allowed_url(url).url) == url
-    assert documents.public_url(url) == "https://docs.example.com/public/guide.pdf"
+    assert redaction.public_url(url) == "https://docs.example.com/public/guide.pdf"
 
 
 # --- the read tools --------------------------------------------------------------------------------
@@ -161,7 +163,7 @@ def ingest(caller, arguments, key):
     result = call_tool(get_tool("start_task"), caller,
                        {"tool": "ingest_document", "arguments": arguments, "idempotency_key": key})
     task = Task.objects.get(pk=result.result["task_id"])
-    assert task_runner.run_task(str(task.pk)) == "succeeded"
+    assert task_jobs.run_task(str(task.pk)) == "succeeded"
     task.refresh_from_db()
     return task.result
 

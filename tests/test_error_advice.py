@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 
 from tests.api_support import make_task
-from tools_app import idempotency
-from tools_app.calls import Caller, call_tool
-from tools_app.errors import UNKNOWN_OUTCOME_ADVICE, UnknownOutcome
-from tools_app.idempotency import Operation
-from tools_app.mcp_server import build_server
+from tools_app import engine
+from tools_app.core.errors import UNKNOWN_OUTCOME_ADVICE, UnknownOutcome
+from tools_app.engine import Operation
+from tools_app.mcp.server import build_server
 from tools_app.models import RecordStatus
-from tools_app.registry import get_tool
+from tools_app.toolkit.calls import Caller, call_tool
+from tools_app.toolkit.registry import get_tool
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
@@ -36,9 +36,9 @@ def test_unknown_outcome_has_one_rule_in_the_instructions_the_readme_and_every_a
     def crashes(record):
         raise RuntimeError("bug after the request went out")
 
-    first = idempotency.run(unknown_operation(tenant), lost_answer)
-    follower = idempotency.run(unknown_operation(tenant), lost_answer)
-    unexpected = idempotency.run(unknown_operation(tenant, key="u-2"), crashes)
+    first = engine.run(unknown_operation(tenant), lost_answer)
+    follower = engine.run(unknown_operation(tenant), lost_answer)
+    unexpected = engine.run(unknown_operation(tenant, key="u-2"), crashes)
 
     assert first.record.status == RecordStatus.UNKNOWN
     for outcome in (first, follower, unexpected):

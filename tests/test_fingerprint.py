@@ -2,8 +2,8 @@ from decimal import Decimal
 
 import pytest
 
-from tools_app.errors import InvalidInput
-from tools_app.idempotency import canonical_json, digest, validate_key
+from tools_app.core.errors import InvalidInput
+from tools_app.core.keys import canonical_json, digest, validate_key
 
 
 def test_key_order_does_not_change_the_fingerprint():

@@ -7,9 +7,9 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from tools_app import idempotency
-from tools_app.errors import InvalidInput
-from tools_app.idempotency import ExpiryPolicy, Operation
+from tools_app import engine
+from tools_app.core.errors import InvalidInput
+from tools_app.engine import ExpiryPolicy, Operation
 from tools_app.models import AuditEvent, IdempotencyRecord, Order, RecordStatus
 
 
@@ -27,8 +27,8 @@ def make_order(tenant):
 
 
 def test_the_first_call_executes_and_a_retry_replays_its_result(tenant):
-    first = idempotency.run(operation(tenant), make_order(tenant))
-    second = idempotency.run(operation(tenant), make_order(tenant))
+    first = engine.run(operation(tenant), make_order(tenant))
+    second = engine.run(operation(tenant), make_order(tenant))
 
     assert first.result == second.result == {"order_id": Order.objects.get().pk}
     assert (first.replayed, second.replayed) == (False, True)
@@ -38,10 +38,10 @@ def test_the_first_call_executes_and_a_retry_replays_its_result(tenant):
 
 
 def test_other_arguments_with_the_same_key_are_a_conflict_naming_the_fields(tenant):
-    idempotency.run(operation(tenant), make_order(tenant))
+    engine.run(operation(tenant), make_order(tenant))
 
-    outcome = idempotency.run(operation(tenant, arguments={"customer": "ACME", "n": 2, "extra": True}),
-                              make_order(tenant))
+    outcome = engine.run(operation(tenant, arguments={"customer": "ACME", "n": 2, "extra": True}),
+                         make_order(tenant))
 
     assert outcome.error.error_class == "conflict"
     assert outcome.error.differing_fields == ["extra", "n"]
@@ -49,9 +49,9 @@ def test_other_arguments_with_the_same_key_are_a_conflict_naming_the_fields(tena
 
 
 def test_keys_are_scoped_by_tenant_and_tool(tenant, other_tenant):
-    idempotency.run(operation(tenant), make_order(tenant))
-    idempotency.run(operation(other_tenant), make_order(other_tenant))
-    idempotency.run(operation(tenant, tool="create_ticket"), make_order(tenant))
+    engine.run(operation(tenant), make_order(tenant))
+    engine.run(operation(other_tenant), make_order(other_tenant))
+    engine.run(operation(tenant, tool="create_ticket"), make_order(tenant))
 
     assert Order.objects.count() == 3
 
@@ -61,7 +61,7 @@ def test_a_handler_that_raises_after_writing_leaves_nothing_behind(tenant):
         Order.objects.create(tenant=tenant, record=record, customer="ACME", currency="EUR", total=1)
         raise RuntimeError("bug after the write")
 
-    outcome = idempotency.run(operation(tenant), write_then_fail)
+    outcome = engine.run(operation(tenant), write_then_fail)
 
     assert Order.objects.count() == 0
     record = IdempotencyRecord.objects.get()
@@ -70,10 +70,10 @@ def test_a_handler_that_raises_after_writing_leaves_nothing_behind(tenant):
 
 
 def test_a_transient_failure_may_run_again_with_the_same_key(tenant):
-    idempotency.run(operation(tenant), lambda record: (_ for _ in ()).throw(RuntimeError("flaky")))
+    engine.run(operation(tenant), lambda record: (_ for _ in ()).throw(RuntimeError("flaky")))
     IdempotencyRecord.objects.update(retry_not_before=timezone.now())
 
-    outcome = idempotency.run(operation(tenant), make_order(tenant))
+    outcome = engine.run(operation(tenant), make_order(tenant))
 
     assert outcome.error is None and not outcome.replayed
     assert outcome.record.attempts == 2
@@ -81,9 +81,9 @@ def test_a_transient_failure_may_run_again_with_the_same_key(tenant):
 
 
 def test_a_transient_failure_is_not_rerun_before_retry_after(tenant):
-    idempotency.run(operation(tenant), lambda record: (_ for _ in ()).throw(RuntimeError("flaky")))
+    engine.run(operation(tenant), lambda record: (_ for _ in ()).throw(RuntimeError("flaky")))
 
-    outcome = idempotency.run(operation(tenant), make_order(tenant))
+    outcome = engine.run(operation(tenant), make_order(tenant))
 
     assert outcome.error.error_class == "transient"
     assert Order.objects.count() == 0
@@ -93,8 +93,8 @@ def test_a_deterministic_failure_is_replayed_as_the_same_error(tenant):
     def reject(record):
         raise InvalidInput("unknown sku X")
 
-    first = idempotency.run(operation(tenant), reject)
-    second = idempotency.run(operation(tenant), make_order(tenant))
+    first = engine.run(operation(tenant), reject)
+    second = engine.run(operation(tenant), make_order(tenant))
 
     assert first.error.as_dict() == second.error.as_dict() == {"class": "invalid_input", "message": "unknown sku X"}
     assert second.replayed and Order.objects.count() == 0
@@ -105,10 +105,10 @@ def expire(record_filter=None):
 
 
 def test_past_retention_a_reexecute_tool_runs_as_a_new_operation(tenant):
-    first = idempotency.run(operation(tenant), make_order(tenant))
+    first = engine.run(operation(tenant), make_order(tenant))
     expire()
 
-    second = idempotency.run(operation(tenant, arguments={"customer": "ACME", "n": 5}), make_order(tenant))
+    second = engine.run(operation(tenant, arguments={"customer": "ACME", "n": 5}), make_order(tenant))
 
     assert second.error is None and not second.replayed
     assert second.result != first.result
@@ -119,10 +119,10 @@ def test_past_retention_a_reexecute_tool_runs_as_a_new_operation(tenant):
 
 def test_past_retention_a_hold_tool_answers_expired(tenant):
     op = operation(tenant, on_expiry=ExpiryPolicy.HOLD)
-    idempotency.run(op, make_order(tenant))
+    engine.run(op, make_order(tenant))
     expire()
 
-    outcome = idempotency.run(op, make_order(tenant))
+    outcome = engine.run(op, make_order(tenant))
 
     assert outcome.error.error_class == "expired"
     assert Order.objects.count() == 1
@@ -130,10 +130,10 @@ def test_past_retention_a_hold_tool_answers_expired(tenant):
 
 def test_a_follower_of_a_running_call_gets_in_progress_after_a_bounded_wait(tenant, settings):
     settings.IDEMOPS = {**settings.IDEMOPS, "FOLLOWER_WAIT_SECONDS": 0.2}
-    record, claimed = idempotency.claim(operation(tenant))
+    record, claimed = engine.claim(operation(tenant))
     assert claimed
 
-    outcome = idempotency.run(operation(tenant), make_order(tenant))
+    outcome = engine.run(operation(tenant), make_order(tenant))
 
     assert outcome.error.error_class == "in_progress"
     assert outcome.error.retry_after > 0
@@ -149,14 +149,14 @@ def test_two_claims_interleaved_at_the_insert_make_one_executor(tenant):
     def claim_a():
         from django.db import transaction
         with transaction.atomic():
-            results["a"] = idempotency.claim(operation(tenant))
+            results["a"] = engine.claim(operation(tenant))
             a_inserted.set()
             release_a.wait(10)
         connections.close_all()
 
     def claim_b():
         a_inserted.wait(10)
-        results["b"] = idempotency.claim(operation(tenant))
+        results["b"] = engine.claim(operation(tenant))
         connections.close_all()
 
     threads = [threading.Thread(target=claim_a), threading.Thread(target=claim_b)]
@@ -194,7 +194,7 @@ def test_many_concurrent_identical_calls_execute_once(tenant):
 
     def call():
         barrier.wait()
-        outcomes.append(idempotency.run(operation(tenant), make_order(tenant)))
+        outcomes.append(engine.run(operation(tenant), make_order(tenant)))
         connections.close_all()
 
     threads = [threading.Thread(target=call) for _ in range(16)]

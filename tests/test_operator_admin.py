@@ -11,19 +11,19 @@ from django.utils import timezone
 from tests.jobs import queued_jobs, run_queued_jobs
 from tests.operators import make_operator
 from tools_app import metrics
-from tools_app.calls import Caller, call_tool
+from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR, ROLE_PERMISSIONS
+from tools_app.core.jobs import JOBS
 from tools_app.models import (
     Announcement,
     ApprovalRequest,
     ApprovalSettings,
     ApprovalStatus,
     AuditEvent,
-    CallOutcome,
     IdempotencyRecord,
     RecordStatus,
 )
-from tools_app.registry import get_tool
-from tools_app.roles import APPROVER, AUDITOR, OPERATOR, ROLE_PERMISSIONS
+from tools_app.toolkit.calls import Caller, CallOutcome, call_tool
+from tools_app.toolkit.registry import get_tool
 
 QUEUE = reverse("admin:tools_app_pendingapproval_changelist")
 NOTE = {"title": "Maintenance", "body": "Down at 2am", "audience": "staff"}
@@ -111,7 +111,7 @@ def test_an_approver_approves_from_the_request_page(caller, as_bob):
     assert b"Down at 2am" in page.content  # the arguments are shown
     assert form.status_code == 200 and request.summary.encode() in form.content
     assert done.status_code == 302 and done.url == QUEUE
-    assert [job["func"] for job in queued_jobs()] == ["tools_app.approvals.run_approved"]
+    assert [job["func"] for job in queued_jobs()] == [JOBS["approvals.run_approved"]]
 
 
 def test_a_rejection_without_a_reason_goes_back_to_the_form(caller, as_bob):

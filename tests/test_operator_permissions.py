@@ -19,21 +19,14 @@ from django.utils import timezone
 
 from tests.mcp_client import call_sync
 from tests.operators import PASSWORD, login_for_the_web_server, make_operator
-from tools_app import idempotency, outbox, tasks
+from tools_app import engine, outbox, reconciliation, tasks
+from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR, ROLE_PERMISSIONS
 from tools_app.admin.operator_actions import OperatorActionsAdmin
-from tools_app.calls import Caller, call_tool, validate_arguments, write_operation
-from tools_app.errors import PermissionDenied, Transient
-from tools_app.models import (
-    AuditEvent,
-    IdempotencyRecord,
-    Order,
-    OutboxEvent,
-    RecordStatus,
-    Tenant,
-    UnknownOutcome,
-)
-from tools_app.registry import get_tool
-from tools_app.roles import APPROVER, AUDITOR, OPERATOR, ROLE_PERMISSIONS
+from tools_app.core.errors import PermissionDenied, Transient
+from tools_app.models import AuditEvent, IdempotencyRecord, Order, OutboxEvent, RecordStatus, Tenant
+from tools_app.reconciliation.models import UnknownOutcome
+from tools_app.toolkit.calls import Caller, call_tool, validate_arguments, write_operation
+from tools_app.toolkit.registry import get_tool
 
 pytestmark = pytest.mark.live  # the payment scenes talk to the test gateway process
 
@@ -127,12 +120,12 @@ def an_unknown_payment(request, caller, model) -> Scene:
     request.getfixturevalue("downstreams")
     spec = get_tool("request_payment")
     operation, _ = write_operation(spec, caller, validate_arguments(spec, {**PAYMENT, "idempotency_key": "p-2"}))
-    record, claimed = idempotency.claim(operation)
+    record, claimed = engine.claim(operation)
     assert claimed
     sent = httpx2.post(f"{gateway.url}/payments", json=PAYMENT, headers={"Idempotency-Key": record.downstream_key})
     assert sent.status_code in (200, 201), sent.text
     IdempotencyRecord.objects.filter(pk=record.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    assert [r.pk for r in idempotency.expire_leases()] == [record.pk]
+    assert [r.pk for r in engine.expire_leases()] == [record.pk]
     return Scene(model.objects.get(pk=record.pk), values={"downstream_reference": sent.json()["payment_id"]})
 
 
@@ -284,7 +277,7 @@ def test_force_expire_called_directly_refuses_an_approver_and_audits_it(caller, 
     bob = make_operator("bob", APPROVER, tenant)
 
     with pytest.raises(PermissionDenied, match="missing permission"):
-        idempotency.force_expire(scene.obj, bob, reason="the agent asked")
+        reconciliation.force_expire(scene.obj, bob, reason="the agent asked")
 
     assert AuditEvent.objects.filter(action="record.force_expire_refused", actor="user:bob").count() == 1
     scene.next_call()

@@ -11,10 +11,10 @@ from django.utils import timezone
 from tests.operators import make_operator
 from tests.processes import ROOT, child_env, manage
 from tools_app import outbox
-from tools_app.calls import Caller, call_tool
+from tools_app.access.roles import OPERATOR
 from tools_app.models import AuditEvent, OutboxEvent, OutboxStatus
-from tools_app.registry import get_tool
-from tools_app.roles import OPERATOR
+from tools_app.toolkit.calls import Caller, call_tool
+from tools_app.toolkit.registry import get_tool
 
 pytestmark = pytest.mark.live
 
@@ -28,7 +28,7 @@ def notify(tenant, key, channel="email", recipient="ops@example.com", subject="D
 
 @pytest.fixture
 def tenant(transactional_db):
-    from tools_app import tenants
+    from tools_app.access import tenants
 
     return tenants.create_tenant("acme")
 

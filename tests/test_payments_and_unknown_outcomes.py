@@ -8,11 +8,12 @@ from django.utils import timezone
 from tests.mcp_client import call_sync, error_of
 from tests.operators import make_operator
 from tests.processes import manage
-from tools_app import dashboard
-from tools_app.errors import Transient
-from tools_app.idempotency import evidence_entry, resolve_failed
+from tools_app.access.roles import OPERATOR
+from tools_app.core.errors import Transient
+from tools_app.core.jobs import JOBS
+from tools_app.engine import evidence_entry, resolve_failed
+from tools_app.metrics import dashboard
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
-from tools_app.roles import OPERATOR
 
 pytestmark = pytest.mark.live
 
@@ -122,9 +123,9 @@ def test_a_rejection_from_the_gateway_is_deterministic_and_replayed(web_server, 
 
 def test_an_unreachable_gateway_is_transient(web_server, token, downstreams, gateway, settings):
     from tests.processes import free_port
-    from tools_app.calls import Caller, call_tool
     from tools_app.models import Tenant
-    from tools_app.registry import get_tool
+    from tools_app.toolkit.calls import Caller, call_tool
+    from tools_app.toolkit.registry import get_tool
 
     settings.IDEMOPS = {**settings.IDEMOPS, "PAYMENT_GATEWAY_URL": f"http://127.0.0.1:{free_port()}"}
     caller = Caller(tenant_id=Tenant.objects.get().pk, actor="agent:acme/test")
@@ -191,18 +192,19 @@ def test_the_periodic_jobs_are_scheduled_after_migrate():
 
     funcs = set(Schedule.objects.values_list("func", flat=True))
 
-    assert {"tools_app.reconciliation.run_periodic", "tools_app.outbox.relay_pending"} <= funcs
+    assert {JOBS["reconciliation.run_periodic"], JOBS["outbox.relay"]} <= funcs
 
 
 @pytest.mark.django_db
 def test_a_payment_above_the_threshold_waits_for_a_person_then_pays_once(downstreams, gateway):
     from tests.jobs import run_queued_jobs
     from tests.operators import make_operator
-    from tools_app import approvals, tenants
-    from tools_app.calls import Caller, call_tool
+    from tools_app import approvals
+    from tools_app.access import tenants
+    from tools_app.access.roles import APPROVER
     from tools_app.models import ApprovalRequest, ApprovalSettings
-    from tools_app.registry import get_tool
-    from tools_app.roles import APPROVER
+    from tools_app.toolkit.calls import Caller, call_tool
+    from tools_app.toolkit.registry import get_tool
 
     # given: payments above 100 EUR need one approval
     tenant = tenants.create_tenant("acme")

@@ -17,9 +17,9 @@ from django.urls import reverse
 
 from tests.api_support import ENDPOINTS, key_client, make_event, make_record
 from tests.task_stack import DocServer
-from tools_app import idempotency, redaction, task_runner
+from tools_app import engine
 from tools_app.api.idempotency_records import HmacSha256Hex
-from tools_app.calls import Caller, call_tool
+from tools_app.core import keys, redaction
 from tools_app.models import (
     AuditEvent,
     Checkpoint,
@@ -29,7 +29,9 @@ from tools_app.models import (
     Task,
     TaskStatus,
 )
-from tools_app.registry import get_tool
+from tools_app.tasks import jobs as task_jobs
+from tools_app.toolkit.calls import Caller, call_tool
+from tools_app.toolkit.registry import get_tool
 
 RECORDS = "/api/v1/idempotency-records"
 
@@ -60,14 +62,14 @@ def everything_exported(client) -> str:
 def test_a_key_digest_is_an_hmac_under_the_server_secret_not_a_plain_sha256(settings):
     key = "order-2026-0042"
 
-    digest = idempotency.key_digest(key)
+    digest = keys.key_digest(key)
 
     assert digest != hashlib.sha256(key.encode()).hexdigest()[:16]
     secret = settings.IDEMOPS["KEY_DIGEST_SECRET"].encode()
     assert digest == hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()[:16]
     # another secret, another digest: a dictionary of keys is useless without the secret
     settings.IDEMOPS = {**settings.IDEMOPS, "KEY_DIGEST_SECRET": "another secret"}
-    assert idempotency.key_digest(key) != digest
+    assert keys.key_digest(key) != digest
 
 
 def test_the_default_secret_is_derived_from_the_django_secret_key_with_its_own_label(settings):
@@ -80,24 +82,24 @@ def test_the_default_secret_is_derived_from_the_django_secret_key_with_its_own_l
 def test_the_key_forwarded_downstream_is_made_from_the_operation_not_from_the_callers_key():
     operation = uuid.uuid4()
 
-    forwarded = idempotency.downstream_key(operation)
+    forwarded = engine.downstream_key(operation)
 
-    assert forwarded == idempotency.downstream_key(operation) == f"idemops-{operation.hex}"
-    assert forwarded != idempotency.downstream_key(uuid.uuid4())
+    assert forwarded == engine.downstream_key(operation) == f"idemops-{operation.hex}"
+    assert forwarded != engine.downstream_key(uuid.uuid4())
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("secret", ["short", "s" * 64, "a much longer secret than one SHA-256 block " * 3])
 def test_the_database_computes_the_same_digest_as_the_server(secret, tenant, settings):
     settings.IDEMOPS = {**settings.IDEMOPS, "KEY_DIGEST_SECRET": secret}
-    keys = ["a", "order-2026-0042", "jane.roe:2026-03-01_x", "K" * 255]
-    for key in keys:
+    raw_keys = ["a", "order-2026-0042", "jane.roe:2026-03-01_x", "K" * 255]
+    for key in raw_keys:
         make_record(tenant, key=key)
 
     in_sql = dict(IdempotencyRecord.objects.annotate(
-        d=HmacSha256Hex("key", idempotency.key_digest_secret())).values_list("key", "d"))
+        d=HmacSha256Hex("key", keys.key_digest_secret())).values_list("key", "d"))
 
-    assert in_sql == {key: idempotency.keyed_hash(key) for key in keys}
+    assert in_sql == {key: keys.keyed_hash(key) for key in raw_keys}
 
 
 @pytest.mark.django_db
@@ -105,7 +107,7 @@ def test_the_same_key_in_two_tenants_shows_the_digest_the_server_computes_in_the
         tenant, other_tenant):
     acme = make_record(tenant, key="jane.roe@example.com")
     globex = make_record(other_tenant, key="jane.roe@example.com")
-    expected = idempotency.key_digest("jane.roe@example.com")
+    expected = keys.key_digest("jane.roe@example.com")
 
     for auditor_tenant, record in ((tenant, acme), (other_tenant, globex)):
         body = key_client(auditor_tenant).get(f"{RECORDS}/{record.pk}").json()
@@ -125,7 +127,7 @@ def test_the_unknown_outcomes_page_shows_the_key_as_the_same_digest(tenant):
     page = superuser_client().get(reverse("admin:tools_app_unknownoutcome_change", args=[record.pk]))
 
     assert page.status_code == 200
-    assert idempotency.key_digest("jane.roe@example.com") in page.content.decode()
+    assert keys.key_digest("jane.roe@example.com") in page.content.decode()
     assert "jane.roe@example.com" not in page.content.decode()
 
 
@@ -135,7 +137,7 @@ def test_the_api_filter_finds_a_record_by_its_keyed_digest_and_not_by_the_plain_
     make_record(tenant, key="order-2026-0043")
     client = key_client(tenant)
 
-    found = client.get(RECORDS, {"key_digest": idempotency.key_digest("order-2026-0042")}).json()["results"]
+    found = client.get(RECORDS, {"key_digest": keys.key_digest("order-2026-0042")}).json()["results"]
     plain = client.get(RECORDS, {"key_digest": hashlib.sha256(b"order-2026-0042").hexdigest()[:16]}).json()
 
     assert [row["id"] for row in found] == [wanted.pk]
@@ -212,7 +214,7 @@ def test_a_url_token_is_used_for_the_fetch_and_stored_shown_or_exported_nowhere(
 
     # when an agent ingests it and a worker runs the task
     task = ingest_by_url(caller, url)
-    outcome = task_runner.run_task(str(task.pk))
+    outcome = task_jobs.run_task(str(task.pk))
 
     # then the worker fetched the URL the caller gave, token included
     task.refresh_from_db()
@@ -264,9 +266,9 @@ def test_a_task_sealed_under_a_rotated_secret_key_opens_with_the_fallback_and_fa
 
     settings.SECRET_KEY = "a new secret key after rotation"
     settings.SECRET_KEY_FALLBACKS = [old_key]
-    assert task_runner.run_task(str(first.pk)) == "succeeded"
+    assert task_jobs.run_task(str(first.pk)) == "succeeded"
     settings.SECRET_KEY_FALLBACKS = []
-    assert task_runner.run_task(str(second.pk)) == "failed"
+    assert task_jobs.run_task(str(second.pk)) == "failed"
 
     second.refresh_from_db()
     assert second.failure_class == "invalid_input" and "SECRET_KEY_FALLBACKS" in second.failure_reason

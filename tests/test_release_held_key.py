@@ -12,10 +12,10 @@ from django.utils import timezone
 
 from tests.mcp_client import call_sync, error_of
 from tests.operators import make_operator
-from tools_app import idempotency
-from tools_app.errors import InvalidInput
+from tools_app import reconciliation
+from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR
+from tools_app.core.errors import InvalidInput
 from tools_app.models import AuditEvent, IdempotencyRecord, Tenant
-from tools_app.roles import APPROVER, AUDITOR, OPERATOR
 
 pytestmark = pytest.mark.live
 
@@ -103,9 +103,9 @@ def test_only_a_key_past_its_retention_can_be_released_and_never_without_saying_
     olga = make_operator("olga", OPERATOR, Tenant.objects.get(slug="acme"))
     record = IdempotencyRecord.objects.get(key="p-held")
 
-    assert idempotency.release_held_key(record, olga, reason="early", checked="gateway: paid") is False
+    assert reconciliation.release_held_key(record, olga, reason="early", checked="gateway: paid") is False
     with pytest.raises(InvalidInput, match="what you checked"):
-        idempotency.release_held_key(past_retention(), olga, reason="expired now", checked="  ")
+        reconciliation.release_held_key(past_retention(), olga, reason="expired now", checked="  ")
 
     assert IdempotencyRecord.objects.get(pk=record.pk).retired_at is None
     assert not AuditEvent.objects.filter(action="record.released").exists()

@@ -15,10 +15,10 @@ from django.core.management import call_command
 from tests.documents_fixtures import long_text, pdf_of_text
 from tests.processes import Worker
 from tests.task_stack import wait_until
-from tools_app import tenants
-from tools_app.calls import Caller, call_tool
+from tools_app.access import tenants
 from tools_app.models import AuditEvent, Checkpoint, Document, StepRun, Task, TaskStatus
-from tools_app.registry import get_tool
+from tools_app.toolkit.calls import Caller, call_tool
+from tools_app.toolkit.registry import get_tool
 
 pytestmark = pytest.mark.live
 

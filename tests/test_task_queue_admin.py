@@ -8,9 +8,9 @@ from django.utils import timezone
 
 from tests.api_support import make_record
 from tests.operators import make_operator
-from tools_app import tenants
+from tools_app.access import tenants
+from tools_app.access.roles import OPERATOR
 from tools_app.models import Task, TaskStatus
-from tools_app.roles import OPERATOR
 
 pytestmark = pytest.mark.django_db
 QUEUE = reverse("admin:tools_app_taskneedingattention_changelist")

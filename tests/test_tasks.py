@@ -1,6 +1,6 @@
 """The task state machine, the runner and checkpoints, in-process against real PostgreSQL.
 
-Jobs are run by calling the django-q2 job function (task_runner.run_task)
+Jobs are run by calling the django-q2 job function (task_jobs.run_task)
 in the test process; the live tests run them on real clusters.
 """
 
@@ -16,14 +16,17 @@ from django_q.models import OrmQ
 
 from tests.operators import make_operator
 from tests.task_stack import DocServer
-from tools_app import checkpoints, task_runner, tasks
-from tools_app.calls import call_tool
-from tools_app.errors import AlreadyDone, InvalidInput, NotFound, PermissionDenied, Transient
+from tools_app import tasks
+from tools_app.access.roles import AUDITOR, OPERATOR
+from tools_app.access.tenants import Agent
+from tools_app.core.errors import AlreadyDone, InvalidInput, NotFound, PermissionDenied, Transient
+from tools_app.core.jobs import JOBS
 from tools_app.models import AuditEvent, Checkpoint, StepOutcome, StepRun, Task, TaskArtifact, TaskStatus
-from tools_app.pipelines import Pipeline, RetryPolicy, Step
-from tools_app.registry import get_tool
-from tools_app.roles import AUDITOR, OPERATOR
-from tools_app.tenants import Agent
+from tools_app.tasks import checkpoints
+from tools_app.tasks import jobs as task_jobs
+from tools_app.toolkit.calls import call_tool
+from tools_app.toolkit.pipelines import Pipeline, RetryPolicy, Step
+from tools_app.toolkit.registry import get_tool
 from tools_app.tools.documents import INGEST
 
 TEXT = "# Notes\n\nThe crane schedule moved. Pallets wait at dock four.\n\nCustoms cleared the vessel."
@@ -115,7 +118,7 @@ def test_calling_the_long_tool_itself_is_start_task_and_answers_in_progress_with
 def test_a_task_runs_every_step_once_and_checkpoints_each(transactional_db, caller, fast):
     task = start(caller, {"text": TEXT})
 
-    outcome = task_runner.run_task(str(task.pk))
+    outcome = task_jobs.run_task(str(task.pk))
 
     task.refresh_from_db()
     assert outcome == "succeeded" and task.status == TaskStatus.SUCCEEDED
@@ -131,7 +134,7 @@ def test_a_job_for_a_task_another_worker_holds_ends_without_running_anything(tra
     task = start(caller, {"text": TEXT})
     assert tasks.take(str(task.pk), "worker-a") is not None
 
-    outcome = task_runner.run_task(str(task.pk))
+    outcome = task_jobs.run_task(str(task.pk))
 
     assert outcome.startswith("not taken") and not StepRun.objects.exists()
 
@@ -187,7 +190,7 @@ def test_a_transient_error_is_retried_with_backoff_until_attempts_run_out_then_r
         task = start(caller, {"url": url})
 
         # when its job runs (waiting out the short backoffs itself)
-        outcome = task_runner.run_task(str(task.pk))
+        outcome = task_jobs.run_task(str(task.pk))
 
         # then it failed as transient after three attempts, each a failed receive
         task.refresh_from_db()
@@ -199,7 +202,7 @@ def test_a_transient_error_is_retried_with_backoff_until_attempts_run_out_then_r
         # and resume_task runs it again from the start of its attempts
         tasks.resume(task, agent(caller))
         assert (task.status, task.attempts) == (TaskStatus.CREATED, 1)
-        assert task_runner.run_task(str(task.pk)) == "succeeded"
+        assert task_jobs.run_task(str(task.pk)) == "succeeded"
     finally:
         server.close()
 
@@ -208,7 +211,7 @@ def test_a_long_job_hands_the_task_on_to_a_new_job_at_a_step_boundary(transactio
     fast.IDEMOPS = {**fast.IDEMOPS, "TASK_SLICE_SECONDS": 0}
     task = start(caller, {"text": TEXT})
 
-    outcomes = [task_runner.run_task(str(task.pk)) for _ in range(6)]
+    outcomes = [task_jobs.run_task(str(task.pk)) for _ in range(6)]
 
     assert outcomes == ["handed on to a new job"] * 5 + ["succeeded"]
     assert queued_jobs() == 6  # the first job and five continuations
@@ -347,7 +350,7 @@ def test_a_task_whose_workers_keep_dying_fails_as_transient(caller, fast):
 
 def test_resume_reuses_only_checkpoints_whose_checksum_and_inputs_still_match(transactional_db, caller, fast):
     task = start(caller, {"text": TEXT * 400})  # large enough for artifacts
-    task_runner.run_task(str(task.pk))
+    task_jobs.run_task(str(task.pk))
     task.refresh_from_db()
     assert checkpoints.valid_prefix(task, INGEST).next_index == 6
     assert TaskArtifact.objects.filter(task=task).exists()
@@ -366,11 +369,11 @@ def test_resume_reuses_only_checkpoints_whose_checksum_and_inputs_still_match(tr
 
 def test_a_rewritten_checkpoint_replaces_the_invalid_one(transactional_db, caller, fast):
     task = start(caller, {"text": TEXT * 400})
-    task_runner.run_task(str(task.pk))
+    task_jobs.run_task(str(task.pk))
     Checkpoint.objects.filter(task=task, step="chunk").update(checksum="0" * 64)
     Task.objects.filter(pk=task.pk).update(status=TaskStatus.CREATED, result=None, finished_at=None)
 
-    assert task_runner.run_task(str(task.pk)) == "succeeded"
+    assert task_jobs.run_task(str(task.pk)) == "succeeded"
 
     assert Checkpoint.objects.filter(task=task).count() == 6
     assert TaskArtifact.objects.filter(task=task).count() == Checkpoint.objects.filter(
@@ -425,7 +428,7 @@ def test_the_sweep_is_a_periodic_django_q2_schedule(db):
     ensure_schedules()
 
     schedule = Schedule.objects.get(name="idemops: task sweep")
-    assert (schedule.func, schedule.schedule_type, schedule.minutes) == ("tools_app.tasks.sweep", "I", 1)
+    assert (schedule.func, schedule.schedule_type, schedule.minutes) == (JOBS["tasks.sweep"], "I", 1)
 
 
 def running_task(caller) -> Task:

@@ -15,6 +15,7 @@ from django_q.tasks import async_task
 from tests.documents_fixtures import long_text, make_pdf, pdf_of_text
 from tests.mcp_client import call, call_sync, connect, error_of
 from tests.task_stack import wait_until
+from tools_app.core.jobs import JOBS
 from tools_app.models import AuditEvent, Checkpoint, Document, StepOutcome, StepRun, Task, TaskStatus
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("settle_tasks")]
@@ -246,7 +247,7 @@ def test_two_workers_never_run_the_same_task_even_when_it_is_delivered_several_t
     # given a task whose job is delivered three more times (django-q2 delivers at least once)
     task = task_of(start(task_web, token, {"path": big_pdf(doc_dir, "twice.pdf", 300_000)}, "twice-1"))
     for _ in range(3):
-        async_task("tools_app.task_runner.run_task", str(task.pk))
+        async_task(JOBS["tasks.run_task"], str(task.pk))
 
     # when the two workers take the jobs
     wait_until(lambda: status_of(task) == TaskStatus.SUCCEEDED, what="the task to succeed")

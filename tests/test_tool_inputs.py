@@ -14,13 +14,13 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
 
 from tests.mcp_client import connect, post_raw, raw_call, raw_error_of
-from tools_app import idempotency
-from tools_app.calls import validate_arguments
-from tools_app.errors import InvalidInput
-from tools_app.idempotency import Operation
+from tools_app import engine
+from tools_app.core.errors import InvalidInput
+from tools_app.engine import Operation
 from tools_app.models import IdempotencyRecord, Order, RecordStatus, Task
-from tools_app.pipelines import Pipeline, Step
-from tools_app.registry import StrictModel, all_tools
+from tools_app.toolkit.calls import validate_arguments
+from tools_app.toolkit.pipelines import Pipeline, Step
+from tools_app.toolkit.registry import StrictModel, all_tools
 
 ORDER = {"customer": "ACME", "items": [{"sku": "BOLT-1", "quantity": 3, "unit_price": "2.50"}], "currency": "EUR"}
 
@@ -79,8 +79,8 @@ def test_a_database_data_error_is_invalid_input_and_is_not_run_again(tenant):
     op = Operation(tenant_id=tenant.pk, tool="create_order", key="k", arguments={"n": 1}, actor="agent:acme/test")
 
     # when
-    first = idempotency.run(op, overflow)
-    again = idempotency.run(op, overflow)
+    first = engine.run(op, overflow)
+    again = engine.run(op, overflow)
 
     # then: not `transient` ("retry with the same key"), and the retry replays the refusal
     assert first.error.error_class == again.error.error_class == "invalid_input"

@@ -5,12 +5,13 @@ from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 from tests.operators import make_operator
-from tools_app import reconciliation, tenants
-from tools_app.calls import Caller, call_tool
-from tools_app.errors import PermissionDenied
+from tools_app import reconciliation
+from tools_app.access import tenants
+from tools_app.access.roles import OPERATOR
+from tools_app.core.errors import PermissionDenied
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus, Tenant, TenantAccess
-from tools_app.registry import get_tool
-from tools_app.roles import OPERATOR
+from tools_app.toolkit.calls import Caller, call_tool
+from tools_app.toolkit.registry import get_tool
 
 pytestmark = pytest.mark.live
 QUEUE = reverse("admin:tools_app_unknownoutcome_changelist")

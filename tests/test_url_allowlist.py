@@ -16,11 +16,13 @@ from django.utils import timezone
 
 from tests.mcp_client import raw_call, raw_error_of
 from tests.processes import free_port, manage
-from tools_app import documents, outbox, tenants, url_allowlist
-from tools_app.calls import Caller, call_tool
-from tools_app.errors import InvalidInput, Transient
+from tools_app import documents, outbox
+from tools_app.access import tenants
+from tools_app.core import url_allowlist
+from tools_app.core.errors import InvalidInput, Transient
 from tools_app.models import IdempotencyRecord, OutboxEvent, OutboxStatus
-from tools_app.registry import get_tool
+from tools_app.toolkit.calls import Caller, call_tool
+from tools_app.toolkit.registry import get_tool
 
 HOOKS = "http://127.0.0.1:8002/webhooks/"
 

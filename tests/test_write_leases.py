@@ -10,8 +10,8 @@ from django.db import connections
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from tools_app import idempotency
-from tools_app.idempotency import Operation
+from tools_app import engine
+from tools_app.engine import Operation
 from tools_app.models import AuditEvent, IdempotencyRecord, Order, RecordStatus
 
 ARGUMENTS = {"customer": "ACME", "n": 1}
@@ -37,7 +37,7 @@ def short_leases(settings):
 
 def claimed_by_a_dead_executor(op: Operation) -> IdempotencyRecord:
     """A claim whose executor died right after it: PROCESSING, and its lease already ran out."""
-    record, claimed = idempotency.claim(op)
+    record, claimed = engine.claim(op)
     assert claimed
     IdempotencyRecord.objects.filter(pk=record.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     record.refresh_from_db()
@@ -60,7 +60,7 @@ class Sweeper:
     def run(self):
         try:
             while not self.stop.is_set():
-                self.expired += [r.pk for r in idempotency.expire_leases()]
+                self.expired += [r.pk for r in engine.expire_leases()]
                 time.sleep(0.05)
         finally:
             connections.close_all()
@@ -78,7 +78,7 @@ def test_the_heartbeat_keeps_a_slow_handlers_lease_beyond_the_lease_length(trans
     # given a handler that runs four times longer than the lease, with the sweep running all along
     with Sweeper() as sweeper:
         # when
-        outcome = idempotency.run(operation(tenant), make_order(tenant, pause=2.4))
+        outcome = engine.run(operation(tenant), make_order(tenant, pause=2.4))
 
     # then nobody took it for dead: it succeeded once, never UNKNOWN
     assert outcome.error is None and outcome.executed
@@ -101,15 +101,15 @@ def test_a_lost_lease_is_detected_and_the_late_executor_commits_nothing(transact
     def take_it_for_dead():
         started.wait(10)
         record = IdempotencyRecord.objects.get()
-        assert idempotency.expire_lease(record, now=timezone.now() + timedelta(seconds=5))
+        assert engine.expire_lease(record, now=timezone.now() + timedelta(seconds=5))
         connections.close_all()
 
     thief = threading.Thread(target=take_it_for_dead)
     thief.start()
 
     # when
-    with caplog.at_level(logging.WARNING, logger="tools_app.leases"):
-        outcome = idempotency.run(operation(tenant), slow_order)
+    with caplog.at_level(logging.WARNING, logger="tools_app.core.leases"):
+        outcome = engine.run(operation(tenant), slow_order)
     thief.join(10)
 
     # then its heartbeat noticed, its success was refused, and nothing it wrote committed
@@ -133,7 +133,7 @@ def test_a_handler_holding_a_lock_on_its_own_record_is_not_stuck_behind_its_hear
 
     def call():
         try:
-            outcomes.append(idempotency.run(operation(tenant), locking_order))
+            outcomes.append(engine.run(operation(tenant), locking_order))
         finally:
             connections.close_all()
 
@@ -153,7 +153,7 @@ def test_a_retry_that_finds_a_dead_executors_lease_expired_runs_a_local_tool_at_
     record = claimed_by_a_dead_executor(operation(tenant))
 
     # when the agent retries with the same key
-    outcome = idempotency.run(operation(tenant), make_order(tenant))
+    outcome = engine.run(operation(tenant), make_order(tenant))
 
     # then the retry took the record over itself (nothing committed: settled as not done) and ran it
     assert outcome.error is None and outcome.executed
@@ -174,7 +174,7 @@ def test_a_retry_that_finds_a_downstream_calls_lease_expired_answers_unknown_and
     queued = OrmQ.objects.count()
 
     # when
-    outcome = idempotency.run(op, lambda record: pytest.fail("a dead executor's payment must not run again"))
+    outcome = engine.run(op, lambda record: pytest.fail("a dead executor's payment must not run again"))
 
     # then the agent hears at once that it is being reconciled, and the reconciliation is queued now
     assert outcome.error.error_class == "unknown_outcome"
@@ -186,11 +186,11 @@ def test_a_retry_that_finds_a_downstream_calls_lease_expired_answers_unknown_and
 def test_a_follower_waiting_on_an_executor_takes_over_as_soon_as_its_lease_runs_out(tenant, settings):
     # given an executor that died with a lease that runs out in a moment, and a patient follower
     settings.IDEMOPS = {**settings.IDEMOPS, "EXECUTION_LEASE_SECONDS": 0.5, "FOLLOWER_WAIT_SECONDS": 30}
-    record, claimed = idempotency.claim(operation(tenant))
+    record, claimed = engine.claim(operation(tenant))
     assert claimed
 
     # when
-    outcome = idempotency.run(operation(tenant), make_order(tenant))
+    outcome = engine.run(operation(tenant), make_order(tenant))
 
     # then it did not wait out its 30 s for an answer that could never come: it ran the order
     assert outcome.error is None and Order.objects.count() == 1
@@ -198,10 +198,10 @@ def test_a_follower_waiting_on_an_executor_takes_over_as_soon_as_its_lease_runs_
 
 
 def test_a_live_executors_lease_is_not_taken(tenant):
-    record, _ = idempotency.claim(operation(tenant))
+    record, _ = engine.claim(operation(tenant))
 
-    assert not idempotency.expire_lease(record)
-    assert idempotency.expire_leases() == []
+    assert not engine.expire_lease(record)
+    assert engine.expire_leases() == []
     record.refresh_from_db()
     assert record.status == RecordStatus.PROCESSING
 

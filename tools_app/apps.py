@@ -1,3 +1,11 @@
+"""The Django app and its composition root: where the packages are wired together at start-up.
+
+Lower packages (engine, toolkit) learn of the higher ones (approvals,
+reconciliation, tasks) only through the hooks registered here. Importing
+modules inside `ready` is Django's rule for app start-up (models are not
+loaded when this module is imported), not a way around an import cycle.
+"""
+
 from django.apps import AppConfig
 
 
@@ -7,14 +15,24 @@ class ToolsAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Importing the tools registers them (one declaration per tool).
         from django.db.models.signals import post_migrate
         from django_q.signals import post_spawn
 
-        from tools_app import tools  # noqa: F401
-        from tools_app.roles import ensure_roles
+        from tools_app import (
+            approvals,
+            engine,
+            reconciliation,
+            tasks,
+            toolkit,
+            tools,  # noqa: F401  (importing the tools registers them: one declaration each)
+        )
+        from tools_app.access.roles import ensure_roles
         from tools_app.schedules import ensure_schedules, start_loops
 
+        engine.hooks.register(follow_awaiting_approval=approvals.follow,
+                              settle_expired=reconciliation.settle_expired)
+        toolkit.hooks.register(approval_gate=approvals.gate, run_long_tool=tasks.call_task_tool,
+                               after_unknown=reconciliation.reconcile_soon)
         post_migrate.connect(ensure_schedules, sender=self)
         post_migrate.connect(ensure_roles, sender=self)
         # Every django-q2 worker process runs the few-second loops (tools_app.schedules).

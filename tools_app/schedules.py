@@ -22,45 +22,47 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import close_old_connections
 from django.utils.module_loading import import_string
+from django_q.models import Schedule
 
-from tools_app import unavailable
+from tools_app.core import outage
+from tools_app.core.jobs import JOBS
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class PeriodicJob:
-    name: str
-    func: str  # dotted path of a function taking no arguments
+    name: str  # the Schedule row's name
+    job: str  # a job of core.jobs.JOBS taking no arguments
     minutes: int = 1
 
 
 PERIODIC_JOBS: list[PeriodicJob] = [
     # Dead executors' records → UNKNOWN, then ask downstream what happened. The
     # loop below runs it every second; this schedule is its backstop.
-    PeriodicJob("idemops: expire leases and reconcile", "tools_app.reconciliation.run_periodic"),
+    PeriodicJob("idemops: expire leases and reconcile", "reconciliation.run_periodic"),
     # Events whose delivery is due (new ones also wake the relay directly).
-    PeriodicJob("idemops: outbox relay", "tools_app.outbox.relay_pending"),
+    PeriodicJob("idemops: outbox relay", "outbox.relay"),
     # Expire overdue approval requests, settle finished ones, re-queue stalled ones.
-    PeriodicJob(name="approvals.sweep", func="tools_app.approvals.sweep"),
+    PeriodicJob("approvals.sweep", "approvals.sweep"),
     # Link newly committed audit events into the hash chain.
-    PeriodicJob(name="audit.seal", func="tools_app.audit.seal_periodically"),
+    PeriodicJob("audit.seal", "audit.seal"),
     # Revives long tasks whose worker died and queues due retries (tools_app.tasks.sweep).
-    PeriodicJob("idemops: task sweep", "tools_app.tasks.sweep", minutes=settings.IDEMOPS["TASK_SWEEP_MINUTES"]),
+    PeriodicJob("idemops: task sweep", "tasks.sweep", minutes=settings.IDEMOPS["TASK_SWEEP_MINUTES"]),
 ]
 
 
 @dataclass(frozen=True)
 class LoopJob:
     name: str
-    func: str  # dotted path of a function taking no arguments
+    job: str  # a job of core.jobs.JOBS taking no arguments
     seconds: float  # pause between two runs; 0 turns the loop off
 
 
 LOOP_JOBS: list[LoopJob] = [
     # A dead executor's key settles within its lease plus this period, even
     # if no caller asks for it again (a caller that does settles it itself).
-    LoopJob("idemops: lease sweep and due reconciliations", "tools_app.reconciliation.run_periodic",
+    LoopJob("idemops: lease sweep and due reconciliations", "reconciliation.run_periodic",
             seconds=settings.IDEMOPS["LEASE_SWEEP_SECONDS"]),
 ]
 
@@ -76,7 +78,7 @@ def start_loops(**kwargs) -> list[threading.Thread]:
 
 
 def _loop(job: LoopJob) -> None:
-    func = import_string(job.func)
+    func = import_string(JOBS[job.job])
     while True:
         time.sleep(job.seconds)
         try:
@@ -84,17 +86,15 @@ def _loop(job: LoopJob) -> None:
             # Django does around each request (CONN_HEALTH_CHECKS).
             close_old_connections()
             func()
-        except unavailable.DATABASE_ERRORS as exc:  # an outage: the next round tries again
-            unavailable.log(job.name, exc)
+        except outage.DATABASE_ERRORS as exc:  # an outage: the next round tries again
+            outage.log(job.name, exc)
         except Exception:
             logger.exception("%s failed; it runs again in %ss", job.name, job.seconds)
 
 
 def ensure_schedules(**kwargs) -> None:
-    from django_q.models import Schedule
-
     for job in PERIODIC_JOBS:
         Schedule.objects.update_or_create(
             name=job.name,
-            defaults={"func": job.func, "schedule_type": Schedule.MINUTES, "minutes": job.minutes, "repeats": -1},
+            defaults={"func": JOBS[job.job], "schedule_type": Schedule.MINUTES, "minutes": job.minutes, "repeats": -1},
         )

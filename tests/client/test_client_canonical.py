@@ -7,7 +7,8 @@ from decimal import Decimal
 import pytest
 
 from idemops_client import canonical
-from tools_app import idempotency
+from tools_app.core import keys
+from tools_app.core.errors import InvalidInput
 
 TRICKY = [
     None, True, False, 0, -0.0, 0.0, Decimal("0.000"), 1, 1.0, Decimal("1.00"), -7, 2.5, Decimal("2.50"),
@@ -23,7 +24,7 @@ TRICKY = [
 
 @pytest.mark.parametrize("value", TRICKY, ids=repr)
 def test_client_and_server_write_the_same_canonical_form(value):
-    assert canonical.canonical_json(value) == idempotency.canonical_json(value)
+    assert canonical.canonical_json(value) == keys.canonical_json(value)
 
 
 def test_spellings_of_one_call_have_one_canonical_form_on_both_sides():
@@ -33,15 +34,15 @@ def test_spellings_of_one_call_have_one_canonical_form_on_both_sides():
         {"items": [{"quantity": Decimal("3.000"), "sku": "B", "unit_price": 2.50}], "customer": "Café"},
     ]
     assert len({canonical.canonical_json(s) for s in spellings}) == 1
-    assert {canonical.canonical_json(s) for s in spellings} == {idempotency.canonical_json(s) for s in spellings}
+    assert {canonical.canonical_json(s) for s in spellings} == {keys.canonical_json(s) for s in spellings}
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), Decimal("-Infinity")])
 def test_non_finite_numbers_are_refused_by_both(value):
     with pytest.raises(ValueError):
         canonical.canonical_json({"amount": value})
-    with pytest.raises(idempotency.InvalidInput):
-        idempotency.canonical_json({"amount": value})
+    with pytest.raises(InvalidInput):
+        keys.canonical_json({"amount": value})
 
 
 def test_a_derived_key_is_stable_for_a_replanned_call_and_valid_for_the_server():
@@ -49,7 +50,7 @@ def test_a_derived_key_is_stable_for_a_replanned_call_and_valid_for_the_server()
     again = canonical.derive_key("chat-42", "create_order", {"qty": 3.0, "customer": "ACME"})
 
     assert first == again
-    assert idempotency.validate_key(first) == first
+    assert keys.validate_key(first) == first
 
 
 @pytest.mark.parametrize("other", [

@@ -11,8 +11,8 @@ from idemops_client.faults import FaultProxy
 from tests.operators import make_operator
 from tests.processes import ROOT
 from tools_app import approvals
+from tools_app.access.roles import APPROVER
 from tools_app.models import Announcement, ApprovalRequest, Document, IdempotencyRecord, RecordStatus, Task, Tenant
-from tools_app.roles import APPROVER
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("settle_tasks")]
 

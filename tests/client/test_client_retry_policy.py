@@ -5,7 +5,7 @@ import random
 import pytest
 
 from idemops_client import RetryPolicy, is_retryable
-from tools_app.models import ErrorClass
+from tools_app.core.errors import ErrorClass
 
 
 @pytest.mark.parametrize("error_class", ["transient", "in_progress", "unknown_outcome", "pending_approval",

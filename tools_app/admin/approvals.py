@@ -5,7 +5,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from tools_app import approvals, audit
+from tools_app import approvals
 from tools_app.admin.operator_actions import (
     REASON_REQUIRED,
     OperatorAction,
@@ -16,7 +16,14 @@ from tools_app.admin.operator_actions import (
     time_left,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
-from tools_app.models import ApprovalDecision, ApprovalRequest, ApprovalSettings, ApprovalStatus, PendingApproval
+from tools_app.approvals.models import (
+    ApprovalDecision,
+    ApprovalRequest,
+    ApprovalSettings,
+    ApprovalStatus,
+    PendingApproval,
+)
+from tools_app.core import audit
 
 
 def approve(request, obj, reason: str) -> str:

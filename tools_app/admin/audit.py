@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
-from tools_app.models import AuditEvent, AuditSeal
+from tools_app.core.models import AuditEvent, AuditSeal
 
 
 @admin.register(AuditEvent)

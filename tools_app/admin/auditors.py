@@ -7,8 +7,9 @@ never writes an AuditorKey row itself.
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 
-from tools_app import audit, auditors
-from tools_app.models import AuditorKey
+from tools_app.access import auditors
+from tools_app.access.models import AuditorKey
+from tools_app.core import audit
 
 
 def _actor(request) -> str:

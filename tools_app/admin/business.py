@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from tools_app.admin.scoping import TenantScopedAdmin
-from tools_app.models import Announcement, Order, Ticket
+from tools_app.tools.models import Announcement, Order, Ticket
 
 
 @admin.register(Order)

@@ -12,10 +12,12 @@ from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.urls import path
 
-from tools_app import dashboard, tenants
+from tools_app.access import tenants
 from tools_app.admin.operator_actions import age
 from tools_app.admin.scoping import ReadOnlyAdmin
-from tools_app.models import CallOutcome, Dashboard
+from tools_app.metrics import dashboard
+from tools_app.metrics.models import Dashboard
+from tools_app.toolkit.calls import CallOutcome
 
 # Write-call outcomes in the charts, bottom to top, with their colours.
 SERIES = [

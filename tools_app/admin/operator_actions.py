@@ -42,9 +42,10 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from tools_app import errors, tenants
+from tools_app.access import tenants
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
-from tools_app.models import AuditEvent
+from tools_app.core import errors
+from tools_app.core.models import AuditEvent
 
 REASON_REQUIRED, REASON_OPTIONAL = "required", "optional"
 

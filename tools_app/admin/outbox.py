@@ -5,7 +5,7 @@ from django.contrib import admin
 from tools_app import outbox
 from tools_app.admin.operator_actions import OperatorAction, QueueAdmin, age
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
-from tools_app.models import DeadLetter, OutboxEvent, OutboxStatus
+from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 
 
 @admin.register(OutboxEvent)

@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from tools_app import idempotency
+from tools_app import reconciliation
 from tools_app.admin.operator_actions import (
     REASON_REQUIRED,
     OperatorAction,
@@ -15,8 +15,10 @@ from tools_app.admin.operator_actions import (
     pretty_json,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
-from tools_app.errors import ToolFailure
-from tools_app.models import ApprovalRequest, IdempotencyRecord
+from tools_app.approvals.models import ApprovalRequest
+from tools_app.core import keys
+from tools_app.core.errors import ToolFailure
+from tools_app.engine.models import IdempotencyRecord
 
 
 class NotExpirable(Exception):
@@ -24,13 +26,13 @@ class NotExpirable(Exception):
 
 
 def force_expire(request, record, reason: str) -> str:
-    if not idempotency.force_expire(record, request.user, reason=reason):
+    if not reconciliation.force_expire(record, request.user, reason=reason):
         raise NotExpirable("only a finished record within its retention can be expired")
     return "retention ended now; the tool's expiry policy applies to the next call with this key"
 
 
 def release_held_key(request, record, reason: str, checked: str, downstream_reference: str = "") -> str:
-    if not idempotency.release_held_key(record, request.user, reason=reason, checked=checked,
+    if not reconciliation.release_held_key(record, request.user, reason=reason, checked=checked,
                                         downstream_reference=downstream_reference):
         raise NotExpirable("only a finished record past its retention (a held key) can be released")
     return "released; the next call with this key runs as a new operation"
@@ -49,10 +51,10 @@ class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAd
               "finished_at", "expires_at", "retired_at", "evidence_display", "approval_link", "history"]
     readonly_fields = fields
     operator_actions = [
-        OperatorAction("force_expire", "Force-expire key", idempotency.FORCE_EXPIRE, force_expire,
+        OperatorAction("force_expire", "Force-expire key", reconciliation.FORCE_EXPIRE, force_expire,
                        refused=(NotExpirable, ToolFailure), reason=REASON_REQUIRED, style="danger",
                        help_text="Required: why this key's stored result must no longer be replayed."),
-        OperatorAction("release_held_key", "Release held key", idempotency.RELEASE_HELD_KEY, release_held_key,
+        OperatorAction("release_held_key", "Release held key", reconciliation.RELEASE_HELD_KEY, release_held_key,
                        refused=(NotExpirable, ToolFailure), reason=REASON_REQUIRED, style="danger",
                        help_text="Required: why the key may run again. Check the downstream system first: "
                                  "the next call with this key runs as a new operation.",
@@ -69,7 +71,7 @@ class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAd
     @admin.display(description="key (digest)")
     def key_digest(self, obj):
         # Keys may carry the caller's data; operators match them by digest, as in the logs.
-        return idempotency.key_digest(obj.key)
+        return keys.key_digest(obj.key)
 
     @admin.display(description="field digests")
     def field_digests_display(self, obj):

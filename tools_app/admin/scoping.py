@@ -7,7 +7,7 @@ also scopes the change pages and actions, which look objects up through it.
 
 from django.contrib import admin
 
-from tools_app.tenants import visible_tenant_ids
+from tools_app.access.tenants import visible_tenant_ids
 
 
 class TenantScopedAdmin:

@@ -21,8 +21,9 @@ from tools_app.admin.operator_actions import (
     pretty_json,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
-from tools_app.errors import ToolFailure
-from tools_app.models import Checkpoint, Document, StepRun, Task, TaskNeedingAttention, TaskStatus
+from tools_app.core.errors import ToolFailure
+from tools_app.documents.models import Document
+from tools_app.tasks.models import Checkpoint, StepRun, Task, TaskNeedingAttention, TaskStatus
 
 
 class ReadOnlyInline(admin.TabularInline):

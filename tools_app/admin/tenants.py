@@ -4,9 +4,10 @@ tools_app.roles, which audit them: tokens are issued by `manage.py create_tenant
 
 from django.contrib import admin
 
-from tools_app import audit, tenants
+from tools_app.access import tenants
+from tools_app.access.models import ApiToken, Tenant, TenantAccess
 from tools_app.admin.scoping import ReadOnlyAdmin
-from tools_app.models import ApiToken, Tenant, TenantAccess
+from tools_app.core import audit
 
 
 @admin.register(Tenant)

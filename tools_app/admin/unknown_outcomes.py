@@ -4,10 +4,12 @@ from django import forms
 from django.contrib import admin
 from django.utils.html import format_html
 
-from tools_app import idempotency, reconciliation
+from tools_app import reconciliation
 from tools_app.admin.operator_actions import REASON_REQUIRED, OperatorAction, QueueAdmin, age, pretty_json
-from tools_app.errors import ToolFailure
-from tools_app.models import RecordStatus, UnknownOutcome
+from tools_app.core import keys
+from tools_app.core.errors import ToolFailure
+from tools_app.engine.models import RecordStatus
+from tools_app.reconciliation.models import UnknownOutcome
 
 
 def reconcile_now(request, record, reason):
@@ -49,7 +51,7 @@ class UnknownOutcomeAdmin(QueueAdmin):
 
     @admin.display(description="key (digest)")
     def key_digest(self, record):
-        return idempotency.key_digest(record.key)
+        return keys.key_digest(record.key)
 
     @admin.display(description="waiting", ordering="created_at")
     def waiting(self, record):

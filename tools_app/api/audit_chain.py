@@ -12,10 +12,11 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from tools_app import audit, auditors
+from tools_app.access import auditors
 from tools_app.api.auth import IsAuditor
 from tools_app.api.endpoints import ERROR_RESPONSES, FILTER_ERROR_RESPONSE, AuditorSchema, AuditorViewSet
-from tools_app.models import AuditEvent
+from tools_app.core import audit
+from tools_app.core.models import AuditEvent
 
 
 class ChainRangeSerializer(serializers.Serializer):

@@ -16,9 +16,9 @@ from __future__ import annotations
 import django_filters
 from rest_framework import serializers
 
-from tools_app import redaction
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
-from tools_app.models import AuditEvent
+from tools_app.core import redaction
+from tools_app.core.models import AuditEvent
 
 
 class AuditEventSerializer(AuditorSerializer):

@@ -7,7 +7,7 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import BasePermission
 
-from tools_app import auditors
+from tools_app.access import auditors
 
 REALM = "idemops-audit"
 

@@ -35,7 +35,7 @@ from rest_framework.filters import OrderingFilter
 from rest_framework.pagination import CursorPagination
 from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
 
-from tools_app import auditors
+from tools_app.access import auditors
 from tools_app.api import csv_export
 from tools_app.api.auth import AuditorKeyAuthentication, IsAuditor
 

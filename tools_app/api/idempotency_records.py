@@ -24,11 +24,12 @@ from django.db.models import BinaryField, CharField, Func, Value
 from django.db.models.functions import Left
 from rest_framework import serializers
 
-from tools_app import idempotency, redaction
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
-from tools_app.models import ErrorClass, IdempotencyRecord, RecordStatus
+from tools_app.core import keys, redaction
+from tools_app.core.errors import ErrorClass
+from tools_app.engine.models import IdempotencyRecord, RecordStatus
 
-KEY_DIGEST_LENGTH = idempotency.KEY_DIGEST_LENGTH
+KEY_DIGEST_LENGTH = keys.KEY_DIGEST_LENGTH
 
 
 class IdempotencyRecordSerializer(AuditorSerializer):
@@ -56,7 +57,7 @@ class IdempotencyRecordSerializer(AuditorSerializer):
         read_only_fields = fields
 
     def get_key_digest(self, record: IdempotencyRecord) -> str:
-        return idempotency.key_digest(record.key)
+        return keys.key_digest(record.key)
 
     def get_argument_names(self, record: IdempotencyRecord) -> list[str]:
         return sorted(record.field_digests)
@@ -113,7 +114,7 @@ class IdempotencyRecordFilter(django_filters.FilterSet):
     def filter_key_digest(self, queryset, name, value):
         # Computed per row of the (tenant-scoped, otherwise filtered) list: a scan, correct for any
         # secret; an indexed digest column would need rewriting whenever the secret changes.
-        digest = Left(HmacSha256Hex("key", idempotency.key_digest_secret()), KEY_DIGEST_LENGTH)
+        digest = Left(HmacSha256Hex("key", keys.key_digest_secret()), KEY_DIGEST_LENGTH)
         return queryset.annotate(_key_digest=digest).filter(_key_digest=value)
 
 

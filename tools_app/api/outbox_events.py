@@ -11,7 +11,7 @@ import django_filters
 from rest_framework import serializers
 
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
-from tools_app.models import OutboxEvent, OutboxStatus
+from tools_app.outbox.models import OutboxEvent, OutboxStatus
 
 
 class OutboxEventSerializer(AuditorSerializer):

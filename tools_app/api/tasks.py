@@ -14,7 +14,8 @@ from django.db.models import Prefetch
 from rest_framework import serializers
 
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
-from tools_app.models import Checkpoint, ErrorClass, Task, TaskStatus
+from tools_app.core.errors import ErrorClass
+from tools_app.tasks.models import Checkpoint, Task, TaskStatus
 
 TASK_CONTENT = ("arguments", "result", "input_request", "resume_input")
 

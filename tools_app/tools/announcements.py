@@ -6,9 +6,10 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from tools_app.approvals import ApprovalPolicy
-from tools_app.models import Announcement, Tenant
-from tools_app.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
+from tools_app.access.models import Tenant
+from tools_app.toolkit.policies import ApprovalPolicy
+from tools_app.toolkit.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
+from tools_app.tools.models import Announcement
 
 # Publishing to everyone (customers included) takes two people; to staff, one.
 APPROVERS_BY_AUDIENCE = {Announcement.Audience.STAFF: 1, Announcement.Audience.EVERYONE: 2}

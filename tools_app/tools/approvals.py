@@ -7,8 +7,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tools_app import approvals
-from tools_app.errors import NotFound
-from tools_app.registry import ObjectId, ToolContext, ToolInput, read_tool
+from tools_app.core.errors import NotFound
+from tools_app.toolkit.registry import ObjectId, ToolContext, ToolInput, read_tool
 
 
 class ApprovalStatusInput(ToolInput):

@@ -7,10 +7,11 @@ from typing import Literal
 from django.db import models
 from pydantic import BaseModel, Field
 
-from tools_app.approvals import ApprovalPolicy
-from tools_app.errors import NotFound
-from tools_app.models import Order, Tenant, Ticket
-from tools_app.registry import ObjectId, ToolContext, WriteInput, write_tool
+from tools_app.access.models import Tenant
+from tools_app.core.errors import NotFound
+from tools_app.toolkit.policies import ApprovalPolicy
+from tools_app.toolkit.registry import ObjectId, ToolContext, WriteInput, write_tool
+from tools_app.tools.models import Order, Ticket
 
 DELETABLE: dict[str, type[models.Model]] = {"order": Order, "ticket": Ticket}
 

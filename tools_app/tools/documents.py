@@ -19,9 +19,10 @@ from django.conf import settings
 from pydantic import BaseModel, Field, model_validator
 
 from tools_app import documents
-from tools_app.errors import InvalidInput
-from tools_app.pipelines import Pipeline, Step, StepContext, WaitFor, task_tool
-from tools_app.registry import ObjectId, ToolContext, ToolInput, WriteInput, read_tool
+from tools_app.core import redaction
+from tools_app.core.errors import InvalidInput
+from tools_app.toolkit.pipelines import Pipeline, Step, StepContext, WaitFor, task_tool
+from tools_app.toolkit.registry import ObjectId, ToolContext, ToolInput, WriteInput, read_tool
 
 SOURCES = ("text", "content_base64", "path", "url")
 
@@ -84,7 +85,7 @@ def receive(ctx: StepContext) -> dict[str, Any]:
     elif args.path is not None:
         data, source = documents.read_path(args.path, ctx.progress), str(documents.allowed_path(args.path))
     else:
-        data, source = documents.fetch_url(args.url, ctx.progress), documents.public_url(args.url)
+        data, source = documents.fetch_url(args.url, ctx.progress), redaction.public_url(args.url)
     return {"data_base64": base64.b64encode(data).decode(), "size": len(data), "sha256": documents.sha256(data),
             "source": source}
 

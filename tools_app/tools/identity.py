@@ -2,7 +2,7 @@
 
 from pydantic import BaseModel
 
-from tools_app.registry import ToolContext, ToolInput, read_tool
+from tools_app.toolkit.registry import ToolContext, ToolInput, read_tool
 
 
 class WhoamiOutput(BaseModel):

@@ -10,10 +10,11 @@ from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from pydantic import BaseModel, Field
 
-from tools_app import outbox, url_allowlist
-from tools_app.errors import InvalidInput, NotFound
-from tools_app.models import OutboxEvent
-from tools_app.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
+from tools_app import outbox
+from tools_app.core import url_allowlist
+from tools_app.core.errors import InvalidInput, NotFound
+from tools_app.outbox.models import OutboxEvent
+from tools_app.toolkit.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
 
 
 class SendNotificationInput(WriteInput):

@@ -8,9 +8,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field, field_validator
 
-from tools_app.errors import NotFound
-from tools_app.models import Order, OrderLine
-from tools_app.registry import ObjectId, StrictModel, ToolContext, ToolInput, WriteInput, read_tool, write_tool
+from tools_app.core.errors import NotFound
+from tools_app.toolkit.registry import ObjectId, StrictModel, ToolContext, ToolInput, WriteInput, read_tool, write_tool
+from tools_app.tools.models import Order, OrderLine
 
 # The columns' own precision, so an order that validates also fits.
 _UNIT_PRICE = OrderLine._meta.get_field("unit_price")

@@ -15,12 +15,12 @@ import httpx2
 from django.conf import settings
 from pydantic import BaseModel, Field
 
-from tools_app import downstream
-from tools_app.approvals import ApprovalPolicy, amount_policy
-from tools_app.errors import InvalidInput
-from tools_app.idempotency import ExpiryPolicy, evidence_entry
-from tools_app.reconciliation import Found, NotDone, StillUnknown
-from tools_app.registry import ToolContext, WriteInput, write_tool
+from tools_app.approvals import amount_policy
+from tools_app.core.errors import InvalidInput
+from tools_app.engine import ExpiryPolicy, evidence_entry
+from tools_app.toolkit import downstream
+from tools_app.toolkit.policies import ApprovalPolicy, Found, NotDone, StillUnknown
+from tools_app.toolkit.registry import ToolContext, WriteInput, write_tool
 
 
 class RequestPaymentInput(WriteInput):

@@ -12,11 +12,12 @@ from typing import Any
 from django.conf import settings
 from pydantic import BaseModel, Field
 
-from tools_app import task_calls, tasks
-from tools_app.models import TaskStatus
-from tools_app.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
-from tools_app.task_calls import TaskHandle, TaskStatusView
-from tools_app.tenants import Agent
+from tools_app import tasks
+from tools_app.access.tenants import Agent
+from tools_app.tasks import calls as task_calls
+from tools_app.tasks.calls import TaskHandle, TaskStatusView
+from tools_app.tasks.models import TaskStatus
+from tools_app.toolkit.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
 
 # The schema states the real limit (the setting, read when the tools are declared); more is invalid_input,
 # never a silently shorter wait.

@@ -6,9 +6,9 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from tools_app.errors import NotFound
-from tools_app.models import Ticket
-from tools_app.registry import ObjectId, ToolContext, ToolInput, WriteInput, read_tool, write_tool
+from tools_app.core.errors import NotFound
+from tools_app.toolkit.registry import ObjectId, ToolContext, ToolInput, WriteInput, read_tool, write_tool
+from tools_app.tools.models import Ticket
 
 
 class CreateTicketInput(WriteInput):

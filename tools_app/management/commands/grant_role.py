@@ -1,8 +1,8 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from tools_app import roles
-from tools_app.models import Tenant
+from tools_app.access import roles
+from tools_app.access.models import Tenant
 
 
 class Command(BaseCommand):

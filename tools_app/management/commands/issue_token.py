@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from tools_app import tenants
-from tools_app.models import Tenant
+from tools_app.access import tenants
+from tools_app.access.models import Tenant
 
 
 class Command(BaseCommand):

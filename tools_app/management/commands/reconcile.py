@@ -4,8 +4,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from tools_app import reconciliation
-from tools_app.errors import ToolFailure
-from tools_app.models import IdempotencyRecord
+from tools_app.core.errors import ToolFailure
+from tools_app.engine.models import IdempotencyRecord
 
 
 class Command(BaseCommand):

@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from tools_app import auditors
-from tools_app.models import AuditorKey
+from tools_app.access import auditors
+from tools_app.access.models import AuditorKey
 
 
 class Command(BaseCommand):

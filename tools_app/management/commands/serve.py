@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand
 from psycopg.conninfo import make_conninfo
 
 from idemops import embedded_pg
-from tools_app.demo import ensure_demo
+from tools_app.management.demo import ensure_demo
 
 STOP_GRACE_SECONDS = 5
 

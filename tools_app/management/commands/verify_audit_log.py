@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from tools_app import audit
+from tools_app.core import audit
 
 
 class Command(BaseCommand):

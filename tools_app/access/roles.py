@@ -1,0 +1,67 @@
+"""The operators' roles: Django groups with the least permissions each needs.
+
+Declared here; `ensure_roles` (run after every migrate) creates the groups
+and sets their permissions to exactly this list. A role gives permissions;
+TenantAccess gives tenants (a non-superuser sees only the tenants granted).
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import Group, Permission
+from django.db import transaction
+
+from tools_app.access.models import Tenant, TenantAccess
+from tools_app.core import audit
+
+OPERATOR, APPROVER, AUDITOR = "operator", "approver", "auditor"
+
+# Codenames in tools_app. Add a queue's view/action permissions here when it is added.
+ROLE_PERMISSIONS: dict[str, list[str]] = {
+    # Watches the queues and the dashboard, looks into records, frees stuck keys.
+    OPERATOR: [
+        "view_dashboard", "view_pendingapproval", "view_approvalrequest", "view_idempotencyrecord",
+        "force_expire_idempotencyrecord", "release_held_key", "view_auditevent", "view_order", "view_ticket",
+        "view_announcement",
+        "view_unknownoutcome", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
+        "view_task", "view_taskneedingattention", "manage_task", "view_document",
+    ],
+    # Decides on sensitive operations; sees what they would touch.
+    APPROVER: [
+        "view_dashboard", "view_pendingapproval", "view_approvalrequest", "decide_approvalrequest",
+        "view_idempotencyrecord", "view_order", "view_ticket", "view_announcement",
+    ],
+    # Reads everything that is evidence; changes nothing.
+    AUDITOR: [
+        "view_dashboard", "view_auditevent", "view_auditseal", "view_idempotencyrecord", "view_approvalrequest",
+        "view_approvaldecision", "view_outboxevent", "use_auditor_api", "view_task",
+    ],
+}
+
+
+def ensure_roles(**kwargs) -> None:
+    for role, codenames in ROLE_PERMISSIONS.items():
+        group, _ = Group.objects.get_or_create(name=role)
+        permissions = Permission.objects.filter(content_type__app_label="tools_app", codename__in=codenames)
+        missing = set(codenames) - set(permissions.values_list("codename", flat=True))
+        if missing:  # a typo here would silently weaken or break a role
+            raise LookupError(f"role {role}: unknown permissions {sorted(missing)}")
+        group.permissions.set(permissions)
+
+
+@transaction.atomic
+def grant(user, role: str, tenant_slugs: list[str], *, actor: str) -> None:
+    """Make `user` a staff member with `role` on the given tenants (all tenants needs a superuser)."""
+    if role not in ROLE_PERMISSIONS:
+        raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLE_PERMISSIONS)}")
+    if not user.is_staff:
+        user.is_staff = True
+        user.save(update_fields=["is_staff"])
+    user.groups.add(Group.objects.get(name=role))
+    for slug in tenant_slugs:
+        tenant = Tenant.objects.get(slug=slug)
+        access, created = TenantAccess.objects.get_or_create(user=user, tenant=tenant)
+        if created:
+            audit.record_event(action="tenant_access.granted", obj=access, actor=actor, tenant_id=tenant.pk,
+                               after={"user": user.get_username(), "role": role})
+    audit.record_event(action="role.granted", obj=user, actor=actor, tenant_id=None,
+                       after={"user": user.get_username(), "role": role, "tenants": sorted(tenant_slugs)})

@@ -1,0 +1,45 @@
+"""Human approval of sensitive operations: a call waits for a person, then runs once.
+
+A tool is sensitive when its declaration has an `approval` rule (a function of
+the tenant and the validated arguments returning a toolkit.policies.ApprovalPolicy,
+or None to run at once). `gate.py` diverts such a call into an ApprovalRequest
+bound to its idempotency record and answers the callers while it waits;
+`decisions.py` is what approvers do; `execution.py` runs an approved operation
+through the same record (so it runs once), and ends requests that expired;
+`jobs.py` the django-q2 entry points. The engine learns of approvals only
+through the hooks registered in tools_app.apps.
+
+May import: core, access, engine, toolkit.
+"""
+
+from tools_app.approvals.decisions import APPROVE, DECIDE_PERMISSION, REJECT, ApprovalRefused, approve, reject
+from tools_app.approvals.execution import (
+    REDRIVE_AFTER,
+    SWEEPER,
+    abandon,
+    approved_operation,
+    dispatch,
+    expire,
+    redrive,
+    settle,
+)
+from tools_app.approvals.gate import (
+    APPROVED_RETRY_AFTER,
+    PENDING_RETRY_AFTER,
+    amount_policy,
+    approval_info,
+    follow,
+    gate,
+    pending_error,
+    request_approval,
+    status_for_agent,
+    tenant_settings,
+)
+from tools_app.approvals.jobs import run_approved, sweep
+
+__all__ = [
+    "APPROVE", "APPROVED_RETRY_AFTER", "DECIDE_PERMISSION", "PENDING_RETRY_AFTER", "REDRIVE_AFTER", "REJECT", "SWEEPER",
+    "ApprovalRefused", "abandon", "amount_policy", "approval_info", "approve", "approved_operation", "dispatch",
+    "expire", "follow", "gate", "pending_error", "redrive", "reject", "request_approval", "run_approved",
+    "settle", "status_for_agent", "sweep", "tenant_settings",
+]

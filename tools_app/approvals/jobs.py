@@ -1,0 +1,63 @@
+"""django-q2 entry points of approvals: run an approved request, and the periodic sweep.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db.models import Q
+from django.utils import timezone
+
+from tools_app import engine
+from tools_app.approvals.execution import (
+    REDRIVE_AFTER,
+    SWEEP_BATCH,
+    abandon,
+    approved_operation,
+    expire,
+    redrive,
+    settle,
+)
+from tools_app.approvals.models import (
+    ApprovalRequest,
+    ApprovalStatus,
+)
+from tools_app.core.errors import ErrorClass, ToolFailure
+from tools_app.engine.models import RecordStatus
+
+
+def run_approved(request_id: int) -> str:
+    """django-q2 job: execute an approved request once, through its idempotency record."""
+    request = ApprovalRequest.objects.select_related("record").get(pk=request_id)
+    if request.status != ApprovalStatus.APPROVED:
+        return request.status  # a redelivered or repeated job: already settled
+    try:
+        operation, execute = approved_operation(request)
+    except ToolFailure as failure:  # the tool or its arguments changed since the request
+        abandon(request, failure)
+        return ApprovalStatus.FAILED
+    if engine.execute_approved(request.record, operation, execute) is None:
+        # Not AWAITING_APPROVAL any more: another job ran it, or its run failed
+        # transiently; `run` replays, waits, or re-runs a transient failure.
+        engine.run(operation, execute)
+    settle(request)
+    request.refresh_from_db()
+    return request.status
+
+
+def sweep(now: datetime | None = None) -> dict[str, int]:
+    """Expire overdue requests, settle finished ones, re-queue stalled approved ones."""
+    now = now or timezone.now()
+    overdue = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=now)
+    approved = ApprovalRequest.objects.filter(status=ApprovalStatus.APPROVED)
+    finished = approved.filter(Q(record__status=RecordStatus.SUCCEEDED)
+                               | (Q(record__status=RecordStatus.FAILED) & ~Q(record__error_class=ErrorClass.TRANSIENT)))
+    stalled = approved.filter(Q(record__status=RecordStatus.AWAITING_APPROVAL)
+                              | Q(record__status=RecordStatus.FAILED, record__error_class=ErrorClass.TRANSIENT,
+                                  record__retry_not_before__lte=now),
+                              dispatched_at__lte=now - REDRIVE_AFTER)
+    return {
+        "expired": sum(expire(r) for r in overdue.order_by("expires_at")[:SWEEP_BATCH]),
+        "settled": sum(settle(r) is not None for r in finished.order_by("pk")[:SWEEP_BATCH]),
+        "redriven": sum(redrive(r, seen=r.dispatched_at) for r in stalled.order_by("pk")[:SWEEP_BATCH]),
+    }

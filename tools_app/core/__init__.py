@@ -1,0 +1,16 @@
+"""The ground floor: what every other package may use, and which imports none of them.
+
+- `errors.py`: the error classes an agent can act on (ToolFailure and its kinds).
+- `keys.py`: idempotency keys, canonical JSON and fingerprints, keyed digests.
+- `db.py`: SQL the ORM cannot say; one guarded conditional UPDATE with its audit event.
+- `audit.py` and `models.py`: the append-only audit log and its hash chain.
+- `leases.py`: lease owners and the heartbeat that renews a lease.
+- `jobs.py`: every django-q2 job by name, and `enqueue`.
+- `hooks.py`: how a lower package calls into a higher one without importing it.
+- `outage.py`: what an entry point answers while the database is unreachable.
+- `redaction.py`: what may be shown, stored or exported of callers' data.
+- `url_allowlist.py`: outbound URLs that cannot escape their allow-list.
+- `crashpoints.py`: crash points that tests arm to kill a process at a chosen line.
+
+May import: Django and libraries only.
+"""

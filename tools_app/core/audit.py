@@ -1,0 +1,237 @@
+"""The audit log: append-only events written in the transaction of the change.
+
+`record_event` is called by every state-changing function (the engine,
+approvals, reconciliation, operator actions) inside its transaction, so an
+event exists if and only if the change committed.
+
+The hash chain. Writers only INSERT (seq, prev_hash and hash empty): they
+never wait for each other. The sealer (`seal`, a periodic job and a command)
+takes one advisory lock, reads the committed events not yet sealed in id
+order, and gives each the next `seq`, the previous event's hash and its own
+hash = SHA-256(prev_hash + canonical content). A transaction that commits
+late simply lands in a later seal: the chain's order is seal order, and
+every committed event is in it. Each sealing run also appends an AuditSeal
+(the head after it), so deleting the newest events is noticed as well.
+
+A trigger (migration 0004) refuses DELETE and any UPDATE other than sealing
+an unsealed row once; `verify_chain` finds what someone who got past it
+(table owner, disabled trigger, restored backup) changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Any
+
+from django.db import connection, models, transaction
+from django.utils import timezone
+
+from tools_app.core.models import AuditEvent, AuditSeal
+
+SYSTEM = "system"
+GENESIS_HASH = "0" * 64
+# pg_advisory_xact_lock key of the sealer: any fixed 64-bit number unique in this database.
+SEAL_LOCK_KEY = 0x1DE0_A0D1_7C4A_1200
+SEAL_BATCH = 1000
+
+
+def user_actor(user) -> str:
+    """How a person appears in audit events and on decisions."""
+    return f"user:{user.get_username()}"
+
+
+def record_event(**fields: Any) -> AuditEvent:
+    """Write an event now (call inside the transaction of the change)."""
+    event = new_event(**fields)
+    event.save()
+    return event
+
+
+def new_event(
+    *,
+    action: str,
+    obj: models.Model,
+    actor: str,
+    tenant_id: int | None = None,
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+    reason: str = "",
+    trace_id: str = "",
+) -> AuditEvent:
+    """An unsaved event about `obj`: for statements that insert it together with the change."""
+    return AuditEvent(
+        tenant_id=tenant_id if tenant_id is not None else getattr(obj, "tenant_id", None),
+        actor=actor,
+        action=action,
+        # A queue's proxy (UNKNOWN outcome, dead letter) is the row itself: name the real model.
+        object_type=obj._meta.concrete_model._meta.model_name,
+        object_id=str(obj.pk),
+        before=before,
+        after=after,
+        reason=reason,
+        trace_id=trace_id,
+        created_at=timezone.now(),
+    )
+
+
+# --- the chain -----------------------------------------------------------------
+
+
+def event_hash(prev_hash: str, event: AuditEvent) -> str:
+    """The hash of an event as read from the database, linked to its predecessor."""
+    content = {
+        "seq": event.seq, "id": event.pk, "tenant_id": event.tenant_id, "actor": event.actor,
+        "action": event.action, "object_type": event.object_type, "object_id": event.object_id,
+        "before": event.before, "after": event.after, "reason": event.reason, "trace_id": event.trace_id,
+        "created_at": event.created_at.astimezone(UTC).isoformat(),
+    }
+    body = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(f"{prev_hash}\n{body}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class SealResult:
+    sealed: int
+    head_seq: int
+    head_hash: str
+
+
+def seal(*, wait: bool = True) -> SealResult:
+    """Link every committed, unsealed event into the chain; returns how many and the new head.
+
+    With wait=False a sealer already running is left to finish the job (the
+    periodic job does this, so two workers never queue behind each other).
+    """
+    sealed = 0
+    while True:
+        batch = _seal_batch(wait=wait)
+        if batch is None:
+            break
+        sealed += batch
+    head = chain_head()
+    return SealResult(sealed=sealed, head_seq=head[0], head_hash=head[1])
+
+
+def _seal_batch(*, wait: bool) -> int | None:
+    """Seal up to SEAL_BATCH events in one transaction. None: nothing to do (or another sealer holds the lock)."""
+    with transaction.atomic():
+        if not _take_seal_lock(wait):
+            return None
+        seq, prev_hash = chain_head()
+        events = list(AuditEvent.objects.filter(seq__isnull=True).order_by("id")[:SEAL_BATCH])
+        if not events:
+            return None
+        first_seq = seq + 1
+        for event in events:
+            seq += 1
+            event.seq, event.prev_hash = seq, prev_hash
+            event.hash = prev_hash = event_hash(prev_hash, event)
+        _link(events)
+        AuditSeal.objects.create(first_seq=first_seq, last_seq=seq, last_hash=prev_hash, events=len(events),
+                                 sealed_at=timezone.now())
+        return len(events)
+
+
+def _link(events: list[AuditEvent]) -> None:
+    """Write the batch's chain fields in one UPDATE (the trigger allows exactly this, once per event)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {AuditEvent._meta.db_table} AS e SET seq = v.seq, prev_hash = v.prev_hash, hash = v.hash "
+            "FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[]) AS v(id, seq, prev_hash, hash) "
+            "WHERE e.id = v.id AND e.seq IS NULL",
+            [[e.pk for e in events], [e.seq for e in events], [e.prev_hash for e in events],
+             [e.hash for e in events]])
+        if cursor.rowcount != len(events):  # cannot happen under the lock; never seal a partial batch
+            raise RuntimeError(f"sealed {cursor.rowcount} of {len(events)} events; batch rolled back")
+
+
+def _take_seal_lock(wait: bool) -> bool:
+    with connection.cursor() as cursor:
+        if wait:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SEAL_LOCK_KEY])
+            return True
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [SEAL_LOCK_KEY])
+        return cursor.fetchone()[0]
+
+
+def chain_head() -> tuple[int, str]:
+    """(seq, hash) of the newest seal; (0, GENESIS_HASH) before the first."""
+    head = AuditSeal.objects.order_by("-last_seq").values_list("last_seq", "last_hash").first()
+    return head or (0, GENESIS_HASH)
+
+
+# --- verification ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BrokenLink:
+    seq: int
+    event_id: int | None
+    problem: str
+
+    def __str__(self) -> str:
+        event = f" (event id {self.event_id})" if self.event_id is not None else ""
+        return f"seq {self.seq}{event}: {self.problem}"
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    verified: int
+    head_seq: int
+    head_hash: str
+    unsealed: int
+    broken: BrokenLink | None
+
+    @property
+    def ok(self) -> bool:
+        return self.broken is None
+
+
+def verify_chain(from_seq: int = 1, to_seq: int | None = None) -> ChainReport:
+    """Recompute the chain over [from_seq, to_seq] (default: all of it); report the first broken link.
+
+    Detects an edited event (its hash no longer matches its content), an
+    edited link (prev_hash differs from the predecessor's hash), deleted
+    events (a gap in seq, or a chain shorter than the newest seal) and a
+    rewritten chain that no longer matches the seals written at the time.
+    A range starting after 1 trusts the hash of the event just before it.
+    """
+    seals = dict(AuditSeal.objects.values_list("last_seq", "last_hash"))
+    prev_hash = GENESIS_HASH if from_seq <= 1 else _hash_before(from_seq)
+    expected_seq, verified, broken = max(from_seq, 1), 0, None
+    if prev_hash is None:
+        broken = BrokenLink(from_seq - 1, None, f"event {from_seq - 1}, the start of the range, is missing")
+    events = AuditEvent.objects.filter(seq__gte=expected_seq).order_by("seq")
+    if to_seq is not None:
+        events = events.filter(seq__lte=to_seq)
+    for event in ([] if broken else events.iterator(chunk_size=2000)):
+        broken = _check_link(event, expected_seq, prev_hash, seals)
+        if broken is not None:
+            break
+        expected_seq, prev_hash, verified = event.seq + 1, event.hash, verified + 1
+    last_sealed = min(max(seals, default=0), to_seq or sys.maxsize)
+    if broken is None and expected_seq <= last_sealed:
+        broken = BrokenLink(expected_seq, None, f"events {expected_seq}..{last_sealed} are missing: the chain ends "
+                                                f"at {expected_seq - 1} but a seal covers up to {last_sealed}")
+    return ChainReport(verified=verified, head_seq=expected_seq - 1, head_hash=prev_hash or "",
+                       unsealed=AuditEvent.objects.filter(seq__isnull=True).count(), broken=broken)
+
+
+def _hash_before(seq: int) -> str | None:
+    return AuditEvent.objects.filter(seq=seq - 1).values_list("hash", flat=True).first()
+
+
+def _check_link(event: AuditEvent, expected_seq: int, prev_hash: str, seals: dict[int, str]) -> BrokenLink | None:
+    if event.seq != expected_seq:
+        return BrokenLink(expected_seq, None, f"events {expected_seq}..{event.seq - 1} are missing (deleted)")
+    if event.prev_hash != prev_hash:
+        return BrokenLink(event.seq, event.pk, "its link to the previous event was changed, or that event was")
+    if event.hash != event_hash(prev_hash, event):
+        return BrokenLink(event.seq, event.pk, "its content was edited after sealing")
+    if event.seq in seals and seals[event.seq] != event.hash:
+        return BrokenLink(event.seq, event.pk, "the chain was rewritten: it no longer matches the seal of that time")
+    return None

@@ -1,0 +1,154 @@
+"""Errors an agent can act on.
+
+Every failure a tool call can end in is a ToolFailure with an ErrorClass. The
+MCP layer renders it as an `isError` result whose structured content is
+`{"error": {"class", "message", "retry_after"?, "differing_fields"?}}`.
+Only `transient` is retryable with the same key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+
+# The one rule for `unknown_outcome`: in every such message, the MCP server's instructions and the README.
+UNKNOWN_OUTCOME_ADVICE = ("do not retry with a new key; calling again with the same key is safe and answers the "
+                          "reconciled outcome once it is known")
+
+
+class ErrorClass(models.TextChoices):
+    """What an agent can do about an error. Shared by every tool."""
+
+    INVALID_INPUT = "invalid_input", "Invalid input: fix the arguments"
+    PERMISSION_DENIED = "permission_denied", "Permission denied"
+    NOT_FOUND = "not_found", "Not found"
+    CONFLICT = "conflict", "Key reused with other parameters: a new operation needs a new key"
+    DOWNSTREAM_CONFLICT = "downstream_conflict", (
+        "The downstream system holds this key for another request: an operator must check")
+    IN_PROGRESS = "in_progress", "Still running: ask again after retry_after"
+    TRANSIENT = "transient", "Transient: retry with the same key after retry_after"
+    UNKNOWN_OUTCOME = "unknown_outcome", (
+        "Outcome unknown, being reconciled: no new key; the same key answers the outcome once known")
+    EXPIRED = "expired", "Key past retention: a person must check"
+    ALREADY_DONE = "already_done", "Already done"
+    PENDING_APPROVAL = "pending_approval", "Waiting for a person's approval: ask again with the same key"
+
+
+class ToolFailure(Exception):
+    error_class: ErrorClass = ErrorClass.INVALID_INPUT
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        differing_fields: list[str] | None = None,
+        details: dict[str, Any] | None = None,
+        evidence: dict[str, Any] | None = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+        self.differing_fields = differing_fields
+        self.details = details or {}
+        # What was asked downstream and what came back; kept on the record,
+        # never sent to the agent.
+        self.evidence = evidence
+
+    @property
+    def retryable(self) -> bool:
+        return self.error_class == ErrorClass.TRANSIENT
+
+    def as_dict(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"class": str(self.error_class), "message": self.message}
+        if self.retry_after is not None:
+            error["retry_after"] = round(self.retry_after, 3)
+        if self.differing_fields is not None:
+            error["differing_fields"] = self.differing_fields
+        error.update(self.details)
+        return error
+
+    @classmethod
+    def from_dict(cls, error: dict[str, Any]) -> ToolFailure:
+        """Rebuild a stored failure, so a replay raises the same error."""
+        failure_type = FAILURE_TYPES.get(error["class"], ToolFailure)
+        known = {"class", "message", "retry_after", "differing_fields"}
+        return failure_type(
+            error["message"],
+            retry_after=error.get("retry_after"),
+            differing_fields=error.get("differing_fields"),
+            details={k: v for k, v in error.items() if k not in known},
+        )
+
+
+class InvalidInput(ToolFailure):
+    error_class = ErrorClass.INVALID_INPUT
+
+
+class PermissionDenied(ToolFailure):
+    error_class = ErrorClass.PERMISSION_DENIED
+
+
+class NotFound(ToolFailure):
+    error_class = ErrorClass.NOT_FOUND
+
+
+class Conflict(ToolFailure):
+    error_class = ErrorClass.CONFLICT
+
+
+class DownstreamConflict(ToolFailure):
+    """The downstream system already holds the key we forwarded for a *different* request (its 409).
+
+    Not `conflict`: our own record saw no other arguments, so there are no
+    differing_fields, and a new key is no fix either (the earlier request may
+    be the same operation, done once already). A person must look.
+    """
+
+    error_class = ErrorClass.DOWNSTREAM_CONFLICT
+
+
+class InProgress(ToolFailure):
+    error_class = ErrorClass.IN_PROGRESS
+
+
+class Transient(ToolFailure):
+    error_class = ErrorClass.TRANSIENT
+
+
+class UnknownOutcome(ToolFailure):
+    """Raised by a handler when a downstream request may or may not have taken
+    effect (a timeout after sending, a broken connection): the record becomes
+    UNKNOWN and is reconciled instead of retried."""
+
+    error_class = ErrorClass.UNKNOWN_OUTCOME
+
+
+class Expired(ToolFailure):
+    error_class = ErrorClass.EXPIRED
+
+
+class AlreadyDone(ToolFailure):
+    error_class = ErrorClass.ALREADY_DONE
+
+
+class PendingApproval(ToolFailure):
+    """Not a failure of the operation: it waits for a person. Carries `approval` details."""
+
+    error_class = ErrorClass.PENDING_APPROVAL
+
+
+def invalid_data(exc: Exception) -> InvalidInput:
+    """A database data error (django.db.DataError: out of range, too long, unstorable) as the
+    caller's error. Never transient: the same values fail the same way. Names the kind, not the value."""
+    kind = type(exc.__cause__ or exc).__name__
+    return InvalidInput(f"a value does not fit what the database stores ({kind}); nothing was committed. "
+                        "Check the ranges and lengths the tool's schema states")
+
+
+FAILURE_TYPES: dict[str, type[ToolFailure]] = {
+    str(t.error_class): t
+    for t in (InvalidInput, PermissionDenied, NotFound, Conflict, DownstreamConflict, InProgress, Transient,
+              UnknownOutcome, Expired, AlreadyDone, PendingApproval)
+}

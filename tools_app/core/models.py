@@ -1,0 +1,58 @@
+from django.db import models
+
+
+class AuditEvent(models.Model):
+    """An append-only record of a decision or a state change that matters.
+
+    Written by tools_app.audit.record_event in the same transaction as the
+    change it describes. The chain fields (seq, prev_hash, hash) are filled by
+    the sealer in tools_app.audit, which links events in commit order so that
+    an edited or deleted event breaks the chain.
+    """
+
+    # No index of its own: audit_tenant_created leads with tenant.
+    tenant = models.ForeignKey("tools_app.Tenant", null=True, blank=True, on_delete=models.PROTECT, db_index=False)
+    actor = models.CharField(max_length=200, help_text="agent:<tenant>/<token>, user:<username> or system:<job>")
+    action = models.CharField(max_length=64)
+    object_type = models.CharField(max_length=64)
+    object_id = models.CharField(max_length=64)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    trace_id = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(db_index=True)
+    seq = models.BigIntegerField(null=True, blank=True, unique=True, editable=False)
+    prev_hash = models.CharField(max_length=64, blank=True, editable=False)
+    hash = models.CharField(max_length=64, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(fields=["object_type", "object_id"], name="audit_object"),
+            models.Index(fields=["tenant", "created_at"], name="audit_tenant_created"),
+            # The sealer's work list: small however long the chain grows.
+            models.Index(fields=["id"], condition=models.Q(seq__isnull=True), name="audit_unsealed"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.object_type}:{self.object_id} by {self.actor}"
+
+
+class AuditSeal(models.Model):
+    """One run of the audit sealer: the chain's head after it.
+
+    Append-only (a trigger refuses UPDATE and DELETE). The last seal says how
+    long the chain must be, so deleting the newest events is detected too.
+    """
+
+    first_seq = models.BigIntegerField()
+    last_seq = models.BigIntegerField(unique=True)
+    last_hash = models.CharField(max_length=64)
+    events = models.PositiveIntegerField()
+    sealed_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-last_seq"]
+
+    def __str__(self) -> str:
+        return f"seal {self.first_seq}..{self.last_seq}"

@@ -1,0 +1,152 @@
+"""Chunks, the full-text index and summaries of documents; and searching and reading them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from django.contrib.postgres.search import SearchHeadline, SearchQuery, SearchRank
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from tools_app.core.errors import NotFound
+from tools_app.documents.models import SEARCH_CONFIG, Document, DocumentChunk
+from tools_app.documents.sources import Progress, no_progress
+
+INDEX_BATCH = 250
+
+
+SUMMARY_SENTENCES = 5
+
+
+TITLE_MAX = 300
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def chunk(text: str, size: int) -> list[str]:
+    """Split into pieces of at most `size` characters, at paragraph, then sentence, then word breaks."""
+    chunks: list[str] = []
+    current = ""
+    for piece in _pieces(text, size):
+        if current and len(current) + 2 + len(piece) > size:
+            chunks.append(current)
+            current = ""
+        current = f"{current}\n\n{piece}" if current else piece
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _pieces(text: str, size: int):
+    for paragraph in re.split(r"\n\s*\n", text):
+        paragraph = paragraph.strip()
+        if not paragraph:
+            continue
+        if len(paragraph) <= size:
+            yield paragraph
+            continue
+        for sentence in _SENTENCE_END.split(paragraph):
+            while len(sentence) > size:
+                cut = sentence.rfind(" ", 0, size)
+                cut = cut if cut > size // 2 else size
+                yield sentence[:cut].strip()
+                sentence = sentence[cut:].strip()
+            if sentence:
+                yield sentence
+
+
+def index(*, tenant_id: int, task_id, title: str, fmt: str, source: str, content_sha256: str, text: str,
+          chunks: list[str], progress: Progress = no_progress) -> Document:
+    """Create the task's document and (re)write its chunks; full-text vectors are a generated column.
+
+    A step re-run (after a crash, or with new earlier outputs) replaces what
+    an earlier run wrote, fields and chunks alike, in one transaction: readers
+    never see a half-written set of chunks.
+    """
+    with transaction.atomic():
+        fields = dict(tenant_id=tenant_id, title=title[:TITLE_MAX], format=fmt, source=source[:500],
+                      content_sha256=content_sha256, characters=len(text), chunk_count=len(chunks))
+        document, _ = Document.objects.update_or_create(
+            task_id=task_id, defaults=fields, create_defaults={**fields, "created_at": timezone.now()})
+        DocumentChunk.objects.filter(document=document).delete()
+        for start in range(0, len(chunks), INDEX_BATCH):
+            batch = chunks[start:start + INDEX_BATCH]
+            DocumentChunk.objects.bulk_create(DocumentChunk(document=document, seq=start + offset, text=text_)
+                                              for offset, text_ in enumerate(batch))
+            progress(start + len(batch), len(chunks), f"indexed {start + len(batch)}/{len(chunks)} chunks")
+    return document
+
+
+_WORD = re.compile(r"[^\W\d_]{2,}", re.UNICODE)
+
+
+_STOPWORDS = frozenset("""a about above after again against all am an and any are as at be because been before being
+below between both but by can did do does doing down during each few for from further had has have having he her
+here hers herself him himself his how i if in into is it its itself just me more most my myself no nor not now of
+off on once only or other our ours ourselves out over own same she should so some such than that the their theirs
+them themselves then there these they this those through to too under until up very was we were what when where
+which while who whom why will with you your yours yourself yourselves also may might must shall would could
+""".split())
+
+
+def summarize(text: str, sentences: int = SUMMARY_SENTENCES, progress: Progress = no_progress) -> str:
+    """Extractive summary: the sentences whose words are most frequent in the document, in document order."""
+    candidates = [s.strip() for s in _SENTENCE_END.split(text.replace("\n", " ")) if 30 <= len(s.strip()) <= 500]
+    if not candidates:
+        return text[:500].strip()
+    frequency = Counter(w for w in (m.group().lower() for m in _WORD.finditer(text)) if w not in _STOPWORDS)
+    if not frequency:
+        return " ".join(candidates[:sentences])
+    top = max(frequency.values())
+    scored = []
+    for position, sentence in enumerate(candidates):
+        words = [w.lower() for w in _WORD.findall(sentence) if w.lower() not in _STOPWORDS]
+        if words:
+            scored.append((sum(frequency[w] for w in words) / top / len(words) ** 0.5, -position, sentence))
+        if position % 5000 == 0:
+            progress(position, len(candidates), "scoring sentences")
+    best = sorted(scored, reverse=True)[:sentences]
+    return " ".join(sentence for _, _, sentence in sorted(best, key=lambda item: -item[1]))
+
+
+@transaction.atomic
+def mark_ready(document_id: int, summary: str) -> None:
+    Document.objects.filter(pk=document_id).update(summary=summary, ready_at=timezone.now())
+
+
+def search(tenant_id: int, query: str, limit: int) -> list[dict]:
+    """Ranked chunks of this tenant's ready documents matching a web-search style query."""
+    parsed = SearchQuery(query, search_type="websearch", config=SEARCH_CONFIG)
+    hits = (DocumentChunk.objects
+            .filter(document__tenant_id=tenant_id, document__ready_at__isnull=False, search=parsed)
+            .annotate(rank=SearchRank(F("search"), parsed),
+                      snippet=SearchHeadline("text", parsed, config=SEARCH_CONFIG, start_sel="**", stop_sel="**",
+                                             max_words=40, min_words=15))
+            .select_related("document")
+            .order_by("-rank", "document_id", "seq")[:limit])
+    return [{"document_id": hit.document_id, "title": hit.document.title, "chunk": hit.seq,
+             "rank": round(hit.rank, 6), "snippet": hit.snippet} for hit in hits]
+
+
+def get_for_tenant(tenant_id: int, document_id: int) -> Document:
+    document = Document.objects.filter(tenant_id=tenant_id, pk=document_id).first()
+    if document is None:
+        raise NotFound(f"no document {document_id} in this tenant")
+    return document
+
+
+def text_of(document: Document, max_chars: int) -> tuple[str, bool]:
+    """The document's text from its chunks, up to `max_chars`; True if cut short."""
+    parts, length, truncated = [], 0, False
+    for text in document.chunks.order_by("seq").values_list("text", flat=True).iterator():
+        if length >= max_chars:
+            truncated = True
+            break
+        parts.append(text)
+        length += len(text) + 2
+    joined = "\n\n".join(parts)
+    return joined[:max_chars], truncated or len(joined) > max_chars

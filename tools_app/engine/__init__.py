@@ -1,0 +1,61 @@
+"""The idempotency engine: a write call's side effect commits once, and every retry gets the first answer.
+
+Owns the IdempotencyRecord and every change of it. Read `run.py` for how a call
+is claimed, executed or followed, `transitions.py` for each guarded state
+change, `operation.py` for what the engine is given and answers, and
+`hooks.py` for how the packages built on it (approvals, reconciliation) tell it
+what it does not know itself.
+
+May import: tools_app.core only (and Django). Approvals, reconciliation, tasks
+and the tools build on it; it never imports them.
+"""
+
+from tools_app.engine.hooks import hooks
+from tools_app.engine.operation import (
+    DEFAULT_RETENTION,
+    Executor,
+    ExpiryPolicy,
+    LeaseLost,
+    Operation,
+    Outcome,
+    evidence_entry,
+    gathering_evidence,
+    note_evidence,
+)
+from tools_app.engine.run import execute_approved, run, wait_for_outcome
+from tools_app.engine.transitions import (
+    FINISHED,
+    SWEEPER,
+    await_approval,
+    claim,
+    close_unapproved,
+    downstream_key,
+    end_retention,
+    expire_lease,
+    expire_leases,
+    heartbeat_interval,
+    is_expired,
+    lease_expired,
+    lease_seconds,
+    mark_failed,
+    mark_succeeded,
+    mark_unknown,
+    new_record,
+    note_unresolved,
+    reclaim,
+    release,
+    renew_lease,
+    resolve_failed,
+    resolve_succeeded,
+    retire,
+    start_approved,
+)
+
+__all__ = [
+    "DEFAULT_RETENTION", "FINISHED", "SWEEPER", "Executor", "ExpiryPolicy", "LeaseLost", "Operation", "Outcome",
+    "await_approval", "claim", "close_unapproved", "downstream_key", "end_retention", "evidence_entry",
+    "execute_approved", "expire_lease", "expire_leases", "gathering_evidence", "heartbeat_interval", "hooks",
+    "is_expired", "lease_expired", "lease_seconds", "mark_failed", "mark_succeeded", "mark_unknown", "new_record",
+    "note_evidence", "note_unresolved", "reclaim", "release", "renew_lease", "resolve_failed",
+    "resolve_succeeded", "retire", "run", "start_approved", "wait_for_outcome",
+]

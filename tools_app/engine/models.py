@@ -1,0 +1,81 @@
+from django.db import models
+from django.db.models import Q
+
+from tools_app.core.errors import ErrorClass
+
+
+class RecordStatus(models.TextChoices):
+    PROCESSING = "PROCESSING", "Processing"
+    SUCCEEDED = "SUCCEEDED", "Succeeded"
+    FAILED = "FAILED", "Failed"
+    UNKNOWN = "UNKNOWN", "Unknown outcome"
+    AWAITING_APPROVAL = "AWAITING_APPROVAL", "Awaiting approval"
+
+
+class IdempotencyRecord(models.Model):
+    """One business operation: (tenant, tool, idempotency key) and what became of it.
+
+    The row is claimed by a single INSERT against the partial unique constraint
+    below; every later change is a conditional UPDATE in tools_app.idempotency.
+    A record past its retention may be *retired* (retired_at set), which frees
+    its key for a new operation while keeping the old row for auditors.
+    """
+
+    # No index of its own: record_tenant_created leads with tenant (one index less to write per claim).
+    tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.PROTECT, related_name="records",
+                               db_index=False)
+    tool = models.CharField(max_length=100)
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the canonical business arguments.")
+    field_digests = models.JSONField(
+        default=dict, help_text="Digest per top-level argument, to name what differs on a conflict."
+    )
+    arguments = models.JSONField(default=dict, help_text="The business arguments (canonical form).")
+    status = models.CharField(max_length=24, choices=RecordStatus.choices, default=RecordStatus.PROCESSING)
+    result = models.JSONField(null=True, blank=True, help_text="What the first call returned; replays return it.")
+    error_class = models.CharField(max_length=32, choices=ErrorClass.choices, blank=True)
+    error_message = models.TextField(blank=True)
+    retry_not_before = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=1)
+    lease_owner = models.CharField(max_length=100, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    operation_id = models.UUIDField(unique=True, help_text="Stable id of this operation, sent downstream.")
+    trace_id = models.CharField(max_length=100, blank=True)
+    actor = models.CharField(max_length=200, blank=True, help_text="Who called (agent identity).")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(help_text="End of retention; what happens after is the tool's policy.")
+    retired_at = models.DateTimeField(null=True, blank=True, help_text="Set when an expired key was reused.")
+    # Downstream systems and reconciliation (tools_app.reconciliation).
+    downstream_key = models.CharField(
+        max_length=100, blank=True, help_text="The key sent downstream: one per operation (derived from operation_id).")
+    evidence = models.JSONField(default=list, blank=True,
+                                help_text="What was asked downstream, what came back, when; newest last.")
+    reconcile_attempts = models.PositiveIntegerField(default=0)
+    next_reconcile_at = models.DateTimeField(null=True, blank=True)
+    escalated_at = models.DateTimeField(null=True, blank=True, help_text="Automatic reconciliation gave up: "
+                                                                         "a person must decide.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "tool", "key"],
+                condition=Q(retired_at__isnull=True),
+                name="one_live_record_per_key",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["status", "lease_expires_at"], name="record_status_lease"),
+            models.Index(fields=["tenant", "created_at"], name="record_tenant_created"),
+            models.Index(fields=["tool", "created_at"], name="record_tool_created"),
+            models.Index(fields=["next_reconcile_at"], condition=Q(status="UNKNOWN"), name="record_unknown_due"),
+        ]
+        permissions = [
+            ("resolve_unknown", "Can resolve UNKNOWN outcomes"),
+            ("force_expire_idempotencyrecord", "Can force-expire an idempotency key"),
+            ("release_held_key", "Can release an idempotency key held past its retention"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} #{self.pk} ({self.status})"

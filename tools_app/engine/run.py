@@ -1,0 +1,216 @@
+"""Running an operation once: claim it, execute it as its one executor, or follow whoever did.
+
+1. Claim (transitions.claim): the caller whose row went in is the executor; every other caller
+   is a follower.
+2. Execute: the executor runs the side effect and marks the record SUCCEEDED in the same
+   transaction (local effects), or FAILED with an error class, or UNKNOWN when a downstream
+   system may or may not have acted.
+3. Follow: a follower with the same fingerprint replays the stored result, waits a bounded time
+   for an executor still working (taking over a lease that ran out), or is told what to do
+   (`in_progress`, `unknown_outcome`, `transient` + retry_after); other arguments get
+   `conflict` naming the differing fields. A record waiting for something the engine does not
+   know (a person's approval) is answered by the hook its owner registered (engine.hooks).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import nullcontext
+
+from django.conf import settings
+from django.db import DataError, transaction
+from django.utils import timezone
+
+from tools_app.core.crashpoints import crash_point
+from tools_app.core.errors import (
+    UNKNOWN_OUTCOME_ADVICE,
+    Conflict,
+    Expired,
+    InProgress,
+    ToolFailure,
+    Transient,
+    UnknownOutcome,
+    invalid_data,
+)
+from tools_app.core.keys import key_digest
+from tools_app.engine.hooks import hooks
+from tools_app.engine.models import IdempotencyRecord, RecordStatus
+from tools_app.engine.operation import (
+    Executor,
+    ExpiryPolicy,
+    LeaseLost,
+    Operation,
+    Outcome,
+    evidence_entry,
+    gathering_evidence,
+)
+from tools_app.engine.transitions import (
+    claim,
+    expire_lease,
+    heartbeat,
+    is_expired,
+    lease_expired,
+    mark_failed,
+    mark_succeeded,
+    mark_unknown,
+    reclaim,
+    retire,
+    start_approved,
+)
+
+logger = logging.getLogger(__name__)
+
+# An unexpected error inside a local transaction committed nothing: safe to
+# retry, after a short pause.
+INTERNAL_ERROR_RETRY_AFTER = 1.0
+
+
+def run(op: Operation, execute: Executor) -> Outcome:
+    """Execute `op` once, or answer as a follower of whoever did."""
+    # A retired key or a lost reclaim race sends us round again; twice is
+    # plenty, since each round means another caller made progress.
+    for _ in range(3):
+        record, claimed = claim(op)
+        if claimed:
+            return _execute(record, op, execute)
+        outcome = _follow(record, op, execute)
+        if outcome is not None:
+            return outcome
+    raise InProgress("the operation is changing hands; ask again", retry_after=_in_progress_retry_after())
+
+
+def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
+    """Answer a caller that lost the claim. None means: try to claim again."""
+    if is_expired(record):
+        if op.on_expiry == ExpiryPolicy.HOLD:
+            return Outcome(record, error=Expired(
+                f"this key's retention ended at {record.expires_at.isoformat()}; "
+                "a person must check before it is used again"))
+        retire(record, actor=op.actor)
+        return None
+    if record.fingerprint != op.fingerprint:
+        fields = op.differing_fields(record)
+        return Outcome(record, error=Conflict(
+            f"idempotency_key was already used with other arguments (differing: {', '.join(fields)}); "
+            "use a new key for a new operation",
+            differing_fields=fields))
+    if record.status == RecordStatus.PROCESSING:
+        record = wait_for_outcome(record)
+        if lease_expired(record):
+            record = _take_over(record, op)
+    match record.status:
+        case RecordStatus.SUCCEEDED:
+            return Outcome(record, replayed=True)
+        case RecordStatus.PROCESSING:
+            return Outcome(record, error=InProgress(
+                "the first call with this key is still running; ask again with the same key",
+                retry_after=_in_progress_retry_after()))
+        case RecordStatus.UNKNOWN:
+            return Outcome(record, error=UnknownOutcome(
+                f"the outcome of the first call is unknown and is being reconciled: {UNKNOWN_OUTCOME_ADVICE}"))
+        case RecordStatus.FAILED:
+            return _follow_failed(record, op, execute)
+        case RecordStatus.AWAITING_APPROVAL:
+            return hooks.follow_awaiting_approval(record)
+    raise AssertionError(f"unhandled status {record.status}")
+
+
+def _take_over(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord:
+    """The executor's lease ran out under a follower's eyes: the follower moves the record on
+    itself, as the sweep would, and settles at once what can be settled (hooks.settle_expired)."""
+    if expire_lease(record, actor=op.actor, source="follower"):
+        try:
+            hooks.settle_expired(record)
+        except Exception:
+            # Settling now only saves a wait: the record is UNKNOWN and due, and
+            # the reconciliation sweep settles it; the caller hears so.
+            logger.exception("settling record %s after its lease expired failed", record.pk)
+    # Also when another follower or the sweep got there first: follow what it is now.
+    record.refresh_from_db()
+    return record
+
+
+def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
+    failure = ToolFailure.from_dict({"class": record.error_class, "message": record.error_message})
+    if not failure.retryable:
+        return Outcome(record, replayed=True, error=failure)
+    wait = (record.retry_not_before - timezone.now()).total_seconds() if record.retry_not_before else 0
+    if wait > 0:
+        return Outcome(record, replayed=True, error=Transient(record.error_message, retry_after=wait))
+    reclaimed = reclaim(record, op)
+    if reclaimed is None:
+        return None  # another retry got there first; follow it
+    return _execute(reclaimed, op, execute)
+
+
+def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome:
+    crash_point("after_claim")
+    try:
+        if op.approval is not None and (held := op.approval(record)) is not None:
+            return held
+        # A local effect commits with the record, or neither does; a
+        # downstream one is done before we record it (one statement).
+        with gathering_evidence() as evidence, transaction.atomic() if op.transactional else nullcontext():
+            # The heartbeat stops before the guarded write below: a renewal
+            # queued behind our own transaction's lock on the row would
+            # wait for us while we wait for it. If it found the lease lost,
+            # that write fails on its owner guard (LeaseLost).
+            with heartbeat(record):
+                result = execute(record)
+            crash_point("after_downstream")
+            record = mark_succeeded(record, result, actor=op.actor, evidence=evidence)
+    except UnknownOutcome as unknown:
+        return Outcome(mark_unknown(record, unknown, actor=op.actor), error=unknown, executed=True)
+    except ToolFailure as failure:
+        return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
+    except LeaseLost:
+        record.refresh_from_db()
+        return Outcome(record, executed=True, error=UnknownOutcome(
+            f"this call overran its lease and its outcome is being reconciled: {UNKNOWN_OUTCOME_ADVICE}"))
+    except Exception as exc:
+        return _unexpected_error(record, op, exc)
+    crash_point("after_commit")
+    return Outcome(record, executed=True)
+
+
+def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) -> Outcome:
+    logger.exception("tool %s raised; record %s, key digest %s", op.tool, record.pk, key_digest(op.key))
+    if not op.transactional:
+        # We cannot tell whether the downstream request went out.
+        unknown = UnknownOutcome("the call failed unexpectedly after it may have reached the downstream system; "
+                                 f"it is being reconciled: {UNKNOWN_OUTCOME_ADVICE}",
+                                 evidence=evidence_entry("executor", error=type(exc).__name__))
+        return Outcome(mark_unknown(record, unknown, actor=op.actor), error=unknown, executed=True)
+    if isinstance(exc, DataError):
+        # A value the database refuses (out of range, too long): running again fails the same way.
+        failure = invalid_data(exc)
+        return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
+    # A bug or a database error: the transaction rolled back, so nothing
+    # of the side effect committed and the same key may run again.
+    failure = Transient("internal error, nothing was committed; retry with the same key",
+                        retry_after=INTERNAL_ERROR_RETRY_AFTER)
+    return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
+
+
+def execute_approved(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
+    """Run an approved operation as its executor; None if the record had already left AWAITING_APPROVAL."""
+    if not start_approved(record, actor=op.actor):
+        return None
+    return _execute(record, op, execute)
+
+
+def wait_for_outcome(record: IdempotencyRecord) -> IdempotencyRecord:
+    """Poll a PROCESSING record until it finishes, its lease runs out, or the follower wait runs out."""
+    deadline = time.monotonic() + settings.IDEMOPS["FOLLOWER_WAIT_SECONDS"]
+    pause = 0.01
+    while (record.status == RecordStatus.PROCESSING and not lease_expired(record)
+           and time.monotonic() < deadline):
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, 0.2)
+        record.refresh_from_db()
+    return record
+
+
+def _in_progress_retry_after() -> float:
+    return float(settings.IDEMOPS["IN_PROGRESS_RETRY_AFTER_SECONDS"])

@@ -1,0 +1,364 @@
+"""Every change of an idempotency record: one function each.
+
+Each is a conditional UPDATE guarded by the status (and lease owner) it expects, plus its audit
+event, in one statement (`_transition`); a False or None answer means someone else moved the
+record first and nothing was written. The claim is one INSERT ... ON CONFLICT DO NOTHING against
+the partial unique constraint on (tenant, tool, key): never check-then-insert.
+
+The executor holds a short lease (EXECUTION_LEASE_SECONDS), renewed by a heartbeat while its
+handler runs (tools_app.core.leases); `expire_lease` is taken by the sweep and by a follower
+that finds the lease expired.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from tools_app.core import audit, db, leases, redaction
+from tools_app.core.errors import ToolFailure, UnknownOutcome
+from tools_app.core.keys import canonical_json
+from tools_app.core.models import AuditEvent
+from tools_app.engine.models import IdempotencyRecord, RecordStatus
+from tools_app.engine.operation import LeaseLost, Operation, evidence_entry
+
+FINISHED = (RecordStatus.SUCCEEDED, RecordStatus.FAILED)
+
+
+SWEEPER = "system:lease-sweep"
+
+
+def _lease_owner() -> str:
+    return leases.new_owner()
+
+
+def lease_seconds() -> float:
+    return float(settings.IDEMOPS["EXECUTION_LEASE_SECONDS"])
+
+
+def _lease_expiry(now: datetime) -> datetime:
+    return now + timedelta(seconds=lease_seconds())
+
+
+def heartbeat_interval() -> float:
+    return leases.heartbeat_interval(settings.IDEMOPS["EXECUTION_HEARTBEAT_SECONDS"], lease_seconds())
+
+
+@transaction.atomic
+def renew_lease(record: IdempotencyRecord) -> bool:
+    """Extend the executor's lease while its handler runs. False: the record is no longer
+    ours (a follower or the sweep took it for dead).
+
+    Liveness, not a state change: no audit event. Guarded by the owner only,
+    not the expiry: a lease that ran out but that nobody took yet is still ours.
+    """
+    # Never queue behind a lock on the row: if the executor's own transaction
+    # held one, the executor would wait for its heartbeat (it joins it) while
+    # the heartbeat waited for the executor. A beat that times out is skipped.
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = {max(1, int(heartbeat_interval() * 500))}")
+    return bool(IdempotencyRecord.objects.filter(
+        pk=record.pk, status=RecordStatus.PROCESSING, lease_owner=record.lease_owner,
+    ).update(lease_expires_at=_lease_expiry(timezone.now())))
+
+
+def heartbeat(record: IdempotencyRecord) -> leases.Heartbeat:
+    return leases.Heartbeat(lambda: renew_lease(record), heartbeat_interval(), name=f"lease-of-record-{record.pk}")
+
+
+def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
+    """Return (record, True) if this call inserted the PROCESSING record for
+    `op` and is its executor, or (the live record, False) for a follower."""
+    if row := _fetch_live(op):  # replays, the common case, stop here: one indexed read
+        return db.from_row(IdempotencyRecord, row), False
+    record = new_record(op)
+    # The record has no id yet: the statement fills object_id from the inserted row.
+    claimed_event = audit.new_event(action="record.claimed", obj=record, actor=op.actor, trace_id=op.trace_id,
+                                    after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
+    if row := _claim_or_fetch(record, claimed_event):
+        return db.from_row(IdempotencyRecord, row[:-1]), row[-1]
+    # We lost a race to a claim our statement's snapshot could not see: read it now.
+    return claim(op)
+
+
+def new_record(op: Operation) -> IdempotencyRecord:
+    """The PROCESSING record a claim of `op` inserts (not saved)."""
+    now = timezone.now()
+    operation_id = uuid.uuid4()
+    return IdempotencyRecord(
+        tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
+        # What is kept to be read: URLs lose their query (tokens); the fingerprint covers the full arguments.
+        field_digests=op.field_digests, arguments=redaction.scrub_urls(json.loads(canonical_json(op.arguments))),
+        status=RecordStatus.PROCESSING, attempts=1, lease_owner=_lease_owner(), lease_expires_at=_lease_expiry(now),
+        operation_id=operation_id, trace_id=op.trace_id, actor=op.actor,
+        downstream_key="" if op.transactional else downstream_key(operation_id),
+        created_at=now, updated_at=now, expires_at=now + op.retention,
+    )
+
+
+def downstream_key(operation_id: uuid.UUID) -> str:
+    """The key sent to a downstream system: one per operation, so every retry of it is deduplicated
+    there, and a key freed after its retention (retired or released) is a new operation there too."""
+    return f"idemops-{operation_id.hex}"
+
+
+def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tuple | None:
+    """One statement: INSERT the record and its audit event, unless a live record holds the key.
+
+    Two first calls racing both pass the NOT EXISTS; PostgreSQL makes the
+    second INSERT wait for the first to commit and then skip (ON CONFLICT DO
+    NOTHING), so exactly one inserts. The loser's statement returns no row
+    (its snapshot predates the winner's commit) and the caller reads again.
+    The row's last column says whether this call inserted it.
+    """
+    columns, values, params = db.insert_parts(record)
+    audit_columns, audit_values, audit_params = db.insert_parts(
+        claimed_event, expressions={"object_id": "claimed.id::text"})
+    _, select_list = db.select_columns(IdempotencyRecord)
+    records = db.table(IdempotencyRecord)
+    sql = f"""
+        WITH live AS (
+            SELECT {select_list} FROM {records}
+            WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL
+        ), claimed AS (
+            INSERT INTO {records} ({", ".join(columns)}) SELECT {", ".join(values)}
+            WHERE NOT EXISTS (SELECT FROM live)
+            ON CONFLICT DO NOTHING RETURNING *
+        ), audited AS (
+            INSERT INTO {db.table(AuditEvent)} ({", ".join(audit_columns)})
+            SELECT {", ".join(audit_values)} FROM claimed
+        )
+        SELECT {select_list}, true FROM claimed
+        UNION ALL
+        SELECT *, false FROM live
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [record.tenant_id, record.tool, record.key, *params, *audit_params])
+        return cursor.fetchone()
+
+
+def _fetch_live(op: Operation) -> tuple | None:
+    _, select_list = db.select_columns(IdempotencyRecord)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {select_list} FROM {db.table(IdempotencyRecord)} "
+                       "WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL",
+                       [op.tenant_id, op.tool, op.key])
+        return cursor.fetchone()
+
+
+def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any], *, action: str,
+                actor: str, reason: str = "", evidence: dict[str, Any] | list[dict[str, Any]] | None = None,
+                trace_id: str = "", before: dict[str, Any] | None = None,
+                after: dict[str, Any] | None = None) -> bool:
+    """The conditional UPDATE every state change goes through, with its audit event, in one statement.
+
+    The event records the status before and after (unless told otherwise);
+    `evidence`, if any, is appended to the record's evidence list.
+    """
+    changes = {**changes, "updated_at": timezone.now()}
+    event = audit.new_event(
+        action=action, obj=record, actor=actor, reason=reason, trace_id=trace_id or record.trace_id,
+        before=before or {"status": record.status},
+        after=after or {"status": changes.get("status", record.status),
+                        **({"error_class": changes["error_class"]} if changes.get("error_class") else {})})
+    entries = [evidence] if isinstance(evidence, dict) else list(evidence or [])
+    if not db.conditional_update(record, expected, changes, event=event,
+                                 append={"evidence": entries} if entries else None):
+        return False
+    for name, value in changes.items():
+        setattr(record, name, value)
+    record.evidence = [*record.evidence, *entries]
+    return True
+
+
+def _finished(record: IdempotencyRecord, now: datetime) -> dict[str, Any]:
+    """Fields every move to a final status sets: retention counts from the finish."""
+    return {"finished_at": now, "expires_at": now + (record.expires_at - record.created_at)}
+
+
+def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str,
+                   evidence: list[dict[str, Any]] | None = None) -> IdempotencyRecord:
+    """PROCESSING -> SUCCEEDED, by the lease holder. Call inside the business transaction."""
+    if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
+        "status": RecordStatus.SUCCEEDED, "result": result, "lease_owner": "", "lease_expires_at": None,
+        "error_class": "", "error_message": "", **_finished(record, timezone.now()),
+    }, action="record.succeeded", actor=actor, evidence=evidence):
+        raise LeaseLost(record.pk)
+    return record
+
+
+def mark_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str) -> IdempotencyRecord:
+    """PROCESSING -> FAILED, by the lease holder; a transient failure may be reclaimed later."""
+    now = timezone.now()
+    retry_not_before = now + timedelta(seconds=failure.retry_after or 0) if failure.retryable else None
+    if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
+        "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
+        "retry_not_before": retry_not_before, "lease_owner": "", "lease_expires_at": None, **_finished(record, now),
+    }, action="record.failed", actor=actor, reason=failure.message, evidence=failure.evidence):
+        record.refresh_from_db()
+    return record
+
+
+def mark_unknown(record: IdempotencyRecord, unknown: UnknownOutcome, *, actor: str) -> IdempotencyRecord:
+    """PROCESSING -> UNKNOWN, by the lease holder, when the downstream outcome is unknowable here."""
+    if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
+        "status": RecordStatus.UNKNOWN, "error_class": unknown.error_class, "error_message": unknown.message,
+        "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": timezone.now(),
+    }, action="record.unknown", actor=actor, reason=unknown.message,
+            evidence=unknown.evidence or evidence_entry("executor", note=unknown.message)):
+        record.refresh_from_db()
+    return record
+
+
+def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | None:
+    """FAILED(transient) -> PROCESSING for a retry with the same key and arguments.
+
+    Guarded by the attempt count we saw, so of several racing retries one wins.
+    """
+    if not _transition(record, {
+        "status": RecordStatus.FAILED, "error_class": "transient", "fingerprint": op.fingerprint,
+        "attempts": record.attempts,
+    }, {
+        "status": RecordStatus.PROCESSING, "attempts": record.attempts + 1, "lease_owner": _lease_owner(),
+        "lease_expires_at": _lease_expiry(timezone.now()), "error_class": "", "error_message": "",
+        "retry_not_before": None, "finished_at": None, "trace_id": op.trace_id or record.trace_id,
+    }, action="record.reclaimed", actor=op.actor):
+        return None
+    return record
+
+
+def retire(record: IdempotencyRecord, *, actor: str, reason: str = "retention ended; key reused") -> bool:
+    """Free an expired finished record's key; the row stays for auditors."""
+    now = timezone.now()
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": now},
+                       {"retired_at": now}, action="record.retired", actor=actor, reason=reason)
+
+
+def expire_lease(record: IdempotencyRecord, *, actor: str = SWEEPER, source: str = "sweep",
+                 now: datetime | None = None) -> bool:
+    """PROCESSING -> UNKNOWN: the executor's lease ran out (it died, hung, or lost its database).
+
+    Never re-executes: a dead executor may have done its side effect; the
+    record is due for reconciliation at once. Guarded by the expired lease
+    itself: an executor that renewed in time keeps the record. Taken by the
+    sweep, and by a follower that finds the lease expired (`source` says which).
+    """
+    now = now or timezone.now()
+    return _transition(
+        record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner, "lease_expires_at__lt": now},
+        {"status": RecordStatus.UNKNOWN, "error_class": "unknown_outcome",
+         "error_message": "the executor's lease expired before it recorded an outcome",
+         "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": now},
+        action="record.unknown", actor=actor, reason="lease expired",
+        evidence=evidence_entry(source, note=f"lease of {record.lease_owner} expired"))
+
+
+def expire_leases(now: datetime | None = None) -> list[IdempotencyRecord]:
+    """The sweep: `expire_lease` for every record whose executor's lease ran out."""
+    now = now or timezone.now()
+    stale = IdempotencyRecord.objects.filter(status=RecordStatus.PROCESSING, lease_expires_at__lt=now)
+    return [record for record in stale if expire_lease(record, now=now)]
+
+
+def resolve_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str, reason: str,
+                      evidence: dict[str, Any]) -> bool:
+    """UNKNOWN -> SUCCEEDED: the downstream did it; store its result so a replay returns it."""
+    return _transition(record, {"status": RecordStatus.UNKNOWN}, {
+        "status": RecordStatus.SUCCEEDED, "result": result, "error_class": "", "error_message": "",
+        "next_reconcile_at": None, **_finished(record, timezone.now()),
+    }, action="record.reconciled", actor=actor, reason=reason, evidence=evidence)
+
+
+def resolve_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str, reason: str,
+                   evidence: dict[str, Any]) -> bool:
+    """UNKNOWN -> FAILED: definitely not done. A transient failure lets the same key run again."""
+    now = timezone.now()
+    return _transition(record, {"status": RecordStatus.UNKNOWN}, {
+        "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
+        "retry_not_before": now if failure.retryable else None, "next_reconcile_at": None, **_finished(record, now),
+    }, action="record.reconciled", actor=actor, reason=reason, evidence=evidence)
+
+
+def note_unresolved(record: IdempotencyRecord, *, evidence: dict[str, Any], next_attempt_at: datetime | None,
+                    actor: str) -> bool:
+    """UNKNOWN stays UNKNOWN: count the attempt; with no next attempt, escalate to a person."""
+    escalate = next_attempt_at is None
+    return _transition(record, {"status": RecordStatus.UNKNOWN, "reconcile_attempts": record.reconcile_attempts}, {
+        "reconcile_attempts": record.reconcile_attempts + 1, "next_reconcile_at": next_attempt_at,
+        **({"escalated_at": timezone.now()} if escalate else {}),
+    }, action="record.escalated" if escalate else "record.reconcile_attempted", actor=actor,
+        reason="automatic reconciliation gave up; a person must decide" if escalate else "", evidence=evidence)
+
+
+def await_approval(record: IdempotencyRecord, *, actor: str) -> IdempotencyRecord:
+    """PROCESSING -> AWAITING_APPROVAL, by the lease holder, instead of executing.
+
+    The lease is dropped: nothing runs while a person decides, so the lease
+    sweep must not take the record for a dead executor. Call inside the
+    transaction that creates the ApprovalRequest.
+    """
+    if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
+        "status": RecordStatus.AWAITING_APPROVAL, "lease_owner": "", "lease_expires_at": None,
+    }, action="record.awaiting_approval", actor=actor):
+        raise LeaseLost(record.pk)
+    return record
+
+
+def start_approved(record: IdempotencyRecord, *, actor: str) -> bool:
+    """AWAITING_APPROVAL -> PROCESSING under a new lease, once the request is approved.
+
+    The status guard makes a second approval job, or a redelivered one, a no-op.
+    """
+    return _transition(record, {"status": RecordStatus.AWAITING_APPROVAL}, {
+        "status": RecordStatus.PROCESSING, "lease_owner": _lease_owner(),
+        "lease_expires_at": _lease_expiry(timezone.now()),
+    }, action="record.approved_execution", actor=actor)
+
+
+def close_unapproved(record: IdempotencyRecord, failure: ToolFailure, *, actor: str, reason: str) -> bool:
+    """AWAITING_APPROVAL -> FAILED (rejected or expired): retries with the key get `failure` again.
+
+    Call inside the transaction that ends the ApprovalRequest.
+    """
+    return _transition(record, {"status": RecordStatus.AWAITING_APPROVAL}, {
+        "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
+        "retry_not_before": None, **_finished(record, timezone.now()),
+    }, action="record.failed", actor=actor, reason=reason)
+
+
+def is_expired(record: IdempotencyRecord, now: datetime | None = None) -> bool:
+    return record.status in FINISHED and record.expires_at <= (now or timezone.now())
+
+
+def lease_expired(record: IdempotencyRecord, now: datetime | None = None) -> bool:
+    """PROCESSING, and its executor stopped renewing its lease in time."""
+    return (record.status == RecordStatus.PROCESSING and record.lease_expires_at is not None
+            and record.lease_expires_at < (now or timezone.now()))
+
+
+def end_retention(record: IdempotencyRecord, *, actor: str, reason: str) -> bool:
+    """A finished record's retention ends now (an operator's force-expire): the key's expiry
+    policy applies from the next call."""
+    now = timezone.now()
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__gt": now},
+                       {"expires_at": now}, action="record.force_expired", actor=actor, reason=reason,
+                       before={"expires_at": record.expires_at.isoformat()}, after={"expires_at": now.isoformat()})
+
+
+def release(record: IdempotencyRecord, *, actor: str, reason: str, checked: str,
+            downstream_reference: str = "") -> bool:
+    """A key held past its retention is freed (an operator checked downstream): the record is
+    retired as `retire` does, with what was checked as evidence and in the audit event."""
+    now = timezone.now()
+    facts = {"checked": checked, "downstream_reference": downstream_reference}
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": now},
+                       {"retired_at": now}, action="record.released", actor=actor, reason=reason,
+                       evidence=evidence_entry("operator", actor=actor, reason=reason, **facts),
+                       before={"status": record.status, "expires_at": record.expires_at.isoformat()},
+                       after={"retired_at": now.isoformat(), **facts})

@@ -1,0 +1,11 @@
+"""The MCP entry point: the official SDK's MCPServer serving the tool registry at /mcp.
+
+`server.py` turns each registered tool into an SDK tool and builds the ASGI
+app; `runtime.py` is what every handler shares (database threads, the caller
+behind the bearer token, rendering results and errors); `tasks_extension.py`
+serves the MCP tasks extension from the durable tasks; `guards.py` the ASGI
+checks in front of the SDK (malformed request ids, a database outage).
+
+May import: everything below the entry points. Handlers stay thin: they call
+toolkit.calls and the concept packages.
+"""

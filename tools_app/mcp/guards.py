@@ -1,0 +1,120 @@
+"""A JSON-RPC envelope check in front of the MCP SDK's Streamable HTTP transport.
+
+JSON-RPC 2.0 says a request's `id` is a string, a number or null; MCP narrows
+it to a string or an integer. The SDK (mcp 2.3, protocol versions up to
+2025-11-25) reads a message whose id is anything else (an object, a list,
+true, null, 1.5) as a *notification*, because its notification model ignores
+unknown members, and answers 202 Accepted: the client waits for an answer
+that never comes. This middleware answers such a message as JSON-RPC
+prescribes: HTTP 400 with the error -32600 Invalid Request and a null id,
+its `data` carrying our error class.
+
+It runs after authentication (an unauthenticated caller still gets 401, and
+no body is read for it) and within the SDK's request-body limit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pydantic_core
+from mcp.server.transport_security import RequestBodyLimitMiddleware
+from mcp_types import INVALID_REQUEST, ErrorData, JSONRPCError
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tools_app.core import outage
+from tools_app.core.errors import InvalidInput
+from tools_app.mcp.runtime import DatabaseUnavailable
+
+
+def bad_request_id(body: bytes) -> InvalidInput | None:
+    """The error for a request whose id is neither a string nor an integer; None for anything else
+    (the SDK answers unparseable bodies, batches and other mistakes itself)."""
+    try:
+        message: Any = pydantic_core.from_json(body)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or "method" not in message or "id" not in message:
+        return None
+    request_id = message["id"]
+    if isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool)):
+        return None
+    return InvalidInput("id: a request's id must be a string or an integer (a message without an id is a "
+                        "notification)")
+
+
+class RequestIdGuard:
+    def __init__(self, app: ASGIApp, max_body_size: int):
+        self.app = app
+        self._checked = RequestBodyLimitMiddleware(self._check, max_body_size)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        user = scope.get("user") if scope["type"] == "http" else None
+        if scope["type"] != "http" or scope["method"] != "POST" or not getattr(user, "is_authenticated", False):
+            await self.app(scope, receive, send)
+            return
+        await self._checked(scope, receive, send)
+
+    async def _check(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The body-limit middleware has buffered the body: it arrives whole, then is replayed.
+        received: list[Message] = []
+        body = b""
+        while True:
+            message = await receive()
+            received.append(message)
+            if message["type"] != "http.request":
+                break
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        problem = bad_request_id(body)
+        if problem is not None:
+            error = JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(
+                code=INVALID_REQUEST, message=f"Invalid Request: {problem.message}", data=problem.as_dict()))
+            response = Response(error.model_dump_json(by_alias=True), status_code=400,
+                                media_type="application/json")
+            await response(scope, receive, send)
+            return
+
+        async def replay() -> Message:
+            return received.pop(0) if received else await receive()
+
+        await self.app(scope, replay, send)
+
+
+class DatabaseGuard:
+    """ASGI middleware around the SDK's /mcp app: a database error before the response
+    started (the bearer-token lookup) becomes HTTP 503 with Retry-After and a JSON-RPC error.
+
+    It sits inside Starlette's error middleware, which would answer a plain-text
+    500 "Internal Server Error"; the SDK's client reads a JSON-RPC error at a
+    non-2xx status as that error (data.class = "transient").
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked_send)
+        except (DatabaseUnavailable, *outage.DATABASE_ERRORS) as exc:
+            if started:
+                raise
+            if not isinstance(exc, DatabaseUnavailable):
+                outage.log(scope.get("path", "/mcp"), exc)
+            # The request's id may not have been read yet: JSON-RPC's null id.
+            body = json.dumps({"jsonrpc": "2.0", "id": None, "error": DatabaseUnavailable().error.model_dump()})
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"retry-after", outage.retry_after_header().encode())]})
+            await send({"type": "http.response.body", "body": body.encode()})

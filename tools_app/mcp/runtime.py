@@ -1,0 +1,148 @@
+"""What every MCP handler shares: ORM work in a database thread, the caller behind the bearer
+token, rendering a call's result or error, and counting the call.
+
+A tool handler (server.py) and the tasks extension's methods (tasks_extension.py) both build on
+this module; neither imports the other.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from typing import Any
+
+import anyio
+from django.conf import settings
+from django.db import close_old_connections
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.provider import AccessToken
+from mcp.server.mcpserver import Context
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult, TextContent
+from pydantic import BaseModel, Field
+
+from tools_app import metrics
+from tools_app.access import tenants
+from tools_app.core import outage
+from tools_app.toolkit.calls import Caller, CallResult
+
+REPLAYED_META = "io.idemops/replayed"
+
+
+EXPIRES_META = "io.idemops/expires-at"
+
+
+# JSON-RPC's range for implementation-defined server errors.
+DATABASE_UNAVAILABLE_CODE = -32000
+
+
+_db_limiter: anyio.CapacityLimiter | None = None
+
+
+class DatabaseUnavailable(MCPError):
+    """The database could not be reached: a JSON-RPC error of class `transient`, with `retry_after`."""
+
+    def __init__(self):
+        super().__init__(DATABASE_UNAVAILABLE_CODE, outage.MESSAGE, data=outage.error_body())
+
+
+async def in_db_thread(fn, /, *args, **kwargs):
+    """Run sync ORM code in a worker thread (not Django's single shared thread)."""
+    global _db_limiter
+    if _db_limiter is None:
+        _db_limiter = anyio.CapacityLimiter(settings.IDEMOPS["MCP_DB_THREADS"])
+    try:
+        return await anyio.to_thread.run_sync(functools.partial(_with_fresh_connection, fn, *args, **kwargs),
+                                              limiter=_db_limiter)
+    except outage.DATABASE_ERRORS as exc:
+        outage.log(getattr(fn, "__qualname__", "mcp"), exc)
+        raise DatabaseUnavailable() from exc
+
+
+def _with_fresh_connection(fn, *args, **kwargs):
+    # Threads are pooled and keep their persistent connection; drop it if it
+    # broke or aged out, as Django does around each HTTP request.
+    close_old_connections()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        close_old_connections()
+
+
+class TenantTokenVerifier:
+    """Maps `Authorization: Bearer <token>` to the tenant and agent identity."""
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        api_token = await in_db_thread(tenants.authenticate_token, token)
+        if api_token is None:
+            return None
+        return AccessToken(
+            token=token, client_id=api_token.agent_identity, scopes=["tools"],
+            claims={"tenant_id": api_token.tenant_id, "token_id": api_token.pk},
+        )
+
+
+def authenticated_caller() -> Caller:
+    """The tenant and agent of the verified bearer token (the SDK's middleware ran first)."""
+    access = get_access_token()
+    if access is None or not access.claims:  # a guard: /mcp never runs a tool unauthenticated
+        raise PermissionError("no authenticated tenant")
+    return Caller(tenant_id=access.claims["tenant_id"], actor=access.client_id)
+
+
+def current_caller(ctx: Context) -> Caller:
+    """The caller, able to send progress notifications on this request."""
+    caller = authenticated_caller()
+
+    def report_progress(done: float, total: float | None = None, message: str | None = None) -> None:
+        # Called from the database thread; the notification is sent on the event loop.
+        anyio.from_thread.run(ctx.report_progress, done, total, message)
+
+    return Caller(tenant_id=caller.tenant_id, actor=caller.actor, report_progress=report_progress)
+
+
+class IdempotencyInfo(BaseModel):
+    """Attached to every write tool response."""
+
+    status: str = Field(description="SUCCEEDED, FAILED, PROCESSING, UNKNOWN or AWAITING_APPROVAL")
+    replayed: bool = Field(description="True when this is the stored result of an earlier call with the key")
+    expires_at: str | None = Field(description="When this key's record may be reused or reviewed")
+    operation_id: str | None = None
+
+
+def idempotency_info(result: CallResult) -> dict[str, Any] | None:
+    record = result.record
+    if record is None:
+        return None
+    return IdempotencyInfo(status=record.status, replayed=result.replayed,
+                           expires_at=record.expires_at.isoformat(),
+                           operation_id=str(record.operation_id)).model_dump()
+
+
+def render(result: CallResult) -> CallToolResult:
+    info = idempotency_info(result)
+    if result.error is not None:
+        structured: dict[str, Any] = {"error": result.error.as_dict()}
+        text = f"{result.error.error_class}: {result.error.message}"
+    else:
+        structured = dict(result.result or {})
+        text = None
+    if info is not None:
+        structured["idempotency"] = info
+    # Sorted keys: PostgreSQL's jsonb does not keep key order, and a replay
+    # must read exactly like the first answer.
+    body = json.dumps(structured, ensure_ascii=False, sort_keys=True)
+    structured = json.loads(body)
+    meta = {REPLAYED_META: result.replayed, EXPIRES_META: info["expires_at"]} if info else None
+    return CallToolResult(
+        content=[TextContent(type="text", text=f"{text}\n{body}" if text else body)],
+        structured_content=structured, is_error=result.error is not None, _meta=meta,
+    )
+
+
+def count_call(caller: Caller, tool: str, result: CallResult, started: float) -> None:
+    """One CallEvent for the dashboard (batched; see tools_app.metrics)."""
+    metrics.record_call(tenant_id=caller.tenant_id, tool=tool, outcome=result.outcome,
+                        error_class=result.error.error_class if result.error else "",
+                        latency_ms=(time.perf_counter() - started) * 1000)

@@ -1,0 +1,146 @@
+"""The MCP endpoint: the official SDK's MCPServer, serving the tool registry at /mcp.
+
+Each registered tool becomes an SDK `Tool` whose input schema is the tool's
+pydantic model and whose output schema adds the idempotency envelope. The
+handler is thin: authenticate (the SDK's bearer middleware calls our
+verifier), hand the raw arguments to `tools_app.calls.call_tool` in a
+database thread, and render the result or error.
+
+Streamable HTTP runs stateless, so any number of web processes can serve it.
+
+While the database is unreachable (tools_app.core.outage), a tool call
+answers `transient` with `retry_after`, another request that needs the
+database a JSON-RPC error of that class, and a request whose bearer token
+cannot be checked HTTP 503 with Retry-After (`DatabaseGuard`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.conf import settings
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.tools.base import Tool
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, CallToolResult, ToolAnnotations
+from pydantic import BaseModel, ConfigDict, create_model
+from starlette.middleware import Middleware
+
+from tools_app.core import keys, outage
+from tools_app.core.errors import UNKNOWN_OUTCOME_ADVICE, NotFound
+from tools_app.mcp.guards import DatabaseGuard, RequestIdGuard
+from tools_app.mcp.runtime import (
+    DatabaseUnavailable,
+    IdempotencyInfo,
+    TenantTokenVerifier,
+    count_call,
+    current_caller,
+    in_db_thread,
+    render,
+)
+from tools_app.mcp.tasks_extension import TasksExtension
+from tools_app.toolkit.calls import CallResult, call_tool
+from tools_app.toolkit.registry import ToolSpec, all_tools, get_tool
+
+# --- SDK tools from registry declarations -----------------------------------------
+
+
+class _RawArguments(ArgModelBase):
+    """Passes the arguments through untouched: tools_app.calls validates them,
+    so a bad argument is an `invalid_input` error like any other."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def model_dump_one_level(self) -> dict[str, Any]:
+        return {"arguments": dict(self.model_extra or {})}
+
+
+def output_model(spec: ToolSpec) -> type[BaseModel]:
+    if not spec.writes:
+        return spec.output_model
+    return create_model(f"{spec.output_model.__name__}WithIdempotency", __base__=spec.output_model,
+                        idempotency=(IdempotencyInfo, ...))
+
+
+def annotations(spec: ToolSpec) -> ToolAnnotations:
+    return ToolAnnotations(
+        title=spec.title, read_only_hint=not spec.writes,
+        # With the same idempotency key, repeating a write has no further effect.
+        idempotent_hint=True, destructive_hint=spec.destructive if spec.writes else False,
+        open_world_hint=spec.open_world,
+    )
+
+
+def sdk_tool(spec: ToolSpec) -> Tool:
+    async def handle(arguments: dict[str, Any], ctx: Context) -> CallToolResult:
+        started = time.perf_counter()
+        caller = current_caller(ctx)
+        meta = ctx.request_context.meta or {}
+        try:
+            result = await in_db_thread(call_tool, spec, caller, arguments, meta_key=meta.get(keys.META_KEY))
+        except DatabaseUnavailable:
+            # Whatever the call did is either committed with its record or not at
+            # all, and the engine runs the key at most once: the same key may retry.
+            result = CallResult(spec, error=outage.transient())
+        count_call(caller, spec.name, result, started)
+        return render(result)
+
+    out = output_model(spec)
+    return Tool(
+        fn=handle, name=spec.name, title=spec.title, description=spec.description,
+        parameters=spec.input_model.model_json_schema(), is_async=True, context_kwarg="ctx",
+        fn_metadata=FuncMetadata(arg_model=_RawArguments, output_model=out),
+        annotations=annotations(spec),
+    )
+
+
+class IdemopsServer(MCPServer):
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None):
+        # The MCP spec makes an unknown tool a protocol error (-32602), not a tool result (the SDK
+        # answers one with unclassified text); its data carries our error class.
+        try:
+            get_tool(name)
+        except NotFound as unknown:
+            raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {name}", data=unknown.as_dict()) from None
+        return await super().call_tool(name, arguments, context)
+
+
+def build_server() -> MCPServer:
+    public_url = settings.IDEMOPS["PUBLIC_URL"].rstrip("/")
+    return IdemopsServer(
+        name="idemops",
+        instructions="Write tools need an idempotency_key: reuse it on every retry of one operation, and use a "
+                     "new key only for a new operation. Errors carry a class: retry `transient` after "
+                     "retry_after with the same key; `in_progress` and `pending_approval`: ask again with the "
+                     f"same key; `unknown_outcome`: {UNKNOWN_OUTCOME_ADVICE}; `conflict`: the key was used with "
+                     "other arguments (a new operation needs a new key); `downstream_conflict`: the downstream "
+                     "system holds the key for another request, so neither retry it nor pick a new key: an "
+                     "operator must check.",
+        tools=[sdk_tool(spec) for spec in all_tools()],
+        extensions=[TasksExtension()],
+        token_verifier=TenantTokenVerifier(),
+        # Our tokens are opaque per-tenant API keys, not audience-bound JWTs.
+        auth=AuthSettings(issuer_url=public_url, resource_server_url=f"{public_url}/mcp", required_scopes=["tools"],
+                          validate_token_resource=False),
+    )
+
+
+def build_app():
+    """The Starlette app serving /mcp (its lifespan runs the session manager)."""
+    app = build_server().streamable_http_app(
+        streamable_http_path="/mcp",
+        stateless_http=True,
+        max_request_body_size=settings.IDEMOPS["MCP_MAX_REQUEST_BYTES"],
+        transport_security=TransportSecuritySettings(
+            allowed_hosts=settings.IDEMOPS["MCP_ALLOWED_HOSTS"],
+            allowed_origins=settings.IDEMOPS["MCP_ALLOWED_ORIGINS"],
+        ),
+    )
+    app.add_middleware(DatabaseGuard)  # outermost of the app's middleware: around the bearer-token check
+    # Innermost, after the SDK's authentication middleware (see guards.RequestIdGuard).
+    app.user_middleware.append(Middleware(RequestIdGuard, max_body_size=settings.IDEMOPS["MCP_MAX_REQUEST_BYTES"]))
+    return app

@@ -1,0 +1,28 @@
+"""The transactional outbox: messages written in the transaction of the business change and
+delivered at least once by a relay, each consumer deduplicating by the event id.
+
+`relay.py` writes events (`enqueue`), relays due batches, records each attempt
+(backoff, dead letters) and lets an operator re-drive a dead letter behind its
+Permit; `delivery.py` delivers one event (SMTP or an allow-listed webhook);
+`jobs.py` is the django-q2 entry point.
+
+May import: core, access.
+"""
+
+from tools_app.outbox.delivery import DeliveryFailed, DeliveryRefused, deliver
+from tools_app.outbox.jobs import relay_pending
+from tools_app.outbox.relay import (
+    REDRIVE,
+    RELAY_ACTOR,
+    RelayReport,
+    enqueue,
+    mark_delivered,
+    record_failed_attempt,
+    redrive,
+    relay_batch,
+)
+
+__all__ = [
+    "REDRIVE", "RELAY_ACTOR", "DeliveryFailed", "DeliveryRefused", "RelayReport", "deliver", "enqueue",
+    "mark_delivered", "record_failed_attempt", "redrive", "relay_batch", "relay_pending",
+]

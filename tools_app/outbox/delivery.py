@@ -1,0 +1,67 @@
+"""Delivering one outbox event to its consumer: email over SMTP, or a webhook POST to an address
+on the allow-list (checked again here: stored data is not trusted). Consumers deduplicate by the
+event id (email Message-ID, webhook X-Event-Id and Idempotency-Key).
+"""
+
+from __future__ import annotations
+
+import httpx2
+from django.conf import settings
+from django.core.mail import EmailMessage, get_connection
+
+from tools_app.core import url_allowlist
+from tools_app.core.errors import InvalidInput, Transient
+from tools_app.outbox.models import OutboxEvent
+
+
+class DeliveryFailed(Exception):
+    """The consumer did not take the event; try again later."""
+
+    final = False
+
+
+class DeliveryRefused(DeliveryFailed):
+    """The event must not be delivered as it is (its webhook URL fails the allow-list): dead at once."""
+
+    final = True
+
+
+def deliver(event: OutboxEvent) -> None:
+    if event.kind == "notification.email":
+        _send_email(event)
+    elif event.kind == "notification.webhook":
+        _post_webhook(event)
+    else:
+        raise DeliveryFailed(f"no delivery for kind {event.kind!r}")
+
+
+def _send_email(event: OutboxEvent) -> None:
+    payload = event.payload
+    message = EmailMessage(subject=payload["subject"], body=payload["body"], to=[payload["recipient"]],
+                           headers={"Message-ID": f"<{event.id}@idemops>"},
+                           connection=get_connection(timeout=settings.EMAIL_TIMEOUT))
+    try:
+        message.send()
+    except Exception as exc:  # smtplib and socket errors alike: the sink did not accept it
+        raise DeliveryFailed(f"{type(exc).__name__}: {exc}"[:300]) from exc
+
+
+def _post_webhook(event: OutboxEvent) -> None:
+    payload = event.payload
+    # The stored URL is checked again, against today's allow-list, and the
+    # request goes to the address that check resolved (no second DNS answer).
+    try:
+        target = url_allowlist.check(payload["recipient"], settings.IDEMOPS["WEBHOOK_ALLOWED_PREFIXES"],
+                                     field="recipient")
+    except InvalidInput as exc:
+        raise DeliveryRefused(exc.message) from exc
+    except Transient as exc:
+        raise DeliveryFailed(exc.message) from exc
+    try:
+        with httpx2.Client(timeout=settings.IDEMOPS["WEBHOOK_TIMEOUT_SECONDS"]) as client:
+            response = target.send(client, "POST", json={"subject": payload["subject"], "body": payload["body"]},
+                                   headers={"X-Event-Id": str(event.id), "Idempotency-Key": str(event.id)})
+    except httpx2.TransportError as exc:
+        raise DeliveryFailed(type(exc).__name__) from exc
+    if not response.is_success:  # a redirect too: it is never followed
+        raise DeliveryFailed(f"HTTP {response.status_code}")

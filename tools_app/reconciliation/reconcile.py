@@ -1,0 +1,113 @@
+"""Reconciliation: finding out what became of UNKNOWN outcomes, never guessing.
+
+A record is UNKNOWN when its executor could not tell whether the side effect
+happened (a timeout after sending, a crash: see `engine.expire_lease`).
+Each tool declares a reconciler that asks the downstream system by the key
+we sent; its answer moves the record:
+
+- `Found(result)`    → SUCCEEDED, the downstream result stored so a replay returns it;
+- `NotDone(reason)`  → FAILED (transient), so the same key may run again;
+- `StillUnknown`     → stays UNKNOWN, tried again with backoff; after
+  RECONCILE_MAX_ATTEMPTS it is escalated to a person (the admin's UNKNOWN queue).
+
+Operators' decisions (reconcile now, resolve with evidence) are in
+operators.py, behind their permits; the periodic job and a follower that
+took a dead executor's record reconcile through `reconcile_record`, as the system.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from tools_app import engine
+from tools_app.core import jobs
+from tools_app.core.errors import Transient
+from tools_app.engine import evidence_entry
+from tools_app.engine.models import IdempotencyRecord, RecordStatus
+from tools_app.toolkit.policies import Answer, Found, NotDone, StillUnknown, nothing_committed
+from tools_app.toolkit.registry import ToolSpec, get_tool
+
+logger = logging.getLogger(__name__)
+SWEEP_ACTOR = "system:reconciler"
+
+
+def reconciler_for(spec: ToolSpec):
+    return spec.reconciler or nothing_committed
+
+
+def take_turn(record: IdempotencyRecord) -> bool:
+    """Push the record's next attempt forward; only the process whose UPDATE
+    matched reconciles it now (two schedulers never ask downstream twice)."""
+    claimed_until = timezone.now() + timedelta(seconds=settings.IDEMOPS["RECONCILE_TURN_SECONDS"])
+    return bool(IdempotencyRecord.objects.filter(
+        pk=record.pk, status=RecordStatus.UNKNOWN, next_reconcile_at=record.next_reconcile_at,
+    ).update(next_reconcile_at=claimed_until))
+
+
+def settle_expired(record: IdempotencyRecord) -> None:
+    """Right after a follower took a dead executor's record (PROCESSING -> UNKNOWN).
+
+    A tool whose effect is local needs nobody to ask: nothing committed, so
+    the record is settled now (FAILED, transient) and the follower's own
+    call runs the operation again. A downstream tool's answer is the
+    downstream system's: its reconciliation is queued now, not at the next sweep.
+    """
+    if reconciler_for(get_tool(record.tool)) is nothing_committed:
+        record.refresh_from_db()
+        if take_turn(record):
+            reconcile_record(record, actor=SWEEP_ACTOR)
+    else:
+        reconcile_soon()
+
+
+# --- one record -----------------------------------------------------------------------
+
+
+def reconcile_record(record: IdempotencyRecord, *, actor: str = SWEEP_ACTOR) -> str:
+    """Ask the downstream system and apply its answer, as `actor` (the system unless an operator's
+    checked call passes theirs). Returns the record's status word."""
+    answer = _ask(record)
+    match answer:
+        case Found(result, evidence):
+            engine.resolve_succeeded(record, result, actor=actor, reason="found downstream",
+                                     evidence=evidence or evidence_entry("reconciler", found=True))
+            return "succeeded"
+        case NotDone(reason, evidence):
+            failure = Transient(f"the first call did not take effect ({reason}); retry with the same key",
+                                retry_after=0)
+            engine.resolve_failed(record, failure, actor=actor, reason=reason,
+                                  evidence=evidence or evidence_entry("reconciler", found=False))
+            return "failed"
+        case StillUnknown(evidence):
+            engine.note_unresolved(record, evidence=evidence or evidence_entry("reconciler"),
+                                   next_attempt_at=next_attempt_at(record.reconcile_attempts + 1), actor=actor)
+            return "unknown"
+    raise AssertionError(f"unexpected reconciler answer {answer!r}")
+
+
+def _ask(record: IdempotencyRecord) -> Answer:
+    try:
+        return reconciler_for(get_tool(record.tool))(record)
+    except Exception as exc:  # a reconciler that fails tells us nothing new
+        logger.warning("reconciler for %s raised %s", record.tool, type(exc).__name__)
+        return StillUnknown(evidence_entry("reconciler", error=type(exc).__name__))
+
+
+def next_attempt_at(attempt: int) -> datetime | None:
+    """Exponential backoff with jitter; None once the attempts are used up (escalate)."""
+    if attempt >= settings.IDEMOPS["RECONCILE_MAX_ATTEMPTS"]:
+        return None
+    base = settings.IDEMOPS["RECONCILE_BACKOFF_SECONDS"] * 2 ** (attempt - 1)
+    delay = min(base, 3600) * random.uniform(0.8, 1.2)
+    return timezone.now() + timedelta(seconds=delay)
+
+
+def reconcile_soon() -> None:
+    """Enqueue a reconciliation run now rather than at the next schedule tick
+    (the ORM broker's enqueue joins the caller's transaction, if any)."""
+    jobs.enqueue("reconciliation.reconcile_due", task_name="reconcile-due")

@@ -1,0 +1,53 @@
+"""Long tasks: durable, checkpointed runs of a long tool's pipeline, resumable after any crash.
+
+`state.py` is the task state machine (every transition one guarded function,
+with its audit event); `runner.py` runs a pipeline's steps under a lease and a
+heartbeat; `checkpoints.py` writes and verifies each step's checkpoint;
+`control.py` is what agents and operators do (cancel, pause, resume);
+`calls.py` is how an agent starts, watches and waits for a task (start_task,
+a direct call of a long tool); `jobs.py` the django-q2 entry points.
+
+May import: core, access, engine, toolkit.
+"""
+
+from tools_app.tasks.calls import call_task_tool, describe, next_action, outcome, unfinished, wait_for
+from tools_app.tasks.control import (
+    CANCEL,
+    MANAGE_PERMISSION,
+    PAUSE,
+    RESUME,
+    cancel,
+    get_for_tenant,
+    pause,
+    resume,
+)
+from tools_app.tasks.jobs import run_task, sweep
+from tools_app.tasks.state import (
+    ACTIVE,
+    RUNNABLE,
+    SWEEPER,
+    begin_step,
+    complete_step,
+    create_task,
+    expire_lease,
+    fail,
+    finish_step_run,
+    hand_on,
+    lease_seconds,
+    pause_for_input,
+    renew_lease,
+    requeue,
+    resumable,
+    retry_later,
+    succeed,
+    take,
+    worker_identity,
+)
+
+__all__ = [
+    "ACTIVE", "CANCEL", "MANAGE_PERMISSION", "PAUSE", "RESUME", "RUNNABLE", "SWEEPER", "begin_step",
+    "call_task_tool", "cancel", "complete_step", "create_task", "describe", "expire_lease", "fail",
+    "finish_step_run", "get_for_tenant", "hand_on", "lease_seconds", "next_action", "outcome", "pause",
+    "pause_for_input", "renew_lease", "requeue", "resumable", "resume", "retry_later", "run_task", "succeed",
+    "sweep", "take", "unfinished", "wait_for", "worker_identity",
+]

@@ -1,0 +1,250 @@
+"""Long tools as agents see them: starting a task, its status, waiting for it.
+
+`start` is start_task's handler: it runs inside the idempotency engine's
+transaction, so the same key and arguments always answer with the same task
+and other arguments are a `conflict`. Calling a long tool directly
+(`ingest_document` itself) is the same operation as start_task for it, and
+then waits a bounded time for the task: the caller gets the result if the
+task finishes in time, or `in_progress` with the task id (calling again with
+the same key waits again).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from pydantic import BaseModel, Field
+
+from tools_app.core import keys, redaction
+from tools_app.core.errors import AlreadyDone, ErrorClass, InProgress, InvalidInput, NotFound, ToolFailure
+from tools_app.tasks import state
+from tools_app.tasks.models import Task, TaskStatus
+from tools_app.toolkit.calls import Caller, CallResult, call_tool, validate_arguments, with_idempotency_key
+from tools_app.toolkit.registry import ENGINE_FIELDS, ToolContext, ToolSpec, all_tools, get_tool
+
+START_TASK = "start_task"
+
+
+# --- what an agent sees -----------------------------------------------------------------------
+
+
+class TaskHandle(BaseModel):
+    task_id: str
+    tool: str
+    created_at: datetime
+    next_action: str = Field(description="What to do next.")
+
+
+class Progress(BaseModel):
+    done: float | None
+    total: float | None
+    message: str
+
+
+class TaskStatusView(BaseModel):
+    task_id: str
+    tool: str
+    status: str = Field(description="created, running, paused, retrying, succeeded, failed or cancelled")
+    current_step: str | None
+    steps_done: int
+    steps_total: int
+    completed_steps: list[str]
+    progress: Progress | None = Field(description="Progress inside the current step, as the step reports it.")
+    attempts: int
+    max_attempts: int
+    failure_class: str | None = Field(description="Error class of the last failure (transient ones are retried).")
+    failure_reason: str | None
+    pause_reason: str | None
+    input_request: dict[str, Any] | None = Field(
+        description="What a paused task asks for: {key: {message, schema}}; answer with resume_task's input.")
+    next_retry_at: datetime | None
+    created_at: datetime
+    last_update: datetime
+    finished_at: datetime | None
+    cancellable: bool
+    retryable: bool = Field(description="resume_task would run it again (from its last checkpoint).")
+    next_action: str
+
+
+def next_action(task: Task) -> str:
+    match task.status:
+        case TaskStatus.CREATED:
+            return "Queued. Poll get_task_status (wait_seconds waits with progress), or cancel_task."
+        case TaskStatus.RUNNING:
+            return (f"Running step {task.current_step!r} ({len(task.completed_steps)}/{task.steps_total} done). "
+                    "Poll get_task_status or get_task_result with wait_seconds, or cancel_task.")
+        case TaskStatus.RETRYING:
+            return (f"Backing off after a transient error ({task.failure_reason}); attempt {task.attempts} of "
+                    f"{task.max_attempts} is due at {task.next_retry_at:%Y-%m-%dT%H:%M:%SZ}. "
+                    "resume_task retries now; cancel_task stops it.")
+        case TaskStatus.PAUSED if task.input_request:
+            return (f"Paused: {task.pause_reason} Answer with resume_task(task_id, input={{...}}) giving "
+                    f"{', '.join(sorted(task.input_request))}, or cancel_task.")
+        case TaskStatus.PAUSED:
+            return f"Paused: {task.pause_reason} resume_task continues it; cancel_task stops it."
+        case TaskStatus.SUCCEEDED:
+            return "Done. get_task_result returns the result."
+        case TaskStatus.FAILED if state.resumable(task):
+            return (f"Failed after retries: {task.failure_reason}. resume_task runs it again from its last "
+                    "checkpoint.")
+        case TaskStatus.FAILED:
+            return (f"Failed ({task.failure_class}): {task.failure_reason}. Another run would fail the same way: "
+                    "fix the input and start a new task with a new idempotency_key.")
+        case _:
+            return "Cancelled. Start a new task with a new idempotency_key if the work is still needed."
+
+
+def describe(task: Task) -> TaskStatusView:
+    in_step = task.progress_done is not None or task.progress_message
+    return TaskStatusView(
+        task_id=str(task.pk), tool=task.tool, status=task.status, current_step=task.current_step or None,
+        steps_done=len(task.completed_steps), steps_total=task.steps_total, completed_steps=task.completed_steps,
+        progress=Progress(done=task.progress_done, total=task.progress_total, message=task.progress_message)
+        if in_step else None,
+        attempts=task.attempts, max_attempts=task.max_attempts, failure_class=task.failure_class or None,
+        failure_reason=task.failure_reason or None, pause_reason=task.pause_reason or None,
+        input_request=task.input_request if task.status == TaskStatus.PAUSED else None,
+        next_retry_at=task.next_retry_at if task.status == TaskStatus.RETRYING else None,
+        created_at=task.created_at, last_update=task.updated_at, finished_at=task.finished_at,
+        cancellable=task.status in state.ACTIVE, retryable=state.resumable(task), next_action=next_action(task))
+
+
+def long_tools() -> list[str]:
+    return sorted(spec.name for spec in all_tools() if spec.pipeline is not None)
+
+
+# --- starting -----------------------------------------------------------------------------------
+
+
+def inner_call(tool: str, arguments: dict[str, Any], key: str) -> tuple[ToolSpec, BaseModel]:
+    """The long tool start_task names, and the arguments for it, validated by its own model."""
+    try:
+        spec = get_tool(tool)
+    except NotFound:
+        raise NotFound(f"tool: no tool {tool!r}; tools that run as tasks: {', '.join(long_tools())}") from None
+    if spec.pipeline is None:
+        raise InvalidInput(f"tool: {tool} does not run as a task; tools that do: {', '.join(long_tools())}")
+    given = sorted(ENGINE_FIELDS & arguments.keys())
+    if given:
+        raise InvalidInput(f"arguments: give {', '.join(given)} to start_task itself, not inside arguments")
+    return spec, validate_arguments(spec, {**arguments, "idempotency_key": key})
+
+
+def check_start(args: Any) -> None:
+    """start_task's checks before its key is claimed (so a typo leaves the key unused): the inner
+    arguments against their tool's model, then the pipeline's own checks (allow-lists, sizes)."""
+    spec, validated = inner_call(args.tool, args.arguments, args.idempotency_key)
+    if spec.pipeline.validate is not None:
+        spec.pipeline.validate(validated)
+
+
+def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str) -> TaskHandle:
+    """Create the task for `tool` (start_task's handler, inside the engine's transaction; check_start
+    has passed)."""
+    spec, validated = inner_call(tool, arguments, key)
+    pipeline = spec.pipeline
+    business = validated.model_dump(mode="json", exclude=set(spec.excluded_from_fingerprint))
+    # A document URL's query (a signed URL's token) is needed by the worker that fetches it and by
+    # no one else: it is stored only sealed, and the task shows the URL without it.
+    shown, secret = redaction.split_secrets(business)
+    task = state.create_task(
+        record=ctx.record, tool=spec.name, arguments=shown, sealed_arguments=redaction.seal(secret),
+        input_digest=keys.digest(business), steps_total=len(pipeline.steps),
+        max_attempts=pipeline.retry.attempts_allowed(), actor=ctx.actor, trace_id=ctx.trace_id)
+    return TaskHandle(task_id=str(task.pk), tool=spec.name, created_at=task.created_at,
+                      next_action="Poll get_task_status with this task_id; get_task_result once it succeeded. "
+                                  "Retrying start_task with the same idempotency_key returns this same task.")
+
+
+def start_through_engine(spec: ToolSpec, caller: Caller, arguments: dict[str, Any],
+                         meta_key: str | None) -> tuple[CallResult, Task | None]:
+    """A long tool's own call, made into the start_task operation for it."""
+    arguments = dict(with_idempotency_key(arguments, meta_key))
+    start_arguments = {"tool": spec.name, "idempotency_key": arguments.pop("idempotency_key")}
+    if arguments.get("trace_id") is not None:
+        start_arguments["trace_id"] = arguments.pop("trace_id")
+    started = call_tool(get_tool(START_TASK), caller, {**start_arguments, "arguments": arguments})
+    if started.error is not None:
+        return CallResult(spec, error=started.error, record=started.record, replayed=started.replayed), None
+    return started, Task.objects.select_related("record").get(pk=started.result["task_id"])
+
+
+def call_task_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None) -> CallResult:
+    """A direct call of a long tool: start_task for it, then wait a bounded time for the result."""
+    started, task = start_through_engine(spec, caller, arguments, meta_key)
+    if task is None:
+        return started
+    task = wait_for(task, settings.IDEMOPS["TASK_CALL_WAIT_SECONDS"], caller.report_progress)
+    return outcome(spec, task, replayed=started.replayed)
+
+
+def outcome(spec: ToolSpec, task: Task, *, replayed: bool = False) -> CallResult:
+    """The call result a task stands for: its result once succeeded, else the error saying why not."""
+    if task.status == TaskStatus.SUCCEEDED:
+        return CallResult(spec, result=task.result, record=task.record, replayed=replayed)
+    return CallResult(spec, error=unfinished(task), record=task.record, replayed=replayed)
+
+
+def unfinished(task: Task) -> ToolFailure:
+    """The error that stands for a task without a result (yet)."""
+    details = {"task_id": str(task.pk), "task_status": task.status}
+    if task.status == TaskStatus.FAILED:
+        failure = ToolFailure.from_dict({"class": task.failure_class or ErrorClass.TRANSIENT, "message": (
+            f"task {task.pk} failed: {task.failure_reason}. {next_action(task)}")})
+        failure.details = details
+        return failure
+    if task.status == TaskStatus.CANCELLED:
+        return AlreadyDone(f"task {task.pk} was cancelled ({task.failure_reason})", details=details)
+    return InProgress(f"{task.tool} runs as task {task.pk}, now {task.status}. {next_action(task)} "
+                      "Calling again with the same idempotency_key waits for the same task.",
+                      retry_after=settings.IDEMOPS["TASK_POLL_INTERVAL_MS"] / 1000, details=details)
+
+
+# --- waiting ------------------------------------------------------------------------------------
+
+
+def wait_for(task: Task, seconds: float, report_progress=None) -> Task:
+    """Poll until the task finishes or pauses, or `seconds` pass, reporting progress as it moves.
+
+    Progress is steps done plus the fraction of the current step, out of the
+    number of steps; it never goes backwards (a step re-run after a crash
+    does not un-report what the caller saw).
+    """
+    deadline = time.monotonic() + min(seconds, settings.IDEMOPS["TASK_MAX_WAIT_SECONDS"])
+    pause = 0.05
+    reported = -1.0
+    while True:
+        if report_progress is not None:
+            done = overall_progress(task)
+            if done > reported:
+                reported = done
+                report_progress(done, float(task.steps_total), progress_message(task))
+        if task.finished or task.status == TaskStatus.PAUSED or time.monotonic() >= deadline:
+            return task
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, 0.5)
+        # What waiting needs, not the arguments (an inline document can be megabytes).
+        task.refresh_from_db(fields=WATCHED_FIELDS)
+
+
+WATCHED_FIELDS = ["status", "current_step", "completed_steps", "progress_done", "progress_total",
+                  "progress_message", "attempts", "failure_class", "failure_reason", "pause_reason",
+                  "input_request", "next_retry_at", "lease_expires_at", "result", "version", "updated_at",
+                  "finished_at"]
+
+
+def overall_progress(task: Task) -> float:
+    done = float(len(task.completed_steps))
+    if task.status == TaskStatus.RUNNING and task.progress_done is not None and task.progress_total:
+        done += max(0.0, min(1.0, task.progress_done / task.progress_total))
+    return done
+
+
+def progress_message(task: Task) -> str:
+    if task.status == TaskStatus.RUNNING and task.current_step:
+        detail = f": {task.progress_message}" if task.progress_message else ""
+        return f"{task.current_step}{detail}"
+    return task.status

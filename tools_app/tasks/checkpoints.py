@@ -1,0 +1,134 @@
+"""Checkpoints: a finished step's output, stored so a resumed task can skip the step.
+
+An output is stored as its JSON bytes: inline in the Checkpoint when small, in
+a TaskArtifact when large. Two digests make a checkpoint trustworthy:
+- `checksum`, SHA-256 of the stored bytes: the output was not altered or
+  truncated since it was written;
+- `input_digest`, over the task's input digest, the step's name and version,
+  and the checksums of the outputs before it: the step would read the same
+  inputs today (a changed step version or an earlier output that was re-made
+  differently invalidates it).
+Resume walks the pipeline and reuses outputs up to the first step whose
+checkpoint is missing or fails either check; that step and all after it run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils import timezone
+
+from tools_app.core import audit
+from tools_app.tasks.models import Checkpoint, Task, TaskArtifact
+from tools_app.toolkit.pipelines import Pipeline, Step
+
+logger = logging.getLogger(__name__)
+
+# Outputs up to this size stay in the checkpoint row; larger ones become artifacts.
+INLINE_LIMIT = 16 * 1024
+
+
+def serialize(output: Any) -> bytes:
+    # sort_keys: the same output always has the same bytes, hence the same checksum.
+    return json.dumps(output, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def input_digest(task: Task, step: Step, previous_checksums: list[str]) -> str:
+    material = json.dumps([task.input_digest, step.name, step.version, previous_checksums])
+    return sha256(material.encode())
+
+
+@dataclass
+class Prepared:
+    """A step output ready to be written, computed before the write transaction."""
+
+    step: Step
+    sequence: int
+    data: bytes
+    checksum: str
+    input_digest: str
+
+
+def prepare(task: Task, step: Step, sequence: int, output: Any, previous_checksums: list[str]) -> Prepared:
+    data = serialize(output)
+    return Prepared(step=step, sequence=sequence, data=data, checksum=sha256(data),
+                    input_digest=input_digest(task, step, previous_checksums))
+
+
+def write(task: Task, prepared: Prepared) -> None:
+    """Store the checkpoint, replacing an invalid one at the same position (one upsert).
+
+    Call inside the transaction that advances the task (tasks.complete_step).
+    """
+    now = timezone.now()
+    artifact = None
+    inline = ""
+    if len(prepared.data) > INLINE_LIMIT:
+        artifact = TaskArtifact.objects.create(task=task, sha256=prepared.checksum, size=len(prepared.data),
+                                               data=prepared.data, created_at=now)
+    else:
+        inline = prepared.data.decode()
+    fields = {"step": prepared.step.name, "input_digest": prepared.input_digest, "output_inline": inline,
+              "artifact": artifact, "checksum": prepared.checksum, "finished_at": now}
+    Checkpoint.objects.bulk_create(
+        [Checkpoint(task=task, sequence=prepared.sequence, **fields)],
+        update_conflicts=True, unique_fields=["task", "sequence"], update_fields=list(fields))
+    # The artifact of an output this one replaced (an invalid checkpoint) is nobody's now.
+    TaskArtifact.objects.filter(task=task, checkpoint__isnull=True).exclude(pk=getattr(artifact, "pk", None)).delete()
+
+
+def stored_bytes(checkpoint: Checkpoint) -> bytes:
+    if checkpoint.artifact_id is not None:
+        return bytes(checkpoint.artifact.data)
+    return checkpoint.output_inline.encode()
+
+
+@dataclass
+class Resumption:
+    """Where a task resumes: the outputs it may reuse (by step, in order) and the checksums they had."""
+
+    outputs: dict[str, Any]
+    checksums: list[str]
+
+    @property
+    def next_index(self) -> int:
+        return len(self.checksums)
+
+
+def valid_prefix(task: Task, pipeline: Pipeline, *, actor: str = audit.SYSTEM) -> Resumption:
+    """Verify the task's checkpoints in order; stop at the first missing or invalid one."""
+    stored = {cp.sequence: cp for cp in Checkpoint.objects.filter(task=task).select_related("artifact")}
+    outputs: dict[str, Any] = {}
+    checksums: list[str] = []
+    for index, step in enumerate(pipeline.steps):
+        checkpoint = stored.get(index)
+        if checkpoint is None:
+            break
+        problem = _problem(task, step, checkpoint, checksums)
+        if problem:
+            logger.warning("task %s: checkpoint of step %s is invalid (%s); it runs again", task.pk, step.name,
+                           problem)
+            audit.record_event(action="task.checkpoint_rejected", obj=task, actor=actor, trace_id=task.trace_id,
+                               after={"step": step.name, "problem": problem})
+            break
+        outputs[step.name] = json.loads(stored_bytes(checkpoint))
+        checksums.append(checkpoint.checksum)
+    return Resumption(outputs=outputs, checksums=checksums)
+
+
+def _problem(task: Task, step: Step, checkpoint: Checkpoint, previous_checksums: list[str]) -> str:
+    if checkpoint.step != step.name:
+        return f"it belongs to step {checkpoint.step!r}"
+    if sha256(stored_bytes(checkpoint)) != checkpoint.checksum:
+        return "its output no longer matches its checksum"
+    if checkpoint.input_digest != input_digest(task, step, previous_checksums):
+        return "its inputs changed (arguments, step version or an earlier output)"
+    return ""

@@ -1,0 +1,168 @@
+"""What agents and operators do to a task: cancel, pause, resume. Each checks its Permit first
+(access.authorize): operators need `manage_task` on the task's tenant; an agent may cancel and
+resume its own tenant's tasks (the MCP task tools and the tasks extension).
+
+Each is a read-decide-UPDATE with the version guard, retried when a worker moved the task
+between the read and the UPDATE (`_with_retries`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import jsonschema
+from django.db import transaction
+from django.utils import timezone
+
+from tools_app.access.tenants import Permit, authorize
+from tools_app.core.errors import AlreadyDone, InProgress, InvalidInput, NotFound, ToolFailure
+from tools_app.tasks.models import Task, TaskStatus
+from tools_app.tasks.state import ACTIVE, RUNNABLE, enqueue_run, expire_lease, resumable, transition
+from tools_app.toolkit.registry import unstorable_at
+
+MANAGE_PERMISSION = "tools_app.manage_task"
+
+
+# An operator or agent transition re-reads and retries this often when a
+# worker changed the task between the read and the UPDATE.
+OPTIMISTIC_ROUNDS = 5
+
+
+def get_for_tenant(tenant_id: int, task_id: Any) -> Task:
+    """A task of this tenant; another tenant's id is 'not found' like an unknown one."""
+    try:
+        task = Task.objects.filter(tenant_id=tenant_id, pk=uuid.UUID(str(task_id))).first()
+    except ValueError:
+        task = None
+    if task is None:
+        raise NotFound(f"no task {task_id} in this tenant")
+    return task
+
+
+def _with_retries(task: Task, attempt) -> Task:
+    """Read-decide-UPDATE with the version guard; re-read when a worker moved the task meanwhile."""
+    for _ in range(OPTIMISTIC_ROUNDS):
+        with transaction.atomic():
+            if attempt(task):
+                return task
+        task.refresh_from_db()
+    raise InProgress("the task is changing fast; ask again", retry_after=1.0)
+
+
+CANCEL = Permit(MANAGE_PERMISSION, "cancel", "manage tasks", "task.cancel_refused", agents=True)
+
+
+PAUSE = Permit(MANAGE_PERMISSION, "pause", "manage tasks", "task.pause_refused")
+
+
+RESUME = Permit(MANAGE_PERMISSION, "resume", "manage tasks", "task.resume_refused", agents=True)
+
+
+def cancel(task: Task, who, *, reason: str = "") -> Task:
+    """created|running|paused|retrying -> cancelled, at once, by an operator or the tenant's agent.
+
+    A step still running finds out at its next heartbeat or checkpoint (both
+    guarded by the lease this clears) and stops; no further step starts.
+    """
+    actor = authorize(who, CANCEL, task)
+
+    def attempt(task: Task) -> bool:
+        if task.status == TaskStatus.CANCELLED:
+            return True
+        if task.finished:
+            raise AlreadyDone(f"task {task.pk} already {task.status}; nothing to cancel",
+                              details={"task_status": task.status})
+        return transition(task, {"status__in": ACTIVE}, {
+            "status": TaskStatus.CANCELLED, "finished_at": timezone.now(), "lease_owner": "",
+            "lease_expires_at": None, "failure_class": "",
+            "failure_reason": f"cancelled by {actor}" + (f": {reason}" if reason else ""), "next_retry_at": None,
+        }, action="task.cancelled", actor=actor, reason=reason, step=task.current_step)
+
+    return _with_retries(task, attempt)
+
+
+def pause(task: Task, who, *, reason: str) -> Task:
+    """created|retrying -> paused (an operator holds a queued task). A running task
+    pauses only from inside a step (WaitFor): its worker knows where it can stop."""
+    actor = authorize(who, PAUSE, task)
+
+    def attempt(task: Task) -> bool:
+        if task.status == TaskStatus.PAUSED:
+            return True
+        if task.status not in RUNNABLE:
+            raise InvalidInput(f"task {task.pk} is {task.status}; only queued or retrying tasks can be paused")
+        return transition(task, {"status__in": RUNNABLE, "lease_owner": ""}, {
+            "status": TaskStatus.PAUSED, "pause_reason": reason, "input_request": None, "next_retry_at": None,
+        }, action="task.paused", actor=actor, reason=reason)
+
+    return _with_retries(task, attempt)
+
+
+def resume(task: Task, who, *, answer: dict[str, Any] | None = None) -> Task:
+    """Continue a task from its last valid checkpoint, where that makes sense:
+
+    paused -> created (with the answer to its input request); retrying -> due now;
+    failed with a transient class -> created, attempts reset; running whose
+    worker died -> expire_lease. A queued or healthy running task is left as
+    is. Refused: succeeded and cancelled tasks, and deterministic failures
+    (with the reason: the input must change, which is a new task). By an
+    operator or the tenant's agent.
+    """
+    actor = authorize(who, RESUME, task)
+
+    def attempt(task: Task) -> bool:
+        now = timezone.now()
+        before = task.status
+        match task.status:
+            case TaskStatus.SUCCEEDED:
+                raise AlreadyDone(f"task {task.pk} already succeeded; get_task_result returns its result",
+                                  details={"task_status": task.status})
+            case TaskStatus.CANCELLED:
+                raise AlreadyDone(f"task {task.pk} was cancelled ({task.failure_reason}); a cancelled task does "
+                                  "not resume: start a new task with a new idempotency_key",
+                                  details={"task_status": task.status})
+            case TaskStatus.FAILED if not resumable(task, now):
+                failure = ToolFailure.from_dict({"class": task.failure_class, "message": (
+                    f"task {task.pk} failed with a {task.failure_class} error that another run would repeat: "
+                    f"{task.failure_reason}. Fix the input and start a new task with a new idempotency_key.")})
+                failure.details = {"task_status": task.status, "failure_reason": task.failure_reason}
+                raise failure
+            case TaskStatus.FAILED:
+                changes = {"status": TaskStatus.CREATED, "attempts": 1, "lease_expiries": 0, "failure_class": "",
+                           "failure_reason": "", "finished_at": None, "enqueued_at": now}
+            case TaskStatus.PAUSED:
+                changes = {"status": TaskStatus.CREATED, "resume_input": _checked_answer(task, answer),
+                           "pause_reason": "", "enqueued_at": now}
+            case TaskStatus.RETRYING:
+                changes = {"next_retry_at": now, "enqueued_at": now}
+            case TaskStatus.RUNNING if task.lease_expires_at and task.lease_expires_at < now:
+                return expire_lease(task, actor=actor)
+            case _:
+                return True  # queued or running: nothing to do
+        if not transition(task, {"status": before}, changes, action="task.resumed", actor=actor,
+                           answered=sorted((answer or {}).keys())):
+            return False
+        enqueue_run(task)
+        return True
+
+    return _with_retries(task, attempt)
+
+
+def _checked_answer(task: Task, answer: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Answers must be to what the paused step asked, in the shape it asked for."""
+    if not answer:
+        return None
+    requested = task.input_request or {}
+    unknown = sorted(set(answer) - set(requested))
+    if unknown:
+        raise InvalidInput(f"task {task.pk} did not ask for {', '.join(unknown)}"
+                           + (f"; it asks for {', '.join(sorted(requested))}" if requested else ""))
+    if (where := unstorable_at(answer)) is not None:  # resume_task's arguments were checked; tasks/update's not
+        raise InvalidInput(f"input: contains a character that cannot be stored at {where} (NUL, U+0000)")
+    for key, value in answer.items():
+        try:
+            jsonschema.validate(value, requested[key].get("schema", {}))
+        except jsonschema.ValidationError as exc:
+            raise InvalidInput(f"input {key!r} does not match what the task asked for: {exc.message}") from None
+    return answer

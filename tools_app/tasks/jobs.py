@@ -1,0 +1,45 @@
+"""django-q2 entry points of long tasks: run a task's pipeline, and the periodic sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.utils import timezone
+
+from tools_app.tasks import state
+from tools_app.tasks.models import Task, TaskStatus
+from tools_app.tasks.runner import Runner
+from tools_app.tasks.state import expire_lease, requeue, waiting_for_a_job
+
+logger = logging.getLogger(__name__)
+
+
+def sweep() -> dict[str, int]:
+    """The periodic safety net: revive tasks whose worker died, queue due retries and lost jobs."""
+    now = timezone.now()
+    counts = {"expired": 0, "requeued": 0}
+    for task in Task.objects.filter(status=TaskStatus.RUNNING, lease_expires_at__lt=now).order_by("pk"):
+        counts["expired"] += expire_lease(task)
+    for task in Task.objects.filter(waiting_for_a_job(now)).order_by("pk"):
+        counts["requeued"] += requeue(task)
+    if any(counts.values()):
+        logger.info("task sweep: %s", counts)
+    return counts
+
+
+def run_task(task_id: str) -> str:
+    """django-q2 job: run the task as far as it goes. Returns what happened, for django-q2's log."""
+    outcome = "not taken (not runnable, or another worker holds it)"
+    while True:
+        owner = state.worker_identity()
+        task = state.take(task_id, owner)
+        if task is None:
+            return outcome
+        outcome, retry_at = Runner(task, owner).run()
+        if retry_at is None:
+            return outcome
+        # A short backoff is waited out here; the task is `retrying` meanwhile
+        # and anyone (a cancel, another job) may change it before we take it again.
+        time.sleep(max(0.0, (retry_at - timezone.now()).total_seconds()))

@@ -1,0 +1,137 @@
+"""The worker side of long tasks: running a task's pipeline (the `run_task` job, tasks/jobs.py).
+
+The job takes the task's lease (state.take) or
+ends at once: the lease, not django-q2, decides who runs a task. It resumes
+after the last valid checkpoint, runs each remaining step under a heartbeat
+that renews the lease and notices a cancel, and writes each step's
+checkpoint in the transaction that advances the task. Every write is
+guarded by the lease, so a worker that lost it (cancelled, or presumed dead
+and replaced) writes nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime
+
+from django.conf import settings
+from pydantic import ValidationError
+
+from tools_app.core import leases, redaction
+from tools_app.core.errors import ToolFailure, Transient
+from tools_app.tasks import checkpoints, state
+from tools_app.tasks.models import StepOutcome, StepRun, Task
+from tools_app.toolkit.pipelines import Interrupted, Pipeline, StepContext, WaitFor
+from tools_app.toolkit.registry import ToolSpec, get_tool, parse_arguments
+
+logger = logging.getLogger(__name__)
+
+
+class Heartbeat(leases.Heartbeat):
+    """The task's lease heartbeat (tools_app.leases): also carries the step's progress,
+    and lets the step notice a cancel (a cancel clears the lease, so renewal fails)."""
+
+    def __init__(self, task_id, owner: str):
+        self._progress: tuple[float | None, float | None, str] | None = None
+        super().__init__(lambda: state.renew_lease(task_id, owner, self._progress),
+                         leases.heartbeat_interval(settings.IDEMOPS["TASK_HEARTBEAT_SECONDS"], state.lease_seconds()),
+                         name=f"heartbeat-{task_id}")
+
+    def progress(self, done: float, total: float | None = None, message: str = "") -> None:
+        self.check()
+        self._progress = (done, total, message)
+
+    def check(self) -> None:
+        if self.lost.is_set():
+            raise Interrupted("the task was cancelled or its lease was lost")
+
+
+class Runner:
+    def __init__(self, task: Task, owner: str):
+        self.task = task
+        self.owner = owner
+        self.spec: ToolSpec = get_tool(task.tool)
+        self.pipeline: Pipeline = self.spec.pipeline
+        self.slice_ends = time.monotonic() + settings.IDEMOPS["TASK_SLICE_SECONDS"]
+
+    def run(self) -> tuple[str, datetime | None]:
+        """Run the remaining steps. Returns (outcome, when to retry if this job should wait)."""
+        task = self.task
+        try:
+            arguments = parse_arguments(self.spec.input_model, {
+                **task.arguments, **redaction.unseal(task.sealed_arguments), "idempotency_key": task.record.key})
+            resumption = checkpoints.valid_prefix(task, self.pipeline, actor=self.owner)
+        except Exception as exc:
+            return self._failed(None, exc)
+        outputs, checksums = dict(resumption.outputs), list(resumption.checksums)
+        first = resumption.next_index
+        run = None
+        for index in range(first, len(self.pipeline.steps)):
+            step = self.pipeline.steps[index]
+            if run is None:
+                run = state.begin_step(task, self.owner, step, index, completed=list(resumption.outputs))
+                if run is None:
+                    return "interrupted before step " + step.name, None
+            heartbeat = Heartbeat(task.pk, self.owner)
+            context = StepContext(task=task, arguments=arguments, outputs=outputs, progress=heartbeat.progress)
+            try:
+                with heartbeat:
+                    output = step.run(context)
+                prepared = checkpoints.prepare(task, step, index, output, checksums)
+            except Interrupted:
+                state.finish_step_run(run, StepOutcome.INTERRUPTED)
+                return f"interrupted in step {step.name}", None
+            except WaitFor as wait:
+                if state.pause_for_input(task, self.owner, wait.reason, wait.input_request, run):
+                    return f"paused in step {step.name}", None
+                state.finish_step_run(run, StepOutcome.INTERRUPTED)
+                return f"interrupted in step {step.name}", None
+            except Exception as exc:
+                return self._failed(run, exc)
+            following = index + 1 < len(self.pipeline.steps)
+            # This job goes on to the next step unless it has run long enough (then a fresh job does).
+            then = (self.pipeline.steps[index + 1], index + 1) if following and not self._slice_used() else None
+            advanced = state.complete_step(task, self.owner, prepared, run, then)
+            if advanced is False:
+                state.finish_step_run(run, StepOutcome.INTERRUPTED)
+                return f"interrupted after step {step.name}", None
+            # What later steps read is what a resumed run would read: the stored JSON.
+            outputs[step.name] = json.loads(prepared.data)
+            checksums.append(prepared.checksum)
+            if following and then is None:
+                return ("handed on to a new job" if state.hand_on(task, self.owner) else "interrupted"), None
+            run = advanced if then is not None else None
+        return self._succeed(outputs[self.pipeline.steps[-1].name])
+
+    def _slice_used(self) -> bool:
+        return time.monotonic() > self.slice_ends
+
+    def _succeed(self, final_output) -> tuple[str, datetime | None]:
+        try:
+            result = self.spec.output_model.model_validate(final_output).model_dump(mode="json")
+        except ValidationError as exc:
+            return self._failed(None, exc)
+        return ("succeeded" if state.succeed(self.task, self.owner, result) else "interrupted"), None
+
+    def _failed(self, run: StepRun | None, exc: Exception) -> tuple[str, datetime | None]:
+        task = self.task
+        failure = self.pipeline.classify(exc)
+        if not isinstance(exc, ToolFailure):
+            logger.exception("task %s: step %s raised; treated as %s", task.pk, task.current_step,
+                             failure.error_class)
+        if failure.retryable and task.attempts < task.max_attempts:
+            delay = max(failure.retry_after or 0.0, self.pipeline.retry.backoff(task.attempts))
+            wait_here = delay <= settings.IDEMOPS["TASK_INLINE_RETRY_MAX_SECONDS"]
+            if state.retry_later(task, self.owner, failure, delay, waited_by_worker=wait_here, run=run):
+                return f"retrying after {delay:.2f}s", (task.next_retry_at if wait_here else None)
+        elif failure.retryable:
+            failure = Transient(f"{failure.message} (gave up after {task.attempts} attempts)")
+            if state.fail(task, self.owner, failure, run):
+                return "failed", None
+        elif state.fail(task, self.owner, failure, run):
+            return "failed", None
+        if run is not None:
+            state.finish_step_run(run, StepOutcome.INTERRUPTED)
+        return "interrupted", None

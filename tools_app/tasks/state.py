@@ -1,0 +1,315 @@
+"""The long-task state machine. Every transition is one function here.
+
+```
+created ──take──▶ running ──begin_step, complete_step…──▶ running ──succeed──▶ succeeded
+   ▲                 │ ├─fail (final error, attempts used up)────▶ failed
+   │                 │ ├─retry_later (transient error)──▶ retrying ──take (when due)──▶ running
+   │                 │ ├─pause_for_input (step waits)───▶ paused ──resume──▶ created
+   │                 │ └─hand_on (slice used up)────────▶ created
+   └──expire_lease (worker died: sweep, resume_task)──┘
+created|running|paused|retrying ──cancel──▶ cancelled
+```
+
+Each function is a conditional UPDATE guarded by what it expects (status,
+lease owner, version), plus its audit event, in one transaction; a count of
+0 means someone else changed the task first and nothing was written. The
+lease is the only guard against two workers running one task: django-q2
+delivers jobs at least once (a killed worker's job comes back after `retry`,
+and a job waiting longer than `retry` is delivered twice), so a job that
+cannot take the lease simply ends.
+
+Workers hold the lease while the task is `running` (a check constraint
+keeps the two together) and renew it while a step runs (`renew_lease`).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from tools_app.core import audit, db, jobs, leases
+from tools_app.core.errors import ErrorClass, ToolFailure
+from tools_app.engine.models import IdempotencyRecord
+from tools_app.tasks import checkpoints
+from tools_app.tasks.models import StepOutcome, StepRun, Task, TaskStatus
+from tools_app.toolkit.pipelines import Step
+
+logger = logging.getLogger(__name__)
+
+SWEEPER = "system:task-sweep"
+ACTIVE = (TaskStatus.CREATED, TaskStatus.RUNNING, TaskStatus.PAUSED, TaskStatus.RETRYING)
+RUNNABLE = (TaskStatus.CREATED, TaskStatus.RETRYING)
+
+
+def worker_identity() -> str:
+    return leases.new_owner()
+
+
+def lease_seconds() -> float:
+    return float(settings.IDEMOPS["TASK_LEASE_SECONDS"])
+
+
+def _lease_expiry(now: datetime) -> datetime:
+    return now + timedelta(seconds=lease_seconds())
+
+
+def transition(task: Task, expected: dict[str, Any], changes: dict[str, Any], *, action: str, actor: str,
+                reason: str = "", **after: Any) -> bool:
+    """The conditional UPDATE every state change goes through, with its audit event, in one statement.
+
+    Guarded by the version read (and `expected`); bumps it. `after` adds to the event's after-state.
+    """
+    changes = {**changes, "version": task.version + 1, "updated_at": timezone.now()}
+    event = audit.new_event(action=action, obj=task, actor=actor, trace_id=task.trace_id, reason=reason,
+                            before={"status": task.status},
+                            after={"status": changes.get("status", task.status), **after})
+    if not db.conditional_update(task, {"version": task.version, **expected}, changes, event=event):
+        return False
+    for name, value in changes.items():
+        setattr(task, name, value)
+    return True
+
+
+def enqueue_run(task: Task) -> None:
+    """Queue a job for the task. The ORM broker joins the caller's transaction:
+    if the transition rolls back, so does the job."""
+    # save=False: the Task row is the record of a run; django-q2 still keeps failed jobs (a bug in a runner).
+    jobs.enqueue("tasks.run_task", str(task.pk), task_name=f"task-{task.pk}", group=f"task:{task.tool}", save=False)
+
+
+# --- creation ---------------------------------------------------------------------------
+
+
+@transaction.atomic
+def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, Any], input_digest: str,
+                steps_total: int, max_attempts: int, actor: str, trace_id: str = "",
+                sealed_arguments: str = "") -> Task:
+    """-> created, and queued. Runs inside start_task's idempotency transaction.
+
+    The one-to-one `record` makes a second task for the same operation a
+    unique violation, whatever the engine above did.
+    """
+    now = timezone.now()
+    task = Task.objects.create(
+        tenant_id=record.tenant_id, tool=tool, record=record, arguments=arguments, input_digest=input_digest,
+        sealed_arguments=sealed_arguments, steps_total=steps_total, max_attempts=max_attempts, actor=actor,
+        trace_id=trace_id, enqueued_at=now, created_at=now, updated_at=now)
+    audit.record_event(action="task.created", obj=task, actor=actor, trace_id=trace_id,
+                       after={"status": task.status, "tool": tool})
+    enqueue_run(task)
+    return task
+
+
+# --- the worker's transitions (guarded by the lease) ------------------------------------------
+
+
+@transaction.atomic
+def take(task_id: str, owner: str) -> Task | None:
+    """created|retrying (due, no live lease) -> running, held by `owner`. None: not ours to run."""
+    now = timezone.now()
+    task = Task.objects.select_related("record").filter(pk=task_id).first()
+    if task is None or task.status not in RUNNABLE or (task.next_retry_at and task.next_retry_at > now):
+        return None
+    if not transition(task, {"status__in": RUNNABLE}, {
+        "status": TaskStatus.RUNNING, "lease_owner": owner, "lease_expires_at": _lease_expiry(now),
+        "next_retry_at": None,
+    }, action="task.taken", actor=owner, attempt=task.attempts):
+        return None  # another worker took it (or it was cancelled) since we read it
+    return task
+
+
+@transaction.atomic
+def begin_step(task: Task, owner: str, step: Step, sequence: int, completed: list[str]) -> StepRun | None:
+    """Start the first step of a run, if the task is still ours and running.
+
+    `completed` are the steps whose checkpoints this run verified: a rejected
+    checkpoint's step no longer counts as done.
+    """
+    if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner},
+                       {**_step_changes(step), "completed_steps": completed},
+                       action="task.step_started", actor=owner, step=step.name):
+        return None
+    return _step_run(task, owner, step, sequence)
+
+
+def _step_changes(step: Step) -> dict[str, Any]:
+    return {"current_step": step.name, "lease_expires_at": _lease_expiry(timezone.now()),
+            "progress_done": None, "progress_total": None, "progress_message": ""}
+
+
+def _step_run(task: Task, owner: str, step: Step, sequence: int) -> StepRun:
+    return StepRun.objects.create(task=task, step=step.name, sequence=sequence, attempt=task.attempts,
+                                  worker=owner, started_at=timezone.now())
+
+
+def renew_lease(task_id, owner: str, progress: tuple[float | None, float | None, str] | None = None) -> bool:
+    """Extend our lease (and record progress). False: cancelled, or the lease is no longer ours.
+
+    Liveness, not a state change: no version bump and no audit event.
+    """
+    changes: dict[str, Any] = {"lease_expires_at": _lease_expiry(timezone.now())}
+    if progress is not None:
+        done, total, message = progress
+        changes.update(progress_done=done, progress_total=total, progress_message=(message or "")[:300])
+    return bool(Task.objects.filter(pk=task_id, status=TaskStatus.RUNNING, lease_owner=owner).update(**changes))
+
+
+@transaction.atomic
+def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: StepRun,
+                  then: tuple[Step, int] | None = None) -> StepRun | bool:
+    """Advance past a finished step: its checkpoint, and the start of step `then`, in one transaction.
+
+    Guarded by the lease: a task cancelled while the step was finishing keeps
+    no output from it, and its next step never starts. Returns the next
+    step's StepRun (or True when no step follows), False when the lease is gone.
+    """
+    completed = [name for name in task.completed_steps if name != prepared.step.name] + [prepared.step.name]
+    changes = {"completed_steps": completed, "lease_expires_at": _lease_expiry(timezone.now())}
+    if then is not None:
+        changes.update(_step_changes(then[0]))
+    if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, changes,
+                       action="task.step_completed", actor=owner, step=prepared.step.name,
+                       checksum=prepared.checksum, next_step=then[0].name if then else None):
+        return False
+    checkpoints.write(task, prepared)
+    finish_step_run(run, StepOutcome.SUCCEEDED)
+    return _step_run(task, owner, *then) if then is not None else True
+
+
+def finish_step_run(run: StepRun, outcome: StepOutcome, error: str = "") -> None:
+    """Close a StepRun history row (not task state: written even after a cancel)."""
+    StepRun.objects.filter(pk=run.pk).update(outcome=outcome, error=error[:2000], finished_at=timezone.now())
+
+
+def succeed(task: Task, owner: str, result: dict[str, Any]) -> bool:
+    """running -> succeeded, storing the tool's result."""
+    return transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
+        "status": TaskStatus.SUCCEEDED, "result": result, "current_step": "", "finished_at": timezone.now(),
+        "lease_owner": "", "lease_expires_at": None, "failure_class": "", "failure_reason": "",
+        "progress_done": task.steps_total, "progress_total": task.steps_total, "progress_message": "done",
+    }, action="task.succeeded", actor=owner)
+
+
+@transaction.atomic
+def fail(task: Task, owner: str, failure: ToolFailure, run: StepRun | None = None) -> bool:
+    """running -> failed: a final error, or a transient one with no attempts left."""
+    if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
+        "status": TaskStatus.FAILED, "failure_class": str(failure.error_class), "failure_reason": failure.message,
+        "finished_at": timezone.now(), "lease_owner": "", "lease_expires_at": None,
+    }, action="task.failed", actor=owner, failure_class=str(failure.error_class)):
+        return False
+    if run is not None:
+        finish_step_run(run, StepOutcome.FAILED, failure.message)
+    return True
+
+
+@transaction.atomic
+def retry_later(task: Task, owner: str, failure: ToolFailure, delay: float, *, waited_by_worker: bool,
+                run: StepRun | None = None) -> bool:
+    """running -> retrying: a transient error; the next attempt is due after `delay` seconds.
+
+    `waited_by_worker`: this job sleeps until then and takes the task again;
+    otherwise no job is queued and the sweep queues one once it is due.
+    """
+    now = timezone.now()
+    if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
+        "status": TaskStatus.RETRYING, "attempts": task.attempts + 1, "next_retry_at": now + timedelta(seconds=delay),
+        "failure_class": str(failure.error_class), "failure_reason": failure.message,
+        "lease_owner": "", "lease_expires_at": None, "enqueued_at": now if waited_by_worker else None,
+    }, action="task.retry_scheduled", actor=owner, attempt=task.attempts + 1, retry_in_seconds=round(delay, 3),
+            failure_class=str(failure.error_class)):
+        return False
+    if run is not None:
+        finish_step_run(run, StepOutcome.FAILED, failure.message)
+    return True
+
+
+@transaction.atomic
+def pause_for_input(task: Task, owner: str, reason: str, input_request: dict[str, Any] | None,
+                    run: StepRun | None = None) -> bool:
+    """running -> paused: a step waits for a person or a dependency."""
+    if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
+        "status": TaskStatus.PAUSED, "pause_reason": reason, "input_request": input_request, "resume_input": None,
+        "lease_owner": "", "lease_expires_at": None,
+    }, action="task.paused", actor=owner, reason=reason, step=task.current_step):
+        return False
+    if run is not None:
+        finish_step_run(run, StepOutcome.PAUSED, reason)
+    return True
+
+
+@transaction.atomic
+def hand_on(task: Task, owner: str) -> bool:
+    """running -> created, queued again: this job ran long enough; a fresh one continues
+    from the checkpoints (keeps every job well inside django-q2's timeout)."""
+    if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
+        "status": TaskStatus.CREATED, "lease_owner": "", "lease_expires_at": None, "enqueued_at": timezone.now(),
+    }, action="task.handed_on", actor=owner):
+        return False
+    enqueue_run(task)
+    return True
+
+
+# --- expiry: the worker died ---------------------------------------------------------------
+
+
+@transaction.atomic
+def expire_lease(task: Task, actor: str = SWEEPER) -> bool:
+    """running with an expired lease -> created and queued (or failed after too many deaths).
+
+    Guarded by the expired lease itself: a worker that renewed in time keeps it.
+    """
+    now = timezone.now()
+    deaths = task.lease_expiries + 1
+    expected = {"status": TaskStatus.RUNNING, "lease_owner": task.lease_owner, "lease_expires_at__lt": now}
+    if deaths >= settings.IDEMOPS["TASK_MAX_LEASE_EXPIRIES"]:
+        reason = (f"the worker running step {task.current_step!r} died {deaths} times; "
+                  "resume_task runs it again if the cause is fixed")
+        return transition(task, expected, {
+            "status": TaskStatus.FAILED, "lease_expiries": deaths, "failure_class": ErrorClass.TRANSIENT,
+            "failure_reason": reason, "finished_at": now, "lease_owner": "", "lease_expires_at": None,
+        }, action="task.failed", actor=actor, reason=reason, failure_class=ErrorClass.TRANSIENT)
+    if not transition(task, expected, {
+        "status": TaskStatus.CREATED, "lease_expiries": deaths, "lease_owner": "", "lease_expires_at": None,
+        "enqueued_at": now,
+    }, action="task.lease_expired", actor=actor, step=task.current_step, lease_expiries=deaths):
+        return False
+    enqueue_run(task)
+    return True
+
+
+def waiting_for_a_job(now: datetime) -> Q:
+    """Runnable tasks no job will pick up: queued long ago (the job was lost or
+    failed), or due retries that no worker is waiting out."""
+    stale = now - timedelta(seconds=settings.IDEMOPS["TASK_REQUEUE_AFTER_SECONDS"])
+    not_waited = Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=stale)
+    return (Q(status=TaskStatus.CREATED, enqueued_at__lt=stale)
+            | Q(status=TaskStatus.RETRYING, next_retry_at__lte=now) & not_waited)
+
+
+@transaction.atomic
+def requeue(task: Task, actor: str = SWEEPER) -> bool:
+    """A runnable task that no job will take (as the sweep read it): queue it again.
+
+    The version guard is enough: any change since the read bumped it."""
+    if not transition(task, {}, {"enqueued_at": timezone.now()}, action="task.requeued", actor=actor):
+        return False
+    enqueue_run(task)
+    return True
+
+
+def resumable(task: Task, now: datetime | None = None) -> bool:
+    """Whether resume_task would run the task again (from its last valid checkpoint)."""
+    now = now or timezone.now()
+    return (task.status in (TaskStatus.PAUSED, TaskStatus.RETRYING)
+            or (task.status == TaskStatus.FAILED and task.failure_class == ErrorClass.TRANSIENT)
+            or (task.status == TaskStatus.RUNNING and task.lease_expires_at is not None
+                and task.lease_expires_at < now))
+
+

@@ -1,0 +1,94 @@
+"""Calling a downstream system over HTTP, with every failure classified where it happens.
+
+- the request never left (connection refused, pool timeout) → `Transient`;
+- 429 and 503 → `Transient` with the server's Retry-After;
+- other 4xx → deterministic (`InvalidInput`, `DownstreamConflict` for 409,
+  `PermissionDenied` for 401/403): replayed, never retried;
+- it may have arrived (timeout after sending, broken connection, other 5xx)
+  → `UnknownOutcome`: the record goes UNKNOWN and is reconciled.
+
+Every answer is evidence kept on the record: what was asked, what came back,
+when, and whether the downstream deduplicated our key (`Idempotent-Replayed`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx2
+
+from tools_app.core.errors import (
+    UNKNOWN_OUTCOME_ADVICE,
+    DownstreamConflict,
+    InvalidInput,
+    PermissionDenied,
+    Transient,
+    UnknownOutcome,
+)
+from tools_app.engine import evidence_entry, note_evidence
+
+DEFAULT_RETRY_AFTER = 1.0
+
+
+def request(method: str, url: str, *, timeout: float, json: Any = None, headers: dict[str, str] | None = None,
+            asked: dict[str, Any] | None = None) -> httpx2.Response:
+    """Send one request; return a 2xx response or raise a classified failure.
+
+    `asked` is what the evidence records of the request (never secrets).
+    """
+    asked = {"method": method, "url": url, **(asked or {})}
+    try:
+        response = httpx2.request(method, url, json=json, headers=headers, timeout=timeout)
+    except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as exc:
+        raise Transient(f"the downstream system is unreachable ({type(exc).__name__}); retry with the same key",
+                        retry_after=DEFAULT_RETRY_AFTER,
+                        evidence=evidence_entry("executor", asked=asked, error=type(exc).__name__)) from exc
+    except httpx2.TransportError as exc:
+        raise UnknownOutcome(
+            f"the downstream request was sent but no answer came back ({type(exc).__name__}); its outcome is being "
+            f"reconciled: {UNKNOWN_OUTCOME_ADVICE}",
+            evidence=evidence_entry("executor", asked=asked, error=type(exc).__name__)) from exc
+    if response.is_success:
+        note_evidence(evidence_entry("executor", asked=asked, answer={
+            "status": response.status_code,
+            # The downstream recognised our key and returned its earlier result instead of acting again.
+            "deduplicated": response.headers.get("idempotent-replayed", "").lower() == "true"}))
+        return response
+    raise classify(response, asked)
+
+
+def classify(response: httpx2.Response, asked: dict[str, Any]):
+    status = response.status_code
+    answer = {"status": status, "body": response.text[:500]}
+    evidence = evidence_entry("executor", asked=asked, answer=answer)
+    if status in (429, 503):
+        retry_after = _retry_after(response)
+        return Transient(f"the downstream system asked us to slow down ({status}); retry with the same key after "
+                         f"{retry_after:g}s", retry_after=retry_after, evidence=evidence)
+    if status == 409:
+        return DownstreamConflict(
+            f"the downstream system already holds this operation's key for a different request "
+            f"({_message(response)}); an operator must check what it did. Do not retry with this key, and do not "
+            "just use a new key: the earlier request may be this same operation, already done",
+            evidence=evidence)
+    if status in (401, 403):
+        return PermissionDenied(f"the downstream system refused the request ({status})", evidence=evidence)
+    if 400 <= status < 500:
+        return InvalidInput(f"the downstream system rejected the request ({status}): {_message(response)}",
+                            evidence=evidence)
+    return UnknownOutcome(f"the downstream system failed ({status}) after receiving the request; its outcome is "
+                          f"being reconciled: {UNKNOWN_OUTCOME_ADVICE}", evidence=evidence)
+
+
+def _retry_after(response: httpx2.Response) -> float:
+    try:
+        return max(0.0, float(response.headers.get("retry-after", DEFAULT_RETRY_AFTER)))
+    except ValueError:
+        return DEFAULT_RETRY_AFTER
+
+
+def _message(response: httpx2.Response) -> str:
+    try:
+        return str(response.json().get("error", ""))[:200]
+    except ValueError:
+        return response.text[:200]

@@ -1,0 +1,42 @@
+"""What the packages built on the toolkit tell it (core.hooks), so that a call reaches them
+without the toolkit importing them.
+
+- `approval_gate(spec, tenant_id, actor, args)`: for a sensitive tool, the
+  check the engine runs before executing (Operation.approval); approvals
+  registers it. Without it a sensitive call is refused, never run unchecked.
+- `run_long_tool(spec, caller, arguments, meta_key) -> CallResult`: a call of a
+  long tool starts or rejoins its task; tasks registers it.
+- `after_unknown()`: a call just ended UNKNOWN; reconciliation registers
+  "reconcile it soon". By default the periodic reconciliation finds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tools_app.core.errors import PermissionDenied
+from tools_app.core.hooks import Hooks
+
+
+def _no_approvals(spec, tenant_id: int, actor: str, args) -> Callable[[Any], None]:
+    raise PermissionDenied(f"{spec.name} needs a person's approval and approvals are not installed")
+
+
+def _no_tasks(spec, caller, arguments, meta_key):
+    raise LookupError(f"{spec.name} runs as a task, but no tasks package registered its hook")
+
+
+def _left_to_the_schedule() -> None:
+    """The periodic reconciliation finds UNKNOWN records by itself."""
+
+
+@dataclass
+class ToolkitHooks(Hooks):
+    approval_gate: Callable[..., Callable[[Any], Any]] = _no_approvals
+    run_long_tool: Callable[..., Any] = _no_tasks
+    after_unknown: Callable[[], None] = _left_to_the_schedule
+
+
+hooks = ToolkitHooks()

@@ -1,0 +1,147 @@
+"""Step pipelines: how a long tool declares the work its task does, once.
+
+A pipeline is an ordered list of named steps. Each step is a function of a
+StepContext (the tool's arguments, the outputs of the steps before it, a way
+to report progress) returning a JSON-serializable output, which is
+checkpointed. The output of the last step is the tool's result.
+
+The pipeline also says what to do when a step raises:
+- a ToolFailure carries its own class: `transient` is retried, any other class
+  is final (the task fails, and resume_task refuses with the reason);
+- exceptions listed in `transient` (network, database) are retried with
+  exponential backoff and jitter, up to `max_attempts` runs of the task;
+- exceptions listed in `final` fail the task as `invalid_input`;
+- anything else is a bug or an unforeseen condition: retried like a
+  transient error (steps are idempotent, so a retry is safe) and logged.
+A step that must wait for a person or a dependency raises WaitFor: the task
+is paused until resume_task (or the tasks extension's tasks/update) supplies
+the answer.
+
+A long tool is declared with `task_tool(...)`: it is a write tool whose call
+starts (or rejoins) its task; see tools_app.task_calls.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, DataError
+from pydantic import BaseModel
+
+from tools_app.core.errors import InvalidInput, ToolFailure, invalid_data
+from tools_app.toolkit.registry import ToolContext, ToolSpec, WriteInput, register
+
+
+class Interrupted(Exception):
+    """The task was cancelled or its lease was lost: stop now, write nothing."""
+
+
+class WaitFor(Exception):  # noqa: N818  (a signal, not an error)
+    """Pause the task until someone answers `input_request` (or just resumes it).
+
+    `input_request` maps a key to {"message": ..., "schema": JSON Schema of the
+    answer}; the answer arrives as StepContext.resume_input[key].
+    """
+
+    def __init__(self, reason: str, input_request: dict[str, Any] | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.input_request = input_request
+
+
+class StepContext:
+    """What a running step sees. Built by the runner (tools_app.task_runner)."""
+
+    def __init__(self, *, task, arguments: BaseModel, outputs: Mapping[str, Any],
+                 progress: Callable[[float, float | None, str], None]):
+        self.task = task
+        self.task_id = task.pk
+        self.tenant_id = task.tenant_id
+        self.arguments = arguments
+        self.outputs = outputs
+        self.resume_input: dict[str, Any] = task.resume_input or {}
+        self._progress = progress
+
+    def progress(self, done: float, total: float | None = None, message: str = "") -> None:
+        """Record progress inside the step; raises Interrupted once the task is cancelled
+        (long steps call it often: it is also the cooperative cancellation point)."""
+        self._progress(done, total, message)
+
+
+StepFunction = Callable[[StepContext], Any]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    run: StepFunction
+    version: int = 1  # bump when the step's output changes: its old checkpoints stop being valid
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter; None means the IDEMOPS setting."""
+
+    max_attempts: int | None = None
+    base_seconds: float | None = None
+    max_seconds: float | None = None
+
+    def attempts_allowed(self) -> int:
+        return self.max_attempts or settings.IDEMOPS["TASK_MAX_ATTEMPTS"]
+
+    def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after the `attempt`-th run failed: uniform in [cap/2, cap]."""
+        base = self.base_seconds if self.base_seconds is not None else settings.IDEMOPS["TASK_BACKOFF_BASE_SECONDS"]
+        ceiling = self.max_seconds if self.max_seconds is not None else settings.IDEMOPS["TASK_BACKOFF_MAX_SECONDS"]
+        cap = min(ceiling, base * 2 ** (attempt - 1))
+        # Half fixed, half random: retries of many tasks failing together spread
+        # out, yet every retry still waits at least half the nominal backoff.
+        return cap / 2 + (rng or random).uniform(0, cap / 2)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    steps: tuple[Step, ...]
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    transient: tuple[type[BaseException], ...] = (DatabaseError, ConnectionError, TimeoutError)
+    final: tuple[type[BaseException], ...] = ()
+    # Checks beyond the input model that must hold before a task is created
+    # (allow-lists, decodability): a bad call fails at once, not as a task.
+    validate: Callable[[BaseModel], None] | None = None
+
+    def __post_init__(self) -> None:
+        names = [step.name for step in self.steps]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"a pipeline needs steps with unique names, got {names}")
+
+    def index_of(self, name: str) -> int:
+        return [step.name for step in self.steps].index(name)
+
+    def classify(self, exc: BaseException) -> ToolFailure:
+        """The failure a step's exception stands for; `.retryable` says whether to retry."""
+        if isinstance(exc, ToolFailure):
+            return exc
+        if isinstance(exc, DataError):  # a DatabaseError, but the same values fail the same way
+            return invalid_data(exc)
+        if isinstance(exc, self.final):
+            return InvalidInput(str(exc) or type(exc).__name__)
+        from tools_app.core.errors import Transient
+
+        return Transient(f"{type(exc).__name__}: {exc}"[:500])
+
+
+def _runs_as_task(ctx: ToolContext, args: Any) -> dict[str, Any]:
+    # calls.call_tool sends long tools to tools_app.task_calls before any handler runs.
+    raise AssertionError("a long tool's call starts its task; it has no direct handler")
+
+
+def task_tool(*, name: str, title: str, description: str, input_model: type[WriteInput],
+              output_model: type[BaseModel], pipeline: Pipeline, **declaration: Any) -> ToolSpec:
+    """Declare a long tool: calling it starts (or rejoins) a task running `pipeline`."""
+    return register(ToolSpec(
+        name=name, title=title, description=description, input_model=input_model, output_model=output_model,
+        handler=_runs_as_task, writes=True, pipeline=pipeline, **declaration))

@@ -1,0 +1,59 @@
+"""Policies a tool declares, as a tool author writes them: how to find out what became of a
+downstream call (reconciler answers), and what a sensitive call needs before it runs (ApprovalPolicy).
+
+The packages that act on them (reconciliation, approvals) read these types; a tool module needs
+nothing else from those packages to declare its policies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from tools_app.engine import evidence_entry
+from tools_app.engine.models import IdempotencyRecord
+
+# --- reconciliation: what a reconciler (record) -> Answer found downstream ---------------------
+
+
+@dataclass
+class Found:
+    result: dict[str, Any]
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class NotDone:
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StillUnknown:
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+Answer = Found | NotDone | StillUnknown
+
+
+def nothing_committed(record: IdempotencyRecord) -> NotDone:
+    """The reconciler of every transactional tool: its effect commits with the
+    record, so a record that never reached SUCCEEDED did nothing."""
+    return NotDone("the local transaction never committed",
+                   evidence_entry("reconciler", note="transactional tool: no committed effect"))
+
+
+# --- approvals: what a sensitive call needs (ToolSpec.approval returns it, or None to run at once) ---
+
+
+@dataclass(frozen=True)
+class ApprovalPolicy:
+    """What a sensitive call needs before it runs."""
+
+    summary: str  # shown to the operator: what will happen, to what, for how much
+    approvals_required: int = 1
+    amount: Decimal | None = None
+    currency: str = ""
+    ttl: timedelta | None = None  # None: the tenant's request_ttl_minutes

@@ -1,0 +1,221 @@
+"""The tool registry: each tool is declared once, here or in tools_app/tools/.
+
+A declaration names the tool, its pydantic input and output models (built on
+StrictModel: strict types, no unknown fields at any level), whether it writes,
+which arguments are not business data (left out of the fingerprint), how long
+its idempotency records are kept and what happens to a key past that, the
+checks its arguments must pass before a key is claimed, and the handler. Everything else (the MCP schema, the
+annotations, the engine's policy) is derived from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Annotated, Any
+
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tools_app.access.models import Tenant
+from tools_app.core.errors import NotFound
+from tools_app.core.keys import KEY_RULE
+from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
+from tools_app.toolkit.policies import ApprovalPolicy
+
+# Arguments every write tool takes that are not part of the operation.
+ENGINE_FIELDS = frozenset({"idempotency_key", "trace_id"})
+
+
+BIGINT_MAX = 2**63 - 1
+# An id of a row (every primary key is a bigint).
+ObjectId = Annotated[int, Field(gt=0, le=BIGINT_MAX)]
+
+
+def storable(text: str) -> bool:
+    """False for what PostgreSQL cannot store in text or jsonb: NUL, and unpaired surrogates (not UTF-8).
+
+    Plain `in` and encode rather than a regex: inline documents run to megabytes.
+    """
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def unstorable_at(value: Any) -> str | None:
+    """Where inside `value` a string PostgreSQL cannot store is ("" for `value` itself), or None.
+
+    Nested models are skipped: they are StrictModels and checked themselves.
+    """
+    if isinstance(value, str):
+        return None if storable(value) else ""
+    items = (value.items() if isinstance(value, dict)
+             else enumerate(value) if isinstance(value, (list, tuple)) else ())
+    for key, item in items:
+        if isinstance(key, str) and not storable(key):
+            return f"key {key!r}"
+        inner = unstorable_at(item)
+        if inner is not None:
+            return f"{key}.{inner}" if inner else str(key)
+    return None
+
+
+class StrictModel(BaseModel):
+    """Base of every model a tool's arguments are read into, nested ones included.
+
+    Arguments are validated as the JSON they arrived as (see `parse_arguments`),
+    in strict mode: an integer field takes 3, not "3", 3.0 or true; a decimal
+    field takes "2.50" or 2.5. Unknown fields are an error at every level, and
+    no string may hold a character PostgreSQL cannot store, so a bad argument
+    is `invalid_input` naming its field, before a key is claimed, instead of a
+    database error later.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        where = unstorable_at(value)
+        if where is not None:
+            at = f" at {where}" if where else ""
+            raise ValueError(f"contains a character that cannot be stored{at} (NUL, U+0000, or an unpaired "
+                             "surrogate)")
+        return value
+
+
+def parse_arguments(model: type[BaseModel], arguments: Any) -> BaseModel:
+    """Validate `arguments` (JSON-compatible data) as the JSON they stand for.
+
+    Strict JSON mode is the contract agents see in the schema: "2.50" is a
+    decimal and "normal" an enum value, but "3" is not an integer. In-process
+    callers may pass Decimals and the like: they are written as JSON first.
+    """
+    return model.model_validate_json(pydantic_core.to_json(arguments))
+
+
+class ToolInput(StrictModel):
+    """Base of every tool's input model."""
+
+    model_config = ConfigDict(str_strip_whitespace=True)
+
+    trace_id: str | None = Field(None, max_length=100, description="Optional caller trace id, echoed in logs.")
+
+
+class WriteInput(ToolInput):
+    idempotency_key: str = Field(
+        description=f"Required for writes. The identity of this business operation: reuse it on every retry "
+                    f"of the same operation, use a new one for a new operation. {KEY_RULE}. May instead be sent "
+                    f"in the call's _meta as io.idemops/idempotency-key.",
+        min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._:-]+$",
+    )
+
+
+def _no_progress(done: float, total: float | None = None, message: str | None = None) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a handler knows about the call besides its arguments."""
+
+    tenant_id: int
+    actor: str
+    trace_id: str = ""
+    record: Any = None  # the IdempotencyRecord of a write call
+    # Sends an MCP progress notification if the caller asked for them
+    # (a progressToken); a no-op otherwise. Callable from the handler's thread.
+    report_progress: Callable[[float, float | None, str | None], None] = _no_progress
+
+
+Handler = Callable[[ToolContext, Any], dict[str, Any] | BaseModel]
+# Decides whether a call needs a person's approval: (tenant, validated arguments)
+# -> an ApprovalPolicy (summary, approvers needed, amount) or None to run at once.
+ApprovalRule = Callable[[Tenant, Any], ApprovalPolicy | None]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    title: str
+    description: str
+    input_model: type[ToolInput]
+    output_model: type[BaseModel]
+    handler: Handler
+    writes: bool
+    non_business_fields: frozenset[str] = frozenset()
+    retention: timedelta = DEFAULT_RETENTION
+    on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE
+    destructive: bool = False
+    open_world: bool = False
+    # False for tools whose effect happens in another system: the engine then
+    # holds no transaction across the call, sends `downstream_key` along, and
+    # an interrupted call ends UNKNOWN until `reconciler` finds out.
+    transactional: bool = True
+    # (record) -> reconciliation.Found | NotDone | StillUnknown. Transactional
+    # tools need none: if their record never committed, neither did the effect.
+    reconciler: Callable[[Any], Any] | None = None
+    # (record, downstream reference) -> the result to store when an operator
+    # resolves an UNKNOWN record as succeeded.
+    result_for_reference: Callable[[Any, str], dict[str, Any]] | None = None
+    approval: ApprovalRule | None = None  # set: a sensitive tool (see tools_app.approvals)
+    # Checks beyond the input model (allow-lists, what another tool accepts), given the
+    # validated arguments; they run before a write claims its key, so a refused call
+    # leaves the key unused. Raise a ToolFailure naming the field.
+    check: Callable[[Any], None] | None = None
+    # Set for long tools (tools_app.pipelines.task_tool): a call starts or rejoins a task running it.
+    pipeline: Any = None
+
+    @property
+    def excluded_from_fingerprint(self) -> frozenset[str]:
+        return ENGINE_FIELDS | self.non_business_fields
+
+
+_TOOLS: dict[str, ToolSpec] = {}
+
+
+def register(spec: ToolSpec) -> ToolSpec:
+    if spec.name in _TOOLS:
+        raise ValueError(f"tool {spec.name!r} is declared twice")
+    if spec.writes and not issubclass(spec.input_model, WriteInput):
+        raise TypeError(f"write tool {spec.name!r} must take a WriteInput model")
+    if not spec.transactional and spec.reconciler is None:
+        raise TypeError(f"tool {spec.name!r} acts downstream and must declare a reconciler")
+    _TOOLS[spec.name] = spec
+    return spec
+
+
+def _declare(writes: bool, **declaration: Any) -> Callable[[Handler], Handler]:
+    def decorator(handler: Handler) -> Handler:
+        description = declaration.pop("description", None) or (handler.__doc__ or "").strip()
+        register(ToolSpec(handler=handler, writes=writes, description=description, **declaration))
+        return handler
+
+    return decorator
+
+
+def write_tool(**declaration: Any) -> Callable[[Handler], Handler]:
+    """Declare a tool with side effects; it runs under the idempotency engine."""
+    return _declare(True, **declaration)
+
+
+def read_tool(**declaration: Any) -> Callable[[Handler], Handler]:
+    return _declare(False, **declaration)
+
+
+def get_tool(name: str) -> ToolSpec:
+    try:
+        return _TOOLS[name]
+    except KeyError:
+        raise NotFound(f"unknown tool {name!r}; tools/list names the tools") from None
+
+
+def all_tools() -> list[ToolSpec]:
+    return list(_TOOLS.values())

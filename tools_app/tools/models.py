@@ -1,0 +1,75 @@
+"""The business objects the demo write tools create.
+
+Each points at the idempotency record that created it through a one-to-one
+field: besides linking an order to its call, the unique constraint is a
+second, business-level guard that one operation creates one object.
+"""
+
+from django.db import models
+
+
+class Order(models.Model):
+    tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.PROTECT, related_name="orders")
+    record = models.OneToOneField(
+        "tools_app.IdempotencyRecord", on_delete=models.PROTECT, related_name="order", null=True, blank=True
+    )
+    customer = models.CharField(max_length=200)
+    currency = models.CharField(max_length=3)
+    total = models.DecimalField(max_digits=14, decimal_places=2)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"Order {self.pk} ({self.customer}, {self.total} {self.currency})"
+
+
+class OrderLine(models.Model):
+    order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="lines")
+    sku = models.CharField(max_length=64)
+    quantity = models.PositiveIntegerField()
+    unit_price = models.DecimalField(max_digits=12, decimal_places=2)
+
+    class Meta:
+        ordering = ["id"]
+
+
+class Ticket(models.Model):
+    class Priority(models.TextChoices):
+        LOW = "low"
+        NORMAL = "normal"
+        HIGH = "high"
+        URGENT = "urgent"
+
+    tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.PROTECT, related_name="tickets")
+    record = models.OneToOneField(
+        "tools_app.IdempotencyRecord", on_delete=models.PROTECT, related_name="ticket", null=True, blank=True
+    )
+    subject = models.CharField(max_length=200)
+    body = models.TextField()
+    priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
+    status = models.CharField(max_length=16, default="open")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"Ticket {self.pk}: {self.subject}"
+
+
+class Announcement(models.Model):
+    """A published announcement (the effect of the `publish_announcement` tool)."""
+
+    class Audience(models.TextChoices):
+        STAFF = "staff"
+        EVERYONE = "everyone"
+
+    tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.PROTECT, related_name="announcements")
+    record = models.OneToOneField(
+        "tools_app.IdempotencyRecord", on_delete=models.PROTECT, related_name="announcement", null=True, blank=True)
+    title = models.CharField(max_length=200)
+    body = models.TextField()
+    audience = models.CharField(max_length=8, choices=Audience.choices)
+    published_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-published_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.title
