@@ -1,7 +1,9 @@
 import pytest
 
+from tests.operators import make_operator
 from tests.task_stack import doc_dir, doc_server, settle_tasks, task_web, task_workers  # noqa: F401  (long tasks)
 from tools_app.access import tenants
+from tools_app.access.roles import APPROVER
 from tools_app.toolkit.calls import Caller
 
 
@@ -93,3 +95,21 @@ def other_token(transactional_db):
     tenant = tenants.create_tenant("globex", "Globex")
     _, raw = tenants.issue_token(tenant, "agent")
     return raw
+
+
+@pytest.fixture
+def approver(tenant):
+    return make_operator("bob", APPROVER, tenant)
+
+
+@pytest.fixture
+def second_approver(tenant):
+    return make_operator("carol", APPROVER, tenant)
+
+
+@pytest.fixture
+def fast(settings):
+    """Long tasks that back off for milliseconds and calls that do not wait for them."""
+    settings.IDEMOPS = {**settings.IDEMOPS, "TASK_CALL_WAIT_SECONDS": 0, "TASK_BACKOFF_BASE_SECONDS": 0.01,
+                        "TASK_BACKOFF_MAX_SECONDS": 0.05}
+    return settings

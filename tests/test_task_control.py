@@ -1,0 +1,140 @@
+"""Resuming, pausing and cancelling tasks, and the sweep that revives them, in-process against real PostgreSQL."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from tests.operators import make_operator
+from tests.tasks_support import TEXT, agent, queued_jobs, start
+from tools_app import tasks
+from tools_app.access.roles import OPERATOR
+from tools_app.core.errors import AlreadyDone, InvalidInput, NotFound, PermissionDenied
+from tools_app.models import AuditEvent, Task, TaskStatus
+from tools_app.tools.documents import INGEST
+
+# --- resume, pause, the sweep ------------------------------------------------------------------
+
+
+def paused_task(caller) -> Task:
+    task = start(caller, {"text": TEXT})
+    task = tasks.take(str(task.pk), "worker-a")
+    tasks.begin_step(task, "worker-a", INGEST.steps[2], 2, completed=[])
+    assert tasks.pause_for_input(task, "worker-a", "needs text", {"text": {"schema": {"type": "string"}}})
+    return Task.objects.get(pk=task.pk)
+
+
+def test_resume_answers_a_paused_task_only_with_what_it_asked_for(caller, fast):
+    task = paused_task(caller)
+
+    with pytest.raises(InvalidInput, match="did not ask for password"):
+        tasks.resume(task, agent(caller), answer={"password": "x"})
+    with pytest.raises(InvalidInput, match="does not match"):
+        tasks.resume(task, agent(caller), answer={"text": 42})
+    with pytest.raises(InvalidInput, match="cannot be stored at text"):  # as tasks/update may send it
+        tasks.resume(task, agent(caller), answer={"text": "a\x00b"})
+    resumed = tasks.resume(task, agent(caller), answer={"text": "hello"})
+
+    assert (resumed.status, resumed.resume_input, resumed.pause_reason) == (TaskStatus.CREATED, {"text": "hello"}, "")
+
+
+@pytest.mark.parametrize(("status", "failure_class", "error"), [
+    (TaskStatus.SUCCEEDED, "", AlreadyDone),
+    (TaskStatus.CANCELLED, "", AlreadyDone),
+    (TaskStatus.FAILED, "invalid_input", InvalidInput),
+    (TaskStatus.FAILED, "not_found", NotFound),
+])
+def test_resume_refuses_finished_tasks_another_run_would_not_change(caller, fast, status, failure_class, error):
+    task = start(caller, {"text": TEXT})
+    Task.objects.filter(pk=task.pk).update(status=status, failure_class=failure_class,
+                                           failure_reason="the PDF is broken")
+    task.refresh_from_db()
+
+    with pytest.raises(error) as refused:
+        tasks.resume(task, agent(caller))
+
+    assert refused.value.details["task_status"] == status
+    if status == TaskStatus.FAILED:
+        assert "the PDF is broken" in refused.value.message
+
+
+def test_resume_makes_a_backing_off_task_due_now(caller, fast):
+    task = start(caller, {"text": TEXT})
+    Task.objects.filter(pk=task.pk).update(status=TaskStatus.RETRYING,
+                                           next_retry_at=timezone.now() + timedelta(hours=1))
+    task.refresh_from_db()
+
+    resumed = tasks.resume(task, agent(caller))
+
+    assert resumed.next_retry_at <= timezone.now() and tasks.take(str(task.pk), "w") is not None
+
+
+def test_resume_leaves_a_healthy_running_task_alone_and_revives_one_whose_worker_died(caller, fast):
+    task = tasks.take(str(start(caller, {"text": TEXT}).pk), "worker-a")
+    version = task.version
+
+    assert tasks.resume(task, agent(caller)).version == version  # lease alive: nothing to do
+
+    Task.objects.filter(pk=task.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    task.refresh_from_db()
+    revived = tasks.resume(task, agent(caller))
+    assert (revived.status, revived.lease_owner, revived.lease_expiries) == (TaskStatus.CREATED, "", 1)
+
+
+def test_an_operator_pauses_only_queued_tasks(caller, fast, tenant):
+    task = start(caller, {"text": TEXT})
+    ops = make_operator("ops", OPERATOR, tenant)
+
+    paused = tasks.pause(task, ops, reason="waiting for the legal team")
+
+    assert paused.status == TaskStatus.PAUSED and tasks.take(str(task.pk), "w") is None
+    running = tasks.take(str(tasks.resume(paused, ops).pk), "w")
+    with pytest.raises(InvalidInput, match="only queued or retrying"):
+        tasks.pause(running, ops, reason="x")
+
+
+def test_an_agent_may_cancel_and_resume_its_tenants_tasks_but_not_pause_them(caller, fast):
+    task = start(caller, {"text": TEXT})
+
+    with pytest.raises(PermissionDenied, match="agents may not"):
+        tasks.pause(task, agent(caller), reason="hold on")
+
+    task.refresh_from_db()
+    assert task.status == TaskStatus.CREATED
+    refusal = AuditEvent.objects.get(object_id=str(task.pk), action="task.pause_refused")
+    assert (refusal.actor, refusal.after) == (caller.actor, {"attempted": "pause"})
+    assert tasks.cancel(task, agent(caller)).status == TaskStatus.CANCELLED
+
+
+def test_the_sweep_revives_dead_workers_tasks_and_requeues_lost_jobs(caller, fast):
+    now = timezone.now()
+    dead = tasks.take(str(start(caller, {"text": TEXT}, key="dead").pk), "worker-dead")
+    Task.objects.filter(pk=dead.pk).update(lease_expires_at=now - timedelta(seconds=1))
+    alive = tasks.take(str(start(caller, {"text": TEXT}, key="alive").pk), "worker-alive")
+    lost = start(caller, {"text": TEXT}, key="lost")
+    Task.objects.filter(pk=lost.pk).update(enqueued_at=now - timedelta(hours=1))
+    due = start(caller, {"text": TEXT}, key="due")
+    Task.objects.filter(pk=due.pk).update(status=TaskStatus.RETRYING, next_retry_at=now, enqueued_at=None)
+    later = start(caller, {"text": TEXT}, key="later")
+    Task.objects.filter(pk=later.pk).update(status=TaskStatus.RETRYING, next_retry_at=now + timedelta(hours=1),
+                                            enqueued_at=None)
+    jobs = queued_jobs()
+
+    counts = tasks.sweep()
+
+    assert counts == {"expired": 1, "requeued": 2}
+    assert queued_jobs() == jobs + 3
+    assert Task.objects.get(pk=dead.pk).status == TaskStatus.CREATED
+    assert Task.objects.get(pk=alive.pk).lease_owner == "worker-alive"
+    assert tasks.sweep() == {"expired": 0, "requeued": 0}
+
+
+def test_a_task_whose_workers_keep_dying_fails_as_transient(caller, fast):
+    task = tasks.take(str(start(caller, {"text": TEXT}).pk), "worker-a")
+    Task.objects.filter(pk=task.pk).update(lease_expiries=4, lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+    assert tasks.sweep() == {"expired": 1, "requeued": 0}
+
+    task.refresh_from_db()
+    assert (task.status, task.failure_class, task.lease_expiries) == (TaskStatus.FAILED, "transient", 5)
+    assert "died 5 times" in task.failure_reason
