@@ -8,11 +8,9 @@ refused attempt is an audit event. Row order when both change: the request first
 from __future__ import annotations
 
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from tools_app import engine
-from tools_app.access import tenants
+from tools_app import access, engine
 from tools_app.approvals import execution
 from tools_app.approvals.models import (
     ApprovalDecision,
@@ -20,7 +18,7 @@ from tools_app.approvals.models import (
     ApprovalStatus,
     ApprovalVerdict,
 )
-from tools_app.core import audit
+from tools_app.core import db
 from tools_app.core.errors import PermissionDenied
 
 DECIDE_PERMISSION = "tools_app.decide_approvalrequest"
@@ -30,10 +28,10 @@ class ApprovalRefused(Exception):
     """A decision that was not taken (and was audited): the message says why."""
 
 
-APPROVE = tenants.Permit(DECIDE_PERMISSION, ApprovalVerdict.APPROVE, "approve or reject requests", "approval.refused")
+APPROVE = access.Permit(DECIDE_PERMISSION, ApprovalVerdict.APPROVE, "approve or reject requests", "approval.refused")
 
 
-REJECT = tenants.Permit(DECIDE_PERMISSION, ApprovalVerdict.REJECT, "approve or reject requests", "approval.refused")
+REJECT = access.Permit(DECIDE_PERMISSION, ApprovalVerdict.REJECT, "approve or reject requests", "approval.refused")
 
 
 class _Refusal(Exception):
@@ -50,9 +48,9 @@ def reject(request: ApprovalRequest, user, *, reason: str) -> ApprovalRequest:
     return _decide(request, user, REJECT, reason, _reject)
 
 
-def _decide(request, user, permit: tenants.Permit, reason, take) -> ApprovalRequest:
+def _decide(request, user, permit: access.Permit, reason, take) -> ApprovalRequest:
     try:
-        actor = tenants.authorize(user, permit, request)
+        actor = access.authorize(user, permit, request)
     except PermissionDenied as denied:  # already audited
         raise ApprovalRefused(denied.message) from None
     reason = (reason or "").strip()
@@ -62,13 +60,13 @@ def _decide(request, user, permit: tenants.Permit, reason, take) -> ApprovalRequ
             _record_decision(request, user, permit.attempted, reason)
             take(request, actor, reason)
     except _Refusal as refusal:
-        tenants.audit_refusal(permit, request, actor, str(refusal))
+        access.audit_refusal(permit, request, actor, str(refusal))
         raise ApprovalRefused(str(refusal)) from None
     request.refresh_from_db()
     return request
 
 
-def _check_decision(request: ApprovalRequest, actor: str, permit: tenants.Permit, reason: str) -> None:
+def _check_decision(request: ApprovalRequest, actor: str, permit: access.Permit, reason: str) -> None:
     """The rules of deciding, for someone who may decide on this tenant's requests."""
     if actor == request.requested_by:
         raise _Refusal("self-approval: the requester cannot decide on its own request")
@@ -87,43 +85,39 @@ def _record_decision(request: ApprovalRequest, user, verdict: str, reason: str) 
 
 
 def _count_approval(request: ApprovalRequest, actor: str, reason: str) -> None:
-    """PENDING -> PENDING (one more approver) or -> APPROVED (the last one needed), in one UPDATE.
+    """PENDING -> PENDING (one more approver) or -> APPROVED (the last one needed), with its audit event.
 
-    Concurrent approvers serialize on the row: each UPDATE re-reads the row
-    after the other commits, so exactly one of them flips it to APPROVED,
-    and only that one queues the execution.
+    Concurrent approvers serialize on the row, locked first as their UPDATE
+    would lock it (FOR NO KEY UPDATE: it does not wait for the key-share
+    locks of their decision rows): each counts from what the one before
+    committed, so exactly one of them flips it to APPROVED, and only that
+    one queues the execution.
     """
     now = timezone.now()
-    last = Q(approvals__gte=F("required_approvals") - 1)
-    updated = ApprovalRequest.objects.filter(pk=request.pk, status=ApprovalStatus.PENDING, expires_at__gt=now).update(
-        approvals=F("approvals") + 1,
-        status=Case(When(last, then=Value(ApprovalStatus.APPROVED)), default=Value(ApprovalStatus.PENDING)),
-        decided_at=Case(When(last, then=Value(now)), default=None),
-        decided_by=Case(When(last, then=Value(actor)), default=Value("")),
-        dispatched_at=Case(When(last, then=Value(now)), default=None),
-    )
-    if not updated:
+    locked = ApprovalRequest.objects.select_for_update(no_key=True).get(pk=request.pk)
+    counted = locked.approvals + 1
+    last = counted >= locked.required_approvals
+    changes = {"approvals": counted}
+    if last:
+        changes.update(status=ApprovalStatus.APPROVED, decided_at=now, decided_by=actor, dispatched_at=now)
+    if not db.transition(locked, {"status": ApprovalStatus.PENDING, "approvals": locked.approvals,
+                                  "expires_at__gt": now}, changes,
+                         action="approval.approved" if last else "approval.approval_counted", actor=actor,
+                         reason=reason, before={"status": ApprovalStatus.PENDING, "approvals": locked.approvals},
+                         after={"status": changes.get("status", ApprovalStatus.PENDING), "approvals": counted}):
         raise _Refusal(_not_pending(request))
-    before = {"status": ApprovalStatus.PENDING, "approvals": request.approvals}
-    request.refresh_from_db()
-    after = {"status": request.status, "approvals": request.approvals}
-    if request.status == ApprovalStatus.APPROVED:
-        audit.record_event(action="approval.approved", obj=request, actor=actor, reason=reason,
-                           trace_id=request.trace_id, before=before, after=after)
-        execution.dispatch(request)
-    else:
-        audit.record_event(action="approval.approval_counted", obj=request, actor=actor, reason=reason,
-                           trace_id=request.trace_id, before=before, after=after)
+    if last:
+        execution.dispatch(locked)
 
 
 def _reject(request: ApprovalRequest, actor: str, reason: str) -> None:
     """PENDING -> REJECTED and its record AWAITING_APPROVAL -> FAILED, in one transaction."""
     now = timezone.now()
-    if not ApprovalRequest.objects.filter(pk=request.pk, status=ApprovalStatus.PENDING, expires_at__gt=now).update(
-            status=ApprovalStatus.REJECTED, reason=reason, decided_at=now, decided_by=actor, finished_at=now):
+    if not db.transition(request, {"status": ApprovalStatus.PENDING, "expires_at__gt": now}, {
+        "status": ApprovalStatus.REJECTED, "reason": reason, "decided_at": now, "decided_by": actor, "finished_at": now,
+    }, action="approval.rejected", actor=actor, reason=reason, before={"status": ApprovalStatus.PENDING},
+            after={"status": ApprovalStatus.REJECTED}):
         raise _Refusal(_not_pending(request))
-    audit.record_event(action="approval.rejected", obj=request, actor=actor, reason=reason, trace_id=request.trace_id,
-                       before={"status": ApprovalStatus.PENDING}, after={"status": ApprovalStatus.REJECTED})
     engine.close_unapproved(
         request.record, PermissionDenied(f"rejected by an approver: {reason}. Nothing was executed"),
         actor=actor, reason=reason)

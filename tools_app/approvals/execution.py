@@ -22,7 +22,7 @@ from tools_app.approvals.models import (
     ApprovalRequest,
     ApprovalStatus,
 )
-from tools_app.core import audit, jobs
+from tools_app.core import db, jobs
 from tools_app.core.errors import ErrorClass, PermissionDenied, ToolFailure
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.toolkit import registry
@@ -58,13 +58,11 @@ def approved_operation(request: ApprovalRequest) -> tuple[engine.Operation, engi
 @transaction.atomic
 def abandon(request: ApprovalRequest, failure: ToolFailure) -> bool:
     """APPROVED -> FAILED when the approved call cannot even be rebuilt; its record fails with it."""
-    now = timezone.now()
-    if not ApprovalRequest.objects.filter(pk=request.pk, status=ApprovalStatus.APPROVED).update(
-            status=ApprovalStatus.FAILED, finished_at=now, reason=failure.message):
+    if not db.transition(request, {"status": ApprovalStatus.APPROVED}, {
+        "status": ApprovalStatus.FAILED, "finished_at": timezone.now(), "reason": failure.message,
+    }, action="approval.failed", actor=SWEEPER, reason=failure.message, before={"status": ApprovalStatus.APPROVED},
+            after={"status": ApprovalStatus.FAILED}):
         return False
-    audit.record_event(action="approval.failed", obj=request, actor=SWEEPER, reason=failure.message,
-                       trace_id=request.trace_id, before={"status": ApprovalStatus.APPROVED},
-                       after={"status": ApprovalStatus.FAILED})
     engine.close_unapproved(request.record, failure, actor=SWEEPER, reason=failure.message)
     return True
 
@@ -74,24 +72,24 @@ def settle(request: ApprovalRequest) -> ApprovalStatus | None:
     """APPROVED -> EXECUTED | FAILED once its record has a final outcome.
 
     A transient failure is not final (a retry with the key, or the sweep,
-    runs it again), so the request stays APPROVED meanwhile.
+    runs it again), so the request stays APPROVED meanwhile. A final record
+    outcome never changes, so reading it before the guarded UPDATE is safe;
+    of two racing settlers the status guard lets one through.
     """
-    now = timezone.now()
-    records = IdempotencyRecord.objects.filter(pk=request.record_id)
-    for status, record_done in (
-        (ApprovalStatus.EXECUTED, records.filter(status=RecordStatus.SUCCEEDED)),
-        (ApprovalStatus.FAILED, records.filter(status=RecordStatus.FAILED).exclude(error_class=ErrorClass.TRANSIENT)),
-    ):
-        # The status guard stays on the request row itself (not in a join), so
-        # PostgreSQL re-checks it if two settlers race.
-        if ApprovalRequest.objects.filter(pk=request.pk, status=ApprovalStatus.APPROVED,
-                                          record_id__in=record_done.values("pk")).update(status=status,
-                                                                                         finished_at=now):
-            audit.record_event(action=f"approval.{status.lower()}", obj=request, actor=SWEEPER,
-                               trace_id=request.trace_id, before={"status": ApprovalStatus.APPROVED},
-                               after={"status": status})
-            return status
-    return None
+    record_status, error_class = IdempotencyRecord.objects.filter(pk=request.record_id).values_list(
+        "status", "error_class").get()
+    if record_status == RecordStatus.SUCCEEDED:
+        status = ApprovalStatus.EXECUTED
+    elif record_status == RecordStatus.FAILED and error_class != ErrorClass.TRANSIENT:
+        status = ApprovalStatus.FAILED
+    else:
+        return None
+    if not db.transition(request, {"status": ApprovalStatus.APPROVED}, {
+        "status": status, "finished_at": timezone.now(),
+    }, action=f"approval.{status.lower()}", actor=SWEEPER, before={"status": ApprovalStatus.APPROVED},
+            after={"status": status}):
+        return None
+    return status
 
 
 @transaction.atomic
@@ -99,11 +97,11 @@ def expire(request: ApprovalRequest) -> bool:
     """PENDING -> EXPIRED past expires_at, and its record AWAITING_APPROVAL -> FAILED."""
     now = timezone.now()
     why = "no decision before the request expired"
-    if not ApprovalRequest.objects.filter(pk=request.pk, status=ApprovalStatus.PENDING, expires_at__lte=now).update(
-            status=ApprovalStatus.EXPIRED, finished_at=now, reason=why):
+    if not db.transition(request, {"status": ApprovalStatus.PENDING, "expires_at__lte": now}, {
+        "status": ApprovalStatus.EXPIRED, "finished_at": now, "reason": why,
+    }, action="approval.expired", actor=SWEEPER, reason=why, before={"status": ApprovalStatus.PENDING},
+            after={"status": ApprovalStatus.EXPIRED}):
         return False
-    audit.record_event(action="approval.expired", obj=request, actor=SWEEPER, reason=why, trace_id=request.trace_id,
-                       before={"status": ApprovalStatus.PENDING}, after={"status": ApprovalStatus.EXPIRED})
     engine.close_unapproved(
         request.record, PermissionDenied("the approval request expired without a decision; nothing was executed. "
                                          "To ask again, call with a new idempotency_key"),
@@ -114,9 +112,8 @@ def expire(request: ApprovalRequest) -> bool:
 def redrive(request: ApprovalRequest, *, seen: datetime | None) -> bool:
     """Queue an approved request's job again if nobody did since `seen` (its last dispatch)."""
     with transaction.atomic():
-        if not ApprovalRequest.objects.filter(pk=request.pk, status=ApprovalStatus.APPROVED,
-                                              dispatched_at=seen).update(dispatched_at=timezone.now()):
+        if not db.transition(request, {"status": ApprovalStatus.APPROVED, "dispatched_at": seen},
+                             {"dispatched_at": timezone.now()}, action="approval.redriven", actor=SWEEPER):
             return False
-        audit.record_event(action="approval.redriven", obj=request, actor=SWEEPER, trace_id=request.trace_id)
         dispatch(request)
     return True

@@ -2,9 +2,12 @@
 
 - `errors.py`: the error classes an agent can act on (ToolFailure and its kinds).
 - `keys.py`: idempotency keys, canonical JSON and fingerprints, keyed digests.
-- `db.py`: SQL the ORM cannot say; one guarded conditional UPDATE with its audit event.
+- `db.py`: SQL the ORM cannot say; `transition`, the one guarded state change (a conditional
+  UPDATE and its audit event in one statement).
 - `audit.py` and `models.py`: the append-only audit log and its hash chain.
-- `leases.py`: lease owners and the heartbeat that renews a lease.
+- `leases.py`: lease owners, lease expiries and the heartbeat that renews a lease.
+- `backoff.py`: the one backoff formula (exponential, equal jitter) of every retry.
+- `polling.py`: waiting a bounded time for another process, with a growing pause.
 - `jobs.py`: every django-q2 job by name, and `enqueue`.
 - `hooks.py`: how a lower package calls into a higher one without importing it.
 - `outage.py`: what an entry point answers while the database is unreachable.

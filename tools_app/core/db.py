@@ -1,4 +1,5 @@
-"""SQL the ORM cannot say: INSERT ... ON CONFLICT DO NOTHING RETURNING, inside a CTE.
+"""SQL the ORM cannot say: INSERT ... ON CONFLICT DO NOTHING RETURNING, inside a CTE, and the one
+guarded state change with its audit event (`transition`).
 
 Column lists are derived from the models (and cached: they only change with
 the code), so adding a field to a model needs no change here.
@@ -11,6 +12,8 @@ from functools import cache
 from typing import Any
 
 from django.db import connection, models
+
+from tools_app.core import audit
 
 
 @cache
@@ -74,22 +77,44 @@ def from_row(model: type[models.Model], row: tuple) -> models.Model:
 _COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "gt": "> %s", "gte": ">= %s", "in": "= ANY(%s)"}
 
 
-def conditional_update(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any], *,
-                       event: models.Model | None = None, append: dict[str, list] | None = None) -> bool:
-    """UPDATE `instance`'s row only if it still matches `expected`; INSERT `event` only if it did.
+def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, Any], *, action: str, actor: str,
+               reason: str = "", trace_id: str | None = None, before: dict[str, Any] | None = None,
+               after: dict[str, Any] | None = None, append: dict[str, list] | None = None) -> bool:
+    """Move `obj`'s row from the state `expected` to `changes`, and write the audit event of the move.
 
-    One statement, so the state change and its audit event commit together
-    or not at all, even outside a transaction. `expected` takes field names
-    with an optional `__lt`, `__lte`, `__gt`, `__gte`, `__in` or `__isnull`; `append` adds
-    items to JSON list fields. Returns whether the row matched.
+    One statement: a conditional UPDATE of the row where it still matches
+    `expected`, and the INSERT of the event (`action` by `actor`, `before`
+    and `after` as given, the object's trace id unless told otherwise) only
+    if the UPDATE matched. So the change and its audit row commit together
+    or not at all, even outside a transaction, and of two racing callers
+    exactly one moves the row. Returns whether it matched; if it did,
+    `changes` (and `append`) are applied to `obj` as well.
+
+    `expected` takes field names with an optional `__lt`, `__lte`, `__gt`,
+    `__gte`, `__in` or `__isnull` (a plain None means IS NULL); `append`
+    adds items to JSON list fields.
     """
+    event = audit.new_event(action=action, obj=obj, actor=actor, reason=reason,
+                            trace_id=getattr(obj, "trace_id", "") if trace_id is None else trace_id,
+                            before=before, after=after)
+    if not _conditional_update(obj, expected, changes, event, append or {}):
+        return False
+    for name, value in changes.items():
+        setattr(obj, name, value)
+    for name, items in (append or {}).items():
+        setattr(obj, name, [*getattr(obj, name), *items])
+    return True
+
+
+def _conditional_update(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any],
+                        event: models.Model, append: dict[str, list]) -> bool:
     model = type(instance)
     sets, params = [], []
     for name, value in changes.items():
         field = model._meta.get_field(name)
         sets.append(f"{connection.ops.quote_name(field.column)} = %s")
         params.append(field.get_db_prep_save(value, connection))
-    for name, items in (append or {}).items():
+    for name, items in append.items():
         column = connection.ops.quote_name(model._meta.get_field(name).column)
         sets.append(f"{column} = {column} || %s::jsonb")
         params.append(json.dumps(items, default=str))
@@ -97,17 +122,19 @@ def conditional_update(instance: models.Model, expected: dict[str, Any], changes
     for key, value in expected.items():
         name, _, lookup = key.partition("__")
         column = connection.ops.quote_name(model._meta.get_field(name).column)
+        if lookup == "" and value is None:  # `= NULL` would match nothing
+            lookup, value = "isnull", True
         if lookup == "isnull":
             conditions.append(f"{column} IS {'' if value else 'NOT '}NULL")
         else:
             conditions.append(f"{column} {_COMPARISONS[lookup]}")
             condition_params.append(list(value) if lookup == "in" else value)
-    sql = f"WITH changed AS (UPDATE {table(model)} SET {', '.join(sets)} WHERE {' AND '.join(conditions)} RETURNING id)"
-    event_params: list[Any] = []
-    if event is not None:
-        columns, values, event_params = insert_parts(event)
-        sql += (f", audited AS (INSERT INTO {table(type(event))} ({', '.join(columns)}) "
-                f"SELECT {', '.join(values)} FROM changed)")
+    columns, values, event_params = insert_parts(event)
+    sql = (f"WITH changed AS (UPDATE {table(model)} SET {', '.join(sets)} "
+           f"WHERE {' AND '.join(conditions)} RETURNING id), "
+           f"audited AS (INSERT INTO {table(type(event))} ({', '.join(columns)}) "
+           f"SELECT {', '.join(values)} FROM changed) "
+           "SELECT count(*) FROM changed")
     with connection.cursor() as cursor:
-        cursor.execute(sql + " SELECT count(*) FROM changed", [*params, *condition_params, *event_params])
+        cursor.execute(sql, [*params, *condition_params, *event_params])
         return cursor.fetchone()[0] == 1

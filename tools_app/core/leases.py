@@ -1,13 +1,14 @@
 """Leases: the one mechanism that says who may run something, and for how long.
 
-An executor of a write (tools_app.idempotency) and a worker running a long
-task (tools_app.tasks) each hold a lease on their row: an owner name and an
-expiry, set by the conditional UPDATE that gave them the work. While the work
-runs, a `Heartbeat` renews the lease; if the process dies (SIGKILL, OOM, a
-lost database connection), renewals stop and the lease runs out, and whoever
-finds it expired (a follower, a sweep) takes over through a guarded
-transition. Every write of the holder is guarded by its owner name, so a
-holder presumed dead that comes back writes nothing.
+An executor of a write (tools_app.engine) and a worker running a long
+task (tools_app.tasks) each hold a lease on their row: an owner name
+(`new_owner`) and an expiry (`expiry`), set by the conditional UPDATE that
+gave them the work. While the work runs, a `Heartbeat` renews the lease; if
+the process dies (SIGKILL, OOM, a lost database connection), renewals stop
+and the lease runs out, and whoever finds it expired (a follower, a sweep)
+takes over through a guarded transition. Every write of the holder is
+guarded by its owner name, so a holder presumed dead that comes back writes
+nothing.
 
 Clocks: expiries are compared with `now()` of whichever process looks, so
 hosts need synchronised clocks (NTP); leases are seconds long, skew must be
@@ -22,8 +23,10 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timedelta
 
 from django.db import connections
+from django.utils import timezone
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +34,11 @@ logger = logging.getLogger(__name__)
 def new_owner() -> str:
     """A lease owner name: unique per holding, readable for operators (host:pid:random)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def expiry(lease_seconds: float, now: datetime | None = None) -> datetime:
+    """When a lease taken or renewed `now` runs out."""
+    return (now or timezone.now()) + timedelta(seconds=lease_seconds)
 
 
 def heartbeat_interval(heartbeat_seconds: float, lease_seconds: float) -> float:

@@ -15,13 +15,13 @@
 from __future__ import annotations
 
 import logging
-import time
 from contextlib import nullcontext
 
 from django.conf import settings
 from django.db import DataError, transaction
 from django.utils import timezone
 
+from tools_app.core import polling
 from tools_app.core.crashpoints import crash_point
 from tools_app.core.errors import (
     UNKNOWN_OUTCOME_ADVICE,
@@ -60,11 +60,6 @@ from tools_app.engine.transitions import (
 )
 
 logger = logging.getLogger(__name__)
-
-# An unexpected error inside a local transaction committed nothing: safe to
-# retry, after a short pause.
-INTERNAL_ERROR_RETRY_AFTER = 1.0
-
 
 def run(op: Operation, execute: Executor) -> Outcome:
     """Execute `op` once, or answer as a follower of whoever did."""
@@ -187,9 +182,9 @@ def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) 
         failure = invalid_data(exc)
         return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
     # A bug or a database error: the transaction rolled back, so nothing
-    # of the side effect committed and the same key may run again.
-    failure = Transient("internal error, nothing was committed; retry with the same key",
-                        retry_after=INTERNAL_ERROR_RETRY_AFTER)
+    # of the side effect committed and the same key may run again (after
+    # the backoff of this attempt: mark_failed).
+    failure = Transient("internal error, nothing was committed; retry with the same key")
     return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
 
 
@@ -202,13 +197,9 @@ def execute_approved(record: IdempotencyRecord, op: Operation, execute: Executor
 
 def wait_for_outcome(record: IdempotencyRecord) -> IdempotencyRecord:
     """Poll a PROCESSING record until it finishes, its lease runs out, or the follower wait runs out."""
-    deadline = time.monotonic() + settings.IDEMOPS["FOLLOWER_WAIT_SECONDS"]
-    pause = 0.01
-    while (record.status == RecordStatus.PROCESSING and not lease_expired(record)
-           and time.monotonic() < deadline):
-        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-        pause = min(pause * 2, 0.2)
-        record.refresh_from_db()
+    polling.until(lambda: record.status != RecordStatus.PROCESSING or lease_expired(record),
+                  seconds=settings.IDEMOPS["FOLLOWER_WAIT_SECONDS"], pause=0.01, max_pause=0.2,
+                  refresh=record.refresh_from_db)
     return record
 
 

@@ -1,9 +1,10 @@
 """Every change of an idempotency record: one function each.
 
 Each is a conditional UPDATE guarded by the status (and lease owner) it expects, plus its audit
-event, in one statement (`_transition`); a False or None answer means someone else moved the
-record first and nothing was written. The claim is one INSERT ... ON CONFLICT DO NOTHING against
-the partial unique constraint on (tenant, tool, key): never check-then-insert.
+event, in one statement (`_transition`, a thin wrapper of core.db.transition); a False or None
+answer means someone else moved the record first and nothing was written. The claim is one
+INSERT ... ON CONFLICT DO NOTHING against the partial unique constraint on (tenant, tool, key):
+never check-then-insert.
 
 The executor holds a short lease (EXECUTION_LEASE_SECONDS), renewed by a heartbeat while its
 handler runs (tools_app.core.leases); `expire_lease` is taken by the sweep and by a follower
@@ -21,7 +22,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from tools_app.core import audit, db, leases, redaction
+from tools_app.core import audit, backoff, db, leases, redaction
 from tools_app.core.errors import ToolFailure, UnknownOutcome
 from tools_app.core.keys import canonical_json
 from tools_app.core.models import AuditEvent
@@ -33,17 +34,15 @@ FINISHED = (RecordStatus.SUCCEEDED, RecordStatus.FAILED)
 
 SWEEPER = "system:lease-sweep"
 
-
-def _lease_owner() -> str:
-    return leases.new_owner()
+# A transient failure of a write without a Retry-After of its own (a bug that rolled back, a
+# downstream that could not be reached) may run again after backoff.delay(attempts, ...): the
+# agent is told so as `retry_after`, and a retry before then is answered the same.
+WRITE_RETRY_BASE_SECONDS = 1.0
+WRITE_RETRY_MAX_SECONDS = 60.0
 
 
 def lease_seconds() -> float:
     return float(settings.IDEMOPS["EXECUTION_LEASE_SECONDS"])
-
-
-def _lease_expiry(now: datetime) -> datetime:
-    return now + timedelta(seconds=lease_seconds())
 
 
 def heartbeat_interval() -> float:
@@ -65,7 +64,7 @@ def renew_lease(record: IdempotencyRecord) -> bool:
         cursor.execute(f"SET LOCAL lock_timeout = {max(1, int(heartbeat_interval() * 500))}")
     return bool(IdempotencyRecord.objects.filter(
         pk=record.pk, status=RecordStatus.PROCESSING, lease_owner=record.lease_owner,
-    ).update(lease_expires_at=_lease_expiry(timezone.now())))
+    ).update(lease_expires_at=leases.expiry(lease_seconds())))
 
 
 def heartbeat(record: IdempotencyRecord) -> leases.Heartbeat:
@@ -95,7 +94,8 @@ def new_record(op: Operation) -> IdempotencyRecord:
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
         # What is kept to be read: URLs lose their query (tokens); the fingerprint covers the full arguments.
         field_digests=op.field_digests, arguments=redaction.scrub_urls(json.loads(canonical_json(op.arguments))),
-        status=RecordStatus.PROCESSING, attempts=1, lease_owner=_lease_owner(), lease_expires_at=_lease_expiry(now),
+        status=RecordStatus.PROCESSING, attempts=1, lease_owner=leases.new_owner(),
+        lease_expires_at=leases.expiry(lease_seconds(), now),
         operation_id=operation_id, trace_id=op.trace_id, actor=op.actor,
         downstream_key="" if op.transactional else downstream_key(operation_id),
         created_at=now, updated_at=now, expires_at=now + op.retention,
@@ -156,25 +156,16 @@ def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: di
                 actor: str, reason: str = "", evidence: dict[str, Any] | list[dict[str, Any]] | None = None,
                 trace_id: str = "", before: dict[str, Any] | None = None,
                 after: dict[str, Any] | None = None) -> bool:
-    """The conditional UPDATE every state change goes through, with its audit event, in one statement.
-
-    The event records the status before and after (unless told otherwise);
-    `evidence`, if any, is appended to the record's evidence list.
-    """
+    """core.db.transition for a record: it also stamps `updated_at`, the event records the status
+    before and after (unless told otherwise), and `evidence`, if any, is appended to the record's."""
     changes = {**changes, "updated_at": timezone.now()}
-    event = audit.new_event(
-        action=action, obj=record, actor=actor, reason=reason, trace_id=trace_id or record.trace_id,
+    entries = [evidence] if isinstance(evidence, dict) else list(evidence or [])
+    return db.transition(
+        record, expected, changes, action=action, actor=actor, reason=reason, trace_id=trace_id or record.trace_id,
         before=before or {"status": record.status},
         after=after or {"status": changes.get("status", record.status),
-                        **({"error_class": changes["error_class"]} if changes.get("error_class") else {})})
-    entries = [evidence] if isinstance(evidence, dict) else list(evidence or [])
-    if not db.conditional_update(record, expected, changes, event=event,
-                                 append={"evidence": entries} if entries else None):
-        return False
-    for name, value in changes.items():
-        setattr(record, name, value)
-    record.evidence = [*record.evidence, *entries]
-    return True
+                        **({"error_class": changes["error_class"]} if changes.get("error_class") else {})},
+        append={"evidence": entries} if entries else None)
 
 
 def _finished(record: IdempotencyRecord, now: datetime) -> dict[str, Any]:
@@ -194,15 +185,26 @@ def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: 
 
 
 def mark_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str) -> IdempotencyRecord:
-    """PROCESSING -> FAILED, by the lease holder; a transient failure may be reclaimed later."""
+    """PROCESSING -> FAILED, by the lease holder; a transient failure may be reclaimed later.
+
+    A transient failure without a `retry_after` of its own (a downstream's Retry-After) gets
+    the shared backoff for this attempt, and the agent hears it.
+    """
     now = timezone.now()
-    retry_not_before = now + timedelta(seconds=failure.retry_after or 0) if failure.retryable else None
+    if failure.retryable and failure.retry_after is None:
+        failure.retry_after = write_retry_after(record.attempts)
+    retry_not_before = now + timedelta(seconds=failure.retry_after) if failure.retryable else None
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
         "retry_not_before": retry_not_before, "lease_owner": "", "lease_expires_at": None, **_finished(record, now),
     }, action="record.failed", actor=actor, reason=failure.message, evidence=failure.evidence):
         record.refresh_from_db()
     return record
+
+
+def write_retry_after(attempts: int) -> float:
+    """Seconds before a write whose `attempts`-th run failed transiently may run again."""
+    return backoff.delay(attempts, base=WRITE_RETRY_BASE_SECONDS, ceiling=WRITE_RETRY_MAX_SECONDS)
 
 
 def mark_unknown(record: IdempotencyRecord, unknown: UnknownOutcome, *, actor: str) -> IdempotencyRecord:
@@ -225,8 +227,8 @@ def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | Non
         "status": RecordStatus.FAILED, "error_class": "transient", "fingerprint": op.fingerprint,
         "attempts": record.attempts,
     }, {
-        "status": RecordStatus.PROCESSING, "attempts": record.attempts + 1, "lease_owner": _lease_owner(),
-        "lease_expires_at": _lease_expiry(timezone.now()), "error_class": "", "error_message": "",
+        "status": RecordStatus.PROCESSING, "attempts": record.attempts + 1, "lease_owner": leases.new_owner(),
+        "lease_expires_at": leases.expiry(lease_seconds()), "error_class": "", "error_message": "",
         "retry_not_before": None, "finished_at": None, "trace_id": op.trace_id or record.trace_id,
     }, action="record.reclaimed", actor=op.actor):
         return None
@@ -316,8 +318,8 @@ def start_approved(record: IdempotencyRecord, *, actor: str) -> bool:
     The status guard makes a second approval job, or a redelivered one, a no-op.
     """
     return _transition(record, {"status": RecordStatus.AWAITING_APPROVAL}, {
-        "status": RecordStatus.PROCESSING, "lease_owner": _lease_owner(),
-        "lease_expires_at": _lease_expiry(timezone.now()),
+        "status": RecordStatus.PROCESSING, "lease_owner": leases.new_owner(),
+        "lease_expires_at": leases.expiry(lease_seconds()),
     }, action="record.approved_execution", actor=actor)
 
 

@@ -3,9 +3,10 @@
 `enqueue` runs inside the caller's transaction, so the event exists if and
 only if the change committed. The relay claims a batch with
 `SELECT ... FOR UPDATE SKIP LOCKED` (two relays never take the same event),
-delivers each, and marks it delivered or schedules another attempt with
-exponential backoff and jitter; past OUTBOX_MAX_ATTEMPTS an event is
-dead-lettered and waits for an operator to re-drive it. A webhook URL is
+delivers each, and marks it delivered or schedules another attempt after
+core.backoff's delay; past OUTBOX_MAX_ATTEMPTS an event is dead-lettered and
+waits for an operator to re-drive it. Each of these moves is one guarded
+transition with its audit event (core.db.transition). A webhook URL is
 checked against the allow-list again before each attempt (tools_app.url_allowlist);
 one that fails it is dead-lettered at once, unsent.
 
@@ -17,7 +18,6 @@ the event id (email Message-ID, webhook X-Event-Id), so each effect happens once
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -26,8 +26,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from tools_app.access import tenants
-from tools_app.core import audit, jobs
+from tools_app import access
+from tools_app.core import backoff, db, jobs
 from tools_app.outbox.delivery import DeliveryFailed, deliver
 from tools_app.outbox.models import OutboxEvent, OutboxStatus
 
@@ -82,40 +82,47 @@ def relay_batch(limit: int | None = None) -> RelayReport:
 
 def mark_delivered(event: OutboxEvent) -> bool:
     """pending -> delivered."""
-    return bool(OutboxEvent.objects.filter(pk=event.pk, status=OutboxStatus.PENDING).update(
-        status=OutboxStatus.DELIVERED, delivered_at=timezone.now(), attempts=event.attempts + 1, last_error=""))
+    attempts = event.attempts + 1
+    return db.transition(event, {"status": OutboxStatus.PENDING}, {
+        "status": OutboxStatus.DELIVERED, "delivered_at": timezone.now(), "attempts": attempts, "last_error": "",
+    }, action="outbox.delivered", actor=RELAY_ACTOR, before={"status": OutboxStatus.PENDING},
+        after={"status": OutboxStatus.DELIVERED, "attempts": attempts})
+
+
+# The longest wait between two delivery attempts of an event.
+BACKOFF_MAX_SECONDS = 3600
 
 
 def record_failed_attempt(event: OutboxEvent, error: str, *, final: bool = False) -> bool:
-    """pending -> pending later, or -> dead after the last attempt (or at once if `final`).
-    Returns True if dead-lettered."""
+    """pending -> pending later (core.backoff), or -> dead after the last attempt (or at once if
+    `final`). Returns True if dead-lettered."""
     attempts = event.attempts + 1
     dead = final or attempts >= settings.IDEMOPS["OUTBOX_MAX_ATTEMPTS"]
-    delay = settings.IDEMOPS["OUTBOX_BACKOFF_SECONDS"] * 2 ** (attempts - 1) * random.uniform(0.5, 1.5)
-    changes = {"attempts": attempts, "last_error": error,
-               "next_attempt_at": timezone.now() + timedelta(seconds=min(delay, 3600))}
+    delay = backoff.delay(attempts, base=settings.IDEMOPS["OUTBOX_BACKOFF_SECONDS"], ceiling=BACKOFF_MAX_SECONDS)
+    changes = {"attempts": attempts, "last_error": error, "next_attempt_at": timezone.now() + timedelta(seconds=delay)}
     if dead:
-        changes["status"] = OutboxStatus.DEAD
-    moved = OutboxEvent.objects.filter(pk=event.pk, status=OutboxStatus.PENDING, attempts=event.attempts).update(
-        **changes)
-    if moved and dead:
-        audit.record_event(action="outbox.dead_lettered", obj=event, actor=RELAY_ACTOR, reason=error,
-                           after={"attempts": attempts})
+        db.transition(event, {"status": OutboxStatus.PENDING, "attempts": event.attempts},
+                      {**changes, "status": OutboxStatus.DEAD}, action="outbox.dead_lettered", actor=RELAY_ACTOR,
+                      reason=error, after={"attempts": attempts})
+    else:
+        db.transition(event, {"status": OutboxStatus.PENDING, "attempts": event.attempts}, changes,
+                      action="outbox.retry_scheduled", actor=RELAY_ACTOR, reason=error,
+                      after={"attempts": attempts, "retry_in_seconds": round(delay, 3)})
     return dead
 
 
-REDRIVE = tenants.Permit("tools_app.redrive_outboxevent", "redrive", "re-drive dead-lettered events",
-                         "outbox.redrive_refused")
+REDRIVE = access.Permit("tools_app.redrive_outboxevent", "redrive", "re-drive dead-lettered events",
+                        "outbox.redrive_refused")
 
 
 def redrive(event: OutboxEvent, user, *, reason: str = "") -> bool:
     """dead -> pending, attempts reset: an operator sends it again."""
-    actor = tenants.authorize(user, REDRIVE, event)
+    actor = access.authorize(user, REDRIVE, event)
     with transaction.atomic():
-        if not OutboxEvent.objects.filter(pk=event.pk, status=OutboxStatus.DEAD).update(
-                status=OutboxStatus.PENDING, attempts=0, next_attempt_at=timezone.now()):
+        if not db.transition(event, {"status": OutboxStatus.DEAD}, {
+            "status": OutboxStatus.PENDING, "attempts": 0, "next_attempt_at": timezone.now(),
+        }, action="outbox.redriven", actor=actor, reason=reason, before={"status": OutboxStatus.DEAD},
+                after={"status": OutboxStatus.PENDING}):
             return False
-        audit.record_event(action="outbox.redriven", obj=event, actor=actor, reason=reason,
-                           before={"status": OutboxStatus.DEAD}, after={"status": OutboxStatus.PENDING})
         jobs.enqueue("outbox.relay", task_name="outbox-relay")
     return True

@@ -7,7 +7,7 @@ we sent; its answer moves the record:
 
 - `Found(result)`    → SUCCEEDED, the downstream result stored so a replay returns it;
 - `NotDone(reason)`  → FAILED (transient), so the same key may run again;
-- `StillUnknown`     → stays UNKNOWN, tried again with backoff; after
+- `StillUnknown`     → stays UNKNOWN, tried again after core.backoff's delay; after
   RECONCILE_MAX_ATTEMPTS it is escalated to a person (the admin's UNKNOWN queue).
 
 Operators' decisions (reconcile now, resolve with evidence) are in
@@ -18,14 +18,13 @@ took a dead executor's record reconcile through `reconcile_record`, as the syste
 from __future__ import annotations
 
 import logging
-import random
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.utils import timezone
 
 from tools_app import engine
-from tools_app.core import jobs
+from tools_app.core import backoff, jobs
 from tools_app.core.errors import Transient
 from tools_app.engine import evidence_entry
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
@@ -98,12 +97,16 @@ def _ask(record: IdempotencyRecord) -> Answer:
         return StillUnknown(evidence_entry("reconciler", error=type(exc).__name__))
 
 
+# The longest wait between two reconciliation attempts of a record.
+BACKOFF_MAX_SECONDS = 3600
+
+
 def next_attempt_at(attempt: int) -> datetime | None:
-    """Exponential backoff with jitter; None once the attempts are used up (escalate)."""
+    """When to ask again after the `attempt`-th attempt (core.backoff); None once the attempts
+    are used up (escalate)."""
     if attempt >= settings.IDEMOPS["RECONCILE_MAX_ATTEMPTS"]:
         return None
-    base = settings.IDEMOPS["RECONCILE_BACKOFF_SECONDS"] * 2 ** (attempt - 1)
-    delay = min(base, 3600) * random.uniform(0.8, 1.2)
+    delay = backoff.delay(attempt, base=settings.IDEMOPS["RECONCILE_BACKOFF_SECONDS"], ceiling=BACKOFF_MAX_SECONDS)
     return timezone.now() + timedelta(seconds=delay)
 
 

@@ -41,7 +41,6 @@ from tools_app.tasks.state import (
     retry_later,
     succeed,
     take,
-    worker_identity,
 )
 
 __all__ = [
@@ -49,5 +48,5 @@ __all__ = [
     "call_task_tool", "cancel", "complete_step", "create_task", "describe", "expire_lease", "fail",
     "finish_step_run", "get_for_tenant", "hand_on", "lease_seconds", "next_action", "outcome", "pause",
     "pause_for_input", "renew_lease", "requeue", "resumable", "resume", "retry_later", "run_task", "succeed",
-    "sweep", "take", "unfinished", "wait_for", "worker_identity",
+    "sweep", "take", "unfinished", "wait_for",
 ]

@@ -11,14 +11,13 @@ the same key waits again).
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from pydantic import BaseModel, Field
 
-from tools_app.core import keys, redaction
+from tools_app.core import keys, polling, redaction
 from tools_app.core.errors import AlreadyDone, ErrorClass, InProgress, InvalidInput, NotFound, ToolFailure
 from tools_app.tasks import state
 from tools_app.tasks.models import Task, TaskStatus
@@ -213,21 +212,19 @@ def wait_for(task: Task, seconds: float, report_progress=None) -> Task:
     number of steps; it never goes backwards (a step re-run after a crash
     does not un-report what the caller saw).
     """
-    deadline = time.monotonic() + min(seconds, settings.IDEMOPS["TASK_MAX_WAIT_SECONDS"])
-    pause = 0.05
     reported = -1.0
-    while True:
-        if report_progress is not None:
-            done = overall_progress(task)
-            if done > reported:
-                reported = done
-                report_progress(done, float(task.steps_total), progress_message(task))
-        if task.finished or task.status == TaskStatus.PAUSED or time.monotonic() >= deadline:
-            return task
-        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-        pause = min(pause * 2, 0.5)
-        # What waiting needs, not the arguments (an inline document can be megabytes).
-        task.refresh_from_db(fields=WATCHED_FIELDS)
+
+    def settled() -> bool:
+        nonlocal reported
+        if report_progress is not None and (done := overall_progress(task)) > reported:
+            reported = done
+            report_progress(done, float(task.steps_total), progress_message(task))
+        return task.finished or task.status == TaskStatus.PAUSED
+
+    # What waiting needs, not the arguments (an inline document can be megabytes).
+    polling.until(settled, seconds=min(seconds, settings.IDEMOPS["TASK_MAX_WAIT_SECONDS"]), pause=0.05,
+                  max_pause=0.5, refresh=lambda: task.refresh_from_db(fields=WATCHED_FIELDS))
+    return task
 
 
 WATCHED_FIELDS = ["status", "current_step", "completed_steps", "progress_done", "progress_total",

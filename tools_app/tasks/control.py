@@ -15,7 +15,7 @@ import jsonschema
 from django.db import transaction
 from django.utils import timezone
 
-from tools_app.access.tenants import Permit, authorize
+from tools_app.access import Permit, authorize
 from tools_app.core.errors import AlreadyDone, InProgress, InvalidInput, NotFound, ToolFailure
 from tools_app.tasks.models import Task, TaskStatus
 from tools_app.tasks.state import ACTIVE, RUNNABLE, enqueue_run, expire_lease, resumable, transition

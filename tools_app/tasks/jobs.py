@@ -8,6 +8,7 @@ import time
 
 from django.utils import timezone
 
+from tools_app.core import leases
 from tools_app.tasks import state
 from tools_app.tasks.models import Task, TaskStatus
 from tools_app.tasks.runner import Runner
@@ -33,7 +34,7 @@ def run_task(task_id: str) -> str:
     """django-q2 job: run the task as far as it goes. Returns what happened, for django-q2's log."""
     outcome = "not taken (not runnable, or another worker holds it)"
     while True:
-        owner = state.worker_identity()
+        owner = leases.new_owner()
         task = state.take(task_id, owner)
         if task is None:
             return outcome

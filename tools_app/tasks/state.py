@@ -11,12 +11,12 @@ created|running|paused|retrying ──cancel──▶ cancelled
 ```
 
 Each function is a conditional UPDATE guarded by what it expects (status,
-lease owner, version), plus its audit event, in one transaction; a count of
-0 means someone else changed the task first and nothing was written. The
-lease is the only guard against two workers running one task: django-q2
-delivers jobs at least once (a killed worker's job comes back after `retry`,
-and a job waiting longer than `retry` is delivered twice), so a job that
-cannot take the lease simply ends.
+lease owner, version), plus its audit event, in one statement (`transition`,
+a thin wrapper of core.db.transition); a count of 0 means someone else
+changed the task first and nothing was written. The lease is the only guard
+against two workers running one task: django-q2 delivers jobs at least once
+(a killed worker's job comes back after `retry`, and a job waiting longer than
+`retry` is delivered twice), so a job that cannot take the lease simply ends.
 
 Workers hold the lease while the task is `running` (a check constraint
 keeps the two together) and renew it while a step runs (`renew_lease`).
@@ -47,33 +47,19 @@ ACTIVE = (TaskStatus.CREATED, TaskStatus.RUNNING, TaskStatus.PAUSED, TaskStatus.
 RUNNABLE = (TaskStatus.CREATED, TaskStatus.RETRYING)
 
 
-def worker_identity() -> str:
-    return leases.new_owner()
-
-
 def lease_seconds() -> float:
     return float(settings.IDEMOPS["TASK_LEASE_SECONDS"])
 
 
-def _lease_expiry(now: datetime) -> datetime:
-    return now + timedelta(seconds=lease_seconds())
-
-
 def transition(task: Task, expected: dict[str, Any], changes: dict[str, Any], *, action: str, actor: str,
-                reason: str = "", **after: Any) -> bool:
-    """The conditional UPDATE every state change goes through, with its audit event, in one statement.
-
-    Guarded by the version read (and `expected`); bumps it. `after` adds to the event's after-state.
-    """
-    changes = {**changes, "version": task.version + 1, "updated_at": timezone.now()}
-    event = audit.new_event(action=action, obj=task, actor=actor, trace_id=task.trace_id, reason=reason,
-                            before={"status": task.status},
-                            after={"status": changes.get("status", task.status), **after})
-    if not db.conditional_update(task, {"version": task.version, **expected}, changes, event=event):
-        return False
-    for name, value in changes.items():
-        setattr(task, name, value)
-    return True
+               reason: str = "", **after: Any) -> bool:
+    """core.db.transition for a task: also guarded by the version read (and `expected`), which it
+    bumps; the event records the status before and after, and `after` adds to the after-state."""
+    return db.transition(
+        task, {"version": task.version, **expected},
+        {**changes, "version": task.version + 1, "updated_at": timezone.now()},
+        action=action, actor=actor, reason=reason, before={"status": task.status},
+        after={"status": changes.get("status", task.status), **after})
 
 
 def enqueue_run(task: Task) -> None:
@@ -117,7 +103,7 @@ def take(task_id: str, owner: str) -> Task | None:
     if task is None or task.status not in RUNNABLE or (task.next_retry_at and task.next_retry_at > now):
         return None
     if not transition(task, {"status__in": RUNNABLE}, {
-        "status": TaskStatus.RUNNING, "lease_owner": owner, "lease_expires_at": _lease_expiry(now),
+        "status": TaskStatus.RUNNING, "lease_owner": owner, "lease_expires_at": leases.expiry(lease_seconds(), now),
         "next_retry_at": None,
     }, action="task.taken", actor=owner, attempt=task.attempts):
         return None  # another worker took it (or it was cancelled) since we read it
@@ -139,7 +125,7 @@ def begin_step(task: Task, owner: str, step: Step, sequence: int, completed: lis
 
 
 def _step_changes(step: Step) -> dict[str, Any]:
-    return {"current_step": step.name, "lease_expires_at": _lease_expiry(timezone.now()),
+    return {"current_step": step.name, "lease_expires_at": leases.expiry(lease_seconds()),
             "progress_done": None, "progress_total": None, "progress_message": ""}
 
 
@@ -153,7 +139,7 @@ def renew_lease(task_id, owner: str, progress: tuple[float | None, float | None,
 
     Liveness, not a state change: no version bump and no audit event.
     """
-    changes: dict[str, Any] = {"lease_expires_at": _lease_expiry(timezone.now())}
+    changes: dict[str, Any] = {"lease_expires_at": leases.expiry(lease_seconds())}
     if progress is not None:
         done, total, message = progress
         changes.update(progress_done=done, progress_total=total, progress_message=(message or "")[:300])
@@ -170,7 +156,7 @@ def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: S
     step's StepRun (or True when no step follows), False when the lease is gone.
     """
     completed = [name for name in task.completed_steps if name != prepared.step.name] + [prepared.step.name]
-    changes = {"completed_steps": completed, "lease_expires_at": _lease_expiry(timezone.now())}
+    changes = {"completed_steps": completed, "lease_expires_at": leases.expiry(lease_seconds())}
     if then is not None:
         changes.update(_step_changes(then[0]))
     if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, changes,

@@ -1,7 +1,8 @@
 """Calling a downstream system over HTTP, with every failure classified where it happens.
 
-- the request never left (connection refused, pool timeout) → `Transient`;
-- 429 and 503 → `Transient` with the server's Retry-After;
+- the request never left (connection refused, pool timeout) → `Transient`, whose
+  `retry_after` the engine sets from the attempt count (core.backoff);
+- 429 and 503 → `Transient` with the server's Retry-After (without one: as above);
 - other 4xx → deterministic (`InvalidInput`, `DownstreamConflict` for 409,
   `PermissionDenied` for 401/403): replayed, never retried;
 - it may have arrived (timeout after sending, broken connection, other 5xx)
@@ -27,8 +28,6 @@ from tools_app.core.errors import (
 )
 from tools_app.engine import evidence_entry, note_evidence
 
-DEFAULT_RETRY_AFTER = 1.0
-
 
 def request(method: str, url: str, *, timeout: float, json: Any = None, headers: dict[str, str] | None = None,
             asked: dict[str, Any] | None = None) -> httpx2.Response:
@@ -41,7 +40,6 @@ def request(method: str, url: str, *, timeout: float, json: Any = None, headers:
         response = httpx2.request(method, url, json=json, headers=headers, timeout=timeout)
     except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as exc:
         raise Transient(f"the downstream system is unreachable ({type(exc).__name__}); retry with the same key",
-                        retry_after=DEFAULT_RETRY_AFTER,
                         evidence=evidence_entry("executor", asked=asked, error=type(exc).__name__)) from exc
     except httpx2.TransportError as exc:
         raise UnknownOutcome(
@@ -63,8 +61,9 @@ def classify(response: httpx2.Response, asked: dict[str, Any]):
     evidence = evidence_entry("executor", asked=asked, answer=answer)
     if status in (429, 503):
         retry_after = _retry_after(response)
+        after = "retry_after seconds" if retry_after is None else f"{retry_after:g}s"
         return Transient(f"the downstream system asked us to slow down ({status}); retry with the same key after "
-                         f"{retry_after:g}s", retry_after=retry_after, evidence=evidence)
+                         f"{after}", retry_after=retry_after, evidence=evidence)
     if status == 409:
         return DownstreamConflict(
             f"the downstream system already holds this operation's key for a different request "
@@ -80,11 +79,13 @@ def classify(response: httpx2.Response, asked: dict[str, Any]):
                           f"being reconciled: {UNKNOWN_OUTCOME_ADVICE}", evidence=evidence)
 
 
-def _retry_after(response: httpx2.Response) -> float:
+def _retry_after(response: httpx2.Response) -> float | None:
+    """The server's Retry-After in seconds; None without one we can read (an HTTP date, say): then the
+    engine's backoff decides."""
     try:
-        return max(0.0, float(response.headers.get("retry-after", DEFAULT_RETRY_AFTER)))
-    except ValueError:
-        return DEFAULT_RETRY_AFTER
+        return max(0.0, float(response.headers["retry-after"]))
+    except (KeyError, ValueError):
+        return None
 
 
 def _message(response: httpx2.Response) -> str:

@@ -9,7 +9,7 @@ The pipeline also says what to do when a step raises:
 - a ToolFailure carries its own class: `transient` is retried, any other class
   is final (the task fails, and resume_task refuses with the reason);
 - exceptions listed in `transient` (network, database) are retried with
-  exponential backoff and jitter, up to `max_attempts` runs of the task;
+  exponential backoff and equal jitter (core.backoff), up to `max_attempts` runs of the task;
 - exceptions listed in `final` fail the task as `invalid_input`;
 - anything else is a bug or an unforeseen condition: retried like a
   transient error (steps are idempotent, so a retry is safe) and logged.
@@ -32,7 +32,8 @@ from django.conf import settings
 from django.db import DatabaseError, DataError
 from pydantic import BaseModel
 
-from tools_app.core.errors import InvalidInput, ToolFailure, invalid_data
+from tools_app.core import backoff
+from tools_app.core.errors import InvalidInput, ToolFailure, Transient, invalid_data
 from tools_app.toolkit.registry import ToolContext, ToolSpec, WriteInput, register
 
 
@@ -84,7 +85,7 @@ class Step:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter; None means the IDEMOPS setting."""
+    """How often a task runs and how long it waits between runs (core.backoff); None means the IDEMOPS setting."""
 
     max_attempts: int | None = None
     base_seconds: float | None = None
@@ -94,13 +95,10 @@ class RetryPolicy:
         return self.max_attempts or settings.IDEMOPS["TASK_MAX_ATTEMPTS"]
 
     def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
-        """Seconds to wait after the `attempt`-th run failed: uniform in [cap/2, cap]."""
+        """Seconds to wait after the `attempt`-th run failed: core.backoff.delay, uniform in [cap/2, cap]."""
         base = self.base_seconds if self.base_seconds is not None else settings.IDEMOPS["TASK_BACKOFF_BASE_SECONDS"]
         ceiling = self.max_seconds if self.max_seconds is not None else settings.IDEMOPS["TASK_BACKOFF_MAX_SECONDS"]
-        cap = min(ceiling, base * 2 ** (attempt - 1))
-        # Half fixed, half random: retries of many tasks failing together spread
-        # out, yet every retry still waits at least half the nominal backoff.
-        return cap / 2 + (rng or random).uniform(0, cap / 2)
+        return backoff.delay(attempt, base=base, ceiling=ceiling, rng=rng)
 
 
 @dataclass(frozen=True)
@@ -129,8 +127,6 @@ class Pipeline:
             return invalid_data(exc)
         if isinstance(exc, self.final):
             return InvalidInput(str(exc) or type(exc).__name__)
-        from tools_app.core.errors import Transient
-
         return Transient(f"{type(exc).__name__}: {exc}"[:500])
 
 

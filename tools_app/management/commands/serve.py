@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand
 from psycopg.conninfo import make_conninfo
 
 from idemops import embedded_pg
+from tools_app.core import polling
 from tools_app.management.demo import ensure_demo
 
 STOP_GRACE_SECONDS = 5
@@ -83,17 +84,17 @@ class Command(BaseCommand):
         return name, subprocess.Popen(argv, start_new_session=True, env=os.environ.copy())
 
     def wait_until_healthy(self, url, processes, timeout=30):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def healthy():
             if any(p.poll() is not None for _, p in processes):
                 raise SystemExit("a process exited during start-up; see its output above")
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return
+                    return response.status == 200
             except OSError:
-                time.sleep(0.3)
-        raise SystemExit(f"{url} did not become healthy within {timeout}s")
+                return False
+
+        if not polling.until(healthy, seconds=timeout, pause=0.3):
+            raise SystemExit(f"{url} did not become healthy within {timeout}s")
 
     def stop(self, processes):
         for _, process in processes:
