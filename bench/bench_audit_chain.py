@@ -31,7 +31,7 @@ ROUNDS = 2
 def run() -> str:
     from django.db import connection, connections
 
-    from tools_app.access import tenants
+    from tools_app import access
     from tools_app.core import audit
     from tools_app.models import AuditEvent
 
@@ -41,7 +41,7 @@ def run() -> str:
         raise SystemExit("refusing to empty the audit log outside the benchmarks' own database")
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE tools_app_auditevent, tools_app_auditseal")
-    tenant = tenants.create_tenant("bench-audit")
+    tenant = access.create_tenant("bench-audit")
     audit.seal()  # start from a sealed chain
 
     def sealer_write(i: int) -> None:

@@ -36,12 +36,11 @@ def run() -> str:
     import psycopg
     from django.db import connection
 
-    from tools_app import engine
-    from tools_app.access import tenants
+    from tools_app import access, engine
     from tools_app.core import db
     from tools_app.models import IdempotencyRecord
 
-    tenant = tenants.create_tenant("bench")
+    tenant = access.create_tenant("bench")
     s = connection.settings_dict
     raw = psycopg.connect(dbname=s["NAME"], host=s["HOST"], user=s["USER"], autocommit=True)
     raw.execute("CREATE TABLE IF NOT EXISTS bench_raw_claims (id bigserial PRIMARY KEY, tenant_id bigint, "

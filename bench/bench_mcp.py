@@ -72,10 +72,10 @@ def start_server() -> tuple[subprocess.Popen, str]:
 
 
 def run() -> str:
-    from tools_app.access import tenants
+    from tools_app import access
 
-    tenant = tenants.create_tenant("bench-mcp")
-    _, token = tenants.issue_token(tenant, f"bench-{uuid.uuid4().hex[:6]}")
+    tenant = access.create_tenant("bench-mcp")
+    _, token = access.issue_token(tenant, f"bench-{uuid.uuid4().hex[:6]}")
     server, url = start_server()
     try:
         results: dict[tuple[int, str], tuple[list[float], float]] = {}

@@ -27,8 +27,7 @@ from pydantic import BaseModel
 
 from bench.common import ROOT
 from tests.documents_fixtures import long_text, pdf_of_text
-from tools_app import tasks
-from tools_app.access import tenants
+from tools_app import access, tasks
 from tools_app.models import StepRun, Task, TaskStatus
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import Caller, call_tool
@@ -209,7 +208,7 @@ def recover_once(caller: Caller, path: Path, env: dict[str, str], n: int) -> str
     drain(lambda: (current().progress_done or 0) > 0, timeout=120)
     progressed = time.time()
     expired = tasks_lease_expired_at(task)
-    tasks.cancel(current(), tenants.Agent(current().tenant_id, "bench"))
+    tasks.cancel(current(), access.Agent(current().tenant_id, "bench"))
     standby.stop(grace=3)
     first.stop(grace=0)
     return (f"| {n + 1} | {lease_left:.2f} | {expired - killed_at:.2f} | {resumed - killed_at:.2f} | "
@@ -227,7 +226,7 @@ def tasks_lease_expired_at(task: Task) -> float:
 
 
 def run() -> str:
-    tenant = tenants.create_tenant("bench-tasks")
+    tenant = access.create_tenant("bench-tasks")
     caller = Caller(tenant_id=tenant.pk, actor="agent:bench-tasks/bench")
     doc_dir = ROOT / "var" / "bench-docs"
     doc_dir.mkdir(parents=True, exist_ok=True)

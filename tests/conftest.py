@@ -2,19 +2,19 @@ import pytest
 
 from tests.operators import make_operator
 from tests.task_stack import doc_dir, doc_server, settle_tasks, task_web, task_workers  # noqa: F401  (long tasks)
-from tools_app.access import tenants
+from tools_app import access
 from tools_app.access.roles import APPROVER
 from tools_app.toolkit.calls import Caller
 
 
 @pytest.fixture
 def tenant(db):
-    return tenants.create_tenant("acme", "ACME")
+    return access.create_tenant("acme", "ACME")
 
 
 @pytest.fixture
 def other_tenant(db):
-    return tenants.create_tenant("globex", "Globex")
+    return access.create_tenant("globex", "Globex")
 
 
 @pytest.fixture
@@ -85,15 +85,15 @@ def web_server(django_db_setup, django_db_blocker, _gateway, _sink):
 @pytest.fixture
 def token(transactional_db):
     """A committed tenant `acme` and its raw API token (for the live server)."""
-    tenant = tenants.create_tenant("acme", "ACME")
-    _, raw = tenants.issue_token(tenant, "agent")
+    tenant = access.create_tenant("acme", "ACME")
+    _, raw = access.issue_token(tenant, "agent")
     return raw
 
 
 @pytest.fixture
 def other_token(transactional_db):
-    tenant = tenants.create_tenant("globex", "Globex")
-    _, raw = tenants.issue_token(tenant, "agent")
+    tenant = access.create_tenant("globex", "Globex")
+    _, raw = access.issue_token(tenant, "agent")
     return raw
 
 

@@ -135,7 +135,7 @@ def settle_tasks(transactional_db):
     from django_q.models import OrmQ
 
     from tools_app import tasks
-    from tools_app.access.tenants import Agent
+    from tools_app.access import Agent
     from tools_app.core.errors import AlreadyDone
     from tools_app.models import StepRun, Task
 

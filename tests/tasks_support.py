@@ -2,7 +2,7 @@
 
 from django_q.models import OrmQ
 
-from tools_app.access.tenants import Agent
+from tools_app.access import Agent
 from tools_app.models import Task
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.registry import get_tool

@@ -5,7 +5,8 @@ from django.contrib.auth.models import Group, User
 from rest_framework.test import APIClient
 
 from tests.api_support import ENDPOINTS, key_client, make_row
-from tools_app.access import auditors, tenants
+from tools_app import access
+from tools_app.access import auditors, secrets
 from tools_app.models import AuditEvent, AuditorKey
 
 pytestmark = pytest.mark.django_db
@@ -28,7 +29,7 @@ def test_it_answers_401_to_an_unknown_key(tenant):
 
 
 def test_it_answers_401_to_an_agents_mcp_token(tenant):
-    _, raw_token = tenants.issue_token(tenant, "bot")
+    _, raw_token = access.issue_token(tenant, "bot")
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_token}")
 
@@ -61,7 +62,7 @@ def test_only_a_digest_of_the_key_is_stored(tenant):
 
     key.refresh_from_db()
     assert raw.startswith("ida_") and len(raw) > 40
-    assert raw not in {key.digest, key.prefix} and key.digest == auditors.key_digest(raw)
+    assert raw not in {key.digest, key.prefix} and key.digest == secrets.digest(raw)
     assert raw[:12] == key.prefix
     assert raw not in str(AuditEvent.objects.get(action="auditor_key.issued").after)
 

@@ -8,7 +8,7 @@ import httpx2
 import pytest
 
 from tests.api_support import at, csv_lines, csv_rows, key_client, make_event, make_record
-from tools_app.access import tenants
+from tools_app import access
 from tools_app.api.idempotency_records import IdempotencyRecordSerializer
 from tools_app.core import keys
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
@@ -131,8 +131,8 @@ def test_neither_json_nor_csv_carries_the_key_the_arguments_or_the_result(tenant
 @pytest.mark.live
 def test_the_live_server_streams_a_large_export_in_chunks(web_server, transactional_db):
     # given 6000 records (about 2 MB of CSV, many 64 KiB chunks) of one tenant, and 10 of another
-    acme = tenants.create_tenant("acme", "ACME")
-    globex = tenants.create_tenant("globex", "Globex")
+    acme = access.create_tenant("acme", "ACME")
+    globex = access.create_tenant("globex", "Globex")
     IdempotencyRecord.objects.bulk_create([_record(acme, i) for i in range(6000)] +
                                           [_record(globex, 10_000 + i) for i in range(10)])
     from tools_app.access import auditors

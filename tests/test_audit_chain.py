@@ -7,13 +7,13 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, connections, transaction
 
-from tools_app.access import tenants
+from tools_app import access
 from tools_app.core import audit
 from tools_app.models import AuditEvent, AuditSeal
 
 
 def some_events(n):
-    tenant = tenants.create_tenant("acme")
+    tenant = access.create_tenant("acme")
     for i in range(n - 1):
         audit.record_event(action="test.event", obj=tenant, actor="system:test", after={"i": i, "x": 1.5})
 
@@ -85,7 +85,7 @@ def test_unsealed_events_are_reported_not_failed(db):
 @pytest.mark.django_db(transaction=True)
 def test_an_event_committed_after_a_later_one_is_sealed_in_the_next_seal():
     # given: a transaction holds an event with a lower id, uncommitted
-    tenant = tenants.create_tenant("acme")
+    tenant = access.create_tenant("acme")
     inserted, release = threading.Event(), threading.Event()
 
     def slow_writer():

@@ -7,7 +7,7 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from tools_app.access import auditors
+from tools_app.access import auditors, secrets
 from tools_app.models import AuditEvent, AuditorKey
 
 pytestmark = pytest.mark.django_db
@@ -27,7 +27,7 @@ def test_the_command_prints_a_working_key_once_and_stores_its_digest(tenant, oth
 
     raw = out.getvalue().strip()
     key = AuditorKey.objects.get(name="firm")
-    assert raw.startswith("ida_") and key.digest == auditors.key_digest(raw)
+    assert raw.startswith("ida_") and key.digest == secrets.digest(raw)
     assert sorted(key.tenants.values_list("slug", flat=True)) == ["acme", "globex"]
     assert api_status(raw) == 200
     event = AuditEvent.objects.get(action="auditor_key.issued")
@@ -66,7 +66,7 @@ def test_the_admin_shows_a_new_key_once_and_never_again(admin_client_, tenant):
     assert response.status_code == 200
     raw = response.content.decode().split('<code id="auditor-key">')[1].split("</code>")[0]
     key = AuditorKey.objects.get(name="firm")
-    assert key.digest == auditors.key_digest(raw) and list(key.tenants.all()) == [tenant]
+    assert key.digest == secrets.digest(raw) and list(key.tenants.all()) == [tenant]
     assert api_status(raw) == 200
     change_page = admin_client_.get(f"/admin/tools_app/auditorkey/{key.pk}/change/").content.decode()
     assert raw not in change_page and key.prefix in change_page

@@ -5,7 +5,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 
-from tools_app.access import tenants
+from tools_app import access
 from tools_app.management.demo import ensure_demo
 from tools_app.models import ApiToken, AuditEvent, Tenant
 
@@ -21,7 +21,7 @@ def test_create_tenant_prints_a_token_once_and_stores_only_its_digest():
     assert raw.startswith("idm_") and token.name == "billing-bot"
     assert token.digest == hashlib.sha256(raw.encode()).hexdigest()
     assert raw not in str(list(ApiToken.objects.values()))
-    assert tenants.authenticate_token(raw) == token
+    assert access.authenticate_token(raw) == token
     assert AuditEvent.objects.filter(action="token.issued", object_id=str(token.pk)).exists()
 
 
@@ -42,15 +42,15 @@ def test_the_demo_is_created_once_and_its_token_works(settings, tmp_path):
     assert first == second
     assert Tenant.objects.filter(slug="demo").count() == 1
     assert User.objects.filter(username="admin", is_superuser=True).count() == 1
-    assert tenants.authenticate_token(second["token"]).tenant.slug == "demo"
+    assert access.authenticate_token(second["token"]).tenant.slug == "demo"
     assert (tmp_path / "demo-credentials.json").stat().st_mode & 0o077 == 0
 
 
 @pytest.mark.django_db
 def test_a_revoked_token_no_longer_authenticates():
-    tenant = tenants.create_tenant("acme")
-    token, raw = tenants.issue_token(tenant, "bot")
+    tenant = access.create_tenant("acme")
+    token, raw = access.issue_token(tenant, "bot")
 
-    assert tenants.revoke_token(token, actor="user:ops", reason="leaked")
-    assert tenants.authenticate_token(raw) is None
-    assert not tenants.revoke_token(token, actor="user:ops")  # already revoked: nothing happens twice
+    assert access.revoke_token(token, actor="user:ops", reason="leaked")
+    assert access.authenticate_token(raw) is None
+    assert not access.revoke_token(token, actor="user:ops")  # already revoked: nothing happens twice

@@ -121,11 +121,11 @@ def test_without_a_valid_token_mcp_answers_401(web_server, transactional_db, tok
 
 
 def test_a_revoked_token_is_refused(web_server, token):
-    from tools_app.access import tenants
+    from tools_app import access
     from tools_app.models import ApiToken
 
     assert call_sync(web_server.mcp_url, token, "get_order", {"order_id": 1}).structured_content is not None
-    tenants.revoke_token(ApiToken.objects.get(), actor="user:test")
+    access.revoke_token(ApiToken.objects.get(), actor="user:test")
 
     response = httpx2.post(web_server.mcp_url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
                            headers={"Authorization": f"Bearer {token}",

@@ -28,9 +28,9 @@ def notify(tenant, key, channel="email", recipient="ops@example.com", subject="D
 
 @pytest.fixture
 def tenant(transactional_db):
-    from tools_app.access import tenants
+    from tools_app import access
 
-    return tenants.create_tenant("acme")
+    return access.create_tenant("acme")
 
 
 def test_a_notification_is_queued_in_the_call_and_delivered_once(tenant, downstreams, sink):

@@ -3,6 +3,7 @@
 import time
 
 import pytest
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from tests.mcp_client import call_sync, error_of
@@ -199,15 +200,14 @@ def test_the_periodic_jobs_are_scheduled_after_migrate():
 def test_a_payment_above_the_threshold_waits_for_a_person_then_pays_once(downstreams, gateway):
     from tests.jobs import run_queued_jobs
     from tests.operators import make_operator
-    from tools_app import approvals
-    from tools_app.access import tenants
+    from tools_app import access, approvals
     from tools_app.access.roles import APPROVER
     from tools_app.models import ApprovalRequest, ApprovalSettings
     from tools_app.toolkit.calls import Caller, call_tool
     from tools_app.toolkit.registry import get_tool
 
     # given: payments above 100 EUR need one approval
-    tenant = tenants.create_tenant("acme")
+    tenant = access.create_tenant("acme")
     ApprovalSettings.objects.create(tenant=tenant, payment_threshold=100)
     caller = Caller(tenant.pk, "agent:acme/bot")
     big, small = {**PAYMENT, "amount": "250.00"}, {**PAYMENT, "amount": "20.00"}
@@ -249,5 +249,5 @@ def test_a_retry_the_gateway_recognises_counts_as_a_downstream_duplicate(web_ser
     assert not retry.is_error and len(gateway.payments()) == 1
     record.refresh_from_db()
     assert record.evidence[-1]["answer"] == {"status": 200, "deduplicated": True}
-    stats = {s.tool: s for s in dashboard.snapshot(None).tools}
+    stats = {s.tool: s for s in dashboard.snapshot(User.objects.create_superuser("root")).tools}
     assert stats["request_payment"].downstream_duplicates == 1

@@ -15,7 +15,7 @@ from django.core.management import call_command
 from tests.documents_fixtures import long_text, pdf_of_text
 from tests.processes import Worker
 from tests.task_stack import wait_until
-from tools_app.access import tenants
+from tools_app import access
 from tools_app.models import AuditEvent, Checkpoint, Document, StepRun, Task, TaskStatus
 from tools_app.toolkit.calls import Caller, call_tool
 from tools_app.toolkit.registry import get_tool
@@ -68,7 +68,7 @@ def test_a_worker_killed_inside_a_step_resumes_on_another_worker_from_its_checkp
         transactional_db, settings, doc_dir, workers):
     # given a long PDF being ingested by worker A, which is inside step k (extract_text)
     settings.IDEMOPS = {**settings.IDEMOPS, "DOCUMENT_ALLOWED_DIRS": [str(doc_dir)]}
-    tenant = tenants.create_tenant("acme", "ACME")
+    tenant = access.create_tenant("acme", "ACME")
     caller = Caller(tenant_id=tenant.pk, actor="agent:acme/test")
     path = doc_dir / "crash.pdf"
     path.write_bytes(pdf_of_text(long_text(2_000_000), title="Crash"))

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from tests.api_support import make_record
 from tests.operators import make_operator
-from tools_app.access import tenants
+from tools_app import access
 from tools_app.access.roles import OPERATOR
 from tools_app.models import Task, TaskStatus
 
@@ -53,7 +53,7 @@ def test_the_queue_lists_failed_paused_retrying_and_dead_workers_tasks_only(clie
 
 
 def test_an_operator_of_another_tenant_sees_none_of_them(client, tasks_of_every_kind):
-    client.force_login(make_operator("bob", OPERATOR, tenants.create_tenant("globex")))
+    client.force_login(make_operator("bob", OPERATOR, access.create_tenant("globex")))
 
     assert listed(client) == set()
 

@@ -5,8 +5,7 @@ from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 from tests.operators import make_operator
-from tools_app import reconciliation
-from tools_app.access import tenants
+from tools_app import access, reconciliation
 from tools_app.access.roles import OPERATOR
 from tools_app.core.errors import PermissionDenied
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus, Tenant, TenantAccess
@@ -20,7 +19,7 @@ QUEUE = reverse("admin:tools_app_unknownoutcome_changelist")
 @pytest.fixture
 def unknown_payment(db, downstreams, gateway):
     """A payment the gateway made but whose answer never arrived."""
-    tenant = tenants.create_tenant("acme")
+    tenant = access.create_tenant("acme")
     gateway.set_fault("*", "succeed-then-hang", times=1)
     result = call_tool(get_tool("request_payment"), Caller(tenant.pk, "agent:acme/bot"), {
         "amount": "99.00", "currency": "EUR", "payee": "Bob", "idempotency_key": "pay-unknown"})

@@ -16,8 +16,7 @@ from django.utils import timezone
 
 from tests.mcp_client import raw_call, raw_error_of
 from tests.processes import free_port, manage
-from tools_app import documents, outbox
-from tools_app.access import tenants
+from tools_app import access, documents, outbox
 from tools_app.core import url_allowlist
 from tools_app.core.errors import InvalidInput, Transient
 from tools_app.models import IdempotencyRecord, OutboxEvent, OutboxStatus
@@ -184,7 +183,7 @@ def stored_webhook(tenant, recipient):
 
 @pytest.fixture
 def acme(transactional_db):
-    return tenants.create_tenant("acme")
+    return access.create_tenant("acme")
 
 
 @pytest.mark.live

@@ -2,7 +2,8 @@
 
 Two kinds of auditor reach the REST API (tools_app/api/):
 - an **auditor key** (`AuditorKey`): a random bearer key granted to a set of
-  tenants, shown once at issue and stored only as a SHA-256 digest;
+  tenants, shown once at issue and stored only as a SHA-256 digest (secrets.py,
+  like agents' API tokens);
 - a **Django user** logged in with a session, holding the
   `tools_app.use_auditor_api` permission (the `auditor` group has it) and
   scoped by `TenantAccess` like every other non-superuser.
@@ -12,23 +13,18 @@ Issuing, granting and revoking are audited in the same transaction.
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
-from tools_app.access import tenants
+from tools_app.access import secrets
 from tools_app.access.models import AuditorKey, Tenant
 from tools_app.core import audit
 
 KEY_PREFIX = "ida_"
 PERMISSION = "tools_app.use_auditor_api"
 GROUP_NAME = "auditor"
-# Hashed and refreshed like API tokens (tools_app.tenants).
-key_digest = tenants.token_digest
-LAST_USED_RESOLUTION = tenants.LAST_USED_RESOLUTION
 
 
 # --- keys: one function per state change --------------------------------------
@@ -37,12 +33,12 @@ LAST_USED_RESOLUTION = tenants.LAST_USED_RESOLUTION
 @transaction.atomic
 def issue_key(name: str, tenant_list: list[Tenant], *, actor: str) -> tuple[AuditorKey, str]:
     """Create a key granted to `tenant_list`; the raw value is returned here and never again."""
-    raw = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = AuditorKey.objects.create(name=name, digest=key_digest(raw), prefix=raw[:12], created_by=actor)
+    issued = secrets.new(KEY_PREFIX)
+    key = AuditorKey.objects.create(name=name, digest=issued.digest, prefix=issued.prefix, created_by=actor)
     key.tenants.set(tenant_list)
     audit.record_event(action="auditor_key.issued", obj=key, actor=actor,
                        after={"name": name, "prefix": key.prefix, "tenants": sorted(t.slug for t in tenant_list)})
-    return key, raw
+    return key, issued.raw
 
 
 @transaction.atomic
@@ -60,13 +56,9 @@ def set_tenants(key: AuditorKey, tenant_list: list[Tenant], *, actor: str) -> bo
     return True
 
 
-@transaction.atomic
 def revoke_key(key: AuditorKey, *, actor: str, reason: str = "") -> bool:
     """Revoke a live key; a revoked key stays revoked."""
-    revoked = AuditorKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
-    if revoked:
-        audit.record_event(action="auditor_key.revoked", obj=key, actor=actor, reason=reason)
-    return bool(revoked)
+    return secrets.revoke(key, action="auditor_key.revoked", actor=actor, reason=reason)
 
 
 # --- who is asking --------------------------------------------------------------
@@ -95,14 +87,9 @@ class KeyAuditor:
 
 def authenticate_key(raw_key: str) -> KeyAuditor | None:
     """The auditor for a raw key, or None for an unknown or revoked key."""
-    if not raw_key.startswith(KEY_PREFIX):
-        return None
-    key = AuditorKey.objects.filter(digest=key_digest(raw_key), revoked_at__isnull=True).first()
+    key = secrets.find(AuditorKey.objects.all(), raw_key, KEY_PREFIX)
     if key is None:
         return None
-    now = timezone.now()
-    if key.last_used_at is None or key.last_used_at < now - LAST_USED_RESOLUTION:
-        AuditorKey.objects.filter(pk=key.pk).update(last_used_at=now)
     return KeyAuditor(key=key, tenant_ids=frozenset(key.tenants.values_list("id", flat=True)))
 
 
@@ -110,13 +97,6 @@ def may_use_api(user: Any) -> bool:
     if isinstance(user, KeyAuditor):
         return True
     return bool(user and user.is_authenticated and user.is_active and user.has_perm(PERMISSION))
-
-
-def visible_tenant_ids(user: Any) -> set[int] | None:
-    """The tenants an auditor may read: None means all (superusers only)."""
-    if isinstance(user, KeyAuditor):
-        return set(user.tenant_ids)
-    return tenants.visible_tenant_ids(user)
 
 
 def identity(user: Any) -> str:
@@ -131,6 +111,3 @@ def record_export(user: Any, resource: str, filters: dict[str, str]) -> None:
     obj = user.key if isinstance(user, KeyAuditor) else user
     audit.record_event(action="api.exported", obj=obj, actor=identity(user), tenant_id=None,
                        after={"resource": resource, "filters": filters})
-
-
-# --- the auditor group ------------------------------------------------------------

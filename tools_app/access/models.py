@@ -18,7 +18,7 @@ class Tenant(models.Model):
 class ApiToken(models.Model):
     """A tenant's bearer token for /mcp. Only a SHA-256 digest is stored.
 
-    The raw token is shown once, when it is issued (tools_app.tenants.issue_token).
+    The raw token is shown once, when it is issued (tools_app.access.tokens.issue_token).
     Tokens are 256-bit random strings, so an unsalted digest is safe to index.
     """
 
@@ -46,7 +46,7 @@ class TenantAccess(models.Model):
     """Grants a Django user (operator, approver or auditor) one tenant.
 
     Superusers see every tenant; any other user sees only the tenants granted
-    here (see tools_app.tenants.visible_tenant_ids).
+    here (see tools_app.access.scope).
     """
 
     user = models.ForeignKey("auth.User", on_delete=models.CASCADE, related_name="tenant_access")

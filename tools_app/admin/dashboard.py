@@ -12,7 +12,6 @@ from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.urls import path
 
-from tools_app.access import tenants
 from tools_app.admin.operator_actions import age
 from tools_app.admin.scoping import ReadOnlyAdmin
 from tools_app.metrics import dashboard
@@ -79,7 +78,7 @@ class DashboardAdmin(ReadOnlyAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         window = request.GET.get("window", "hour")
-        snap = dashboard.snapshot(tenants.visible_tenant_ids(request.user), window)
+        snap = dashboard.snapshot(request.user, window)
         rects, peak = timeline_rects(snap)
         context = {
             **self.admin_site.each_context(request),

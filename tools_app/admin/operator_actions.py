@@ -42,7 +42,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from tools_app.access import tenants
+from tools_app import access
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.core import errors
 from tools_app.core.models import AuditEvent
@@ -54,7 +54,7 @@ REASON_REQUIRED, REASON_OPTIONAL = "required", "optional"
 class OperatorAction:
     name: str  # URL segment and admin action name, e.g. "approve"
     label: str  # button text, e.g. "Approve"
-    permit: tenants.Permit  # who may: the Permit the concept function checks, e.g. idempotency.FORCE_EXPIRE
+    permit: access.Permit  # who may: the Permit the concept function checks, e.g. idempotency.FORCE_EXPIRE
     perform: Callable[..., str]  # (request, obj, reason, **extra_fields): does it; returns the message to show
     refused: tuple[type[Exception], ...] = ()  # exceptions that mean "not done, and why"
     reason: str = REASON_OPTIONAL
@@ -119,7 +119,7 @@ class OperatorActionsAdmin(admin.ModelAdmin):
         refusals = []
         for obj in objects:
             try:
-                tenants.authorize(request.user, action.permit, obj)
+                access.authorize(request.user, action.permit, obj)
             except errors.PermissionDenied as refused:
                 refusals.append(f"{self._label(obj)}: {refused.message}")
         if refusals or not self._allowed(request, action):

@@ -4,7 +4,7 @@ tools_app.roles, which audit them: tokens are issued by `manage.py create_tenant
 
 from django.contrib import admin
 
-from tools_app.access import tenants
+from tools_app import access
 from tools_app.access.models import ApiToken, Tenant, TenantAccess
 from tools_app.admin.scoping import ReadOnlyAdmin
 from tools_app.core import audit
@@ -19,7 +19,7 @@ class TenantAdmin(admin.ModelAdmin):
         if change:
             super().save_model(request, obj, form, change)
             return
-        created = tenants.create_tenant(obj.slug, obj.name, actor=audit.user_actor(request.user))
+        created = access.create_tenant(obj.slug, obj.name, actor=audit.user_actor(request.user))
         obj.pk, obj._state.adding = created.pk, False
 
 
@@ -33,7 +33,7 @@ class ApiTokenAdmin(ReadOnlyAdmin):
     @admin.action(description="Revoke the selected tokens", permissions=["revoke"])
     def revoke(self, request, queryset):
         actor = audit.user_actor(request.user)
-        revoked = sum(tenants.revoke_token(token, actor=actor, reason="revoked in the admin") for token in queryset)
+        revoked = sum(access.revoke_token(token, actor=actor, reason="revoked in the admin") for token in queryset)
         self.message_user(request, f"{revoked} token(s) revoked")
 
     def has_revoke_permission(self, request):

@@ -12,7 +12,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from tools_app.access import auditors
+from tools_app import access
 from tools_app.api.auth import IsAuditor
 from tools_app.api.endpoints import ERROR_RESPONSES, FILTER_ERROR_RESPONSE, AuditorSchema, AuditorViewSet
 from tools_app.core import audit
@@ -64,5 +64,4 @@ class AuditChainVerifyView(APIView):
 
 
 def _visible(user, event_id: int) -> bool:
-    tenant_ids = auditors.visible_tenant_ids(user)
-    return tenant_ids is None or AuditEvent.objects.filter(pk=event_id, tenant_id__in=tenant_ids).exists()
+    return access.scope(AuditEvent.objects.filter(pk=event_id), user).exists()

@@ -35,6 +35,7 @@ from rest_framework.filters import OrderingFilter
 from rest_framework.pagination import CursorPagination
 from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
 
+from tools_app import access
 from tools_app.access import auditors
 from tools_app.api import csv_export
 from tools_app.api.auth import AuditorKeyAuthentication, IsAuditor
@@ -231,13 +232,9 @@ class AuditorViewSet(viewsets.ReadOnlyModelViewSet):
     schema = AuditorSchema()
 
     def get_queryset(self) -> QuerySet:
-        queryset = super().get_queryset()
-        tenant_ids = auditors.visible_tenant_ids(self.request.user)
-        if tenant_ids is None:
-            return queryset
         # Scoping is part of the queryset itself, so a detail view of another
         # tenant's row is a 404 and no filter or export can reach past it.
-        return queryset.filter(**{f"{self.tenant_field}__in": tenant_ids})
+        return access.scope(super().get_queryset(), self.request.user, self.tenant_field)
 
     def get_csv_fields(self) -> list[str]:
         return self.csv_fields or list(self.get_serializer().fields)

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from tools_app.access import tenants
+from tools_app import access
 from tools_app.access.models import ApiToken, Tenant
 from tools_app.approvals.models import ApprovalSettings
 
@@ -33,13 +33,13 @@ def ensure_demo() -> dict[str, str]:
     saved = json.loads(path.read_text()) if path.exists() else {}
     tenant = Tenant.objects.filter(slug=DEMO_TENANT).first()
     if tenant is None:
-        tenant = tenants.create_tenant(DEMO_TENANT, "Demo tenant", actor="system:demo")
+        tenant = access.create_tenant(DEMO_TENANT, "Demo tenant", actor="system:demo")
         # So the demo shows approvals: payments above 1,000 EUR wait for a person, above 10,000 for two.
         ApprovalSettings.objects.create(tenant=tenant, payment_threshold=1000, payment_second_threshold=10000)
-    if not saved.get("token") or tenants.authenticate_token(saved["token"]) is None:
+    if not saved.get("token") or access.authenticate_token(saved["token"]) is None:
         # First run, or the saved token was revoked or belongs to another database.
         name = f"demo-agent-{ApiToken.objects.filter(tenant=tenant).count() + 1}"
-        _, saved["token"] = tenants.issue_token(tenant, name, actor="system:demo")
+        _, saved["token"] = access.issue_token(tenant, name, actor="system:demo")
     User = get_user_model()
     if not User.objects.filter(username=DEMO_ADMIN).exists():
         saved["admin_password"] = secrets.token_urlsafe(12)

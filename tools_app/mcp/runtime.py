@@ -22,8 +22,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
-from tools_app import metrics
-from tools_app.access import tenants
+from tools_app import access, metrics
 from tools_app.core import outage
 from tools_app.toolkit.calls import Caller, CallResult
 
@@ -74,7 +73,7 @@ class TenantTokenVerifier:
     """Maps `Authorization: Bearer <token>` to the tenant and agent identity."""
 
     async def verify_token(self, token: str) -> AccessToken | None:
-        api_token = await in_db_thread(tenants.authenticate_token, token)
+        api_token = await in_db_thread(access.authenticate_token, token)
         if api_token is None:
             return None
         return AccessToken(
@@ -85,10 +84,10 @@ class TenantTokenVerifier:
 
 def authenticated_caller() -> Caller:
     """The tenant and agent of the verified bearer token (the SDK's middleware ran first)."""
-    access = get_access_token()
-    if access is None or not access.claims:  # a guard: /mcp never runs a tool unauthenticated
+    verified = get_access_token()
+    if verified is None or not verified.claims:  # a guard: /mcp never runs a tool unauthenticated
         raise PermissionError("no authenticated tenant")
-    return Caller(tenant_id=access.claims["tenant_id"], actor=access.client_id)
+    return Caller(tenant_id=verified.claims["tenant_id"], actor=verified.client_id)
 
 
 def current_caller(ctx: Context) -> Caller:

@@ -31,7 +31,7 @@ from mcp_types import INVALID_PARAMS, CallToolRequestParams, RequestParams
 from pydantic import Field
 
 from tools_app import tasks
-from tools_app.access.tenants import Agent
+from tools_app.access import Agent
 from tools_app.core import keys
 from tools_app.core.errors import NotFound, ToolFailure
 from tools_app.mcp.runtime import authenticated_caller, count_call, in_db_thread, render

@@ -15,6 +15,7 @@ from django.db.models import Aggregate, Count, FloatField, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
+from tools_app import access
 from tools_app.approvals.models import ApprovalRequest, ApprovalStatus
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.metrics.models import CallEvent
@@ -99,15 +100,12 @@ class Snapshot:
     oldest_pending_age: timedelta | None
 
 
-def _scoped(queryset: QuerySet, tenant_ids: set[int] | None, field_name: str = "tenant_id") -> QuerySet:
-    return queryset if tenant_ids is None else queryset.filter(**{f"{field_name}__in": tenant_ids})
-
-
-def snapshot(tenant_ids: set[int] | None, window: str = "hour", now: datetime | None = None) -> Snapshot:
+def snapshot(viewer, window: str = "hour", now: datetime | None = None) -> Snapshot:
+    """The figures of the tenants `viewer` may see (access.scope)."""
     now = now or timezone.now()
     win = WINDOWS.get(window, WINDOWS["hour"])
     since = now - win.length
-    calls = _scoped(CallEvent.objects.filter(created_at__gt=since, created_at__lte=now), tenant_ids)
+    calls = access.scope(CallEvent.objects.filter(created_at__gt=since, created_at__lte=now), viewer)
     stats: dict[str, ToolStats] = defaultdict(lambda: ToolStats(tool=""))
 
     def tool(name: str) -> ToolStats:
@@ -120,7 +118,7 @@ def snapshot(tenant_ids: set[int] | None, window: str = "hour", now: datetime | 
         p50=PercentileCont("latency_ms", 0.5), p95=PercentileCont("latency_ms", 0.95))
     for row in replays:
         tool(row["tool"]).replay_p50_ms, tool(row["tool"]).replay_p95_ms = row["p50"], row["p95"]
-    records = _scoped(IdempotencyRecord.objects.all(), tenant_ids)
+    records = access.scope(IdempotencyRecord.objects.all(), viewer)
     for row in records.filter(status=RecordStatus.PROCESSING, lease_expires_at__lt=now).values("tool").annotate(
             n=Count("id")):
         tool(row["tool"]).overrun_leases = row["n"]
@@ -131,7 +129,7 @@ def snapshot(tenant_ids: set[int] | None, window: str = "hour", now: datetime | 
                                   evidence__contains=[{"answer": {"deduplicated": True}}])
     for row in deduplicated.values("tool").annotate(n=Count("id")):
         tool(row["tool"]).downstream_duplicates = row["n"]
-    requests = _scoped(ApprovalRequest.objects.all(), tenant_ids)
+    requests = access.scope(ApprovalRequest.objects.all(), viewer)
     pending = requests.filter(status=ApprovalStatus.PENDING)
     for row in pending.values("tool").annotate(n=Count("id"), oldest=Min("created_at")):
         tool(row["tool"]).approvals_waiting, tool(row["tool"]).oldest_waiting = row["n"], row["oldest"]

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from tools_app import engine
-from tools_app.access import tenants
+from tools_app import access, engine
 from tools_app.core.errors import InvalidInput, Transient
 from tools_app.engine import evidence_entry
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
@@ -12,17 +11,17 @@ from tools_app.reconciliation.reconcile import reconcile_record
 from tools_app.toolkit.registry import get_tool
 
 RESOLVE_PERMISSION = "tools_app.resolve_unknown"
-RECONCILE = tenants.Permit(RESOLVE_PERMISSION, "reconcile", "reconcile UNKNOWN outcomes", "record.reconcile_refused")
-RESOLVE = tenants.Permit(RESOLVE_PERMISSION, "resolve", "resolve UNKNOWN outcomes", "record.resolve_refused")
-FORCE_EXPIRE = tenants.Permit("tools_app.force_expire_idempotencyrecord", "force_expire",
+RECONCILE = access.Permit(RESOLVE_PERMISSION, "reconcile", "reconcile UNKNOWN outcomes", "record.reconcile_refused")
+RESOLVE = access.Permit(RESOLVE_PERMISSION, "resolve", "resolve UNKNOWN outcomes", "record.resolve_refused")
+FORCE_EXPIRE = access.Permit("tools_app.force_expire_idempotencyrecord", "force_expire",
                               "force-expire idempotency keys", "record.force_expire_refused")
-RELEASE_HELD_KEY = tenants.Permit("tools_app.release_held_key", "release_held_key",
+RELEASE_HELD_KEY = access.Permit("tools_app.release_held_key", "release_held_key",
                                   "release held idempotency keys", "record.release_refused")
 
 
 def force_expire(record: IdempotencyRecord, user, *, reason: str) -> bool:
     """An operator ends a finished record's retention now: the key's expiry policy applies from the next call."""
-    actor = tenants.authorize(user, FORCE_EXPIRE, record)
+    actor = access.authorize(user, FORCE_EXPIRE, record)
     if not reason.strip():
         raise InvalidInput("force-expiring a key needs a reason")
     return engine.end_retention(record, actor=actor, reason=reason)
@@ -38,7 +37,7 @@ def release_held_key(record: IdempotencyRecord, user, *, reason: str, checked: s
     effect). What the operator checked is kept as evidence on the record and
     in the audit event.
     """
-    actor = tenants.authorize(user, RELEASE_HELD_KEY, record)
+    actor = access.authorize(user, RELEASE_HELD_KEY, record)
     if not reason.strip() or not checked.strip():
         raise InvalidInput("releasing a held key needs a reason and what you checked downstream "
                            "(e.g. the payment id found, or 'no payment at the gateway for this key')")
@@ -48,7 +47,7 @@ def release_held_key(record: IdempotencyRecord, user, *, reason: str, checked: s
 
 def reconcile(record: IdempotencyRecord, user) -> str:
     """An operator's "reconcile now": ask the downstream system at once, due or not."""
-    actor = tenants.authorize(user, RECONCILE, record)
+    actor = access.authorize(user, RECONCILE, record)
     if record.status != RecordStatus.UNKNOWN:
         raise InvalidInput("this record is no longer UNKNOWN; reload it")
     return reconcile_record(record, actor=actor)
@@ -57,7 +56,7 @@ def reconcile(record: IdempotencyRecord, user) -> str:
 def resolve_by_operator(record: IdempotencyRecord, user, *, succeeded: bool, reason: str,
                         downstream_reference: str = "") -> None:
     """An operator's decision on an UNKNOWN record, with evidence. Refusals are audited too."""
-    actor = tenants.authorize(user, RESOLVE, record)
+    actor = access.authorize(user, RESOLVE, record)
     if not reason.strip():
         raise InvalidInput("a resolution needs a reason")
     evidence = evidence_entry("operator", actor=actor, reason=reason, downstream_reference=downstream_reference)

@@ -13,7 +13,7 @@ from django.conf import settings
 from pydantic import BaseModel, Field
 
 from tools_app import tasks
-from tools_app.access.tenants import Agent
+from tools_app.access import Agent
 from tools_app.tasks import calls as task_calls
 from tools_app.tasks.calls import TaskHandle, TaskStatusView
 from tools_app.tasks.models import TaskStatus

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from tools_app.access import tenants
+from tools_app import access
 from tools_app.access.models import Tenant
 
 
@@ -15,7 +15,7 @@ class Command(BaseCommand):
     def handle(self, slug, name, token_name, **options):
         if Tenant.objects.filter(slug=slug).exists():
             raise CommandError(f"tenant {slug!r} exists; issue_token gives it another token")
-        tenant = tenants.create_tenant(slug, name, actor="system:create_tenant")
-        _, raw = tenants.issue_token(tenant, token_name, actor="system:create_tenant")
+        tenant = access.create_tenant(slug, name, actor="system:create_tenant")
+        _, raw = access.issue_token(tenant, token_name, actor="system:create_tenant")
         self.stdout.write(f"Tenant {tenant.slug} created. API token for {token_name!r} (shown once):")
         self.stdout.write(raw)

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from tools_app.access import tenants
+from tools_app import access
 from tools_app.access.models import Tenant
 
 
@@ -16,5 +16,5 @@ class Command(BaseCommand):
             tenant_obj = Tenant.objects.get(slug=tenant)
         except Tenant.DoesNotExist:
             raise CommandError(f"no tenant {tenant!r}") from None
-        _, raw = tenants.issue_token(tenant_obj, name, actor="system:issue_token")
+        _, raw = access.issue_token(tenant_obj, name, actor="system:issue_token")
         self.stdout.write(raw)

@@ -1,0 +1,108 @@
+"""Who may act on a tenant's objects, and which tenants' rows anyone may see.
+
+`authorize` is the one check of every operation an operator (or an agent)
+can reach: each concept function calls it with its `Permit` before it
+changes anything, so no entry point (admin, command, API, MCP) can skip it.
+Periodic jobs call the concepts' internal functions instead: they act for
+the system, not for a person.
+
+`scope` is the one tenant filter of every list shown to a person or an
+auditor (admin pages, the auditors' API, the dashboard): a superuser sees
+every tenant, anyone else only those granted to them (TenantAccess), an
+auditor key only those granted to the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.db.models import QuerySet
+
+from tools_app.access.auditors import KeyAuditor
+from tools_app.access.models import TenantAccess
+from tools_app.core import audit
+from tools_app.core.errors import PermissionDenied
+
+
+@dataclass(frozen=True)
+class Permit:
+    """What one operator operation needs: a permission, on the object's tenant.
+
+    Declared once, next to the operation in its concept module. The operation
+    calls `authorize` with it first thing, whoever called it; the admin asks
+    the same Permit before it shows a button or a confirmation form.
+    """
+
+    permission: str  # e.g. "tools_app.force_expire_idempotencyrecord"
+    attempted: str  # the operation's name in refusal events, e.g. "force_expire"
+    what: str  # completes "you do not have the permission to ...", e.g. "force-expire idempotency keys"
+    refused_event: str  # the audit action of a refusal, e.g. "record.force_expire_refused"
+    agents: bool = False  # whether the tenant's agent (its API token) may do it on the tenant's objects
+
+
+@dataclass(frozen=True)
+class Agent:
+    """An MCP caller, authenticated by its tenant's API token: it acts on that tenant's objects only."""
+
+    tenant_id: int
+    actor: str
+
+
+def authorize(who, permit: Permit, obj) -> str:
+    """The actor name of `who` (an operator's user, or an Agent) if it may do `permit`'s operation on `obj`.
+
+    A person needs the permission and `obj`'s tenant among those they may
+    see; an agent needs an operation open to agents, on its own tenant.
+    Anything else is refused: the refusal is audited, then PermissionDenied
+    is raised. Call it before opening the operation's transaction, so the
+    refusal's event commits although the operation does not happen.
+    """
+    if isinstance(who, Agent):
+        actor = who.actor
+        if not permit.agents:
+            refusal = f"agents may not {permit.what}"
+        elif obj.tenant_id != who.tenant_id:
+            refusal = f"this {obj._meta.verbose_name} belongs to another tenant"
+        else:
+            return actor
+    else:
+        actor = audit.user_actor(who)
+        if not who.has_perm(permit.permission):
+            refusal = f"missing permission: you do not have the permission to {permit.what}"
+        elif (visible := visible_tenant_ids(who)) is not None and obj.tenant_id not in visible:
+            refusal = f"this {obj._meta.verbose_name} belongs to a tenant you may not see"
+        else:
+            return actor
+    audit_refusal(permit, obj, actor, refusal)
+    raise PermissionDenied(refusal)
+
+
+def audit_refusal(permit: Permit, obj, actor: str, refusal: str) -> None:
+    """The audit event of a refused attempt (also for a concept's own rules, e.g. no self-approval)."""
+    with transaction.atomic():
+        audit.record_event(action=permit.refused_event, obj=obj, actor=actor, reason=refusal,
+                           trace_id=getattr(obj, "trace_id", ""), after={"attempted": permit.attempted})
+
+
+def visible_tenant_ids(who: Any) -> set[int] | None:
+    """The tenants a user or an auditor key may see: None means all (superusers only)."""
+    if isinstance(who, KeyAuditor):
+        return set(who.tenant_ids)
+    if who.is_superuser:
+        return None
+    return set(TenantAccess.objects.filter(user=who).values_list("tenant_id", flat=True))
+
+
+def scope(queryset: QuerySet, who: Any, field: str = "tenant_id") -> QuerySet:
+    """`queryset` narrowed to the tenants `who` (a user or an auditor key) may see.
+
+    `field` is the lookup path to the tenant id, e.g. "task__tenant_id" for a
+    row whose tenant is its task's. Applied to the queryset itself, so a
+    detail page, an action, a filter or an export built on it cannot reach past it.
+    """
+    visible = visible_tenant_ids(who)
+    if visible is None:
+        return queryset
+    return queryset.filter(**{f"{field}__in": visible})
