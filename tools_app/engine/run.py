@@ -18,10 +18,10 @@ import logging
 import time
 from contextlib import nullcontext
 
-from django.conf import settings
 from django.db import DataError, transaction
 from django.utils import timezone
 
+from idemops.conf import conf
 from tools_app.core.crashpoints import crash_point
 from tools_app.core.errors import (
     UNKNOWN_OUTCOME_ADVICE,
@@ -202,7 +202,7 @@ def execute_approved(record: IdempotencyRecord, op: Operation, execute: Executor
 
 def wait_for_outcome(record: IdempotencyRecord) -> IdempotencyRecord:
     """Poll a PROCESSING record until it finishes, its lease runs out, or the follower wait runs out."""
-    deadline = time.monotonic() + settings.IDEMOPS["FOLLOWER_WAIT_SECONDS"]
+    deadline = time.monotonic() + conf().follower_wait_seconds
     pause = 0.01
     while (record.status == RecordStatus.PROCESSING and not lease_expired(record)
            and time.monotonic() < deadline):
@@ -213,4 +213,4 @@ def wait_for_outcome(record: IdempotencyRecord) -> IdempotencyRecord:
 
 
 def _in_progress_retry_after() -> float:
-    return float(settings.IDEMOPS["IN_PROGRESS_RETRY_AFTER_SECONDS"])
+    return conf().in_progress_retry_after_seconds

@@ -17,10 +17,10 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from idemops.conf import conf
 from tools_app.core import audit, db, leases, redaction
 from tools_app.core.errors import ToolFailure, UnknownOutcome
 from tools_app.core.keys import canonical_json
@@ -39,7 +39,7 @@ def _lease_owner() -> str:
 
 
 def lease_seconds() -> float:
-    return float(settings.IDEMOPS["EXECUTION_LEASE_SECONDS"])
+    return conf().execution_lease_seconds
 
 
 def _lease_expiry(now: datetime) -> datetime:
@@ -47,7 +47,7 @@ def _lease_expiry(now: datetime) -> datetime:
 
 
 def heartbeat_interval() -> float:
-    return leases.heartbeat_interval(settings.IDEMOPS["EXECUTION_HEARTBEAT_SECONDS"], lease_seconds())
+    return leases.heartbeat_interval(conf().execution_heartbeat_seconds, lease_seconds())
 
 
 @transaction.atomic

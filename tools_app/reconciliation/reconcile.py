@@ -21,9 +21,9 @@ import logging
 import random
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.utils import timezone
 
+from idemops.conf import conf
 from tools_app import engine
 from tools_app.core import jobs
 from tools_app.core.errors import Transient
@@ -43,7 +43,7 @@ def reconciler_for(spec: ToolSpec):
 def take_turn(record: IdempotencyRecord) -> bool:
     """Push the record's next attempt forward; only the process whose UPDATE
     matched reconciles it now (two schedulers never ask downstream twice)."""
-    claimed_until = timezone.now() + timedelta(seconds=settings.IDEMOPS["RECONCILE_TURN_SECONDS"])
+    claimed_until = timezone.now() + timedelta(seconds=conf().reconcile_turn_seconds)
     return bool(IdempotencyRecord.objects.filter(
         pk=record.pk, status=RecordStatus.UNKNOWN, next_reconcile_at=record.next_reconcile_at,
     ).update(next_reconcile_at=claimed_until))
@@ -100,9 +100,9 @@ def _ask(record: IdempotencyRecord) -> Answer:
 
 def next_attempt_at(attempt: int) -> datetime | None:
     """Exponential backoff with jitter; None once the attempts are used up (escalate)."""
-    if attempt >= settings.IDEMOPS["RECONCILE_MAX_ATTEMPTS"]:
+    if attempt >= conf().reconcile_max_attempts:
         return None
-    base = settings.IDEMOPS["RECONCILE_BACKOFF_SECONDS"] * 2 ** (attempt - 1)
+    base = conf().reconcile_backoff_seconds * 2 ** (attempt - 1)
     delay = min(base, 3600) * random.uniform(0.8, 1.2)
     return timezone.now() + timedelta(seconds=delay)
 
