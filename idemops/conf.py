@@ -7,8 +7,8 @@ start-up and builds Django's settings from the result; a bad value, an old varia
 naming the variable and what it expects. The code reads `conf().<field>`; tests replace
 the object through Django's `settings` fixture with `override_conf(settings, ...)`.
 
-docs/settings.md is generated from this class: `python -m idemops.conf > docs/settings.md`
-(a test checks it is up to date).
+docs/settings.md is generated from this class: `make settings-doc` (a test checks it is up to
+date).
 """
 
 from __future__ import annotations
@@ -497,8 +497,8 @@ def markdown() -> str:
     lines = [
         "# Settings",
         "",
-        "<!-- Generated from idemops/conf.py by `python -m idemops.conf > docs/settings.md`; "
-        "tests/test_settings.py fails when it is out of date. -->",
+        "<!-- Generated from idemops/conf.py by `make settings-doc`; tests/test_settings.py fails when it "
+        "is out of date. -->",
         "",
         "Every setting is an environment variable, read once at start-up into one typed, frozen object",
         "(`idemops/conf.py`); the code reads `conf().<name>`. Every idemops variable starts with",

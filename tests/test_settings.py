@@ -196,7 +196,7 @@ def test_every_setting_is_prefixed_but_the_database_url():
 
 
 def test_the_settings_reference_is_generated_from_the_object_and_up_to_date():
-    """docs/settings.md: regenerate with `python -m idemops.conf > docs/settings.md`."""
+    """docs/settings.md: regenerate with `make settings-doc`."""
     doc = (ROOT / "docs" / "settings.md").read_text()
 
     assert doc == conf_module.markdown()
