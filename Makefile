@@ -38,7 +38,7 @@ lint: $(DEV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-# docs/settings.md is generated from idemops/conf.py (tests/test_settings.py fails when it is stale).
+# docs/settings.md is generated from idemops/conf/fields.py (tests/test_settings.py fails when it is stale).
 settings-doc: $(RUNTIME)
 	$(PY) -m idemops.conf > docs/settings.md
 

@@ -1,4 +1,4 @@
-"""Django settings for idemops, built from its one settings object (idemops/conf.py).
+"""Django settings for idemops, built from its one settings object (idemops/conf/).
 
 Every setting that differs between a laptop and production is an environment variable,
 read once here through `conf.load()` (docs/settings.md lists them); the defaults are for

@@ -175,7 +175,7 @@ def test_every_error_class_a_doc_names_exists(doc):
 def settings_read() -> dict[str, object]:
     """Every environment variable the code reads, with its default where it is a constant.
 
-    idemops's settings are the fields of idemops/conf.py; the only other variables are the test
+    idemops's settings are the fields of idemops/conf/fields.py; the only other variables are the test
     suite's and the benchmarks' own (read with os.environ)."""
     from idemops.conf import IdemopsSettings, env_name
 

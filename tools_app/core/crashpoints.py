@@ -16,7 +16,7 @@ from idemops.conf import CrashPoint, conf
 # after_claim: the record is PROCESSING, nothing was sent downstream.
 # after_downstream: the handler returned (a downstream call answered), nothing recorded yet.
 # after_commit: the record is SUCCEEDED, the caller has no answer yet.
-# (An unknown name in IDEMOPS_CRASH_POINTS stops start-up: idemops/conf.py.)
+# (An unknown name in IDEMOPS_CRASH_POINTS stops start-up: idemops/conf/fields.py.)
 POINTS = frozenset(typing.get_args(CrashPoint))
 
 

@@ -1,31 +1,20 @@
-"""idemops's settings: one typed, validated, frozen object, read from the environment once.
+"""The settings' fields: each IDEMOPS_<NAME> variable with its type, unit, default, bounds and
+one-line description, the checks across fields, and the table of renamed variables.
 
-Every setting is an environment variable `IDEMOPS_<NAME>`; the only unprefixed one is
-DATABASE_URL (the universal convention). `idemops/settings.py` calls `load()` once at
-start-up and builds Django's settings from the result; a bad value, an old variable name
-(RENAMED) or an unknown IDEMOPS_ variable stops start-up with one line per problem,
-naming the variable and what it expects. The code reads `conf().<field>`; tests replace
-the object through Django's `settings` fixture with `override_conf(settings, ...)`.
-
-docs/settings.md is generated from this class: `make settings-doc` (a test checks it is up to
-date).
+May import: pydantic, pydantic-settings and dj_database_url only (Django's settings are built
+from this, so it cannot use them).
 """
 
 from __future__ import annotations
 
-import difflib
-import os
-import sys
 import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import annotated_types
 import dj_database_url
-from django.conf import settings as django_settings
-from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError, PydanticUndefined
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -69,14 +58,14 @@ RENAMED = {
 CrashPoint = Literal["after_claim", "after_downstream", "after_commit"]
 
 
-def _http_url(value: str) -> str:
+def check_http_url(value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise PydanticCustomError("http_url", "not an http:// or https:// URL with a host")
     return value
 
 
-def _postgres_url(value: str) -> str:
+def check_postgres_url(value: str) -> str:
     try:
         engine = dj_database_url.parse(value)["ENGINE"]
     except Exception:  # dj_database_url raises several kinds for a URL it cannot read
@@ -86,7 +75,7 @@ def _postgres_url(value: str) -> str:
     return value
 
 
-HttpUrl = Annotated[str, AfterValidator(_http_url)]
+HttpUrl = Annotated[str, AfterValidator(check_http_url)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Seconds = Annotated[float, Field(gt=0)]
 TextList = Annotated[list[str], NoDecode]
@@ -146,7 +135,7 @@ class IdemopsSettings(BaseSettings):
         shown="derived from the secret key", section=SECRETS)
 
     # --- database ---
-    database_url: Annotated[str, AfterValidator(_postgres_url)] | None = setting(
+    database_url: Annotated[str, AfterValidator(check_postgres_url)] | None = setting(
         None, "The PostgreSQL server (`postgres://…`); unset, idemops starts an embedded one. Unprefixed: "
         "the universal convention.", validation_alias="DATABASE_URL", section=DATABASE)
     pgdata: Path = setting(
@@ -358,191 +347,3 @@ def env_name(field_name: str) -> str:
 def environment_names() -> dict[str, str]:
     """Environment variable -> field name, for every setting."""
     return {env_name(name): name for name in IdemopsSettings.model_fields}
-
-
-# --- start-up -------------------------------------------------------------------------------------
-
-
-class SettingsError(Exception):
-    """Settings idemops cannot start with; one line per problem."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join([
-            f"idemops cannot start: {len(problems)} problem{'s' if len(problems) > 1 else ''} with its settings "
-            "(every setting is described in docs/settings.md)",
-            *(f"  - {problem}" for problem in problems)]))
-
-
-def load() -> IdemopsSettings:
-    """The settings from the environment, or SettingsError listing every problem found."""
-    problems = _old_names(os.environ) + _unknown_names(os.environ)
-    try:
-        loaded = IdemopsSettings()
-    except ValidationError as error:
-        problems += [line for detail in error.errors(include_url=False) for line in _describe(detail)]
-        loaded = None
-    if problems:
-        raise SettingsError(problems)
-    return loaded
-
-
-def _old_names(environ: typing.Mapping[str, str]) -> list[str]:
-    return [f"{old} is no longer read: set {new} instead"
-            for old, new in RENAMED.items() if old in environ]
-
-
-def _unknown_names(environ: typing.Mapping[str, str]) -> list[str]:
-    known = environment_names()
-    problems = []
-    for name in sorted(environ):
-        if name.upper().startswith(PREFIX) and name.upper() not in known:
-            close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.8)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            problems.append(f"{name} is not an idemops setting{hint}")
-    return problems
-
-
-def _describe(detail: dict) -> list[str]:
-    if detail["type"] == "default_factory_not_called":
-        return []  # a consequence of another field's error, reported on its own line
-    if not detail["loc"]:
-        return detail["msg"].split("\n")
-    name = environment_names().get(detail["loc"][0], detail["loc"][0])  # an alias (DATABASE_URL) or a name
-    field = IdemopsSettings.model_fields.get(name)
-    if field is None:
-        return [f"{name}: {detail['msg']}"]
-    # Secrets and the database URL (its password) are not echoed.
-    secret = "SecretStr" in repr(field.annotation) or name == "database_url"
-    value = "<hidden>" if secret else repr(detail.get("input"))
-    item = f" (item {detail['loc'][1] + 1})" if len(detail["loc"]) > 1 and isinstance(detail["loc"][1], int) else ""
-    message = detail["msg"][0].lower() + detail["msg"][1:]
-    return [f"{env_name(name)}={value}{item}: {message}; expected {expected(name)}"]
-
-
-# --- descriptions of types (error messages and docs/settings.md) ----------------------------------
-
-UNITS = {"_seconds": "seconds", "_minutes": "minutes", "_bytes": "bytes", "_ms": "milliseconds",
-         "_chars": "characters"}
-
-
-def _unit(name: str) -> str:
-    return next((unit for suffix, unit in UNITS.items() if name.endswith(suffix)), "")
-
-
-def _bounds(metadata: list) -> str:
-    words = []
-    for item in metadata:
-        for kind, symbol in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
-            if isinstance(item, getattr(annotated_types, kind.capitalize())):
-                words.append(f"{symbol} {getattr(item, kind):g}")
-    return " and ".join(words)
-
-
-def _is_url(metadata: list) -> bool:
-    return any(isinstance(item, AfterValidator) and item.func is _http_url for item in metadata)
-
-
-def _kind(annotation: Any, metadata: list = ()) -> str:
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if _is_url(metadata):
-        return "an http(s) URL"
-    if any(isinstance(item, AfterValidator) and item.func is _postgres_url for item in metadata):
-        return "a PostgreSQL URL"
-    if origin is Annotated:
-        return _kind(args[0], list(args[1:]))
-    if origin in (typing.Union, types.UnionType):
-        return _kind(next(arg for arg in args if arg is not types.NoneType), metadata)
-    if origin is Literal:
-        return "one of " + ", ".join(args)
-    if origin is list:
-        inner = _kind(args[0])
-        plural = {"text": "", "text (secret)": " of secrets", "an http(s) URL": " of http(s) URLs"}
-        return "a comma-separated list" + plural.get(inner, f" (each {inner})")
-    return {bool: "true or false", int: "an integer", float: "a number", Path: "a path",
-            SecretStr: "text (secret)"}.get(annotation, "text")
-
-
-def expected(name: str) -> str:
-    """What a field accepts, in words: `a number of seconds > 0`."""
-    field = IdemopsSettings.model_fields[name]
-    if name in ("port", "email_port"):
-        return "a port number, 1 to 65535"
-    kind, unit, bounds = _kind(field.annotation, field.metadata), _unit(name), _bounds(field.metadata)
-    if unit:
-        kind = f"{'a whole number' if kind == 'an integer' else kind} of {unit}"
-    return f"{kind} {bounds}".strip()
-
-
-def _shown_default(name: str) -> str:
-    field = IdemopsSettings.model_fields[name]
-    if shown := (field.json_schema_extra or {}).get("shown"):
-        return shown
-    default = field.default
-    if default is None:
-        return "unset"
-    if isinstance(default, bool):
-        return "true" if default else "false"
-    if isinstance(default, list):
-        return "`" + ",".join(default) + "`" if default else "empty"
-    if isinstance(default, int) and default >= 1024 * 1024 and default % (1024 * 1024) == 0:
-        return f"{default // (1024 * 1024)} MiB"
-    if isinstance(default, int | float):
-        return f"{default:g}"
-    return f"`{default}`"
-
-
-def markdown() -> str:
-    """docs/settings.md."""
-    lines = [
-        "# Settings",
-        "",
-        "<!-- Generated from idemops/conf.py by `make settings-doc`; tests/test_settings.py fails when it "
-        "is out of date. -->",
-        "",
-        "Every setting is an environment variable, read once at start-up into one typed, frozen object",
-        "(`idemops/conf.py`); the code reads `conf().<name>`. Every idemops variable starts with",
-        f"`{PREFIX}`; the one exception is `DATABASE_URL`, the universal convention (the standard",
-        "`OTEL_*` variables of OpenTelemetry would be the other, unprefixed too; idemops reads none yet).",
-        "",
-        "A bad value stops `manage.py`, uvicorn and the job cluster at start-up with one line per",
-        "problem, naming the variable, what is wrong and what it expects. So does an unknown",
-        f"`{PREFIX}` variable (a typo) and a variable of the old names below: a renamed setting",
-        "silently ignored would run production on a default.",
-        "",
-        "Lists are comma-separated. Booleans are `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`).",
-    ]
-    sections: dict[str, list[str]] = {}
-    for name, field in IdemopsSettings.model_fields.items():
-        sections.setdefault(field.json_schema_extra["section"], []).append(name)
-    for section, names in sections.items():
-        lines += ["", f"## {section}", "", "| Variable | Default | Type | What it does |", "| --- | --- | --- | --- |"]
-        for name in names:
-            field = IdemopsSettings.model_fields[name]
-            lines.append(f"| `{env_name(name)}` | {_shown_default(name)} | {expected(name)} | "
-                         f"{field.description} |")
-    lines += ["", "## Old names", "",
-              "These variables were renamed; setting one stops start-up, naming its replacement.", "",
-              "| Old variable | New variable |", "| --- | --- |"]
-    lines += [f"| `{old}` | `{new}` |" for old, new in RENAMED.items()]
-    return "\n".join(lines) + "\n"
-
-
-# --- reading and overriding ---------------------------------------------------------------------
-
-
-def conf() -> IdemopsSettings:
-    """The settings of this process (Django's settings.IDEMOPS, built once by idemops/settings.py)."""
-    return django_settings.IDEMOPS
-
-
-def override_conf(settings: Any, **changes: Any) -> IdemopsSettings:
-    """Replace settings.IDEMOPS by a validated copy with `changes` (field names), for tests: with
-    pytest-django's `settings` fixture the original comes back after the test."""
-    current = settings.IDEMOPS
-    settings.IDEMOPS = type(current).model_validate({**current.model_dump(), **changes})
-    return settings.IDEMOPS
-
-
-if __name__ == "__main__":
-    sys.stdout.write(markdown())
