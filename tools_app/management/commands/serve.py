@@ -33,9 +33,10 @@ class Command(BaseCommand):
     help = "Run the whole platform in the foreground: web (admin, API, /mcp) and the job cluster."
 
     def add_arguments(self, parser):
-        parser.add_argument("--host", default=conf().host, help="default: IDEMOPS_HOST")
-        parser.add_argument("--port", type=int, default=conf().port, help="default: IDEMOPS_PORT")
-        parser.add_argument("--web-workers", type=int, default=conf().web_workers, help="default: IDEMOPS_WEB_WORKERS")
+        parser.add_argument("--host", default=conf().host, help=f"default: IDEMOPS_HOST ({conf().host})")
+        parser.add_argument("--port", type=int, default=conf().port, help=f"default: IDEMOPS_PORT ({conf().port})")
+        parser.add_argument("--web-workers", type=int, default=conf().web_workers,
+                            help=f"default: IDEMOPS_WEB_WORKERS ({conf().web_workers})")
 
     def handle(self, host, port, web_workers, **options):
         call_command("migrate", interactive=False, verbosity=0)
