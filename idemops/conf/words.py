@@ -73,6 +73,8 @@ def _shown_default(name: str) -> str:
     default = field.default
     if default is None:
         return "unset"
+    if default == "":
+        return "empty"
     if isinstance(default, bool):
         return "true" if default else "false"
     if isinstance(default, list):
