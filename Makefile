@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 DEV     := $(VENV)/.installed-dev
 
-.PHONY: run test bench install install-dev db-stop clean lint
+.PHONY: run test bench install install-dev db-stop clean lint settings-doc
 
 $(RUNTIME): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ bench: $(DEV)
 lint: $(DEV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+
+# docs/settings.md is generated from idemops/conf/fields.py (tests/test_settings.py fails when it is stale).
+settings-doc: $(RUNTIME)
+	$(PY) -m idemops.conf > docs/settings.md
 
 # Stop the embedded PostgreSQL servers (make run's and the tests').
 db-stop: $(RUNTIME)

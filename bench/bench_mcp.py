@@ -56,7 +56,7 @@ def start_server() -> tuple[subprocess.Popen, str]:
     from tests.processes import free_port
 
     port = free_port()
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "idemops.settings", "LOG_LEVEL": "WARNING",
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "idemops.settings", "IDEMOPS_LOG_LEVEL": "WARNING",
            "IDEMOPS_PUBLIC_URL": f"http://127.0.0.1:{port}"}
     server = subprocess.Popen([sys.executable, "-m", "uvicorn", "idemops.asgi:application", "--port", str(port),
                                "--no-access-log", "--log-level", "warning"], cwd=ROOT, env=env)

@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx2
 import psycopg
 
+from idemops.conf import conf
 from tests.agents import Answer, call_tool, call_until_done
 from tests.processes import Stack
 from tools_app.models import IdempotencyRecord, Order
@@ -91,8 +92,8 @@ def kill_mid_call(stack: Stack, keys: list[Key], label: str) -> float:
     paid_half, unpaid_half = payments[:len(payments) // 2], payments[len(payments) // 2:]
     orders = [k for k in keys if k.tool == "create_order"]
     # Enough database threads that every call is in flight at once (each held call keeps one).
-    victim = stack.web_server(f"victim-{label}", PAYMENT_GATEWAY_TIMEOUT_SECONDS="300",
-                              MCP_DB_THREADS=str(len(keys) + 8))
+    victim = stack.web_server(f"victim-{label}", IDEMOPS_PAYMENT_GATEWAY_TIMEOUT_SECONDS="300",
+                              IDEMOPS_MCP_DB_THREADS=str(len(keys) + 8))
     # Orders wait inside their transaction, after the claim, for this lock on their table.
     lock = psycopg.connect(stack.database.url)
     lock.execute(f'LOCK TABLE "{Order._meta.db_table}" IN EXCLUSIVE MODE')
@@ -216,13 +217,11 @@ def restarted_under_agents(stack: Stack, agents: int) -> dict:
 
 
 def run(quick: bool = False, root: Path | None = None) -> str:
-    from django.conf import settings
-
     per_tool, agents = (2, 4) if quick else (10, 20)
-    env = {"IDEMOPS_EXECUTION_LEASE_SECONDS": "2"} if quick else {}
-    lease = float(env.get("IDEMOPS_EXECUTION_LEASE_SECONDS", settings.IDEMOPS["EXECUTION_LEASE_SECONDS"]))
-    heartbeat = settings.IDEMOPS["EXECUTION_HEARTBEAT_SECONDS"]
-    loop = settings.IDEMOPS["LEASE_SWEEP_SECONDS"]
+    env = {"IDEMOPS_EXECUTION_LEASE_SECONDS": "2", "IDEMOPS_EXECUTION_HEARTBEAT_SECONDS": "0.5"} if quick else {}
+    lease = float(env.get("IDEMOPS_EXECUTION_LEASE_SECONDS", conf().execution_lease_seconds))
+    heartbeat = float(env.get("IDEMOPS_EXECUTION_HEARTBEAT_SECONDS", conf().execution_heartbeat_seconds))
+    loop = conf().lease_sweep_seconds
     workdir = Path(tempfile.mkdtemp(prefix="idemops-settle-", dir=root))
     stack = Stack(workdir, "settle", **env)
     try:

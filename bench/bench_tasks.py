@@ -26,6 +26,7 @@ from django_q.tasks import async_task
 from pydantic import BaseModel
 
 from bench.common import ROOT
+from idemops.conf import override_conf
 from tests.documents_fixtures import long_text, pdf_of_text
 from tools_app import access, tasks
 from tools_app.models import StepRun, Task, TaskStatus
@@ -40,7 +41,8 @@ THROUGHPUT_JOBS = 200
 KILLS = 3
 RUN = uuid.uuid4().hex[:8]  # keys of this run never meet an earlier run's
 LEASE = 2.0
-WORKER_ENV = {"IDEMOPS_TASK_LEASE_SECONDS": str(LEASE), "IDEMOPS_TASK_HEARTBEAT_SECONDS": "0.3", "Q_WORKERS": "2"}
+WORKER_ENV = {"IDEMOPS_TASK_LEASE_SECONDS": str(LEASE), "IDEMOPS_TASK_HEARTBEAT_SECONDS": "0.3",
+              "IDEMOPS_Q_WORKERS": "2"}
 
 
 # --- a synthetic pipeline, for the fixed cost of a step -------------------------------------------
@@ -180,8 +182,8 @@ def recovery(caller: Caller, doc_dir: Path, rounds: int) -> list[str]:
 
     path = doc_dir / "bench-recovery.pdf"
     path.write_bytes(pdf_of_text(long_text(1_500_000)))
-    settings.IDEMOPS = {**settings.IDEMOPS, "DOCUMENT_ALLOWED_DIRS": [str(doc_dir)]}
-    env = {**WORKER_ENV, "Q_WORKERS": "1", "IDEMOPS_DOCUMENT_ALLOWED_DIRS": str(doc_dir)}
+    override_conf(settings, document_allowed_dirs=[str(doc_dir)])
+    env = {**WORKER_ENV, "IDEMOPS_Q_WORKERS": "1", "IDEMOPS_DOCUMENT_ALLOWED_DIRS": str(doc_dir)}
     return [recover_once(caller, path, env, n) for n in range(rounds)]
 
 

@@ -18,7 +18,7 @@ def setup_django() -> None:
     if "DATABASE_URL" not in os.environ:
         os.environ["DATABASE_URL"] = fresh_database_url()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "idemops.settings")
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    os.environ.setdefault("IDEMOPS_LOG_LEVEL", "WARNING")
     import django
 
     django.setup()

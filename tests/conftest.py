@@ -1,5 +1,6 @@
 import pytest
 
+from idemops.conf import override_conf
 from tests.operators import make_operator
 from tests.task_stack import doc_dir, doc_server, settle_tasks, task_web, task_workers  # noqa: F401  (long tasks)
 from tools_app import access
@@ -62,9 +63,10 @@ def downstreams(gateway, sink, settings):
     from tests.processes import downstream_env
 
     env = downstream_env(gateway, sink)
-    settings.IDEMOPS = {**settings.IDEMOPS, "PAYMENT_GATEWAY_URL": gateway.url,
-                        "PAYMENT_GATEWAY_TIMEOUT_SECONDS": 1.0,
-                        "WEBHOOK_ALLOWED_PREFIXES": [f"{sink.url}/webhooks/"]}
+    override_conf(settings,
+                  payment_gateway_url=gateway.url,
+                  payment_gateway_timeout_seconds=1.0,
+                  webhook_allowed_prefixes=[f"{sink.url}/webhooks/"])
     # Django's test set-up swaps in the in-memory mail backend; we want real SMTP.
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_PORT = sink.smtp_port
@@ -110,6 +112,5 @@ def second_approver(tenant):
 @pytest.fixture
 def fast(settings):
     """Long tasks that back off for milliseconds and calls that do not wait for them."""
-    settings.IDEMOPS = {**settings.IDEMOPS, "TASK_CALL_WAIT_SECONDS": 0, "TASK_BACKOFF_BASE_SECONDS": 0.01,
-                        "TASK_BACKOFF_MAX_SECONDS": 0.05}
+    override_conf(settings, task_call_wait_seconds=0, task_backoff_base_seconds=0.01, task_backoff_max_seconds=0.05)
     return settings

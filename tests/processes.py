@@ -179,9 +179,9 @@ class NotificationSink(DownstreamService):
 
 def downstream_env(gateway: PaymentGateway, sink: NotificationSink, **extra: str) -> dict[str, str]:
     """Settings that point idemops processes at the test's downstream systems."""
-    return {"PAYMENT_GATEWAY_URL": gateway.url, "PAYMENT_GATEWAY_TIMEOUT_SECONDS": "1",
-            "EMAIL_PORT": str(sink.smtp_port), "EMAIL_TIMEOUT": "5",
-            "NOTIFICATION_WEBHOOK_ALLOWED_PREFIXES": f"{sink.url}/webhooks/", **extra}
+    return {"IDEMOPS_PAYMENT_GATEWAY_URL": gateway.url, "IDEMOPS_PAYMENT_GATEWAY_TIMEOUT_SECONDS": "1",
+            "IDEMOPS_EMAIL_PORT": str(sink.smtp_port), "IDEMOPS_EMAIL_TIMEOUT_SECONDS": "5",
+            "IDEMOPS_WEBHOOK_ALLOWED_PREFIXES": f"{sink.url}/webhooks/", **extra}
 
 
 class DatabaseServer:
@@ -234,7 +234,7 @@ class Worker(JobCluster):
         log = LOG_DIR / f"{name}.log"
         self._log_start = log.stat().st_size if log.exists() else 0
         # Readiness is read from django-q2's INFO log line.
-        super().__init__(name, **{"LOG_LEVEL": "INFO", **env})
+        super().__init__(name, **{"IDEMOPS_LOG_LEVEL": "INFO", **env})
         try:
             self.wait_log("running.")
         except RuntimeError:

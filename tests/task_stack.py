@@ -70,7 +70,7 @@ def stack_env(doc_dir: Path, doc_server: DocServer, **overrides: str) -> dict[st
         "IDEMOPS_TASK_CALL_WAIT_SECONDS": "1",
         "IDEMOPS_DOCUMENT_ALLOWED_DIRS": str(doc_dir),
         "IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES": doc_server.base_url,
-        "Q_WORKERS": "2",
+        "IDEMOPS_Q_WORKERS": "2",
         **overrides,
     }
 

@@ -17,7 +17,7 @@ from tests.processes import ROOT
 from tools_app.access.roles import APPROVER
 from tools_app.models import Announcement, ApprovalRequest, ApprovalStatus, Tenant
 
-CHROMIUM = os.environ.get("IDEMOPS_CHROMIUM") or shutil.which("chromium") or next(
+CHROMIUM = os.environ.get("CHROMIUM_BIN") or shutil.which("chromium") or next(
     (p for p in ("/usr/bin/chromium",) if os.path.exists(p)), None)
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(CHROMIUM is None, reason="browser tests skipped: Chromium not found. Install Debian's package "
                                                 "(as root: apt-get update && apt-get install -y chromium) or set "
-                                                "IDEMOPS_CHROMIUM to a Chromium binary"),
+                                                "CHROMIUM_BIN to a Chromium binary"),
 ]
 
 

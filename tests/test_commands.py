@@ -5,6 +5,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
 
+from idemops.conf import override_conf
 from tools_app import access
 from tools_app.management.demo import ensure_demo
 from tools_app.models import ApiToken, AuditEvent, Tenant
@@ -35,7 +36,7 @@ def test_issue_token_refuses_an_unknown_tenant():
 
 @pytest.mark.django_db
 def test_the_demo_is_created_once_and_its_token_works(settings, tmp_path):
-    settings.VAR_DIR = tmp_path
+    override_conf(settings, var_dir=tmp_path)
 
     first, second = ensure_demo(), ensure_demo()
 

@@ -18,6 +18,7 @@ from tools_app.models import IdempotencyRecord, Order, RecordStatus
 pytestmark = pytest.mark.live
 
 LEASE_SECONDS = 2
+HEARTBEAT_SECONDS = 0.5
 PAYMENT = {"amount": "10.00", "currency": "EUR", "payee": "Bob", "reference": "crash"}
 ORDER = {"customer": "ACME", "items": [{"sku": "A", "quantity": 1, "unit_price": "5.00"}], "currency": "EUR"}
 
@@ -28,7 +29,8 @@ def crashing_server(gateway, sink, transactional_db):
 
     def start(point):
         server = WebServer(f"web-crash-{point}", IDEMOPS_CRASH_POINTS=point,
-                           IDEMOPS_EXECUTION_LEASE_SECONDS=str(LEASE_SECONDS), **downstream_env(gateway, sink))
+                           IDEMOPS_EXECUTION_LEASE_SECONDS=str(LEASE_SECONDS),
+                           IDEMOPS_EXECUTION_HEARTBEAT_SECONDS=str(HEARTBEAT_SECONDS), **downstream_env(gateway, sink))
         servers.append(server)
         return server
 

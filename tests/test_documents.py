@@ -6,6 +6,7 @@ from ipaddress import ip_address
 
 import pytest
 
+from idemops.conf import override_conf
 from tests.documents_fixtures import long_text, make_pdf, pdf_of_text
 from tools_app import documents
 from tools_app.core import redaction, url_allowlist
@@ -119,8 +120,9 @@ def allowed(settings, tmp_path):
     (inside / "doc.txt").write_text("inside")
     (tmp_path / "secret.txt").write_text("outside")
     os.symlink(tmp_path / "secret.txt", inside / "link.txt")
-    settings.IDEMOPS = {**settings.IDEMOPS, "DOCUMENT_ALLOWED_DIRS": [str(inside)],
-                        "DOCUMENT_ALLOWED_URL_PREFIXES": ["https://docs.example.com/public/"]}
+    override_conf(settings,
+                  document_allowed_dirs=[str(inside)],
+                  document_allowed_url_prefixes=["https://docs.example.com/public/"])
     return inside
 
 
@@ -170,7 +172,7 @@ def ingest(caller, arguments, key):
 
 def test_search_finds_ranked_passages_of_the_tenants_own_documents_only(transactional_db, caller, other_tenant,
                                                                        settings):
-    settings.IDEMOPS = {**settings.IDEMOPS, "TASK_CALL_WAIT_SECONDS": 0}
+    override_conf(settings, task_call_wait_seconds=0)
     mine = ingest(caller, {"text": "The harbor pilot boards at dawn. Pilots board vessels daily.",
                            "title": "Pilots"}, "a")
     ingest(caller, {"content_base64": base64.b64encode(pdf_of_text("Cranes and forklifts. The pilot rests.")).decode()},
@@ -188,7 +190,7 @@ def test_search_finds_ranked_passages_of_the_tenants_own_documents_only(transact
 
 def test_get_document_returns_summary_and_text_and_hides_other_tenants_documents(transactional_db, caller,
                                                                                  other_tenant, settings):
-    settings.IDEMOPS = {**settings.IDEMOPS, "TASK_CALL_WAIT_SECONDS": 0}
+    override_conf(settings, task_call_wait_seconds=0)
     result = ingest(caller, {"text": long_text(5000)}, "d")
 
     document = call_tool(get_tool("get_document"), caller, {"document_id": result["document_id"],

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from idemops.conf import conf
 from tests.api_support import make_task
 from tools_app import engine
 from tools_app.core.errors import UNKNOWN_OUTCOME_ADVICE, UnknownOutcome
@@ -61,7 +62,7 @@ def test_downstream_conflict_advice_is_the_same_in_the_instructions_and_the_read
 
 @pytest.mark.parametrize("tool", ["get_task_status", "get_task_result"])
 def test_the_schema_states_the_real_wait_limit_and_a_longer_wait_is_invalid_input(tool, tenant, settings):
-    limit = settings.IDEMOPS["TASK_MAX_WAIT_SECONDS"]
+    limit = conf().task_max_wait_seconds
     schema = get_tool(tool).input_model.model_json_schema()["properties"]["wait_seconds"]
     task = make_task(tenant, result={"document_id": 1})  # succeeded: waiting ends at once
     caller = Caller(tenant_id=tenant.pk, actor="agent:acme/test")

@@ -7,6 +7,7 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
+from idemops.conf import override_conf
 from tools_app import engine
 from tools_app.core.errors import InvalidInput
 from tools_app.engine import ExpiryPolicy, Operation
@@ -129,7 +130,7 @@ def test_past_retention_a_hold_tool_answers_expired(tenant):
 
 
 def test_a_follower_of_a_running_call_gets_in_progress_after_a_bounded_wait(tenant, settings):
-    settings.IDEMOPS = {**settings.IDEMOPS, "FOLLOWER_WAIT_SECONDS": 0.2}
+    override_conf(settings, follower_wait_seconds=0.2)
     record, claimed = engine.claim(operation(tenant))
     assert claimed
 

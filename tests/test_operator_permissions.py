@@ -17,6 +17,7 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
+from idemops.conf import override_conf
 from tests.mcp_client import call_sync
 from tests.operators import PASSWORD, login_for_the_web_server, make_operator
 from tools_app import engine, outbox, reconciliation, tasks
@@ -131,7 +132,7 @@ def an_unknown_payment(request, caller, model) -> Scene:
 
 def a_dead_letter(request, caller, model, settings) -> Scene:
     """A notification whose delivery failed its last allowed attempt."""
-    settings.IDEMOPS = {**settings.IDEMOPS, "OUTBOX_MAX_ATTEMPTS": 1}
+    override_conf(settings, outbox_max_attempts=1)
     sent = call_tool(get_tool("send_notification"), caller, {
         "channel": "email", "recipient": "ops@example.com", "subject": "Disk full", "body": "Please look.",
         "idempotency_key": "n-1"})

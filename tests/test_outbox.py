@@ -8,6 +8,7 @@ import uuid
 import pytest
 from django.utils import timezone
 
+from idemops.conf import override_conf
 from tests.operators import make_operator
 from tests.processes import ROOT, child_env, manage
 from tools_app import outbox
@@ -87,7 +88,7 @@ def test_a_relay_killed_mid_batch_loses_nothing_and_duplicates_nothing(tenant, d
 
 
 def test_failed_deliveries_back_off_then_dead_letter_then_redrive(tenant, downstreams, sink, settings):
-    settings.IDEMOPS = {**settings.IDEMOPS, "OUTBOX_MAX_ATTEMPTS": 2, "OUTBOX_BACKOFF_SECONDS": 30}
+    override_conf(settings, outbox_max_attempts=2, outbox_backoff_seconds=30)
     event_id = notify(tenant, "n-fail").result["notification_id"]
     sink.set_faults(fail_times=10)
 

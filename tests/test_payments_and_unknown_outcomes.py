@@ -6,6 +6,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from idemops.conf import override_conf
 from tests.mcp_client import call_sync, error_of
 from tests.operators import make_operator
 from tests.processes import manage
@@ -128,7 +129,7 @@ def test_an_unreachable_gateway_is_transient(web_server, token, downstreams, gat
     from tools_app.toolkit.calls import Caller, call_tool
     from tools_app.toolkit.registry import get_tool
 
-    settings.IDEMOPS = {**settings.IDEMOPS, "PAYMENT_GATEWAY_URL": f"http://127.0.0.1:{free_port()}"}
+    override_conf(settings, payment_gateway_url=f"http://127.0.0.1:{free_port()}")
     caller = Caller(tenant_id=Tenant.objects.get().pk, actor="agent:acme/test")
 
     result = call_tool(get_tool("request_payment"), caller, {**PAYMENT, "idempotency_key": "p-refused"})
@@ -172,8 +173,7 @@ def test_reconciliation_that_keeps_failing_escalates_to_a_person(web_server, tok
 
     gateway.set_fault("*", "hang", times=1)
     pay(web_server, token, "p-lost")
-    settings.IDEMOPS = {**settings.IDEMOPS, "PAYMENT_GATEWAY_URL": f"http://127.0.0.1:{free_port()}",
-                        "RECONCILE_MAX_ATTEMPTS": 2}
+    override_conf(settings, payment_gateway_url=f"http://127.0.0.1:{free_port()}", reconcile_max_attempts=2)
     record = IdempotencyRecord.objects.get(key="p-lost")
 
     assert reconciliation.reconcile(record, make_operator("olga", OPERATOR, record.tenant)) == "unknown"

@@ -15,6 +15,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
+from idemops.conf import conf, override_conf
 from tests.api_support import ENDPOINTS, key_client, make_event, make_record
 from tests.task_stack import DocServer
 from tools_app import engine
@@ -65,18 +66,18 @@ def test_a_key_digest_is_an_hmac_under_the_server_secret_not_a_plain_sha256(sett
     digest = keys.key_digest(key)
 
     assert digest != hashlib.sha256(key.encode()).hexdigest()[:16]
-    secret = settings.IDEMOPS["KEY_DIGEST_SECRET"].encode()
+    secret = conf().key_digest_secret.get_secret_value().encode()
     assert digest == hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()[:16]
     # another secret, another digest: a dictionary of keys is useless without the secret
-    settings.IDEMOPS = {**settings.IDEMOPS, "KEY_DIGEST_SECRET": "another secret"}
+    override_conf(settings, key_digest_secret="another secret")
     assert keys.key_digest(key) != digest
 
 
 def test_the_default_secret_is_derived_from_the_django_secret_key_with_its_own_label(settings):
     from idemops.settings import derived_secret
 
-    assert settings.IDEMOPS["KEY_DIGEST_SECRET"] == derived_secret("idemops:key-digest")
-    assert settings.SECRET_KEY not in settings.IDEMOPS["KEY_DIGEST_SECRET"]
+    assert conf().key_digest_secret.get_secret_value() == derived_secret("idemops:key-digest")
+    assert settings.SECRET_KEY not in conf().key_digest_secret.get_secret_value()
 
 
 def test_the_key_forwarded_downstream_is_made_from_the_operation_not_from_the_callers_key():
@@ -91,7 +92,7 @@ def test_the_key_forwarded_downstream_is_made_from_the_operation_not_from_the_ca
 @pytest.mark.django_db
 @pytest.mark.parametrize("secret", ["short", "s" * 64, "a much longer secret than one SHA-256 block " * 3])
 def test_the_database_computes_the_same_digest_as_the_server(secret, tenant, settings):
-    settings.IDEMOPS = {**settings.IDEMOPS, "KEY_DIGEST_SECRET": secret}
+    override_conf(settings, key_digest_secret=secret)
     raw_keys = ["a", "order-2026-0042", "jane.roe:2026-03-01_x", "K" * 255]
     for key in raw_keys:
         make_record(tenant, key=key)
@@ -193,8 +194,7 @@ def test_a_persons_reason_is_exported_and_text_an_agent_or_the_system_wrote_is_w
 @pytest.fixture
 def doc_server(settings):
     server = DocServer()
-    settings.IDEMOPS = {**settings.IDEMOPS, "DOCUMENT_ALLOWED_URL_PREFIXES": [server.base_url],
-                        "TASK_CALL_WAIT_SECONDS": 0}
+    override_conf(settings, document_allowed_url_prefixes=[server.base_url], task_call_wait_seconds=0)
     yield server
     server.close()
 

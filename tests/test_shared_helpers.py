@@ -14,6 +14,7 @@ from django.contrib.auth.models import User
 from django.db import DataError, transaction
 from django.utils import timezone
 
+from idemops.conf import override_conf
 from tests.operators import make_operator
 from tests.processes import free_port
 from tools_app import access, engine, outbox, tasks
@@ -118,7 +119,7 @@ def test_an_unreachable_downstream_is_a_transient_failure_with_the_backoff_of_it
 
 
 def test_reconciliation_asks_again_after_the_backoff_of_its_attempt(settings):
-    settings.IDEMOPS = {**settings.IDEMOPS, "RECONCILE_BACKOFF_SECONDS": 10, "RECONCILE_MAX_ATTEMPTS": 6}
+    override_conf(settings, reconcile_backoff_seconds=10, reconcile_max_attempts=6)
 
     random.seed(3)
     before = timezone.now()
@@ -131,7 +132,7 @@ def test_reconciliation_asks_again_after_the_backoff_of_its_attempt(settings):
 
 
 def test_the_outbox_retries_a_failed_delivery_after_the_backoff_of_its_attempt(tenant, settings):
-    settings.IDEMOPS = {**settings.IDEMOPS, "OUTBOX_BACKOFF_SECONDS": 7, "OUTBOX_MAX_ATTEMPTS": 8}
+    override_conf(settings, outbox_backoff_seconds=7, outbox_max_attempts=8)
     event = new_outbox_event(tenant, attempts=2)
 
     random.seed(8)
@@ -146,7 +147,7 @@ def test_the_outbox_retries_a_failed_delivery_after_the_backoff_of_its_attempt(t
 
 
 def test_a_task_waits_the_shared_backoff_between_its_runs(settings):
-    settings.IDEMOPS = {**settings.IDEMOPS, "TASK_BACKOFF_BASE_SECONDS": 3, "TASK_BACKOFF_MAX_SECONDS": 40}
+    override_conf(settings, task_backoff_base_seconds=3, task_backoff_max_seconds=40)
 
     assert RetryPolicy().backoff(4, random.Random(9)) == backoff.delay(4, base=3, ceiling=40, rng=random.Random(9))
     assert RetryPolicy(base_seconds=1, max_seconds=5).backoff(2, random.Random(9)) == backoff.delay(
@@ -164,7 +165,7 @@ def test_a_lease_runs_out_its_length_after_it_was_taken():
 
 
 def test_an_executor_holds_its_record_under_a_lease_owner_name_for_the_write_lease(tenant, settings):
-    settings.IDEMOPS = {**settings.IDEMOPS, "EXECUTION_LEASE_SECONDS": 7}
+    override_conf(settings, execution_lease_seconds=7)
 
     record, claimed = engine.claim(Operation(tenant_id=tenant.pk, tool="create_order", key="k", arguments={}))
 
@@ -174,7 +175,7 @@ def test_an_executor_holds_its_record_under_a_lease_owner_name_for_the_write_lea
 
 @pytest.mark.django_db(transaction=True)
 def test_a_task_worker_holds_its_task_under_a_lease_owner_name_for_the_task_lease(caller, settings):
-    settings.IDEMOPS = {**settings.IDEMOPS, "TASK_CALL_WAIT_SECONDS": 0, "TASK_LEASE_SECONDS": 45}
+    override_conf(settings, task_call_wait_seconds=0, task_lease_seconds=45)
     started = call_tool(get_tool("start_task"), caller, {
         "tool": "ingest_document", "arguments": {"text": "# A\n\nOne line."}, "idempotency_key": "t-1"})
     task = Task.objects.get(pk=started.result["task_id"])
@@ -352,7 +353,7 @@ def test_a_transition_whose_event_cannot_be_written_changes_nothing_even_outside
 
 
 def test_every_outbox_move_writes_its_event(tenant, settings):
-    settings.IDEMOPS = {**settings.IDEMOPS, "OUTBOX_MAX_ATTEMPTS": 2}
+    override_conf(settings, outbox_max_attempts=2)
     delivered, failing = new_outbox_event(tenant), new_outbox_event(tenant)
 
     outbox.mark_delivered(delivered)

@@ -12,6 +12,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
+from idemops.conf import override_conf
 from tests.documents_fixtures import long_text, pdf_of_text
 from tests.processes import Worker
 from tests.task_stack import wait_until
@@ -23,7 +24,7 @@ from tools_app.toolkit.registry import get_tool
 pytestmark = pytest.mark.live
 
 CRASH_STEP = "extract_text"
-ENV = {"IDEMOPS_TASK_LEASE_SECONDS": "2", "IDEMOPS_TASK_HEARTBEAT_SECONDS": "0.3", "Q_WORKERS": "1"}
+ENV = {"IDEMOPS_TASK_LEASE_SECONDS": "2", "IDEMOPS_TASK_HEARTBEAT_SECONDS": "0.3", "IDEMOPS_Q_WORKERS": "1"}
 
 
 @pytest.fixture
@@ -67,7 +68,7 @@ def comparable(task) -> dict:
 def test_a_worker_killed_inside_a_step_resumes_on_another_worker_from_its_checkpoints(
         transactional_db, settings, doc_dir, workers):
     # given a long PDF being ingested by worker A, which is inside step k (extract_text)
-    settings.IDEMOPS = {**settings.IDEMOPS, "DOCUMENT_ALLOWED_DIRS": [str(doc_dir)]}
+    override_conf(settings, document_allowed_dirs=[str(doc_dir)])
     tenant = access.create_tenant("acme", "ACME")
     caller = Caller(tenant_id=tenant.pk, actor="agent:acme/test")
     path = doc_dir / "crash.pdf"

@@ -11,6 +11,7 @@ import pytest
 from django.db import connections, transaction
 from django.urls import reverse
 
+from idemops.conf import override_conf
 from tests.operators import make_operator
 from tests.task_stack import DocServer
 from tests.tasks_support import TEXT, agent, queued_jobs, start
@@ -153,9 +154,9 @@ def test_a_cancel_takes_the_lease_away_so_the_running_worker_writes_nothing_more
 def test_a_transient_error_is_retried_with_backoff_until_attempts_run_out_then_resume_runs_it_again(
         transactional_db, caller, fast):
     # given a document server that is always unavailable, and three attempts allowed
-    fast.IDEMOPS = {**fast.IDEMOPS, "TASK_MAX_ATTEMPTS": 3}
+    override_conf(fast, task_max_attempts=3)
     server = DocServer()
-    fast.IDEMOPS = {**fast.IDEMOPS, "DOCUMENT_ALLOWED_URL_PREFIXES": [server.base_url]}
+    override_conf(fast, document_allowed_url_prefixes=[server.base_url])
     url = server.serve("down.txt", b"fine now", statuses=[503] * 3)
     try:
         task = start(caller, {"url": url})
@@ -179,7 +180,7 @@ def test_a_transient_error_is_retried_with_backoff_until_attempts_run_out_then_r
 
 
 def test_a_long_job_hands_the_task_on_to_a_new_job_at_a_step_boundary(transactional_db, caller, fast):
-    fast.IDEMOPS = {**fast.IDEMOPS, "TASK_SLICE_SECONDS": 0}
+    override_conf(fast, task_slice_seconds=0)
     task = start(caller, {"text": TEXT})
 
     outcomes = [task_jobs.run_task(str(task.pk)) for _ in range(6)]

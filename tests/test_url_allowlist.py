@@ -14,6 +14,7 @@ from ipaddress import ip_address
 import pytest
 from django.utils import timezone
 
+from idemops.conf import conf, override_conf
 from tests.mcp_client import raw_call, raw_error_of
 from tests.processes import free_port, manage
 from tools_app import access, documents, outbox
@@ -28,8 +29,9 @@ HOOKS = "http://127.0.0.1:8002/webhooks/"
 
 @pytest.fixture
 def hooks(settings):
-    settings.IDEMOPS = {**settings.IDEMOPS, "WEBHOOK_ALLOWED_PREFIXES": [HOOKS, "http://localhost:8002/webhooks/"],
-                        "OUTBOUND_PRIVATE_HOSTS": []}
+    override_conf(settings,
+                  webhook_allowed_prefixes=[HOOKS, "http://localhost:8002/webhooks/"],
+                  outbound_private_hosts=[])
     return settings
 
 
@@ -51,9 +53,8 @@ def dns(monkeypatch):
 
 
 def check(url, prefixes=None):
-    from django.conf import settings
 
-    return url_allowlist.check(url, prefixes or settings.IDEMOPS["WEBHOOK_ALLOWED_PREFIXES"], field="recipient")
+    return url_allowlist.check(url, prefixes or conf().webhook_allowed_prefixes, field="recipient")
 
 
 # --- each bypass ------------------------------------------------------------------------------------
@@ -107,7 +108,7 @@ def test_an_allowed_url_is_checked_and_sent_as_normalised(hooks, url, checked):
 
 
 def test_a_name_resolving_to_loopback_passes_only_when_listed_as_a_private_host(hooks):
-    hooks.IDEMOPS = {**hooks.IDEMOPS, "OUTBOUND_PRIVATE_HOSTS": ["LOCALHOST"]}
+    override_conf(hooks, outbound_private_hosts=["LOCALHOST"])
 
     assert check("http://localhost:8002/webhooks/x").address == ip_address("127.0.0.1")
 
@@ -147,7 +148,7 @@ def test_a_resolver_that_cannot_answer_now_is_transient_and_an_unknown_name_is_i
 ])
 def test_a_prefix_without_a_trailing_slash_covers_whole_segments(settings, dns, url, allowed):
     dns["docs.example.com"] = ["93.184.215.14"]
-    settings.IDEMOPS = {**settings.IDEMOPS, "DOCUMENT_ALLOWED_URL_PREFIXES": ["https://docs.example.com/public"]}
+    override_conf(settings, document_allowed_url_prefixes=["https://docs.example.com/public"])
 
     if allowed:
         assert str(documents.allowed_url(url).url) == url
@@ -213,8 +214,9 @@ def test_the_relay_never_posts_outside_the_allow_list(acme, downstreams, sink):
 def test_the_relay_connects_to_the_address_it_checked(acme, downstreams, sink, settings, dns):
     # given: a name only our DNS seam knows; the system resolver cannot answer it
     dns["hooks.test"] = ["127.0.0.1"]
-    settings.IDEMOPS = {**settings.IDEMOPS, "OUTBOUND_PRIVATE_HOSTS": ["hooks.test"],
-                        "WEBHOOK_ALLOWED_PREFIXES": [f"http://hooks.test:{sink.port}/webhooks/"]}
+    override_conf(settings,
+                  outbound_private_hosts=["hooks.test"],
+                  webhook_allowed_prefixes=[f"http://hooks.test:{sink.port}/webhooks/"])
     with pytest.raises(socket.gaierror):
         socket.getaddrinfo("hooks.test", sink.port)
     event = stored_webhook(acme, f"http://hooks.test:{sink.port}/webhooks/pinned")
@@ -229,7 +231,7 @@ def test_the_relay_connects_to_the_address_it_checked(acme, downstreams, sink, s
 @pytest.mark.live
 def test_a_name_that_rebinds_to_a_private_address_after_the_call_is_not_delivered(acme, downstreams, sink,
                                                                                    settings, dns):
-    settings.IDEMOPS = {**settings.IDEMOPS, "WEBHOOK_ALLOWED_PREFIXES": ["http://rebind.test/webhooks/"]}
+    override_conf(settings, webhook_allowed_prefixes=["http://rebind.test/webhooks/"])
     dns["rebind.test"] = ["93.184.215.14"]
     caller = Caller(tenant_id=acme.pk, actor="agent:acme/test")
     called = call_tool(get_tool("send_notification"), caller, {
@@ -284,7 +286,7 @@ def redirector(_sink):
 
 @pytest.mark.live
 def test_a_webhook_that_redirects_is_not_followed(acme, downstreams, sink, settings, redirector):
-    settings.IDEMOPS = {**settings.IDEMOPS, "WEBHOOK_ALLOWED_PREFIXES": [f"{redirector.url}/webhooks/"]}
+    override_conf(settings, webhook_allowed_prefixes=[f"{redirector.url}/webhooks/"])
     event = stored_webhook(acme, f"{redirector.url}/webhooks/x")
 
     report = outbox.relay_pending()
@@ -296,7 +298,7 @@ def test_a_webhook_that_redirects_is_not_followed(acme, downstreams, sink, setti
 
 @pytest.mark.live
 def test_a_document_url_that_redirects_is_refused_and_not_followed(settings, sink, redirector):
-    settings.IDEMOPS = {**settings.IDEMOPS, "DOCUMENT_ALLOWED_URL_PREFIXES": [f"{redirector.url}/docs/"]}
+    override_conf(settings, document_allowed_url_prefixes=[f"{redirector.url}/docs/"])
 
     with pytest.raises(InvalidInput, match="redirect"):
         documents.fetch_url(f"{redirector.url}/docs/a.txt")
@@ -305,7 +307,7 @@ def test_a_document_url_that_redirects_is_refused_and_not_followed(settings, sin
 
 
 def test_a_document_url_is_checked_again_when_fetched(settings):
-    settings.IDEMOPS = {**settings.IDEMOPS, "DOCUMENT_ALLOWED_URL_PREFIXES": ["http://127.0.0.1:1/docs/"]}
+    override_conf(settings, document_allowed_url_prefixes=["http://127.0.0.1:1/docs/"])
 
     with pytest.raises(InvalidInput, match="^url: "):
         documents.fetch_url("http://127.0.0.1:1/docs/../secret")
@@ -367,8 +369,9 @@ def tls_docs(tmp_path, monkeypatch):
 def test_an_https_document_is_fetched_from_the_checked_address_with_its_name_verified(settings, dns, tls_docs):
     port, seen = tls_docs
     dns["docs.test"] = ["127.0.0.1"]
-    settings.IDEMOPS = {**settings.IDEMOPS, "OUTBOUND_PRIVATE_HOSTS": ["docs.test"],
-                        "DOCUMENT_ALLOWED_URL_PREFIXES": [f"https://docs.test:{port}/"]}
+    override_conf(settings,
+                  outbound_private_hosts=["docs.test"],
+                  document_allowed_url_prefixes=[f"https://docs.test:{port}/"])
 
     body = documents.fetch_url(f"https://docs.test:{port}/a.txt")
 

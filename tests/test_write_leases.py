@@ -10,6 +10,7 @@ from django.db import connections
 from django.utils import timezone
 from django_q.models import OrmQ
 
+from idemops.conf import override_conf
 from tools_app import engine
 from tools_app.engine import Operation
 from tools_app.models import AuditEvent, IdempotencyRecord, Order, RecordStatus
@@ -32,7 +33,7 @@ def make_order(tenant, pause: float = 0.0):
 
 @pytest.fixture
 def short_leases(settings):
-    settings.IDEMOPS = {**settings.IDEMOPS, "EXECUTION_LEASE_SECONDS": 0.6, "EXECUTION_HEARTBEAT_SECONDS": 0.1}
+    override_conf(settings, execution_lease_seconds=0.6, execution_heartbeat_seconds=0.1)
 
 
 def claimed_by_a_dead_executor(op: Operation) -> IdempotencyRecord:
@@ -185,7 +186,7 @@ def test_a_retry_that_finds_a_downstream_calls_lease_expired_answers_unknown_and
 
 def test_a_follower_waiting_on_an_executor_takes_over_as_soon_as_its_lease_runs_out(tenant, settings):
     # given an executor that died with a lease that runs out in a moment, and a patient follower
-    settings.IDEMOPS = {**settings.IDEMOPS, "EXECUTION_LEASE_SECONDS": 0.5, "FOLLOWER_WAIT_SECONDS": 30}
+    override_conf(settings, execution_lease_seconds=0.5, execution_heartbeat_seconds=0.1, follower_wait_seconds=30)
     record, claimed = engine.claim(operation(tenant))
     assert claimed
 

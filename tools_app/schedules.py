@@ -19,11 +19,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import close_old_connections
 from django.utils.module_loading import import_string
 from django_q.models import Schedule
 
+from idemops.conf import conf
 from tools_app.core import outage
 from tools_app.core.jobs import JOBS
 
@@ -48,7 +48,7 @@ PERIODIC_JOBS: list[PeriodicJob] = [
     # Link newly committed audit events into the hash chain.
     PeriodicJob("audit.seal", "audit.seal"),
     # Revives long tasks whose worker died and queues due retries (tools_app.tasks.sweep).
-    PeriodicJob("idemops: task sweep", "tasks.sweep", minutes=settings.IDEMOPS["TASK_SWEEP_MINUTES"]),
+    PeriodicJob("idemops: task sweep", "tasks.sweep", minutes=conf().task_sweep_minutes),
 ]
 
 
@@ -63,7 +63,7 @@ LOOP_JOBS: list[LoopJob] = [
     # A dead executor's key settles within its lease plus this period, even
     # if no caller asks for it again (a caller that does settles it itself).
     LoopJob("idemops: lease sweep and due reconciliations", "reconciliation.run_periodic",
-            seconds=settings.IDEMOPS["LEASE_SWEEP_SECONDS"]),
+            seconds=conf().lease_sweep_seconds),
 ]
 
 

@@ -15,5 +15,5 @@
 - `url_allowlist.py`: outbound URLs that cannot escape their allow-list.
 - `crashpoints.py`: crash points that tests arm to kill a process at a chosen line.
 
-May import: Django and libraries only.
+May import: Django, libraries and the settings object (`idemops.conf.conf()`) only.
 """

@@ -18,8 +18,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
-
+from idemops.conf import conf
 from tools_app.core.errors import InvalidInput
 
 KEY_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,255}")
@@ -41,7 +40,7 @@ KEY_DIGEST_LENGTH = 16
 
 
 def key_digest_secret() -> bytes:
-    return settings.IDEMOPS["KEY_DIGEST_SECRET"].encode()
+    return conf().key_digest_secret.get_secret_value().encode()
 
 
 def keyed_hash(message: str) -> str:

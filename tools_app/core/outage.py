@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import math
 
-from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
+from idemops.conf import conf
 from tools_app.core.errors import Transient
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ MESSAGE = ("the database is unavailable for a moment; retry after retry_after se
 
 
 def retry_after() -> float:
-    return float(settings.IDEMOPS["UNAVAILABLE_RETRY_AFTER_SECONDS"])
+    return conf().unavailable_retry_after_seconds
 
 
 def retry_after_header() -> str:

@@ -14,7 +14,7 @@ One place decides, so every export and every stored copy agrees:
   query, fragment or userinfo, where signed-URL tokens and credentials live.
 - `seal` / `unseal`: the few argument values a worker needs in full later
   (a document URL with its token) travel to it encrypted (Fernet, keyed from
-  DJANGO_SECRET_KEY), never in the clear; see docs/tasks.md.
+  IDEMOPS_SECRET_KEY), never in the clear; see docs/tasks.md.
 """
 
 from __future__ import annotations
@@ -108,5 +108,6 @@ def unseal(token: str) -> dict[str, Any]:
     try:
         return json.loads(_fernet().decrypt(token.encode()))
     except InvalidToken:
-        raise InvalidInput("the task's sealed arguments cannot be opened (DJANGO_SECRET_KEY changed and the old key "
-                           "is not in SECRET_KEY_FALLBACKS); start a new task with a new idempotency_key") from None
+        raise InvalidInput("the task's sealed arguments cannot be opened (IDEMOPS_SECRET_KEY changed and the old "
+                           "key is not in IDEMOPS_SECRET_KEY_FALLBACKS); start a new task with a new idempotency_key"
+                           ) from None

@@ -36,8 +36,8 @@ from typing import Any
 from urllib.parse import unquote
 
 import httpx2
-from django.conf import settings
 
+from idemops.conf import conf
 from tools_app.core.errors import InvalidInput, Transient
 
 logger = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ def _port(url: httpx2.URL) -> int:
 
 
 def _private_hosts_allowed() -> set[str]:
-    return {host.lower().rstrip(".") for host in settings.IDEMOPS["OUTBOUND_PRIVATE_HOSTS"]}
+    return {host.lower().rstrip(".") for host in conf().outbound_private_hosts}
 
 
 def _resolve(host: str, port: int, field: str) -> list[Address]:

@@ -14,8 +14,8 @@ from contextlib import closing
 from pathlib import Path
 
 import httpx2
-from django.conf import settings
 
+from idemops.conf import conf
 from tools_app.core import url_allowlist
 from tools_app.core.errors import InvalidInput, NotFound, PermissionDenied, Transient
 
@@ -30,7 +30,7 @@ def no_progress(done: float, total: float | None = None, message: str = "") -> N
 
 
 def max_bytes() -> int:
-    return settings.IDEMOPS["DOCUMENT_MAX_BYTES"]
+    return conf().document_max_bytes
 
 
 def allowed_path(raw: str) -> Path:
@@ -39,7 +39,7 @@ def allowed_path(raw: str) -> Path:
     if not path.is_absolute():
         raise InvalidInput("path must be absolute")
     real = path.resolve()
-    for directory in settings.IDEMOPS["DOCUMENT_ALLOWED_DIRS"]:
+    for directory in conf().document_allowed_dirs:
         if real.is_relative_to(Path(directory).resolve()):
             return real
     raise InvalidInput("path is not under a directory this server may read (IDEMOPS_DOCUMENT_ALLOWED_DIRS)")
@@ -47,7 +47,7 @@ def allowed_path(raw: str) -> Path:
 
 def allowed_url(raw: str) -> url_allowlist.Target:
     """Where `raw` may be fetched from, if it passes IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES (tools_app.url_allowlist)."""
-    return url_allowlist.check(raw, settings.IDEMOPS["DOCUMENT_ALLOWED_URL_PREFIXES"], field="url")
+    return url_allowlist.check(raw, conf().document_allowed_url_prefixes, field="url")
 
 
 def decode_base64(value: str) -> bytes:
@@ -90,7 +90,7 @@ def fetch_url(raw: str, progress: Progress = no_progress) -> bytes:
     the address the check resolved.
     """
     target = allowed_url(raw)
-    timeout = settings.IDEMOPS["DOCUMENT_FETCH_TIMEOUT_SECONDS"]
+    timeout = conf().document_fetch_timeout_seconds
     try:
         with httpx2.Client(timeout=timeout) as client, closing(target.send(client, "GET", stream=True)) as response:
             _check_status(response)

@@ -6,8 +6,8 @@ change, `operation.py` for what the engine is given and answers, and
 `hooks.py` for how the packages built on it (approvals, reconciliation) tell it
 what it does not know itself.
 
-May import: tools_app.core only (and Django). Approvals, reconciliation, tasks
-and the tools build on it; it never imports them.
+May import: tools_app.core only (and Django, and the settings object `idemops.conf`). Approvals,
+reconciliation, tasks and the tools build on it; it never imports them.
 """
 
 from tools_app.engine.hooks import hooks

@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 from contextlib import nullcontext
 
-from django.conf import settings
 from django.db import DataError, transaction
 from django.utils import timezone
 
+from idemops.conf import conf
 from tools_app.core import polling
 from tools_app.core.crashpoints import crash_point
 from tools_app.core.errors import (
@@ -198,10 +198,10 @@ def execute_approved(record: IdempotencyRecord, op: Operation, execute: Executor
 def wait_for_outcome(record: IdempotencyRecord) -> IdempotencyRecord:
     """Poll a PROCESSING record until it finishes, its lease runs out, or the follower wait runs out."""
     polling.until(lambda: record.status != RecordStatus.PROCESSING or lease_expired(record),
-                  seconds=settings.IDEMOPS["FOLLOWER_WAIT_SECONDS"], pause=0.01, max_pause=0.2,
+                  seconds=conf().follower_wait_seconds, pause=0.01, max_pause=0.2,
                   refresh=record.refresh_from_db)
     return record
 
 
 def _in_progress_retry_after() -> float:
-    return float(settings.IDEMOPS["IN_PROGRESS_RETRY_AFTER_SECONDS"])
+    return conf().in_progress_retry_after_seconds

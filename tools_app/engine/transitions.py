@@ -18,10 +18,10 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from idemops.conf import conf
 from tools_app.core import audit, backoff, db, leases, redaction
 from tools_app.core.errors import ToolFailure, UnknownOutcome
 from tools_app.core.keys import canonical_json
@@ -42,11 +42,11 @@ WRITE_RETRY_MAX_SECONDS = 60.0
 
 
 def lease_seconds() -> float:
-    return float(settings.IDEMOPS["EXECUTION_LEASE_SECONDS"])
+    return conf().execution_lease_seconds
 
 
 def heartbeat_interval() -> float:
-    return leases.heartbeat_interval(settings.IDEMOPS["EXECUTION_HEARTBEAT_SECONDS"], lease_seconds())
+    return leases.heartbeat_interval(conf().execution_heartbeat_seconds, lease_seconds())
 
 
 @transaction.atomic

@@ -11,10 +11,10 @@ import json
 import secrets
 from pathlib import Path
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from idemops.conf import conf
 from tools_app import access
 from tools_app.access.models import ApiToken, Tenant
 from tools_app.approvals.models import ApprovalSettings
@@ -24,7 +24,7 @@ DEMO_ADMIN = "admin"
 
 
 def credentials_path() -> Path:
-    return Path(settings.VAR_DIR) / "demo-credentials.json"
+    return conf().var_dir / "demo-credentials.json"
 
 
 @transaction.atomic

@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import anyio
-from django.conf import settings
 from django.db import close_old_connections
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
@@ -22,6 +21,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
+from idemops.conf import conf
 from tools_app import access, metrics
 from tools_app.core import outage
 from tools_app.toolkit.calls import Caller, CallResult
@@ -50,7 +50,7 @@ async def in_db_thread(fn, /, *args, **kwargs):
     """Run sync ORM code in a worker thread (not Django's single shared thread)."""
     global _db_limiter
     if _db_limiter is None:
-        _db_limiter = anyio.CapacityLimiter(settings.IDEMOPS["MCP_DB_THREADS"])
+        _db_limiter = anyio.CapacityLimiter(conf().mcp_db_threads)
     try:
         return await anyio.to_thread.run_sync(functools.partial(_with_fresh_connection, fn, *args, **kwargs),
                                               limiter=_db_limiter)

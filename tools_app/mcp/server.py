@@ -19,7 +19,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.conf import settings
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.tools.base import Tool
@@ -30,6 +29,7 @@ from mcp_types import INVALID_PARAMS, CallToolResult, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, create_model
 from starlette.middleware import Middleware
 
+from idemops.conf import conf
 from tools_app.core import keys, outage
 from tools_app.core.errors import UNKNOWN_OUTCOME_ADVICE, NotFound
 from tools_app.mcp.guards import DatabaseGuard, RequestIdGuard
@@ -110,7 +110,7 @@ class IdemopsServer(MCPServer):
 
 
 def build_server() -> MCPServer:
-    public_url = settings.IDEMOPS["PUBLIC_URL"].rstrip("/")
+    public_url = conf().public_url.rstrip("/")
     return IdemopsServer(
         name="idemops",
         instructions="Write tools need an idempotency_key: reuse it on every retry of one operation, and use a "
@@ -134,13 +134,13 @@ def build_app():
     app = build_server().streamable_http_app(
         streamable_http_path="/mcp",
         stateless_http=True,
-        max_request_body_size=settings.IDEMOPS["MCP_MAX_REQUEST_BYTES"],
+        max_request_body_size=conf().mcp_max_request_bytes,
         transport_security=TransportSecuritySettings(
-            allowed_hosts=settings.IDEMOPS["MCP_ALLOWED_HOSTS"],
-            allowed_origins=settings.IDEMOPS["MCP_ALLOWED_ORIGINS"],
+            allowed_hosts=conf().mcp_allowed_hosts,
+            allowed_origins=conf().mcp_allowed_origins,
         ),
     )
     app.add_middleware(DatabaseGuard)  # outermost of the app's middleware: around the bearer-token check
     # Innermost, after the SDK's authentication middleware (see guards.RequestIdGuard).
-    app.user_middleware.append(Middleware(RequestIdGuard, max_body_size=settings.IDEMOPS["MCP_MAX_REQUEST_BYTES"]))
+    app.user_middleware.append(Middleware(RequestIdGuard, max_body_size=conf().mcp_max_request_bytes))
     return app

@@ -23,13 +23,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.conf import settings
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver.server import require_client_extension
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, CallToolRequestParams, RequestParams
 from pydantic import Field
 
+from idemops.conf import conf
 from tools_app import tasks
 from tools_app.access import Agent
 from tools_app.core import keys
@@ -80,7 +80,7 @@ def task_shape(task: Task) -> dict[str, Any]:
     return {"taskId": str(task.pk), "status": status, "statusMessage": task_calls.next_action(task),
             "createdAt": _iso(task.created_at), "lastUpdatedAt": _iso(task.updated_at),
             # Tasks are kept, not purged: no time-to-live.
-            "ttlMs": None, "pollIntervalMs": settings.IDEMOPS["TASK_POLL_INTERVAL_MS"]}
+            "ttlMs": None, "pollIntervalMs": conf().task_poll_interval_ms}
 
 
 def detailed_task(task: Task) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import httpx2
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
+from idemops.conf import conf
 from tools_app.core import url_allowlist
 from tools_app.core.errors import InvalidInput, Transient
 from tools_app.outbox.models import OutboxEvent
@@ -51,14 +52,14 @@ def _post_webhook(event: OutboxEvent) -> None:
     # The stored URL is checked again, against today's allow-list, and the
     # request goes to the address that check resolved (no second DNS answer).
     try:
-        target = url_allowlist.check(payload["recipient"], settings.IDEMOPS["WEBHOOK_ALLOWED_PREFIXES"],
+        target = url_allowlist.check(payload["recipient"], conf().webhook_allowed_prefixes,
                                      field="recipient")
     except InvalidInput as exc:
         raise DeliveryRefused(exc.message) from exc
     except Transient as exc:
         raise DeliveryFailed(exc.message) from exc
     try:
-        with httpx2.Client(timeout=settings.IDEMOPS["WEBHOOK_TIMEOUT_SECONDS"]) as client:
+        with httpx2.Client(timeout=conf().webhook_timeout_seconds) as client:
             response = target.send(client, "POST", json={"subject": payload["subject"], "body": payload["body"]},
                                    headers={"X-Event-Id": str(event.id), "Idempotency-Key": str(event.id)})
     except httpx2.TransportError as exc:

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from idemops.conf import conf
 from tools_app import access
 from tools_app.core import backoff, db, jobs
 from tools_app.outbox.delivery import DeliveryFailed, deliver
@@ -65,7 +65,7 @@ def relay_batch(limit: int | None = None) -> RelayReport:
     with transaction.atomic():
         batch = list(OutboxEvent.objects.select_for_update(skip_locked=True)
                      .filter(status=OutboxStatus.PENDING, next_attempt_at__lte=timezone.now())
-                     .order_by("next_attempt_at", "created_at")[:limit or settings.IDEMOPS["OUTBOX_BATCH_SIZE"]])
+                     .order_by("next_attempt_at", "created_at")[:limit or conf().outbox_batch_size])
         for event in batch:
             try:
                 deliver(event)
@@ -97,8 +97,8 @@ def record_failed_attempt(event: OutboxEvent, error: str, *, final: bool = False
     """pending -> pending later (core.backoff), or -> dead after the last attempt (or at once if
     `final`). Returns True if dead-lettered."""
     attempts = event.attempts + 1
-    dead = final or attempts >= settings.IDEMOPS["OUTBOX_MAX_ATTEMPTS"]
-    delay = backoff.delay(attempts, base=settings.IDEMOPS["OUTBOX_BACKOFF_SECONDS"], ceiling=BACKOFF_MAX_SECONDS)
+    dead = final or attempts >= conf().outbox_max_attempts
+    delay = backoff.delay(attempts, base=conf().outbox_backoff_seconds, ceiling=BACKOFF_MAX_SECONDS)
     changes = {"attempts": attempts, "last_error": error, "next_attempt_at": timezone.now() + timedelta(seconds=delay)}
     if dead:
         db.transition(event, {"status": OutboxStatus.PENDING, "attempts": event.attempts},

@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.utils import timezone
 
+from idemops.conf import conf
 from tools_app import engine
 from tools_app.core import backoff, jobs
 from tools_app.core.errors import Transient
@@ -42,7 +42,7 @@ def reconciler_for(spec: ToolSpec):
 def take_turn(record: IdempotencyRecord) -> bool:
     """Push the record's next attempt forward; only the process whose UPDATE
     matched reconciles it now (two schedulers never ask downstream twice)."""
-    claimed_until = timezone.now() + timedelta(seconds=settings.IDEMOPS["RECONCILE_TURN_SECONDS"])
+    claimed_until = timezone.now() + timedelta(seconds=conf().reconcile_turn_seconds)
     return bool(IdempotencyRecord.objects.filter(
         pk=record.pk, status=RecordStatus.UNKNOWN, next_reconcile_at=record.next_reconcile_at,
     ).update(next_reconcile_at=claimed_until))
@@ -104,9 +104,9 @@ BACKOFF_MAX_SECONDS = 3600
 def next_attempt_at(attempt: int) -> datetime | None:
     """When to ask again after the `attempt`-th attempt (core.backoff); None once the attempts
     are used up (escalate)."""
-    if attempt >= settings.IDEMOPS["RECONCILE_MAX_ATTEMPTS"]:
+    if attempt >= conf().reconcile_max_attempts:
         return None
-    delay = backoff.delay(attempt, base=settings.IDEMOPS["RECONCILE_BACKOFF_SECONDS"], ceiling=BACKOFF_MAX_SECONDS)
+    delay = backoff.delay(attempt, base=conf().reconcile_backoff_seconds, ceiling=BACKOFF_MAX_SECONDS)
     return timezone.now() + timedelta(seconds=delay)
 
 

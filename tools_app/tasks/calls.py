@@ -14,9 +14,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from pydantic import BaseModel, Field
 
+from idemops.conf import conf
 from tools_app.core import keys, polling, redaction
 from tools_app.core.errors import AlreadyDone, ErrorClass, InProgress, InvalidInput, NotFound, ToolFailure
 from tools_app.tasks import state
@@ -176,7 +176,7 @@ def call_task_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], me
     started, task = start_through_engine(spec, caller, arguments, meta_key)
     if task is None:
         return started
-    task = wait_for(task, settings.IDEMOPS["TASK_CALL_WAIT_SECONDS"], caller.report_progress)
+    task = wait_for(task, conf().task_call_wait_seconds, caller.report_progress)
     return outcome(spec, task, replayed=started.replayed)
 
 
@@ -199,7 +199,7 @@ def unfinished(task: Task) -> ToolFailure:
         return AlreadyDone(f"task {task.pk} was cancelled ({task.failure_reason})", details=details)
     return InProgress(f"{task.tool} runs as task {task.pk}, now {task.status}. {next_action(task)} "
                       "Calling again with the same idempotency_key waits for the same task.",
-                      retry_after=settings.IDEMOPS["TASK_POLL_INTERVAL_MS"] / 1000, details=details)
+                      retry_after=conf().task_poll_interval_ms / 1000, details=details)
 
 
 # --- waiting ------------------------------------------------------------------------------------
@@ -222,7 +222,7 @@ def wait_for(task: Task, seconds: float, report_progress=None) -> Task:
         return task.finished or task.status == TaskStatus.PAUSED
 
     # What waiting needs, not the arguments (an inline document can be megabytes).
-    polling.until(settled, seconds=min(seconds, settings.IDEMOPS["TASK_MAX_WAIT_SECONDS"]), pause=0.05,
+    polling.until(settled, seconds=min(seconds, conf().task_max_wait_seconds), pause=0.05,
                   max_pause=0.5, refresh=lambda: task.refresh_from_db(fields=WATCHED_FIELDS))
     return task
 

@@ -16,9 +16,9 @@ import logging
 import time
 from datetime import datetime
 
-from django.conf import settings
 from pydantic import ValidationError
 
+from idemops.conf import conf
 from tools_app.core import leases, redaction
 from tools_app.core.errors import ToolFailure, Transient
 from tools_app.tasks import checkpoints, state
@@ -36,7 +36,7 @@ class Heartbeat(leases.Heartbeat):
     def __init__(self, task_id, owner: str):
         self._progress: tuple[float | None, float | None, str] | None = None
         super().__init__(lambda: state.renew_lease(task_id, owner, self._progress),
-                         leases.heartbeat_interval(settings.IDEMOPS["TASK_HEARTBEAT_SECONDS"], state.lease_seconds()),
+                         leases.heartbeat_interval(conf().task_heartbeat_seconds, state.lease_seconds()),
                          name=f"heartbeat-{task_id}")
 
     def progress(self, done: float, total: float | None = None, message: str = "") -> None:
@@ -54,7 +54,7 @@ class Runner:
         self.owner = owner
         self.spec: ToolSpec = get_tool(task.tool)
         self.pipeline: Pipeline = self.spec.pipeline
-        self.slice_ends = time.monotonic() + settings.IDEMOPS["TASK_SLICE_SECONDS"]
+        self.slice_ends = time.monotonic() + conf().task_slice_seconds
 
     def run(self) -> tuple[str, datetime | None]:
         """Run the remaining steps. Returns (outcome, when to retry if this job should wait)."""
@@ -123,7 +123,7 @@ class Runner:
                              failure.error_class)
         if failure.retryable and task.attempts < task.max_attempts:
             delay = max(failure.retry_after or 0.0, self.pipeline.retry.backoff(task.attempts))
-            wait_here = delay <= settings.IDEMOPS["TASK_INLINE_RETRY_MAX_SECONDS"]
+            wait_here = delay <= conf().task_inline_retry_max_seconds
             if state.retry_later(task, self.owner, failure, delay, waited_by_worker=wait_here, run=run):
                 return f"retrying after {delay:.2f}s", (task.next_retry_at if wait_here else None)
         elif failure.retryable:

@@ -28,11 +28,11 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from idemops.conf import conf
 from tools_app.core import audit, db, jobs, leases
 from tools_app.core.errors import ErrorClass, ToolFailure
 from tools_app.engine.models import IdempotencyRecord
@@ -48,7 +48,7 @@ RUNNABLE = (TaskStatus.CREATED, TaskStatus.RETRYING)
 
 
 def lease_seconds() -> float:
-    return float(settings.IDEMOPS["TASK_LEASE_SECONDS"])
+    return conf().task_lease_seconds
 
 
 def transition(task: Task, expected: dict[str, Any], changes: dict[str, Any], *, action: str, actor: str,
@@ -254,7 +254,7 @@ def expire_lease(task: Task, actor: str = SWEEPER) -> bool:
     now = timezone.now()
     deaths = task.lease_expiries + 1
     expected = {"status": TaskStatus.RUNNING, "lease_owner": task.lease_owner, "lease_expires_at__lt": now}
-    if deaths >= settings.IDEMOPS["TASK_MAX_LEASE_EXPIRIES"]:
+    if deaths >= conf().task_max_lease_expiries:
         reason = (f"the worker running step {task.current_step!r} died {deaths} times; "
                   "resume_task runs it again if the cause is fixed")
         return transition(task, expected, {
@@ -273,7 +273,7 @@ def expire_lease(task: Task, actor: str = SWEEPER) -> bool:
 def waiting_for_a_job(now: datetime) -> Q:
     """Runnable tasks no job will pick up: queued long ago (the job was lost or
     failed), or due retries that no worker is waiting out."""
-    stale = now - timedelta(seconds=settings.IDEMOPS["TASK_REQUEUE_AFTER_SECONDS"])
+    stale = now - timedelta(seconds=conf().task_requeue_after_seconds)
     not_waited = Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=stale)
     return (Q(status=TaskStatus.CREATED, enqueued_at__lt=stale)
             | Q(status=TaskStatus.RETRYING, next_retry_at__lte=now) & not_waited)

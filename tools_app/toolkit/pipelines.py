@@ -28,10 +28,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 from django.db import DatabaseError, DataError
 from pydantic import BaseModel
 
+from idemops.conf import conf
 from tools_app.core import backoff
 from tools_app.core.errors import InvalidInput, ToolFailure, Transient, invalid_data
 from tools_app.toolkit.registry import ToolContext, ToolSpec, WriteInput, register
@@ -92,12 +92,12 @@ class RetryPolicy:
     max_seconds: float | None = None
 
     def attempts_allowed(self) -> int:
-        return self.max_attempts or settings.IDEMOPS["TASK_MAX_ATTEMPTS"]
+        return self.max_attempts or conf().task_max_attempts
 
     def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after the `attempt`-th run failed: core.backoff.delay, uniform in [cap/2, cap]."""
-        base = self.base_seconds if self.base_seconds is not None else settings.IDEMOPS["TASK_BACKOFF_BASE_SECONDS"]
-        ceiling = self.max_seconds if self.max_seconds is not None else settings.IDEMOPS["TASK_BACKOFF_MAX_SECONDS"]
+        base = self.base_seconds if self.base_seconds is not None else conf().task_backoff_base_seconds
+        ceiling = self.max_seconds if self.max_seconds is not None else conf().task_backoff_max_seconds
         return backoff.delay(attempt, base=base, ceiling=ceiling, rng=rng)
 
 

@@ -15,9 +15,9 @@ from pathlib import PurePosixPath
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from django.conf import settings
 from pydantic import BaseModel, Field, model_validator
 
+from idemops.conf import conf
 from tools_app import documents
 from tools_app.core import redaction
 from tools_app.core.errors import InvalidInput
@@ -125,7 +125,7 @@ def extract_text(ctx: StepContext) -> dict[str, Any]:
 
 
 def chunk(ctx: StepContext) -> dict[str, Any]:
-    return {"chunks": documents.chunk(ctx.outputs["extract_text"]["text"], settings.IDEMOPS["DOCUMENT_CHUNK_CHARS"])}
+    return {"chunks": documents.chunk(ctx.outputs["extract_text"]["text"], conf().document_chunk_chars)}
 
 
 def index(ctx: StepContext) -> dict[str, Any]:

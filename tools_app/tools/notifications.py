@@ -5,11 +5,11 @@ from __future__ import annotations
 import uuid
 from typing import Literal
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from pydantic import BaseModel, Field
 
+from idemops.conf import conf
 from tools_app import outbox
 from tools_app.core import url_allowlist
 from tools_app.core.errors import InvalidInput, NotFound
@@ -45,7 +45,7 @@ def check_recipient(args: SendNotificationInput) -> None:
         except ValidationError:
             raise InvalidInput("recipient: must be an email address for channel email") from None
     else:
-        url_allowlist.check(args.recipient, settings.IDEMOPS["WEBHOOK_ALLOWED_PREFIXES"], field="recipient")
+        url_allowlist.check(args.recipient, conf().webhook_allowed_prefixes, field="recipient")
 
 
 def notification_output(event: OutboxEvent) -> NotificationOutput:

@@ -12,9 +12,9 @@ from decimal import Decimal
 from typing import Annotated
 
 import httpx2
-from django.conf import settings
 from pydantic import BaseModel, Field
 
+from idemops.conf import conf
 from tools_app.approvals import amount_policy
 from tools_app.core.errors import InvalidInput
 from tools_app.engine import ExpiryPolicy, evidence_entry
@@ -41,11 +41,11 @@ class PaymentOutput(BaseModel):
 
 
 def gateway_url(path: str) -> str:
-    return settings.IDEMOPS["PAYMENT_GATEWAY_URL"].rstrip("/") + path
+    return conf().payment_gateway_url.rstrip("/") + path
 
 
 def _timeout() -> float:
-    return settings.IDEMOPS["PAYMENT_GATEWAY_TIMEOUT_SECONDS"]
+    return conf().payment_gateway_timeout_seconds
 
 
 def reconcile_payment(record) -> Found | NotDone | StillUnknown:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from pydantic import BaseModel, Field
 
+from idemops.conf import conf
 from tools_app import tasks
 from tools_app.access import Agent
 from tools_app.tasks import calls as task_calls
@@ -21,7 +21,7 @@ from tools_app.toolkit.registry import ToolContext, ToolInput, WriteInput, read_
 
 # The schema states the real limit (the setting, read when the tools are declared); more is invalid_input,
 # never a silently shorter wait.
-MAX_WAIT_SECONDS = settings.IDEMOPS["TASK_MAX_WAIT_SECONDS"]
+MAX_WAIT_SECONDS = conf().task_max_wait_seconds
 WAIT_RULE = ("Seconds to wait for the task to finish (or pause) before answering, with progress notifications "
              f"when the call has a progressToken. 0 answers at once; at most {MAX_WAIT_SECONDS:g} "
              "(call again to wait longer).")

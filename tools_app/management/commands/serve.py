@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand
 from psycopg.conninfo import make_conninfo
 
 from idemops import embedded_pg
+from idemops.conf import conf
 from tools_app.core import polling
 from tools_app.management.demo import ensure_demo
 
@@ -33,9 +34,10 @@ class Command(BaseCommand):
     help = "Run the whole platform in the foreground: web (admin, API, /mcp) and the job cluster."
 
     def add_arguments(self, parser):
-        parser.add_argument("--host", default=os.environ.get("IDEMOPS_HOST", "127.0.0.1"))
-        parser.add_argument("--port", type=int, default=int(os.environ.get("IDEMOPS_PORT", "8000")))
-        parser.add_argument("--web-workers", type=int, default=int(os.environ.get("WEB_WORKERS", "1")))
+        parser.add_argument("--host", default=conf().host, help=f"default: IDEMOPS_HOST ({conf().host})")
+        parser.add_argument("--port", type=int, default=conf().port, help=f"default: IDEMOPS_PORT ({conf().port})")
+        parser.add_argument("--web-workers", type=int, default=conf().web_workers,
+                            help=f"default: IDEMOPS_WEB_WORKERS ({conf().web_workers})")
 
     def handle(self, host, port, web_workers, **options):
         call_command("migrate", interactive=False, verbosity=0)
@@ -55,7 +57,7 @@ class Command(BaseCommand):
         finally:
             self.stop(processes)
             if settings.EMBEDDED_DATABASE:
-                embedded_pg.stop(settings.PGDATA.resolve())
+                embedded_pg.stop(conf().pgdata.resolve())
 
     def process_specs(self, host, port, web_workers):
         python = sys.executable
@@ -64,13 +66,13 @@ class Command(BaseCommand):
                      "--workers", str(web_workers), "--no-access-log"]),
             ("jobs", [python, "manage.py", "qcluster"]),
         ]
-        if settings.IDEMOPS["RUN_DEMO_DOWNSTREAMS"]:
+        if conf().run_demo_downstreams:
             specs += self.downstream_specs(python)
         return specs
 
     def downstream_specs(self, python):
         """The demo's downstream systems, each with its own database on our server."""
-        url = os.environ["DATABASE_URL"]
+        url = conf().database_url
         return [
             ("payment-gateway", [python, "-m", "downstream.payment_gateway", "--port", "8001",
                                  "--database-url", make_conninfo(url, dbname="payment_gateway")]),
@@ -127,7 +129,7 @@ idemops is running.
   MCP       {base}/mcp      tenant demo, bearer token {token}
   Health    {base}/healthz
   Payment gateway (demo downstream)  http://127.0.0.1:8001   notification sink  http://127.0.0.1:8002/messages
-  Database  {'embedded PostgreSQL in ' + str(settings.PGDATA) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}
+  Database  {'embedded PostgreSQL in ' + str(conf().pgdata) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}
 
 Create an order (run it twice: the second call returns the same order, marked replayed):
   {call}

@@ -1,0 +1,40 @@
+"""idemops's settings: one typed, validated, frozen object, read from the environment once.
+
+Every setting is an environment variable `IDEMOPS_<NAME>`; the only unprefixed one is
+DATABASE_URL (the universal convention). `idemops/settings.py` calls `load()` once at
+start-up and builds Django's settings from the result; a bad value, an old variable name
+(RENAMED) or an unknown IDEMOPS_ variable stops start-up with one line per problem,
+naming the variable and what it expects. The code reads `conf().<field>`; tests replace
+the object through Django's `settings` fixture with `override_conf(settings, ...)`.
+
+- `fields.py`: every setting (type, unit, default, bounds, description) and RENAMED.
+- `startup.py`: `load()`, and the refusal when the environment is wrong.
+- `words.py`: what a field accepts, in words; docs/settings.md (`make settings-doc`,
+  `python -m idemops.conf`; a test checks it is up to date).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+from idemops.conf.fields import PREFIX, RENAMED, CrashPoint, IdemopsSettings, env_name, environment_names
+from idemops.conf.startup import SettingsError, load
+from idemops.conf.words import expected, markdown
+
+__all__ = ["PREFIX", "RENAMED", "CrashPoint", "IdemopsSettings", "SettingsError", "conf", "env_name",
+           "environment_names", "expected", "load", "markdown", "override_conf"]
+
+
+def conf() -> IdemopsSettings:
+    """The settings of this process (Django's settings.IDEMOPS, built once by idemops/settings.py)."""
+    return django_settings.IDEMOPS
+
+
+def override_conf(settings: Any, **changes: Any) -> IdemopsSettings:
+    """Replace settings.IDEMOPS by a validated copy with `changes` (field names), for tests: with
+    pytest-django's `settings` fixture the original comes back after the test."""
+    current = settings.IDEMOPS
+    settings.IDEMOPS = type(current).model_validate({**current.model_dump(), **changes})
+    return settings.IDEMOPS

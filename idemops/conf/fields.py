@@ -1,0 +1,349 @@
+"""The settings' fields: each IDEMOPS_<NAME> variable with its type, unit, default, bounds and
+one-line description, the checks across fields, and the table of renamed variables.
+
+May import: pydantic, pydantic-settings and dj_database_url only (Django's settings are built
+from this, so it cannot use them).
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import dj_database_url
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
+from pydantic_core import PydanticCustomError, PydanticUndefined
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+PREFIX = "IDEMOPS_"
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# Old environment variables and the ones that replaced them. Setting an old one stops
+# start-up: a renamed variable silently ignored would run production on a default.
+RENAMED = {
+    "DJANGO_SECRET_KEY": "IDEMOPS_SECRET_KEY",
+    "DJANGO_SECRET_KEY_FALLBACKS": "IDEMOPS_SECRET_KEY_FALLBACKS",
+    "DJANGO_DEBUG": "IDEMOPS_DEBUG",
+    "DJANGO_ALLOWED_HOSTS": "IDEMOPS_ALLOWED_HOSTS",
+    "DJANGO_CSRF_TRUSTED_ORIGINS": "IDEMOPS_CSRF_TRUSTED_ORIGINS",
+    "DJANGO_STATIC_ROOT": "IDEMOPS_STATIC_ROOT",
+    "LOG_LEVEL": "IDEMOPS_LOG_LEVEL",
+    "WEB_WORKERS": "IDEMOPS_WEB_WORKERS",
+    "DB_CONN_MAX_AGE": "IDEMOPS_DB_CONN_MAX_AGE_SECONDS",
+    "DB_SERVER_SIDE_BINDING": "IDEMOPS_DB_SERVER_SIDE_BINDING",
+    "DB_PREPARE_THRESHOLD": "IDEMOPS_DB_PREPARE_THRESHOLD",
+    "Q_WORKERS": "IDEMOPS_Q_WORKERS",
+    "Q_TIMEOUT": "IDEMOPS_Q_TIMEOUT_SECONDS",
+    "Q_EXPECTED_QUEUE_WAIT": "IDEMOPS_Q_EXPECTED_QUEUE_WAIT_SECONDS",
+    "MCP_ALLOWED_HOSTS": "IDEMOPS_MCP_ALLOWED_HOSTS",
+    "MCP_ALLOWED_ORIGINS": "IDEMOPS_MCP_ALLOWED_ORIGINS",
+    "MCP_DB_THREADS": "IDEMOPS_MCP_DB_THREADS",
+    "MCP_MAX_REQUEST_BYTES": "IDEMOPS_MCP_MAX_REQUEST_BYTES",
+    "PAYMENT_GATEWAY_URL": "IDEMOPS_PAYMENT_GATEWAY_URL",
+    "PAYMENT_GATEWAY_TIMEOUT_SECONDS": "IDEMOPS_PAYMENT_GATEWAY_TIMEOUT_SECONDS",
+    "NOTIFICATION_WEBHOOK_ALLOWED_PREFIXES": "IDEMOPS_WEBHOOK_ALLOWED_PREFIXES",
+    "NOTIFICATION_WEBHOOK_TIMEOUT_SECONDS": "IDEMOPS_WEBHOOK_TIMEOUT_SECONDS",
+    "EMAIL_HOST": "IDEMOPS_EMAIL_HOST",
+    "EMAIL_PORT": "IDEMOPS_EMAIL_PORT",
+    "EMAIL_HOST_USER": "IDEMOPS_EMAIL_HOST_USER",
+    "EMAIL_HOST_PASSWORD": "IDEMOPS_EMAIL_HOST_PASSWORD",
+    "EMAIL_USE_TLS": "IDEMOPS_EMAIL_USE_TLS",
+    "EMAIL_TIMEOUT": "IDEMOPS_EMAIL_TIMEOUT_SECONDS",
+    "DEFAULT_FROM_EMAIL": "IDEMOPS_DEFAULT_FROM_EMAIL",
+}
+
+CrashPoint = Literal["after_claim", "after_downstream", "after_commit"]
+
+
+def check_http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PydanticCustomError("http_url", "not an http:// or https:// URL with a host")
+    return value
+
+
+def check_postgres_url(value: str) -> str:
+    try:
+        engine = dj_database_url.parse(value)["ENGINE"]
+    except Exception:  # dj_database_url raises several kinds for a URL it cannot read
+        engine = None
+    if engine != "django.db.backends.postgresql":
+        raise PydanticCustomError("postgres_url", "idemops runs on PostgreSQL only")
+    return value
+
+
+HttpUrl = Annotated[str, AfterValidator(check_http_url)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Seconds = Annotated[float, Field(gt=0)]
+TextList = Annotated[list[str], NoDecode]
+UrlList = Annotated[list[HttpUrl], NoDecode]
+
+
+def setting(default: Any = PydanticUndefined, doc: str = "", *, shown: str | None = None, section: str,
+            **field: Any) -> Any:
+    """A field with its one-line description, its section in docs/settings.md and, where the
+    default is computed, how the doc shows it."""
+    return Field(default, description=doc, json_schema_extra={"section": section, "shown": shown}, **field)
+
+
+WEB, SECRETS, DATABASE, JOBS, MCP, WRITES, RECONCILE, DOWNSTREAM, EMAIL, OUTBOX, TASKS, DOCUMENTS, TESTING = (
+    "Web and processes", "Secrets", "Database", "Job cluster (django-q2)", "MCP endpoint",
+    "Writes, leases and outages", "Reconciliation of unknown outcomes", "Downstream systems",
+    "Email", "Outbox relay", "Long tasks", "Documents", "Testing")
+
+
+class IdemopsSettings(BaseSettings):
+    """Every idemops setting, each from IDEMOPS_<NAME> (DATABASE_URL excepted)."""
+
+    model_config = SettingsConfigDict(env_prefix=PREFIX, frozen=True, extra="forbid", validate_by_name=True,
+                                      validate_default=True)
+
+    # --- web and processes ---
+    public_url: HttpUrl = setting(
+        "http://127.0.0.1:8000", "The URL clients reach this server at: printed by `make run`, and the MCP "
+        "resource URL.", section=WEB)
+    host: str = setting("127.0.0.1", "Interface `manage.py serve` binds the web server to.", section=WEB)
+    port: Port = setting(8000, "Port `manage.py serve` binds the web server to.", section=WEB)
+    web_workers: int = setting(1, "uvicorn worker processes `manage.py serve` starts.", ge=1, section=WEB)
+    allowed_hosts: TextList = setting(
+        ["localhost", "127.0.0.1", "[::1]"], "Host names Django serves (its ALLOWED_HOSTS).", section=WEB)
+    csrf_trusted_origins: TextList = setting(
+        ["http://localhost:8000", "http://127.0.0.1:8000"], "Origins trusted for the admin's unsafe requests "
+        "(Django's CSRF_TRUSTED_ORIGINS).", section=WEB)
+    debug: bool = setting(False, "Django's DEBUG: tracebacks in error pages. Never in production.", section=WEB)
+    static_root: Path | None = setting(
+        None, "Where `manage.py collectstatic` writes static files; unset, they are served from the apps.",
+        section=WEB)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = setting(
+        "INFO", "Level of the root logger (case-insensitive).", section=WEB)
+    var_dir: Path = setting(
+        BASE_DIR / "var", "Where local state lives: the generated secret key, the embedded database, the demo "
+        "credentials.", shown="`var/` next to manage.py", section=WEB)
+
+    # --- secrets ---
+    secret_key: SecretStr | None = setting(
+        None, "Django's SECRET_KEY (sessions, sealed task arguments, derived secrets); the same on every "
+        "process.", shown="generated once into `<var dir>/secret_key`", section=SECRETS)
+    secret_key_fallbacks: Annotated[list[SecretStr], NoDecode] = setting(
+        [], "Old secret keys during a rotation: what they signed or sealed still opens.", section=SECRETS)
+    key_digest_secret: SecretStr | None = setting(
+        None, "Key of the HMAC-SHA256 digests that stand for idempotency keys outside the database and of the "
+        "keys forwarded downstream; the same on every process, and changing it changes every digest.",
+        shown="derived from the secret key", section=SECRETS)
+
+    # --- database ---
+    database_url: Annotated[str, AfterValidator(check_postgres_url)] | None = setting(
+        None, "The PostgreSQL server (`postgres://…`); unset, idemops starts an embedded one. Unprefixed: "
+        "the universal convention.", validation_alias="DATABASE_URL", section=DATABASE)
+    pgdata: Path = setting(
+        default_factory=lambda data: data.get("var_dir", BASE_DIR / "var") / "pg",
+        doc="Data directory of the embedded PostgreSQL server (when DATABASE_URL is unset).",
+        shown="`<var dir>/pg`", section=DATABASE)
+    embedded_database: bool = setting(
+        False, "Set by idemops for the processes it starts: their DATABASE_URL is the embedded server's "
+        "(`make run` stops that server on exit). Not set by hand.", section=DATABASE)
+    # Persistent connections: with Django's default of 0 the django-q2 cluster measured ~8x
+    # slower on a 2-core machine.
+    db_conn_max_age_seconds: int = setting(
+        600, "How long a database connection is kept and reused (health-checked before reuse); 0 closes it "
+        "after each request.", ge=0, section=DATABASE)
+    # Server-side binding lets psycopg prepare the statements we repeat (the engine's claim is
+    # one large statement: planning it each time would cost more than running it).
+    db_server_side_binding: bool = setting(
+        True, "psycopg binds parameters on the server, so repeated statements can be prepared.",
+        section=DATABASE)
+    db_prepare_threshold: int = setting(
+        5, "Executions of a statement before psycopg prepares it (0: at once).", ge=0, section=DATABASE)
+
+    # --- django-q2 ---
+    # Our own leases decide who runs what; django-q2 only delivers. It must not deliver a
+    # running job twice: its `retry` (timeout + expected queue wait) exceeds `timeout`.
+    q_workers: int = setting(2, "Worker processes of each `manage.py qcluster`.", ge=1, section=JOBS)
+    q_timeout_seconds: int = setting(
+        600, "django-q2 kills a job running longer than this.", gt=0, section=JOBS)
+    q_expected_queue_wait_seconds: int = setting(
+        120, "Longest a queued job is expected to wait for a worker; django-q2 redelivers an "
+        "unacknowledged job after timeout + this.", gt=0, section=JOBS)
+
+    # --- MCP ---
+    # The SDK's DNS-rebinding protection stays on: it answers 421 to other Host headers.
+    mcp_allowed_hosts: TextList = setting(
+        ["localhost:*", "127.0.0.1:*", "[::1]:*", "localhost", "127.0.0.1"],
+        "Host headers /mcp accepts (`host:*` allows any port).", section=MCP)
+    mcp_allowed_origins: TextList = setting(
+        ["http://localhost:*", "http://127.0.0.1:*"], "Origin headers /mcp accepts.", section=MCP)
+    mcp_db_threads: int = setting(
+        16, "Threads one web process uses for the database work of MCP calls.", ge=1, section=MCP)
+    mcp_max_request_bytes: int = setting(
+        32 * 1024 * 1024, "Largest /mcp request body (ingest_document takes documents inline).", gt=0,
+        section=MCP)
+
+    # --- writes, leases and outages ---
+    # After a crash, a key settles within the lease plus the sweep period.
+    execution_lease_seconds: Seconds = setting(
+        10, "How long an executor holds a key before a caller or the sweep may take it for dead "
+        "(PROCESSING -> UNKNOWN).", section=WRITES)
+    execution_heartbeat_seconds: Seconds = setting(
+        2, "How often the executor renews its lease while the handler runs (at most a third of the lease "
+        "is used); less than the lease.", section=WRITES)
+    lease_sweep_seconds: float = setting(
+        1, "How often each django-q2 worker process sweeps expired leases and runs due reconciliations; "
+        "0 leaves them to the 1-minute schedule.", ge=0, section=WRITES)
+    follower_wait_seconds: float = setting(
+        2, "How long a second call with a running key waits before answering in_progress.", ge=0,
+        section=WRITES)
+    in_progress_retry_after_seconds: Seconds = setting(
+        2, "retry_after of an in_progress answer.", section=WRITES)
+    unavailable_retry_after_seconds: Seconds = setting(
+        2, "Retry-After of the 503 and transient answers while the database is unreachable.", section=WRITES)
+
+    # --- reconciliation ---
+    reconcile_backoff_seconds: Seconds = setting(
+        10, "Base of the backoff between reconciliation attempts (doubles each attempt).", section=RECONCILE)
+    reconcile_max_attempts: int = setting(
+        6, "Attempts before a person is asked to settle an unknown outcome.", ge=1, section=RECONCILE)
+    reconcile_turn_seconds: Seconds = setting(
+        60, "How long one reconciler keeps its turn on a record.", section=RECONCILE)
+
+    # --- downstream systems ---
+    run_demo_downstreams: bool = setting(
+        True, "`make run` starts the demo payment gateway and notification sink.", section=DOWNSTREAM)
+    payment_gateway_url: HttpUrl = setting(
+        "http://127.0.0.1:8001", "Base URL of the payment gateway request_payment calls.", section=DOWNSTREAM)
+    payment_gateway_timeout_seconds: Seconds = setting(
+        5, "Timeout of one payment gateway request; a timeout is an unknown outcome.", section=DOWNSTREAM)
+    webhook_allowed_prefixes: UrlList = setting(
+        ["http://127.0.0.1:8002/webhooks/"], "URL prefixes a webhook recipient must fall under "
+        "(comma-separated).", section=DOWNSTREAM)
+    webhook_timeout_seconds: Seconds = setting(5, "Timeout of one webhook delivery.", section=DOWNSTREAM)
+    outbound_private_hosts: TextList = setting(
+        [], "Host names on the URL allow-lists that may resolve to private, loopback or link-local "
+        "addresses; any other name must resolve to public ones.", section=DOWNSTREAM)
+
+    # --- email ---
+    email_host: str = setting(
+        "127.0.0.1", "SMTP server notification email goes through (`make run` starts a sink on 8025).",
+        section=EMAIL)
+    email_port: Port = setting(8025, "Port of the SMTP server.", section=EMAIL)
+    email_host_user: str = setting("", "SMTP user name (empty: no login).", section=EMAIL)
+    email_host_password: SecretStr = setting(SecretStr(""), "SMTP password.", shown="empty", section=EMAIL)
+    email_use_tls: bool = setting(False, "STARTTLS to the SMTP server.", section=EMAIL)
+    email_timeout_seconds: Seconds = setting(10, "Timeout of one SMTP conversation.", section=EMAIL)
+    default_from_email: str = setting("idemops@localhost", "Sender of notification email.", section=EMAIL)
+
+    # --- outbox ---
+    outbox_batch_size: int = setting(20, "Events one relay run claims.", ge=1, section=OUTBOX)
+    outbox_max_attempts: int = setting(
+        8, "Delivery attempts before an event is dead-lettered.", ge=1, section=OUTBOX)
+    outbox_backoff_seconds: Seconds = setting(
+        5, "Base of the backoff between delivery attempts (doubles each attempt, with jitter).",
+        section=OUTBOX)
+
+    # --- long tasks ---
+    task_lease_seconds: Seconds = setting(
+        60, "A worker's lease on a running task; renewed every heartbeat while a step runs.", section=TASKS)
+    task_heartbeat_seconds: Seconds = setting(
+        2, "Lease renewal and progress write interval (at most a third of the lease is used); less than "
+        "the lease.", section=TASKS)
+    task_sweep_minutes: int = setting(
+        1, "How often the task sweep runs as a django-q2 schedule (one minute is the shortest).", ge=1,
+        section=TASKS)
+    task_requeue_after_seconds: Seconds = setting(
+        300, "A queued task no worker took within this long is queued again by the sweep.", section=TASKS)
+    task_max_lease_expiries: int = setting(
+        5, "Worker deaths before the task fails (a step that kills its worker).", ge=1, section=TASKS)
+    task_max_attempts: int = setting(
+        5, "Default runs per task for transient failures (pipelines may declare their own).", ge=1,
+        section=TASKS)
+    task_backoff_base_seconds: Seconds = setting(
+        2, "Default backoff base between a task's attempts.", section=TASKS)
+    task_backoff_max_seconds: Seconds = setting(
+        300, "Default ceiling of that backoff; at least the base.", section=TASKS)
+    task_inline_retry_max_seconds: float = setting(
+        30, "A backoff up to this long is waited out by the worker; longer ones are left to the sweep.",
+        ge=0, section=TASKS)
+    task_slice_seconds: float = setting(
+        default_factory=lambda data: data.get("q_timeout_seconds", 600) / 2,
+        doc="A worker hands a task on to a fresh job at a step boundary after this long, so no job runs "
+        "into django-q2's timeout; less than IDEMOPS_Q_TIMEOUT_SECONDS (0: after every step).",
+        ge=0, shown="IDEMOPS_Q_TIMEOUT_SECONDS / 2", section=TASKS)
+    task_call_wait_seconds: float = setting(
+        10, "Calling a long tool directly waits this long for its task before answering in_progress.", ge=0,
+        section=TASKS)
+    task_max_wait_seconds: Seconds = setting(
+        60, "Largest wait_seconds of get_task_status / get_task_result (the tools' schema states it; more is "
+        "invalid_input).", section=TASKS)
+    task_poll_interval_ms: int = setting(
+        1000, "pollIntervalMs the MCP tasks extension suggests.", gt=0, section=TASKS)
+
+    # --- documents ---
+    document_allowed_dirs: TextList = setting(
+        [], "Absolute directories whose files ingest_document may read (comma-separated; empty: none).",
+        section=DOCUMENTS)
+    document_allowed_url_prefixes: UrlList = setting(
+        [], "URL prefixes ingest_document may fetch from (comma-separated; empty: none).", section=DOCUMENTS)
+    document_max_bytes: int = setting(20 * 1024 * 1024, "Largest document.", gt=0, section=DOCUMENTS)
+    document_fetch_timeout_seconds: Seconds = setting(30, "Timeout of one document fetch.", section=DOCUMENTS)
+    document_chunk_chars: int = setting(1200, "Size of a document chunk.", ge=1, section=DOCUMENTS)
+
+    # --- testing ---
+    crash_points: Annotated[list[CrashPoint], NoDecode] = setting(
+        [], "Crash tests only: the process SIGKILLs itself at these points of the engine "
+        "(tools_app/core/crashpoints.py). Never in production.", section=TESTING)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _from_environment(cls, value: Any, info) -> Any:
+        """Comma-separated lists; an empty optional value is unset; log levels in any case."""
+        if not isinstance(value, str):
+            return value
+        field = cls.model_fields[info.field_name]
+        if NoDecode in field.metadata:
+            return [item.strip() for item in value.split(",") if item.strip()]
+        if value == "" and types.NoneType in typing.get_args(field.annotation):
+            return None
+        if info.field_name == "log_level":
+            return value.upper()
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> IdemopsSettings:
+        problems = []
+        if self.execution_heartbeat_seconds >= self.execution_lease_seconds:
+            problems.append(_must_be_less("execution_heartbeat_seconds", self.execution_heartbeat_seconds,
+                                          "execution_lease_seconds", self.execution_lease_seconds,
+                                          "a lease must be renewed before it runs out"))
+        if self.task_heartbeat_seconds >= self.task_lease_seconds:
+            problems.append(_must_be_less("task_heartbeat_seconds", self.task_heartbeat_seconds,
+                                          "task_lease_seconds", self.task_lease_seconds,
+                                          "a lease must be renewed before it runs out"))
+        if self.task_backoff_base_seconds > self.task_backoff_max_seconds:
+            problems.append(f"{env_name('task_backoff_base_seconds')}={self.task_backoff_base_seconds:g} is more "
+                            f"than {env_name('task_backoff_max_seconds')}={self.task_backoff_max_seconds:g}: the "
+                            "base of a backoff cannot exceed its ceiling")
+        if self.task_slice_seconds >= self.q_timeout_seconds:
+            problems.append(_must_be_less("task_slice_seconds", self.task_slice_seconds, "q_timeout_seconds",
+                                          self.q_timeout_seconds, "a job must hand its task on before "
+                                          "django-q2 kills it"))
+        if problems:
+            raise PydanticCustomError("inconsistent_settings", "\n".join(problems).replace("{", "{{")
+                                      .replace("}", "}}"))
+        return self
+
+
+def _must_be_less(name: str, value: float, limit_name: str, limit: float, why: str) -> str:
+    return f"{env_name(name)}={value:g} must be less than {env_name(limit_name)}={limit:g}: {why}"
+
+
+def env_name(field_name: str) -> str:
+    """The environment variable of a field."""
+    field = IdemopsSettings.model_fields[field_name]
+    return field.validation_alias if isinstance(field.validation_alias, str) else PREFIX + field_name.upper()
+
+
+def environment_names() -> dict[str, str]:
+    """Environment variable -> field name, for every setting."""
+    return {env_name(name): name for name in IdemopsSettings.model_fields}

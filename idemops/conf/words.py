@@ -1,0 +1,122 @@
+"""The settings in words: what each field accepts (`a number of seconds > 0`), for the start-up
+messages and for docs/settings.md, which `markdown()` writes (`make settings-doc`).
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import annotated_types
+from pydantic import AfterValidator, SecretStr
+
+from idemops.conf.fields import PREFIX, RENAMED, IdemopsSettings, check_http_url, check_postgres_url, env_name
+
+UNITS = {"_seconds": "seconds", "_minutes": "minutes", "_bytes": "bytes", "_ms": "milliseconds",
+         "_chars": "characters"}
+
+
+def _unit(name: str) -> str:
+    return next((unit for suffix, unit in UNITS.items() if name.endswith(suffix)), "")
+
+
+def _bounds(metadata: list) -> str:
+    words = []
+    for item in metadata:
+        for kind, symbol in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+            if isinstance(item, getattr(annotated_types, kind.capitalize())):
+                words.append(f"{symbol} {getattr(item, kind):g}")
+    return " and ".join(words)
+
+
+def _is_url(metadata: list) -> bool:
+    return any(isinstance(item, AfterValidator) and item.func is check_http_url for item in metadata)
+
+
+def _kind(annotation: Any, metadata: list = ()) -> str:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if _is_url(metadata):
+        return "an http(s) URL"
+    if any(isinstance(item, AfterValidator) and item.func is check_postgres_url for item in metadata):
+        return "a PostgreSQL URL"
+    if origin is Annotated:
+        return _kind(args[0], list(args[1:]))
+    if origin in (typing.Union, types.UnionType):
+        return _kind(next(arg for arg in args if arg is not types.NoneType), metadata)
+    if origin is Literal:
+        return "one of " + ", ".join(args)
+    if origin is list:
+        inner = _kind(args[0])
+        plural = {"text": "", "text (secret)": " of secrets", "an http(s) URL": " of http(s) URLs"}
+        return "a comma-separated list" + plural.get(inner, f" (each {inner})")
+    return {bool: "true or false", int: "an integer", float: "a number", Path: "a path",
+            SecretStr: "text (secret)"}.get(annotation, "text")
+
+
+def expected(name: str) -> str:
+    """What a field accepts, in words: `a number of seconds > 0`."""
+    field = IdemopsSettings.model_fields[name]
+    if name in ("port", "email_port"):
+        return "a port number, 1 to 65535"
+    kind, unit, bounds = _kind(field.annotation, field.metadata), _unit(name), _bounds(field.metadata)
+    if unit:
+        kind = f"{'a whole number' if kind == 'an integer' else kind} of {unit}"
+    return f"{kind} {bounds}".strip()
+
+
+def _shown_default(name: str) -> str:
+    field = IdemopsSettings.model_fields[name]
+    if shown := (field.json_schema_extra or {}).get("shown"):
+        return shown
+    default = field.default
+    if default is None:
+        return "unset"
+    if default == "":
+        return "empty"
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    if isinstance(default, list):
+        return "`" + ",".join(default) + "`" if default else "empty"
+    if isinstance(default, int) and default >= 1024 * 1024 and default % (1024 * 1024) == 0:
+        return f"{default // (1024 * 1024)} MiB"
+    if isinstance(default, int | float):
+        return f"{default:g}"
+    return f"`{default}`"
+
+
+def markdown() -> str:
+    """docs/settings.md."""
+    lines = [
+        "# Settings",
+        "",
+        "<!-- Generated from idemops/conf/fields.py by `make settings-doc`; tests/test_settings.py fails when it "
+        "is out of date. -->",
+        "",
+        "Every setting is an environment variable, read once at start-up into one typed, frozen object",
+        "(`idemops/conf/fields.py`); the code reads `conf().<name>`. Every idemops variable starts with",
+        f"`{PREFIX}`; the one exception is `DATABASE_URL`, the universal convention (the standard",
+        "`OTEL_*` variables of OpenTelemetry would be the other, unprefixed too; idemops reads none yet).",
+        "",
+        "A bad value stops `manage.py`, uvicorn and the job cluster at start-up with one line per",
+        "problem, naming the variable, what is wrong and what it expects. So does an unknown",
+        f"`{PREFIX}` variable (a typo) and a variable of the old names below: a renamed setting",
+        "silently ignored would run production on a default.",
+        "",
+        "Lists are comma-separated. Booleans are `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`).",
+    ]
+    sections: dict[str, list[str]] = {}
+    for name, field in IdemopsSettings.model_fields.items():
+        sections.setdefault(field.json_schema_extra["section"], []).append(name)
+    for section, names in sections.items():
+        lines += ["", f"## {section}", "", "| Variable | Default | Type | What it does |", "| --- | --- | --- | --- |"]
+        for name in names:
+            field = IdemopsSettings.model_fields[name]
+            lines.append(f"| `{env_name(name)}` | {_shown_default(name)} | {expected(name)} | "
+                         f"{field.description} |")
+    lines += ["", "## Old names", "",
+              "These variables were renamed; setting one stops start-up, naming its replacement.", "",
+              "| Old variable | New variable |", "| --- | --- |"]
+    lines += [f"| `{old}` | `{new}` |" for old, new in RENAMED.items()]
+    return "\n".join(lines) + "\n"

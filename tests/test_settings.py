@@ -1,0 +1,228 @@
+"""The settings object (idemops/conf/): read once, typed, validated; a bad environment stops start-up.
+
+The start-up tests run real processes (manage.py, uvicorn, qcluster) with a crafted
+environment and read what they print and how they exit.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings as django_settings
+from pydantic import ValidationError
+
+from idemops import conf as conf_module
+from idemops.conf import RENAMED, IdemopsSettings, conf, environment_names, override_conf
+
+ROOT = Path(__file__).resolve().parent.parent
+# Never reached: `manage.py check` and a refused start-up do not connect.
+UNREACHABLE_DATABASE = "postgresql://idemops@127.0.0.1:1/never"
+
+
+def start(argv: list[str], **env: str) -> subprocess.CompletedProcess:
+    """Run an idemops entry point with only `env` set (plus what Python needs)."""
+    base = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**base, "DJANGO_SETTINGS_MODULE": "idemops.settings",
+                               "DATABASE_URL": UNREACHABLE_DATABASE, **env})
+
+
+def check(**env: str) -> subprocess.CompletedProcess:
+    return start(["manage.py", "check"], **env)
+
+
+def problems(process: subprocess.CompletedProcess) -> list[str]:
+    """The lines of the refusal, one per problem."""
+    assert process.returncode == 1, (process.returncode, process.stdout, process.stderr)
+    assert "Traceback" not in process.stderr, process.stderr
+    head, *lines = process.stderr.strip().splitlines()
+    assert head.startswith("idemops cannot start:"), process.stderr
+    return [line.removeprefix("  - ") for line in lines]
+
+
+# --- start-up -------------------------------------------------------------------------------------
+
+
+def test_the_same_process_starts_when_every_value_is_good():
+    process = check(IDEMOPS_Q_WORKERS="3", IDEMOPS_EXECUTION_LEASE_SECONDS="4", IDEMOPS_LOG_LEVEL="warning",
+                    IDEMOPS_WEBHOOK_ALLOWED_PREFIXES="http://hooks.example/a/, https://hooks.example/b/",
+                    IDEMOPS_CRASH_POINTS="")
+
+    assert process.returncode == 0, process.stderr
+    assert "System check identified no issues" in process.stdout
+
+
+def test_bad_values_stop_manage_py_with_one_line_each_naming_the_variable_and_what_it_expects():
+    lines = problems(check(IDEMOPS_EXECUTION_LEASE_SECONDS="ten", IDEMOPS_Q_WORKERS="0", IDEMOPS_PORT="70000",
+                           IDEMOPS_DEBUG="perhaps", IDEMOPS_PAYMENT_GATEWAY_URL="gateway:8001",
+                           IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES="https://docs.example/,ftp://docs.example/",
+                           IDEMOPS_CRASH_POINTS="after_lunch"))
+
+    assert sorted(lines) == sorted([
+        "IDEMOPS_EXECUTION_LEASE_SECONDS='ten': input should be a valid number, unable to parse string as a "
+        "number; expected a number of seconds > 0",
+        "IDEMOPS_Q_WORKERS='0': input should be greater than or equal to 1; expected an integer >= 1",
+        "IDEMOPS_PORT='70000': input should be less than or equal to 65535; expected a port number, 1 to 65535",
+        "IDEMOPS_DEBUG='perhaps': input should be a valid boolean, unable to interpret input; expected true or false",
+        "IDEMOPS_PAYMENT_GATEWAY_URL='gateway:8001': not an http:// or https:// URL with a host; expected an "
+        "http(s) URL",
+        "IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES='ftp://docs.example/' (item 2): not an http:// or https:// URL "
+        "with a host; expected a comma-separated list of http(s) URLs",
+        "IDEMOPS_CRASH_POINTS='after_lunch' (item 1): input should be 'after_claim', 'after_downstream' or "
+        "'after_commit'; expected a comma-separated list (each one of after_claim, after_downstream, after_commit)",
+    ])
+
+
+@pytest.mark.parametrize("argv", [["manage.py", "qcluster"],
+                                  ["-m", "uvicorn", "idemops.asgi:application", "--port", "0"]],
+                         ids=["qcluster", "uvicorn"])
+def test_the_job_cluster_and_the_web_server_stop_on_a_bad_value_with_the_same_message(argv):
+    lines = problems(start(argv, IDEMOPS_TASK_LEASE_SECONDS="-5"))
+
+    assert lines == ["IDEMOPS_TASK_LEASE_SECONDS='-5': input should be greater than 0; "
+                     "expected a number of seconds > 0"]
+
+
+def test_an_old_variable_name_stops_start_up_naming_the_new_one():
+    lines = problems(check(Q_WORKERS="4", DJANGO_SECRET_KEY="s3cret-value", NOTIFICATION_WEBHOOK_ALLOWED_PREFIXES="x"))
+
+    assert sorted(lines) == [
+        "DJANGO_SECRET_KEY is no longer read: set IDEMOPS_SECRET_KEY instead",
+        "NOTIFICATION_WEBHOOK_ALLOWED_PREFIXES is no longer read: set IDEMOPS_WEBHOOK_ALLOWED_PREFIXES instead",
+        "Q_WORKERS is no longer read: set IDEMOPS_Q_WORKERS instead",
+    ]
+
+
+def test_a_misspelt_idemops_variable_stops_start_up_with_the_closest_setting():
+    lines = problems(check(IDEMOPS_EXECUTION_LEASE_SECOND="4", IDEMOPS_NO_SUCH_THING="1"))
+
+    assert lines == [
+        "IDEMOPS_EXECUTION_LEASE_SECOND is not an idemops setting (did you mean IDEMOPS_EXECUTION_LEASE_SECONDS?)",
+        "IDEMOPS_NO_SUCH_THING is not an idemops setting",
+    ]
+
+
+def test_settings_that_contradict_each_other_stop_start_up():
+    lines = problems(check(IDEMOPS_EXECUTION_LEASE_SECONDS="2", IDEMOPS_TASK_HEARTBEAT_SECONDS="90",
+                           IDEMOPS_TASK_BACKOFF_BASE_SECONDS="400", IDEMOPS_Q_TIMEOUT_SECONDS="60",
+                           IDEMOPS_TASK_SLICE_SECONDS="60"))
+
+    assert lines == [
+        "IDEMOPS_EXECUTION_HEARTBEAT_SECONDS=2 must be less than IDEMOPS_EXECUTION_LEASE_SECONDS=2: a lease must be "
+        "renewed before it runs out",
+        "IDEMOPS_TASK_HEARTBEAT_SECONDS=90 must be less than IDEMOPS_TASK_LEASE_SECONDS=60: a lease must be renewed "
+        "before it runs out",
+        "IDEMOPS_TASK_BACKOFF_BASE_SECONDS=400 is more than IDEMOPS_TASK_BACKOFF_MAX_SECONDS=300: the base of a "
+        "backoff cannot exceed its ceiling",
+        "IDEMOPS_TASK_SLICE_SECONDS=60 must be less than IDEMOPS_Q_TIMEOUT_SECONDS=60: a job must hand its task on "
+        "before django-q2 kills it",
+    ]
+
+
+def test_a_refusal_does_not_print_a_secret_or_the_database_password():
+    process = check(DATABASE_URL="mysql://root:hunter2@db.example/idemops", IDEMOPS_SECRET_KEY_FALLBACKS="",
+                    IDEMOPS_KEY_DIGEST_SECRET="", IDEMOPS_EMAIL_PORT="smtp")
+    lines = problems(process)
+
+    assert "DATABASE_URL=<hidden>: idemops runs on PostgreSQL only; expected a PostgreSQL URL" in lines
+    assert "hunter2" not in process.stderr + process.stdout
+
+
+# --- the object -----------------------------------------------------------------------------------
+
+
+def test_lists_are_read_comma_separated_and_an_empty_one_is_empty(monkeypatch):
+    monkeypatch.setenv("IDEMOPS_OUTBOUND_PRIVATE_HOSTS", " hooks.internal, ,docs.internal ")
+    monkeypatch.setenv("IDEMOPS_DOCUMENT_ALLOWED_DIRS", "")
+
+    read = IdemopsSettings()
+
+    assert read.outbound_private_hosts == ["hooks.internal", "docs.internal"]
+    assert read.document_allowed_dirs == []
+
+
+def test_the_task_slice_defaults_to_half_of_django_q2s_timeout_which_redelivers_after_the_queue_wait(monkeypatch):
+    monkeypatch.setenv("IDEMOPS_Q_TIMEOUT_SECONDS", "100")
+    monkeypatch.delenv("IDEMOPS_TASK_SLICE_SECONDS", raising=False)
+
+    assert IdemopsSettings().task_slice_seconds == 50
+    assert django_settings.Q_CLUSTER["retry"] == (conf().q_timeout_seconds + conf().q_expected_queue_wait_seconds)
+    monkeypatch.setenv("IDEMOPS_Q_EXPECTED_QUEUE_WAIT_SECONDS", "0")
+    with pytest.raises(conf_module.SettingsError, match="IDEMOPS_Q_EXPECTED_QUEUE_WAIT_SECONDS='0'"):
+        conf_module.load()
+
+
+def test_django_settings_are_built_from_the_object():
+    assert django_settings.SECRET_KEY == conf().secret_key.get_secret_value()
+    assert django_settings.EMAIL_TIMEOUT == conf().email_timeout_seconds
+    assert django_settings.DATABASES["default"]["CONN_MAX_AGE"] == conf().db_conn_max_age_seconds
+    assert conf().database_url  # the server actually used, embedded or not
+
+
+def test_the_object_is_frozen_and_an_override_is_validated_like_the_environment(settings):
+    with pytest.raises(ValidationError, match="frozen"):
+        conf().outbox_max_attempts = 3
+    with pytest.raises(ValidationError, match="outbox_max_attempts"):
+        override_conf(settings, outbox_max_attempts=0)
+    with pytest.raises(ValidationError, match="no_such_setting"):
+        override_conf(settings, no_such_setting=1)
+
+    override_conf(settings, outbox_max_attempts=3)
+
+    assert conf().outbox_max_attempts == 3
+
+
+def test_secrets_do_not_show_in_the_objects_repr():
+    shown = repr(conf())
+
+    assert conf().secret_key.get_secret_value() not in shown
+    assert conf().key_digest_secret.get_secret_value() not in shown
+
+
+def test_every_old_name_points_at_a_setting_that_exists_and_none_is_a_setting_itself():
+    names = environment_names()
+
+    assert [new for new in RENAMED.values() if new not in names] == []
+    assert [old for old in RENAMED if old in names] == []
+
+
+def test_every_setting_is_prefixed_but_the_database_url():
+    assert [name for name in environment_names() if not name.startswith("IDEMOPS_")] == ["DATABASE_URL"]
+
+
+def test_the_settings_reference_is_generated_from_the_object_and_up_to_date():
+    """docs/settings.md: regenerate with `make settings-doc`."""
+    doc = (ROOT / "docs" / "settings.md").read_text()
+
+    assert doc == conf_module.markdown()
+    for name in environment_names():
+        assert len([line for line in doc.splitlines() if line.startswith(f"| `{name}` |")]) == 1, name
+
+
+# Modules that touch os.environ for another reason than reading a setting.
+ENVIRONMENT_WRITERS = {
+    "idemops/settings.py": "passes the embedded server's DATABASE_URL on to child processes",
+    "idemops/test_settings.py": "points the test run at its own embedded server (var/test-pg)",
+}
+
+
+def test_no_module_but_the_settings_object_reads_the_environment():
+    readers = []
+    for directory in ("idemops", "tools_app"):
+        for source in (ROOT / directory).rglob("*.py"):
+            relative = str(source.relative_to(ROOT))
+            if relative.startswith("idemops/conf/") or relative in ENVIRONMENT_WRITERS:
+                continue
+            for node in ast.walk(ast.parse(source.read_text())):
+                if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv"):
+                    readers.append(f"{relative}:{node.lineno}")
+                if (isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ"
+                        and isinstance(node.ctx, ast.Load)):
+                    readers.append(f"{relative}:{node.lineno}")
+
+    assert readers == []
