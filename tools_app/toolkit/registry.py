@@ -2,7 +2,8 @@
 
 A declaration names the tool, its pydantic input and output models (built on
 StrictModel: strict types, no unknown fields at any level), whether it writes,
-which arguments are not business data (left out of the fingerprint), how long
+which arguments are not business data (left out of the fingerprint), which are
+personal (never logged: `personal_fields`, required of every tool), how long
 its idempotency records are kept and what happens to a key past that, the
 checks its arguments must pass before a key is claimed, and the handler. Everything else (the MCP schema, the
 annotations, the engine's policy) is derived from it.
@@ -19,6 +20,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tools_app.access.models import Tenant
+from tools_app.core import redaction
 from tools_app.core.errors import NotFound
 from tools_app.core.keys import KEY_RULE
 from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
@@ -106,7 +108,10 @@ class ToolInput(StrictModel):
 
     model_config = ConfigDict(str_strip_whitespace=True)
 
-    trace_id: str | None = Field(None, max_length=100, description="Optional caller trace id, echoed in logs.")
+    trace_id: str | None = Field(None, max_length=100, description=(
+        "Optional: your own id for this call, echoed in idemops' logs as client_trace_id. The trace idemops "
+        "records is the W3C trace context of the call (params._meta.traceparent, or the HTTP traceparent "
+        "header); without one, a new trace is started."))
 
 
 class WriteInput(ToolInput):
@@ -128,7 +133,8 @@ class ToolContext:
 
     tenant_id: int
     actor: str
-    trace_id: str = ""
+    trace_id: str = ""  # the call's W3C trace id (tools_app.core.tracing)
+    span_id: str = ""  # the call's span, under which later work (a task's steps, a delivery) is traced
     record: Any = None  # the IdempotencyRecord of a write call
     # Sends an MCP progress notification if the caller asked for them
     # (a progressToken); a no-op otherwise. Callable from the handler's thread.
@@ -150,6 +156,9 @@ class ToolSpec:
     output_model: type[BaseModel]
     handler: Handler
     writes: bool
+    # Arguments that hold personal data (a customer, an address, a payee, a document's text): their
+    # values never appear in a log line (core.redaction). Every tool declares them, if only as empty.
+    personal_fields: frozenset[str] | None = None
     non_business_fields: frozenset[str] = frozenset()
     retention: timedelta = DEFAULT_RETENTION
     on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE
@@ -188,6 +197,12 @@ def register(spec: ToolSpec) -> ToolSpec:
         raise TypeError(f"write tool {spec.name!r} must take a WriteInput model")
     if not spec.transactional and spec.reconciler is None:
         raise TypeError(f"tool {spec.name!r} acts downstream and must declare a reconciler")
+    if spec.personal_fields is None:
+        raise TypeError(f"tool {spec.name!r} must declare its personal_fields (frozenset() if it takes none)")
+    unknown = spec.personal_fields - spec.input_model.model_fields.keys()
+    if unknown:
+        raise TypeError(f"tool {spec.name!r} declares personal fields it does not take: {sorted(unknown)}")
+    redaction.declare_personal(spec.personal_fields)
     _TOOLS[spec.name] = spec
     return spec
 
