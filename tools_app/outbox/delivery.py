@@ -1,6 +1,7 @@
 """Delivering one outbox event to its consumer: email over SMTP, or a webhook POST to an address
 on the allow-list (checked again here: stored data is not trusted). Consumers deduplicate by the
-event id (email Message-ID, webhook X-Event-Id and Idempotency-Key).
+event id (email Message-ID, webhook X-Event-Id and Idempotency-Key). Both carry the trace
+context of the delivery (`traceparent`: an email header, an HTTP header).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
 from idemops.conf import conf
-from tools_app.core import url_allowlist
+from tools_app.core import tracing, url_allowlist
 from tools_app.core.errors import InvalidInput, Transient
 from tools_app.outbox.models import OutboxEvent
 
@@ -39,7 +40,7 @@ def deliver(event: OutboxEvent) -> None:
 def _send_email(event: OutboxEvent) -> None:
     payload = event.payload
     message = EmailMessage(subject=payload["subject"], body=payload["body"], to=[payload["recipient"]],
-                           headers={"Message-ID": f"<{event.id}@idemops>"},
+                           headers={"Message-ID": f"<{event.id}@idemops>", **tracing.carrier()},
                            connection=get_connection(timeout=settings.EMAIL_TIMEOUT))
     try:
         message.send()

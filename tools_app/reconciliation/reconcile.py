@@ -13,6 +13,10 @@ we sent; its answer moves the record:
 Operators' decisions (reconcile now, resolve with evidence) are in
 operators.py, behind their permits; the periodic job and a follower that
 took a dead executor's record reconcile through `reconcile_record`, as the system.
+
+Each reconciliation is a span in the trace of the call that left the record UNKNOWN (the
+downstream is asked with that trace's `traceparent`), one log line (`reconciliation`) and a
+count (`idemops_reconciliations_total{tool,result}`); so is an operator's resolution.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from django.utils import timezone
 
 from idemops.conf import conf
 from tools_app import engine
-from tools_app.core import backoff, jobs
+from tools_app.core import backoff, counters, jobs, logs, tracing
 from tools_app.core.errors import Transient
 from tools_app.engine import evidence_entry
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
@@ -70,6 +74,23 @@ def settle_expired(record: IdempotencyRecord) -> None:
 def reconcile_record(record: IdempotencyRecord, *, actor: str = SWEEP_ACTOR) -> str:
     """Ask the downstream system and apply its answer, as `actor` (the system unless an operator's
     checked call passes theirs). Returns the record's status word."""
+    with tracing.continued(record.trace_id, record.span_id, f"reconcile {record.tool}", **{
+            "idemops.tool": record.tool, "idemops.operation_id": str(record.operation_id)}) as span:
+        result = _reconcile(record, actor)
+        span.set_attribute("idemops.result", result)
+        observed(record, result, actor=actor)
+        return result
+
+
+def observed(record: IdempotencyRecord, result: str, *, actor: str) -> None:
+    """Count a reconciliation's result and log its line (operators' resolutions come through here too)."""
+    counters.count(counters.RECONCILIATION, tool=record.tool, tenant_id=record.tenant_id, label=result)
+    logs.get(__name__).info("reconciliation", tool=record.tool, tenant_id=record.tenant_id, record_id=record.pk,
+                            operation_id=str(record.operation_id), result=result, actor=actor,
+                            attempts=record.reconcile_attempts, escalated=record.escalated_at is not None)
+
+
+def _reconcile(record: IdempotencyRecord, actor: str) -> str:
     answer = _ask(record)
     match answer:
         case Found(result, evidence):

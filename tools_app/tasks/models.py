@@ -59,7 +59,9 @@ class Task(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     version = models.PositiveIntegerField(default=1, help_text="Bumped by every state change.")
     result = models.JSONField(null=True, blank=True, help_text="The tool's result, once succeeded.")
-    trace_id = models.CharField(max_length=100, blank=True)
+    trace_id = models.CharField(max_length=100, blank=True, help_text="The starting call's trace (W3C trace id).")
+    span_id = models.CharField(max_length=16, blank=True, help_text="The starting call's span: the steps' spans "
+                                                                    "hang under it.")
     actor = models.CharField(max_length=200, blank=True)
     enqueued_at = models.DateTimeField(null=True, blank=True, help_text="When a job for it was last queued.")
     created_at = models.DateTimeField()
@@ -145,6 +147,7 @@ class StepRun(models.Model):
     error = models.TextField(blank=True)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    trace_id = models.CharField(max_length=100, blank=True, help_text="The task's trace.")
 
     class Meta:
         ordering = ["started_at", "id"]
