@@ -8,6 +8,9 @@
     PUT  /faults/<key or *>   {"mode": ..., "times": n?}  DELETE /faults/<key or *>
     GET  /healthz                          200 | 503 while its database is unreachable
 
+Every /payments request is noted in `requests_seen` with its W3C `traceparent` header, so a test
+can follow a trace from idemops into the gateway (a real gateway would continue the trace).
+
 While its database is unreachable every endpoint answers 503 with Retry-After;
 it reconnects by itself when the database is back.
 
@@ -52,6 +55,14 @@ CREATE TABLE IF NOT EXISTS faults (
     mode text NOT NULL,
     remaining integer          -- null: until deleted
 );
+CREATE TABLE IF NOT EXISTS requests_seen (
+    id serial PRIMARY KEY,
+    method text NOT NULL,
+    path text NOT NULL,
+    idempotency_key text NOT NULL,
+    traceparent text NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT now()
+);
 """
 FAULT_MODES = {"fail", "reject", "ratelimit", "unavailable", "hang", "succeed-then-hang", "conflict"}
 HANG_SECONDS = 3600
@@ -86,8 +97,16 @@ async def take_fault(conn, key: str) -> str | None:
     return row[0] if row else None
 
 
+async def note_request(request: Request, key: str) -> None:
+    async with request.app.state.db.connection() as conn:
+        await conn.execute("INSERT INTO requests_seen (method, path, idempotency_key, traceparent) "
+                           "VALUES (%s, %s, %s, %s)",
+                           [request.method, request.url.path, key, request.headers.get("traceparent", "")])
+
+
 async def create_payment(request: Request) -> Response:
     key = request.headers.get("idempotency-key", "")
+    await note_request(request, key)
     if not key or len(key) > 200:
         return JSONResponse({"error": "Idempotency-Key header is required (at most 200 characters)"}, 400)
     try:
@@ -147,6 +166,7 @@ async def insert_once(conn, key: str, digest: str, payment: dict) -> tuple[tuple
 
 async def find_payments(request: Request) -> Response:
     key = request.query_params.get("idempotency_key")
+    await note_request(request, key or "")
     if not key:
         return JSONResponse({"error": "idempotency_key is required"}, 400)
     return await _one(request, "SELECT * FROM payments WHERE idempotency_key = %s", key)

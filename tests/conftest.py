@@ -1,6 +1,7 @@
 import pytest
 
 from idemops.conf import override_conf
+from tests.observability_support import observed  # noqa: F401  (web and cluster with their own logs)
 from tests.operators import make_operator
 from tests.task_stack import doc_dir, doc_server, settle_tasks, task_web, task_workers  # noqa: F401  (long tasks)
 from tools_app import access
