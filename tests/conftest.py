@@ -9,6 +9,24 @@ from tools_app.access.roles import APPROVER
 from tools_app.toolkit.calls import Caller
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _counts_flushed_by_hand():
+    """In this process, tests flush counts themselves (core.counters.flush): no background thread
+    holding a connection to the test database, which could then not be dropped."""
+    from tools_app.core import counters
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(counters, "_ensure_flusher", lambda: None)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _no_counts_left_from_another_test():
+    from tools_app.core import counters
+
+    counters._pending.clear()
+
+
 @pytest.fixture
 def tenant(db):
     return access.create_tenant("acme", "ACME")
