@@ -46,7 +46,8 @@ def allowed_path(raw: str) -> Path:
 
 
 def allowed_url(raw: str) -> url_allowlist.Target:
-    """Where `raw` may be fetched from, if it passes IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES (tools_app.url_allowlist)."""
+    """Where `raw` may be fetched from, if it passes IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES
+    (tools_app.core.url_allowlist)."""
     return url_allowlist.check(raw, conf().document_allowed_url_prefixes, field="url")
 
 
