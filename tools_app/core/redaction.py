@@ -39,7 +39,7 @@ from tools_app.core.errors import InvalidInput
 from tools_app.core.keys import key_digest
 
 WITHHELD = "[withheld]"
-PERSON_PREFIX = "user:"  # tools_app.audit.user_actor
+PERSON_PREFIX = "user:"  # tools_app.core.audit.user_actor
 SEAL_LABEL = b"idemops:sealed-arguments"
 
 
