@@ -63,7 +63,7 @@ class MetricMinute(models.Model):
     """What the platform counted in one minute, per tenant, tool, metric and label (tools_app.core.counters).
 
     The dashboard, its charts and any per-tenant question ("calls of tenant X to tool Y per
-    hour last week") read these rows: tools_app.metrics.series. Kept IDEMOPS_METRICS_RETENTION_DAYS.
+    hour last week") read these rows: tools_app.metrics.rollup.series. Kept IDEMOPS_METRICS_RETENTION_DAYS.
     """
 
     minute = models.DateTimeField(help_text="Start of the minute (UTC).")

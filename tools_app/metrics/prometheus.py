@@ -8,9 +8,9 @@ per-tenant figures for the dashboard; the database holds all three, and the coun
 in batches already. prometheus-client still writes the text format (a custom collector).
 
 Every name below is a contract with dashboards and alert rules (deploy/prometheus/alerts.yml,
-deploy/grafana/idemops.json, docs/observability.md). Label sets that are known in advance (each
-write tool, each long tool's steps, ...) are present at zero before anything happens, so a rule
-sees 0 rather than nothing.
+the Grafana dashboard in deploy/grafana/, docs/observability.md). Label sets that are known in
+advance (each write tool, each long tool's steps, ...) are present at zero before anything
+happens, so a rule sees 0 rather than nothing.
 """
 
 from __future__ import annotations
