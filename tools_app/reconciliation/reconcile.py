@@ -77,21 +77,26 @@ def reconcile_record(record: IdempotencyRecord, *, actor: str = SWEEP_ACTOR) -> 
     another reconciler moved the record first (the guarded transition did not match), what it is now."""
     with tracing.continued(record.trace_id, record.span_id, f"reconcile {record.tool}", **{
             "idemops.tool": record.tool, "idemops.operation_id": str(record.operation_id)}) as span:
-        result = _reconcile(record, actor)
+        result, moved = _reconcile(record, actor)
         span.set_attribute("idemops.result", result)
-        observed(record, result, actor=actor)
+        observed(record, result, actor=actor, counted=moved)
         return result
 
 
-def observed(record: IdempotencyRecord, result: str, *, actor: str) -> None:
-    """Count a reconciliation's result and log its line (operators' resolutions come through here too)."""
-    counters.count(counters.RECONCILIATION, tool=record.tool, tenant_id=record.tenant_id, label=result)
+def observed(record: IdempotencyRecord, result: str, *, actor: str, counted: bool = True) -> None:
+    """Count a reconciliation's result and log its line (operators' resolutions come through here too).
+    A reconciler that lost the race (`counted` false) logs what it found but counts nothing: the
+    winner counted that reconciliation already."""
+    if counted:
+        counters.count(counters.RECONCILIATION, tool=record.tool, tenant_id=record.tenant_id, label=result)
     logs.get(__name__).info("reconciliation", tool=record.tool, tenant_id=record.tenant_id, record_id=record.pk,
                             operation_id=str(record.operation_id), result=result, actor=actor,
-                            attempts=record.reconcile_attempts, escalated=record.escalated_at is not None)
+                            attempts=record.reconcile_attempts, escalated=record.escalated_at is not None,
+                            lost_race=None if counted else True)
 
 
-def _reconcile(record: IdempotencyRecord, actor: str) -> str:
+def _reconcile(record: IdempotencyRecord, actor: str) -> tuple[str, bool]:
+    """(status word, whether this call's transition moved the record)."""
     answer = _ask(record)
     match answer:
         case Found(result, evidence):
@@ -112,9 +117,9 @@ def _reconcile(record: IdempotencyRecord, actor: str) -> str:
         case _:
             raise AssertionError(f"unexpected reconciler answer {answer!r}")
     if moved:
-        return word
+        return word, True
     record.refresh_from_db()
-    return record.status.lower()
+    return record.status.lower(), False
 
 
 def _ask(record: IdempotencyRecord) -> Answer:
