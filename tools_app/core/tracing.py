@@ -23,6 +23,8 @@ the HTTP request's span (the `traceparent` header, read by the ASGI instrumentat
 
 from __future__ import annotations
 
+import os
+import random
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +39,7 @@ from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from idemops.conf import conf
@@ -51,13 +54,31 @@ SPAN_ID = re.compile(r"[0-9a-f]{16}")
 _configured = False
 
 
+class IdGenerator(RandomIdGenerator):
+    """Trace and span ids drawn from a generator of their own. The SDK's default draws from the
+    `random` module, so every span would shift the jitter drawn after it (core.backoff) and a
+    seeded run would no longer repeat. Reseeded in a forked child (django-q2's workers), as
+    `random` itself is, so no two workers draw the same ids."""
+
+    def __init__(self) -> None:
+        self._random = random.Random()
+        os.register_at_fork(after_in_child=self._random.seed)
+
+    def generate_span_id(self) -> int:
+        return self._random.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        return self._random.getrandbits(128) or 1
+
+
 def configure() -> None:
     """This process's tracer provider and instrumentation (once; OTEL_SDK_DISABLED=true: none)."""
     global _configured
     settings = conf()
     if _configured or settings.otel_sdk_disabled:
         return
-    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: settings.otel_service_name}))
+    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: settings.otel_service_name}),
+                              id_generator=IdGenerator())
     for exporter in exporters():
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
