@@ -461,6 +461,10 @@ class IdempotentClient:
                     continue  # never arrived (or long expired): the entry stands
                 raise
             state, _ = _OPERATION_STATUS.get(str(found.get("status")), (None, None))
+            error = found.get("error") if isinstance(found.get("error"), dict) else None
+            if state == State.FAILED and error and is_retryable(str(error.get("class")), error.get("retry_after")):
+                # Failed in a way that did nothing (transient): the same key may run it again.
+                state = State.SUBMITTED
             if state is None:
                 continue
             entry.state = state
@@ -481,7 +485,9 @@ def tool_info(tool: Any) -> ToolInfo:
     meta = tool.meta or {}
     properties = (tool.input_schema or {}).get("properties") or {}
     read_only = tool.annotations.read_only_hint if tool.annotations is not None else None
-    writes = "idempotency_key" in properties or read_only is False
+    # A tool that says it is read-only is a read even with an idempotency_key argument (get_operation
+    # looks an operation up by its key); without the hint, that argument marks a write.
+    writes = read_only is False or (read_only is None and "idempotency_key" in properties)
     return ToolInfo(name=tool.name, writes=writes, requires_operation_id=bool(meta.get(REQUIRES_OPERATION_ID_META)),
                     non_business_fields=frozenset(meta.get(NON_BUSINESS_META) or ()))
 
