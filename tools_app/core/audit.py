@@ -80,7 +80,7 @@ def new_event(
         reason=reason,
         trace_id=trace_id,
         # Records, tasks, approval requests and outbox events carry the operation they belong to.
-        operation_id=getattr(obj, "operation_id", None),
+        operation_id=getattr(obj, "operation_id", None) if about_a_row else None,
         created_at=timezone.now(),
     )
 
