@@ -129,7 +129,7 @@ def test_an_absurd_retry_after_from_the_gateway_is_bounded_and_the_answer_keeps_
     # then: a classified answer with a usable wait, no payment, and the record keeps the same bound
     assert first["class"] == "transient" and first["retry_after"] == 3600
     assert gateway.payments() == []
-    record = IdempotencyRecord.objects.get(key="p-ages")
+    record = payment_record()
     assert (record.status, record.error_class) == (RecordStatus.FAILED, "transient")
     assert record.retry_not_before <= record.finished_at + timedelta(seconds=3600)
 
