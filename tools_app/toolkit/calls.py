@@ -7,6 +7,7 @@ idempotent operation.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -125,6 +126,9 @@ def _call_write(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_
     arguments = with_idempotency_key(arguments, meta_key)
     args = checked_arguments(spec, arguments)
     operation, execute = write_operation(spec, caller, args)
+    if spec.requires_operation_id:
+        # Before any claim: a key the server did not issue for this call leaves nothing behind.
+        operation = dataclasses.replace(operation, operation_id=engine.issued_operation_id(operation))
     outcome = engine.run(operation, execute)
     if outcome.executed and outcome.record.status == RecordStatus.UNKNOWN:
         hooks.after_unknown()
@@ -142,9 +146,9 @@ def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel) -> tuple[en
     # The trace of the call now running (an approved call runs later, in the trace of the call that asked).
     trace_id, span_id = tracing.ids()
     operation = engine.Operation(
-        tenant_id=caller.tenant_id, tool=spec.name, key=args.idempotency_key,
-        arguments=args.model_dump(mode="python", exclude=set(spec.excluded_from_fingerprint)),
-        actor=caller.actor, trace_id=trace_id, span_id=span_id, retention=spec.retention, on_expiry=spec.on_expiry,
+        tenant_id=caller.tenant_id, tool=spec.name, key=args.idempotency_key, arguments=spec.business_arguments(args),
+        actor=caller.actor, trace_id=trace_id, span_id=span_id, retention=spec.retention_now(),
+        on_expiry=spec.on_expiry,
         transactional=spec.transactional,
         approval=hooks.approval_gate(spec, caller.tenant_id, caller.actor, args) if spec.approval else None,
     )
