@@ -102,6 +102,18 @@ def test_the_calls_raw_key_and_personal_values_are_replaced_even_inside_a_traceb
     assert f"[key {keys.key_digest('order-zelda-0001')}]" in line["exception"]
 
 
+def test_a_high_risk_tools_issued_operation_id_stays_visible_while_its_personal_values_do_not(captured, tenant):
+    # the key of publish_announcement is an operation id the server issued: an id, not the caller's words
+    spec = get_tool("publish_announcement")
+    issued = "6f1c2a9e-3b7d-4c8e-9a10-2b3c4d5e6f70"
+    with observed(spec, tenant.pk, {**STAFF_NOTE, "idempotency_key": issued}, key=issued):
+        logs.get("tools_app.test").info("tool.call", operation_id=issued, note=f"publishing {STAFF_NOTE['body']}")
+
+    line = captured.events("tool.call")[0]
+    assert line["operation_id"] == issued
+    assert STAFF_NOTE["body"] not in captured.text
+
+
 @pytest.mark.parametrize(("fields", "secret"), [
     ({"message": "presented Bearer idm_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"}, "idm_AbCdEfGhIjKlMnOpQrStUv"),
     ({"message": "auditor ida_ZyXwVuTsRqPoNmLkJiHgFeDcBa9876543210 exported"}, "ida_ZyXwVuTsRqPoNmLkJiH"),

@@ -97,7 +97,10 @@ def observed(spec: ToolSpec, tenant_id: int, arguments: Any, *, key: str | None 
              **fields: Any) -> Iterator[None]:
     """Work on one call of `spec` (the call itself, its task's steps, its approved execution): every
     line logged inside names the tenant and the tool, and shows neither `key` nor the values of the
-    tool's personal arguments."""
+    tool's personal arguments. A high-risk tool's key is an operation id the server issued, not
+    the caller's words: it stays visible, as the `operation_id` it also is."""
+    if spec.requires_operation_id:
+        key = None
     with logs.bound(tenant_id=tenant_id, tool=spec.name, **fields), \
             logs.scrubbing(redaction.scrubbed_arguments(arguments if isinstance(arguments, dict) else {},
                                                         spec.personal_fields or (), key=key)):
