@@ -12,6 +12,7 @@ import httpx2
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.issued_ids import call_labelled_sync, labelled_arguments
 from tests.mcp_client import call, call_sync, post_raw, raw_call
 from tests.observability_support import (
     METRICS_TOKEN,
@@ -76,8 +77,9 @@ def test_a_call_with_a_known_traceparent_is_followed_through_record_task_gateway
 
     # a payment whose answer is lost: UNKNOWN, then reconciled by the cluster by asking the gateway
     observed.gateway.set_fault("*", "succeed-then-hang", times=1)
-    paid = call_in_trace(url, token, trace, "request_payment", {
+    payment_arguments = labelled_arguments(url, token, "request_payment", {
         "amount": "12.00", "currency": "EUR", "payee": "Traced Payee", "idempotency_key": "pay-traced"})
+    paid = call_in_trace(url, token, trace, "request_payment", payment_arguments)
     assert paid.structured_content["error"]["class"] == "unknown_outcome"
     # a long task, run by the cluster step by step
     started = call_in_trace(url, token, trace, "start_task", {
@@ -92,7 +94,8 @@ def test_a_call_with_a_known_traceparent_is_followed_through_record_task_gateway
         "idempotency_key": "mail-traced"})
 
     # the records, the task and its steps, the outbox events and their audit events carry the trace id
-    payment = wait_until(lambda: IdempotencyRecord.objects.filter(key="pay-traced", status=RecordStatus.SUCCEEDED)
+    payment = wait_until(lambda: IdempotencyRecord.objects.filter(key=payment_arguments["idempotency_key"],
+                                                                 status=RecordStatus.SUCCEEDED)
                          .first(), what="the payment to be reconciled")
     task = wait_until(lambda: Task.objects.filter(pk=started.structured_content["task_id"],
                                                   status=TaskStatus.SUCCEEDED).first(), what="the task")
@@ -167,14 +170,14 @@ def test_metrics_show_every_name_after_a_short_demo_counted_by_every_process_and
     for key in ("m-1", "m-1", "m-2"):  # executed, replayed, executed
         call_sync(url, token, "create_order", {**ORDER, "idempotency_key": key})
     call_sync(url, token, "create_order", {**ORDER, "customer": "Other", "idempotency_key": "m-1"})  # conflict
-    call_sync(url, token, "request_payment", {"amount": "3.00", "currency": "EUR", "payee": "P",
-                                              "idempotency_key": "m-pay"})
+    call_labelled_sync(url, token, "request_payment", {"amount": "3.00", "currency": "EUR", "payee": "P",
+                                                       "idempotency_key": "m-pay"})
     started = call_sync(url, token, "start_task", {"tool": "ingest_document", "arguments": {"text": "metrics"},
                                                    "idempotency_key": "m-doc"})
     call_sync(url, token, "send_notification", {"channel": "email", "recipient": "m@example.test", "subject": "S",
                                                 "body": "B", "idempotency_key": "m-mail"})
-    call_sync(url, token, "publish_announcement", {"title": "T", "body": "B", "audience": "staff",
-                                                   "idempotency_key": "m-ann"})
+    call_labelled_sync(url, token, "publish_announcement", {"title": "T", "body": "B", "audience": "staff",
+                                                            "idempotency_key": "m-ann"})
     wait_until(lambda: Task.objects.filter(pk=started.structured_content["task_id"], status="succeeded").exists(),
                what="the task")
     wait_until(lambda: OutboxEvent.objects.filter(status="delivered").exists(), what="the delivery")
@@ -269,13 +272,20 @@ def test_no_token_key_password_or_personal_value_sent_through_any_tool_reaches_a
         called[tool] = result = call_sync(url, token, tool, arguments)
         return result
 
+    def high_risk(tool: str, arguments: dict, raw_key: str):
+        """A high-risk call: its operation id prepared first (under a raw key, with its personal arguments)."""
+        prepared = use("prepare_operation", {"tool": tool, "arguments": arguments, "idempotency_key": raw_key})
+        return use(tool, {**arguments, "idempotency_key": prepared.structured_content["operation_id"]})
+
     order = use("create_order", {**ORDER, "customer": PERSONAL["customer"], "idempotency_key": raw_keys[0]})
     use("get_order", {"order_id": order.structured_content["order_id"]})
     ticket = use("create_ticket", {"subject": PERSONAL["ticket_subject"], "body": PERSONAL["ticket_body"],
                                    "idempotency_key": raw_keys[1]})
     use("get_ticket", {"ticket_id": ticket.structured_content["ticket_id"]})
-    use("request_payment", {"amount": "9.99", "currency": "EUR", "payee": PERSONAL["payee"],
-                            "reference": PERSONAL["payment_reference"], "idempotency_key": raw_keys[2]})
+    paid = high_risk("request_payment", {"amount": "9.99", "currency": "EUR", "payee": PERSONAL["payee"],
+                                         "reference": PERSONAL["payment_reference"]}, raw_keys[2])
+    use("get_operation", {"operation_id": paid.structured_content["idempotency"]["operation_id"]})
+    use("get_operation", {"tool": "create_order", "idempotency_key": raw_keys[0]})
     mail = use("send_notification", {"channel": "email", "recipient": PERSONAL["email"],
                                       "subject": PERSONAL["mail_subject"], "body": PERSONAL["mail_body"],
                                       "idempotency_key": raw_keys[3]})
@@ -283,10 +293,10 @@ def test_no_token_key_password_or_personal_value_sent_through_any_tool_reaches_a
         "channel": "webhook", "recipient": f"{sink.url}/webhooks/{PERSONAL['hook_name']}?t={PERSONAL['hook_token']}",
         "subject": PERSONAL["mail_subject"], "body": PERSONAL["mail_body"], "idempotency_key": raw_keys[4]})
     use("get_notification", {"notification_id": mail.structured_content["notification_id"]})
-    use("delete_record", {"kind": "order", "id": order.structured_content["order_id"],
-                          "reason": PERSONAL["reason"], "idempotency_key": raw_keys[5]})
-    use("publish_announcement", {"title": PERSONAL["title"], "body": PERSONAL["announcement"], "audience": "staff",
-                                 "idempotency_key": raw_keys[6]})
+    high_risk("delete_record", {"kind": "order", "id": order.structured_content["order_id"],
+                                "reason": PERSONAL["reason"]}, raw_keys[5])
+    high_risk("publish_announcement", {"title": PERSONAL["title"], "body": PERSONAL["announcement"],
+                                       "audience": "staff"}, raw_keys[6])
     use("list_announcements", {})
     ingested = use("ingest_document", {"url": doc_url, "title": PERSONAL["document_title"],
                                        "idempotency_key": raw_keys[7]})
