@@ -24,6 +24,7 @@ from tools_app.admin.operator_actions import (
     pretty_json,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.core import redaction
 from tools_app.core.errors import ToolFailure
 from tools_app.documents.models import Document
 from tools_app.tasks.models import Checkpoint, StepRun, Task, TaskNeedingAttention, TaskStatus
@@ -95,7 +96,7 @@ class TaskPage:
               "progress_total", "progress_message", "attempts", "max_attempts", "lease_expiries", "failure_class",
               "failure_reason", "pause_reason", "pause_requested", "input_request_display", "next_retry_at",
               "lease_owner", "lease_expires_at", "version", "input_digest", "result_display", "forked_from",
-              "forked_at_step", "forks_display", "notify_url", "trace_id", "actor", "enqueued_at", "created_at",
+              "forked_at_step", "forks_display", "notify_url_display", "trace_id", "actor", "enqueued_at", "created_at",
               "updated_at", "finished_at", "history"]
     readonly_fields = fields
     inlines = [StepRunInline, CheckpointInline]
@@ -137,6 +138,11 @@ class TaskPage:
     @admin.display(description="result")
     def result_display(self, task):
         return pretty_json(task.result) if task.result is not None else "—"
+
+    @admin.display(description="notify url")
+    def notify_url_display(self, task):
+        # Without its query: a webhook's token is for the relay, not for the screen.
+        return redaction.public_url(task.notify_url) if task.notify_url else "—"
 
     @admin.display(description="forks (re-runs of this task)")
     def forks_display(self, task):
