@@ -110,6 +110,22 @@ def test_a_task_whose_worker_died_with_a_pause_pending_pauses_before_it_runs_any
     assert not StepRun.objects.filter(task=task).exists()
 
 
+def test_a_task_paused_again_while_queued_with_a_request_pending_runs_once_resumed(caller, fast):
+    # given a task whose worker died with a pause pending, queued again by the sweep, then paused while queued
+    task = tasks.take(str(start(caller, {"text": TEXT}).pk), "worker-dead")
+    tasks.pause(task, agent(caller), reason="first")
+    Task.objects.filter(pk=task.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    tasks.sweep()
+    paused = tasks.pause(Task.objects.get(pk=task.pk), agent(caller), reason="second")
+    assert (paused.status, paused.pause_reason, paused.pause_requested) == (TaskStatus.PAUSED, "second", "")
+
+    # when it is resumed
+    tasks.resume(paused, agent(caller))
+
+    # then the old request went with the pause that answered it: the task runs
+    assert task_jobs.run_task(str(task.pk)) == "succeeded"
+
+
 def test_resuming_a_running_task_withdraws_its_pending_pause(caller, fast):
     task = tasks.take(str(start(caller, {"text": TEXT}).pk), "worker-a")
     version = task.version

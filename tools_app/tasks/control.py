@@ -122,7 +122,8 @@ def pause(task: Task, who, *, reason: str) -> Task:
             raise InvalidInput(f"task {task.pk} is {task.status}; only queued, retrying or running tasks can be "
                                "paused")
         return transition(task, {"status__in": RUNNABLE, "lease_owner": ""}, {
-            "status": TaskStatus.PAUSED, "pause_reason": reason, "input_request": None, "next_retry_at": None,
+            "status": TaskStatus.PAUSED, "pause_reason": reason, "pause_requested": "", "input_request": None,
+            "next_retry_at": None,
         }, action="task.paused", actor=actor, reason=reason)
 
     return _with_retries(task, attempt)
@@ -162,7 +163,7 @@ def resume(task: Task, who, *, answer: dict[str, Any] | None = None) -> Task:
                            "failure_reason": "", "finished_at": None, "enqueued_at": now}
             case TaskStatus.PAUSED:
                 changes = {"status": TaskStatus.CREATED, "resume_input": _checked_answer(task, answer),
-                           "pause_reason": "", "enqueued_at": now}
+                           "pause_reason": "", "pause_requested": "", "enqueued_at": now}
             case TaskStatus.RETRYING:
                 changes = {"next_retry_at": now, "enqueued_at": now}
             case TaskStatus.RUNNING if task.lease_expires_at and task.lease_expires_at < now:
