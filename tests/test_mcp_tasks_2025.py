@@ -4,16 +4,26 @@ tests/interop/tasks_client.mjs runs a scenario with the SDK's `experimental.task
 server and prints what it saw; these tests run it with `node` and check that, and the database.
 """
 
+import asyncio
 import json
 import subprocess
+from typing import Literal
 
+import httpx2
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import PaginatedRequestParams, Request, Result
 
 from tests.documents_fixtures import long_text, pdf_of_text
-from tests.mcp_client import call_sync
+from tests.mcp_client import answer_of, call_sync
 from tests.processes import ROOT
 from tests.task_stack import wait_until
+from tests.tasks_support import start
+from tools_app import access
 from tools_app.models import Document, StepRun, Task, TaskStatus
+from tools_app.toolkit.calls import Caller
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("settle_tasks")]
 
@@ -152,3 +162,39 @@ def test_unknown_foreign_and_unsupported_requests_get_the_errors_the_spec_names(
     assert seen["foreignTask"]["code"] == -32602  # another tenant's task is an unknown task
     assert seen["notATaskTool"]["code"] == -32601  # `task` on a tool without taskSupport
     assert seen["badCursor"]["code"] == -32602
+
+
+def rpc(url: str, token: str, method: str, params: dict) -> dict:
+    """One raw JSON-RPC request at 2025-11-25 (stateless: no session, no initialize needed)."""
+    response = httpx2.post(url, timeout=30, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
+                           headers={"Authorization": f"Bearer {token}", "MCP-Protocol-Version": "2025-11-25",
+                                    "Accept": "application/json, text/event-stream"})
+    return answer_of(response)
+
+
+def test_tasks_list_pages_through_the_tenants_tasks_newest_first(task_web, task_workers, token):
+    caller = Caller(tenant_id=access.models.Tenant.objects.get(slug="acme").pk, actor="agent:acme/test")
+    started = [str(start(caller, {"text": f"Note {n}."}, key=f"list-{n}").pk) for n in range(57)]
+
+    first = rpc(task_web.mcp_url, token, "tasks/list", {})["result"]
+    second = rpc(task_web.mcp_url, token, "tasks/list", {"cursor": first["nextCursor"]})["result"]
+
+    assert len(first["tasks"]) == 50 and len(second["tasks"]) == 7 and "nextCursor" not in second
+    assert [t["taskId"] for t in first["tasks"] + second["tasks"]] == started[::-1]
+    assert {t["status"] for t in first["tasks"]} <= {"working", "completed"} and first["tasks"][0]["ttl"] is None
+
+
+class ListTasks(Request[PaginatedRequestParams, Literal["tasks/list"]]):
+    method: Literal["tasks/list"] = "tasks/list"
+    params: PaginatedRequestParams
+
+
+def test_tasks_list_is_not_served_at_2026_07_28(task_web, token):
+    async def list_at_2026():
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
+            async with Client(streamable_http_client(task_web.mcp_url, http_client=http), mode="2026-07-28") as client:
+                with pytest.raises(MCPError) as refused:
+                    await client.session.send_request(ListTasks(params=PaginatedRequestParams()), Result)
+                return refused.value
+
+    assert asyncio.run(list_at_2026()).code == -32601
