@@ -13,11 +13,9 @@ from django.utils import timezone
 
 from idemops.conf import override_conf
 from tests import processes
-from tests.documents_fixtures import long_text, pdf_of_text
 from tests.operators import make_operator
-from tests.task_stack import wait_until
 from tests.tasks_support import TEXT, agent, start
-from tools_app import tasks
+from tools_app import documents, tasks
 from tools_app.access.roles import AUDITOR, OPERATOR
 from tools_app.models import (
     AuditEvent,
@@ -49,12 +47,18 @@ def events(task) -> list[str]:
 
 
 def test_a_pause_asked_of_a_running_task_lets_its_step_finish_and_pauses_before_the_next(
-        transactional_db, caller, fast, tenant, tmp_path):
-    # given a task running its text extraction (a long PDF, read page by page) in a worker thread
-    override_conf(fast, document_allowed_dirs=[str(tmp_path)])
-    path = tmp_path / "long.pdf"
-    path.write_bytes(pdf_of_text(long_text(600_000)))
-    task = start(caller, {"path": str(path)})
+        transactional_db, caller, fast, tenant, monkeypatch):
+    # given a task inside its text extraction in a worker thread, held there until the test lets it go on
+    inside, go_on = threading.Event(), threading.Event()
+    extract = documents.extract
+
+    def held_extract(*args, **kwargs):
+        inside.set()
+        assert go_on.wait(timeout=120), "the test never let the step go on"
+        return extract(*args, **kwargs)
+
+    monkeypatch.setattr(documents, "extract", held_extract)
+    task = start(caller, {"text": TEXT})
     outcome = []
 
     def worker():
@@ -65,12 +69,12 @@ def test_a_pause_asked_of_a_running_task_lets_its_step_finish_and_pauses_before_
 
     thread = threading.Thread(target=worker)
     thread.start()
-    wait_until(lambda: Task.objects.filter(pk=task.pk, current_step="extract_text", progress_done__gte=2).exists(),
-               what="the worker to be inside extract_text")
+    assert inside.wait(timeout=60), "the worker never reached extract_text"
 
     # when an operator pauses it
     asked = tasks.pause(Task.objects.get(pk=task.pk), make_operator("olga", OPERATOR, tenant),
                         reason="the customer wants to check the file")
+    go_on.set()
     thread.join(timeout=120)
 
     # then it went on running until the step was done and checkpointed, and paused before the next one
