@@ -261,6 +261,7 @@ def test_a_finished_task_posts_its_webhook_once_with_the_outbox_event_id(push_we
     assert (body["status"], body["tool"]) == ("succeeded", "ingest_document")
     assert body["result"]["document_id"] == Document.objects.get(task=task).pk
     assert event.record_id == task.record_id and event.payload["recipient"] == f"{sink.url}/webhooks/tasks"
+    assert event.operation_id == task.operation_id is not None  # sent as X-Operation-Id
 
 
 def test_a_cancelled_task_posts_its_webhook_too(push_web, push_workers, token, sink, doc_dir):
