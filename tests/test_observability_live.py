@@ -249,6 +249,8 @@ PERSONAL = {
     "document_token": "DOCSIGNEDTOKEN7731",
     "query": "Zephyrine medical",
     "cancel_reason": "cancelled because Quillon said so",
+    "fork_reason": "re-run because Quillon's summary was off",
+    "pause_reason": "paused until Quillon signs",
     "resume_input": "Quillon's answer to the paused step",
 }
 PASSWORD = "Pa55word-Quillon-999"
@@ -264,7 +266,7 @@ def test_no_token_key_password_or_personal_value_sent_through_any_tool_reaches_a
     from tools_app.toolkit.registry import all_tools
 
     url, sink = observed.web.mcp_url, observed.sink
-    raw_keys = [f"RAWKEY-ZQX-{n:02d}" for n in range(12)]
+    raw_keys = [f"RAWKEY-ZQX-{n:02d}" for n in range(13)]
     doc_url = doc_server.serve(f"quillon.txt?token={PERSONAL['document_token']}", PERSONAL["document"].encode())
     called: dict[str, object] = {}
 
@@ -314,6 +316,10 @@ def test_no_token_key_password_or_personal_value_sent_through_any_tool_reaches_a
                         "idempotency_key": raw_keys[9]})
     use("cancel_task", {"task_id": started.structured_content["task_id"], "reason": PERSONAL["cancel_reason"],
                         "idempotency_key": raw_keys[10]})
+    fork = use("fork_task", {"task_id": started.structured_content["task_id"], "from_step": "summarize",
+                             "reason": PERSONAL["fork_reason"], "idempotency_key": raw_keys[11]})
+    use("pause_task", {"task_id": fork.structured_content["task_id"], "reason": PERSONAL["pause_reason"],
+                       "idempotency_key": raw_keys[12]})
     use("whoami", {})
     # a person approves the deletion and the announcement: the cluster runs them
     tenant = Tenant.objects.get(slug="acme")
