@@ -7,7 +7,6 @@ which checks the manage_task permission and the tenant itself.
 
 from django.contrib import admin
 from django.db.models import Q
-from django.utils import timezone
 
 from tools_app import tasks
 from tools_app.admin.operator_actions import (
@@ -21,6 +20,7 @@ from tools_app.admin.operator_actions import (
     pretty_json,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.core import clock
 from tools_app.core.errors import ToolFailure
 from tools_app.documents.models import Document
 from tools_app.tasks.models import Checkpoint, StepRun, Task, TaskNeedingAttention, TaskStatus
@@ -125,7 +125,7 @@ class TaskAdmin(TaskPage, OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin
 def needs_attention() -> Q:
     """Failed, paused, backing off, or running on an expired lease (its worker died)."""
     return (Q(status__in=[TaskStatus.FAILED, TaskStatus.PAUSED, TaskStatus.RETRYING])
-            | Q(status=TaskStatus.RUNNING, lease_expires_at__lt=timezone.now()))
+            | Q(status=TaskStatus.RUNNING, lease_expires_at__lt=clock.NOW))
 
 
 @admin.register(TaskNeedingAttention)

@@ -45,6 +45,7 @@ from tools_app.engine.transitions import (
     reclaim,
     release,
     renew_lease,
+    reread,
     resolve_failed,
     resolve_succeeded,
     retire,
@@ -56,6 +57,6 @@ __all__ = [
     "await_approval", "claim", "close_unapproved", "downstream_key", "end_retention", "evidence_entry",
     "execute_approved", "expire_lease", "expire_leases", "gathering_evidence", "heartbeat_interval", "hooks",
     "is_expired", "lease_expired", "lease_seconds", "mark_failed", "mark_succeeded", "mark_unknown", "new_record",
-    "note_evidence", "note_unresolved", "reclaim", "release", "renew_lease", "resolve_failed",
+    "note_evidence", "note_unresolved", "reclaim", "release", "renew_lease", "reread", "resolve_failed",
     "resolve_succeeded", "retire", "run", "start_approved", "wait_for_outcome",
 ]

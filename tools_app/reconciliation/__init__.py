@@ -24,7 +24,7 @@ from tools_app.reconciliation.operators import (
 )
 from tools_app.reconciliation.reconcile import (
     SWEEP_ACTOR,
-    next_attempt_at,
+    next_attempt_in,
     reconcile_record,
     reconcile_soon,
     reconciler_for,
@@ -33,6 +33,6 @@ from tools_app.reconciliation.reconcile import (
 
 __all__ = [
     "FORCE_EXPIRE", "RECONCILE", "RELEASE_HELD_KEY", "RESOLVE", "RESOLVE_PERMISSION", "SWEEP_ACTOR", "force_expire",
-    "next_attempt_at", "reconcile", "reconcile_due", "reconcile_record", "reconcile_soon", "reconciler_for",
+    "next_attempt_in", "reconcile", "reconcile_due", "reconcile_record", "reconcile_soon", "reconciler_for",
     "release_held_key", "resolve_by_operator", "run_periodic", "settle_expired",
 ]

@@ -18,13 +18,10 @@ took a dead executor's record reconcile through `reconcile_record`, as the syste
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
-
-from django.utils import timezone
 
 from idemops.conf import conf
 from tools_app import engine
-from tools_app.core import backoff, jobs
+from tools_app.core import backoff, clock, jobs
 from tools_app.core.errors import Transient
 from tools_app.engine import evidence_entry
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
@@ -42,10 +39,9 @@ def reconciler_for(spec: ToolSpec):
 def take_turn(record: IdempotencyRecord) -> bool:
     """Push the record's next attempt forward; only the process whose UPDATE
     matched reconciles it now (two schedulers never ask downstream twice)."""
-    claimed_until = timezone.now() + timedelta(seconds=conf().reconcile_turn_seconds)
     return bool(IdempotencyRecord.objects.filter(
         pk=record.pk, status=RecordStatus.UNKNOWN, next_reconcile_at=record.next_reconcile_at,
-    ).update(next_reconcile_at=claimed_until))
+    ).update(next_reconcile_at=clock.later(conf().reconcile_turn_seconds)))
 
 
 def settle_expired(record: IdempotencyRecord) -> None:
@@ -84,7 +80,7 @@ def reconcile_record(record: IdempotencyRecord, *, actor: str = SWEEP_ACTOR) -> 
             return "failed"
         case StillUnknown(evidence):
             engine.note_unresolved(record, evidence=evidence or evidence_entry("reconciler"),
-                                   next_attempt_at=next_attempt_at(record.reconcile_attempts + 1), actor=actor)
+                                   next_attempt_in=next_attempt_in(record.reconcile_attempts + 1), actor=actor)
             return "unknown"
     raise AssertionError(f"unexpected reconciler answer {answer!r}")
 
@@ -101,13 +97,12 @@ def _ask(record: IdempotencyRecord) -> Answer:
 BACKOFF_MAX_SECONDS = 3600
 
 
-def next_attempt_at(attempt: int) -> datetime | None:
-    """When to ask again after the `attempt`-th attempt (core.backoff); None once the attempts
-    are used up (escalate)."""
+def next_attempt_in(attempt: int) -> float | None:
+    """Seconds until asking again after the `attempt`-th attempt (core.backoff); None once the
+    attempts are used up (escalate)."""
     if attempt >= conf().reconcile_max_attempts:
         return None
-    delay = backoff.delay(attempt, base=conf().reconcile_backoff_seconds, ceiling=BACKOFF_MAX_SECONDS)
-    return timezone.now() + timedelta(seconds=delay)
+    return backoff.delay(attempt, base=conf().reconcile_backoff_seconds, ceiling=BACKOFF_MAX_SECONDS)
 
 
 def reconcile_soon() -> None:
