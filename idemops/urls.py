@@ -1,10 +1,12 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from tools_app.web.callbacks import payment_gateway_callback
 from tools_app.web.health import healthz
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
     path("api/", include("tools_app.api.urls")),
+    path("callbacks/payment-gateway", payment_gateway_callback, name="payment-gateway-callback"),
 ]

@@ -84,8 +84,8 @@ class Service:
 
 
 class WebServer(Service):
-    def __init__(self, name: str = "web", **env: str):
-        self.port = free_port()
+    def __init__(self, name: str = "web", port: int | None = None, **env: str):
+        self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         super().__init__(name, [sys.executable, "-m", "uvicorn", "idemops.asgi:application", "--host", "127.0.0.1",
                                 "--port", str(self.port), "--no-access-log"],
@@ -114,13 +114,14 @@ def drop_database(name: str, server_url: str | None = None) -> None:
 class DownstreamService(Service):
     """A service of downstream/ as a process, on a fresh database of its own (to check what it did)."""
 
-    def __init__(self, name: str, module: str, database: str, *extra_args: str, server_url: str | None = None):
+    def __init__(self, name: str, module: str, database: str, *extra_args: str, server_url: str | None = None,
+                 env: dict[str, str] | None = None):
         drop_database(database, server_url)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.database_url = service_database_url(database, server_url)
         super().__init__(name, [sys.executable, "-m", module, "--port", str(self.port),
-                                "--database-url", self.database_url, *extra_args], os.environ.copy())
+                                "--database-url", self.database_url, *extra_args], {**os.environ, **(env or {})})
         self.wait_http(f"{self.url}/healthz")
 
     def sql(self, query: str, params=()) -> list[tuple]:
@@ -138,15 +139,28 @@ class DownstreamService(Service):
 
 
 class PaymentGateway(DownstreamService):
+    """The demo payment gateway; with `callback_url` it reports each new payment there, signed with
+    `callback_secret` (the idemops side's IDEMOPS_PAYMENT_GATEWAY_CALLBACK_SECRET)."""
+
     def __init__(self, name: str = "payment-gateway", database: str = "test_payment_gateway",
-                 server_url: str | None = None):
-        super().__init__(name, "downstream.payment_gateway", database, server_url=server_url)
+                 server_url: str | None = None, callback_url: str | None = None, callback_secret: str = ""):
+        super().__init__(name, "downstream.payment_gateway", database,
+                         *(["--callback-url", callback_url] if callback_url else []), server_url=server_url,
+                         env={"PAYMENT_GATEWAY_CALLBACK_SECRET": callback_secret})
 
     def payments(self) -> list[tuple]:
         return self.sql("SELECT id, idempotency_key, amount FROM payments ORDER BY created_at")
 
-    def set_fault(self, key: str, mode: str, times: int | None = None) -> None:
-        self.put(f"/faults/{key}", {"mode": mode, "times": times})
+    def set_fault(self, key: str, mode: str, times: int | None = None, seconds: float | None = None) -> None:
+        self.put(f"/faults/{key}", {"mode": mode, "times": times, "seconds": seconds})
+
+    def resend_callback(self, payment_id: str) -> int | None:
+        """Have the gateway send a payment's callback again now; the status idemops answered."""
+        import httpx2
+
+        response = httpx2.post(f"{self.url}/payments/{payment_id}/callback", timeout=30)
+        response.raise_for_status()
+        return response.json()["callback_status"]
 
     def reset(self) -> None:
         self.sql("TRUNCATE payments, faults")

@@ -215,6 +215,10 @@ class IdemopsSettings(BaseSettings):
         "http://127.0.0.1:8001", "Base URL of the payment gateway request_payment calls.", section=DOWNSTREAM)
     payment_gateway_timeout_seconds: Seconds = setting(
         5, "Timeout of one payment gateway request; a timeout is an unknown outcome.", section=DOWNSTREAM)
+    payment_gateway_callback_secret: SecretStr = setting(
+        SecretStr(""), "Shared secret of the payment gateway's signed callbacks to /callbacks/payment-gateway, "
+        "which settle an unknown payment at once (empty: callbacks are refused).", shown="empty",
+        section=DOWNSTREAM)
     webhook_allowed_prefixes: UrlList = setting(
         ["http://127.0.0.1:8002/webhooks/"], "URL prefixes a webhook recipient must fall under "
         "(comma-separated).", section=DOWNSTREAM)

@@ -42,6 +42,7 @@ from tools_app.engine.transitions import (
     mark_unknown,
     new_record,
     note_unresolved,
+    operation_id_of,
     reclaim,
     release,
     renew_lease,
@@ -57,6 +58,6 @@ __all__ = [
     "await_approval", "claim", "close_unapproved", "downstream_key", "end_retention", "evidence_entry",
     "execute_approved", "expire_lease", "expire_leases", "gathering_evidence", "heartbeat_interval", "hooks",
     "is_expired", "lease_expired", "lease_seconds", "mark_failed", "mark_succeeded", "mark_unknown", "new_record",
-    "note_evidence", "note_unresolved", "reclaim", "release", "renew_lease", "reread", "resolve_failed",
-    "resolve_succeeded", "retire", "run", "start_approved", "wait_for_outcome",
+    "note_evidence", "note_unresolved", "operation_id_of", "reclaim", "release", "renew_lease", "reread",
+    "resolve_failed", "resolve_succeeded", "retire", "run", "start_approved", "wait_for_outcome",
 ]

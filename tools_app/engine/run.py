@@ -196,10 +196,14 @@ def execute_approved(record: IdempotencyRecord, op: Operation, execute: Executor
 
 
 def wait_for_outcome(record: IdempotencyRecord) -> IdempotencyRecord:
-    """Poll a PROCESSING record until it finishes, its lease runs out, or the follower wait runs out."""
-    polling.until(lambda: record.status != RecordStatus.PROCESSING or lease_expired(record),
-                  seconds=conf().follower_wait_seconds, pause=0.01, max_pause=0.2,
-                  refresh=lambda: reread(record))
+    """Poll a PROCESSING record until it finishes, its lease runs out, or the follower wait runs out.
+
+    Under polling.run_async (an MCP call) the wait holds no database thread: the call runs
+    again after it, and its claim finds the record as the wait left it.
+    """
+    polling.wait("follower", lambda: record.status != RecordStatus.PROCESSING or lease_expired(record),
+                 seconds=conf().follower_wait_seconds, pause=0.01, max_pause=0.2,
+                 refresh=lambda: reread(record))
     return record
 
 

@@ -123,10 +123,23 @@ def new_record(op: Operation) -> IdempotencyRecord:
     )
 
 
+DOWNSTREAM_KEY_PREFIX = "idemops-"
+
+
 def downstream_key(operation_id: uuid.UUID) -> str:
     """The key sent to a downstream system: one per operation, so every retry of it is deduplicated
     there, and a key freed after its retention (retired or released) is a new operation there too."""
-    return f"idemops-{operation_id.hex}"
+    return f"{DOWNSTREAM_KEY_PREFIX}{operation_id.hex}"
+
+
+def operation_id_of(key: str) -> uuid.UUID | None:
+    """The operation a downstream key stands for (None: not one of ours)."""
+    if not key.startswith(DOWNSTREAM_KEY_PREFIX):
+        return None
+    try:
+        return uuid.UUID(hex=key.removeprefix(DOWNSTREAM_KEY_PREFIX))
+    except ValueError:
+        return None
 
 
 def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tuple | None:

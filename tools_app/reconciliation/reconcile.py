@@ -13,11 +13,16 @@ we sent; its answer moves the record:
 Operators' decisions (reconcile now, resolve with evidence) are in
 operators.py, behind their permits; the periodic job and a follower that
 took a dead executor's record reconcile through `reconcile_record`, as the system.
+
+A downstream system that reports outcomes by itself (the payment gateway's signed callback,
+tools_app.web.callbacks) settles a record at once through `settle_by_callback`: the same
+answers, the same guarded transitions, so a late or duplicate report changes nothing.
 """
 
 from __future__ import annotations
 
 import logging
+from enum import StrEnum
 
 from idemops.conf import conf
 from tools_app import engine
@@ -66,16 +71,21 @@ def settle_expired(record: IdempotencyRecord) -> None:
 def reconcile_record(record: IdempotencyRecord, *, actor: str = SWEEP_ACTOR) -> str:
     """Ask the downstream system and apply its answer, as `actor` (the system unless an operator's
     checked call passes theirs). Returns the record's status word."""
-    answer = _ask(record)
+    return apply_answer(record, _ask(record), actor=actor)
+
+
+def apply_answer(record: IdempotencyRecord, answer: Answer, *, actor: str, reason: str = "found downstream") -> str:
+    """Move an UNKNOWN record as the downstream system's answer says (guarded: a record that is
+    no longer UNKNOWN is left as it is). Returns the answer's word."""
     match answer:
         case Found(result, evidence):
-            engine.resolve_succeeded(record, result, actor=actor, reason="found downstream",
+            engine.resolve_succeeded(record, result, actor=actor, reason=reason,
                                      evidence=evidence or evidence_entry("reconciler", found=True))
             return "succeeded"
-        case NotDone(reason, evidence):
-            failure = Transient(f"the first call did not take effect ({reason}); retry with the same key",
+        case NotDone(why, evidence):
+            failure = Transient(f"the first call did not take effect ({why}); retry with the same key",
                                 retry_after=0)
-            engine.resolve_failed(record, failure, actor=actor, reason=reason,
+            engine.resolve_failed(record, failure, actor=actor, reason=why,
                                   evidence=evidence or evidence_entry("reconciler", found=False))
             return "failed"
         case StillUnknown(evidence):
@@ -83,6 +93,33 @@ def reconcile_record(record: IdempotencyRecord, *, actor: str = SWEEP_ACTOR) -> 
                                    next_attempt_in=next_attempt_in(record.reconcile_attempts + 1), actor=actor)
             return "unknown"
     raise AssertionError(f"unexpected reconciler answer {answer!r}")
+
+
+class CallbackVerdict(StrEnum):
+    """What became of a downstream system's report of an outcome (the callback's answer says it)."""
+
+    SETTLED = "settled"  # the record was UNKNOWN and now has the reported outcome
+    ALREADY_FINAL = "already final"  # a late or duplicate report: the record's outcome stands
+    IN_FLIGHT = "in flight"  # its executor is still waiting for the answer: report again later
+    UNKNOWN_KEY = "unknown key"  # no record sent this key
+
+
+def settle_by_callback(downstream_key: str, answer: Found | NotDone, *, actor: str) -> CallbackVerdict:
+    """A downstream system reports the outcome of the operation it knows by `downstream_key`:
+    an UNKNOWN record takes it at once, as the reconciler's answer would (the same guarded
+    transition, so of a report and a reconciliation racing, one moves the record)."""
+    operation_id = engine.operation_id_of(downstream_key)
+    record = IdempotencyRecord.objects.filter(operation_id=operation_id).first() if operation_id else None
+    if record is None or record.downstream_key != downstream_key:
+        return CallbackVerdict.UNKNOWN_KEY
+    if record.status == RecordStatus.PROCESSING:
+        return CallbackVerdict.IN_FLIGHT
+    if record.status != RecordStatus.UNKNOWN:
+        return CallbackVerdict.ALREADY_FINAL
+    apply_answer(record, answer, actor=actor, reason="reported by the downstream system")
+    record.refresh_from_db(fields=["status"])
+    # Of a report and a reconciliation racing, whichever moved the record first settled it.
+    return CallbackVerdict.SETTLED if record.status != RecordStatus.UNKNOWN else CallbackVerdict.IN_FLIGHT
 
 
 def _ask(record: IdempotencyRecord) -> Answer:
