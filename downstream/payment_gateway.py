@@ -17,8 +17,9 @@ nothing done), `reject` (422, nothing done), `ratelimit` (429, Retry-After), `un
 Retry-After), `hang` (never answers, nothing done), `succeed-then-hang` (the
 payment is committed, the response never arrives), `succeed-then-fail` (the payment is
 committed, the answer is a 500), `succeed-then-reset` (the payment is committed, the
-connection drops in the middle of the answer), `slow` (waits `seconds`, default 3, then
-pays and answers as usual; a client that gave up meanwhile is paid all the same),
+connection drops in the middle of the answer), `slow` (waits `seconds`, default 3, or until
+the fault is deleted, then pays and answers as usual; a client that gave up meanwhile is paid
+all the same),
 `conflict` (409 as for a key already used with another request, nothing done).
 
 Callbacks: with --callback-url (and the shared secret in PAYMENT_GATEWAY_CALLBACK_SECRET),
@@ -129,7 +130,7 @@ async def create_payment(request: Request) -> Response:
         async with request.app.state.db.connection() as conn:
             fault, seconds = await take_fault(conn, key)
     if fault == "slow":
-        await asyncio.sleep(SLOW_SECONDS if seconds is None else seconds)
+        await _slowly(request, key, SLOW_SECONDS if seconds is None else seconds)
     if fault == "fail":
         return JSONResponse({"error": "internal error (injected)"}, 500)
     if fault == "reject":
@@ -168,6 +169,18 @@ class _ResetAnswer(Response):
                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")]})
         await send({"type": "http.response.body", "body": b'{"payment_id": "pay_', "more_body": True})
         # Returning with the body unfinished makes the server close the connection.
+
+
+async def _slowly(request: Request, key: str, seconds: float) -> None:
+    """Wait `seconds`, or until the fault that slows this key is deleted (a test lets it go)."""
+    deadline = time.monotonic() + seconds
+    while (remaining := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(0.2, remaining))
+        async with request.app.state.db.connection() as conn:
+            armed = await (await conn.execute("SELECT 1 FROM faults WHERE key = ANY(%s) AND mode = 'slow'",
+                                              [[key, "*"]])).fetchone()
+        if armed is None:
+            return
 
 
 def _key_reused() -> Response:

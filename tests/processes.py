@@ -154,6 +154,12 @@ class PaymentGateway(DownstreamService):
     def set_fault(self, key: str, mode: str, times: int | None = None, seconds: float | None = None) -> None:
         self.put(f"/faults/{key}", {"mode": mode, "times": times, "seconds": seconds})
 
+    def clear_fault(self, key: str) -> None:
+        """Disarm a key's fault (and let go of the requests it is slowing)."""
+        import httpx2
+
+        httpx2.delete(f"{self.url}/faults/{key}", timeout=10).raise_for_status()
+
     def resend_callback(self, payment_id: str) -> int | None:
         """Have the gateway send a payment's callback again now; the status idemops answered."""
         import httpx2

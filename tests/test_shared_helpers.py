@@ -3,6 +3,7 @@ polling, tenant scoping, hashed secrets, and the guarded transition with its aud
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import re
@@ -216,6 +217,44 @@ def test_polling_gives_up_at_its_deadline_with_a_last_look():
 
     assert not polling.until(lambda: asked.append(1) and False, seconds=0.05, pause=0.01, max_pause=0.02)
     assert len(asked) >= 2  # asked at once, and again after the pause that reached the deadline
+
+
+def test_a_call_run_asynchronously_waits_outside_its_thread_then_runs_again_with_what_it_carried():
+    # given a call that waits for a flag another party sets, and counts its runs
+    flag, threads_held, runs = [], [], []
+
+    def the_call():
+        first_run = polling.carried("first run", lambda: len(runs))
+        runs.append(1)
+        done = polling.wait("flag", lambda: bool(flag), seconds=30, pause=0.001)
+        return done, first_run
+
+    async def in_thread(fn, *args):
+        threads_held.append(fn)
+        return fn(*args)
+
+    async def scenario():
+        async def set_flag_later():
+            await asyncio.sleep(0.05)
+            flag.append(1)
+
+        setter = asyncio.ensure_future(set_flag_later())
+        result = await polling.run_async(in_thread, the_call)
+        await setter
+        return result
+
+    # when it runs under run_async
+    done, first_run = asyncio.run(scenario())
+
+    # then it ran twice (before and after the wait), each run and each check a short borrow of a
+    # thread, and what it carried is the first run's
+    assert done and len(runs) == 2 and first_run == 0
+    assert len(threads_held) >= 3
+
+
+def test_a_wait_outside_run_async_is_plain_polling():
+    assert not polling.wait("w", lambda: False, seconds=0.02, pause=0.005)
+    assert polling.carried("c", lambda: 1) == 1 and polling.carried("c", lambda: 2) == 2
 
 
 # --- tenant scoping ----------------------------------------------------------------------------------

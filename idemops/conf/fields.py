@@ -195,6 +195,9 @@ class IdemopsSettings(BaseSettings):
     follower_wait_seconds: float = setting(
         2, "How long a second call with a running key waits before answering in_progress.", ge=0,
         section=WRITES)
+    wait_poll_seconds: Seconds = setting(
+        0.1, "How often a web process asks the database, in one query, about every row its waiting calls "
+        "(followers, task waits) wait on.", section=WRITES)
     in_progress_retry_after_seconds: Seconds = setting(
         2, "retry_after of an in_progress answer.", section=WRITES)
     unavailable_retry_after_seconds: Seconds = setting(

@@ -20,7 +20,7 @@ from contextlib import nullcontext
 from django.db import DataError, transaction
 
 from idemops.conf import conf
-from tools_app.core import polling
+from tools_app.core import db, polling
 from tools_app.core.crashpoints import crash_point
 from tools_app.core.errors import (
     UNKNOWN_OUTCOME_ADVICE,
@@ -203,8 +203,13 @@ def wait_for_outcome(record: IdempotencyRecord) -> IdempotencyRecord:
     """
     polling.wait("follower", lambda: record.status != RecordStatus.PROCESSING or lease_expired(record),
                  seconds=conf().follower_wait_seconds, pause=0.01, max_pause=0.2,
-                 refresh=lambda: reread(record))
+                 refresh=lambda: reread(record), watch=polling.Watch(db.table(IdempotencyRecord), record.pk,
+                                                                       WAITED_ON))
     return record
+
+
+# What a follower waits for: another status, or the executor's lease running out (by the database's clock).
+WAITED_ON = "status || ':' || coalesce((lease_expires_at < statement_timestamp())::text, '')"
 
 
 def _in_progress_retry_after() -> float:

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from idemops.conf import conf
-from tools_app.core import clock, keys, polling, redaction
+from tools_app.core import clock, db, keys, polling, redaction
 from tools_app.core.errors import AlreadyDone, ErrorClass, InProgress, InvalidInput, NotFound, ToolFailure
 from tools_app.tasks import state
 from tools_app.tasks.models import Task, TaskStatus
@@ -224,8 +224,13 @@ def wait_for(task: Task, seconds: float, report_progress=None) -> Task:
         return task.finished or task.status == TaskStatus.PAUSED
 
     polling.wait(f"task {task.pk}", settled, seconds=min(seconds, conf().task_max_wait_seconds), pause=0.05,
-                 max_pause=0.5, refresh=lambda: reread(task))
+                 max_pause=0.5, refresh=lambda: reread(task), watch=polling.Watch(db.table(Task), task.pk, WAITED_ON))
     return task
+
+
+# What a task's waiter looks at: any transition (the version), and the progress a step reports.
+WAITED_ON = ("version || ':' || coalesce(progress_done::text, '') || ':' || coalesce(progress_total::text, '') "
+             "|| ':' || progress_message")
 
 
 def reread(task: Task) -> Task:
