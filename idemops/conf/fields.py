@@ -89,8 +89,8 @@ def setting(default: Any = PydanticUndefined, doc: str = "", *, shown: str | Non
     return Field(default, description=doc, json_schema_extra={"section": section, "shown": shown}, **field)
 
 
-WEB, SECRETS, DATABASE, JOBS, MCP, WRITES, RECONCILE, DOWNSTREAM, EMAIL, OUTBOX, TASKS, DOCUMENTS, TESTING = (
-    "Web and processes", "Secrets", "Database", "Job cluster (django-q2)", "MCP endpoint",
+WEB, SECRETS, DATABASE, JOBS, MCP, LIMITS, WRITES, RECONCILE, DOWNSTREAM, EMAIL, OUTBOX, TASKS, DOCUMENTS, TESTING = (
+    "Web and processes", "Secrets", "Database", "Job cluster (django-q2)", "MCP endpoint", "Per-tenant limits",
     "Writes, leases and outages", "Reconciliation of unknown outcomes", "Downstream systems",
     "Email", "Outbox relay", "Long tasks", "Documents", "Testing")
 
@@ -180,6 +180,16 @@ class IdemopsSettings(BaseSettings):
     mcp_max_request_bytes: int = setting(
         32 * 1024 * 1024, "Largest /mcp request body (ingest_document takes documents inline).", gt=0,
         section=MCP)
+
+    # --- per-tenant limits (defaults; each tenant's own are edited in the admin) ---
+    rate_limit_calls_per_minute: int = setting(
+        0, "Tool calls per minute one tenant may make, all its tokens together (a minute's worth may come at "
+        "once); over it, calls answer rate_limited with retry_after. 0: no limit.", ge=0, section=LIMITS)
+    rate_limit_calls_per_minute_per_token: int = setting(
+        0, "Tool calls per minute one API token may make. 0: no limit.", ge=0, section=LIMITS)
+    max_concurrent_tasks_per_agent: int = setting(
+        20, "Long tasks one agent (a token's identity) may have unfinished at once; one more is refused "
+        "rate_limited. 0: no limit.", ge=0, section=LIMITS)
 
     # --- writes, leases and outages ---
     # After a crash, a key settles within the lease plus the sweep period.

@@ -132,7 +132,8 @@ def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) 
         return Outcome(record, replayed=True, error=failure)
     wait = retry_wait(record)
     if wait > 0:
-        return Outcome(record, replayed=True, error=Transient(record.error_message, retry_after=wait))
+        return Outcome(record, replayed=True, error=ToolFailure.from_dict(
+            {"class": record.error_class, "message": record.error_message, "retry_after": wait}))
     reclaimed = reclaim(record, op)
     if reclaimed is None:
         return None  # another retry got there first; follow it

@@ -28,7 +28,7 @@ from django.db.models import F
 
 from idemops.conf import conf
 from tools_app.core import audit, backoff, clock, db, leases, redaction
-from tools_app.core.errors import ToolFailure, UnknownOutcome
+from tools_app.core.errors import RETRYABLE, ToolFailure, UnknownOutcome
 from tools_app.core.keys import canonical_json
 from tools_app.core.models import AuditEvent
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
@@ -252,12 +252,12 @@ def mark_unknown(record: IdempotencyRecord, unknown: UnknownOutcome, *, actor: s
 
 
 def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | None:
-    """FAILED(transient) -> PROCESSING for a retry with the same key and arguments.
+    """FAILED(transient or rate_limited) -> PROCESSING for a retry with the same key and arguments.
 
     Guarded by the attempt count we saw, so of several racing retries one wins.
     """
     if not _transition(record, {
-        "status": RecordStatus.FAILED, "error_class": "transient", "fingerprint": op.fingerprint,
+        "status": RecordStatus.FAILED, "error_class__in": sorted(map(str, RETRYABLE)), "fingerprint": op.fingerprint,
         "attempts": record.attempts,
     }, {
         "status": RecordStatus.PROCESSING, "attempts": record.attempts + 1, "lease_owner": leases.new_owner(),

@@ -37,6 +37,8 @@ from tools_app.mcp.runtime import (
     DatabaseUnavailable,
     IdempotencyInfo,
     TenantTokenVerifier,
+    admitted,
+    caller_limits,
     count_call,
     current_caller,
     in_db_thread,
@@ -79,11 +81,12 @@ def sdk_tool(spec: ToolSpec) -> Tool:
     async def handle(arguments: dict[str, Any], ctx: Context) -> CallToolResult:
         started = time.perf_counter()
         caller = current_caller(ctx)
+        limits = caller_limits()
         meta = ctx.request_context.meta or {}
         try:
             # A call that waits (a follower, a task wait) waits holding no database thread (core.polling).
-            result = await polling.run_async(in_db_thread, call_tool, spec, caller, arguments,
-                                             meta_key=meta.get(keys.META_KEY))
+            result = await polling.run_async(in_db_thread, admitted, spec, limits, lambda: call_tool(
+                spec, caller, arguments, meta_key=meta.get(keys.META_KEY)))
         except DatabaseUnavailable:
             # Whatever the call did is either committed with its record or not at
             # all, and the engine runs the key at most once: the same key may retry.

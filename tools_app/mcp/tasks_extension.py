@@ -34,7 +34,7 @@ from tools_app import tasks
 from tools_app.access import Agent
 from tools_app.core import keys
 from tools_app.core.errors import NotFound, ToolFailure
-from tools_app.mcp.runtime import authenticated_caller, count_call, in_db_thread, render
+from tools_app.mcp.runtime import admitted, authenticated_caller, caller_limits, count_call, in_db_thread, render
 from tools_app.tasks import calls as task_calls
 from tools_app.tasks.models import Task, TaskStatus
 from tools_app.toolkit.calls import Caller
@@ -154,10 +154,17 @@ def _cancel(caller: Caller, task_id: str) -> dict[str, Any]:
     return {}
 
 
-def _start(name: str, caller: Caller, arguments: dict[str, Any], meta_key: str | None):
+def _admitted_start(name: str, limits, caller: Caller, arguments: dict[str, Any], meta_key: str | None):
     spec = get_tool(name)
-    started, task = task_calls.start_through_engine(spec, caller, arguments, meta_key)
-    return started, (task_shape(task) if task is not None else None)
+    outcome: dict[str, Any] = {"task": None}
+
+    def start():
+        started, task = task_calls.start_through_engine(spec, caller, arguments, meta_key)
+        outcome["task"] = task
+        return started
+
+    started = admitted(spec, limits, start)
+    return started, (task_shape(outcome["task"]) if outcome["task"] is not None else None)
 
 
 # --- the extension -------------------------------------------------------------------------------
@@ -179,8 +186,8 @@ class TasksExtension(Extension):
         began = time.perf_counter()
         caller = authenticated_caller()
         meta = ctx.meta or {}
-        started, handle = await in_db_thread(_start, params.name, caller, dict(params.arguments or {}),
-                                             meta.get(keys.META_KEY))
+        started, handle = await in_db_thread(_admitted_start, params.name, caller_limits(), caller,
+                                             dict(params.arguments or {}), meta.get(keys.META_KEY))
         count_call(caller, params.name, started, began)
         if handle is None:
             return render(started)  # refused before a task existed: an ordinary tool error

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from idemops.conf import conf
+from tools_app import access
 from tools_app.core import clock, db, keys, polling, redaction
 from tools_app.core.errors import AlreadyDone, ErrorClass, InProgress, InvalidInput, NotFound, ToolFailure
 from tools_app.tasks import state
@@ -145,6 +146,9 @@ def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str) -> T
     has passed)."""
     spec, validated = inner_call(tool, arguments, key)
     pipeline = spec.pipeline
+    # Over the agent's limit of unfinished tasks: refused (rate_limited), and this key may start it later.
+    access.admit_task(ctx.tenant_id, ctx.actor, lambda: Task.objects.filter(
+        tenant_id=ctx.tenant_id, actor=ctx.actor, status__in=state.ACTIVE).count())
     business = validated.model_dump(mode="json", exclude=set(spec.excluded_from_fingerprint))
     # A document URL's query (a signed URL's token) is needed by the worker that fetches it and by
     # no one else: it is stored only sealed, and the task shows the URL without it.

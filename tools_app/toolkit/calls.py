@@ -61,6 +61,7 @@ class CallResult:
             "conflict": CallOutcome.CONFLICT, "in_progress": CallOutcome.IN_PROGRESS,
             "unknown_outcome": CallOutcome.UNKNOWN, "invalid_input": CallOutcome.REJECTED,
             "expired": CallOutcome.REJECTED, "permission_denied": CallOutcome.REJECTED,
+            "rate_limited": CallOutcome.REJECTED,
             "pending_approval": CallOutcome.PENDING_APPROVAL,
         }.get(self.error.error_class, CallOutcome.FAILED)
 
