@@ -188,12 +188,20 @@ class NotificationSink(DownstreamService):
     def set_faults(self, *, delay_seconds: float = 0, fail_times: int = 0) -> None:
         self.put("/faults", {"delay_seconds": delay_seconds, "fail_times": fail_times})
 
+    def poison(self, name: str, mode: str, seconds: float | None = None) -> None:
+        """Every webhook to /webhooks/<name> hangs (`seconds`) or fails from now on."""
+        self.put(f"/faults/webhooks/{name}", {"mode": mode, "seconds": seconds})
+
+    def webhook_attempts(self) -> list[tuple[str, str, str]]:
+        """(event id, recipient name, outcome) of every webhook request received, in order."""
+        return self.sql("SELECT event_id, name, outcome FROM webhook_attempts ORDER BY id")
+
     def stray_requests(self) -> list[tuple[str, str]]:
         """(method, raw path) of every request that matched none of the sink's routes."""
         return self.sql("SELECT method, path FROM stray_requests ORDER BY id")
 
     def reset(self) -> None:
-        self.sql("TRUNCATE messages, stray_requests")
+        self.sql("TRUNCATE messages, stray_requests, webhook_faults, webhook_attempts")
         self.set_faults()
 
 
