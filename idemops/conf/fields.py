@@ -253,6 +253,12 @@ class IdemopsSettings(BaseSettings):
 
     # --- outbox ---
     outbox_batch_size: int = setting(20, "Events one relay run claims.", ge=1, section=OUTBOX)
+    outbox_delivery_threads: int = setting(
+        8, "Deliveries a relay makes at once (a slow consumer holds up only its own event).", ge=1,
+        section=OUTBOX)
+    outbox_claim_seconds: Seconds = setting(
+        60, "How long a relay's claim on a batch lasts; after it, another relay may deliver the events "
+        "(consumers deduplicate). Longer than a delivery's timeout.", section=OUTBOX)
     outbox_max_attempts: int = setting(
         8, "Delivery attempts before an event is dead-lettered.", ge=1, section=OUTBOX)
     outbox_backoff_seconds: Seconds = setting(

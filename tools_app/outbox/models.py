@@ -28,6 +28,9 @@ class OutboxEvent(models.Model):
     last_error = models.TextField(blank=True)
     created_at = models.DateTimeField()
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # A relay's claim on a pending event while it delivers it (outbox.relay): no row lock is held meanwhile.
+    claimed_by = models.CharField(max_length=100, blank=True, default="")
+    claimed_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
