@@ -14,7 +14,8 @@ it reconnects by itself when the database is back.
 
 Faults, per request (header X-Fault) or per key (PUT /faults): `fail` (500,
 nothing done), `reject` (422, nothing done), `ratelimit` (429, Retry-After), `unavailable` (503,
-Retry-After), `hang` (never answers, nothing done), `succeed-then-hang` (the
+Retry-After), `unavailable-for-ages` (503 with an absurd Retry-After, nothing done), `hang`
+(never answers, nothing done), `succeed-then-hang` (the
 payment is committed, the response never arrives), `succeed-then-fail` (the payment is
 committed, the answer is a 500), `succeed-then-reset` (the payment is committed, the
 connection drops in the middle of the answer), `slow` (waits `seconds`, default 3, or until
@@ -75,8 +76,8 @@ CREATE TABLE IF NOT EXISTS faults (
 );
 ALTER TABLE faults ADD COLUMN IF NOT EXISTS seconds real;  -- how long `slow` waits
 """
-FAULT_MODES = {"fail", "reject", "ratelimit", "unavailable", "hang", "succeed-then-hang", "succeed-then-fail",
-               "succeed-then-reset", "slow", "conflict"}
+FAULT_MODES = {"fail", "reject", "ratelimit", "unavailable", "unavailable-for-ages", "hang", "succeed-then-hang",
+               "succeed-then-fail", "succeed-then-reset", "slow", "conflict"}
 HANG_SECONDS = 3600
 SLOW_SECONDS = 3.0
 CALLBACK_ATTEMPTS = 8
@@ -138,6 +139,8 @@ async def create_payment(request: Request) -> Response:
     if fault in ("ratelimit", "unavailable"):
         return JSONResponse({"error": f"{fault} (injected)"}, 429 if fault == "ratelimit" else 503,
                             headers={"Retry-After": RETRY_AFTER_SECONDS})
+    if fault == "unavailable-for-ages":  # a server that asks for an absurd wait
+        return JSONResponse({"error": f"{fault} (injected)"}, 503, headers={"Retry-After": "99999999999999"})
     if fault == "hang":
         # Never answers and never pays, not even after the client gave up (and holds no connection).
         return await _never_answer()

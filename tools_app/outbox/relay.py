@@ -16,7 +16,7 @@ transaction across a network delivery:
    OUTBOX_MAX_ATTEMPTS (an operator re-drives it).
 
 A webhook URL is checked against the allow-list again before each attempt
-(tools_app.url_allowlist); one that fails it is dead-lettered at once, unsent.
+(tools_app.core.url_allowlist); one that fails it is dead-lettered at once, unsent.
 
 A relay killed mid-batch leaves its events claimed until `claimed_until`; then
 another relay claims them and delivers them again (the killed one may have

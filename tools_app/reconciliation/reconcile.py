@@ -70,29 +70,37 @@ def settle_expired(record: IdempotencyRecord) -> None:
 
 def reconcile_record(record: IdempotencyRecord, *, actor: str = SWEEP_ACTOR) -> str:
     """Ask the downstream system and apply its answer, as `actor` (the system unless an operator's
-    checked call passes theirs). Returns the record's status word."""
+    checked call passes theirs). Returns the record's status word: the one this call set, or, if
+    another reconciler moved the record first (the guarded transition did not match), what it is now."""
     return apply_answer(record, _ask(record), actor=actor)
 
 
 def apply_answer(record: IdempotencyRecord, answer: Answer, *, actor: str, reason: str = "found downstream") -> str:
     """Move an UNKNOWN record as the downstream system's answer says (guarded: a record that is
-    no longer UNKNOWN is left as it is). Returns the answer's word."""
+    no longer UNKNOWN is left as it is). Returns the answer's word, or the record's status word now
+    if another reconciler moved it first."""
     match answer:
         case Found(result, evidence):
-            engine.resolve_succeeded(record, result, actor=actor, reason=reason,
-                                     evidence=evidence or evidence_entry("reconciler", found=True))
-            return "succeeded"
+            moved = engine.resolve_succeeded(record, result, actor=actor, reason=reason,
+                                             evidence=evidence or evidence_entry("reconciler", found=True))
+            word = "succeeded"
         case NotDone(why, evidence):
             failure = Transient(f"the first call did not take effect ({why}); retry with the same key",
                                 retry_after=0)
-            engine.resolve_failed(record, failure, actor=actor, reason=why,
-                                  evidence=evidence or evidence_entry("reconciler", found=False))
-            return "failed"
+            moved = engine.resolve_failed(record, failure, actor=actor, reason=why,
+                                          evidence=evidence or evidence_entry("reconciler", found=False))
+            word = "failed"
         case StillUnknown(evidence):
-            engine.note_unresolved(record, evidence=evidence or evidence_entry("reconciler"),
-                                   next_attempt_in=next_attempt_in(record.reconcile_attempts + 1), actor=actor)
-            return "unknown"
-    raise AssertionError(f"unexpected reconciler answer {answer!r}")
+            moved = engine.note_unresolved(record, evidence=evidence or evidence_entry("reconciler"),
+                                           next_attempt_in=next_attempt_in(record.reconcile_attempts + 1),
+                                           actor=actor)
+            word = "unknown"
+        case _:
+            raise AssertionError(f"unexpected reconciler answer {answer!r}")
+    if moved:
+        return word
+    record.refresh_from_db()
+    return record.status.lower()
 
 
 class CallbackVerdict(StrEnum):
@@ -116,10 +124,9 @@ def settle_by_callback(downstream_key: str, answer: Found | NotDone, *, actor: s
         return CallbackVerdict.IN_FLIGHT
     if record.status != RecordStatus.UNKNOWN:
         return CallbackVerdict.ALREADY_FINAL
-    apply_answer(record, answer, actor=actor, reason="reported by the downstream system")
-    record.refresh_from_db(fields=["status"])
+    word = apply_answer(record, answer, actor=actor, reason="reported by the downstream system")
     # Of a report and a reconciliation racing, whichever moved the record first settled it.
-    return CallbackVerdict.SETTLED if record.status != RecordStatus.UNKNOWN else CallbackVerdict.IN_FLIGHT
+    return CallbackVerdict.IN_FLIGHT if word == "unknown" else CallbackVerdict.SETTLED
 
 
 def _ask(record: IdempotencyRecord) -> Answer:
