@@ -157,11 +157,19 @@ class IdemopsSettings(BaseSettings):
         section=DATABASE)
     db_prepare_threshold: int = setting(
         5, "Executions of a statement before psycopg prepares it (0: at once).", ge=0, section=DATABASE)
+    # Streamed reads (CSV exports, the audit chain's verification) use server-side cursors; in
+    # autocommit they are WITH HOLD, alive in the session, which a pooler in transaction mode does
+    # not keep between statements (docs/deploy.md).
+    db_disable_server_side_cursors: bool = setting(
+        False, "Read streamed results (CSV exports, audit verification) without server-side cursors: set it "
+        "behind a pooler in transaction mode (PgBouncer); each result is then fetched whole.", section=DATABASE)
 
     # --- django-q2 ---
     # Our own leases decide who runs what; django-q2 only delivers. It must not deliver a
     # running job twice: its `retry` (timeout + expected queue wait) exceeds `timeout`.
     q_workers: int = setting(2, "Worker processes of each `manage.py qcluster`.", ge=1, section=JOBS)
+    q_clusters: int = setting(1, "django-q2 clusters (`manage.py qcluster` processes) `manage.py serve` starts.",
+                              ge=1, section=JOBS)
     q_timeout_seconds: int = setting(
         600, "django-q2 kills a job running longer than this.", gt=0, section=JOBS)
     q_expected_queue_wait_seconds: int = setting(
