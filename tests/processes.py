@@ -15,6 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,6 +211,16 @@ def downstream_env(gateway: PaymentGateway, sink: NotificationSink, **extra: str
     return {"IDEMOPS_PAYMENT_GATEWAY_URL": gateway.url, "IDEMOPS_PAYMENT_GATEWAY_TIMEOUT_SECONDS": "1",
             "IDEMOPS_EMAIL_PORT": str(sink.smtp_port), "IDEMOPS_EMAIL_TIMEOUT_SECONDS": "5",
             "IDEMOPS_WEBHOOK_ALLOWED_PREFIXES": f"{sink.url}/webhooks/", **extra}
+
+
+def faketime_env(offset: str) -> dict[str, str]:
+    """The environment that runs a process on a clock `offset` away from the host's ("+1h"):
+    libfaketime (Debian's `faketime` package) preloaded. Its monotonic clock stays true, so
+    timeouts and sleeps are unchanged; only the wall clock, what the process thinks the time is, moves."""
+    libraries = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    if not libraries:
+        pytest.skip("libfaketime is not installed (apt-get install faketime)")
+    return {"LD_PRELOAD": str(libraries[0]), "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
 class DatabaseServer:
