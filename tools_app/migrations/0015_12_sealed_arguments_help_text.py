@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tools_app', '0013_12_outbox_relay_claims'),
+        ('tools_app', '0014_12_outbox_relay_claims'),
     ]
 
     operations = [
