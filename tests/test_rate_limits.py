@@ -195,6 +195,20 @@ def test_an_operator_sets_a_tenants_limits_in_the_admin_and_the_change_is_audite
                            "concurrent_tasks_per_agent": 4}
 
 
+def test_an_operator_changes_a_tenants_limits_later_and_back_to_the_default_with_an_empty_field(client, tenant):
+    limits = TenantLimits.objects.create(tenant=tenant, calls_per_minute=60, concurrent_tasks_per_agent=4)
+    client.force_login(make_operator("olga", OPERATOR, tenant))
+
+    response = client.post(reverse("admin:tools_app_tenantlimits_change", args=[limits.pk]), {
+        "calls_per_minute": "", "calls_per_minute_per_token": "30", "concurrent_tasks_per_agent": "4"})
+
+    assert response.status_code == 302, response.content[:500]
+    limits.refresh_from_db()
+    assert (limits.calls_per_minute, limits.calls_per_minute_per_token) == (None, 30)
+    event = AuditEvent.objects.get(action="limits.changed")
+    assert (event.before["calls_per_minute"], event.after["calls_per_minute"]) == (60, None)
+
+
 def test_a_person_without_the_permission_or_the_tenant_cannot_change_limits_even_with_a_crafted_request(
         client, tenant, other_tenant):
     limits = TenantLimits.objects.create(tenant=tenant, calls_per_minute=60)

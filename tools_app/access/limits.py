@@ -36,7 +36,7 @@ DEFAULTS = {"calls_per_minute": "rate_limit_calls_per_minute",
             "calls_per_minute_per_token": "rate_limit_calls_per_minute_per_token",
             "concurrent_tasks_per_agent": "max_concurrent_tasks_per_agent"}
 
-CHANGE_LIMITS = Permit("tools_app.change_tenantlimits", "change_limits", "change a tenant's limits",
+CHANGE_LIMITS = Permit("tools_app.set_tenant_limits", "change_limits", "change a tenant's limits",
                        "limits.change_refused")
 
 

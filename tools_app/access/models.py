@@ -110,6 +110,8 @@ class TenantLimits(models.Model):
 
     class Meta:
         verbose_name_plural = "tenant limits"
+        # Not Django's change_: no role holds a generic add/change/delete permission (roles.py).
+        permissions = [("set_tenant_limits", "Can set a tenant's limits")]
 
     def __str__(self) -> str:
         return f"limits of {self.tenant}"

@@ -30,6 +30,9 @@ class TenantLimitsAdmin(TenantScopedAdmin, admin.ModelAdmin):
         # Setting a tenant's first limits is changing them from the defaults: the same permission.
         return request.user.has_perm(access.CHANGE_LIMITS.permission)
 
+    def has_change_permission(self, request, obj=None):
+        return request.user.has_perm(access.CHANGE_LIMITS.permission)
+
     def has_delete_permission(self, request, obj=None):
         return False  # back to the defaults is an empty field, an audited change like any other
 

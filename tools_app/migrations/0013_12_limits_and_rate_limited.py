@@ -29,6 +29,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'verbose_name_plural': 'tenant limits',
+                'permissions': [('set_tenant_limits', "Can set a tenant's limits")],
             },
         ),
         migrations.AlterField(
