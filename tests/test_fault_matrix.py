@@ -18,6 +18,7 @@ import pytest
 from django.db import connection
 
 from tests.agents import call_tool as raw_tool_call
+from tests.issued_ids import labelled_arguments
 from tests.mcp_client import call_sync, error_of
 from tests.processes import PaymentGateway, WebServer, free_port
 from tests.task_stack import wait_until
@@ -60,12 +61,15 @@ def gateway(stack):
     return stack[1]
 
 
-def payment(key: str, amount: str = "42.00") -> dict:
-    return {"amount": amount, "currency": "EUR", "payee": "ACME Supplies", "idempotency_key": key}
+def payment(web, token, label: str, amount: str = "42.00") -> dict:
+    """request_payment's arguments; its key is the operation id issued for `label`, the same one
+    every time (tests/issued_ids.py)."""
+    return labelled_arguments(web.mcp_url, token, "request_payment", {
+        "amount": amount, "currency": "EUR", "payee": "ACME Supplies", "idempotency_key": label})
 
 
-def record_of(key: str) -> IdempotencyRecord:
-    return IdempotencyRecord.objects.get(key=key, retired_at__isnull=True)
+def record_of(web, token, label: str) -> IdempotencyRecord:
+    return IdempotencyRecord.objects.get(key=payment(web, token, label)["idempotency_key"], retired_at__isnull=True)
 
 
 def events_of(record: IdempotencyRecord) -> list[tuple[str, str]]:
@@ -83,16 +87,16 @@ def test_a_payment_the_gateway_made_but_never_confirmed_is_unknown_then_settled_
     gateway.set_fault("*", fault, times=1)
 
     # when the agent asks for a payment
-    first = call_sync(web.mcp_url, token, "request_payment", payment(f"pay-{fault}"))
+    first = call_sync(web.mcp_url, token, "request_payment", payment(web, token, f"pay-{fault}"))
 
     # then it is told the truth: the outcome is unknown (not "failed", not "retry with a new key")
     assert error_of(first)["class"] == "unknown_outcome"
     # and the gateway's signed callback settles the record, with no reconciliation poll running
-    record = wait_until(lambda: (r := record_of(f"pay-{fault}")).status == RecordStatus.SUCCEEDED and r,
-                        timeout=60, what="the callback to settle the payment")
+    record = wait_until(lambda: (r := record_of(web, token, f"pay-{fault}")).status == RecordStatus.SUCCEEDED
+                        and r, timeout=60, what="the callback to settle the payment")
     assert ("record.reconciled", "system:payment-gateway-callback") in events_of(record)
     # and the retry with the same key gets the one payment the gateway made
-    again = call_sync(web.mcp_url, token, "request_payment", payment(f"pay-{fault}"))
+    again = call_sync(web.mcp_url, token, "request_payment", payment(web, token, f"pay-{fault}"))
     assert not again.is_error and again.structured_content["idempotency"]["replayed"]
     [(payment_id, _, _)] = gateway.payments()
     assert again.structured_content["payment_id"] == payment_id
@@ -103,10 +107,12 @@ def test_a_slow_gateway_that_answers_in_time_pays_once_for_the_caller_and_every_
     gateway.set_fault("*", "slow", times=1, seconds=1.5)
 
     # when the agent and four retries of the same call arrive while it works
+    arguments = payment(web, token, "pay-slow")
+
     async def storm():
-        first = asyncio.create_task(_mcp_call(web, token, "request_payment", payment("pay-slow")))
+        first = asyncio.create_task(_mcp_call(web, token, "request_payment", arguments))
         await asyncio.sleep(0.3)
-        retries = [_mcp_call(web, token, "request_payment", payment("pay-slow")) for _ in range(4)]
+        retries = [_mcp_call(web, token, "request_payment", arguments) for _ in range(4)]
         return await first, await asyncio.gather(*retries)
 
     first, retries = asyncio.run(storm())
@@ -127,15 +133,15 @@ def test_a_gateway_slower_than_the_timeout_pays_after_the_caller_gave_up_and_the
     gateway.set_fault("*", "slow", times=1, seconds=4)
 
     # when the agent asks
-    first = call_sync(web.mcp_url, token, "request_payment", payment("pay-late"))
+    first = call_sync(web.mcp_url, token, "request_payment", payment(web, token, "pay-late"))
 
     # then it hears "unknown" (nothing paid yet, but the request is on its way) ...
     assert error_of(first)["class"] == "unknown_outcome"
     assert gateway.payments() == []
     # ... and once the gateway pays, its callback settles the record: the retry gets that payment
-    wait_until(lambda: record_of("pay-late").status == RecordStatus.SUCCEEDED, timeout=60,
+    wait_until(lambda: record_of(web, token, "pay-late").status == RecordStatus.SUCCEEDED, timeout=60,
                what="the late payment's callback")
-    again = call_sync(web.mcp_url, token, "request_payment", payment("pay-late"))
+    again = call_sync(web.mcp_url, token, "request_payment", payment(web, token, "pay-late"))
     [(payment_id, _, _)] = gateway.payments()
     assert not again.is_error and again.structured_content["payment_id"] == payment_id
 
@@ -146,9 +152,10 @@ def test_a_gateway_slower_than_the_timeout_pays_after_the_caller_gave_up_and_the
 def test_a_late_duplicate_callback_changes_nothing(web, gateway, token):
     # given a payment settled by its callback after the gateway failed to answer
     gateway.set_fault("*", "succeed-then-fail", times=1)
-    call_sync(web.mcp_url, token, "request_payment", payment("pay-dup"))
-    wait_until(lambda: record_of("pay-dup").status == RecordStatus.SUCCEEDED, timeout=60, what="the callback")
-    record = record_of("pay-dup")
+    call_sync(web.mcp_url, token, "request_payment", payment(web, token, "pay-dup"))
+    wait_until(lambda: record_of(web, token, "pay-dup").status == RecordStatus.SUCCEEDED, timeout=60,
+               what="the callback")
+    record = record_of(web, token, "pay-dup")
     before = (events_of(record), record.result, record.finished_at)
     [(payment_id, _, _)] = gateway.payments()
 
@@ -163,21 +170,21 @@ def test_a_late_duplicate_callback_changes_nothing(web, gateway, token):
 
 
 def test_a_callback_for_a_payment_that_answered_normally_changes_nothing(web, gateway, token):
-    paid = call_sync(web.mcp_url, token, "request_payment", payment("pay-ok"))
-    record = record_of("pay-ok")
+    paid = call_sync(web.mcp_url, token, "request_payment", payment(web, token, "pay-ok"))
+    record = record_of(web, token, "pay-ok")
     before = events_of(record)
 
     assert gateway.resend_callback(paid.structured_content["payment_id"]) == 200
 
-    assert events_of(record_of("pay-ok")) == before == [("record.claimed", before[0][1]),
+    assert events_of(record_of(web, token, "pay-ok")) == before == [("record.claimed", before[0][1]),
                                                         ("record.succeeded", before[1][1])]
 
 
 def test_a_callback_without_the_right_signature_is_refused_and_settles_nothing(web, gateway, token):
     # given an UNKNOWN payment (the gateway never answered, and never paid: no callback of its own)
     gateway.set_fault("*", "hang", times=1)
-    call_sync(web.mcp_url, token, "request_payment", payment("pay-forged"))
-    record = record_of("pay-forged")
+    call_sync(web.mcp_url, token, "request_payment", payment(web, token, "pay-forged"))
+    record = record_of(web, token, "pay-forged")
     assert record.status == RecordStatus.UNKNOWN
     body = json.dumps({"event": "payment.succeeded", "idempotency_key": record.downstream_key, "payment": {
         "payment_id": "pay_forged", "status": "succeeded", "amount": "42.00", "currency": "EUR",
@@ -190,12 +197,12 @@ def test_a_callback_without_the_right_signature_is_refused_and_settles_nothing(w
 
     # then every one is refused and the record stays UNKNOWN, its evidence untouched
     assert answers == [403, 403, 403]
-    assert record_of("pay-forged").status == RecordStatus.UNKNOWN
-    assert events_of(record_of("pay-forged")) == events_of(record)
+    assert record_of(web, token, "pay-forged").status == RecordStatus.UNKNOWN
+    assert events_of(record_of(web, token, "pay-forged")) == events_of(record)
     # while the same body signed with the shared secret is taken
     assert httpx2.post(url, content=body, headers={"Gateway-Signature": _sign(SECRET, body)},
                        timeout=10).status_code == 200
-    assert record_of("pay-forged").status == RecordStatus.SUCCEEDED
+    assert record_of(web, token, "pay-forged").status == RecordStatus.SUCCEEDED
 
 
 def _sign(secret: str, body: bytes) -> str:
@@ -212,20 +219,22 @@ def test_a_client_that_disconnects_mid_payment_leaves_one_payment_and_its_retry_
     gateway.set_fault("*", "slow", times=1, seconds=1.5)
 
     # when the agent's connection drops 0.3 s into the call
+    arguments = payment(web, token, "pay-gone")
+
     async def hang_up():
         async with httpx2.AsyncClient(timeout=30) as client:
             with pytest.raises(TimeoutError):
                 async with asyncio.timeout(0.3):
-                    await raw_tool_call(client, web.mcp_url, token, "request_payment", payment("pay-gone"))
+                    await raw_tool_call(client, web.mcp_url, token, "request_payment", arguments)
 
     asyncio.run(hang_up())
 
     # then the server still finishes the call (or records it UNKNOWN): one payment either way
-    wait_until(lambda: record_of("pay-gone").status != RecordStatus.PROCESSING, timeout=30,
+    wait_until(lambda: record_of(web, token, "pay-gone").status != RecordStatus.PROCESSING, timeout=30,
                what="the abandoned call to finish")
     wait_until(lambda: len(gateway.payments()) == 1, timeout=30, what="the payment")
     # and the retry with the same key answers with that payment
-    again = wait_until(lambda: _settled_call(web, token, payment("pay-gone")), timeout=60, what="the retry")
+    again = wait_until(lambda: _settled_call(web, token, arguments), timeout=60, what="the retry")
     [(payment_id, _, _)] = gateway.payments()
     assert again.structured_content["payment_id"] == payment_id
 
@@ -278,16 +287,17 @@ def refuse_success_once(transactional_db):
 def test_a_payment_whose_success_the_database_rolls_back_is_unknown_then_settled_never_paid_twice(
         web, gateway, token, refuse_success_once):
     # given the database will roll back the statement that records this payment's success
-    refuse_success_once("pay-rollback")
+    refuse_success_once(payment(web, token, "pay-rollback")["idempotency_key"])
 
     # when the agent pays: the gateway pays, then recording it fails
-    first = call_sync(web.mcp_url, token, "request_payment", payment("pay-rollback"))
+    first = call_sync(web.mcp_url, token, "request_payment", payment(web, token, "pay-rollback"))
 
     # then the agent hears "unknown", not "failed" (the money moved) ...
     assert error_of(first)["class"] == "unknown_outcome"
     # ... the callback settles it, and the retry gets the one payment
-    wait_until(lambda: record_of("pay-rollback").status == RecordStatus.SUCCEEDED, timeout=60, what="the callback")
-    again = call_sync(web.mcp_url, token, "request_payment", payment("pay-rollback"))
+    wait_until(lambda: record_of(web, token, "pay-rollback").status == RecordStatus.SUCCEEDED, timeout=60,
+               what="the callback")
+    again = call_sync(web.mcp_url, token, "request_payment", payment(web, token, "pay-rollback"))
     [(payment_id, _, _)] = gateway.payments()
     assert not again.is_error and again.structured_content["payment_id"] == payment_id
 

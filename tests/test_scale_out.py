@@ -23,6 +23,7 @@ from django.db import connection
 from django_q.models import OrmQ
 
 from tests.documents_fixtures import long_text, pdf_of_text
+from tests.issued_ids import labelled_arguments
 from tests.mcp_client import call, call_sync, error_of
 from tests.operators import PASSWORD, login_for_the_web_server, make_operator
 from tests.processes import WebServer, Worker, downstream_env, faketime_env, manage
@@ -111,11 +112,12 @@ def test_a_storm_of_identical_payments_over_both_web_processes_pays_once_and_ans
     web_a, web_b = webs
 
     # when forty identical calls arrive, alternately at web A and at web B (an hour ahead)
+    arguments = labelled_arguments(web_a.mcp_url, token, "request_payment", payment("storm-1"))
+
     async def storm():
-        first = asyncio.create_task(call(web_a.mcp_url, token, "request_payment", payment("storm-1")))
+        first = asyncio.create_task(call(web_a.mcp_url, token, "request_payment", arguments))
         await asyncio.sleep(0.5)
-        others = [call((web_a, web_b)[i % 2].mcp_url, token, "request_payment", payment("storm-1"))
-                  for i in range(39)]
+        others = [call((web_a, web_b)[i % 2].mcp_url, token, "request_payment", arguments) for i in range(39)]
         return [await first, *await asyncio.gather(*others)]
 
     answers = asyncio.run(storm())
@@ -125,7 +127,7 @@ def test_a_storm_of_identical_payments_over_both_web_processes_pays_once_and_ans
     assert [a.structured_content.get("payment_id") for a in answers] == [payment_id] * 40, \
         [a.structured_content for a in answers if a.is_error]
     assert Counter(a.structured_content["idempotency"]["replayed"] for a in answers) == {False: 1, True: 39}
-    record = IdempotencyRecord.objects.get(key="storm-1")
+    record = IdempotencyRecord.objects.get(key=arguments["idempotency_key"])
     actions = Counter(AuditEvent.objects.filter(object_id=str(record.pk)).values_list("action", flat=True))
     assert (actions["record.claimed"], actions["record.succeeded"], actions["record.reclaimed"]) == (1, 1, 0)
 
@@ -177,7 +179,8 @@ def test_an_approval_requested_on_one_web_process_approved_on_the_other_runs_onc
     web_a, web_b = webs
     bob = make_operator("bob", APPROVER, Tenant.objects.get(slug="acme"))
     login_for_the_web_server(bob)
-    note = {"title": "Maintenance", "body": "Down at 2am", "audience": "staff", "idempotency_key": "ann-2x2"}
+    note = labelled_arguments(web_b.mcp_url, token, "publish_announcement", {
+        "title": "Maintenance", "body": "Down at 2am", "audience": "staff", "idempotency_key": "ann-2x2"})
 
     # the agent asks through web B (an hour ahead): the deadline is the database's time plus the TTL
     pending = error_of(call_sync(web_b.mcp_url, token, "publish_announcement", note))

@@ -15,6 +15,7 @@ import asyncio
 
 import pytest
 
+from tests.issued_ids import labelled_arguments
 from tests.mcp_client import connect
 from tests.processes import WebServer
 
@@ -36,6 +37,8 @@ def web(gateway, transactional_db):
 
 def test_a_hundred_waiting_calls_leave_the_process_free_to_answer_whoami(web, gateway, token):
     gateway.set_fault("*", "slow", times=1, seconds=WAIT)
+    # request_payment takes an operation id issued by prepare_operation (tests/issued_ids.py)
+    payment = labelled_arguments(web.mcp_url, token, "request_payment", PAYMENT)
 
     async def scenario():
         reported: set[int] = set()
@@ -59,10 +62,10 @@ def test_a_hundred_waiting_calls_leave_the_process_free_to_answer_whoami(web, ga
                                             "idempotency_key": "task-waited-on"})).structured_content["task_id"]
 
         # given the payment's executor held inside its gateway call, and 30 retries following it
-        executor = asyncio.create_task(call("request_payment", PAYMENT))
+        executor = asyncio.create_task(call("request_payment", payment))
         while not gateway.sql("SELECT 1 FROM faults WHERE remaining = 0"):  # the gateway holds it now
             await asyncio.sleep(0.1)
-        followers = [asyncio.create_task(call("request_payment", PAYMENT)) for _ in range(30)]
+        followers = [asyncio.create_task(call("request_payment", payment)) for _ in range(30)]
         # and 70 calls waiting for tasks that do not run (each reports progress once it waits)
         waiting = {"task_id": task_id, "wait_seconds": WAIT}
         task_waiters = (
