@@ -234,3 +234,13 @@ def test_behind_a_pooler_in_transaction_mode_streamed_reads_can_do_without_serve
 
     assert start(show).stdout.split()[-1] == "False"
     assert start(show, IDEMOPS_DB_DISABLE_SERVER_SIDE_CURSORS="true").stdout.split()[-1] == "True"
+
+
+def test_local_state_defaults_to_var_at_the_repository_root(monkeypatch):
+    monkeypatch.delenv("IDEMOPS_VAR_DIR", raising=False)
+    assert IdemopsSettings().var_dir == ROOT / "var"
+
+
+def test_the_models_and_the_migrations_agree():
+    process = start(["manage.py", "makemigrations", "--check", "--dry-run"])
+    assert process.returncode == 0, process.stdout + process.stderr

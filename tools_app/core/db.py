@@ -99,7 +99,8 @@ _COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "gt": "> %s", "gte": "
 
 def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, Any], *, action: str, actor: str,
                reason: str = "", trace_id: str | None = None, before: dict[str, Any] | None = None,
-               after: dict[str, Any] | None = None, append: dict[str, list] | None = None) -> bool:
+               after: dict[str, Any] | None = None, append: dict[str, list] | None = None,
+               notify: str | None = None) -> bool:
     """Move `obj`'s row from the state `expected` to `changes`, and write the audit event of the move.
 
     One statement: a conditional UPDATE of the row where it still matches
@@ -114,12 +115,14 @@ def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, A
     `__gte`, `__in` or `__isnull` (a plain None means IS NULL); `append`
     adds items to JSON list fields. A value of `changes` or `expected` may be
     an ORM expression, e.g. the database's clock (core.clock.NOW, `later`):
-    the row's new value is read back from the UPDATE onto `obj`.
+    the row's new value is read back from the UPDATE onto `obj`. `notify` names
+    a channel that hears the row's id (pg_notify) in the same statement:
+    PostgreSQL delivers it when the change commits, never for one that rolls back.
     """
     event = audit.new_event(action=action, obj=obj, actor=actor, reason=reason,
                             trace_id=getattr(obj, "trace_id", "") if trace_id is None else trace_id,
                             before=before, after=after)
-    computed = _conditional_update(obj, expected, changes, event, append or {})
+    computed = _conditional_update(obj, expected, changes, event, append or {}, notify)
     if computed is None:
         return False
     for name, value in changes.items():
@@ -130,7 +133,8 @@ def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, A
 
 
 def _conditional_update(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any],
-                        event: models.Model, append: dict[str, list]) -> dict[str, Any] | None:
+                        event: models.Model, append: dict[str, list],
+                        notify: str | None = None) -> dict[str, Any] | None:
     """None if the row did not match; else the values the database computed (expressions), by field."""
     model = type(instance)
     sets, params, computed = [], [], []
@@ -169,14 +173,21 @@ def _conditional_update(instance: models.Model, expected: dict[str, Any], change
     sql = (f"WITH changed AS (UPDATE {table(model)} SET {', '.join(sets)} "
            f"WHERE {' AND '.join(conditions)} RETURNING id{returned}), "
            f"audited AS (INSERT INTO {table(type(event))} ({', '.join(columns)}) "
-           f"SELECT {', '.join(values)} FROM changed) "
-           "SELECT * FROM changed")
+           f"SELECT {', '.join(values)} FROM changed)")
+    notify_params = [notify] if notify else []
+    if notify:
+        # A SELECT in a WITH runs only if the query reads it: the last line reads it, so the notice goes out.
+        sql += (", notified AS (SELECT pg_notify(%s, id::text) FROM changed) "
+                "SELECT *, (SELECT count(*) FROM notified) FROM changed")
+    else:
+        sql += " SELECT * FROM changed"
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *condition_params, *event_params])
+        cursor.execute(sql, [*params, *condition_params, *event_params, *notify_params])
         rows = cursor.fetchall()
     if len(rows) != 1:
         return None
-    return {field.name: _converted(field, value) for field, value in zip(computed, rows[0][1:], strict=True)}
+    values = rows[0][1:1 + len(computed)]
+    return {field.name: _converted(field, value) for field, value in zip(computed, values, strict=True)}
 
 
 def _converted(field: models.Field, value: Any) -> Any:

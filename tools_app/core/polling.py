@@ -17,8 +17,9 @@ While calls wait, one `Watcher` per process asks the database about every row th
 in one query per kind of row every IDEMOPS_WAIT_POLL_SECONDS (`Watch`: the row and an SQL
 "signature" of what its waiters look at); a waiter whose row's signature changed borrows a
 thread once to check whether what it waits for happened. A hundred waiting calls cost one
-small query per tick, not a hundred. (No LISTEN/NOTIFY: it would need a connection of its
-own per process, outside a pooler in transaction mode; see docs/deploy.md.)
+small query per tick, not a hundred. (No LISTEN/NOTIFY here: it would need a connection
+that a pooler in transaction mode does not keep; docs/deploy.md. The MCP tasks extension's
+pushes do listen, tools_app.mcp.task_watch, and poll when the notices do not come.)
 
 A call run again must be safe to repeat up to its wait, which holds for the callers here:
 the wait is the first thing they do that takes time, after reads and idempotent claims.

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tools_app', '0013_12_limits_and_rate_limited'),
+        ('tools_app', '0015_12_limits_and_rate_limited'),
     ]
 
     operations = [
