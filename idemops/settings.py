@@ -129,6 +129,7 @@ def _database_settings(url: str) -> dict:
     config.setdefault("OPTIONS", {})
     config["OPTIONS"].setdefault("server_side_binding", _environment.db_server_side_binding)
     config["OPTIONS"].setdefault("prepare_threshold", _environment.db_prepare_threshold)
+    config["DISABLE_SERVER_SIDE_CURSORS"] = _environment.db_disable_server_side_cursors
     # A Unix-socket URL (?host=/path) carries the host as an option.
     if not config["HOST"] and "host" in config["OPTIONS"]:
         config["HOST"] = config["OPTIONS"].pop("host")

@@ -16,6 +16,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import PaginatedRequestParams, Request, Result
 
+from idemops.conf import override_conf
 from tests.documents_fixtures import long_text, pdf_of_text
 from tests.mcp_client import answer_of, call_sync
 from tests.processes import ROOT
@@ -172,7 +173,8 @@ def rpc(url: str, token: str, method: str, params: dict) -> dict:
     return answer_of(response)
 
 
-def test_tasks_list_pages_through_the_tenants_tasks_newest_first(task_web, task_workers, token):
+def test_tasks_list_pages_through_the_tenants_tasks_newest_first(task_web, task_workers, token, settings):
+    override_conf(settings, max_concurrent_tasks_per_agent=0)  # 57 unfinished tasks of one agent: no limit
     caller = Caller(tenant_id=access.models.Tenant.objects.get(slug="acme").pk, actor="agent:acme/test")
     started = [str(start(caller, {"text": f"Note {n}."}, key=f"list-{n}").pk) for n in range(57)]
 

@@ -229,6 +229,14 @@ def test_no_module_but_the_settings_object_reads_the_environment():
     assert readers == []
 
 
+def test_behind_a_pooler_in_transaction_mode_streamed_reads_can_do_without_server_side_cursors():
+    show = ["manage.py", "shell", "-c", "from django.conf import settings; "
+            "print(settings.DATABASES['default']['DISABLE_SERVER_SIDE_CURSORS'])"]
+
+    assert start(show).stdout.split()[-1] == "False"
+    assert start(show, IDEMOPS_DB_DISABLE_SERVER_SIDE_CURSORS="true").stdout.split()[-1] == "True"
+
+
 def test_local_state_defaults_to_var_at_the_repository_root(monkeypatch):
     monkeypatch.delenv("IDEMOPS_VAR_DIR", raising=False)
     assert IdemopsSettings().var_dir == ROOT / "var"

@@ -1,6 +1,6 @@
 """Models, one module per concept. The database is the source of truth."""
 
-from tools_app.access.models import ApiToken, AuditorKey, Tenant, TenantAccess
+from tools_app.access.models import ApiToken, AuditorKey, RateBucket, Tenant, TenantAccess, TenantLimits
 from tools_app.approvals.models import (
     ApprovalDecision,
     ApprovalRequest,
@@ -55,6 +55,7 @@ __all__ = [
     "OutboxStatus",
     "PendingApproval",
     "PreparedOperation",
+    "RateBucket",
     "RecordStatus",
     "StepOutcome",
     "StepRun",
@@ -64,6 +65,7 @@ __all__ = [
     "TaskStatus",
     "Tenant",
     "TenantAccess",
+    "TenantLimits",
     "Ticket",
     "UnknownOutcome",
 ]

@@ -7,13 +7,16 @@ one tenant filter of everything shown (`scope`).
   bearer secrets issued, checked and revoked by `secrets.py`.
 - `authorization.py`: Permit, Agent, `authorize`, `audit_refusal`, `visible_tenant_ids`, `scope`.
 - `roles.py`: the operators' roles (Django groups).
+- `limits.py`: per-tenant limits (calls per minute, unfinished tasks per agent), enforced in the database.
 
 May import: core.
 """
 
 from tools_app.access.authorization import Agent, Permit, audit_refusal, authorize, scope, visible_tenant_ids
+from tools_app.access.limits import CHANGE_LIMITS, CallLimits, admit_call, admit_task, call_limits, change_limits
 from tools_app.access.tenants import create_tenant
 from tools_app.access.tokens import authenticate_token, issue_token, revoke_token
 
-__all__ = ["Agent", "Permit", "audit_refusal", "authenticate_token", "authorize", "create_tenant", "issue_token",
+__all__ = ["CHANGE_LIMITS", "Agent", "CallLimits", "Permit", "admit_call", "admit_task", "audit_refusal",
+           "authenticate_token", "authorize", "call_limits", "change_limits", "create_tenant", "issue_token",
            "revoke_token", "scope", "visible_tenant_ids"]

@@ -28,5 +28,5 @@ def revoke_token(token: ApiToken, *, actor: str, reason: str = "") -> bool:
 
 
 def authenticate_token(raw_token: str) -> ApiToken | None:
-    """The live token for a raw bearer value, or None."""
-    return secrets.find(ApiToken.objects.select_related("tenant"), raw_token, TOKEN_PREFIX)
+    """The live token for a raw bearer value, or None (with its tenant and the tenant's limits)."""
+    return secrets.find(ApiToken.objects.select_related("tenant", "tenant__limits"), raw_token, TOKEN_PREFIX)

@@ -10,7 +10,6 @@ import uuid
 from django import forms
 from django.contrib import admin
 from django.db.models import Q
-from django.utils import timezone
 
 from tools_app import tasks
 from tools_app.admin.operator_actions import (
@@ -24,7 +23,7 @@ from tools_app.admin.operator_actions import (
     pretty_json,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
-from tools_app.core import redaction
+from tools_app.core import clock, redaction
 from tools_app.core.errors import ToolFailure
 from tools_app.documents.models import Document
 from tools_app.tasks.models import Checkpoint, StepRun, Task, TaskNeedingAttention, TaskStatus
@@ -167,7 +166,7 @@ class TaskAdmin(TaskPage, OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin
 def needs_attention() -> Q:
     """Failed, paused, backing off, or running on an expired lease (its worker died)."""
     return (Q(status__in=[TaskStatus.FAILED, TaskStatus.PAUSED, TaskStatus.RETRYING])
-            | Q(status=TaskStatus.RUNNING, lease_expires_at__lt=timezone.now()))
+            | Q(status=TaskStatus.RUNNING, lease_expires_at__lt=clock.NOW))
 
 
 @admin.register(TaskNeedingAttention)

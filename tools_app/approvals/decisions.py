@@ -18,7 +18,7 @@ from tools_app.approvals.models import (
     ApprovalStatus,
     ApprovalVerdict,
 )
-from tools_app.core import db
+from tools_app.core import clock, db
 from tools_app.core.errors import PermissionDenied
 
 DECIDE_PERMISSION = "tools_app.decide_approvalrequest"
@@ -93,7 +93,7 @@ def _count_approval(request: ApprovalRequest, actor: str, reason: str) -> None:
     committed, so exactly one of them flips it to APPROVED, and only that
     one queues the execution.
     """
-    now = timezone.now()
+    now = clock.NOW  # the deadline is the database's
     locked = ApprovalRequest.objects.select_for_update(no_key=True).get(pk=request.pk)
     counted = locked.approvals + 1
     last = counted >= locked.required_approvals
@@ -112,7 +112,7 @@ def _count_approval(request: ApprovalRequest, actor: str, reason: str) -> None:
 
 def _reject(request: ApprovalRequest, actor: str, reason: str) -> None:
     """PENDING -> REJECTED and its record AWAITING_APPROVAL -> FAILED, in one transaction."""
-    now = timezone.now()
+    now = clock.NOW
     if not db.transition(request, {"status": ApprovalStatus.PENDING, "expires_at__gt": now}, {
         "status": ApprovalStatus.REJECTED, "reason": reason, "decided_at": now, "decided_by": actor, "finished_at": now,
     }, action="approval.rejected", actor=actor, reason=reason, before={"status": ApprovalStatus.PENDING},
@@ -124,8 +124,8 @@ def _reject(request: ApprovalRequest, actor: str, reason: str) -> None:
 
 
 def _not_pending(request: ApprovalRequest) -> str:
-    current = ApprovalRequest.objects.filter(pk=request.pk).values_list("status", "expires_at").first()
-    status, expires_at = current
-    if status == ApprovalStatus.PENDING and expires_at <= timezone.now():
+    current = ApprovalRequest.objects.filter(pk=request.pk).values_list("status", "expires_at", clock.NOW).first()
+    status, expires_at, now = current
+    if status == ApprovalStatus.PENDING and expires_at <= now:
         return "the request has expired"
     return f"the request is no longer pending (it is {status.lower()})"

@@ -17,7 +17,6 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 from pydantic import BaseModel
 
 from tools_app import engine
@@ -27,7 +26,7 @@ from tools_app.approvals.models import (
     ApprovalSettings,
     ApprovalStatus,
 )
-from tools_app.core import audit
+from tools_app.core import audit, clock
 from tools_app.core.errors import PendingApproval, PermissionDenied
 from tools_app.engine import Outcome
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
@@ -97,7 +96,7 @@ def request_approval(record: IdempotencyRecord, policy: ApprovalPolicy, *, tenan
                      arguments: dict[str, Any], actor: str) -> ApprovalRequest:
     """PROCESSING -> AWAITING_APPROVAL, and a PENDING request bound to the record, in one transaction."""
     engine.await_approval(record, actor=actor)
-    now = timezone.now()
+    now = clock.read()  # the deadline is the database's: every process compares it with the database's time
     ttl = policy.ttl or timedelta(minutes=tenant_settings(tenant).request_ttl_minutes)
     request = ApprovalRequest.objects.create(
         tenant_id=record.tenant_id, record=record, operation_id=record.operation_id, fingerprint=record.fingerprint,

@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db.models import Q
-from django.utils import timezone
 
 from tools_app import engine
 from tools_app.approvals.execution import (
@@ -22,7 +21,7 @@ from tools_app.approvals.models import (
     ApprovalRequest,
     ApprovalStatus,
 )
-from tools_app.core import tracing
+from tools_app.core import clock, tracing
 from tools_app.core.errors import ErrorClass, ToolFailure
 from tools_app.engine.models import RecordStatus
 from tools_app.toolkit import registry
@@ -55,8 +54,9 @@ def run_approved(request_id: int) -> str:
 
 
 def sweep(now: datetime | None = None) -> dict[str, int]:
-    """Expire overdue requests, settle finished ones, re-queue stalled approved ones."""
-    now = now or timezone.now()
+    """Expire overdue requests, settle finished ones, re-queue stalled approved ones (by the
+    database's clock, unless a test gives `now`)."""
+    now = now or clock.NOW
     overdue = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=now)
     approved = ApprovalRequest.objects.filter(status=ApprovalStatus.APPROVED)
     finished = approved.filter(Q(record__status=RecordStatus.SUCCEEDED)

@@ -86,6 +86,9 @@ class Task(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="task_status_lease"),
             models.Index(fields=["tenant", "created_at"], name="task_tenant_created"),
             models.Index(fields=["status", "updated_at"], name="task_status_updated"),
+            # An agent's unfinished tasks, counted against its limit at each start (access.limits).
+            models.Index(fields=["tenant", "actor"], name="task_unfinished_by_actor",
+                         condition=Q(status__in=["created", "running", "paused", "retrying"])),
         ]
         constraints = [
             # A running task always has a lease holder; nothing else does.

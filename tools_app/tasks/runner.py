@@ -75,8 +75,8 @@ class Runner:
         self.pipeline: Pipeline = self.spec.pipeline
         self.slice_ends = time.monotonic() + conf().task_slice_seconds
 
-    def run(self) -> tuple[str, datetime | None]:
-        """Run the remaining steps. Returns (outcome, when to retry if this job should wait)."""
+    def run(self) -> tuple[str, float | None]:
+        """Run the remaining steps. Returns (outcome, seconds until the retry if this job should wait)."""
         task = self.task
         with observed(self.spec, task.tenant_id, task.arguments, key=task.record.key, task_id=str(task.pk)):
             return self._run()
@@ -159,7 +159,7 @@ class Runner:
                 logs.get(__name__).info("task.step", outcome=seen["outcome"], sequence=index, attempt=task.attempts,
                                         duration_ms=round(seconds * 1000, 3))
 
-    def _pause(self, reason: str, next_step) -> tuple[str, datetime | None]:
+    def _pause(self, reason: str, next_step) -> tuple[str, float | None]:
         if state.pause_at_boundary(self.task, self.owner, reason, next_step):
             return f"paused before step {next_step.name}, as asked", None
         return "interrupted", None
@@ -167,14 +167,14 @@ class Runner:
     def _slice_used(self) -> bool:
         return time.monotonic() > self.slice_ends
 
-    def _succeed(self, final_output) -> tuple[str, datetime | None]:
+    def _succeed(self, final_output) -> tuple[str, float | None]:
         try:
             result = self.spec.output_model.model_validate(final_output).model_dump(mode="json")
         except ValidationError as exc:
             return self._failed(None, exc)
         return ("succeeded" if state.succeed(self.task, self.owner, result) else "interrupted"), None
 
-    def _failed(self, run: StepRun | None, exc: Exception) -> tuple[str, datetime | None]:
+    def _failed(self, run: StepRun | None, exc: Exception) -> tuple[str, float | None]:
         task = self.task
         failure = self.pipeline.classify(exc)
         if not isinstance(exc, ToolFailure):
@@ -184,7 +184,7 @@ class Runner:
             delay = max(failure.retry_after or 0.0, self.pipeline.retry.backoff(task.attempts))
             wait_here = delay <= conf().task_inline_retry_max_seconds
             if state.retry_later(task, self.owner, failure, delay, waited_by_worker=wait_here, run=run):
-                return f"retrying after {delay:.2f}s", (task.next_retry_at if wait_here else None)
+                return f"retrying after {delay:.2f}s", (delay if wait_here else None)
         elif failure.retryable:
             failure = Transient(f"{failure.message} (gave up after {task.attempts} attempts)")
             if state.fail(task, self.owner, failure, run):

@@ -31,18 +31,20 @@ def _interrupt(signum, frame):
 
 
 class Command(BaseCommand):
-    help = "Run the whole platform in the foreground: web (admin, API, /mcp) and the job cluster."
+    help = "Run the whole platform in the foreground: web (admin, API, /mcp) and the job clusters."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default=conf().host, help=f"default: IDEMOPS_HOST ({conf().host})")
         parser.add_argument("--port", type=int, default=conf().port, help=f"default: IDEMOPS_PORT ({conf().port})")
         parser.add_argument("--web-workers", type=int, default=conf().web_workers,
                             help=f"default: IDEMOPS_WEB_WORKERS ({conf().web_workers})")
+        parser.add_argument("--q-clusters", type=int, default=conf().q_clusters,
+                            help=f"default: IDEMOPS_Q_CLUSTERS ({conf().q_clusters})")
 
-    def handle(self, host, port, web_workers, **options):
+    def handle(self, host, port, web_workers, q_clusters, **options):
         call_command("migrate", interactive=False, verbosity=0)
         demo = ensure_demo()
-        processes = [self.start(name, argv) for name, argv in self.process_specs(host, port, web_workers)]
+        processes = [self.start(name, argv) for name, argv in self.process_specs(host, port, web_workers, q_clusters)]
         # Also when started in the background, where SIGINT arrives ignored.
         signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
@@ -59,14 +61,18 @@ class Command(BaseCommand):
             if settings.EMBEDDED_DATABASE:
                 embedded_pg.stop(conf().pgdata.resolve())
 
-    def process_specs(self, host, port, web_workers):
+    def process_specs(self, host, port, web_workers, q_clusters=1):
+        """The web server (uvicorn with `web_workers` processes) and `q_clusters` job clusters, each
+        a `manage.py qcluster` of IDEMOPS_Q_WORKERS workers: they share the one queue (django-q2's ORM
+        broker) and need no coordination of their own."""
         python = sys.executable
         specs = [
             # Its access log follows IDEMOPS_ACCESS_LOG (LOGGING in idemops/settings.py), like every log line.
             ("web", [python, "-m", "uvicorn", "idemops.asgi:application", "--host", host, "--port", str(port),
                      "--workers", str(web_workers)]),
-            ("jobs", [python, "manage.py", "qcluster"]),
         ]
+        specs += [(f"jobs-{n}" if q_clusters > 1 else "jobs", [python, "manage.py", "qcluster"])
+                  for n in range(1, q_clusters + 1)]
         if conf().run_demo_downstreams:
             specs += self.downstream_specs(python)
         return specs
