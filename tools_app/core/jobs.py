@@ -20,6 +20,7 @@ from django_q.tasks import async_task
 from tools_app.core import audit
 
 JOBS: dict[str, str] = {
+    "approvals.escalate": "tools_app.approvals.jobs.escalate",
     "approvals.run_approved": "tools_app.approvals.jobs.run_approved",
     "approvals.sweep": "tools_app.approvals.jobs.sweep",
     "audit.seal": "tools_app.core.jobs.seal_audit_chain",

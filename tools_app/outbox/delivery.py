@@ -60,7 +60,10 @@ def _post_webhook(event: OutboxEvent) -> None:
         raise DeliveryFailed(exc.message) from exc
     try:
         with httpx2.Client(timeout=conf().webhook_timeout_seconds) as client:
-            response = target.send(client, "POST", json={"subject": payload["subject"], "body": payload["body"]},
+            # `data`: what a machine reads (e.g. an approval request's id, state and link), when the writer gave it.
+            body = {"subject": payload["subject"], "body": payload["body"],
+                    **({"data": payload["data"]} if "data" in payload else {})}
+            response = target.send(client, "POST", json=body,
                                    headers={"X-Event-Id": str(event.id), "Idempotency-Key": str(event.id)})
     except httpx2.TransportError as exc:
         raise DeliveryFailed(type(exc).__name__) from exc
