@@ -1,4 +1,5 @@
-"""The operators' dashboard: counts and rates per tool over the last hour or day.
+"""The operators' dashboard: counts and rates per tool over the last hour, day or week (trends.py
+draws the same figures over time).
 
 Call outcomes come from CallEvent (tools_app.metrics, written in batches by
 the MCP server); what is stuck right now comes from the records and the
@@ -33,6 +34,7 @@ class Window:
 WINDOWS = {
     "hour": Window("hour", timedelta(hours=1), timedelta(minutes=5), "5 minutes"),
     "day": Window("day", timedelta(days=1), timedelta(hours=1), "hour"),
+    "week": Window("week", timedelta(days=7), timedelta(hours=6), "6 hours"),
 }
 
 
@@ -100,12 +102,21 @@ class Snapshot:
     oldest_pending_age: timedelta | None
 
 
-def snapshot(viewer, window: str = "hour", now: datetime | None = None) -> Snapshot:
-    """The figures of the tenants `viewer` may see (access.scope)."""
+def snapshot(viewer, window: str = "hour", now: datetime | None = None, *, tenant_id: int | None = None,
+             tool: str | None = None) -> Snapshot:
+    """The figures of the tenants `viewer` may see (access.scope), of one tenant or tool when given."""
     now = now or timezone.now()
     win = WINDOWS.get(window, WINDOWS["hour"])
     since = now - win.length
-    calls = access.scope(CallEvent.objects.filter(created_at__gt=since, created_at__lte=now), viewer)
+    only_tool = tool  # `tool` names a helper below
+
+    def narrow(rows: QuerySet) -> QuerySet:
+        rows = access.scope(rows, viewer)
+        if tenant_id is not None:
+            rows = rows.filter(tenant_id=tenant_id)
+        return rows.filter(tool=only_tool) if only_tool else rows
+
+    calls = narrow(CallEvent.objects.filter(created_at__gt=since, created_at__lte=now))
     stats: dict[str, ToolStats] = defaultdict(lambda: ToolStats(tool=""))
 
     def tool(name: str) -> ToolStats:
@@ -118,7 +129,7 @@ def snapshot(viewer, window: str = "hour", now: datetime | None = None) -> Snaps
         p50=PercentileCont("latency_ms", 0.5), p95=PercentileCont("latency_ms", 0.95))
     for row in replays:
         tool(row["tool"]).replay_p50_ms, tool(row["tool"]).replay_p95_ms = row["p50"], row["p95"]
-    records = access.scope(IdempotencyRecord.objects.all(), viewer)
+    records = narrow(IdempotencyRecord.objects.all())
     for row in records.filter(status=RecordStatus.PROCESSING, lease_expires_at__lt=now).values("tool").annotate(
             n=Count("id")):
         tool(row["tool"]).overrun_leases = row["n"]
@@ -129,7 +140,7 @@ def snapshot(viewer, window: str = "hour", now: datetime | None = None) -> Snaps
                                   evidence__contains=[{"answer": {"deduplicated": True}}])
     for row in deduplicated.values("tool").annotate(n=Count("id")):
         tool(row["tool"]).downstream_duplicates = row["n"]
-    requests = access.scope(ApprovalRequest.objects.all(), viewer)
+    requests = narrow(ApprovalRequest.objects.all())
     pending = requests.filter(status=ApprovalStatus.PENDING)
     for row in pending.values("tool").annotate(n=Count("id"), oldest=Min("created_at")):
         tool(row["tool"]).approvals_waiting, tool(row["tool"]).oldest_waiting = row["n"], row["oldest"]
