@@ -7,6 +7,7 @@ loaded when this module is imported), not a way around an import cycle.
 """
 
 from django.apps import AppConfig
+from django.contrib.admin import apps as admin_apps
 
 
 class ToolsAppConfig(AppConfig):
@@ -37,3 +38,20 @@ class ToolsAppConfig(AppConfig):
         post_migrate.connect(ensure_roles, sender=self)
         # Every django-q2 worker process runs the few-second loops (tools_app.schedules).
         post_spawn.connect(start_loops, dispatch_uid="idemops-loops")
+
+
+class ConsoleAdminConfig(admin_apps.AdminConfig):
+    """Django's admin, with the operators' console (tools_app.admin.site.ConsoleSite) as its site.
+    Named in INSTALLED_APPS in place of django.contrib.admin."""
+
+    default = False  # tools_app's own config (above) stays the default of this module
+    default_site = "tools_app.admin.site.ConsoleSite"
+
+    def ready(self) -> None:
+        # Build the site from our admin package, before any other app's admin module touches it:
+        # the site is created lazily by the first registration, and if that first registration
+        # came from elsewhere, importing the site's module would run our registrations into a
+        # site that is then replaced. (Django's start-up rule, like ToolsAppConfig.ready's imports.)
+        import tools_app.admin  # noqa: F401
+
+        super().ready()
