@@ -8,6 +8,7 @@ from django.core.management import call_command
 from idemops.conf import override_conf
 from tests.operators import agent_owner
 from tools_app import access
+from tools_app.management.commands.serve import banner
 from tools_app.management.demo import ensure_demo
 from tools_app.models import ApiToken, AuditEvent, Tenant
 
@@ -95,3 +96,16 @@ def test_a_revoked_token_no_longer_authenticates():
     assert access.revoke_token(token, actor="user:ops", reason="leaked")
     assert access.authenticate_token(raw) is None
     assert not access.revoke_token(token, actor="user:ops")  # already revoked: nothing happens twice
+
+
+def test_make_runs_banner_points_a_new_operator_at_the_console_its_queues_and_the_approver():
+    text = banner("http://127.0.0.1:8000", {"admin_user": "admin", "admin_password": "pw-admin",
+                                            "approver_user": "alice", "approver_password": "pw-alice",
+                                            "token": "idm_demo"})
+
+    assert "Console   http://127.0.0.1:8000/admin/" in text
+    for queue in ("pending approvals", "UNKNOWN", "failed or stuck tasks", "dead letters"):
+        assert queue in text
+    assert "finds any record by idempotency key" in text
+    assert "user alice  password pw-alice" in text and "emailed" in text
+    assert '"name":"request_payment"' in text and "http://127.0.0.1:8002/messages" in text
