@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 DEV     := $(VENV)/.installed-dev
 
-.PHONY: run test bench install install-dev db-stop clean lint settings-doc
+.PHONY: run test bench install install-dev db-stop clean lint settings-doc screenshots
 
 $(RUNTIME): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ run: $(RUNTIME)
 
 test: $(DEV)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The console's browser tests, writing the pictures docs/operators-admin.md shows into docs/images/.
+screenshots: $(DEV)
+	DOC_SCREENSHOTS=1 $(PY) -m pytest tests/test_console_browser.py -q
 
 bench: $(DEV)
 	$(PY) bench/run.py
