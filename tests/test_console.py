@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from tests.api_support import make_record
 from tests.approvals_support import STAFF_NOTE, call, pending_request
-from tests.operators import make_operator
+from tests.operators import agent_owner, make_operator
+from tools_app import access
 from tools_app.access.roles import APPROVER, OPERATOR
 from tools_app.admin.queues import IDLE, VERSION
 from tools_app.models import ApprovalRequest, RecordStatus
@@ -146,3 +147,16 @@ def test_the_poll_is_refused_without_the_queues_permission(client, tenant):
     client.force_login(make_operator("aud", "auditor", tenant))
 
     assert client.get(POLL).status_code == 403
+
+
+def test_the_token_list_names_each_agents_owner_and_filters_by_them(client, tenant, django_user_model):
+    bob = agent_owner("bob")
+    carol = agent_owner("carol")
+    access.issue_token(tenant, "billing-agent", owner=bob)
+    access.issue_token(tenant, "support-agent", owner=carol)
+    client.force_login(django_user_model.objects.create_superuser("root", "root@example.invalid", "x"))
+
+    page = client.get(reverse("admin:tools_app_apitoken_changelist"), {"owner__id__exact": bob.pk}).content.decode()
+
+    assert "billing-agent" in page and ">bob<" in page
+    assert "support-agent" not in page
