@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tools_app', '0011_downstream_conflict_error_class'),
+        ('tools_app', '0012_15_operation_ids'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
