@@ -14,6 +14,7 @@ from django.utils import timezone
 from idemops.conf import override_conf
 from tests.api_support import make_record
 from tests.browser import browser_page, log_in, needs_chromium, shot
+from tests.issued_ids import call_labelled_sync
 from tests.jobs import run_queued_jobs
 from tests.mcp_client import call_sync, error_of
 from tests.operators import login_for_the_web_server, make_operator
@@ -49,7 +50,7 @@ def announce(web_server, token, key="ann-1", title="Maintenance window"):
     args = {"title": title, "body": "Down at 2am", "audience": "staff", "idempotency_key": key}
     # In a thread of its own: the MCP client runs an event loop, and so does Playwright while a page is open.
     with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(call_sync, web_server.mcp_url, token, "publish_announcement", args).result()
+        answer = pool.submit(call_labelled_sync, web_server.mcp_url, token, "publish_announcement", args).result()
     return error_of(answer)["approval"], args
 
 
@@ -113,14 +114,14 @@ def test_an_approver_follows_the_email_link_logs_in_and_approves(web_server, tok
     request = ApprovalRequest.objects.get(pk=approval["request_id"])
     assert (request.status, request.decided_by) == (ApprovalStatus.APPROVED, "user:alice")
     run_queued_jobs()
-    assert not call_sync(web_server.mcp_url, token, "publish_announcement", args).is_error
+    assert not call_labelled_sync(web_server.mcp_url, token, "publish_announcement", args).is_error
 
 
 def test_an_operator_reconciles_an_unknown_payment_from_the_queue(web_server, token, gateway):
     # given: a payment the gateway made whose answer never arrived
     gateway.set_fault("*", "succeed-then-hang", times=1)
-    answer = call_sync(web_server.mcp_url, token, "request_payment",
-                       {"amount": "99.00", "currency": "EUR", "payee": "Bob", "idempotency_key": "pay-1"})
+    answer = call_labelled_sync(web_server.mcp_url, token, "request_payment",
+                                {"amount": "99.00", "currency": "EUR", "payee": "Bob", "idempotency_key": "pay-1"})
     assert error_of(answer)["class"] == "unknown_outcome"
     record = IdempotencyRecord.objects.get(status=RecordStatus.UNKNOWN)
     person("olga", OPERATOR)

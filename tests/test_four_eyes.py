@@ -7,8 +7,9 @@ owner and another approver deciding in the admin (Django's test client, as a bro
 import pytest
 from django.urls import reverse
 
+from tests.issued_ids import call_labelled_sync
 from tests.jobs import run_queued_jobs
-from tests.mcp_client import call_sync, error_of
+from tests.mcp_client import error_of
 from tests.operators import make_operator
 from tools_app import access, approvals
 from tools_app.access.roles import APPROVER
@@ -37,7 +38,7 @@ def agent_token(acme, olivia):
 
 
 def ask(web_server, token) -> ApprovalRequest:
-    approval = error_of(call_sync(web_server.mcp_url, token, "publish_announcement", NOTE))["approval"]
+    approval = error_of(call_labelled_sync(web_server.mcp_url, token, "publish_announcement", NOTE))["approval"]
     return ApprovalRequest.objects.get(pk=approval["request_id"])
 
 
@@ -67,7 +68,7 @@ def test_the_owner_of_the_agent_cannot_approve_its_request_and_another_approver_
 
     assert any("approved; it is being executed" in m for m in approved), approved
     run_queued_jobs()
-    result = call_sync(web_server.mcp_url, agent_token, "publish_announcement", NOTE)
+    result = call_labelled_sync(web_server.mcp_url, agent_token, "publish_announcement", NOTE)
     assert not result.is_error and Announcement.objects.count() == 1
     assert ApprovalRequest.objects.get().decided_by == "user:bob"
 

@@ -128,8 +128,12 @@ def banner(base: str, demo: dict) -> str:
     token = demo.get("token", "(issued earlier; see var/demo-credentials.json)")
     order = _mcp_call(base, token, "create_order", '{"customer":"ACME","items":[{"sku":"BOLT-1","quantity":3,'
                       '"unit_price":"2.50"}],"currency":"EUR","idempotency_key":"demo-order-1"}')
-    payment = _mcp_call(base, token, "request_payment", '{"amount":"2500.00","currency":"EUR","payee":"ACME",'
-                        '"idempotency_key":"demo-payment-1"}')
+    # A payment is high-risk: the server issues its operation id (prepare_operation), the key of the payment.
+    payment_arguments = '{"amount":"2500.00","currency":"EUR","payee":"ACME"}'
+    prepare = _mcp_call(base, token, "prepare_operation", '{"tool":"request_payment","arguments":'
+                        f'{payment_arguments},"idempotency_key":"demo-payment-1"}}')
+    payment = _mcp_call(base, token, "request_payment",
+                        payment_arguments[:-1] + ',"idempotency_key":"OPERATION_ID"}')
     kept = "(in var/demo-credentials.json)"
     admin = f"user {demo['admin_user']}  password {demo.get('admin_password', kept)}"
     approver = f"user {demo.get('approver_user', 'alice')}  password {demo.get('approver_password', kept)}"
@@ -149,7 +153,9 @@ idemops is running.
 Create an order (run it twice: the second call returns the same order, marked replayed):
   {order}
 
-Ask for a payment above 1,000 EUR: it waits in Pending approvals, and alice is emailed:
+Ask for a payment above 1,000 EUR: it waits in Pending approvals, and alice is emailed. A payment is
+high-risk, so the server names it: prepare it, then pay with the operation_id it answers in place of OPERATION_ID:
+  {prepare}
   {payment}
 
 Ctrl-C stops everything.
