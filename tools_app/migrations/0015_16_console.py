@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tools_app', '0012_15_operation_ids'),
+        ('tools_app', '0014_task_sealed_arguments_help'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
