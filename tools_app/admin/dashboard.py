@@ -1,8 +1,8 @@
 """The dashboard page: /admin/tools_app/dashboard/ (the Dashboard proxy's list page).
 
-The figures of the last hour, day or week, of every tenant the viewer may see or of one tenant
-and one tool (the filters are in the URL), then the seed metrics as trend charts over the same
-window (tools_app.metrics.trends, drawn by tools_app.admin.charts). Plain HTML, CSS and inline
+The figures of the last hour, day or week, of every tenant the viewer may see, and the seed
+metrics as trend charts over the same window, of those tenants or of one tenant and one tool (the
+filters are in the URL; tools_app.metrics.trends, drawn by tools_app.admin.charts). Plain HTML, CSS and inline
 SVG: no JavaScript and no CDN.
 """
 
@@ -35,6 +35,8 @@ SERIES = [
     (CallOutcome.UNKNOWN, "#6f42c1"),
     (CallOutcome.FAILED, "#999999"),
     (CallOutcome.REJECTED, "#cccccc"),
+    (CallOutcome.EXPIRED, "#8a6d3b"),
+    (CallOutcome.RATE_LIMITED, "#d9534f"),
 ]
 CHART_WIDTH, CHART_HEIGHT, AXIS = 720, 180, 28
 
@@ -90,7 +92,7 @@ class DashboardAdmin(ReadOnlyAdmin):
         tools = sorted(spec.name for spec in registry.all_tools())
         tool = request.GET.get("tool") if request.GET.get("tool") in tools else None
         narrowed = {"tenant_id": tenant.pk if tenant else None, "tool": tool}
-        snap = dashboard.snapshot(request.user, window, **narrowed)
+        snap = dashboard.snapshot(request.user, window)
         trend = trends.trend(request.user, snap.window.name, now=snap.now, **narrowed)
         rects, peak = timeline_rects(snap)
         context = {

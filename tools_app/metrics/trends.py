@@ -3,11 +3,12 @@
 Hit rate, conflict rate, processing timeouts (write leases that expired), UNKNOWN records,
 downstream duplicates and replay latency p50/p95, per bucket of the last hour, day or week.
 
-`trend` is the one function that reads the metrics' source. Today that source is what the
-platform already writes: CallEvent rows (one per tool call, written in batches by each web
-process) for calls, outcomes and latencies; the audit log for leases that expired and for
-records entering and leaving UNKNOWN; the records' evidence for downstream duplicates. Issue 11's
-per-minute rollup (the source /metrics reads) replaces the body of `trend`, not its callers.
+`trend` is the one function that reads the metrics' source: the per-minute rows every process
+writes (tools_app.metrics.rollup.series, the rows `/metrics` and the dashboard read) for calls and
+their outcomes, replay latency (the replayed calls' histogram), processing timeouts and
+downstream duplicates. UNKNOWN over time is the count of UNKNOWN records now, walked back through
+the audit log's moves into and out of UNKNOWN: the rollup holds that figure only as a gauge of now.
+Buckets are the rollup's steps (rollup.step_start), the last one holding `now`.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from tools_app import access
+from tools_app.core import counters
 from tools_app.core.models import AuditEvent
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
-from tools_app.metrics.dashboard import PercentileCont
-from tools_app.metrics.models import CallEvent
+from tools_app.metrics import rollup
 from tools_app.toolkit.calls import CallOutcome
 
 
@@ -43,7 +44,7 @@ WINDOWS = {
 }
 
 # Audit actions that move a record into and out of UNKNOWN (tools_app.engine.transitions).
-ENTERED_UNKNOWN, LEFT_UNKNOWN, LEASE_EXPIRED = "record.unknown", "record.reconciled", "lease expired"
+ENTERED_UNKNOWN, LEFT_UNKNOWN = "record.unknown", "record.reconciled"
 
 
 @dataclass
@@ -82,8 +83,8 @@ class Trend:
 
 
 class BucketIndex(Func):
-    """Which bucket of `seconds` after `start` a timestamp column falls in: 0 for (start, start + seconds],
-    1 for the next, … (closed at the end, so a row at `now` is in the last bucket)."""
+    """Which bucket of `seconds` after `start` a timestamp column falls in: 0 for [start, start + seconds),
+    1 for the next, … (as the rollup's steps)."""
 
     output_field = IntegerField()
 
@@ -93,7 +94,7 @@ class BucketIndex(Func):
     def as_sql(self, compiler, connection, **extra_context):
         (column, column_params), (start, start_params), (seconds, seconds_params) = (
             compiler.compile(e) for e in self.get_source_expressions())
-        return (f"CEIL(EXTRACT(EPOCH FROM ({column} - {start})) / {seconds})::integer - 1",
+        return (f"FLOOR(EXTRACT(EPOCH FROM ({column} - {start})) / {seconds})::integer",
                 (*column_params, *start_params, *seconds_params))
 
 
@@ -104,42 +105,47 @@ def trend(viewer, window: str = "hour", *, tenant_id: int | None = None, tool: s
     now = now or timezone.now()
     win = WINDOWS.get(window, WINDOWS["hour"])
     count = int(win.length / win.bucket)
-    start = now - count * win.bucket
+    start = rollup.step_start(now, win.bucket) - (count - 1) * win.bucket
     points = [Point(at=start + i * win.bucket) for i in range(count)]
+    at = {point.at: point for point in points}
     seconds = win.bucket.total_seconds()
 
+    def series(metric: counters.Metric, by: tuple[str, ...] = ()) -> list[rollup.Point]:
+        found = rollup.series(viewer, metric, since=start, until=now, step=win.bucket, by=by, tenant_id=tenant_id,
+                              tool=tool)
+        return [step for step in found if step.at in at]
+
+    for step in series(counters.TOOL_CALL, ("label",)):
+        if step.label == CallOutcome.READ:
+            continue
+        at[step.at].outcomes[step.label] = step.count
+        if step.label == CallOutcome.REPLAYED:
+            at[step.at].replay_p50_ms = _ms(step.quantile(counters.TOOL_CALL, 0.5))
+            at[step.at].replay_p95_ms = _ms(step.quantile(counters.TOOL_CALL, 0.95))
+    for step in series(counters.PROCESSING_TIMEOUT):
+        at[step.at].processing_timeouts = step.count
+    for step in series(counters.DOWNSTREAM_DUPLICATE):
+        at[step.at].downstream_duplicates = step.count
+
+    # UNKNOWN at each bucket's end: the count now, walked back through the moves in and out of it.
     def bucketed(rows: QuerySet, column: str) -> QuerySet:
         return rows.annotate(bucket=BucketIndex(column, start, seconds)).filter(bucket__gte=0, bucket__lt=count)
 
-    calls = _narrow(access.scope(CallEvent.objects.filter(created_at__gt=start, created_at__lte=now), viewer),
-                    tenant_id, tool).exclude(outcome=CallOutcome.READ)
-    for row in bucketed(calls, "created_at").values("bucket", "outcome").annotate(n=Count("id")):
-        points[row["bucket"]].outcomes[row["outcome"]] = row["n"]
-    replays = bucketed(calls.filter(outcome=CallOutcome.REPLAYED), "created_at").values("bucket").annotate(
-        p50=PercentileCont("latency_ms", 0.5), p95=PercentileCont("latency_ms", 0.95))
-    for row in replays:
-        points[row["bucket"]].replay_p50_ms, points[row["bucket"]].replay_p95_ms = row["p50"], row["p95"]
-
-    records = _narrow(access.scope(IdempotencyRecord.objects.all(), viewer), tenant_id, tool)
-    events = _record_events(viewer, tenant_id, tool).filter(created_at__gt=start, created_at__lte=now)
-    for row in bucketed(events.filter(action=ENTERED_UNKNOWN, reason=LEASE_EXPIRED), "created_at").values(
-            "bucket").annotate(n=Count("id")):
-        points[row["bucket"]].processing_timeouts = row["n"]
-    duplicates = records.filter(created_at__gt=start - timedelta(hours=1), finished_at__gt=start,
-                                finished_at__lte=now, evidence__contains=[{"answer": {"deduplicated": True}}])
-    for row in bucketed(duplicates, "finished_at").values("bucket").annotate(n=Count("id")):
-        points[row["bucket"]].downstream_duplicates = row["n"]
-
-    # UNKNOWN at each bucket's end: the count now, walked back through the moves in and out of it.
+    events = _record_events(viewer, tenant_id, tool).filter(created_at__gte=start, created_at__lte=now)
     moves: dict[int, int] = defaultdict(int)
     for action, sign in ((ENTERED_UNKNOWN, 1), (LEFT_UNKNOWN, -1)):
         for row in bucketed(events.filter(action=action), "created_at").values("bucket").annotate(n=Count("id")):
             moves[row["bucket"]] += sign * row["n"]
+    records = _narrow(access.scope(IdempotencyRecord.objects.all(), viewer), tenant_id, tool)
     unknown = records.filter(status=RecordStatus.UNKNOWN).count()
     for i in range(count - 1, -1, -1):
         points[i].unknown = max(unknown, 0)
         unknown -= moves.get(i, 0)
     return Trend(window=win, now=now, tenant_id=tenant_id, tool=tool, points=points)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
 
 
 def _narrow(rows: QuerySet, tenant_id: int | None, tool: str | None) -> QuerySet:

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tools_app', '0014_task_sealed_arguments_help'),
+        ('tools_app', '0015_i11_observability'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
