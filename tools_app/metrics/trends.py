@@ -27,6 +27,7 @@ from tools_app.core.models import AuditEvent
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.metrics import rollup
 from tools_app.toolkit.calls import CallOutcome
+from tools_app.toolkit.registry import all_tools
 
 
 @dataclass(frozen=True)
@@ -115,13 +116,20 @@ def trend(viewer, window: str = "hour", *, tenant_id: int | None = None, tool: s
                               tool=tool)
         return [step for step in found if step.at in at]
 
-    for step in series(counters.TOOL_CALL, ("label",)):
-        if step.label == CallOutcome.READ:
+    writes = {spec.name: spec.writes for spec in all_tools()}
+    replayed: dict[datetime, list[int]] = {}
+    for step in series(counters.TOOL_CALL, ("tool", "label")):
+        if not writes.get(step.tool, True):  # a read tool's calls: the rates are of writes
             continue
-        at[step.at].outcomes[step.label] = step.count
-        if step.label == CallOutcome.REPLAYED:
-            at[step.at].replay_p50_ms = _ms(step.quantile(counters.TOOL_CALL, 0.5))
-            at[step.at].replay_p95_ms = _ms(step.quantile(counters.TOOL_CALL, 0.95))
+        point = at[step.at]
+        point.outcomes[step.label] = point.outcomes.get(step.label, 0) + step.count
+        if step.label == CallOutcome.REPLAYED and step.buckets is not None:  # several tools: add their histograms
+            seen = replayed.get(step.at)
+            replayed[step.at] = step.buckets if seen is None else [a + b for a, b in zip(seen, step.buckets,
+                                                                                       strict=True)]
+    for moment, buckets in replayed.items():
+        at[moment].replay_p50_ms = _ms(rollup.quantile(counters.TOOL_CALL, buckets, 0.5))
+        at[moment].replay_p95_ms = _ms(rollup.quantile(counters.TOOL_CALL, buckets, 0.95))
     for step in series(counters.PROCESSING_TIMEOUT):
         at[step.at].processing_timeouts = step.count
     for step in series(counters.DOWNSTREAM_DUPLICATE):
