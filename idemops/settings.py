@@ -56,7 +56,8 @@ ALLOWED_HOSTS = _environment.allowed_hosts
 CSRF_TRUSTED_ORIGINS = _environment.csrf_trusted_origins
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # Django's admin with the operators' console as its site (tools_app/admin/site.py).
+    "tools_app.apps.ConsoleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -69,6 +70,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_q",
+    "django_htmx",
     "tools_app",
 ]
 
@@ -83,6 +85,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
 ]
 
 ROOT_URLCONF = "idemops.urls"

@@ -313,7 +313,9 @@ class Stack:
         self.services: list[Service] = []
         try:
             manage("migrate", env=self.env, timeout=300)
-            self.token = manage("create_tenant", "acme", env=self.env).stdout.splitlines()[-1]
+            manage("createsuperuser", "--noinput", "--username", "owner", "--email", "owner@example.invalid",
+                   env=self.env)
+            self.token = manage("create_tenant", "acme", "--owner", "owner", env=self.env).stdout.splitlines()[-1]
             self.tenant_id = self.database.sql("SELECT id FROM tools_app_tenant WHERE slug = 'acme'")[0][0]
             self.gateway = self.started(PaymentGateway(f"{name}-gateway", f"{name}_payment_gateway",
                                                        server_url=self.database.url))

@@ -16,7 +16,7 @@ from django.db import DataError, transaction
 from django.utils import timezone
 
 from idemops.conf import override_conf
-from tests.operators import make_operator
+from tests.operators import agent_owner, make_operator
 from tests.processes import free_port
 from tools_app import access, engine, outbox, tasks
 from tools_app.access import auditors, secrets
@@ -263,7 +263,7 @@ def test_a_wait_outside_run_async_is_plain_polling():
 def test_scope_shows_a_superuser_every_tenant_a_person_their_grants_and_an_auditor_key_its_own(
         tenant, other_tenant):
     for each in (tenant, other_tenant):
-        access.issue_token(each, "bot")
+        access.issue_token(each, "bot", owner=agent_owner())
     operator = make_operator("olga", OPERATOR, tenant)
     _, raw = auditors.issue_key("ext-audit", [other_tenant], actor="user:root")
     key_auditor = auditors.authenticate_key(raw)
@@ -284,7 +284,7 @@ def test_scope_shows_a_superuser_every_tenant_a_person_their_grants_and_an_audit
 
 
 def test_tokens_and_auditor_keys_are_stored_only_as_their_digest_and_prefix(tenant):
-    token, raw_token = access.issue_token(tenant, "bot")
+    token, raw_token = access.issue_token(tenant, "bot", owner=agent_owner())
     key, raw_key = auditors.issue_key("ext-audit", [tenant], actor="user:root")
 
     for row, raw, kind in ((token, raw_token, "idm_"), (key, raw_key, "ida_")):
@@ -294,7 +294,7 @@ def test_tokens_and_auditor_keys_are_stored_only_as_their_digest_and_prefix(tena
 
 
 def test_a_secret_of_one_kind_does_not_open_the_other(tenant):
-    _, raw_token = access.issue_token(tenant, "bot")
+    _, raw_token = access.issue_token(tenant, "bot", owner=agent_owner())
     _, raw_key = auditors.issue_key("ext-audit", [tenant], actor="user:root")
 
     assert auditors.authenticate_key(raw_token) is None and access.authenticate_token(raw_key) is None
@@ -305,7 +305,7 @@ def test_a_secret_of_one_kind_does_not_open_the_other(tenant):
 @pytest.mark.parametrize("kind", ["token", "auditor key"])
 def test_last_use_is_noted_at_most_once_per_resolution(tenant, kind):
     if kind == "token":
-        row, raw = access.issue_token(tenant, "bot")
+        row, raw = access.issue_token(tenant, "bot", owner=agent_owner())
         check = access.authenticate_token
     else:
         row, raw = auditors.issue_key("ext-audit", [tenant], actor="user:root")
@@ -325,7 +325,7 @@ def test_last_use_is_noted_at_most_once_per_resolution(tenant, kind):
 
 
 def test_revoking_a_token_or_a_key_is_one_audited_transition_that_happens_once(tenant):
-    token, raw_token = access.issue_token(tenant, "bot")
+    token, raw_token = access.issue_token(tenant, "bot", owner=agent_owner())
     key, raw_key = auditors.issue_key("ext-audit", [tenant], actor="user:root")
 
     assert access.revoke_token(token, actor="user:root", reason="leaked")

@@ -8,6 +8,7 @@ loaded when this module is imported), not a way around an import cycle.
 """
 
 from django.apps import AppConfig
+from django.contrib.admin import apps as admin_apps
 
 
 class ToolsAppConfig(AppConfig):
@@ -48,3 +49,20 @@ class ToolsAppConfig(AppConfig):
         pre_enqueue.connect(jobs.carry_trace, dispatch_uid="idemops-trace-enqueue")
         pre_execute.connect(jobs.open_job_span, dispatch_uid="idemops-trace-execute")
         post_execute_in_worker.connect(jobs.close_job_span, dispatch_uid="idemops-trace-executed")
+
+
+class ConsoleAdminConfig(admin_apps.AdminConfig):
+    """Django's admin, with the operators' console (tools_app.admin.site.ConsoleSite) as its site.
+    Named in INSTALLED_APPS in place of django.contrib.admin."""
+
+    default = False  # tools_app's own config (above) stays the default of this module
+    default_site = "tools_app.admin.site.ConsoleSite"
+
+    def ready(self) -> None:
+        # Build the site from our admin package, before any other app's admin module touches it:
+        # the site is created lazily by the first registration, and if that first registration
+        # came from elsewhere, importing the site's module would run our registrations into a
+        # site that is then replaced. (Django's start-up rule, like ToolsAppConfig.ready's imports.)
+        import tools_app.admin  # noqa: F401
+
+        super().ready()

@@ -45,6 +45,8 @@ PERIODIC_JOBS: list[PeriodicJob] = [
     PeriodicJob("idemops: outbox relay", "outbox.relay"),
     # Expire overdue approval requests, settle finished ones, re-queue stalled ones.
     PeriodicJob("approvals.sweep", "approvals.sweep"),
+    # Tell the approvers again about requests still waiting past their tenant's escalation time.
+    PeriodicJob("approvals.escalate", "approvals.escalate"),
     # Link newly committed audit events into the hash chain.
     PeriodicJob("audit.seal", "audit.seal"),
     # Per-minute metric rows past IDEMOPS_METRICS_RETENTION_DAYS (the running totals stay).

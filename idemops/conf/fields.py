@@ -98,11 +98,11 @@ def setting(default: Any = PydanticUndefined, doc: str = "", *, shown: str | Non
 
 
 (WEB, OBSERVABILITY, TRACES, SECRETS, DATABASE, JOBS, MCP, LIMITS, WRITES, RECONCILE, DOWNSTREAM, EMAIL, OUTBOX,
- TASKS, DOCUMENTS, TESTING) = (
+ TASKS, DOCUMENTS, CONSOLE, TESTING) = (
     "Web and processes", "Logs and metrics", "Traces (OpenTelemetry's own variables)", "Secrets", "Database",
     "Job cluster (django-q2)", "MCP endpoint", "Per-tenant limits",
     "Writes, leases and outages", "Reconciliation of unknown outcomes", "Downstream systems",
-    "Email", "Outbox relay", "Long tasks", "Documents", "Testing")
+    "Email", "Outbox relay", "Long tasks", "Documents", "Operators' console", "Testing")
 
 
 class IdemopsSettings(BaseSettings):
@@ -113,8 +113,8 @@ class IdemopsSettings(BaseSettings):
 
     # --- web and processes ---
     public_url: HttpUrl = setting(
-        "http://127.0.0.1:8000", "The URL clients reach this server at: printed by `make run`, and the MCP "
-        "resource URL.", section=WEB)
+        "http://127.0.0.1:8000", "The URL clients reach this server at: printed by `make run`, the MCP "
+        "resource URL, and the base of the links in approvers' messages.", section=WEB)
     host: str = setting("127.0.0.1", "Interface `manage.py serve` binds the web server to.", section=WEB)
     port: Port = setting(8000, "Port `manage.py serve` binds the web server to.", section=WEB)
     web_workers: int = setting(1, "uvicorn worker processes `manage.py serve` starts.", ge=1, section=WEB)
@@ -379,6 +379,11 @@ class IdemopsSettings(BaseSettings):
     document_max_bytes: int = setting(20 * 1024 * 1024, "Largest document.", gt=0, section=DOCUMENTS)
     document_fetch_timeout_seconds: Seconds = setting(30, "Timeout of one document fetch.", section=DOCUMENTS)
     document_chunk_chars: int = setting(1200, "Size of a document chunk.", ge=1, section=DOCUMENTS)
+
+    # --- operators' console ---
+    console_refresh_seconds: Seconds = setting(
+        10, "How often an open queue page in the console checks for changes (it reloads itself when the "
+        "operator is idle, and says so when rows are selected).", section=CONSOLE)
 
     # --- testing ---
     crash_points: Annotated[list[CrashPoint], NoDecode] = setting(

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.db import models
 
 
@@ -15,6 +16,10 @@ class Tenant(models.Model):
         return self.slug
 
 
+# How an agent appears in audit events and approval requests: agent:<tenant slug>/<token name>.
+AGENT = "agent:"
+
+
 class ApiToken(models.Model):
     """A tenant's bearer token for /mcp. Only a SHA-256 digest is stored.
 
@@ -24,6 +29,11 @@ class ApiToken(models.Model):
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="tokens")
     name = models.CharField(max_length=100, help_text="The agent identity this token stands for.")
+    # Four eyes: the owner never approves what this agent asks for (tools_app.approvals.decisions).
+    # Empty only for tokens issued before owners existed (manage.py set_token_owner gives them one).
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True,
+                              related_name="agent_tokens",
+                              help_text="The person responsible for this agent; they cannot approve its requests.")
     digest = models.CharField(max_length=64, unique=True, editable=False)
     prefix = models.CharField(max_length=12, editable=False, help_text="First characters, to recognise a token.")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -39,7 +49,7 @@ class ApiToken(models.Model):
     @property
     def agent_identity(self) -> str:
         """How this caller appears in audit events and approval requests."""
-        return f"agent:{self.tenant.slug}/{self.name}"
+        return f"{AGENT}{self.tenant.slug}/{self.name}"
 
 
 class TenantAccess(models.Model):

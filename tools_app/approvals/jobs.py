@@ -1,4 +1,4 @@
-"""django-q2 entry points of approvals: run an approved request, and the periodic sweep.
+"""django-q2 entry points of approvals: run an approved request, the periodic sweep, and escalation.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from tools_app.approvals.models import (
     ApprovalRequest,
     ApprovalStatus,
 )
+from tools_app.approvals.notices import escalate_due
 from tools_app.core import clock, tracing
 from tools_app.core.errors import ErrorClass, ToolFailure
 from tools_app.engine.models import RecordStatus
@@ -70,3 +71,8 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
         "settled": sum(settle(r) is not None for r in finished.order_by("pk")[:SWEEP_BATCH]),
         "redriven": sum(redrive(r, seen=r.dispatched_at) for r in stalled.order_by("pk")[:SWEEP_BATCH]),
     }
+
+
+def escalate() -> int:
+    """django-q2 job: escalate the requests still waiting past their tenant's escalation time."""
+    return escalate_due()

@@ -27,6 +27,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from tools_app.core import audit, tracing
 
 JOBS: dict[str, str] = {
+    "approvals.escalate": "tools_app.approvals.jobs.escalate",
     "approvals.run_approved": "tools_app.approvals.jobs.run_approved",
     "approvals.sweep": "tools_app.approvals.jobs.sweep",
     "audit.seal": "tools_app.core.jobs.seal_audit_chain",

@@ -73,6 +73,9 @@ class IdempotencyRecord(models.Model):
             models.Index(fields=["tenant", "created_at"], name="record_tenant_created"),
             models.Index(fields=["tool", "created_at"], name="record_tool_created"),
             models.Index(fields=["next_reconcile_at"], condition=Q(status="UNKNOWN"), name="record_unknown_due"),
+            # Finding a key's earlier operations (the console); written only when a record is retired.
+            models.Index(fields=["tenant", "tool", "key"], condition=Q(retired_at__isnull=False),
+                         name="record_retired_key"),
         ]
         permissions = [
             ("resolve_unknown", "Can resolve UNKNOWN outcomes"),
