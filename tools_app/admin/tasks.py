@@ -189,7 +189,7 @@ class TaskQueueAdmin(TaskPage, QueueAdmin):
         return super().get_queryset(request).filter(needs_attention())
 
     def standing_out(self):
-        return Q(status=TaskStatus.FAILED) | Q(status=TaskStatus.RUNNING, lease_expires_at__lt=timezone.now())
+        return Q(status=TaskStatus.FAILED) | Q(status=TaskStatus.RUNNING, lease_expires_at__lt=clock.NOW)
 
     @admin.display(description="since last update", ordering="updated_at")
     def waiting(self, task):

@@ -13,7 +13,7 @@ reconciliation, tasks and the tools build on it; it never imports them.
 """
 
 from tools_app.engine.hooks import hooks
-from tools_app.engine.lookup import operation_id_of, records_with_key, records_with_key_digest
+from tools_app.engine.lookup import records_with_key, records_with_key_digest
 from tools_app.engine.operation import (
     DEFAULT_RETENTION,
     OPERATION_ID_REQUIRED,

@@ -1,19 +1,17 @@
 """Finding records by what people quote: an idempotency key, its digest, or the key we sent downstream.
 
-Reads only; the one place that knows how a key is stored and how the downstream key is derived
-(transitions.downstream_key), so a search built on it keeps working if either changes.
+Reads only. A key we sent downstream is turned back into its operation by
+transitions.operation_id_of, beside transitions.downstream_key that derives it.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 
 from django.db.models import QuerySet
 
 from tools_app.core import keys
 from tools_app.engine.models import IdempotencyRecord
-from tools_app.engine.transitions import downstream_key
 
 
 def records_with_key(key: str, *, tenant_ids: Iterable[int], tools: Iterable[str]) -> QuerySet:
@@ -30,12 +28,3 @@ def records_with_key(key: str, *, tenant_ids: Iterable[int], tools: Iterable[str
 def records_with_key_digest(digest: str, records: QuerySet | None = None) -> QuerySet:
     """The records whose key has this digest (a scan of `records`: narrow it by tenant or tool first)."""
     return keys.with_key_digest(IdempotencyRecord.objects.all() if records is None else records, digest)
-
-
-def operation_id_of(sent_key: str) -> uuid.UUID | None:
-    """The operation a downstream key was derived from (transitions.downstream_key), or None."""
-    try:
-        candidate = uuid.UUID(hex=sent_key[-32:])
-    except ValueError:
-        return None
-    return candidate if downstream_key(candidate) == sent_key else None
