@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from idemops.conf import conf
 from tools_app.core import leases, redaction
+from tools_app.core.crashpoints import crash_point
 from tools_app.core.errors import ToolFailure, Transient
 from tools_app.tasks import checkpoints, state
 from tools_app.tasks.models import StepOutcome, StepRun, Task
@@ -97,6 +98,7 @@ class Runner:
             if advanced is False:
                 state.finish_step_run(run, StepOutcome.INTERRUPTED)
                 return f"interrupted after step {step.name}", None
+            crash_point("after_checkpoint")
             # What later steps read is what a resumed run would read: the stored JSON.
             outputs[step.name] = json.loads(prepared.data)
             checksums.append(prepared.checksum)
