@@ -148,8 +148,11 @@ class PaymentGateway(DownstreamService):
     def set_fault(self, key: str, mode: str, times: int | None = None) -> None:
         self.put(f"/faults/{key}", {"mode": mode, "times": times})
 
+    def mandates(self) -> list[tuple]:
+        return self.sql("SELECT id, idempotency_key, status FROM mandates ORDER BY created_at")
+
     def reset(self) -> None:
-        self.sql("TRUNCATE payments, faults")
+        self.sql("TRUNCATE payments, mandates, faults")
 
 
 class NotificationSink(DownstreamService):

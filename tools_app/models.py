@@ -18,6 +18,7 @@ from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 from tools_app.reconciliation.models import UnknownOutcome
 from tools_app.tasks.models import (
     Checkpoint,
+    StepBatch,
     StepOutcome,
     StepRun,
     Task,
@@ -26,7 +27,7 @@ from tools_app.tasks.models import (
     TaskStatus,
 )
 from tools_app.toolkit.calls import CallOutcome
-from tools_app.tools.models import Announcement, Order, OrderLine, Ticket
+from tools_app.tools.models import Announcement, Customer, Order, OrderLine, Ticket, TicketNote
 
 __all__ = [
     "Announcement",
@@ -42,6 +43,7 @@ __all__ = [
     "CallEvent",
     "CallOutcome",
     "Checkpoint",
+    "Customer",
     "Dashboard",
     "DeadLetter",
     "Document",
@@ -54,6 +56,7 @@ __all__ = [
     "OutboxStatus",
     "PendingApproval",
     "RecordStatus",
+    "StepBatch",
     "StepOutcome",
     "StepRun",
     "Task",
@@ -63,5 +66,6 @@ __all__ = [
     "Tenant",
     "TenantAccess",
     "Ticket",
+    "TicketNote",
     "UnknownOutcome",
 ]

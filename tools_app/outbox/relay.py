@@ -35,11 +35,21 @@ logger = logging.getLogger(__name__)
 RELAY_ACTOR = "system:outbox-relay"
 
 
-def enqueue(*, tenant_id: int, kind: str, payload: dict[str, Any], record=None) -> OutboxEvent:
-    """Write an event in the current transaction and wake the relay when it commits."""
+def enqueue(*, tenant_id: int, kind: str, payload: dict[str, Any], record=None, event_id=None) -> OutboxEvent:
+    """Write an event in the current transaction and wake the relay when it commits.
+
+    With `event_id` (a step that may run again after a crash derives it from its task), an event
+    already written under that id is returned instead: one event however often the step runs.
+    """
     now = timezone.now()
-    event = OutboxEvent.objects.create(tenant_id=tenant_id, record=record, kind=kind, payload=payload,
-                                       next_attempt_at=now, created_at=now)
+    if event_id is not None:
+        event, created = OutboxEvent.objects.get_or_create(pk=event_id, defaults=dict(
+            tenant_id=tenant_id, record=record, kind=kind, payload=payload, next_attempt_at=now, created_at=now))
+        if not created:
+            return event
+    else:
+        event = OutboxEvent.objects.create(tenant_id=tenant_id, record=record, kind=kind, payload=payload,
+                                           next_attempt_at=now, created_at=now)
     # The ORM broker's enqueue joins this transaction: no commit, no job.
     jobs.enqueue("outbox.relay", task_name="outbox-relay")
     return event

@@ -7,8 +7,10 @@ from tools_app.tools import (  # noqa: F401
     documents,
     identity,
     notifications,
+    onboarding,
     orders,
     payments,
     task_tools,
+    ticket_batch,
     tickets,
 )
