@@ -88,6 +88,16 @@ def wait_until(condition: Callable[[], object], timeout: float = 60, what: str =
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def swept_until(task, *statuses: str) -> bool:
+    """Run the task sweep (as its schedule would: a dead worker's expired lease hands the task to the
+    living workers), then whether the task reached one of `statuses`."""
+    from tools_app.tasks import jobs
+
+    jobs.sweep()
+    task.refresh_from_db()
+    return task.status in statuses
+
+
 # --- module-scoped fixtures (import them into a test module to use them) -----------------------
 
 

@@ -9,7 +9,7 @@ from django.db import connection
 from idemops.conf import override_conf
 from tests.documents_fixtures import long_text
 from tests.processes import Worker
-from tests.task_stack import wait_until
+from tests.task_stack import swept_until, wait_until
 from tools_app import documents
 from tools_app.documents import search as document_search
 from tools_app.documents import vector_extension
@@ -136,13 +136,6 @@ def test_a_server_without_the_extension_is_refused_with_what_to_install(db):
 
 # --- a worker killed inside the embed step ----------------------------------------------------------
 
-def swept_and_succeeded(task) -> bool:
-    """The sweep (as its schedule would) expires the dead worker's lease and queues the task again."""
-    task_jobs.sweep()
-    task.refresh_from_db()
-    return task.status == TaskStatus.SUCCEEDED
-
-
 @pytest.mark.live
 def test_a_worker_killed_inside_the_embed_step_resumes_without_embedding_a_chunk_twice(transactional_db, caller):
     # given worker A, armed to die right after its first batch of embeddings commits
@@ -167,7 +160,8 @@ def test_a_worker_killed_inside_the_embed_step_resumes_without_embedding_a_chunk
         # when worker B starts and the sweep hands it the task once A's lease has expired
         worker_b = Worker(name="embed-crash-b", **env)
         try:
-            wait_until(lambda: swept_and_succeeded(task), timeout=120, what="the task to succeed on worker B")
+            wait_until(lambda: swept_until(task, TaskStatus.SUCCEEDED), timeout=120,
+                       what="the task to succeed on worker B")
         finally:
             worker_b.stop(grace=3)
     finally:

@@ -303,9 +303,6 @@ class IdemopsSettings(BaseSettings):
     ticket_batch_chunk: int = setting(
         250, "Tickets process_ticket_batch changes per transaction (a crash resumes at the chunk it was in).",
         ge=1, le=10_000, section=TASKS)
-    onboarding_email_wait_seconds: Seconds = setting(
-        30, "How long onboard_customer's welcome-email step waits for the outbox to deliver (or dead-letter) "
-        "the email before it tries again later.", section=TASKS)
 
     # --- retention ---
     retention_records_hours: float = setting(

@@ -69,25 +69,43 @@ class RelayReport:
         return self.delivered + self.retried + self.dead
 
 
+def _due():
+    return OutboxEvent.objects.select_for_update(skip_locked=True).filter(status=OutboxStatus.PENDING,
+                                                                          next_attempt_at__lte=timezone.now())
+
+
 def relay_batch(limit: int | None = None) -> RelayReport:
     """Deliver one batch of due events. Rows stay locked until this transaction ends."""
     report = RelayReport()
     with transaction.atomic():
-        batch = list(OutboxEvent.objects.select_for_update(skip_locked=True)
-                     .filter(status=OutboxStatus.PENDING, next_attempt_at__lte=timezone.now())
-                     .order_by("next_attempt_at", "created_at")[:limit or conf().outbox_batch_size])
+        batch = list(_due().order_by("next_attempt_at", "created_at")[:limit or conf().outbox_batch_size])
         for event in batch:
-            try:
-                deliver(event)
-            except DeliveryFailed as exc:
-                if record_failed_attempt(event, str(exc), final=exc.final):
-                    report.dead += 1
-                else:
-                    report.retried += 1
-                continue
-            mark_delivered(event)
-            report.delivered += 1
+            _attempt(event, report)
     return report
+
+
+def relay_one(event_id) -> RelayReport:
+    """Deliver one event now if it is due and no relay holds it (a long task's step that must know
+    how its message fared drives its delivery itself, instead of waiting for a free worker)."""
+    report = RelayReport()
+    with transaction.atomic():
+        event = _due().filter(pk=event_id).first()
+        if event is not None:
+            _attempt(event, report)
+    return report
+
+
+def _attempt(event: OutboxEvent, report: RelayReport) -> None:
+    try:
+        deliver(event)
+    except DeliveryFailed as exc:
+        if record_failed_attempt(event, str(exc), final=exc.final):
+            report.dead += 1
+        else:
+            report.retried += 1
+        return
+    mark_delivered(event)
+    report.delivered += 1
 
 
 def mark_delivered(event: OutboxEvent) -> bool:

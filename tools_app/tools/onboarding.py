@@ -1,8 +1,8 @@
 """`onboard_customer`: a multi-service flow as a saga, on the long-task machinery.
 
 create_customer (here) → request_mandate (the payment gateway, with an
-idempotency key of this task's own) → send_welcome_email (through the outbox,
-waiting for its delivery). A step that fails for good (the gateway refuses
+idempotency key of this task's own) → send_welcome_email (through the outbox;
+the step drives the delivery and is done once the email is delivered). A step that fails for good (the gateway refuses
 the mandate; the email is dead-lettered) runs the compensations of the steps
 before it in reverse order: cancel the mandate, close the customer. Each
 compensation is a checkpointed step of its own and idempotent (cancelling a
@@ -29,7 +29,6 @@ from pydantic import BaseModel, Field
 
 from idemops.conf import conf
 from tools_app import outbox
-from tools_app.core import polling
 from tools_app.core.crashpoints import crash_point
 from tools_app.core.errors import InvalidInput, Transient, UnknownOutcome
 from tools_app.outbox.models import OutboxStatus
@@ -125,17 +124,16 @@ def send_welcome_email(ctx: StepContext) -> dict[str, Any]:
                                    "recipient": args.email, "subject": f"Welcome, {args.name}",
                                    "body": f"Dear {args.name},\n\nyour account is ready.\n"})
 
-    def settled() -> bool:
-        ctx.progress(0, None, "waiting for the welcome email's delivery")  # also notices a cancel
-        event.refresh_from_db(fields=["status", "last_error", "attempts"])
-        return event.status != OutboxStatus.PENDING
-
-    polling.until(settled, seconds=conf().onboarding_email_wait_seconds, pause=0.2, max_pause=2)
+    # Deliver it now rather than wait for the relay: it needs a worker, and this step holds one.
+    outbox.relay_one(event.pk)
+    event.refresh_from_db(fields=["status", "last_error", "attempts", "next_attempt_at"])
     if event.status == OutboxStatus.DEAD:
         raise InvalidInput(f"the welcome email to {args.email} could not be delivered ({event.last_error}); "
                            "the onboarding is undone")
     if event.status != OutboxStatus.DELIVERED:
-        raise Transient(f"the welcome email is not delivered yet ({event.attempts} attempt(s))")
+        due_in = (event.next_attempt_at - timezone.now()).total_seconds()
+        raise Transient(f"the welcome email is not delivered yet ({event.attempts} attempt(s): {event.last_error})",
+                        retry_after=max(1.0, due_in))
     return OnboardResult(customer_id=ctx.outputs["create_customer"]["customer_id"],
                          mandate_id=ctx.outputs["request_mandate"]["mandate_id"], welcome_email_id=str(event.pk),
                          status="onboarded").model_dump()
@@ -147,7 +145,7 @@ ONBOARDING = Pipeline(
         Step("request_mandate", request_mandate, compensate=cancel_mandate),
         Step("send_welcome_email", send_welcome_email),
     ),
-    # The email step waits for delivery in rounds: let it try for a while.
+    # The email step retries as long as the outbox does (IDEMOPS_OUTBOX_MAX_ATTEMPTS), and then some.
     retry=RetryPolicy(max_attempts=12),
     validate=check_email,
 )
