@@ -16,6 +16,7 @@ from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.metrics.models import CallEvent, Dashboard
 from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 from tools_app.reconciliation.models import UnknownOutcome
+from tools_app.retention.models import RetentionOverride
 from tools_app.tasks.models import (
     Checkpoint,
     StepBatch,
@@ -56,6 +57,7 @@ __all__ = [
     "OutboxStatus",
     "PendingApproval",
     "RecordStatus",
+    "RetentionOverride",
     "StepBatch",
     "StepOutcome",
     "StepRun",

@@ -24,6 +24,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "view_announcement",
         "view_unknownoutcome", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
         "view_task", "view_taskneedingattention", "manage_task", "view_document",
+        "view_retentionoverride", "add_retentionoverride", "change_retentionoverride", "delete_retentionoverride",
     ],
     # Decides on sensitive operations; sees what they would touch.
     APPROVER: [
@@ -33,7 +34,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     # Reads everything that is evidence; changes nothing.
     AUDITOR: [
         "view_dashboard", "view_auditevent", "view_auditseal", "view_idempotencyrecord", "view_approvalrequest",
-        "view_approvaldecision", "view_outboxevent", "use_auditor_api", "view_task",
+        "view_approvaldecision", "view_outboxevent", "use_auditor_api", "view_task", "view_retentionoverride",
     ],
 }
 

@@ -8,6 +8,7 @@ from tools_app.admin import (  # noqa: F401
     dashboard,
     outbox,
     records,
+    retention,
     tasks,
     tenants,
     unknown_outcomes,

@@ -65,6 +65,10 @@ class Task(models.Model):
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    purged_at = models.DateTimeField(null=True, blank=True,
+                                     help_text="When its arguments, result and answers were purged (retention).")
+    artifacts_purged_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its checkpoints, step batches and artifacts were purged (retention).")
 
     class Meta:
         permissions = [("manage_task", "Can cancel, pause and resume long tasks")]

@@ -22,7 +22,7 @@ from tools_app.access.models import Tenant
 from tools_app.core.errors import NotFound
 from tools_app.core.keys import KEY_RULE
 from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
-from tools_app.toolkit.policies import ApprovalPolicy
+from tools_app.toolkit.policies import ApprovalPolicy, KeepFor
 
 # Arguments every write tool takes that are not part of the operation.
 ENGINE_FIELDS = frozenset({"idempotency_key", "trace_id"})
@@ -153,6 +153,8 @@ class ToolSpec:
     non_business_fields: frozenset[str] = frozenset()
     retention: timedelta = DEFAULT_RETENTION
     on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE
+    # How long what its calls leave behind is kept once finished (tools_app.retention purges the rest).
+    keep: KeepFor = KeepFor()
     destructive: bool = False
     open_world: bool = False
     # False for tools whose effect happens in another system: the engine then

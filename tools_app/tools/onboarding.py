@@ -18,6 +18,7 @@ whose answer was lost is simply sent again and the gateway answers what it did.
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import httpx2
@@ -34,6 +35,7 @@ from tools_app.core.errors import InvalidInput, Transient, UnknownOutcome
 from tools_app.outbox.models import OutboxStatus
 from tools_app.toolkit import downstream
 from tools_app.toolkit.pipelines import Pipeline, RetryPolicy, Step, StepContext, task_tool
+from tools_app.toolkit.policies import KeepFor
 from tools_app.toolkit.registry import WriteInput
 from tools_app.tools.models import Customer
 from tools_app.tools.payments import gateway_url
@@ -153,6 +155,8 @@ ONBOARDING = Pipeline(
 task_tool(
     name="onboard_customer", title="Onboard a customer", input_model=OnboardCustomerInput,
     output_model=OnboardResult, pipeline=ONBOARDING, open_world=True,
+    # Who was onboarded with which mandate: kept for a year, like payments.
+    keep=KeepFor(records=timedelta(days=365), tasks=timedelta(days=365)),
     description="Onboard a customer across services: create the customer, request a payment mandate from the "
                 "payment gateway, send the welcome email. If a step fails for good (the bank refuses the mandate, "
                 "the email cannot be delivered), the steps before it are undone in reverse order (mandate "

@@ -8,6 +8,7 @@ for the payment by that key.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 from typing import Annotated
 
@@ -19,7 +20,7 @@ from tools_app.approvals import amount_policy
 from tools_app.core.errors import InvalidInput
 from tools_app.engine import ExpiryPolicy, evidence_entry
 from tools_app.toolkit import downstream
-from tools_app.toolkit.policies import ApprovalPolicy, Found, NotDone, StillUnknown
+from tools_app.toolkit.policies import ApprovalPolicy, Found, KeepFor, NotDone, StillUnknown
 from tools_app.toolkit.registry import ToolContext, WriteInput, write_tool
 
 
@@ -86,7 +87,9 @@ def payment_needs_approval(tenant, args: RequestPaymentInput) -> ApprovalPolicy 
             reconciler=reconcile_payment, result_for_reference=payment_for_reference,
             approval=payment_needs_approval,
             # A payment key is never silently reused after its retention.
-            on_expiry=ExpiryPolicy.HOLD)
+            on_expiry=ExpiryPolicy.HOLD,
+            # What was paid, to whom, stays readable for a year (the setting's 30 days are for the rest).
+            keep=KeepFor(records=timedelta(days=365)))
 def request_payment(ctx: ToolContext, args: RequestPaymentInput) -> PaymentOutput:
     """Ask the payment gateway to pay `amount` `currency` to `payee`. Requires idempotency_key: every retry
     with the same key returns the same payment. Above the tenant's approval threshold the answer is

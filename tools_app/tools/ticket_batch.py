@@ -10,6 +10,7 @@ savepoint of its own: a ticket that cannot take the action fails alone.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from django.db import DatabaseError, transaction
@@ -19,6 +20,7 @@ from pydantic import BaseModel, Field, field_validator
 from idemops.conf import conf
 from tools_app.core.errors import InvalidInput, ToolFailure, invalid_data
 from tools_app.toolkit.pipelines import Pipeline, Step, StepContext, task_tool
+from tools_app.toolkit.policies import KeepFor
 from tools_app.toolkit.registry import ObjectId, StrictModel, WriteInput
 from tools_app.tools.models import Ticket, TicketNote
 
@@ -132,6 +134,8 @@ TICKET_BATCH = Pipeline(steps=(Step("apply", apply_action),))
 task_tool(
     name="process_ticket_batch", title="Process a batch of tickets", input_model=ProcessTicketBatchInput,
     output_model=TicketBatchResult, pipeline=TICKET_BATCH,
+    # Up to 10,000 outcomes per chunk record and checkpoint: kept a day, the task's result for the usual time.
+    keep=KeepFor(artifacts=timedelta(days=1)),
     description="Apply one action to up to 10,000 of your tickets: assign them, set their priority, or close them "
                 "with a note. Runs as a durable task, in chunks: a crash resumes at the chunk it was in and each "
                 "ticket is changed once. The result lists each ticket's outcome (changed, unchanged, not_found, "
