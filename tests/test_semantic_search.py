@@ -13,7 +13,7 @@ from tests.task_stack import swept_until, wait_until
 from tools_app import documents
 from tools_app.documents import search as document_search
 from tools_app.documents import vector_extension
-from tools_app.models import Document, DocumentChunk, StepRun, Task, TaskStatus
+from tools_app.models import Document, DocumentChunk, StepRun, Task, TaskStatus, Tenant
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import Caller, call_tool
 from tools_app.toolkit.registry import get_tool
@@ -132,6 +132,28 @@ def test_a_server_without_the_extension_is_refused_with_what_to_install(db):
     message = str(refused.value)
     assert "does not have the pgvector extension ('vector_that_this_server_lacks')" in message
     assert "postgresql-<major>-pgvector" in message and "DATABASE_URL" in message
+
+
+@pytest.mark.live
+def test_an_mcp_client_searches_by_meaning_and_the_schema_offers_the_modes(web_server, token, settings):
+    from tests.mcp_client import call_sync
+
+    # given the token's tenant's documents, ingested and ready
+    override_conf(settings, task_call_wait_seconds=0)
+    tenant_id = Tenant.objects.get(slug="acme").pk
+    caller = Caller(tenant_id=tenant_id, actor="agent:acme/test")
+    refunds = ingest(caller, {"text": DOCUMENTS["Refunds"], "title": "Refunds"}, "mcp-refunds")["document_id"]
+    ingest(caller, {"text": DOCUMENTS["Printers"], "title": "Printers"}, "mcp-printers")
+
+    # when a real MCP client searches with a paraphrase, in each mode
+    answers = {mode: call_sync(web_server.mcp_url, token, "search_documents", {
+        "query": "reimbursement policy for dissatisfied shoppers", "mode": mode}) for mode in ("keyword", "semantic")}
+
+    # then meaning finds it and words do not
+    assert answers["keyword"].structured_content["hits"] == []
+    assert answers["semantic"].structured_content["hits"][0]["document_id"] == refunds
+    schema = get_tool("search_documents").input_model.model_json_schema()
+    assert schema["properties"]["mode"]["enum"] == ["keyword", "semantic", "hybrid"]
 
 
 # --- a worker killed inside the embed step ----------------------------------------------------------

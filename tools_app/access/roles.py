@@ -21,7 +21,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     OPERATOR: [
         "view_dashboard", "view_pendingapproval", "view_approvalrequest", "view_idempotencyrecord",
         "force_expire_idempotencyrecord", "release_held_key", "view_auditevent", "view_order", "view_ticket",
-        "view_announcement",
+        "view_announcement", "view_customer",
         "view_unknownoutcome", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
         "view_task", "view_taskneedingattention", "manage_task", "view_document",
         "view_retentionoverride", "add_retentionoverride", "change_retentionoverride", "delete_retentionoverride",
