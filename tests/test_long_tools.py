@@ -147,3 +147,15 @@ def test_an_onboarding_runs_each_service_once_and_answers_the_customer(transacti
     assert [(key, status) for _, key, status in gateway.mandates()] == [
         (f"{task.record.downstream_key}.mandate", "active")]
     assert sink.messages() == {task.result["welcome_email_id"]: 1}
+
+
+def test_a_sagas_plan_after_a_failure_is_the_steps_before_it_a_marker_and_their_undos_in_reverse():
+    from tools_app.tools.onboarding import ONBOARDING
+
+    assert [step.name for step in ONBOARDING.plan(2)] == [
+        "create_customer", "request_mandate", "failed:send_welcome_email", "compensate:request_mandate",
+        "compensate:create_customer"]
+    assert [step.name for step in ONBOARDING.plan(None)] == ["create_customer", "request_mandate",
+                                                              "send_welcome_email"]
+    # a first step that fails has nothing to undo: the task simply fails
+    assert not ONBOARDING.compensates_before(0) and ONBOARDING.compensates_before(1)

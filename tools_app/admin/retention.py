@@ -24,6 +24,16 @@ class RetentionOverrideAdmin(TenantScopedAdmin, admin.ModelAdmin):
     list_select_related = ["tenant"]
     fields = ["tenant", "tool", "records", "tasks", "artifacts", "documents"]
 
+    # One permission (manage_retention) for every change; the concept functions check it again, with the tenant.
+    def has_add_permission(self, request):
+        return request.user.has_perm(retention.CHANGE_RETENTION.permission)
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.has_perm(retention.CHANGE_RETENTION.permission)
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.has_perm(retention.CHANGE_RETENTION.permission)
+
     @admin.display(description="tool", ordering="tool")
     def tool_display(self, obj):
         return obj.tool or "(every tool)"

@@ -20,6 +20,9 @@ class RetentionOverride(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "tool"], name="one_override_per_tenant_tool")]
+        # One permission for add, change and delete: every change goes through retention.save_override /
+        # delete_override, audited, so no role needs Django's add/change/delete permissions.
+        permissions = [("manage_retention", "Can set a tenant's retention overrides")]
 
     def __str__(self) -> str:
         return f"retention of {self.tenant} for {self.tool or 'every tool'}"

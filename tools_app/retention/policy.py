@@ -14,7 +14,7 @@ from tools_app.toolkit.registry import ToolSpec, all_tools
 
 KINDS = ("records", "tasks", "artifacts", "documents")
 
-CHANGE_RETENTION = access.Permit("tools_app.change_retentionoverride", "change_retention",
+CHANGE_RETENTION = access.Permit("tools_app.manage_retention", "change_retention",
                                  "change a tenant's retention", "retention.change_refused")
 
 
