@@ -11,8 +11,8 @@ from tests.documents_fixtures import long_text
 from tests.processes import Worker
 from tests.task_stack import swept_until, wait_until
 from tools_app import documents
-from tools_app.documents import search as document_search
 from tools_app.documents import vector_extension
+from tools_app.documents.search import fuse
 from tools_app.models import Document, DocumentChunk, StepRun, Task, TaskStatus, Tenant
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import Caller, call_tool
@@ -81,7 +81,7 @@ def test_hybrid_is_the_default_and_a_chunk_both_rankings_find_comes_first(caller
 
 
 def test_reciprocal_rank_fusion_sums_one_over_k_plus_rank_across_rankings():
-    fused = document_search.fuse({"keyword": [(1, 0.9), (2, 0.5)], "semantic": [(2, 0.8), (3, 0.7), (1, 0.1)]}, k=60)
+    fused = fuse({"keyword": [(1, 0.9), (2, 0.5)], "semantic": [(2, 0.8), (3, 0.7), (1, 0.1)]}, k=60)
 
     assert [(pk, found) for pk, _, found in fused] == [(2, ["keyword", "semantic"]), (1, ["keyword", "semantic"]),
                                                        (3, ["semantic"])]
