@@ -159,3 +159,52 @@ def test_a_sagas_plan_after_a_failure_is_the_steps_before_it_a_marker_and_their_
                                                               "send_welcome_email"]
     # a first step that fails has nothing to undo: the task simply fails
     assert not ONBOARDING.compensates_before(0) and ONBOARDING.compensates_before(1)
+
+
+# --- through MCP: a real client, the web server and a worker cluster -----------------------------
+
+
+def result_of(url, token, task_id) -> dict:
+    from tests.mcp_client import call_sync, error_of
+
+    for _ in range(4):  # wait_seconds is at most 60: an agent that will wait longer calls again
+        answer = call_sync(url, token, "get_task_result", {"task_id": task_id, "wait_seconds": 60})
+        if not (answer.is_error and error_of(answer)["class"] == "in_progress"):
+            break
+    assert not answer.is_error, answer.structured_content
+    return answer.structured_content["result"]
+
+
+@pytest.mark.live
+@pytest.mark.usefixtures("settle_tasks")
+def test_an_mcp_client_runs_both_long_tools_as_tasks_and_reads_their_results(web_server, token, gateway, sink):
+    from tests.mcp_client import call_sync
+    from tests.processes import Worker, downstream_env
+    from tools_app.models import Tenant
+
+    # given the token's tenant's tickets, and a worker cluster pointed at the gateway and the mail sink
+    acme = Tenant.objects.get(slug="acme")
+    ids = tickets(acme, 3)
+    worker = Worker(name="long-tools-mcp", **downstream_env(gateway, sink))
+    try:
+        # when a real MCP client calls each long tool with its idempotency key, then asks for the result
+        calls = {"process_ticket_batch": {"ticket_ids": [*ids, 999_999], "idempotency_key": "mcp-batch",
+                                          "action": {"type": "set_priority", "priority": "high"}},
+                 "onboard_customer": {**ONBOARD, "idempotency_key": "mcp-onboard"}}
+        for tool, arguments in calls.items():
+            answer = call_sync(web_server.mcp_url, token, tool, arguments)
+            assert not answer.is_error or answer.structured_content["error"]["class"] == "in_progress", (
+                answer.structured_content)
+        tasks = {tool: str(Task.objects.get(tenant=acme, tool=tool).pk) for tool in calls}
+        results = {tool: result_of(web_server.mcp_url, token, task_id) for tool, task_id in tasks.items()}
+    finally:
+        worker.stop(grace=3)
+
+    # then each ran as a durable task of that tenant and did its work once
+    assert [(item["ticket_id"], item["outcome"]) for item in results["process_ticket_batch"]["items"]] == [
+        *((pk, "changed") for pk in ids), (999_999, "not_found")]
+    assert set(Ticket.objects.filter(pk__in=ids).values_list("priority", flat=True)) == {"high"}
+    customer = Customer.objects.get(task_id=tasks["onboard_customer"])
+    assert customer.tenant_id == acme.pk and results["onboard_customer"]["mandate_id"] == customer.mandate_id
+    assert [status for _, _, status in gateway.mandates()] == ["active"]
+    assert sink.messages() == {results["onboard_customer"]["welcome_email_id"]: 1}
