@@ -5,8 +5,7 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from tools_app import access, approvals
-from tools_app.access.models import Tenant
+from tools_app import approvals
 from tools_app.admin.operator_actions import (
     REASON_REQUIRED,
     OperatorAction,
@@ -133,11 +132,6 @@ class ApprovalDecisionAdmin(TenantScopedAdmin, ReadOnlyAdmin):
 class ApprovalSettingsAdmin(TenantScopedAdmin, admin.ModelAdmin):
     list_display = ["tenant", "request_ttl_minutes", "payment_threshold", "payment_second_threshold",
                     "threshold_currency"]
-
-    def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        if db_field.name == "tenant":  # only the tenants this user may see
-            kwargs["queryset"] = access.scope(Tenant.objects.all(), request.user, "pk")
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def save_model(self, request, obj, form, change):
         before = {name: str(form.initial.get(name)) for name in approval_settings.AUDITED} if change else None
