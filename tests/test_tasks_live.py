@@ -274,7 +274,8 @@ def test_a_document_of_a_few_megabytes_sent_inline_is_ingested_and_searchable(ta
     assert not result.is_error, result.structured_content
     ingested = result.structured_content["result"]
     assert ingested["format"] == "pdf" and ingested["characters"] > 2_500_000 and ingested["chunks"] > 2000
-    hits = call_sync(task_web.mcp_url, token, "search_documents", {"query": "zeppelin quartermaster"})
+    hits = call_sync(task_web.mcp_url, token, "search_documents", {"query": "zeppelin quartermaster",
+                                                                    "mode": "keyword"})
     assert [hit["document_id"] for hit in hits.structured_content["hits"]] == [ingested["document_id"]]
     assert "**zeppelin**" in hits.structured_content["hits"][0]["snippet"]
 
