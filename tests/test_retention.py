@@ -117,7 +117,7 @@ def test_a_tenants_override_wins_over_the_tools_declaration_and_the_setting(tran
 def test_an_override_shorter_than_the_keys_retention_keeps_the_result_while_the_key_lives(transactional_db, tenant):
     RetentionOverride.objects.create(tenant=tenant, tool="create_order", records=timedelta(hours=1))
 
-    assert retention.kept_for("records", tenant.pk, "create_order") == get_tool("create_order").retention
+    assert retention.kept_for("records", tenant.pk, "create_order") == get_tool("create_order").retention_now()
 
 
 def test_a_finished_tasks_data_checkpoints_and_document_go_each_at_its_own_retention(transactional_db, caller, fast):

@@ -27,7 +27,7 @@ from tools_app.core.errors import ToolFailure, UnknownOutcome
 from tools_app.core.keys import canonical_json
 from tools_app.core.models import AuditEvent
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
-from tools_app.engine.operation import LeaseLost, Operation, evidence_entry
+from tools_app.engine.operation import LeaseLost, Operation, evidence_entry, operation_id_spent
 
 FINISHED = (RecordStatus.SUCCEEDED, RecordStatus.FAILED)
 
@@ -82,6 +82,10 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
                                     after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
     if row := _claim_or_fetch(record, claimed_event):
         return db.from_row(IdempotencyRecord, row[:-1]), row[-1]
+    if op.operation_id is not None and _fetch_live(op) is None and _operation_id_taken(op.operation_id):
+        # Not a lost race: an issued id whose record was retired meanwhile (retention ended, or an
+        # operator released it) conflicts with that record's operation_id and never inserts.
+        raise operation_id_spent(op.operation_id)
     # We lost a race to a claim our statement's snapshot could not see: read it now.
     return claim(op)
 
@@ -89,7 +93,7 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
 def new_record(op: Operation) -> IdempotencyRecord:
     """The PROCESSING record a claim of `op` inserts (not saved)."""
     now = timezone.now()
-    operation_id = uuid.uuid4()
+    operation_id = op.operation_id or uuid.uuid4()
     return IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
         # What is kept to be read: URLs lose their query (tokens); the fingerprint covers the full arguments.
@@ -141,6 +145,10 @@ def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tup
     with connection.cursor() as cursor:
         cursor.execute(sql, [record.tenant_id, record.tool, record.key, *params, *audit_params])
         return cursor.fetchone()
+
+
+def _operation_id_taken(operation_id: uuid.UUID) -> bool:
+    return IdempotencyRecord.objects.filter(operation_id=operation_id).exists()
 
 
 def _fetch_live(op: Operation) -> tuple | None:

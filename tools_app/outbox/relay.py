@@ -42,14 +42,15 @@ def enqueue(*, tenant_id: int, kind: str, payload: dict[str, Any], record=None, 
     already written under that id is returned instead: one event however often the step runs.
     """
     now = timezone.now()
+    fields = dict(tenant_id=tenant_id, record=record, kind=kind, payload=payload,
+                  operation_id=record.operation_id if record is not None else None, next_attempt_at=now,
+                  created_at=now)
     if event_id is not None:
-        event, created = OutboxEvent.objects.get_or_create(pk=event_id, defaults=dict(
-            tenant_id=tenant_id, record=record, kind=kind, payload=payload, next_attempt_at=now, created_at=now))
+        event, created = OutboxEvent.objects.get_or_create(pk=event_id, defaults=fields)
         if not created:
             return event
     else:
-        event = OutboxEvent.objects.create(tenant_id=tenant_id, record=record, kind=kind, payload=payload,
-                                           next_attempt_at=now, created_at=now)
+        event = OutboxEvent.objects.create(**fields)
     # The ORM broker's enqueue joins this transaction: no commit, no job.
     jobs.enqueue("outbox.relay", task_name="outbox-relay")
     return event

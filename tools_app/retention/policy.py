@@ -23,7 +23,7 @@ def default_for(kind: str, spec: ToolSpec | None) -> timedelta:
     declared = getattr(spec.keep, kind) if spec is not None else None
     period = declared if declared is not None else timedelta(hours=getattr(conf(), f"retention_{kind}_hours"))
     if kind == "records" and spec is not None:
-        period = max(period, spec.retention)  # a replay needs the result as long as the key lives
+        period = max(period, spec.retention_now())  # a replay needs the result as long as the key lives
     return period
 
 
@@ -36,7 +36,7 @@ def kept_for(kind: str, tenant_id: int, tool: str, overrides: dict | None = None
     if chosen is None:
         return default_for(kind, spec)
     if kind == "records" and spec is not None:
-        return max(chosen, spec.retention)  # a replay needs the result as long as the key lives
+        return max(chosen, spec.retention_now())  # a replay needs the result as long as the key lives
     return chosen
 
 

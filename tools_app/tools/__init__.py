@@ -13,6 +13,7 @@ from tools_app.tools import (  # noqa: F401
     identity,
     notifications,
     onboarding,
+    operations,
     orders,
     payments,
     task_tools,
