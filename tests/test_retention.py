@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from idemops.conf import override_conf
+from tests.issued_ids import issued_key
 from tests.operators import make_operator
 from tools_app import access, retention
 from tools_app.access.roles import AUDITOR, OPERATOR
@@ -57,24 +58,25 @@ def test_a_purged_key_follows_its_expiry_policy_and_the_audit_chain_still_verifi
                                                                                     downstreams, gateway):
     # given an order and a payment whose keys expired long ago (past even the payment's year of retention)
     first_order = order(caller, "o-1").result
-    paid = call(caller, "request_payment", {**PAYMENT, "idempotency_key": "p-1"})
+    payment_key = issued_key(caller, "request_payment", "p-1", PAYMENT)  # its prepare_operation call is a record too
+    paid = call(caller, "request_payment", {**PAYMENT, "idempotency_key": payment_key})
     assert paid.error is None, paid.error
     age(IdempotencyRecord, 400)
 
     # when the purge runs
     report = retention.purge()
 
-    # then both records lost their arguments and results, not their rows, and each purge is an audit event
-    assert report.purged["records"] == 2
+    # then the three records lost their arguments and results, not their rows, and each purge is an audit event
+    assert report.purged["records"] == 3
     for record in IdempotencyRecord.objects.all():
         assert (record.arguments, record.result, record.purged_at is not None) == ({}, None, True)
-    assert AuditEvent.objects.filter(action="record.purged").count() == 2
+    assert AuditEvent.objects.filter(action="record.purged").count() == 3
 
     # and each key follows its tool's expiry policy: the order runs again as a new one, the payment is held
     again = order(caller, "o-1")
     assert again.result["order_id"] != first_order["order_id"] and not again.replayed
     assert Order.objects.count() == 2
-    held = call(caller, "request_payment", {**PAYMENT, "idempotency_key": "p-1"})
+    held = call(caller, "request_payment", {**PAYMENT, "idempotency_key": payment_key})
     assert held.error.error_class == "expired"
     assert len(gateway.payments()) == 1
 
