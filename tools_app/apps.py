@@ -1,7 +1,8 @@
 """The Django app and its composition root: where the packages are wired together at start-up.
 
 Lower packages (engine, toolkit) learn of the higher ones (approvals,
-reconciliation, tasks) only through the hooks registered here. Importing
+reconciliation, tasks), and tasks of its sibling outbox, only through the
+hooks registered here. Importing
 modules inside `ready` is Django's rule for app start-up (models are not
 loaded when this module is imported), not a way around an import cycle.
 """
@@ -23,6 +24,7 @@ class ToolsAppConfig(AppConfig):
             approvals,
             documents,
             engine,
+            outbox,
             reconciliation,
             tasks,
             toolkit,
@@ -35,6 +37,7 @@ class ToolsAppConfig(AppConfig):
                               settle_expired=reconciliation.settle_expired)
         toolkit.hooks.register(approval_gate=approvals.gate, run_long_tool=tasks.call_task_tool,
                                after_unknown=reconciliation.reconcile_soon)
+        tasks.hooks.register(enqueue_event=outbox.enqueue)
         # `migrate` (and `check --database default`) stop on a server without pgvector, saying so.
         checks.register(documents.check_pgvector, checks.Tags.database)
         post_migrate.connect(ensure_schedules, sender=self)

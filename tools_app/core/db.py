@@ -79,7 +79,8 @@ _COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "gt": "> %s", "gte": "
 
 def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, Any], *, action: str, actor: str,
                reason: str = "", trace_id: str | None = None, before: dict[str, Any] | None = None,
-               after: dict[str, Any] | None = None, append: dict[str, list] | None = None) -> bool:
+               after: dict[str, Any] | None = None, append: dict[str, list] | None = None,
+               notify: str | None = None) -> bool:
     """Move `obj`'s row from the state `expected` to `changes`, and write the audit event of the move.
 
     One statement: a conditional UPDATE of the row where it still matches
@@ -92,12 +93,14 @@ def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, A
 
     `expected` takes field names with an optional `__lt`, `__lte`, `__gt`,
     `__gte`, `__in` or `__isnull` (a plain None means IS NULL); `append`
-    adds items to JSON list fields.
+    adds items to JSON list fields. `notify` names a channel that hears the
+    row's id (pg_notify) in the same statement: PostgreSQL delivers it when
+    the change commits, never for one that rolls back.
     """
     event = audit.new_event(action=action, obj=obj, actor=actor, reason=reason,
                             trace_id=getattr(obj, "trace_id", "") if trace_id is None else trace_id,
                             before=before, after=after)
-    if not _conditional_update(obj, expected, changes, event, append or {}):
+    if not _conditional_update(obj, expected, changes, event, append or {}, notify):
         return False
     for name, value in changes.items():
         setattr(obj, name, value)
@@ -107,7 +110,7 @@ def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, A
 
 
 def _conditional_update(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any],
-                        event: models.Model, append: dict[str, list]) -> bool:
+                        event: models.Model, append: dict[str, list], notify: str | None = None) -> bool:
     model = type(instance)
     sets, params = [], []
     for name, value in changes.items():
@@ -133,8 +136,14 @@ def _conditional_update(instance: models.Model, expected: dict[str, Any], change
     sql = (f"WITH changed AS (UPDATE {table(model)} SET {', '.join(sets)} "
            f"WHERE {' AND '.join(conditions)} RETURNING id), "
            f"audited AS (INSERT INTO {table(type(event))} ({', '.join(columns)}) "
-           f"SELECT {', '.join(values)} FROM changed) "
-           "SELECT count(*) FROM changed")
+           f"SELECT {', '.join(values)} FROM changed)")
+    notify_params = [notify] if notify else []
+    if notify:
+        # A SELECT in a WITH runs only if the query reads it: the last line reads it, so the notice goes out.
+        sql += (", notified AS (SELECT pg_notify(%s, id::text) FROM changed) "
+                "SELECT (SELECT count(*) FROM changed), (SELECT count(*) FROM notified)")
+    else:
+        sql += " SELECT count(*) FROM changed"
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *condition_params, *event_params])
+        cursor.execute(sql, [*params, *condition_params, *event_params, *notify_params])
         return cursor.fetchone()[0] == 1
