@@ -128,6 +128,29 @@ def test_a_refused_mandate_closes_the_customer_created_before_it(transactional_d
     assert task.steps_total == 3
 
 
+def test_a_fork_of_a_compensated_saga_never_reuses_a_step_that_was_undone(transactional_db, caller, downstreams,
+                                                                         gateway, fast):
+    # given an onboarding whose mandate was refused, so its customer was closed
+    task = start(caller, "onboard_customer", ONBOARD, "on-fork")
+    gateway.set_fault(f"{task.record.downstream_key}.mandate", "reject")
+    task = run(task)
+    assert task.status == TaskStatus.FAILED
+
+    def fork(from_step, key):
+        return call_tool(get_tool("fork_task"), caller, {"task_id": str(task.pk), "from_step": from_step,
+                                                          "idempotency_key": key})
+
+    # when someone forks it past the closed customer, then from its first step
+    refused = fork("request_mandate", "fork-1")
+    allowed = fork("create_customer", "fork-2")
+
+    # then the first is refused naming where a fork may start; the second starts afresh, reusing nothing
+    assert refused.error.error_class == "invalid_input" and "fork from 'create_customer'" in refused.error.message
+    assert Task.objects.filter(forked_from=task).count() == 1
+    forked = Task.objects.get(pk=allowed.result["task_id"])
+    assert (forked.completed_steps, forked.checkpoints.count(), forked.steps_total) == ([], 0, 3)
+
+
 def test_an_onboarding_runs_each_service_once_and_answers_the_customer(transactional_db, caller, downstreams,
                                                                        gateway, sink, fast):
     task = start(caller, "onboard_customer", ONBOARD, "on-2")
