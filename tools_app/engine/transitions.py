@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from idemops.conf import conf
-from tools_app.core import audit, backoff, db, leases, redaction
+from tools_app.core import audit, backoff, counters, db, leases, logs, redaction, tracing
 from tools_app.core.errors import ToolFailure, UnknownOutcome
 from tools_app.core.keys import canonical_json
 from tools_app.core.models import AuditEvent
@@ -74,6 +74,14 @@ def heartbeat(record: IdempotencyRecord) -> leases.Heartbeat:
 def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     """Return (record, True) if this call inserted the PROCESSING record for
     `op` and is its executor, or (the live record, False) for a follower."""
+    with tracing.span("idempotency.claim") as span:
+        record, claimed = _claim(op)
+        span.set_attribute("idemops.claimed", claimed)
+        span.set_attribute("idemops.record_status", record.status)
+        return record, claimed
+
+
+def _claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     if row := _fetch_live(op):  # replays, the common case, stop here: one indexed read
         return db.from_row(IdempotencyRecord, row), False
     record = new_record(op)
@@ -87,7 +95,7 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
         # operator released it) conflicts with that record's operation_id and never inserts.
         raise operation_id_spent(op.operation_id)
     # We lost a race to a claim our statement's snapshot could not see: read it now.
-    return claim(op)
+    return _claim(op)
 
 
 def new_record(op: Operation) -> IdempotencyRecord:
@@ -100,7 +108,7 @@ def new_record(op: Operation) -> IdempotencyRecord:
         field_digests=op.field_digests, arguments=redaction.scrub_urls(json.loads(canonical_json(op.arguments))),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=leases.new_owner(),
         lease_expires_at=leases.expiry(lease_seconds(), now),
-        operation_id=operation_id, trace_id=op.trace_id, actor=op.actor,
+        operation_id=operation_id, trace_id=op.trace_id, span_id=op.span_id, actor=op.actor,
         downstream_key="" if op.transactional else downstream_key(operation_id),
         created_at=now, updated_at=now, expires_at=now + op.retention,
     )
@@ -238,6 +246,7 @@ def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | Non
         "status": RecordStatus.PROCESSING, "attempts": record.attempts + 1, "lease_owner": leases.new_owner(),
         "lease_expires_at": leases.expiry(lease_seconds()), "error_class": "", "error_message": "",
         "retry_not_before": None, "finished_at": None, "trace_id": op.trace_id or record.trace_id,
+        "span_id": op.span_id if op.trace_id else record.span_id,
     }, action="record.reclaimed", actor=op.actor):
         return None
     return record
@@ -260,13 +269,18 @@ def expire_lease(record: IdempotencyRecord, *, actor: str = SWEEPER, source: str
     sweep, and by a follower that finds the lease expired (`source` says which).
     """
     now = now or timezone.now()
-    return _transition(
+    expired = _transition(
         record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner, "lease_expires_at__lt": now},
         {"status": RecordStatus.UNKNOWN, "error_class": "unknown_outcome",
          "error_message": "the executor's lease expired before it recorded an outcome",
          "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": now},
         action="record.unknown", actor=actor, reason="lease expired",
         evidence=evidence_entry(source, note=f"lease of {record.lease_owner} expired"))
+    if expired:
+        counters.count(counters.PROCESSING_TIMEOUT, tool=record.tool, tenant_id=record.tenant_id)
+        logs.get(__name__).warning("record.lease_expired", tool=record.tool, tenant_id=record.tenant_id,
+                                   record_id=record.pk, operation_id=str(record.operation_id), taken_by=source)
+    return expired
 
 
 def expire_leases(now: datetime | None = None) -> list[IdempotencyRecord]:

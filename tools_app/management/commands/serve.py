@@ -62,8 +62,9 @@ class Command(BaseCommand):
     def process_specs(self, host, port, web_workers):
         python = sys.executable
         specs = [
+            # Its access log follows IDEMOPS_ACCESS_LOG (LOGGING in idemops/settings.py), like every log line.
             ("web", [python, "-m", "uvicorn", "idemops.asgi:application", "--host", host, "--port", str(port),
-                     "--workers", str(web_workers), "--no-access-log"]),
+                     "--workers", str(web_workers)]),
             ("jobs", [python, "manage.py", "qcluster"]),
         ]
         if conf().run_demo_downstreams:
@@ -127,7 +128,7 @@ class Command(BaseCommand):
 idemops is running.
   Admin     {base}/admin/   user {demo['admin_user']}  password {password}
   MCP       {base}/mcp      tenant demo, bearer token {token}
-  Health    {base}/healthz
+  Health    {base}/healthz   Metrics {base}/metrics (Prometheus; from this machine)
   Payment gateway (demo downstream)  http://127.0.0.1:8001   notification sink  http://127.0.0.1:8002/messages
   Database  {'embedded PostgreSQL in ' + str(conf().pgdata) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}
 

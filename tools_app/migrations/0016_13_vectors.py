@@ -14,7 +14,7 @@ def require_pgvector(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("tools_app", "0014_task_sealed_arguments_help"),
+        ("tools_app", "0015_i11_observability"),
     ]
 
     operations = [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tools_app', '0015_13_vectors'),
+        ('tools_app', '0016_13_vectors'),
     ]
 
     operations = [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tools_app', '0016_13_long_tools'),
+        ('tools_app', '0017_13_long_tools'),
     ]
 
     operations = [
