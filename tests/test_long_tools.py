@@ -43,7 +43,7 @@ def test_a_ticket_batch_reports_each_tickets_outcome_in_the_order_given(transact
     theirs = tickets(other_tenant, 1)
     ids = [*open_ids, *closed, *assigned, *theirs, 999_999]
 
-    task = run(start(caller, "process_ticket_batch", {"ticket_ids": ids, "action": {"type": "assign",
+    task = run(start(caller, "process_ticket_batch", {"ticket_ids": ids, "change": {"type": "assign",
                                                                                      "assignee": "ana"}}, "b1"))
 
     assert task.status == TaskStatus.SUCCEEDED, task.failure_reason
@@ -60,7 +60,7 @@ def test_a_ticket_batch_reports_each_tickets_outcome_in_the_order_given(transact
 def test_closing_adds_the_note_once_and_a_closed_ticket_is_unchanged(transactional_db, tenant, caller, fast):
     ids = tickets(tenant, 2) + tickets(tenant, 1, status="closed")
 
-    task = run(start(caller, "process_ticket_batch", {"ticket_ids": ids, "action": {"type": "close",
+    task = run(start(caller, "process_ticket_batch", {"ticket_ids": ids, "change": {"type": "close",
                                                                                      "note": "duplicate"}}, "b2"))
 
     assert [item["outcome"] for item in task.result["items"]] == ["changed", "changed", "unchanged"]
@@ -72,7 +72,7 @@ def test_a_rerun_step_skips_the_chunks_it_recorded_so_each_ticket_changes_once(t
     # given a batch whose step ran through once (its chunks recorded), then is made to run again
     override_conf(fast, ticket_batch_chunk=2)
     ids = tickets(tenant, 5)
-    task = run(start(caller, "process_ticket_batch", {"ticket_ids": ids, "action": {"type": "close",
+    task = run(start(caller, "process_ticket_batch", {"ticket_ids": ids, "change": {"type": "close",
                                                                                      "note": "n"}}, "b3"))
     first = task.result
     task.checkpoints.all().delete()  # as if the worker died after the last chunk, before the checkpoint
@@ -88,10 +88,10 @@ def test_a_rerun_step_skips_the_chunks_it_recorded_so_each_ticket_changes_once(t
 
 
 @pytest.mark.parametrize(("arguments", "field"), [
-    ({"ticket_ids": [1, 2, 1], "action": {"type": "assign", "assignee": "x"}}, "ticket_ids"),
-    ({"ticket_ids": list(range(1, 10_002)), "action": {"type": "assign", "assignee": "x"}}, "ticket_ids"),
-    ({"ticket_ids": [1], "action": {"type": "reopen"}}, "action"),
-    ({"ticket_ids": [1], "action": {"type": "set_priority", "priority": "whenever"}}, "action.set_priority.priority"),
+    ({"ticket_ids": [1, 2, 1], "change": {"type": "assign", "assignee": "x"}}, "ticket_ids"),
+    ({"ticket_ids": list(range(1, 10_002)), "change": {"type": "assign", "assignee": "x"}}, "ticket_ids"),
+    ({"ticket_ids": [1], "change": {"type": "reopen"}}, "change"),
+    ({"ticket_ids": [1], "change": {"type": "set_priority", "priority": "whenever"}}, "change.set_priority.priority"),
 ])
 def test_a_bad_ticket_batch_is_refused_naming_the_field_before_a_task_exists(transactional_db, caller, arguments,
                                                                              field):
@@ -212,7 +212,7 @@ def test_an_mcp_client_runs_both_long_tools_as_tasks_and_reads_their_results(web
     try:
         # when a real MCP client calls each long tool with its idempotency key, then asks for the result
         calls = {"process_ticket_batch": {"ticket_ids": [*ids, 999_999], "idempotency_key": "mcp-batch",
-                                          "action": {"type": "set_priority", "priority": "high"}},
+                                          "change": {"type": "set_priority", "priority": "high"}},
                  "onboard_customer": {**ONBOARD, "idempotency_key": "mcp-onboard"}}
         for tool, arguments in calls.items():
             answer = call_sync(web_server.mcp_url, token, tool, arguments)

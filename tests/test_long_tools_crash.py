@@ -117,7 +117,7 @@ def test_a_worker_killed_after_a_chunk_of_tickets_resumes_at_the_next_chunk(tran
     ids = [t.pk for t in Ticket.objects.bulk_create(Ticket(tenant=tenant, subject=f"t{n}", body="b")
                                                     for n in range(23))]
     worker_a = workers("tickets-a", IDEMOPS_CRASH_POINTS="after_batch", IDEMOPS_TICKET_BATCH_CHUNK="5")
-    task = start_task(caller, "process_ticket_batch", {"ticket_ids": ids, "action": {"type": "close",
+    task = start_task(caller, "process_ticket_batch", {"ticket_ids": ids, "change": {"type": "close",
                                                                                       "note": "merged"}}, "tb")
     killed_at_its_crash_point(worker_a)
     first_chunk = dict(TicketNote.objects.values_list("ticket_id", "created_at"))

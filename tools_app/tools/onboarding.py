@@ -157,6 +157,7 @@ task_tool(
     output_model=OnboardResult, pipeline=ONBOARDING, open_world=True,
     # Who was onboarded with which mandate: the task's data is kept for a year, like payments' records.
     keep=KeepFor(tasks=timedelta(days=365)),
+    personal_fields=frozenset({"name", "email", "iban"}),
     description="Onboard a customer across services: create the customer, request a payment mandate from the "
                 "payment gateway, send the welcome email. If a step fails for good (the bank refuses the mandate, "
                 "the email cannot be delivered), the steps before it are undone in reverse order (mandate "

@@ -48,7 +48,9 @@ Action = Annotated[AssignAction | SetPriorityAction | CloseAction, Field(discrim
 class ProcessTicketBatchInput(WriteInput):
     ticket_ids: list[ObjectId] = Field(min_length=1, max_length=MAX_TICKETS,
                                        description=f"The tickets, each once (at most {MAX_TICKETS}).")
-    action: Action
+    # Named `change`, not `action`: personal argument names are redacted in every log line, and
+    # `action` is the field an operator's log line names its action by.
+    change: Action = Field(description="What to do to each ticket: assign, set_priority, or close with a note.")
 
     @field_validator("ticket_ids")
     @classmethod
@@ -114,7 +116,7 @@ def apply_action(ctx: StepContext) -> dict[str, Any]:
                 continue
             try:
                 with transaction.atomic():
-                    changed = _act(ticket, args.action, ctx.task_id)
+                    changed = _act(ticket, args.change, ctx.task_id)
             except (ToolFailure, DatabaseError) as exc:
                 failure = exc if isinstance(exc, ToolFailure) else invalid_data(exc)
                 outcomes.append({"ticket_id": ticket_id, "outcome": "failed", "error_class": str(failure.error_class),
@@ -126,7 +128,7 @@ def apply_action(ctx: StepContext) -> dict[str, Any]:
     items = [item for chunk in ctx.each_batch(args.ticket_ids, conf().ticket_batch_chunk, apply) for item in chunk]
     counts = {outcome: sum(1 for item in items if item["outcome"] == outcome)
               for outcome in ("changed", "unchanged", "not_found", "failed")}
-    return TicketBatchResult(action=args.action.type, total=len(items), items=items, **counts).model_dump()
+    return TicketBatchResult(action=args.change.type, total=len(items), items=items, **counts).model_dump()
 
 
 TICKET_BATCH = Pipeline(steps=(Step("apply", apply_action),))
@@ -136,7 +138,9 @@ task_tool(
     output_model=TicketBatchResult, pipeline=TICKET_BATCH,
     # Up to 10,000 outcomes per chunk record and checkpoint: kept a day, the task's result for the usual time.
     keep=KeepFor(artifacts=timedelta(days=1)),
-    description="Apply one action to up to 10,000 of your tickets: assign them, set their priority, or close them "
+    # The change names a person (assignee) or carries free text (a closing note).
+    personal_fields=frozenset({"change"}),
+    description="Apply one change to up to 10,000 of your tickets: assign them, set their priority, or close them "
                 "with a note. Runs as a durable task, in chunks: a crash resumes at the chunk it was in and each "
                 "ticket is changed once. The result lists each ticket's outcome (changed, unchanged, not_found, "
                 "failed with its error class). Requires idempotency_key; a retry with the same key rejoins the "
