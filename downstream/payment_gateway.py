@@ -8,6 +8,12 @@
     GET  /payments?operation_id=<id>       200 | 404     (the caller's operation, as it named it)
     GET  /payments/<id>                    200 | 404
     POST /payments/<id>/callback           send the payment's callback again now (a late duplicate)
+    POST /mandates            Idempotency-Key: <key>   {"customer", "iban"}
+                              201 created | 200 same key, same request (Idempotent-Replayed: true)
+                              409 same key, other request | 422 invalid request (or fault `reject`)
+    GET  /mandates?idempotency_key=<key>   200 | 404
+    GET  /mandates/<id>                    200 | 404
+    POST /mandates/<id>/cancel             200 cancelled (again: the same answer, nothing changes) | 404
     PUT  /faults/<key or *>   {"mode": ..., "times": n?, "seconds": s?}  DELETE /faults/<key or *>
     GET  /healthz                          200 | 503 while its database is unreachable
 
@@ -54,6 +60,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from decimal import Decimal, InvalidOperation
@@ -80,6 +87,16 @@ CREATE TABLE IF NOT EXISTS payments (
 );
 ALTER TABLE payments ADD COLUMN IF NOT EXISTS operation_id text;
 CREATE INDEX IF NOT EXISTS payments_operation_id ON payments (operation_id);
+CREATE TABLE IF NOT EXISTS mandates (
+    id text PRIMARY KEY,
+    idempotency_key text NOT NULL UNIQUE,
+    request_digest text NOT NULL,
+    customer text NOT NULL,
+    iban text NOT NULL,
+    status text NOT NULL DEFAULT 'active',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    cancelled_at timestamptz
+);
 CREATE TABLE IF NOT EXISTS faults (
     key text PRIMARY KEY,      -- an idempotency key, or * for every request
     mode text NOT NULL,
@@ -344,6 +361,85 @@ async def clear_fault(request: Request) -> Response:
     return Response(status_code=204)
 
 
+# --- mandates: a customer's permission to debit their account ---------------------------------
+
+
+IBAN = re.compile(r"^[A-Z]{2}[0-9]{2}[A-Z0-9]{10,30}$")
+
+
+def mandate_json(row) -> dict:
+    id_, _, _, customer, iban, status, created_at, cancelled_at = row
+    return {"mandate_id": id_, "status": status, "customer": customer, "iban_last4": iban[-4:],
+            "created_at": created_at.isoformat(), "cancelled_at": cancelled_at.isoformat() if cancelled_at else None}
+
+
+async def create_mandate(request: Request) -> Response:
+    key = request.headers.get("idempotency-key", "")
+    if not key or len(key) > 200:
+        return JSONResponse({"error": "Idempotency-Key header is required (at most 200 characters)"}, 400)
+    try:
+        body = await request.json()
+    except json.JSONDecodeError:
+        return JSONResponse({"error": "body must be JSON"}, 400)
+    customer, iban = str(body.get("customer", "")), str(body.get("iban", "")).replace(" ", "").upper()
+    if not customer or not IBAN.match(iban):
+        return JSONResponse({"error": "customer and a valid iban are required"}, 422)
+    async with request.app.state.db.connection() as conn:
+        fault = request.headers.get("x-fault") or await take_fault(conn, key)
+    if fault == "reject":
+        return JSONResponse({"error": "the bank refused the mandate (injected)"}, 422)
+    if fault in ("ratelimit", "unavailable"):
+        return JSONResponse({"error": f"{fault} (injected)"}, 429 if fault == "ratelimit" else 503,
+                            headers={"Retry-After": RETRY_AFTER_SECONDS})
+    if fault == "fail":
+        return JSONResponse({"error": "internal error (injected)"}, 500)
+    digest = hashlib.sha256(json.dumps([customer, iban]).encode()).hexdigest()
+    async with request.app.state.db.connection() as conn:
+        row = await (await conn.execute(
+            "INSERT INTO mandates (id, idempotency_key, request_digest, customer, iban) VALUES (%s, %s, %s, %s, %s) "
+            "ON CONFLICT (idempotency_key) DO NOTHING RETURNING *",
+            ["man_" + secrets.token_hex(8), key, digest, customer, iban])).fetchone()
+        created = row is not None
+        if not created:
+            row = await (await conn.execute("SELECT * FROM mandates WHERE idempotency_key = %s", [key])).fetchone()
+        await conn.commit()
+    if row[2] != digest:
+        return _key_reused()
+    return JSONResponse(mandate_json(row), 201 if created else 200,
+                        headers={} if created else {"Idempotent-Replayed": "true"})
+
+
+async def find_mandates(request: Request) -> Response:
+    key = request.query_params.get("idempotency_key")
+    if not key:
+        return JSONResponse({"error": "idempotency_key is required"}, 400)
+    return await _one_mandate(request, "SELECT * FROM mandates WHERE idempotency_key = %s", key)
+
+
+async def get_mandate(request: Request) -> Response:
+    return await _one_mandate(request, "SELECT * FROM mandates WHERE id = %s", request.path_params["mandate_id"])
+
+
+async def _one_mandate(request: Request, sql: str, value: str) -> Response:
+    async with request.app.state.db.connection() as conn:
+        row = await (await conn.execute(sql, [value])).fetchone()
+    if row is None:
+        return JSONResponse({"error": "no such mandate"}, 404)
+    return JSONResponse(mandate_json(row))
+
+
+async def cancel_mandate(request: Request) -> Response:
+    """Cancelling is idempotent: a cancelled mandate stays cancelled, at its first cancellation time."""
+    async with request.app.state.db.connection() as conn:
+        row = await (await conn.execute(
+            "UPDATE mandates SET status = 'cancelled', cancelled_at = coalesce(cancelled_at, now()) "
+            "WHERE id = %s RETURNING *", [request.path_params["mandate_id"]])).fetchone()
+        await conn.commit()
+    if row is None:
+        return JSONResponse({"error": "no such mandate"}, 404)
+    return JSONResponse(mandate_json(row))
+
+
 def build_app(database_url: str, callback_url: str | None = None) -> Starlette:
     app = Starlette(
         routes=[
@@ -351,6 +447,10 @@ def build_app(database_url: str, callback_url: str | None = None) -> Starlette:
             Route("/payments", find_payments, methods=["GET"]),
             Route("/payments/{payment_id}", get_payment, methods=["GET"]),
             Route("/payments/{payment_id}/callback", resend_callback, methods=["POST"]),
+            Route("/mandates", create_mandate, methods=["POST"]),
+            Route("/mandates", find_mandates, methods=["GET"]),
+            Route("/mandates/{mandate_id}", get_mandate, methods=["GET"]),
+            Route("/mandates/{mandate_id}/cancel", cancel_mandate, methods=["POST"]),
             Route("/faults/{key}", set_fault, methods=["PUT"]),
             Route("/faults/{key}", clear_fault, methods=["DELETE"]),
             Route("/healthz", healthz, methods=["GET"]),

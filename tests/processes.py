@@ -169,12 +169,15 @@ class PaymentGateway(DownstreamService):
         response.raise_for_status()
         return response.json()["callback_status"]
 
+    def mandates(self) -> list[tuple]:
+        return self.sql("SELECT id, idempotency_key, status FROM mandates ORDER BY created_at")
+
     def traceparents(self) -> list[tuple[str, str, str]]:
         """(method, path, traceparent header) of every /payments request, oldest first."""
         return self.sql("SELECT method, path, traceparent FROM requests_seen ORDER BY id")
 
     def reset(self) -> None:
-        self.sql("TRUNCATE payments, faults, requests_seen")
+        self.sql("TRUNCATE payments, mandates, faults, requests_seen")
 
 
 class NotificationSink(DownstreamService):

@@ -65,7 +65,8 @@ def test_the_typescript_client_calls_a_long_tool_as_a_task_polls_it_and_reads_it
     # then it negotiated 2025-11-25, saw the tasks capability and which tools take a task
     assert seen["protocol"] == "2025-11-25"
     assert seen["tasksCapability"] == {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
-    assert seen["taskSupport"] == {"ingest_document": "optional"}
+    assert seen["taskSupport"] == dict.fromkeys(["ingest_document", "onboard_customer", "process_ticket_batch"],
+                                                "optional")
     # and it got a working task at once, watched it complete, and read the tool's result
     task = Task.objects.get()
     created = seen["created"]

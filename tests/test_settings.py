@@ -73,8 +73,9 @@ def test_bad_values_stop_manage_py_with_one_line_each_naming_the_variable_and_wh
         "http(s) URL",
         "IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES='ftp://docs.example/' (item 2): not an http:// or https:// URL "
         "with a host; expected a comma-separated list of http(s) URLs",
-        "IDEMOPS_CRASH_POINTS='after_lunch' (item 1): input should be 'after_claim', 'after_downstream' or "
-        "'after_commit'; expected a comma-separated list (each one of after_claim, after_downstream, after_commit)",
+        "IDEMOPS_CRASH_POINTS='after_lunch' (item 1): input should be 'after_claim', 'after_downstream', "
+        "'after_commit', 'after_checkpoint', 'after_batch' or 'in_compensation'; expected a comma-separated list "
+        "(each one of after_claim, after_downstream, after_commit, after_checkpoint, after_batch, in_compensation)",
     ])
 
 

@@ -17,11 +17,13 @@ class ToolsAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.core import checks
         from django.db.models.signals import post_migrate
         from django_q.signals import post_execute_in_worker, post_spawn, pre_enqueue, pre_execute
 
         from tools_app import (
             approvals,
+            documents,
             engine,
             outbox,
             reconciliation,
@@ -41,6 +43,8 @@ class ToolsAppConfig(AppConfig):
         toolkit.hooks.register(approval_gate=approvals.gate, run_long_tool=tasks.call_task_tool,
                                after_unknown=reconciliation.reconcile_soon)
         tasks.hooks.register(enqueue_event=outbox.enqueue)
+        # `migrate` (and `check --database default`) stop on a server without pgvector, saying so.
+        checks.register(documents.check_pgvector, checks.Tags.database)
         post_migrate.connect(ensure_schedules, sender=self)
         post_migrate.connect(ensure_roles, sender=self)
         # Every django-q2 worker process runs the few-second loops (tools_app.schedules).

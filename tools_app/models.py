@@ -16,8 +16,10 @@ from tools_app.engine.models import IdempotencyRecord, PreparedOperation, Record
 from tools_app.metrics.models import Dashboard
 from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 from tools_app.reconciliation.models import UnknownOutcome
+from tools_app.retention.models import RetentionOverride
 from tools_app.tasks.models import (
     Checkpoint,
+    StepBatch,
     StepOutcome,
     StepRun,
     Task,
@@ -26,7 +28,7 @@ from tools_app.tasks.models import (
     TaskStatus,
 )
 from tools_app.toolkit.calls import CallOutcome
-from tools_app.tools.models import Announcement, Order, OrderLine, Ticket
+from tools_app.tools.models import Announcement, Customer, Order, OrderLine, Ticket, TicketNote
 
 __all__ = [
     "Announcement",
@@ -41,6 +43,7 @@ __all__ = [
     "AuditorKey",
     "CallOutcome",
     "Checkpoint",
+    "Customer",
     "Dashboard",
     "DeadLetter",
     "Document",
@@ -57,6 +60,8 @@ __all__ = [
     "PreparedOperation",
     "RateBucket",
     "RecordStatus",
+    "RetentionOverride",
+    "StepBatch",
     "StepOutcome",
     "StepRun",
     "Task",
@@ -67,5 +72,6 @@ __all__ = [
     "TenantAccess",
     "TenantLimits",
     "Ticket",
+    "TicketNote",
     "UnknownOutcome",
 ]

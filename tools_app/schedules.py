@@ -53,6 +53,8 @@ PERIODIC_JOBS: list[PeriodicJob] = [
     PeriodicJob("metrics.prune", "metrics.prune", minutes=60),
     # Revives long tasks whose worker died and queues due retries (tools_app.tasks.sweep).
     PeriodicJob("idemops: task sweep", "tasks.sweep", minutes=conf().task_sweep_minutes),
+    # Arguments, results, checkpoints and documents past their retention (tools_app.retention).
+    PeriodicJob("idemops: retention purge", "retention.purge", minutes=conf().retention_purge_minutes),
 ]
 
 

@@ -56,7 +56,8 @@ RENAMED = {
     "DEFAULT_FROM_EMAIL": "IDEMOPS_DEFAULT_FROM_EMAIL",
 }
 
-CrashPoint = Literal["after_claim", "after_downstream", "after_commit"]
+CrashPoint = Literal["after_claim", "after_downstream", "after_commit", "after_checkpoint", "after_batch",
+                     "in_compensation"]
 
 
 def check_http_url(value: str) -> str:
@@ -98,11 +99,11 @@ def setting(default: Any = PydanticUndefined, doc: str = "", *, shown: str | Non
 
 
 (WEB, OBSERVABILITY, TRACES, SECRETS, DATABASE, JOBS, MCP, LIMITS, WRITES, RECONCILE, DOWNSTREAM, EMAIL, OUTBOX,
- TASKS, DOCUMENTS, CONSOLE, TESTING) = (
+ TASKS, DOCUMENTS, CONSOLE, RETENTION, TESTING) = (
     "Web and processes", "Logs and metrics", "Traces (OpenTelemetry's own variables)", "Secrets", "Database",
     "Job cluster (django-q2)", "MCP endpoint", "Per-tenant limits",
     "Writes, leases and outages", "Reconciliation of unknown outcomes", "Downstream systems",
-    "Email", "Outbox relay", "Long tasks", "Documents", "Operators' console", "Testing")
+    "Email", "Outbox relay", "Long tasks", "Documents", "Operators' console", "Retention and purge", "Testing")
 
 
 class IdemopsSettings(BaseSettings):
@@ -379,6 +380,39 @@ class IdemopsSettings(BaseSettings):
     document_max_bytes: int = setting(20 * 1024 * 1024, "Largest document.", gt=0, section=DOCUMENTS)
     document_fetch_timeout_seconds: Seconds = setting(30, "Timeout of one document fetch.", section=DOCUMENTS)
     document_chunk_chars: int = setting(1200, "Size of a document chunk.", ge=1, section=DOCUMENTS)
+    document_embed_batch: int = setting(
+        64, "Chunks embedded (and written) per batch of the embed step: a crash loses at most one batch.", ge=1,
+        le=10_000, section=DOCUMENTS)
+    search_rrf_k: int = setting(
+        60, "The k of reciprocal-rank fusion in hybrid search: score = sum of 1/(k + rank) over the keyword and "
+        "the semantic ranking.", ge=1, section=DOCUMENTS)
+    search_candidates: int = setting(
+        50, "Hits each ranking (keyword, semantic) contributes to hybrid search before fusion.", ge=1, le=1000,
+        section=DOCUMENTS)
+
+    ticket_batch_chunk: int = setting(
+        250, "Tickets process_ticket_batch changes per transaction (a crash resumes at the chunk it was in).",
+        ge=1, le=10_000, section=TASKS)
+
+    # --- retention ---
+    retention_records_hours: float = setting(
+        24 * 30, "How long a finished idempotency record keeps its arguments and result, counted from its "
+        "finish (never less than its key's retention: a replay needs them). Tools and tenants may override it.",
+        gt=0, section=RETENTION)
+    retention_tasks_hours: float = setting(
+        24 * 30, "How long a finished task keeps its arguments, result and answers, counted from its finish.",
+        gt=0, section=RETENTION)
+    retention_artifacts_hours: float = setting(
+        24 * 7, "How long a finished task keeps its checkpoints and artifacts (step outputs), from its finish.",
+        gt=0, section=RETENTION)
+    retention_documents_hours: float = setting(
+        24 * 365, "How long an ingested document (and its chunks and vectors) is kept, from its creation.",
+        gt=0, section=RETENTION)
+    retention_purge_minutes: int = setting(
+        60, "How often the purge job runs as a django-q2 schedule.", ge=1, section=RETENTION)
+    retention_purge_batch: int = setting(
+        500, "Rows the purge job takes per transaction (SELECT ... FOR UPDATE SKIP LOCKED).", ge=1, le=100_000,
+        section=RETENTION)
 
     # --- operators' console ---
     console_refresh_seconds: Seconds = setting(

@@ -14,6 +14,7 @@ from tools_app.admin import (  # noqa: F401
     limits,
     outbox,
     records,
+    retention,
     tasks,
     tenants,
     unknown_outcomes,

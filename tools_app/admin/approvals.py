@@ -7,8 +7,7 @@ from django.db.models import Q
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from tools_app import access, approvals
-from tools_app.access.models import Tenant
+from tools_app import approvals
 from tools_app.admin import story as stories
 from tools_app.admin.operator_actions import (
     REASON_REQUIRED,
@@ -154,11 +153,6 @@ class ApprovalSettingsAdmin(TenantScopedAdmin, admin.ModelAdmin):
     list_display = ["tenant", "request_ttl_minutes", "payment_threshold", "payment_second_threshold",
                     "threshold_currency", "escalate_after_minutes", "notify_webhook_url", "escalation_email"]
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
-
-    def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        if db_field.name == "tenant":  # only the tenants this user may see
-            kwargs["queryset"] = access.scope(Tenant.objects.all(), request.user, "pk")
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def save_model(self, request, obj, form, change):
         before = {name: str(form.initial.get(name)) for name in approval_settings.AUDITED} if change else None

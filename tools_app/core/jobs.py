@@ -35,6 +35,7 @@ JOBS: dict[str, str] = {
     "outbox.relay": "tools_app.outbox.jobs.relay_pending",
     "reconciliation.reconcile_due": "tools_app.reconciliation.jobs.reconcile_due",
     "reconciliation.run_periodic": "tools_app.reconciliation.jobs.run_periodic",
+    "retention.purge": "tools_app.retention.jobs.purge_expired",
     "tasks.run_task": "tools_app.tasks.jobs.run_task",
     "tasks.sweep": "tools_app.tasks.jobs.sweep",
 }

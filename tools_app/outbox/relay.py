@@ -48,13 +48,23 @@ logger = logging.getLogger(__name__)
 RELAY_ACTOR = "system:outbox-relay"
 
 
-def enqueue(*, tenant_id: int, kind: str, payload: dict[str, Any], record=None) -> OutboxEvent:
-    """Write an event in the current transaction and wake the relay when it commits."""
+def enqueue(*, tenant_id: int, kind: str, payload: dict[str, Any], record=None, event_id=None) -> OutboxEvent:
+    """Write an event in the current transaction and wake the relay when it commits.
+
+    With `event_id` (a step that may run again after a crash derives it from its task), an event
+    already written under that id is returned instead: one event however often the step runs.
+    """
     now = clock.read()  # due now by the database's clock, which the relay compares it with
     trace_id, span_id = tracing.ids()
-    event = OutboxEvent.objects.create(tenant_id=tenant_id, record=record, kind=kind, payload=payload,
-                                       operation_id=record.operation_id if record is not None else None,
-                                       next_attempt_at=now, created_at=now, trace_id=trace_id, span_id=span_id)
+    fields = dict(tenant_id=tenant_id, record=record, kind=kind, payload=payload,
+                  operation_id=record.operation_id if record is not None else None, next_attempt_at=now,
+                  created_at=now, trace_id=trace_id, span_id=span_id)
+    if event_id is not None:
+        event, created = OutboxEvent.objects.get_or_create(pk=event_id, defaults=fields)
+        if not created:
+            return event
+    else:
+        event = OutboxEvent.objects.create(**fields)
     # The ORM broker's enqueue joins this transaction: no commit, no job.
     jobs.enqueue("outbox.relay", task_name="outbox-relay")
     return event
@@ -75,8 +85,9 @@ class RelayReport:
         return self.delivered + self.retried + self.dead + self.lost
 
 
-def claim_batch(owner: str, limit: int) -> list[OutboxEvent]:
-    """Claim up to `limit` due events for `owner`, until the claim runs out; committed at once."""
+def claim_batch(owner: str, limit: int, *, event_id=None) -> list[OutboxEvent]:
+    """Claim up to `limit` due events (only `event_id`, if given) for `owner`, until the claim runs
+    out; committed at once."""
     _, columns = db.select_columns(OutboxEvent)
     table = db.table(OutboxEvent)
     with transaction.atomic(), connection.cursor() as cursor:
@@ -87,10 +98,12 @@ def claim_batch(owner: str, limit: int) -> list[OutboxEvent]:
                 SELECT id FROM {table}
                 WHERE status = %s AND next_attempt_at <= statement_timestamp()
                   AND (claimed_until IS NULL OR claimed_until < statement_timestamp())
+                  AND (%s::uuid IS NULL OR id = %s::uuid)
                 ORDER BY next_attempt_at, created_at
                 LIMIT %s
                 FOR UPDATE SKIP LOCKED)
-            RETURNING {columns}""", [owner, conf().outbox_claim_seconds, OutboxStatus.PENDING, limit])
+            RETURNING {columns}""", [owner, conf().outbox_claim_seconds, OutboxStatus.PENDING,
+                                  event_id, event_id, limit])
         rows = cursor.fetchall()
     return sorted((db.from_row(OutboxEvent, row) for row in rows), key=lambda e: (e.next_attempt_at, e.created_at))
 
@@ -116,6 +129,16 @@ def _relay_claimed(event: OutboxEvent) -> str:
         return _relay_one(event)
     finally:
         connections.close_all()
+
+
+def relay_one(event_id) -> RelayReport:
+    """Deliver one event now if it is due and no relay holds it (a long task's step that must know
+    how its message fared drives its delivery itself, instead of waiting for a free worker)."""
+    report = RelayReport()
+    for event in claim_batch(leases.new_owner(), 1, event_id=event_id):
+        outcome = _relay_one(event)
+        setattr(report, outcome, getattr(report, outcome) + 1)
+    return report
 
 
 def _relay_one(event: OutboxEvent) -> str:

@@ -2,6 +2,7 @@
 
 ```
 created ──take──▶ running ──begin_step, complete_step…──▶ running ──succeed──▶ succeeded
+   ▲                 │ ├─begin_compensation (a saga's step failed for good) ─▶ running: compensations…──fail──▶ failed
    ▲                 │ ├─fail (final error, attempts used up)────▶ failed
    │                 │ ├─retry_later (transient error)──▶ retrying ──take (when due)──▶ running
    │                 │ ├─pause_for_input (step waits)───▶ paused ──resume──▶ created
@@ -189,6 +190,30 @@ def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: S
     checkpoints.write(task, prepared)
     finish_step_run(run, StepOutcome.SUCCEEDED)
     return _step_run(task, owner, *then) if then is not None else True
+
+
+@transaction.atomic
+def begin_compensation(task: Task, owner: str, marker: checkpoints.Prepared, run: StepRun, failure: ToolFailure,
+                       then: tuple[Step, int], steps_total: int) -> StepRun | bool:
+    """running: a saga's step failed for good -> its compensations start (the task stays running).
+
+    One transaction: the failure marker's checkpoint (so a resumed task goes on
+    compensating, never forward), the failed StepRun, and the first compensation's
+    start; guarded by the lease like complete_step. False when the lease is gone.
+    """
+    completed = [*task.completed_steps, marker.step.name]
+    changes = {"completed_steps": completed, "lease_expires_at": leases.expiry(lease_seconds()),
+               # The compensations get a retry budget of their own: the forward run may have used it up.
+               "steps_total": steps_total, "attempts": 1, "failure_class": str(failure.error_class),
+               "failure_reason": failure.message, **_step_changes(then[0])}
+    if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, changes,
+                       action="task.compensating", actor=owner, reason=failure.message,
+                       failed_step=task.current_step, failure_class=str(failure.error_class),
+                       next_step=then[0].name):
+        return False
+    checkpoints.write(task, marker)
+    finish_step_run(run, StepOutcome.FAILED, failure.message)
+    return _step_run(task, owner, *then)
 
 
 def finish_step_run(run: StepRun, outcome: StepOutcome, error: str = "") -> None:

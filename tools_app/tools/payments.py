@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 import time
+from datetime import timedelta
 from decimal import Decimal
 from typing import Annotated, Any
 
@@ -26,7 +27,7 @@ from tools_app.core import tracing
 from tools_app.core.errors import InvalidInput, PermissionDenied
 from tools_app.engine import ExpiryPolicy, evidence_entry
 from tools_app.toolkit import downstream
-from tools_app.toolkit.policies import ApprovalPolicy, Found, NotDone, StillUnknown
+from tools_app.toolkit.policies import ApprovalPolicy, Found, KeepFor, NotDone, StillUnknown
 from tools_app.toolkit.registry import ToolContext, WriteInput, write_tool
 
 
@@ -141,7 +142,9 @@ def payment_needs_approval(tenant, args: RequestPaymentInput) -> ApprovalPolicy 
             approval=payment_needs_approval, requires_operation_id=True,
             personal_fields=frozenset({"payee", "reference"}),
             # A payment key is never silently reused after its retention.
-            on_expiry=ExpiryPolicy.HOLD)
+            on_expiry=ExpiryPolicy.HOLD,
+            # What was paid, to whom, stays readable for a year (the setting's 30 days are for the rest).
+            keep=KeepFor(records=timedelta(days=365)))
 def request_payment(ctx: ToolContext, args: RequestPaymentInput) -> PaymentOutput:
     """Ask the payment gateway to pay `amount` `currency` to `payee`. Its idempotency_key must be an operation_id
     from prepare_operation (any other key is refused as invalid_input); every retry with it returns the same
