@@ -111,7 +111,9 @@ def test_every_error_class_counts_as_one_of_the_ten_outcomes(error_class, outcom
 
 def test_a_series_groups_the_minutes_per_step_tenant_and_tool_for_the_tenants_a_viewer_may_see(
         tenant, other_tenant, committing):
-    now = timezone.now().replace(second=30, microsecond=0)
+    # Half past the hour (an hour or less ago): the two rows 2 h 10 and 2 h 5 before it share an hourly step.
+    now = timezone.now().replace(minute=30, second=30, microsecond=0)
+    now -= timedelta(hours=1) if now > timezone.now() else timedelta()
     rows = [(now - timedelta(hours=2, minutes=10), tenant.pk, "create_order", 3),
             (now - timedelta(hours=2, minutes=5), tenant.pk, "create_order", 2),
             (now - timedelta(minutes=5), tenant.pk, "create_order", 1),
