@@ -115,7 +115,7 @@ def test_tasks_result_waits_for_the_task_and_pushes_its_status_and_progress_mean
     assert len(seen["statusPushes"]) >= 3
     done = [progress for progress, _, _ in seen["progress"]]
     assert done == sorted(done) and len(done) >= 3
-    assert seen["progress"][-1][:2] == [6, 6]
+    assert seen["progress"][-1][:2] == [7, 7]  # the ingest's seven steps
     assert any(message.startswith("extract_text: page") for _, _, message in seen["progress"])
 
 
