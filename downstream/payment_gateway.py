@@ -385,7 +385,7 @@ async def create_mandate(request: Request) -> Response:
     if not customer or not IBAN.match(iban):
         return JSONResponse({"error": "customer and a valid iban are required"}, 422)
     async with request.app.state.db.connection() as conn:
-        fault = request.headers.get("x-fault") or await take_fault(conn, key)
+        fault = request.headers.get("x-fault") or (await take_fault(conn, key))[0]
     if fault == "reject":
         return JSONResponse({"error": "the bank refused the mandate (injected)"}, 422)
     if fault in ("ratelimit", "unavailable"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import connections
 from django.urls import reverse
 from django.utils import timezone
@@ -81,7 +82,8 @@ def test_a_tenants_own_limits_replace_the_defaults_field_by_field(tenant, settin
 
     override_conf(settings, rate_limit_calls_per_minute=100, rate_limit_calls_per_minute_per_token=7)
     TenantLimits.objects.create(tenant=tenant, calls_per_minute=0, concurrent_tasks_per_agent=3)
-    _, raw = access.issue_token(tenant, "bot")
+    owner = get_user_model().objects.create_user("owner")
+    _, raw = access.issue_token(tenant, "bot", owner=owner)
 
     limits = access.call_limits(access.authenticate_token(raw))
 

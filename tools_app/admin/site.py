@@ -29,8 +29,9 @@ SECTIONS = [
     ("Work queues", "queues", QUEUES),
     ("Look into", "evidence", ["dashboard", "idempotencyrecord", "approvalrequest", "approvaldecision", "task",
                                "document", "outboxevent", "auditevent", "auditseal"]),
-    ("Business objects", "business", ["order", "ticket", "announcement"]),
-    ("Reference data", "reference", ["tenant", "apitoken", "tenantaccess", "approvalsettings", "auditorkey"]),
+    ("Business objects", "business", ["order", "ticket", "announcement", "customer"]),
+    ("Reference data", "reference", ["tenant", "apitoken", "tenantaccess", "approvalsettings", "tenantlimits",
+                                     "retentionoverride", "auditorkey"]),
 ]
 
 

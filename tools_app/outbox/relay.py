@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,26 +109,19 @@ def claim_batch(owner: str, limit: int, *, event_id=None) -> list[OutboxEvent]:
 
 
 def relay_batch(limit: int | None = None) -> RelayReport:
-    """Claim one batch of due events, deliver them (no transaction open, several at once) and record
-    each result as it comes."""
+    """Claim one batch of due events, deliver them (no transaction open, several at once on
+    delivery threads that do no database work) and record each result as it comes."""
     report = RelayReport()
     batch = claim_batch(leases.new_owner(), limit or conf().outbox_batch_size)
     if not batch:
         return report
     with ThreadPoolExecutor(max_workers=min(len(batch), conf().outbox_delivery_threads),
                             thread_name_prefix="outbox-delivery") as pool:
-        for outcome in pool.map(_relay_claimed, batch):
+        deliveries = {pool.submit(_delivery_thread, event): event for event in batch}
+        for done in as_completed(deliveries):
+            outcome = _record(deliveries[done], *done.result())
             setattr(report, outcome, getattr(report, outcome) + 1)
     return report
-
-
-def _relay_claimed(event: OutboxEvent) -> str:
-    """A delivery thread's work: one claimed event, on the thread's own database connection
-    (closed when it is done)."""
-    try:
-        return _relay_one(event)
-    finally:
-        connections.close_all()
 
 
 def relay_one(event_id) -> RelayReport:
@@ -136,41 +129,60 @@ def relay_one(event_id) -> RelayReport:
     how its message fared drives its delivery itself, instead of waiting for a free worker)."""
     report = RelayReport()
     for event in claim_batch(leases.new_owner(), 1, event_id=event_id):
-        outcome = _relay_one(event)
+        outcome = _record(event, *_deliver(event))
         setattr(report, outcome, getattr(report, outcome) + 1)
     return report
 
 
-def _relay_one(event: OutboxEvent) -> str:
-    """Deliver one event and record the attempt; "delivered", "retried", "dead" or "lost"."""
+def _delivery_thread(event: OutboxEvent) -> tuple[DeliveryFailed | None, float, Any]:
+    try:
+        return _deliver(event)
+    finally:
+        connections.close_all()  # this thread's, if anything in the delivery opened one
+
+
+def _deliver(event: OutboxEvent) -> tuple[DeliveryFailed | None, float, Any]:
+    """Deliver one event inside its span, in the trace of the call that wrote it (the consumer gets
+    its `traceparent`): (the failure or None, seconds taken, the span)."""
     # The payload is the caller's (an address, a message): no line may show it, an SMTP error included.
     scrubbed = redaction.scrubbed_arguments(event.payload, event.payload.keys())
+    started, failure = time.perf_counter(), None
     with tracing.continued(event.trace_id, event.span_id, "outbox.deliver", **{
             "idemops.outbox_event": str(event.id), "idemops.kind": event.kind, "idemops.attempt": event.attempts + 1}
-                           ) as span, \
-            logs.bound(tenant_id=event.tenant_id, outbox_event=str(event.id), kind=event.kind), \
-            logs.scrubbing(scrubbed):
-        started, attempt = time.perf_counter(), event.attempts + 1
-        error = ""
+                           ) as span, logs.scrubbing(scrubbed):
         try:
             deliver(event)
         except DeliveryFailed as exc:
-            error = str(exc)
-            outcome = _record_failure(event, error, final=exc.final)
+            failure = exc
         except Exception as exc:  # a bug in a delivery must not stop the others: it counts as a failed attempt
             logger.exception("delivering outbox event %s raised", event.pk)
-            error = f"{type(exc).__name__}: {exc}"[:300]
-            outcome = _record_failure(event, error, final=False)
-        else:
-            outcome = "delivered" if mark_delivered(event) else "lost"
-            if outcome == "delivered":
-                counters.observe(counters.OUTBOX_DELIVERY, (event.delivered_at - event.created_at).total_seconds(),
-                                 tenant_id=event.tenant_id)
-        span.set_attribute("idemops.outcome", outcome)
-        log = logs.get(__name__).warning if outcome == "dead" else logs.get(__name__).info
-        log("outbox.delivery", outcome=outcome, attempt=attempt, error=error or None,
-            duration_ms=round((time.perf_counter() - started) * 1000, 3))
-        return outcome
+            failure = DeliveryFailed(f"{type(exc).__name__}: {exc}"[:300])
+        span.set_attribute("idemops.delivered", failure is None)
+    return failure, time.perf_counter() - started, span
+
+
+def _record(event: OutboxEvent, failure: DeliveryFailed | None, seconds: float, span: Any) -> str:
+    """Record a delivery attempt (guarded by the relay's claim), count it and log its line in the
+    delivery's span; "delivered", "retried", "dead" or "lost"."""
+    scrubbed = redaction.scrubbed_arguments(event.payload, event.payload.keys())
+    token = tracing.attach(tracing.set_span(span))
+    try:
+        with logs.bound(tenant_id=event.tenant_id, outbox_event=str(event.id), kind=event.kind), \
+                logs.scrubbing(scrubbed):
+            attempt = event.attempts + 1
+            if failure is None:
+                outcome = "delivered" if mark_delivered(event) else "lost"
+                if outcome == "delivered":
+                    counters.observe(counters.OUTBOX_DELIVERY,
+                                     (event.delivered_at - event.created_at).total_seconds(), tenant_id=event.tenant_id)
+            else:
+                outcome = _record_failure(event, str(failure), final=failure.final)
+            log = logs.get(__name__).warning if outcome == "dead" else logs.get(__name__).info
+            log("outbox.delivery", outcome=outcome, attempt=attempt, error=str(failure) if failure else None,
+                duration_ms=round(seconds * 1000, 3))
+            return outcome
+    finally:
+        tracing.detach(token)
 
 
 def mark_delivered(event: OutboxEvent) -> bool:
