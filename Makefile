@@ -11,7 +11,7 @@ DEV     := $(VENV)/.installed-dev
 # The TypeScript MCP client the interoperability tests drive (pinned in tests/interop/package-lock.json).
 INTEROP := tests/interop/node_modules/.package-lock.json
 
-.PHONY: run test bench install install-dev install-interop db-stop clean lint settings-doc
+.PHONY: run test bench install install-dev install-interop db-stop clean lint settings-doc screenshots
 
 $(RUNTIME): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ run: $(RUNTIME)
 
 test: $(DEV) $(INTEROP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The console's browser tests, writing the pictures docs/operators-admin.md shows into docs/images/.
+screenshots: $(DEV)
+	DOC_SCREENSHOTS=1 $(PY) -m pytest tests/test_console_browser.py -q
 
 bench: $(DEV)
 	$(PY) bench/run.py

@@ -29,7 +29,7 @@ from bench.common import ROOT
 from idemops.conf import override_conf
 from tests.documents_fixtures import long_text, pdf_of_text
 from tools_app import access, tasks
-from tools_app.models import StepRun, Task, TaskStatus
+from tools_app.models import StepRun, Task, TaskStatus, TenantLimits
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import Caller, call_tool
 from tools_app.toolkit.pipelines import Pipeline, Step, StepContext, task_tool
@@ -229,6 +229,8 @@ def tasks_lease_expired_at(task: Task) -> float:
 
 def run() -> str:
     tenant = access.create_tenant("bench-tasks")
+    # Hundreds of tasks at once from one agent: past the default limit of unfinished tasks per agent.
+    TenantLimits.objects.create(tenant=tenant, concurrent_tasks_per_agent=0)
     caller = Caller(tenant_id=tenant.pk, actor="agent:bench-tasks/bench")
     doc_dir = ROOT / "var" / "bench-docs"
     doc_dir.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,9 @@ W3C `traceparent` (an email header, an HTTP header) is kept with the message.
     POST /webhooks/<name>                    X-Event-Id: <event-id>   any JSON body
     GET  /messages[?event_id=...]            what arrived, with a delivery count
     PUT  /faults  {"delay_seconds": s, "fail_times": n}   slow or refuse the next deliveries
+    PUT  /faults/webhooks/<name>  {"mode": "hang" | "fail", "seconds": s?}   a poisoned recipient:
+                                 every webhook to it hangs (`seconds`, default an hour) or fails (503)
+    GET  /attempts               every webhook request received: (event_id, name, outcome)
     GET  /healthz                            200 | 503 while its database is unreachable
     any other request                        404, and recorded in stray_requests (method, raw path)
 
@@ -49,6 +52,18 @@ CREATE TABLE IF NOT EXISTS faults (
 );
 INSERT INTO faults (id) VALUES (1) ON CONFLICT DO NOTHING;
 ALTER TABLE messages ADD COLUMN IF NOT EXISTS traceparent text NOT NULL DEFAULT '';
+CREATE TABLE IF NOT EXISTS webhook_faults (
+    name text PRIMARY KEY,
+    mode text NOT NULL,
+    seconds real
+);
+CREATE TABLE IF NOT EXISTS webhook_attempts (
+    id serial PRIMARY KEY,
+    event_id text NOT NULL,
+    name text NOT NULL,
+    outcome text NOT NULL,   -- received (still being answered), stored, failed, hung
+    received_at timestamptz NOT NULL DEFAULT now()
+);
 CREATE TABLE IF NOT EXISTS stray_requests (
     id serial PRIMARY KEY,
     method text NOT NULL,
@@ -61,6 +76,7 @@ INSERT INTO messages (event_id, channel, recipient, subject, body, traceparent) 
 ON CONFLICT (event_id) DO UPDATE SET deliveries = messages.deliveries + 1, last_received_at = now()
 """
 # Used up one delivery at a time, so a test can fail or slow exactly the next n.
+HANG_SECONDS = 3600
 TAKE_FAULT = """
 UPDATE faults SET fail_times = greatest(fail_times - 1, 0) WHERE id = 1
 RETURNING delay_seconds, (SELECT fail_times FROM faults WHERE id = 1) > 0
@@ -96,16 +112,52 @@ async def receive_webhook(request: Request) -> Response:
     if not event_id:
         return JSONResponse({"error": "X-Event-Id header is required"}, 400)
     payload = await request.json()
+    name = request.path_params["name"]
     async with request.app.state.db.connection() as conn:
+        attempt = (await (await conn.execute(
+            "INSERT INTO webhook_attempts (event_id, name, outcome) VALUES (%s, %s, 'received') RETURNING id",
+            [event_id, name])).fetchone())[0]
+        poison = await (await conn.execute("SELECT mode, seconds FROM webhook_faults WHERE name = %s",
+                                           [name])).fetchone()
         delay, fail = await (await conn.execute(TAKE_FAULT)).fetchone()
         await conn.commit()
-        await asyncio.sleep(delay)
-        if fail:
-            return JSONResponse({"error": "temporary failure (injected)"}, 503)
-        await conn.execute(STORE, [event_id, "webhook", request.path_params["name"],
-                                   str(payload.get("subject", "")), json.dumps(payload),
+    if poison is not None:
+        mode, seconds = poison
+        if mode == "hang":
+            await asyncio.sleep(HANG_SECONDS if seconds is None else seconds)
+        await _note(request, attempt, "hung" if mode == "hang" else "failed")
+        return JSONResponse({"error": f"poisoned recipient ({mode}, injected)"}, 503)
+    await asyncio.sleep(delay)
+    if fail:
+        await _note(request, attempt, "failed")
+        return JSONResponse({"error": "temporary failure (injected)"}, 503)
+    async with request.app.state.db.connection() as conn:
+        await conn.execute(STORE, [event_id, "webhook", name, str(payload.get("subject", "")), json.dumps(payload),
                                    request.headers.get("traceparent", "")])
+        await conn.execute("UPDATE webhook_attempts SET outcome = 'stored' WHERE id = %s", [attempt])
     return JSONResponse({"event_id": event_id}, 202)
+
+
+async def _note(request: Request, attempt: int, outcome: str) -> None:
+    async with request.app.state.db.connection() as conn:
+        await conn.execute("UPDATE webhook_attempts SET outcome = %s WHERE id = %s", [outcome, attempt])
+
+
+async def poison_webhook(request: Request) -> Response:
+    body = await request.json()
+    if body.get("mode") not in ("hang", "fail"):
+        return JSONResponse({"error": "mode must be hang or fail"}, 422)
+    async with request.app.state.db.connection() as conn:
+        await conn.execute("INSERT INTO webhook_faults (name, mode, seconds) VALUES (%s, %s, %s) "
+                           "ON CONFLICT (name) DO UPDATE SET mode = excluded.mode, seconds = excluded.seconds",
+                           [request.path_params["name"], body["mode"], body.get("seconds")])
+    return JSONResponse(body)
+
+
+async def list_attempts(request: Request) -> Response:
+    async with request.app.state.db.connection() as conn:
+        rows = await (await conn.execute("SELECT event_id, name, outcome FROM webhook_attempts ORDER BY id")).fetchall()
+    return JSONResponse({"attempts": [list(row) for row in rows]})
 
 
 async def list_messages(request: Request) -> Response:
@@ -141,6 +193,8 @@ def build_app(database_url: str) -> Starlette:
             Route("/webhooks/{name}", receive_webhook, methods=["POST"]),
             Route("/messages", list_messages, methods=["GET"]),
             Route("/faults", set_faults, methods=["PUT"]),
+            Route("/faults/webhooks/{name}", poison_webhook, methods=["PUT"]),
+            Route("/attempts", list_attempts, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/{path:path}", stray, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
         ],

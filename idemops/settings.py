@@ -56,7 +56,8 @@ ALLOWED_HOSTS = _environment.allowed_hosts
 CSRF_TRUSTED_ORIGINS = _environment.csrf_trusted_origins
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # Django's admin with the operators' console as its site (tools_app/admin/site.py).
+    "tools_app.apps.ConsoleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -69,6 +70,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_q",
+    "django_htmx",
     "tools_app",
 ]
 
@@ -83,6 +85,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
 ]
 
 ROOT_URLCONF = "idemops.urls"
@@ -129,6 +132,7 @@ def _database_settings(url: str) -> dict:
     config.setdefault("OPTIONS", {})
     config["OPTIONS"].setdefault("server_side_binding", _environment.db_server_side_binding)
     config["OPTIONS"].setdefault("prepare_threshold", _environment.db_prepare_threshold)
+    config["DISABLE_SERVER_SIDE_CURSORS"] = _environment.db_disable_server_side_cursors
     # A Unix-socket URL (?host=/path) carries the host as an option.
     if not config["HOST"] and "host" in config["OPTIONS"]:
         config["HOST"] = config["OPTIONS"].pop("host")

@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from tools_app.web.callbacks import payment_gateway_callback
 from tools_app.web.health import healthz
 from tools_app.web.metrics import metrics
 
@@ -9,4 +10,5 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),
     path("api/", include("tools_app.api.urls")),
+    path("callbacks/payment-gateway", payment_gateway_callback, name="payment-gateway-callback"),
 ]

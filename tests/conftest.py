@@ -2,7 +2,7 @@ import pytest
 
 from idemops.conf import override_conf
 from tests.observability_support import observed  # noqa: F401  (web and cluster with their own logs)
-from tests.operators import make_operator
+from tests.operators import agent_owner, make_operator
 from tests.task_stack import doc_dir, doc_server, settle_tasks, task_web, task_workers  # noqa: F401  (long tasks)
 from tools_app import access
 from tools_app.access.roles import APPROVER
@@ -107,14 +107,14 @@ def web_server(django_db_setup, django_db_blocker, _gateway, _sink):
 def token(transactional_db):
     """A committed tenant `acme` and its raw API token (for the live server)."""
     tenant = access.create_tenant("acme", "ACME")
-    _, raw = access.issue_token(tenant, "agent")
+    _, raw = access.issue_token(tenant, "agent", owner=agent_owner())
     return raw
 
 
 @pytest.fixture
 def other_token(transactional_db):
     tenant = access.create_tenant("globex", "Globex")
-    _, raw = access.issue_token(tenant, "agent")
+    _, raw = access.issue_token(tenant, "agent", owner=agent_owner())
     return raw
 
 

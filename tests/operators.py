@@ -13,6 +13,12 @@ def make_operator(username: str, role: str, *tenants):
     return get_user_model().objects.get(pk=user.pk)  # fresh: no cached permissions
 
 
+def agent_owner(username: str = "owner"):
+    """The person responsible for a test agent (every API token has an owner); no role of their own."""
+    email = f"{username}@example.invalid"
+    return get_user_model().objects.get_or_create(username=username, defaults={"email": email})[0]
+
+
 def login_for_the_web_server(user) -> None:
     """Hash the password with Django's default hasher: the uvicorn child runs the production settings,
     which do not accept the test settings' fast MD5 hashes."""

@@ -15,6 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,8 +85,8 @@ class Service:
 
 
 class WebServer(Service):
-    def __init__(self, name: str = "web", **env: str):
-        self.port = free_port()
+    def __init__(self, name: str = "web", port: int | None = None, **env: str):
+        self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         super().__init__(name, [sys.executable, "-m", "uvicorn", "idemops.asgi:application", "--host", "127.0.0.1",
                                 "--port", str(self.port), "--no-access-log"],
@@ -114,13 +115,14 @@ def drop_database(name: str, server_url: str | None = None) -> None:
 class DownstreamService(Service):
     """A service of downstream/ as a process, on a fresh database of its own (to check what it did)."""
 
-    def __init__(self, name: str, module: str, database: str, *extra_args: str, server_url: str | None = None):
+    def __init__(self, name: str, module: str, database: str, *extra_args: str, server_url: str | None = None,
+                 env: dict[str, str] | None = None):
         drop_database(database, server_url)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.database_url = service_database_url(database, server_url)
         super().__init__(name, [sys.executable, "-m", module, "--port", str(self.port),
-                                "--database-url", self.database_url, *extra_args], os.environ.copy())
+                                "--database-url", self.database_url, *extra_args], {**os.environ, **(env or {})})
         self.wait_http(f"{self.url}/healthz")
 
     def sql(self, query: str, params=()) -> list[tuple]:
@@ -138,22 +140,44 @@ class DownstreamService(Service):
 
 
 class PaymentGateway(DownstreamService):
+    """The demo payment gateway; with `callback_url` it reports each new payment there, signed with
+    `callback_secret` (the idemops side's IDEMOPS_PAYMENT_GATEWAY_CALLBACK_SECRET)."""
+
     def __init__(self, name: str = "payment-gateway", database: str = "test_payment_gateway",
-                 server_url: str | None = None):
-        super().__init__(name, "downstream.payment_gateway", database, server_url=server_url)
+                 server_url: str | None = None, callback_url: str | None = None, callback_secret: str = ""):
+        super().__init__(name, "downstream.payment_gateway", database,
+                         *(["--callback-url", callback_url] if callback_url else []), server_url=server_url,
+                         env={"PAYMENT_GATEWAY_CALLBACK_SECRET": callback_secret})
 
     def payments(self) -> list[tuple]:
         return self.sql("SELECT id, idempotency_key, amount FROM payments ORDER BY created_at")
 
-    def set_fault(self, key: str, mode: str, times: int | None = None) -> None:
-        self.put(f"/faults/{key}", {"mode": mode, "times": times})
+    def set_fault(self, key: str, mode: str, times: int | None = None, seconds: float | None = None) -> None:
+        self.put(f"/faults/{key}", {"mode": mode, "times": times, "seconds": seconds})
+
+    def clear_fault(self, key: str) -> None:
+        """Disarm a key's fault (and let go of the requests it is slowing)."""
+        import httpx2
+
+        httpx2.delete(f"{self.url}/faults/{key}", timeout=10).raise_for_status()
+
+    def resend_callback(self, payment_id: str) -> int | None:
+        """Have the gateway send a payment's callback again now; the status idemops answered."""
+        import httpx2
+
+        response = httpx2.post(f"{self.url}/payments/{payment_id}/callback", timeout=30)
+        response.raise_for_status()
+        return response.json()["callback_status"]
+
+    def mandates(self) -> list[tuple]:
+        return self.sql("SELECT id, idempotency_key, status FROM mandates ORDER BY created_at")
 
     def traceparents(self) -> list[tuple[str, str, str]]:
         """(method, path, traceparent header) of every /payments request, oldest first."""
         return self.sql("SELECT method, path, traceparent FROM requests_seen ORDER BY id")
 
     def reset(self) -> None:
-        self.sql("TRUNCATE payments, faults, requests_seen")
+        self.sql("TRUNCATE payments, mandates, faults, requests_seen")
 
 
 class NotificationSink(DownstreamService):
@@ -175,13 +199,20 @@ class NotificationSink(DownstreamService):
     def traceparents(self) -> dict[str, str]:
         """Event id → the traceparent its first delivery carried."""
         return dict(self.sql("SELECT event_id, traceparent FROM messages"))
+    def poison(self, name: str, mode: str, seconds: float | None = None) -> None:
+        """Every webhook to /webhooks/<name> hangs (`seconds`) or fails from now on."""
+        self.put(f"/faults/webhooks/{name}", {"mode": mode, "seconds": seconds})
+
+    def webhook_attempts(self) -> list[tuple[str, str, str]]:
+        """(event id, recipient name, outcome) of every webhook request received, in order."""
+        return self.sql("SELECT event_id, name, outcome FROM webhook_attempts ORDER BY id")
 
     def stray_requests(self) -> list[tuple[str, str]]:
         """(method, raw path) of every request that matched none of the sink's routes."""
         return self.sql("SELECT method, path FROM stray_requests ORDER BY id")
 
     def reset(self) -> None:
-        self.sql("TRUNCATE messages, stray_requests")
+        self.sql("TRUNCATE messages, stray_requests, webhook_faults, webhook_attempts")
         self.set_faults()
 
 
@@ -190,6 +221,16 @@ def downstream_env(gateway: PaymentGateway, sink: NotificationSink, **extra: str
     return {"IDEMOPS_PAYMENT_GATEWAY_URL": gateway.url, "IDEMOPS_PAYMENT_GATEWAY_TIMEOUT_SECONDS": "1",
             "IDEMOPS_EMAIL_PORT": str(sink.smtp_port), "IDEMOPS_EMAIL_TIMEOUT_SECONDS": "5",
             "IDEMOPS_WEBHOOK_ALLOWED_PREFIXES": f"{sink.url}/webhooks/", **extra}
+
+
+def faketime_env(offset: str) -> dict[str, str]:
+    """The environment that runs a process on a clock `offset` away from the host's ("+1h"):
+    libfaketime (Debian's `faketime` package) preloaded. Its monotonic clock stays true, so
+    timeouts and sleeps are unchanged; only the wall clock, what the process thinks the time is, moves."""
+    libraries = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    if not libraries:
+        pytest.skip("libfaketime is not installed (apt-get install faketime)")
+    return {"LD_PRELOAD": str(libraries[0]), "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
 class DatabaseServer:
@@ -275,7 +316,9 @@ class Stack:
         self.services: list[Service] = []
         try:
             manage("migrate", env=self.env, timeout=300)
-            self.token = manage("create_tenant", "acme", env=self.env).stdout.splitlines()[-1]
+            manage("createsuperuser", "--noinput", "--username", "owner", "--email", "owner@example.invalid",
+                   env=self.env)
+            self.token = manage("create_tenant", "acme", "--owner", "owner", env=self.env).stdout.splitlines()[-1]
             self.tenant_id = self.database.sql("SELECT id FROM tools_app_tenant WHERE slug = 'acme'")[0][0]
             self.gateway = self.started(PaymentGateway(f"{name}-gateway", f"{name}_payment_gateway",
                                                        server_url=self.database.url))

@@ -88,6 +88,16 @@ def wait_until(condition: Callable[[], object], timeout: float = 60, what: str =
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def swept_until(task, *statuses: str) -> bool:
+    """Run the task sweep (as its schedule would: a dead worker's expired lease hands the task to the
+    living workers), then whether the task reached one of `statuses`."""
+    from tools_app.tasks import jobs
+
+    jobs.sweep()
+    task.refresh_from_db()
+    return task.status in statuses
+
+
 # --- module-scoped fixtures (import them into a test module to use them) -----------------------
 
 
@@ -136,13 +146,19 @@ def settle_tasks(transactional_db):
 
     from tools_app import tasks
     from tools_app.access import Agent
-    from tools_app.core.errors import AlreadyDone
+    from tools_app.core.errors import AlreadyDone, InProgress
     from tools_app.models import StepRun, Task
 
-    for task in Task.objects.filter(status__in=tasks.ACTIVE):
+    def cancelled(task) -> bool:
         try:
             tasks.cancel(task, Agent(task.tenant_id, "test:teardown"))
         except AlreadyDone:
             pass  # it finished meanwhile
+        except InProgress:
+            return False  # a worker moved it on at every try (fast steps): ask again, as the error says
+        return True
+
+    for task in Task.objects.filter(status__in=tasks.ACTIVE):
+        wait_until(lambda task=task: cancelled(task), timeout=30, what=f"task {task.pk} to be cancelled")
     wait_until(lambda: not OrmQ.objects.exists() and not StepRun.objects.filter(finished_at=None).exists(),
                timeout=120, what="the workers to finish their jobs")

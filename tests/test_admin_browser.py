@@ -1,61 +1,15 @@
-"""The approval queue in a real browser: Playwright driving headless Chromium against uvicorn.
+"""The approval queue in a real browser: Playwright driving headless Chromium against uvicorn (tests/browser.py)."""
 
-Chromium comes from Debian's `chromium` package (never `playwright install`).
-Screenshots are saved under var/test-artifacts/browser/.
-"""
 
-import os
-import shutil
-from contextlib import contextmanager
-
-import pytest
-
+from tests.browser import ARTIFACTS, browser_page, needs_chromium, shot
 from tests.issued_ids import call_labelled_sync
 from tests.jobs import run_queued_jobs
 from tests.mcp_client import error_of
 from tests.operators import PASSWORD, login_for_the_web_server, make_operator
-from tests.processes import ROOT
 from tools_app.access.roles import APPROVER
 from tools_app.models import Announcement, ApprovalRequest, ApprovalStatus, Tenant
 
-CHROMIUM = os.environ.get("CHROMIUM_BIN") or shutil.which("chromium") or next(
-    (p for p in ("/usr/bin/chromium",) if os.path.exists(p)), None)
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
-ARTIFACTS = ROOT / "var" / "test-artifacts" / "browser"
-
-pytestmark = [
-    pytest.mark.live,
-    pytest.mark.browser,
-    pytest.mark.skipif(CHROMIUM is None, reason="browser tests skipped: Chromium not found. Install Debian's package "
-                                                "(as root: apt-get update && apt-get install -y chromium) or set "
-                                                "CHROMIUM_BIN to a Chromium binary"),
-]
-
-
-@contextmanager
-def browser_page():
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    for stale in ARTIFACTS.glob("failure.*"):
-        stale.unlink()
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(30_000)
-        try:
-            yield page
-        except Exception:
-            shot(page, "failure")  # what the browser showed when the test failed
-            (ARTIFACTS / "failure.html").write_text(page.content())
-            raise
-        finally:
-            browser.close()
-
-
-def shot(page, name):
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+pytestmark = needs_chromium
 
 
 def ask(web_server, token, key, title):

@@ -5,6 +5,7 @@ from django.contrib.auth.models import Group, User
 from rest_framework.test import APIClient
 
 from tests.api_support import ENDPOINTS, key_client, make_row
+from tests.operators import agent_owner
 from tools_app import access
 from tools_app.access import auditors, secrets
 from tools_app.models import AuditEvent, AuditorKey
@@ -29,7 +30,7 @@ def test_it_answers_401_to_an_unknown_key(tenant):
 
 
 def test_it_answers_401_to_an_agents_mcp_token(tenant):
-    _, raw_token = access.issue_token(tenant, "bot")
+    _, raw_token = access.issue_token(tenant, "bot", owner=agent_owner())
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_token}")
 

@@ -180,8 +180,9 @@ def test_search_finds_ranked_passages_of_the_tenants_own_documents_only(transact
     other = Caller(tenant_id=other_tenant.pk, actor="agent:globex/test")
     ingest(other, {"text": "Globex pilots are secret."}, "c")
 
-    hits = call_tool(get_tool("search_documents"), caller, {"query": "pilots boarding"}).result["hits"]
-    theirs = call_tool(get_tool("search_documents"), other, {"query": "harbor"}).result["hits"]
+    hits = call_tool(get_tool("search_documents"), caller, {"query": "pilots boarding", "mode": "keyword"}
+                     ).result["hits"]
+    theirs = call_tool(get_tool("search_documents"), other, {"query": "harbor", "mode": "keyword"}).result["hits"]
 
     assert [hit["document_id"] for hit in hits] == [mine["document_id"]]
     assert hits[0]["title"] == "Pilots" and "**pilot**" in hits[0]["snippet"]

@@ -252,6 +252,10 @@ PERSONAL = {
     "fork_reason": "re-run because Quillon's summary was off",
     "pause_reason": "paused until Quillon signs",
     "resume_input": "Quillon's answer to the paused step",
+    "close_note": "closed once Quillon moved to Vexhall",
+    "customer_name": "Zephyrine Onboarded-Quillon",
+    "customer_email": "zephyrine.onboarded@example.test",
+    "iban": "GB82WEST12345698765432",
 }
 PASSWORD = "Pa55word-Quillon-999"
 
@@ -266,7 +270,7 @@ def test_no_token_key_password_or_personal_value_sent_through_any_tool_reaches_a
     from tools_app.toolkit.registry import all_tools
 
     url, sink = observed.web.mcp_url, observed.sink
-    raw_keys = [f"RAWKEY-ZQX-{n:02d}" for n in range(13)]
+    raw_keys = [f"RAWKEY-ZQX-{n:02d}" for n in range(15)]
     doc_url = doc_server.serve(f"quillon.txt?token={PERSONAL['document_token']}", PERSONAL["document"].encode())
     called: dict[str, object] = {}
 
@@ -320,6 +324,11 @@ def test_no_token_key_password_or_personal_value_sent_through_any_tool_reaches_a
                              "reason": PERSONAL["fork_reason"], "idempotency_key": raw_keys[11]})
     use("pause_task", {"task_id": fork.structured_content["task_id"], "reason": PERSONAL["pause_reason"],
                        "idempotency_key": raw_keys[12]})
+    use("process_ticket_batch", {"ticket_ids": [ticket.structured_content["ticket_id"]],
+                                  "change": {"type": "close", "note": PERSONAL["close_note"]},
+                                  "idempotency_key": raw_keys[13]})
+    use("onboard_customer", {"name": PERSONAL["customer_name"], "email": PERSONAL["customer_email"],
+                             "iban": PERSONAL["iban"], "idempotency_key": raw_keys[14]})
     use("whoami", {})
     # a person approves the deletion and the announcement: the cluster runs them
     tenant = Tenant.objects.get(slug="acme")
@@ -328,7 +337,8 @@ def test_no_token_key_password_or_personal_value_sent_through_any_tool_reaches_a
         approvals.approve(request, bob)
     use("get_approval_status", {"request_id": ApprovalRequest.objects.get(tool="publish_announcement").pk})
     wait_until(lambda: ApprovalRequest.objects.filter(status="EXECUTED").count() == 2, what="the approved calls")
-    wait_until(lambda: OutboxEvent.objects.filter(status="delivered").count() == 2, what="the deliveries")
+    # the email, the webhook and the onboarding's welcome email
+    wait_until(lambda: OutboxEvent.objects.filter(status="delivered").count() == 3, what="the deliveries")
     # an auditor exports, a forged token and a wrong admin password are refused
     auditor = key_client(tenant)
     assert httpx2.get(f"{observed.web.base_url}/api/v1/idempotency-records", timeout=30, headers={

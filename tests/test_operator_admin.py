@@ -269,7 +269,7 @@ def test_changing_a_threshold_is_audited(client, django_user_model, tenant):
 
     response = client.post(reverse("admin:tools_app_approvalsettings_add"), {
         "tenant": tenant.pk, "request_ttl_minutes": 60, "payment_threshold": "100.00",
-        "payment_second_threshold": "", "threshold_currency": "EUR"})
+        "payment_second_threshold": "", "threshold_currency": "EUR", "escalate_after_minutes": 30})
 
     assert response.status_code == 302
     event = AuditEvent.objects.get(action="approval_settings.changed")

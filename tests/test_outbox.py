@@ -6,6 +6,7 @@ import time
 import uuid
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 
 from idemops.conf import override_conf
@@ -64,27 +65,93 @@ def test_a_webhook_off_the_allow_list_is_refused(tenant, downstreams):
 
 
 def test_a_relay_killed_mid_batch_loses_nothing_and_duplicates_nothing(tenant, downstreams, sink):
-    # given: six queued notifications and a sink that takes a second per delivery
+    # given six queued notifications, a sink that takes a second per delivery, and a relay delivering one at a time
     ids = {notify(tenant, f"batch-{i}").result["notification_id"] for i in range(6)}
     sink.set_faults(delay_seconds=1.0)
     relay = subprocess.Popen([sys.executable, "manage.py", "relay_outbox", "--one-batch", "--batch-size", "6"],
-                             cwd=ROOT, env=child_env(**downstreams), start_new_session=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             cwd=ROOT, env=child_env(**downstreams, IDEMOPS_OUTBOX_DELIVERY_THREADS="1"),
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    # when: the relay is SIGKILLed after delivering some, before committing their "delivered"
+    # when the relay is SIGKILLed in the middle of its batch
     wait_for(lambda: len(sink.messages()) >= 2)
     relay.kill()
     relay.wait()
-    assert OutboxEvent.objects.filter(status=OutboxStatus.DELIVERED).count() == 0
+    # then what it delivered before was recorded event by event (no transaction spans the batch) ...
+    delivered = OutboxEvent.objects.filter(status=OutboxStatus.DELIVERED).count()
+    assert 1 <= delivered < 6
+    # ... and the rest waits for its claim to run out (as if IDEMOPS_OUTBOX_CLAIM_SECONDS had passed)
+    assert manage("relay_outbox", env=downstreams).stdout.strip().startswith('{"delivered": 0')
+    OutboxEvent.objects.filter(status=OutboxStatus.PENDING).update(claimed_until=timezone.now())
     sink.set_faults(delay_seconds=0)
     manage("relay_outbox", env=downstreams)
 
-    # then: every event delivered, each notification received once, some of them redelivered and deduplicated
+    # then every event delivered, each notification received, none more than twice (the one in flight)
     assert set(OutboxEvent.objects.filter(status=OutboxStatus.DELIVERED).values_list("id", flat=True)) == \
         {uuid.UUID(i) for i in ids}
     received = sink.messages()
     assert set(received) == ids
-    assert max(received.values()) == 2
+    assert max(received.values()) <= 2
+
+
+def webhook(tenant, key, sink, name):
+    return notify(tenant, key, channel="webhook", recipient=f"{sink.url}/webhooks/{name}")
+
+
+def test_a_recipient_that_hangs_holds_up_no_other_event_and_the_relay_holds_no_lock_meanwhile(
+        tenant, downstreams, sink):
+    # given a poisoned recipient that never answers, queued first, and five healthy notifications
+    sink.poison("poison", "hang", seconds=120)
+    poison_id = webhook(tenant, "p-1", sink, "poison").result["notification_id"]
+    healthy = {webhook(tenant, f"h-{i}", sink, "ops").result["notification_id"] for i in range(3)}
+    healthy |= {notify(tenant, f"e-{i}").result["notification_id"] for i in range(2)}
+    relay = subprocess.Popen([sys.executable, "manage.py", "relay_outbox"], cwd=ROOT,
+                             env=child_env(**downstreams, IDEMOPS_WEBHOOK_TIMEOUT_SECONDS="10"),
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # when the relay runs: the five are delivered and recorded while the poisoned one still hangs
+        wait_for(lambda: OutboxEvent.objects.filter(status=OutboxStatus.DELIVERED).count() == 5, timeout=60)
+        assert (poison_id, "poison", "received") in sink.webhook_attempts()  # its request is in flight
+        poison = OutboxEvent.objects.get(pk=poison_id)
+        assert poison.status == OutboxStatus.PENDING and poison.claimed_by and poison.attempts == 0
+
+        # then no row of the outbox is locked and no transaction stays open across the delivery
+        with transaction.atomic():
+            locked = list(OutboxEvent.objects.select_for_update(nowait=True).values_list("id", flat=True))
+        assert len(locked) == 6
+        assert idle_in_transaction() == []
+        assert set(map(str, OutboxEvent.objects.filter(status=OutboxStatus.DELIVERED).values_list(
+            "id", flat=True))) == healthy
+
+        # and the hanging delivery ends at its timeout as a failed attempt, to be retried later
+        assert relay.wait(timeout=120) == 0
+    finally:
+        relay.kill()
+    poison.refresh_from_db()
+    assert (poison.status, poison.attempts, poison.claimed_by) == (OutboxStatus.PENDING, 1, "")
+    assert poison.next_attempt_at > timezone.now() and "ReadTimeout" in poison.last_error
+
+
+def idle_in_transaction() -> list[tuple]:
+    """Other sessions of the test database sitting in an open transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid, query FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND state LIKE 'idle in transaction%%' AND pid <> pg_backend_pid()")
+        return cursor.fetchall()
+
+
+def test_an_event_that_always_fails_is_dead_lettered_while_the_others_are_delivered(
+        tenant, downstreams, sink, settings):
+    override_conf(settings, outbox_max_attempts=2, outbox_backoff_seconds=0.01)
+    sink.poison("broken", "fail")
+    poison_id = webhook(tenant, "b-1", sink, "broken").result["notification_id"]
+    healthy = {webhook(tenant, f"ok-{i}", sink, "ops").result["notification_id"] for i in range(4)}
+
+    report = outbox.relay_pending()
+
+    assert report == {"delivered": 4, "retried": 1, "dead": 1, "lost": 0}
+    poison = OutboxEvent.objects.get(pk=poison_id)
+    assert poison.status == OutboxStatus.DEAD and "HTTP 503" in poison.last_error
+    assert {event_id: count for event_id, count in sink.messages().items()} == dict.fromkeys(healthy, 1)
 
 
 def test_failed_deliveries_back_off_then_dead_letter_then_redrive(tenant, downstreams, sink, settings):

@@ -20,7 +20,6 @@ from tests.api_support import ENDPOINTS, key_client, make_event, make_record
 from tests.issued_ids import call_labelled
 from tests.task_stack import DocServer
 from tools_app import engine
-from tools_app.api.idempotency_records import HmacSha256Hex
 from tools_app.core import keys, redaction
 from tools_app.models import (
     AuditEvent,
@@ -99,7 +98,7 @@ def test_the_database_computes_the_same_digest_as_the_server(secret, tenant, set
         make_record(tenant, key=key)
 
     in_sql = dict(IdempotencyRecord.objects.annotate(
-        d=HmacSha256Hex("key", keys.key_digest_secret())).values_list("key", "d"))
+        d=keys.HmacSha256Hex("key", keys.key_digest_secret())).values_list("key", "d"))
 
     assert in_sql == {key: keys.keyed_hash(key) for key in raw_keys}
 

@@ -73,8 +73,9 @@ def test_bad_values_stop_manage_py_with_one_line_each_naming_the_variable_and_wh
         "http(s) URL",
         "IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES='ftp://docs.example/' (item 2): not an http:// or https:// URL "
         "with a host; expected a comma-separated list of http(s) URLs",
-        "IDEMOPS_CRASH_POINTS='after_lunch' (item 1): input should be 'after_claim', 'after_downstream' or "
-        "'after_commit'; expected a comma-separated list (each one of after_claim, after_downstream, after_commit)",
+        "IDEMOPS_CRASH_POINTS='after_lunch' (item 1): input should be 'after_claim', 'after_downstream', "
+        "'after_commit', 'after_checkpoint', 'after_batch' or 'in_compensation'; expected a comma-separated list "
+        "(each one of after_claim, after_downstream, after_commit, after_checkpoint, after_batch, in_compensation)",
     ])
 
 
@@ -227,6 +228,14 @@ def test_no_module_but_the_settings_object_reads_the_environment():
                     readers.append(f"{relative}:{node.lineno}")
 
     assert readers == []
+
+
+def test_behind_a_pooler_in_transaction_mode_streamed_reads_can_do_without_server_side_cursors():
+    show = ["manage.py", "shell", "-c", "from django.conf import settings; "
+            "print(settings.DATABASES['default']['DISABLE_SERVER_SIDE_CURSORS'])"]
+
+    assert start(show).stdout.split()[-1] == "False"
+    assert start(show, IDEMOPS_DB_DISABLE_SERVER_SIDE_CURSORS="true").stdout.split()[-1] == "True"
 
 
 def test_local_state_defaults_to_var_at_the_repository_root(monkeypatch):

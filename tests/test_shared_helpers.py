@@ -3,6 +3,7 @@ polling, tenant scoping, hashed secrets, and the guarded transition with its aud
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import re
@@ -15,12 +16,12 @@ from django.db import DataError, transaction
 from django.utils import timezone
 
 from idemops.conf import override_conf
-from tests.operators import make_operator
+from tests.operators import agent_owner, make_operator
 from tests.processes import free_port
 from tools_app import access, engine, outbox, tasks
 from tools_app.access import auditors, secrets
 from tools_app.access.roles import AUDITOR, OPERATOR
-from tools_app.core import backoff, db, leases, polling
+from tools_app.core import backoff, clock, db, leases, polling
 from tools_app.engine import Operation
 from tools_app.engine.transitions import WRITE_RETRY_BASE_SECONDS, WRITE_RETRY_MAX_SECONDS
 from tools_app.models import (
@@ -35,7 +36,7 @@ from tools_app.models import (
     Tenant,
 )
 from tools_app.reconciliation.reconcile import BACKOFF_MAX_SECONDS as RECONCILE_BACKOFF_MAX
-from tools_app.reconciliation.reconcile import next_attempt_at
+from tools_app.reconciliation.reconcile import next_attempt_in
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit import downstream
 from tools_app.toolkit.calls import call_tool
@@ -122,13 +123,8 @@ def test_reconciliation_asks_again_after_the_backoff_of_its_attempt(settings):
     override_conf(settings, reconcile_backoff_seconds=10, reconcile_max_attempts=6)
 
     random.seed(3)
-    before = timezone.now()
-    at = next_attempt_at(4)
-    after = timezone.now()
-
-    delay = backoff.delay(4, base=10, ceiling=RECONCILE_BACKOFF_MAX, rng=seeded(3))
-    assert before + timedelta(seconds=delay) <= at <= after + timedelta(seconds=delay)
-    assert next_attempt_at(6) is None  # attempts used up: a person decides
+    assert next_attempt_in(4) == backoff.delay(4, base=10, ceiling=RECONCILE_BACKOFF_MAX, rng=seeded(3))
+    assert next_attempt_in(6) is None  # attempts used up: a person decides
 
 
 def test_the_outbox_retries_a_failed_delivery_after_the_backoff_of_its_attempt(tenant, settings):
@@ -157,10 +153,11 @@ def test_a_task_waits_the_shared_backoff_between_its_runs(settings):
 # --- leases ------------------------------------------------------------------------------------------
 
 
-def test_a_lease_runs_out_its_length_after_it_was_taken():
-    now = timezone.now()
+def test_a_lease_runs_out_its_length_after_it_was_taken_by_the_databases_clock(tenant):
+    expiry, now = Tenant.objects.annotate(expiry=leases.expiry(12.5), now=clock.NOW).values_list(
+        "expiry", "now").get(pk=tenant.pk)
 
-    assert leases.expiry(12.5, now) == now + timedelta(seconds=12.5)
+    assert expiry == now + timedelta(seconds=12.5)
     assert OWNER.match(leases.new_owner()) and leases.new_owner() != leases.new_owner()
 
 
@@ -222,13 +219,51 @@ def test_polling_gives_up_at_its_deadline_with_a_last_look():
     assert len(asked) >= 2  # asked at once, and again after the pause that reached the deadline
 
 
+def test_a_call_run_asynchronously_waits_outside_its_thread_then_runs_again_with_what_it_carried():
+    # given a call that waits for a flag another party sets, and counts its runs
+    flag, threads_held, runs = [], [], []
+
+    def the_call():
+        first_run = polling.carried("first run", lambda: len(runs))
+        runs.append(1)
+        done = polling.wait("flag", lambda: bool(flag), seconds=30, pause=0.001)
+        return done, first_run
+
+    async def in_thread(fn, *args):
+        threads_held.append(fn)
+        return fn(*args)
+
+    async def scenario():
+        async def set_flag_later():
+            await asyncio.sleep(0.05)
+            flag.append(1)
+
+        setter = asyncio.ensure_future(set_flag_later())
+        result = await polling.run_async(in_thread, the_call)
+        await setter
+        return result
+
+    # when it runs under run_async
+    done, first_run = asyncio.run(scenario())
+
+    # then it ran twice (before and after the wait), each run and each check a short borrow of a
+    # thread, and what it carried is the first run's
+    assert done and len(runs) == 2 and first_run == 0
+    assert len(threads_held) >= 3
+
+
+def test_a_wait_outside_run_async_is_plain_polling():
+    assert not polling.wait("w", lambda: False, seconds=0.02, pause=0.005)
+    assert polling.carried("c", lambda: 1) == 1 and polling.carried("c", lambda: 2) == 2
+
+
 # --- tenant scoping ----------------------------------------------------------------------------------
 
 
 def test_scope_shows_a_superuser_every_tenant_a_person_their_grants_and_an_auditor_key_its_own(
         tenant, other_tenant):
     for each in (tenant, other_tenant):
-        access.issue_token(each, "bot")
+        access.issue_token(each, "bot", owner=agent_owner())
     operator = make_operator("olga", OPERATOR, tenant)
     _, raw = auditors.issue_key("ext-audit", [other_tenant], actor="user:root")
     key_auditor = auditors.authenticate_key(raw)
@@ -249,7 +284,7 @@ def test_scope_shows_a_superuser_every_tenant_a_person_their_grants_and_an_audit
 
 
 def test_tokens_and_auditor_keys_are_stored_only_as_their_digest_and_prefix(tenant):
-    token, raw_token = access.issue_token(tenant, "bot")
+    token, raw_token = access.issue_token(tenant, "bot", owner=agent_owner())
     key, raw_key = auditors.issue_key("ext-audit", [tenant], actor="user:root")
 
     for row, raw, kind in ((token, raw_token, "idm_"), (key, raw_key, "ida_")):
@@ -259,7 +294,7 @@ def test_tokens_and_auditor_keys_are_stored_only_as_their_digest_and_prefix(tena
 
 
 def test_a_secret_of_one_kind_does_not_open_the_other(tenant):
-    _, raw_token = access.issue_token(tenant, "bot")
+    _, raw_token = access.issue_token(tenant, "bot", owner=agent_owner())
     _, raw_key = auditors.issue_key("ext-audit", [tenant], actor="user:root")
 
     assert auditors.authenticate_key(raw_token) is None and access.authenticate_token(raw_key) is None
@@ -270,7 +305,7 @@ def test_a_secret_of_one_kind_does_not_open_the_other(tenant):
 @pytest.mark.parametrize("kind", ["token", "auditor key"])
 def test_last_use_is_noted_at_most_once_per_resolution(tenant, kind):
     if kind == "token":
-        row, raw = access.issue_token(tenant, "bot")
+        row, raw = access.issue_token(tenant, "bot", owner=agent_owner())
         check = access.authenticate_token
     else:
         row, raw = auditors.issue_key("ext-audit", [tenant], actor="user:root")
@@ -290,7 +325,7 @@ def test_last_use_is_noted_at_most_once_per_resolution(tenant, kind):
 
 
 def test_revoking_a_token_or_a_key_is_one_audited_transition_that_happens_once(tenant):
-    token, raw_token = access.issue_token(tenant, "bot")
+    token, raw_token = access.issue_token(tenant, "bot", owner=agent_owner())
     key, raw_key = auditors.issue_key("ext-audit", [tenant], actor="user:root")
 
     assert access.revoke_token(token, actor="user:root", reason="leaked")

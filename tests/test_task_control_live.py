@@ -107,7 +107,7 @@ def test_a_task_whose_worker_is_killed_with_a_pause_pending_pauses_on_the_next_w
     call_sync(control_web.mcp_url, token, "resume_task", {"task_id": str(task.pk), "idempotency_key": "pause-crash-r"})
     wait_until(lambda: refreshed(task).status == TaskStatus.SUCCEEDED, timeout=240, what="the task to succeed")
     assert Counter(StepRun.objects.filter(task=task).values_list("step", flat=True)) == Counter(
-        {"receive": 1, "detect_format": 1, STEP: 2, "chunk": 1, "index": 1, "summarize": 1})
+        {"receive": 1, "detect_format": 1, STEP: 2, "chunk": 1, "index": 1, "embed": 1, "summarize": 1})
 
 
 def test_the_webhook_of_a_task_whose_worker_was_killed_is_sent_once_when_the_task_finishes(
@@ -151,7 +151,7 @@ def test_an_agent_forks_a_finished_task_over_mcp_and_a_worker_runs_only_the_step
     assert not result.is_error, result.structured_content
     fork = Task.objects.get(pk=fork_id)
     assert (fork.forked_from_id, fork.status) == (original.pk, TaskStatus.SUCCEEDED)
-    assert list(StepRun.objects.filter(task=fork).values_list("step", flat=True)) == ["index", "summarize"]
+    assert list(StepRun.objects.filter(task=fork).values_list("step", flat=True)) == ["index", "embed", "summarize"]
     assert result.structured_content["result"]["document_id"] == Document.objects.get(task=fork).pk
     status = call_sync(control_web.mcp_url, token, "get_task_status", {"task_id": fork_id}).structured_content
     assert (status["forked_from"], status["forked_at_step"]) == (str(original.pk), "index")

@@ -90,7 +90,7 @@ def test_a_worker_killed_inside_a_step_resumes_on_another_worker_from_its_checkp
     # then the steps before k ran once, step k twice (the killed run and the resumed one), the rest once
     runs = list(StepRun.objects.filter(task=task).order_by("started_at").values_list("step", "worker", "outcome"))
     assert Counter(step for step, _, _ in runs) == Counter(
-        {"receive": 1, "detect_format": 1, CRASH_STEP: 2, "chunk": 1, "index": 1, "summarize": 1})
+        {"receive": 1, "detect_format": 1, CRASH_STEP: 2, "chunk": 1, "index": 1, "embed": 1, "summarize": 1})
     crashed, resumed = [(worker, outcome) for step, worker, outcome in runs if step == CRASH_STEP]
     assert crashed[1] == "running" and resumed[1] == "succeeded"  # the killed run never finished
     assert crashed[0].split(":")[1] != resumed[0].split(":")[1]  # another worker process took over
@@ -102,6 +102,6 @@ def test_a_worker_killed_inside_a_step_resumes_on_another_worker_from_its_checkp
     wait_until(lambda: refreshed(reference).status == TaskStatus.SUCCEEDED, timeout=240,
                what="the uninterrupted run to succeed")
     assert Counter(StepRun.objects.filter(task=reference).values_list("step", flat=True)) == Counter(
-        dict.fromkeys(["receive", "detect_format", CRASH_STEP, "chunk", "index", "summarize"], 1))
+        dict.fromkeys(["receive", "detect_format", CRASH_STEP, "chunk", "index", "embed", "summarize"], 1))
     assert comparable(task) == comparable(reference)
     assert task.result["chunks"] > 1000

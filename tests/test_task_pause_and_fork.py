@@ -32,7 +32,7 @@ from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.registry import get_tool
 
-STEPS = ["receive", "detect_format", "extract_text", "chunk", "index", "summarize"]
+STEPS = ["receive", "detect_format", "extract_text", "chunk", "index", "embed", "summarize"]
 
 
 def steps_run(task) -> list[str]:

@@ -37,7 +37,7 @@ def test_start_task_creates_one_task_queued_in_the_same_transaction(caller, fast
                       {"tool": "ingest_document", "arguments": {"text": TEXT}, "idempotency_key": "k-1"})
 
     assert again.replayed and again.result["task_id"] == str(task.pk)
-    assert (task.status, task.steps_total, task.max_attempts, task.attempts) == (TaskStatus.CREATED, 6, 5, 1)
+    assert (task.status, task.steps_total, task.max_attempts, task.attempts) == (TaskStatus.CREATED, 7, 5, 1)
     assert task.arguments["text"] == TEXT and "idempotency_key" not in task.arguments
     assert queued_jobs() == 1
     assert list(AuditEvent.objects.filter(object_id=str(task.pk)).values_list("action", flat=True)) == [
@@ -98,7 +98,7 @@ def test_a_task_runs_every_step_once_and_checkpoints_each(transactional_db, call
     assert task.completed_steps == [step.name for step in INGEST.steps]
     assert list(StepRun.objects.filter(task=task).values_list("step", "outcome")) == [
         (step.name, StepOutcome.SUCCEEDED) for step in INGEST.steps]
-    assert Checkpoint.objects.filter(task=task).count() == 6
+    assert Checkpoint.objects.filter(task=task).count() == 7
     assert task.result["title"] == "Notes" and task.result["format"] == "markdown"
     assert (task.lease_owner, task.lease_expires_at, task.current_step) == ("", None, "")
 
@@ -200,11 +200,11 @@ def test_a_long_job_hands_the_task_on_to_a_new_job_at_a_step_boundary(transactio
     override_conf(fast, task_slice_seconds=0)
     task = start(caller, {"text": TEXT})
 
-    outcomes = [task_jobs.run_task(str(task.pk)) for _ in range(6)]
+    outcomes = [task_jobs.run_task(str(task.pk)) for _ in range(7)]
 
-    assert outcomes == ["handed on to a new job"] * 5 + ["succeeded"]
-    assert queued_jobs() == 6  # the first job and five continuations
-    assert StepRun.objects.filter(task=task).count() == 6
+    assert outcomes == ["handed on to a new job"] * 6 + ["succeeded"]
+    assert queued_jobs() == 7  # the first job and six continuations
+    assert StepRun.objects.filter(task=task).count() == 7
 
 
 # --- checkpoints -------------------------------------------------------------------------------
@@ -214,7 +214,7 @@ def test_resume_reuses_only_checkpoints_whose_checksum_and_inputs_still_match(tr
     task = start(caller, {"text": TEXT * 400})  # large enough for artifacts
     task_jobs.run_task(str(task.pk))
     task.refresh_from_db()
-    assert checkpoints.valid_prefix(task, INGEST).next_index == 6
+    assert checkpoints.valid_prefix(task, INGEST).next_index == 7
     assert TaskArtifact.objects.filter(task=task).exists()
 
     # an artifact altered in place: its step and everything after it must run again
@@ -237,7 +237,7 @@ def test_a_rewritten_checkpoint_replaces_the_invalid_one(transactional_db, calle
 
     assert task_jobs.run_task(str(task.pk)) == "succeeded"
 
-    assert Checkpoint.objects.filter(task=task).count() == 6
+    assert Checkpoint.objects.filter(task=task).count() == 7
     assert TaskArtifact.objects.filter(task=task).count() == Checkpoint.objects.filter(
         task=task, artifact__isnull=False).count()
     assert StepRun.objects.filter(task=task, step="chunk").count() == 2

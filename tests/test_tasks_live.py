@@ -20,7 +20,7 @@ from tools_app.models import AuditEvent, Checkpoint, Document, StepOutcome, Step
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("settle_tasks")]
 
-STEPS = ["receive", "detect_format", "extract_text", "chunk", "index", "summarize"]
+STEPS = ["receive", "detect_format", "extract_text", "chunk", "index", "embed", "summarize"]
 
 
 def start(web, token, arguments, key, **kwargs):
@@ -203,7 +203,7 @@ def test_a_checkpoint_whose_checksum_no_longer_matches_makes_its_step_run_again(
 
     # then the altered step ran again (and the steps after it); the step before it did not
     assert step_runs(task) == Counter({"receive": 1, "detect_format": 2, "extract_text": 2, "chunk": 1,
-                                       "index": 1, "summarize": 1})
+                                       "index": 1, "embed": 1, "summarize": 1})
     assert AuditEvent.objects.filter(object_id=str(task.pk), action="task.checkpoint_rejected").count() == 1
     document = Document.objects.get()
     assert (document.format, document.title) == ("pdf", "scan.pdf")
@@ -227,7 +227,7 @@ def test_a_caller_waiting_for_a_result_gets_progress_notifications(task_web, tas
     assert not result.is_error, result.structured_content
     assert len(seen) >= 3
     assert [done for done, _, _ in seen] == sorted(done for done, _, _ in seen)
-    assert seen[-1][:2] == (6.0, 6.0) and {total for _, total, _ in seen} == {6.0}
+    assert seen[-1][:2] == (7.0, 7.0) and {total for _, total, _ in seen} == {7.0}
     assert any(message.startswith("extract_text: page") for _, _, message in seen)
 
 
@@ -274,7 +274,8 @@ def test_a_document_of_a_few_megabytes_sent_inline_is_ingested_and_searchable(ta
     assert not result.is_error, result.structured_content
     ingested = result.structured_content["result"]
     assert ingested["format"] == "pdf" and ingested["characters"] > 2_500_000 and ingested["chunks"] > 2000
-    hits = call_sync(task_web.mcp_url, token, "search_documents", {"query": "zeppelin quartermaster"})
+    hits = call_sync(task_web.mcp_url, token, "search_documents", {"query": "zeppelin quartermaster",
+                                                                    "mode": "keyword"})
     assert [hit["document_id"] for hit in hits.structured_content["hits"]] == [ingested["document_id"]]
     assert "**zeppelin**" in hits.structured_content["hits"][0]["snippet"]
 

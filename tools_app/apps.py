@@ -8,6 +8,7 @@ loaded when this module is imported), not a way around an import cycle.
 """
 
 from django.apps import AppConfig
+from django.contrib.admin import apps as admin_apps
 
 
 class ToolsAppConfig(AppConfig):
@@ -16,11 +17,13 @@ class ToolsAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.core import checks
         from django.db.models.signals import post_migrate
         from django_q.signals import post_execute_in_worker, post_spawn, pre_enqueue, pre_execute
 
         from tools_app import (
             approvals,
+            documents,
             engine,
             outbox,
             reconciliation,
@@ -40,6 +43,8 @@ class ToolsAppConfig(AppConfig):
         toolkit.hooks.register(approval_gate=approvals.gate, run_long_tool=tasks.call_task_tool,
                                after_unknown=reconciliation.reconcile_soon)
         tasks.hooks.register(enqueue_event=outbox.enqueue)
+        # `migrate` (and `check --database default`) stop on a server without pgvector, saying so.
+        checks.register(documents.check_pgvector, checks.Tags.database)
         post_migrate.connect(ensure_schedules, sender=self)
         post_migrate.connect(ensure_roles, sender=self)
         # Every django-q2 worker process runs the few-second loops (tools_app.schedules).
@@ -48,3 +53,20 @@ class ToolsAppConfig(AppConfig):
         pre_enqueue.connect(jobs.carry_trace, dispatch_uid="idemops-trace-enqueue")
         pre_execute.connect(jobs.open_job_span, dispatch_uid="idemops-trace-execute")
         post_execute_in_worker.connect(jobs.close_job_span, dispatch_uid="idemops-trace-executed")
+
+
+class ConsoleAdminConfig(admin_apps.AdminConfig):
+    """Django's admin, with the operators' console (tools_app.admin.site.ConsoleSite) as its site.
+    Named in INSTALLED_APPS in place of django.contrib.admin."""
+
+    default = False  # tools_app's own config (above) stays the default of this module
+    default_site = "tools_app.admin.site.ConsoleSite"
+
+    def ready(self) -> None:
+        # Build the site from our admin package, before any other app's admin module touches it:
+        # the site is created lazily by the first registration, and if that first registration
+        # came from elsewhere, importing the site's module would run our registrations into a
+        # site that is then replaced. (Django's start-up rule, like ToolsAppConfig.ready's imports.)
+        import tools_app.admin  # noqa: F401
+
+        super().ready()

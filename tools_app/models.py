@@ -1,6 +1,6 @@
 """Models, one module per concept. The database is the source of truth."""
 
-from tools_app.access.models import ApiToken, AuditorKey, Tenant, TenantAccess
+from tools_app.access.models import ApiToken, AuditorKey, RateBucket, Tenant, TenantAccess, TenantLimits
 from tools_app.approvals.models import (
     ApprovalDecision,
     ApprovalRequest,
@@ -16,8 +16,10 @@ from tools_app.engine.models import IdempotencyRecord, PreparedOperation, Record
 from tools_app.metrics.models import Dashboard
 from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 from tools_app.reconciliation.models import UnknownOutcome
+from tools_app.retention.models import RetentionOverride
 from tools_app.tasks.models import (
     Checkpoint,
+    StepBatch,
     StepOutcome,
     StepRun,
     Task,
@@ -26,7 +28,7 @@ from tools_app.tasks.models import (
     TaskStatus,
 )
 from tools_app.toolkit.calls import CallOutcome
-from tools_app.tools.models import Announcement, Order, OrderLine, Ticket
+from tools_app.tools.models import Announcement, Customer, Order, OrderLine, Ticket, TicketNote
 
 __all__ = [
     "Announcement",
@@ -41,6 +43,7 @@ __all__ = [
     "AuditorKey",
     "CallOutcome",
     "Checkpoint",
+    "Customer",
     "Dashboard",
     "DeadLetter",
     "Document",
@@ -55,7 +58,10 @@ __all__ = [
     "OutboxStatus",
     "PendingApproval",
     "PreparedOperation",
+    "RateBucket",
     "RecordStatus",
+    "RetentionOverride",
+    "StepBatch",
     "StepOutcome",
     "StepRun",
     "Task",
@@ -64,6 +70,8 @@ __all__ = [
     "TaskStatus",
     "Tenant",
     "TenantAccess",
+    "TenantLimits",
     "Ticket",
+    "TicketNote",
     "UnknownOutcome",
 ]

@@ -45,12 +45,16 @@ PERIODIC_JOBS: list[PeriodicJob] = [
     PeriodicJob("idemops: outbox relay", "outbox.relay"),
     # Expire overdue approval requests, settle finished ones, re-queue stalled ones.
     PeriodicJob("approvals.sweep", "approvals.sweep"),
+    # Tell the approvers again about requests still waiting past their tenant's escalation time.
+    PeriodicJob("approvals.escalate", "approvals.escalate"),
     # Link newly committed audit events into the hash chain.
     PeriodicJob("audit.seal", "audit.seal"),
     # Per-minute metric rows past IDEMOPS_METRICS_RETENTION_DAYS (the running totals stay).
     PeriodicJob("metrics.prune", "metrics.prune", minutes=60),
     # Revives long tasks whose worker died and queues due retries (tools_app.tasks.sweep).
     PeriodicJob("idemops: task sweep", "tasks.sweep", minutes=conf().task_sweep_minutes),
+    # Arguments, results, checkpoints and documents past their retention (tools_app.retention).
+    PeriodicJob("idemops: retention purge", "retention.purge", minutes=conf().retention_purge_minutes),
 ]
 
 

@@ -56,7 +56,8 @@ RENAMED = {
     "DEFAULT_FROM_EMAIL": "IDEMOPS_DEFAULT_FROM_EMAIL",
 }
 
-CrashPoint = Literal["after_claim", "after_downstream", "after_commit"]
+CrashPoint = Literal["after_claim", "after_downstream", "after_commit", "after_checkpoint", "after_batch",
+                     "in_compensation"]
 
 
 def check_http_url(value: str) -> str:
@@ -97,12 +98,12 @@ def setting(default: Any = PydanticUndefined, doc: str = "", *, shown: str | Non
     return Field(default, description=doc, json_schema_extra={"section": section, "shown": shown}, **field)
 
 
-(WEB, OBSERVABILITY, TRACES, SECRETS, DATABASE, JOBS, MCP, WRITES, RECONCILE, DOWNSTREAM, EMAIL, OUTBOX, TASKS,
- DOCUMENTS, TESTING) = (
+(WEB, OBSERVABILITY, TRACES, SECRETS, DATABASE, JOBS, MCP, LIMITS, WRITES, RECONCILE, DOWNSTREAM, EMAIL, OUTBOX,
+ TASKS, DOCUMENTS, CONSOLE, RETENTION, TESTING) = (
     "Web and processes", "Logs and metrics", "Traces (OpenTelemetry's own variables)", "Secrets", "Database",
-    "Job cluster (django-q2)", "MCP endpoint",
+    "Job cluster (django-q2)", "MCP endpoint", "Per-tenant limits",
     "Writes, leases and outages", "Reconciliation of unknown outcomes", "Downstream systems",
-    "Email", "Outbox relay", "Long tasks", "Documents", "Testing")
+    "Email", "Outbox relay", "Long tasks", "Documents", "Operators' console", "Retention and purge", "Testing")
 
 
 class IdemopsSettings(BaseSettings):
@@ -113,8 +114,8 @@ class IdemopsSettings(BaseSettings):
 
     # --- web and processes ---
     public_url: HttpUrl = setting(
-        "http://127.0.0.1:8000", "The URL clients reach this server at: printed by `make run`, and the MCP "
-        "resource URL.", section=WEB)
+        "http://127.0.0.1:8000", "The URL clients reach this server at: printed by `make run`, the MCP "
+        "resource URL, and the base of the links in approvers' messages.", section=WEB)
     host: str = setting("127.0.0.1", "Interface `manage.py serve` binds the web server to.", section=WEB)
     port: Port = setting(8000, "Port `manage.py serve` binds the web server to.", section=WEB)
     web_workers: int = setting(1, "uvicorn worker processes `manage.py serve` starts.", ge=1, section=WEB)
@@ -207,11 +208,19 @@ class IdemopsSettings(BaseSettings):
         section=DATABASE)
     db_prepare_threshold: int = setting(
         5, "Executions of a statement before psycopg prepares it (0: at once).", ge=0, section=DATABASE)
+    # Streamed reads (CSV exports, the audit chain's verification) use server-side cursors; in
+    # autocommit they are WITH HOLD, alive in the session, which a pooler in transaction mode does
+    # not keep between statements (docs/deploy.md).
+    db_disable_server_side_cursors: bool = setting(
+        False, "Read streamed results (CSV exports, audit verification) without server-side cursors: set it "
+        "behind a pooler in transaction mode (PgBouncer); each result is then fetched whole.", section=DATABASE)
 
     # --- django-q2 ---
     # Our own leases decide who runs what; django-q2 only delivers. It must not deliver a
     # running job twice: its `retry` (timeout + expected queue wait) exceeds `timeout`.
     q_workers: int = setting(2, "Worker processes of each `manage.py qcluster`.", ge=1, section=JOBS)
+    q_clusters: int = setting(1, "django-q2 clusters (`manage.py qcluster` processes) `manage.py serve` starts.",
+                              ge=1, section=JOBS)
     q_timeout_seconds: int = setting(
         600, "django-q2 kills a job running longer than this.", gt=0, section=JOBS)
     q_expected_queue_wait_seconds: int = setting(
@@ -231,6 +240,16 @@ class IdemopsSettings(BaseSettings):
         32 * 1024 * 1024, "Largest /mcp request body (ingest_document takes documents inline).", gt=0,
         section=MCP)
 
+    # --- per-tenant limits (defaults; each tenant's own are edited in the admin) ---
+    rate_limit_calls_per_minute: int = setting(
+        0, "Tool calls per minute one tenant may make, all its tokens together (a minute's worth may come at "
+        "once); over it, calls answer rate_limited with retry_after. 0: no limit.", ge=0, section=LIMITS)
+    rate_limit_calls_per_minute_per_token: int = setting(
+        0, "Tool calls per minute one API token may make. 0: no limit.", ge=0, section=LIMITS)
+    max_concurrent_tasks_per_agent: int = setting(
+        20, "Long tasks one agent (a token's identity) may have unfinished at once; one more is refused "
+        "rate_limited. 0: no limit.", ge=0, section=LIMITS)
+
     # --- writes, leases and outages ---
     # After a crash, a key settles within the lease plus the sweep period.
     execution_lease_seconds: Seconds = setting(
@@ -245,6 +264,9 @@ class IdemopsSettings(BaseSettings):
     follower_wait_seconds: float = setting(
         2, "How long a second call with a running key waits before answering in_progress.", ge=0,
         section=WRITES)
+    wait_poll_seconds: Seconds = setting(
+        0.1, "How often a web process asks the database, in one query, about every row its waiting calls "
+        "(followers, task waits) wait on.", section=WRITES)
     in_progress_retry_after_seconds: Seconds = setting(
         2, "retry_after of an in_progress answer.", section=WRITES)
     unavailable_retry_after_seconds: Seconds = setting(
@@ -268,6 +290,10 @@ class IdemopsSettings(BaseSettings):
         "http://127.0.0.1:8001", "Base URL of the payment gateway request_payment calls.", section=DOWNSTREAM)
     payment_gateway_timeout_seconds: Seconds = setting(
         5, "Timeout of one payment gateway request; a timeout is an unknown outcome.", section=DOWNSTREAM)
+    payment_gateway_callback_secret: SecretStr = setting(
+        SecretStr(""), "Shared secret of the payment gateway's signed callbacks to /callbacks/payment-gateway, "
+        "which settle an unknown payment at once (empty: callbacks are refused).", shown="empty",
+        section=DOWNSTREAM)
     webhook_allowed_prefixes: UrlList = setting(
         ["http://127.0.0.1:8002/webhooks/"], "URL prefixes a webhook recipient must fall under "
         "(comma-separated).", section=DOWNSTREAM)
@@ -289,6 +315,12 @@ class IdemopsSettings(BaseSettings):
 
     # --- outbox ---
     outbox_batch_size: int = setting(20, "Events one relay run claims.", ge=1, section=OUTBOX)
+    outbox_delivery_threads: int = setting(
+        8, "Deliveries a relay makes at once (a slow consumer holds up only its own event).", ge=1,
+        section=OUTBOX)
+    outbox_claim_seconds: Seconds = setting(
+        60, "How long a relay's claim on a batch lasts; after it, another relay may deliver the events "
+        "(consumers deduplicate). Longer than a delivery's timeout.", section=OUTBOX)
     outbox_max_attempts: int = setting(
         8, "Delivery attempts before an event is dead-lettered.", ge=1, section=OUTBOX)
     outbox_backoff_seconds: Seconds = setting(
@@ -348,6 +380,44 @@ class IdemopsSettings(BaseSettings):
     document_max_bytes: int = setting(20 * 1024 * 1024, "Largest document.", gt=0, section=DOCUMENTS)
     document_fetch_timeout_seconds: Seconds = setting(30, "Timeout of one document fetch.", section=DOCUMENTS)
     document_chunk_chars: int = setting(1200, "Size of a document chunk.", ge=1, section=DOCUMENTS)
+    document_embed_batch: int = setting(
+        64, "Chunks embedded (and written) per batch of the embed step: a crash loses at most one batch.", ge=1,
+        le=10_000, section=DOCUMENTS)
+    search_rrf_k: int = setting(
+        60, "The k of reciprocal-rank fusion in hybrid search: score = sum of 1/(k + rank) over the keyword and "
+        "the semantic ranking.", ge=1, section=DOCUMENTS)
+    search_candidates: int = setting(
+        50, "Hits each ranking (keyword, semantic) contributes to hybrid search before fusion.", ge=1, le=1000,
+        section=DOCUMENTS)
+
+    ticket_batch_chunk: int = setting(
+        250, "Tickets process_ticket_batch changes per transaction (a crash resumes at the chunk it was in).",
+        ge=1, le=10_000, section=TASKS)
+
+    # --- retention ---
+    retention_records_hours: float = setting(
+        24 * 30, "How long a finished idempotency record keeps its arguments and result, counted from its "
+        "finish (never less than its key's retention: a replay needs them). Tools and tenants may override it.",
+        gt=0, section=RETENTION)
+    retention_tasks_hours: float = setting(
+        24 * 30, "How long a finished task keeps its arguments, result and answers, counted from its finish.",
+        gt=0, section=RETENTION)
+    retention_artifacts_hours: float = setting(
+        24 * 7, "How long a finished task keeps its checkpoints and artifacts (step outputs), from its finish.",
+        gt=0, section=RETENTION)
+    retention_documents_hours: float = setting(
+        24 * 365, "How long an ingested document (and its chunks and vectors) is kept, from its creation.",
+        gt=0, section=RETENTION)
+    retention_purge_minutes: int = setting(
+        60, "How often the purge job runs as a django-q2 schedule.", ge=1, section=RETENTION)
+    retention_purge_batch: int = setting(
+        500, "Rows the purge job takes per transaction (SELECT ... FOR UPDATE SKIP LOCKED).", ge=1, le=100_000,
+        section=RETENTION)
+
+    # --- operators' console ---
+    console_refresh_seconds: Seconds = setting(
+        10, "How often an open queue page in the console checks for changes (it reloads itself when the "
+        "operator is idle, and says so when rows are selected).", section=CONSOLE)
 
     # --- testing ---
     crash_points: Annotated[list[CrashPoint], NoDecode] = setting(

@@ -3,17 +3,20 @@ operators' roles, the one check every operator operation goes through (`authoriz
 one tenant filter of everything shown (`scope`).
 
 - `tenants.py`: tenants.
-- `tokens.py`: agents' API tokens; `auditors.py`: auditor keys and who an auditor is; both are
-  bearer secrets issued, checked and revoked by `secrets.py`.
+- `tokens.py`: agents' API tokens and their owners (four eyes); `auditors.py`: auditor keys and
+  who an auditor is; both are bearer secrets issued, checked and revoked by `secrets.py`.
 - `authorization.py`: Permit, Agent, `authorize`, `audit_refusal`, `visible_tenant_ids`, `scope`.
 - `roles.py`: the operators' roles (Django groups).
+- `limits.py`: per-tenant limits (calls per minute, unfinished tasks per agent), enforced in the database.
 
 May import: core.
 """
 
 from tools_app.access.authorization import Agent, Permit, audit_refusal, authorize, scope, visible_tenant_ids
+from tools_app.access.limits import CHANGE_LIMITS, CallLimits, admit_call, admit_task, call_limits, change_limits
 from tools_app.access.tenants import create_tenant
-from tools_app.access.tokens import authenticate_token, issue_token, revoke_token
+from tools_app.access.tokens import authenticate_token, issue_token, owner_id_of, revoke_token, set_owner
 
-__all__ = ["Agent", "Permit", "audit_refusal", "authenticate_token", "authorize", "create_tenant", "issue_token",
-           "revoke_token", "scope", "visible_tenant_ids"]
+__all__ = ["CHANGE_LIMITS", "Agent", "CallLimits", "Permit", "admit_call", "admit_task", "audit_refusal",
+           "authenticate_token", "authorize", "call_limits", "change_limits", "create_tenant", "issue_token",
+           "owner_id_of", "revoke_token", "scope", "set_owner", "visible_tenant_ids"]

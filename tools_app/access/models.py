@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.db import models
 
 
@@ -15,6 +16,10 @@ class Tenant(models.Model):
         return self.slug
 
 
+# How an agent appears in audit events and approval requests: agent:<tenant slug>/<token name>.
+AGENT = "agent:"
+
+
 class ApiToken(models.Model):
     """A tenant's bearer token for /mcp. Only a SHA-256 digest is stored.
 
@@ -24,6 +29,11 @@ class ApiToken(models.Model):
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="tokens")
     name = models.CharField(max_length=100, help_text="The agent identity this token stands for.")
+    # Four eyes: the owner never approves what this agent asks for (tools_app.approvals.decisions).
+    # Empty only for tokens issued before owners existed (manage.py set_token_owner gives them one).
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True,
+                              related_name="agent_tokens",
+                              help_text="The person responsible for this agent; they cannot approve its requests.")
     digest = models.CharField(max_length=64, unique=True, editable=False)
     prefix = models.CharField(max_length=12, editable=False, help_text="First characters, to recognise a token.")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -39,7 +49,7 @@ class ApiToken(models.Model):
     @property
     def agent_identity(self) -> str:
         """How this caller appears in audit events and approval requests."""
-        return f"agent:{self.tenant.slug}/{self.name}"
+        return f"{AGENT}{self.tenant.slug}/{self.name}"
 
 
 class TenantAccess(models.Model):
@@ -88,3 +98,42 @@ class AuditorKey(models.Model):
     def auditor_identity(self) -> str:
         """How this key appears in audit events."""
         return f"auditor:{self.name}"
+
+
+class TenantLimits(models.Model):
+    """Per-tenant limits on what its agents may ask at once. A tenant without a row, or an empty
+    field, uses the default setting (IDEMOPS_RATE_LIMIT_*, IDEMOPS_MAX_CONCURRENT_TASKS); 0 means no limit.
+
+    Enforced in the database (access.limits), so they hold across every web process.
+    """
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="limits")
+    calls_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Tool calls per minute for the whole tenant (a minute's worth may come "
+        "at once). Empty: the default setting; 0: no limit.")
+    calls_per_minute_per_token = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Tool calls per minute for each of its API tokens. Empty: the default "
+        "setting; 0: no limit.")
+    concurrent_tasks_per_agent = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Long tasks one agent (one token's identity) may have unfinished at once. "
+        "Empty: the default setting; 0: no limit.")
+
+    class Meta:
+        verbose_name_plural = "tenant limits"
+        # Not Django's change_: no role holds a generic add/change/delete permission (roles.py).
+        permissions = [("set_tenant_limits", "Can set a tenant's limits")]
+
+    def __str__(self) -> str:
+        return f"limits of {self.tenant}"
+
+
+class RateBucket(models.Model):
+    """A token bucket of one limited scope (a tenant's calls, a token's calls), shared by every
+    process: refilled and drawn from by one statement (access.limits)."""
+
+    scope = models.CharField(max_length=64, primary_key=True)
+    tokens = models.FloatField()
+    refilled_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.scope}: {self.tokens:.1f}"

@@ -21,9 +21,11 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     OPERATOR: [
         "view_dashboard", "view_pendingapproval", "view_approvalrequest", "view_idempotencyrecord",
         "force_expire_idempotencyrecord", "release_held_key", "view_auditevent", "view_order", "view_ticket",
-        "view_announcement",
+        "view_announcement", "view_customer",
         "view_unknownoutcome", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
         "view_task", "view_taskneedingattention", "manage_task", "view_document",
+        "view_tenantlimits", "set_tenant_limits",
+        "view_retentionoverride", "manage_retention",
     ],
     # Decides on sensitive operations; sees what they would touch.
     APPROVER: [
@@ -33,7 +35,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     # Reads everything that is evidence; changes nothing.
     AUDITOR: [
         "view_dashboard", "view_auditevent", "view_auditseal", "view_idempotencyrecord", "view_approvalrequest",
-        "view_approvaldecision", "view_outboxevent", "use_auditor_api", "view_task",
+        "view_approvaldecision", "view_outboxevent", "use_auditor_api", "view_task", "view_retentionoverride",
     ],
 }
 

@@ -1,6 +1,8 @@
 """Agents' API tokens: a tenant's bearer secrets for /mcp (issued, checked and revoked by secrets.py).
 
-A token is shown once, at issue, and stored only as a SHA-256 digest.
+A token is shown once, at issue, and stored only as a SHA-256 digest. Every token has an owner:
+the person responsible for that agent. Four eyes: the owner never approves what the agent asks
+for (tools_app.approvals.decisions), so an agent and its owner cannot wave an operation through.
 """
 
 from __future__ import annotations
@@ -8,19 +10,33 @@ from __future__ import annotations
 from django.db import transaction
 
 from tools_app.access import secrets
-from tools_app.access.models import ApiToken, Tenant
-from tools_app.core import audit
+from tools_app.access.models import AGENT, ApiToken, Tenant
+from tools_app.core import audit, db
 
 TOKEN_PREFIX = "idm_"
 
 
 @transaction.atomic
-def issue_token(tenant: Tenant, name: str, *, actor: str = audit.SYSTEM) -> tuple[ApiToken, str]:
-    """Create a token; the raw value is returned here and never again."""
+def issue_token(tenant: Tenant, name: str, *, owner, actor: str = audit.SYSTEM) -> tuple[ApiToken, str]:
+    """Create a token owned by `owner` (a user); the raw value is returned here and never again."""
+    if owner is None or owner.pk is None:
+        raise ValueError("an agent token needs an owner: the person responsible for the agent")
     issued = secrets.new(TOKEN_PREFIX)
-    token = ApiToken.objects.create(tenant=tenant, name=name, digest=issued.digest, prefix=issued.prefix)
-    audit.record_event(action="token.issued", obj=token, actor=actor, after={"name": name, "prefix": token.prefix})
+    token = ApiToken.objects.create(tenant=tenant, name=name, digest=issued.digest, prefix=issued.prefix,
+                                    owner=owner)
+    audit.record_event(action="token.issued", obj=token, actor=actor,
+                       after={"name": name, "prefix": token.prefix, "owner": owner.get_username()})
     return token, issued.raw
+
+
+def set_owner(token: ApiToken, owner, *, actor: str, reason: str = "") -> bool:
+    """Hand the agent to another person (or give a token from before owners existed its first one).
+    False: `owner` owns it already."""
+    if token.owner_id == owner.pk:
+        return False
+    before = token.owner.get_username() if token.owner_id else None
+    return db.transition(token, {"owner_id": token.owner_id}, {"owner_id": owner.pk}, action="token.owner_changed",
+                         actor=actor, reason=reason, before={"owner": before}, after={"owner": owner.get_username()})
 
 
 def revoke_token(token: ApiToken, *, actor: str, reason: str = "") -> bool:
@@ -28,5 +44,15 @@ def revoke_token(token: ApiToken, *, actor: str, reason: str = "") -> bool:
 
 
 def authenticate_token(raw_token: str) -> ApiToken | None:
-    """The live token for a raw bearer value, or None."""
-    return secrets.find(ApiToken.objects.select_related("tenant"), raw_token, TOKEN_PREFIX)
+    """The live token for a raw bearer value, or None (with its tenant and the tenant's limits)."""
+    return secrets.find(ApiToken.objects.select_related("tenant", "tenant__limits"), raw_token, TOKEN_PREFIX)
+
+
+def owner_id_of(tenant_id: int, actor: str) -> int | None:
+    """The owner of the agent whose identity is `actor` (ApiToken.agent_identity), or None: not an agent's
+    identity, or a token without an owner. Token names are unique per tenant, revoked ones included."""
+    slug, slash, name = actor.removeprefix(AGENT).partition("/")
+    if not actor.startswith(AGENT) or not slash:
+        return None
+    return ApiToken.objects.filter(tenant_id=tenant_id, tenant__slug=slug, name=name).values_list(
+        "owner_id", flat=True).first()

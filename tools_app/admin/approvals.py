@@ -2,17 +2,18 @@
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db import models
+from django.db.models import Q
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from tools_app import access, approvals
-from tools_app.access.models import Tenant
+from tools_app import approvals
+from tools_app.admin import story as stories
 from tools_app.admin.operator_actions import (
     REASON_REQUIRED,
     OperatorAction,
     QueueAdmin,
     age,
-    audit_history,
     pretty_json,
     time_left,
 )
@@ -49,7 +50,9 @@ class ApprovalColumns:
 
     @admin.display(description="who asked", ordering="requested_by")
     def who_asked(self, obj):
-        return obj.requested_by
+        # The owner is the person behind the agent: four eyes means they never approve it.
+        owner = obj.requester_owner.get_username() if obj.requester_owner_id else None
+        return f"{obj.requested_by} (owner: {owner})" if owner else obj.requested_by
 
     @admin.display(description="age", ordering="created_at")
     def age_display(self, obj):
@@ -80,25 +83,32 @@ class ApprovalColumns:
             ((f"{d.created_at:%Y-%m-%d %H:%M:%S}", d.user.get_username(), d.verdict, d.reason) for d in decisions),
         ) or "—"
 
-    @admin.display(description="audit history")
-    def history(self, obj):
-        return audit_history(obj, obj.record)
+    @admin.display(description="story")
+    def story(self, obj):
+        return stories.render(obj)
 
 
 DETAIL_FIELDS = ["summary", "tool", "tenant", "amount_display", "who_asked", "status", "approvals_display",
-                 "created_at", "expires_at", "decided_at", "decided_by", "reason", "arguments_display", "record_link",
-                 "trace_id", "decisions_display", "history"]
+                 "created_at", "expires_at", "escalated_at", "decided_at", "decided_by", "reason", "arguments_display",
+                 "record_link", "trace_id", "decisions_display", "story"]
 
 
 @admin.register(PendingApproval)
 class PendingApprovalAdmin(ApprovalColumns, QueueAdmin):
     queue_filter = {"status": ApprovalStatus.PENDING}
-    list_display = ["id", "summary", "tenant", "tool", "amount_display", "who_asked", "age_display",
+    stands_out_label = "escalated"
+    what_to_do = ("Sensitive operations agents asked for; nothing has run yet. Open one, read what it would do "
+                  "(summary, amount, arguments, its record), then Approve or Reject (a rejection needs a reason: the "
+                  "agent is told). Some need two different approvers; the owner of the agent that asked cannot "
+                  "approve it. A request still waiting after its tenant's escalation time is marked escalated and "
+                  "its approvers are told again.")
+    list_display = ["id", "flag", "summary", "tenant", "tool", "amount_display", "who_asked", "age_display",
                     "expires_display", "approvals_display"]
     list_display_links = ["id", "summary"]
-    list_filter = ["tool", ("tenant", admin.RelatedOnlyFieldListFilter), "required_approvals"]
+    list_filter = ["tool", ("tenant", admin.RelatedOnlyFieldListFilter), "required_approvals",
+                   ("escalated_at", admin.EmptyFieldListFilter)]
     search_fields = ["summary", "requested_by", "tool", "=trace_id"]
-    list_select_related = ["tenant"]
+    list_select_related = ["tenant", "requester_owner"]
     fields = DETAIL_FIELDS
     readonly_fields = DETAIL_FIELDS
     operator_actions = [
@@ -109,6 +119,15 @@ class PendingApprovalAdmin(ApprovalColumns, QueueAdmin):
                        style="danger"),
     ]
 
+    def standing_out(self):
+        return Q(escalated_at__isnull=False)
+
+    def render_change_form(self, request, context, *args, obj=None, **kwargs):
+        if obj is not None and obj.requester_owner_id == request.user.pk:
+            context["notice"] = (f"Four eyes: you own the agent that asked ({obj.requested_by}). You may reject it; "
+                                 "another approver must approve it.")
+        return super().render_change_form(request, context, *args, obj=obj, **kwargs)
+
 
 @admin.register(ApprovalRequest)
 class ApprovalRequestAdmin(ApprovalColumns, TenantScopedAdmin, ReadOnlyAdmin):
@@ -117,7 +136,7 @@ class ApprovalRequestAdmin(ApprovalColumns, TenantScopedAdmin, ReadOnlyAdmin):
     list_filter = ["status", "tool", ("tenant", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["summary", "requested_by", "decided_by", "=trace_id"]
     date_hierarchy = "created_at"
-    list_select_related = ["tenant"]
+    list_select_related = ["tenant", "requester_owner"]
     fields = DETAIL_FIELDS
     readonly_fields = DETAIL_FIELDS
 
@@ -132,12 +151,8 @@ class ApprovalDecisionAdmin(TenantScopedAdmin, ReadOnlyAdmin):
 @admin.register(ApprovalSettings)
 class ApprovalSettingsAdmin(TenantScopedAdmin, admin.ModelAdmin):
     list_display = ["tenant", "request_ttl_minutes", "payment_threshold", "payment_second_threshold",
-                    "threshold_currency"]
-
-    def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        if db_field.name == "tenant":  # only the tenants this user may see
-            kwargs["queryset"] = access.scope(Tenant.objects.all(), request.user, "pk")
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+                    "threshold_currency", "escalate_after_minutes", "notify_webhook_url", "escalation_email"]
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
     def save_model(self, request, obj, form, change):
         before = {name: str(form.initial.get(name)) for name in approval_settings.AUDITED} if change else None

@@ -1,4 +1,4 @@
-"""The business objects the tools created (orders, tickets, announcements): shown, never edited here.
+"""The business objects the tools created (orders, tickets, announcements, customers): shown, never edited here.
 
 They change only through their tools, under the idempotency engine and the audit log.
 """
@@ -6,7 +6,7 @@ They change only through their tools, under the idempotency engine and the audit
 from django.contrib import admin
 
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
-from tools_app.tools.models import Announcement, Order, Ticket
+from tools_app.tools.models import Announcement, Customer, Order, Ticket
 
 
 @admin.register(Order)
@@ -17,7 +17,7 @@ class OrderAdmin(TenantScopedAdmin, ReadOnlyAdmin):
 
 @admin.register(Ticket)
 class TicketAdmin(TenantScopedAdmin, ReadOnlyAdmin):
-    list_display = ["id", "tenant", "subject", "priority", "status", "created_at"]
+    list_display = ["id", "tenant", "subject", "priority", "status", "assignee", "created_at"]
     list_filter = ["priority", "status", ("tenant", admin.RelatedOnlyFieldListFilter)]
 
 
@@ -25,3 +25,12 @@ class TicketAdmin(TenantScopedAdmin, ReadOnlyAdmin):
 class AnnouncementAdmin(TenantScopedAdmin, ReadOnlyAdmin):
     list_display = ["id", "tenant", "title", "audience", "published_at"]
     list_filter = ["audience", ("tenant", admin.RelatedOnlyFieldListFilter)]
+
+
+@admin.register(Customer)
+class CustomerAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+    """Customers onboard_customer made; a closed one was undone by its saga (see its task)."""
+
+    list_display = ["id", "tenant", "name", "email", "status", "mandate_id", "created_at", "closed_at"]
+    list_filter = ["status", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["name", "email", "mandate_id"]

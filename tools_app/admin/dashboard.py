@@ -1,6 +1,9 @@
 """The dashboard page: /admin/tools_app/dashboard/ (the Dashboard proxy's list page).
 
-Plain HTML, CSS and inline SVG: no JavaScript and no CDN.
+The figures of the last hour, day or week, of every tenant the viewer may see, and the seed
+metrics as trend charts over the same window, of those tenants or of one tenant and one tool (the
+filters are in the URL; tools_app.metrics.trends, drawn by tools_app.admin.charts). Plain HTML, CSS and inline
+SVG: no JavaScript and no CDN.
 """
 
 from __future__ import annotations
@@ -12,10 +15,14 @@ from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.urls import path
 
+from tools_app import access
+from tools_app.access.models import Tenant
+from tools_app.admin import charts
 from tools_app.admin.operator_actions import age
 from tools_app.admin.scoping import ReadOnlyAdmin
-from tools_app.metrics import dashboard
+from tools_app.metrics import dashboard, trends
 from tools_app.metrics.models import Dashboard
+from tools_app.toolkit import registry
 from tools_app.toolkit.calls import CallOutcome
 
 # Write-call outcomes in the charts, bottom to top, with their colours.
@@ -80,11 +87,19 @@ class DashboardAdmin(ReadOnlyAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         window = request.GET.get("window", "hour")
+        tenants = list(access.scope(Tenant.objects.all(), request.user, "id"))
+        tenant = next((t for t in tenants if str(t.pk) == request.GET.get("tenant")), None)
+        tools = sorted(spec.name for spec in registry.all_tools())
+        tool = request.GET.get("tool") if request.GET.get("tool") in tools else None
+        narrowed = {"tenant_id": tenant.pk if tenant else None, "tool": tool}
         snap = dashboard.snapshot(request.user, window)
+        trend = trends.trend(request.user, snap.window.name, now=snap.now, **narrowed)
         rects, peak = timeline_rects(snap)
         context = {
             **self.admin_site.each_context(request),
             "title": f"Dashboard: the last {snap.window.name}",
+            "tenants": tenants, "tenant": tenant, "tools": tools, "tool": tool,
+            "trend": trend, "trend_charts": charts.seed_charts(trend),
             "opts": self.opts,
             "snapshot": snap,
             "rows": [(s, tool_bars(s), age(s.oldest_waiting) if s.oldest_waiting else "—") for s in snap.tools],

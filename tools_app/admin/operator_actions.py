@@ -34,18 +34,17 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import models
 from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 
 from tools_app import access
+from tools_app.admin.queues import LiveQueue
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.core import audit, errors
-from tools_app.core.models import AuditEvent
 
 REASON_REQUIRED, REASON_OPTIONAL = "required", "optional"
 
@@ -219,8 +218,9 @@ class OperatorActionsAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/tools_app/operator_action.html", context)
 
 
-class QueueAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
-    """A work queue: the rows matching `queue_filter`, oldest first, scoped to the user's tenants."""
+class QueueAdmin(LiveQueue, OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
+    """A work queue: the rows matching `queue_filter`, oldest first, scoped to the user's tenants; on the
+    console's home with its count, and refreshing itself (tools_app.admin.queues)."""
 
     queue_filter: dict[str, Any] = {}
     ordering = ["created_at", "pk"]
@@ -262,18 +262,3 @@ def _duration(delta: timedelta) -> str:
 def pretty_json(value: Any) -> str:
     return format_html("<pre style='white-space:pre-wrap;margin:0'>{}</pre>",
                        json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str))
-
-
-def audit_history(*objects: models.Model) -> str:
-    """The audit events about these objects, oldest first, as a small table."""
-    query = models.Q(pk__in=[])
-    for obj in objects:
-        if obj is not None and obj.pk is not None:
-            query |= models.Q(object_type=obj._meta.model_name, object_id=str(obj.pk))
-    events = AuditEvent.objects.filter(query).order_by("created_at", "pk")
-    rows = format_html_join(
-        "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-        ((e.created_at.strftime("%Y-%m-%d %H:%M:%S"), e.actor, e.action, e.reason,
-          json.dumps(e.after, sort_keys=True, default=str) if e.after else "", e.seq or "unsealed") for e in events))
-    return format_html("<table><thead><tr><th>time</th><th>actor</th><th>action</th><th>reason</th><th>after</th>"
-                       "<th>seq</th></tr></thead><tbody>{}</tbody></table>", rows)

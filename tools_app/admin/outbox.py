@@ -26,6 +26,10 @@ def redrive(request, event, reason):
 @admin.register(DeadLetter)
 class DeadLetterAdmin(QueueAdmin):
     queue_filter = {"status": OutboxStatus.DEAD}
+    what_to_do = ("Outbox messages (notification email and webhooks, approvers' messages) the relay gave up on "
+                  "after its attempts. Read the last error and fix its cause (the receiver, the address, the "
+                  "allow-list), then Re-drive: the relay delivers it again and the receiver deduplicates by "
+                  "event id, so it takes effect once.")
     list_display = ["id", "tenant", "kind", "waiting", "attempts", "last_error"]
     list_filter = ["kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant"]

@@ -7,11 +7,11 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from tools_app import reconciliation
+from tools_app.admin import story as stories
 from tools_app.admin.operator_actions import (
     REASON_REQUIRED,
     OperatorAction,
     OperatorActionsAdmin,
-    audit_history,
     pretty_json,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
@@ -48,7 +48,7 @@ class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAd
     fields = ["tenant", "tool", "key_digest", "status", "fingerprint", "field_digests_display", "arguments_display",
               "result_display", "error_class", "error_message", "retry_not_before", "attempts", "lease_owner",
               "lease_expires_at", "operation_id", "downstream_key", "trace_id", "actor", "created_at", "updated_at",
-              "finished_at", "expires_at", "retired_at", "evidence_display", "approval_link", "history"]
+              "finished_at", "expires_at", "retired_at", "evidence_display", "approval_link", "story"]
     readonly_fields = fields
     operator_actions = [
         OperatorAction("force_expire", "Force-expire key", reconciliation.FORCE_EXPIRE, force_expire,
@@ -98,6 +98,8 @@ class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAd
         url = reverse("admin:tools_app_approvalrequest_change", args=[request.pk])
         return format_html('<a href="{}">#{} ({})</a>', url, request.pk, request.status)
 
-    @admin.display(description="audit history")
-    def history(self, obj):
-        return audit_history(obj, ApprovalRequest.objects.filter(record=obj).first())
+    @admin.display(description="story")
+    def story(self, obj):
+        # Its parts (approval, task, outbox events, what it created, the key's other operations) and
+        # everything that happened to them, evidence included, in order.
+        return stories.render(obj)

@@ -10,9 +10,9 @@ import uuid
 from django import forms
 from django.contrib import admin
 from django.db.models import Q
-from django.utils import timezone
 
 from tools_app import tasks
+from tools_app.admin import story as stories
 from tools_app.admin.operator_actions import (
     REASON_OPTIONAL,
     REASON_REQUIRED,
@@ -20,11 +20,10 @@ from tools_app.admin.operator_actions import (
     OperatorActionsAdmin,
     QueueAdmin,
     age,
-    audit_history,
     pretty_json,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
-from tools_app.core import redaction
+from tools_app.core import clock, redaction
 from tools_app.core.errors import ToolFailure
 from tools_app.documents.models import Document
 from tools_app.tasks.models import Checkpoint, StepRun, Task, TaskNeedingAttention, TaskStatus
@@ -97,7 +96,7 @@ class TaskPage:
               "failure_reason", "pause_reason", "pause_requested", "input_request_display", "next_retry_at",
               "lease_owner", "lease_expires_at", "version", "input_digest", "result_display", "forked_from",
               "forked_at_step", "forks_display", "notify_url_display", "trace_id", "actor", "enqueued_at", "created_at",
-              "updated_at", "finished_at", "history"]
+              "updated_at", "finished_at", "story"]
     readonly_fields = fields
     inlines = [StepRunInline, CheckpointInline]
     list_select_related = ["tenant"]
@@ -149,9 +148,10 @@ class TaskPage:
         forks = list(task.forks.order_by("created_at").values_list("pk", "forked_at_step", "status"))
         return "; ".join(f"{pk} from {step} ({status})" for pk, step, status in forks) or "—"
 
-    @admin.display(description="audit trail")
-    def history(self, task):
-        return audit_history(task)
+    @admin.display(description="story")
+    def story(self, task):
+        # The operation that started it (its record, approval) and every step, checkpoint and audit event.
+        return stories.render(task)
 
 
 @admin.register(Task)
@@ -167,20 +167,29 @@ class TaskAdmin(TaskPage, OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin
 def needs_attention() -> Q:
     """Failed, paused, backing off, or running on an expired lease (its worker died)."""
     return (Q(status__in=[TaskStatus.FAILED, TaskStatus.PAUSED, TaskStatus.RETRYING])
-            | Q(status=TaskStatus.RUNNING, lease_expires_at__lt=timezone.now()))
+            | Q(status=TaskStatus.RUNNING, lease_expires_at__lt=clock.NOW))
 
 
 @admin.register(TaskNeedingAttention)
 class TaskQueueAdmin(TaskPage, QueueAdmin):
     """The queue of tasks a person may need to look at, longest untouched first."""
 
-    list_display = ["id", "tenant", "tool", "status", "current_step", "steps", "attempts", "lease_expiries",
+    list_display = ["id", "flag", "tenant", "tool", "status", "current_step", "steps", "attempts", "lease_expiries",
                     "failure_class", "waiting"]
     list_filter = ["status", "tool", "failure_class", ("tenant", admin.RelatedOnlyFieldListFilter)]
     ordering = ["updated_at", "pk"]
+    age_field = "updated_at"
+    stands_out_label = "failed or worker died"
+    what_to_do = ("Long tasks that failed, are paused (waiting for a person or input), are backing off, or whose "
+                  "worker died. Open one to read its steps, checkpoints, error and audit trail. Resume continues "
+                  "from the last valid checkpoint (finished steps do not run again); Pause holds a queued or "
+                  "retrying task; Cancel stops it for good.")
 
     def get_queryset(self, request):
         return super().get_queryset(request).filter(needs_attention())
+
+    def standing_out(self):
+        return Q(status=TaskStatus.FAILED) | Q(status=TaskStatus.RUNNING, lease_expires_at__lt=clock.NOW)
 
     @admin.display(description="since last update", ordering="updated_at")
     def waiting(self, task):

@@ -25,9 +25,12 @@ class TenantAdmin(admin.ModelAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(ReadOnlyAdmin):
-    list_display = ["tenant", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
-    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), ("revoked_at", admin.EmptyFieldListFilter)]
-    list_select_related = ["tenant"]
+    # The owner: the person responsible for the agent, who cannot approve what it asks for (four eyes).
+    list_display = ["tenant", "name", "owner", "prefix", "created_at", "last_used_at", "revoked_at"]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), ("owner", admin.RelatedOnlyFieldListFilter),
+                   ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "owner__username"]
+    list_select_related = ["tenant", "owner"]
     actions = ["revoke"]
 
     @admin.action(description="Revoke the selected tokens", permissions=["revoke"])

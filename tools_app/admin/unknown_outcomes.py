@@ -2,9 +2,11 @@
 
 from django import forms
 from django.contrib import admin
+from django.db.models import Q
 from django.utils.html import format_html
 
 from tools_app import reconciliation
+from tools_app.admin import story as stories
 from tools_app.admin.operator_actions import REASON_REQUIRED, OperatorAction, QueueAdmin, age, pretty_json
 from tools_app.core import keys
 from tools_app.core.errors import ToolFailure
@@ -30,12 +32,19 @@ def resolve_failed(request, record, reason):
 @admin.register(UnknownOutcome)
 class UnknownOutcomeAdmin(QueueAdmin):
     queue_filter = {"status": RecordStatus.UNKNOWN}
-    list_display = ["id", "tenant", "tool", "waiting", "reconcile_attempts", "needs_person", "last_evidence"]
+    stands_out_label = "needs a person"
+    what_to_do = ("Writes whose downstream outcome is not known (the answer never came, or the executor died); "
+                  "nothing is guessed. The reconciler asks the downstream system by the key we sent, with backoff, "
+                  "and marks a record 'needs a person' when it gives up. Reconcile now asks again. If the "
+                  "downstream system cannot tell, check it yourself, then Resolve as succeeded (with its reference) "
+                  "or as failed (the agent may then retry with the same key). Agents asking meanwhile are told "
+                  "unknown_outcome.")
+    list_display = ["id", "flag", "tenant", "tool", "waiting", "reconcile_attempts", "needs_person", "last_evidence"]
     list_filter = ["tool", ("tenant", admin.RelatedOnlyFieldListFilter), ("escalated_at", admin.EmptyFieldListFilter)]
     list_select_related = ["tenant"]
     search_fields = ["=operation_id", "=downstream_key", "=trace_id"]
     fields = ["tenant", "tool", "key_digest", "operation_id", "downstream_key", "actor", "created_at",
-              "reconcile_attempts", "next_reconcile_at", "escalated_at", "error_message", "evidence_json"]
+              "reconcile_attempts", "next_reconcile_at", "escalated_at", "error_message", "evidence_json", "story"]
     readonly_fields = fields
     operator_actions = [
         OperatorAction("reconcile", "Reconcile now", reconciliation.RECONCILE, reconcile_now,
@@ -48,6 +57,9 @@ class UnknownOutcomeAdmin(QueueAdmin):
                        refused=(ToolFailure,), reason=REASON_REQUIRED, style="danger",
                        help_text="Definitely not done: what you checked. The agent may then retry with the same key."),
     ]
+
+    def standing_out(self):
+        return Q(escalated_at__isnull=False)
 
     @admin.display(description="key (digest)")
     def key_digest(self, record):
@@ -72,3 +84,7 @@ class UnknownOutcomeAdmin(QueueAdmin):
     @admin.display(description="evidence")
     def evidence_json(self, record):
         return pretty_json(record.evidence)
+
+    @admin.display(description="story")
+    def story(self, record):
+        return stories.render(record)

@@ -16,12 +16,8 @@ What an auditor gets, and what not:
 
 from __future__ import annotations
 
-import hashlib
-
 import django_filters
 from django.core.validators import RegexValidator
-from django.db.models import BinaryField, CharField, Func, Value
-from django.db.models.functions import Left
 from rest_framework import serializers
 
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
@@ -66,29 +62,6 @@ class IdempotencyRecordSerializer(AuditorSerializer):
         return redaction.failure_text(record.error_message)
 
 
-class HmacSha256Hex(Func):
-    """HMAC-SHA256 of a text column under `secret`, as lowercase hex, in SQL.
-
-    RFC 2104 spelled out with PostgreSQL's built-in sha256(), H((K^opad) || H((K^ipad) || m)),
-    so the database needs no extension (pgcrypto's hmac()). It equals
-    tools_app.core.keys.keyed_hash (a test holds them together).
-    """
-
-    output_field = CharField()
-
-    def __init__(self, expression, secret: bytes):
-        block = hashlib.sha256().block_size
-        key = (hashlib.sha256(secret).digest() if len(secret) > block else secret).ljust(block, b"\0")
-        pads = (bytes(b ^ 0x5C for b in key), bytes(b ^ 0x36 for b in key))
-        super().__init__(*(Value(pad, output_field=BinaryField()) for pad in pads), expression)
-
-    def as_sql(self, compiler, connection, **extra_context):
-        (outer, outer_params), (inner, inner_params), (text, text_params) = (
-            compiler.compile(e) for e in self.get_source_expressions())
-        sql = f"ENCODE(SHA256({outer}::bytea || SHA256({inner}::bytea || CONVERT_TO({text}, 'UTF8'))), 'hex')"
-        return sql, (*outer_params, *inner_params, *text_params)
-
-
 class IdempotencyRecordFilter(django_filters.FilterSet):
     tenant = tenant_filter()
     tool = django_filters.CharFilter(help_text="Tool name, exactly (e.g. `create_order`).")
@@ -112,10 +85,7 @@ class IdempotencyRecordFilter(django_filters.FilterSet):
         fields: list[str] = []
 
     def filter_key_digest(self, queryset, name, value):
-        # Computed per row of the (tenant-scoped, otherwise filtered) list: a scan, correct for any
-        # secret; an indexed digest column would need rewriting whenever the secret changes.
-        digest = Left(HmacSha256Hex("key", keys.key_digest_secret()), KEY_DIGEST_LENGTH)
-        return queryset.annotate(_key_digest=digest).filter(_key_digest=value)
+        return keys.with_key_digest(queryset, value)
 
 
 class IdempotencyRecordViewSet(AuditorViewSet):

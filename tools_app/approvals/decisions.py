@@ -1,8 +1,10 @@
 """Operators' decisions on approval requests: approve (N distinct people) or reject (with a reason).
 
 Who may decide: users with `tools_app.decide_approvalrequest` on the request's tenant
-(access.authorize with APPROVE / REJECT), never on their own request. Every decision and every
-refused attempt is an audit event. Row order when both change: the request first, then its record.
+(access.authorize with APPROVE / REJECT), never on their own request. Four eyes: the owner of the
+agent token that asked (ApiToken.owner, kept on the request as `requester_owner`) may reject it but
+never approve it, so no one person both asks (through their agent) and agrees. Every decision and
+every refused attempt is an audit event. Row order when both change: the request first, then its record.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from tools_app.approvals.models import (
     ApprovalStatus,
     ApprovalVerdict,
 )
-from tools_app.core import db
+from tools_app.core import clock, db
 from tools_app.core.errors import PermissionDenied
 
 DECIDE_PERMISSION = "tools_app.decide_approvalrequest"
@@ -55,7 +57,7 @@ def _decide(request, user, permit: access.Permit, reason, take) -> ApprovalReque
         raise ApprovalRefused(denied.message) from None
     reason = (reason or "").strip()
     try:
-        _check_decision(request, actor, permit, reason)
+        _check_decision(request, user, actor, permit, reason)
         with transaction.atomic():
             _record_decision(request, user, permit.attempted, reason)
             take(request, actor, reason)
@@ -66,10 +68,13 @@ def _decide(request, user, permit: access.Permit, reason, take) -> ApprovalReque
     return request
 
 
-def _check_decision(request: ApprovalRequest, actor: str, permit: access.Permit, reason: str) -> None:
+def _check_decision(request: ApprovalRequest, user, actor: str, permit: access.Permit, reason: str) -> None:
     """The rules of deciding, for someone who may decide on this tenant's requests."""
     if actor == request.requested_by:
         raise _Refusal("self-approval: the requester cannot decide on its own request")
+    if permit is APPROVE and request.requester_owner_id is not None and request.requester_owner_id == user.pk:
+        raise _Refusal(f"four eyes: you own the agent that asked ({request.requested_by}); another approver "
+                       "must approve it (you may reject it)")
     if permit is REJECT and not reason:
         raise _Refusal("a rejection needs a reason")
 
@@ -93,7 +98,7 @@ def _count_approval(request: ApprovalRequest, actor: str, reason: str) -> None:
     committed, so exactly one of them flips it to APPROVED, and only that
     one queues the execution.
     """
-    now = timezone.now()
+    now = clock.NOW  # the deadline is the database's
     locked = ApprovalRequest.objects.select_for_update(no_key=True).get(pk=request.pk)
     counted = locked.approvals + 1
     last = counted >= locked.required_approvals
@@ -112,7 +117,7 @@ def _count_approval(request: ApprovalRequest, actor: str, reason: str) -> None:
 
 def _reject(request: ApprovalRequest, actor: str, reason: str) -> None:
     """PENDING -> REJECTED and its record AWAITING_APPROVAL -> FAILED, in one transaction."""
-    now = timezone.now()
+    now = clock.NOW
     if not db.transition(request, {"status": ApprovalStatus.PENDING, "expires_at__gt": now}, {
         "status": ApprovalStatus.REJECTED, "reason": reason, "decided_at": now, "decided_by": actor, "finished_at": now,
     }, action="approval.rejected", actor=actor, reason=reason, before={"status": ApprovalStatus.PENDING},
@@ -124,8 +129,8 @@ def _reject(request: ApprovalRequest, actor: str, reason: str) -> None:
 
 
 def _not_pending(request: ApprovalRequest) -> str:
-    current = ApprovalRequest.objects.filter(pk=request.pk).values_list("status", "expires_at").first()
-    status, expires_at = current
-    if status == ApprovalStatus.PENDING and expires_at <= timezone.now():
+    current = ApprovalRequest.objects.filter(pk=request.pk).values_list("status", "expires_at", clock.NOW).first()
+    status, expires_at, now = current
+    if status == ApprovalStatus.PENDING and expires_at <= now:
         return "the request has expired"
     return f"the request is no longer pending (it is {status.lower()})"

@@ -15,14 +15,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.utils import timezone
 
 from tools_app import engine
 from tools_app.approvals.models import (
     ApprovalRequest,
     ApprovalStatus,
 )
-from tools_app.core import db, jobs
+from tools_app.core import clock, db, jobs
 from tools_app.core.errors import ErrorClass, PermissionDenied, ToolFailure
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.toolkit import registry
@@ -59,7 +58,7 @@ def approved_operation(request: ApprovalRequest) -> tuple[engine.Operation, engi
 def abandon(request: ApprovalRequest, failure: ToolFailure) -> bool:
     """APPROVED -> FAILED when the approved call cannot even be rebuilt; its record fails with it."""
     if not db.transition(request, {"status": ApprovalStatus.APPROVED}, {
-        "status": ApprovalStatus.FAILED, "finished_at": timezone.now(), "reason": failure.message,
+        "status": ApprovalStatus.FAILED, "finished_at": clock.NOW, "reason": failure.message,
     }, action="approval.failed", actor=SWEEPER, reason=failure.message, before={"status": ApprovalStatus.APPROVED},
             after={"status": ApprovalStatus.FAILED}):
         return False
@@ -85,7 +84,7 @@ def settle(request: ApprovalRequest) -> ApprovalStatus | None:
     else:
         return None
     if not db.transition(request, {"status": ApprovalStatus.APPROVED}, {
-        "status": status, "finished_at": timezone.now(),
+        "status": status, "finished_at": clock.NOW,
     }, action=f"approval.{status.lower()}", actor=SWEEPER, before={"status": ApprovalStatus.APPROVED},
             after={"status": status}):
         return None
@@ -94,8 +93,8 @@ def settle(request: ApprovalRequest) -> ApprovalStatus | None:
 
 @transaction.atomic
 def expire(request: ApprovalRequest) -> bool:
-    """PENDING -> EXPIRED past expires_at, and its record AWAITING_APPROVAL -> FAILED."""
-    now = timezone.now()
+    """PENDING -> EXPIRED past expires_at (by the database's clock), and its record AWAITING_APPROVAL -> FAILED."""
+    now = clock.NOW
     why = "no decision before the request expired"
     if not db.transition(request, {"status": ApprovalStatus.PENDING, "expires_at__lte": now}, {
         "status": ApprovalStatus.EXPIRED, "finished_at": now, "reason": why,
@@ -113,7 +112,7 @@ def redrive(request: ApprovalRequest, *, seen: datetime | None) -> bool:
     """Queue an approved request's job again if nobody did since `seen` (its last dispatch)."""
     with transaction.atomic():
         if not db.transition(request, {"status": ApprovalStatus.APPROVED, "dispatched_at": seen},
-                             {"dispatched_at": timezone.now()}, action="approval.redriven", actor=SWEEPER):
+                             {"dispatched_at": clock.NOW}, action="approval.redriven", actor=SWEEPER):
             return False
         dispatch(request)
     return True

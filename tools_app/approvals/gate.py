@@ -17,17 +17,17 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 from pydantic import BaseModel
 
-from tools_app import engine
+from tools_app import access, engine
 from tools_app.access.models import Tenant
+from tools_app.approvals import notices
 from tools_app.approvals.models import (
     ApprovalRequest,
     ApprovalSettings,
     ApprovalStatus,
 )
-from tools_app.core import audit
+from tools_app.core import audit, clock
 from tools_app.core.errors import PendingApproval, PermissionDenied
 from tools_app.engine import Outcome
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
@@ -44,10 +44,7 @@ APPROVED_RETRY_AFTER = 2.0
 
 def tenant_settings(tenant: Tenant) -> ApprovalSettings:
     """The tenant's approval settings, or the defaults if it has none."""
-    try:
-        return tenant.approval_settings
-    except ApprovalSettings.DoesNotExist:
-        return ApprovalSettings(tenant=tenant)
+    return ApprovalSettings.of(tenant)
 
 
 def amount_policy(tenant: Tenant, amount: Decimal, currency: str, *, summary: str) -> ApprovalPolicy | None:
@@ -97,19 +94,21 @@ def request_approval(record: IdempotencyRecord, policy: ApprovalPolicy, *, tenan
                      arguments: dict[str, Any], actor: str) -> ApprovalRequest:
     """PROCESSING -> AWAITING_APPROVAL, and a PENDING request bound to the record, in one transaction."""
     engine.await_approval(record, actor=actor)
-    now = timezone.now()
+    now = clock.read()  # the deadline is the database's: every process compares it with the database's time
     ttl = policy.ttl or timedelta(minutes=tenant_settings(tenant).request_ttl_minutes)
     request = ApprovalRequest.objects.create(
         tenant_id=record.tenant_id, record=record, operation_id=record.operation_id, fingerprint=record.fingerprint,
         tool=record.tool,
         arguments=arguments, summary=policy.summary, amount=policy.amount, currency=policy.currency,
-        requested_by=actor, trace_id=record.trace_id or uuid.uuid4().hex,
+        requested_by=actor, requester_owner_id=access.owner_id_of(record.tenant_id, actor),
+        trace_id=record.trace_id or uuid.uuid4().hex,
         required_approvals=policy.approvals_required, created_at=now, expires_at=now + ttl,
     )
     audit.record_event(action="approval.requested", obj=request, actor=actor, trace_id=request.trace_id,
                        after={"status": request.status, "record": record.pk, "tool": record.tool,
                               "required_approvals": request.required_approvals,
                               "expires_at": request.expires_at.isoformat()})
+    notices.announce(request)
     return request
 
 

@@ -1,4 +1,4 @@
-"""django-q2 entry points of approvals: run an approved request, and the periodic sweep.
+"""django-q2 entry points of approvals: run an approved request, the periodic sweep, and escalation.
 """
 
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db.models import Q
-from django.utils import timezone
 
 from tools_app import engine
 from tools_app.approvals.execution import (
@@ -22,7 +21,8 @@ from tools_app.approvals.models import (
     ApprovalRequest,
     ApprovalStatus,
 )
-from tools_app.core import tracing
+from tools_app.approvals.notices import escalate_due
+from tools_app.core import clock, tracing
 from tools_app.core.errors import ErrorClass, ToolFailure
 from tools_app.engine.models import RecordStatus
 from tools_app.toolkit import registry
@@ -55,8 +55,9 @@ def run_approved(request_id: int) -> str:
 
 
 def sweep(now: datetime | None = None) -> dict[str, int]:
-    """Expire overdue requests, settle finished ones, re-queue stalled approved ones."""
-    now = now or timezone.now()
+    """Expire overdue requests, settle finished ones, re-queue stalled approved ones (by the
+    database's clock, unless a test gives `now`)."""
+    now = now or clock.NOW
     overdue = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=now)
     approved = ApprovalRequest.objects.filter(status=ApprovalStatus.APPROVED)
     finished = approved.filter(Q(record__status=RecordStatus.SUCCEEDED)
@@ -70,3 +71,8 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
         "settled": sum(settle(r) is not None for r in finished.order_by("pk")[:SWEEP_BATCH]),
         "redriven": sum(redrive(r, seen=r.dispatched_at) for r in stalled.order_by("pk")[:SWEEP_BATCH]),
     }
+
+
+def escalate() -> int:
+    """django-q2 job: escalate the requests still waiting past their tenant's escalation time."""
+    return escalate_due()

@@ -5,9 +5,16 @@ fingerprint it was claimed with; every change of its status is a conditional
 UPDATE in tools_app.approvals.
 """
 
+from __future__ import annotations
+
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import F, Q
+
+from idemops.conf import conf
+from tools_app.core import url_allowlist
+from tools_app.core.errors import ToolFailure
 
 
 class ApprovalStatus(models.TextChoices):
@@ -30,6 +37,9 @@ class ApprovalRequest(models.Model):
     amount = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
     currency = models.CharField(max_length=3, blank=True)
     requested_by = models.CharField(max_length=200, help_text="The caller's identity; it can never approve.")
+    requester_owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+",
+        help_text="The owner of the agent token that asked, when it asked: they cannot approve it (four eyes).")
     trace_id = models.CharField(max_length=100, blank=True)
     required_approvals = models.PositiveSmallIntegerField(default=1)
     approvals = models.PositiveSmallIntegerField(default=0, help_text="Distinct approvers so far.")
@@ -40,6 +50,9 @@ class ApprovalRequest(models.Model):
     expires_at = models.DateTimeField()
     decided_at = models.DateTimeField(null=True, blank=True)
     dispatched_at = models.DateTimeField(null=True, blank=True, help_text="Last time its execution job was queued.")
+    escalated_at = models.DateTimeField(
+        null=True, blank=True, help_text="When it was still waiting past the tenant's escalation time and the "
+                                         "approvers were told again.")
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -102,9 +115,34 @@ class ApprovalSettings(models.Model):
         help_text="Payments above this amount need two different approvers.")
     threshold_currency = models.CharField(
         max_length=3, default="EUR", help_text="Currency of the thresholds; other currencies always need approval.")
+    escalate_after_minutes = models.PositiveIntegerField(
+        default=60, help_text="A request still waiting this long is escalated: the approvers (and the escalation "
+                              "address) are told again and it stands out in the queue. 0: never.")
+    notify_webhook_url = models.URLField(
+        blank=True, help_text="Optional: also POST each new and each escalated request here (JSON). It must fall "
+                              "under IDEMOPS_WEBHOOK_ALLOWED_PREFIXES.")
+    escalation_email = models.EmailField(
+        blank=True, help_text="Optional: who else is told when a request is escalated (e.g. a team lead).")
 
     class Meta:
         verbose_name_plural = "approval settings"
 
     def __str__(self) -> str:
         return f"approval settings of {self.tenant}"
+
+    def clean(self) -> None:
+        # Checked here (the admin's form runs it) and again by the relay before each delivery.
+        if self.notify_webhook_url:
+            try:
+                url_allowlist.check(self.notify_webhook_url, conf().webhook_allowed_prefixes,
+                                    field="notify_webhook_url")
+            except ToolFailure as refused:
+                raise ValidationError({"notify_webhook_url": refused.message}) from None
+
+    @classmethod
+    def of(cls, tenant) -> ApprovalSettings:
+        """The tenant's settings, or the defaults if it has none."""
+        try:
+            return tenant.approval_settings
+        except cls.DoesNotExist:
+            return cls(tenant=tenant)

@@ -16,7 +16,8 @@ from tools_app.core import audit
 
 CHANGE_SETTINGS = access.Permit("tools_app.change_approvalsettings", "change_settings",
                                 "change approval settings", "approval_settings.change_refused")
-AUDITED = ("request_ttl_minutes", "payment_threshold", "payment_second_threshold", "threshold_currency")
+AUDITED = ("request_ttl_minutes", "payment_threshold", "payment_second_threshold", "threshold_currency",
+           "escalate_after_minutes", "notify_webhook_url", "escalation_email")
 
 
 def save_settings(row: ApprovalSettings, user, *, before: dict[str, str] | None) -> ApprovalSettings:

@@ -12,6 +12,7 @@ from functools import cache
 from typing import Any
 
 from django.db import connection, models
+from django.db.models.sql import Query
 
 from tools_app.core import audit
 
@@ -35,7 +36,8 @@ def insert_parts(
     """Columns, value SQL and params for INSERTing `instance`.
 
     `expressions` replaces the value of some fields with raw SQL (e.g. a
-    column of a preceding CTE); those fields take no parameter.
+    column of a preceding CTE); those fields take no parameter. A field whose
+    value is an ORM expression (the database's clock: core.clock) is compiled.
     """
     expressions = expressions or {}
     fields, columns, needs_prep = _columns(type(instance))
@@ -45,9 +47,27 @@ def insert_parts(
             values.append(expressions[field.attname])
             continue
         value = getattr(instance, field.attname)
+        if is_expression(value):
+            sql, expression_params = compile_expression(type(instance), value)
+            values.append(sql)
+            params.extend(expression_params)
+            continue
         values.append("%s")
         params.append(field.get_db_prep_save(value, connection) if prep else value)
     return list(columns), values, params
+
+
+def is_expression(value: Any) -> bool:
+    return hasattr(value, "resolve_expression")
+
+
+def compile_expression(model: type[models.Model], expression: Any) -> tuple[str, list[Any]]:
+    """SQL and parameters of an ORM expression about one row of `model` (e.g. `clock.later(10)`,
+    or `clock.NOW + (F("expires_at") - F("created_at"))` in an UPDATE of that row)."""
+    query = Query(model)
+    resolved = expression.resolve_expression(query, allow_joins=False, for_save=True)
+    sql, params = query.get_compiler(connection=connection).compile(resolved)
+    return sql, list(params)
 
 
 @cache
@@ -93,30 +113,42 @@ def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, A
 
     `expected` takes field names with an optional `__lt`, `__lte`, `__gt`,
     `__gte`, `__in` or `__isnull` (a plain None means IS NULL); `append`
-    adds items to JSON list fields. `notify` names a channel that hears the
-    row's id (pg_notify) in the same statement: PostgreSQL delivers it when
-    the change commits, never for one that rolls back.
+    adds items to JSON list fields. A value of `changes` or `expected` may be
+    an ORM expression, e.g. the database's clock (core.clock.NOW, `later`):
+    the row's new value is read back from the UPDATE onto `obj`. `notify` names
+    a channel that hears the row's id (pg_notify) in the same statement:
+    PostgreSQL delivers it when the change commits, never for one that rolls back.
     """
     event = audit.new_event(action=action, obj=obj, actor=actor, reason=reason,
                             trace_id=getattr(obj, "trace_id", "") if trace_id is None else trace_id,
                             before=before, after=after)
-    if not _conditional_update(obj, expected, changes, event, append or {}, notify):
+    computed = _conditional_update(obj, expected, changes, event, append or {}, notify)
+    if computed is None:
         return False
     audit.announce(event)
     for name, value in changes.items():
-        setattr(obj, name, value)
+        setattr(obj, name, computed[name] if name in computed else value)
     for name, items in (append or {}).items():
         setattr(obj, name, [*getattr(obj, name), *items])
     return True
 
 
 def _conditional_update(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any],
-                        event: models.Model, append: dict[str, list], notify: str | None = None) -> bool:
+                        event: models.Model, append: dict[str, list],
+                        notify: str | None = None) -> dict[str, Any] | None:
+    """None if the row did not match; else the values the database computed (expressions), by field."""
     model = type(instance)
-    sets, params = [], []
+    sets, params, computed = [], [], []
     for name, value in changes.items():
         field = model._meta.get_field(name)
-        sets.append(f"{connection.ops.quote_name(field.column)} = %s")
+        column = connection.ops.quote_name(field.column)
+        if is_expression(value):
+            sql, expression_params = compile_expression(model, value)
+            sets.append(f"{column} = {sql}")
+            params.extend(expression_params)
+            computed.append(field)
+            continue
+        sets.append(f"{column} = %s")
         params.append(field.get_db_prep_save(value, connection))
     for name, items in append.items():
         column = connection.ops.quote_name(model._meta.get_field(name).column)
@@ -130,21 +162,36 @@ def _conditional_update(instance: models.Model, expected: dict[str, Any], change
             lookup, value = "isnull", True
         if lookup == "isnull":
             conditions.append(f"{column} IS {'' if value else 'NOT '}NULL")
+        elif is_expression(value):
+            sql, expression_params = compile_expression(model, value)
+            conditions.append(f"{column} {_COMPARISONS[lookup].replace('%s', sql)}")
+            condition_params.extend(expression_params)
         else:
             conditions.append(f"{column} {_COMPARISONS[lookup]}")
             condition_params.append(list(value) if lookup == "in" else value)
     columns, values, event_params = insert_parts(event)
+    returned = "".join(f", {connection.ops.quote_name(field.column)}" for field in computed)
     sql = (f"WITH changed AS (UPDATE {table(model)} SET {', '.join(sets)} "
-           f"WHERE {' AND '.join(conditions)} RETURNING id), "
+           f"WHERE {' AND '.join(conditions)} RETURNING id{returned}), "
            f"audited AS (INSERT INTO {table(type(event))} ({', '.join(columns)}) "
            f"SELECT {', '.join(values)} FROM changed)")
     notify_params = [notify] if notify else []
     if notify:
         # A SELECT in a WITH runs only if the query reads it: the last line reads it, so the notice goes out.
         sql += (", notified AS (SELECT pg_notify(%s, id::text) FROM changed) "
-                "SELECT (SELECT count(*) FROM changed), (SELECT count(*) FROM notified)")
+                "SELECT *, (SELECT count(*) FROM notified) FROM changed")
     else:
-        sql += " SELECT count(*) FROM changed"
+        sql += " SELECT * FROM changed"
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, *condition_params, *event_params, *notify_params])
-        return cursor.fetchone()[0] == 1
+        rows = cursor.fetchall()
+    if len(rows) != 1:
+        return None
+    values = rows[0][1:1 + len(computed)]
+    return {field.name: _converted(field, value) for field, value in zip(computed, values, strict=True)}
+
+
+def _converted(field: models.Field, value: Any) -> Any:
+    for converter in field.get_db_converters(connection):
+        value = converter(value, None, connection)
+    return value

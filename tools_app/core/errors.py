@@ -3,7 +3,7 @@
 Every failure a tool call can end in is a ToolFailure with an ErrorClass. The
 MCP layer renders it as an `isError` result whose structured content is
 `{"error": {"class", "message", "retry_after"?, "differing_fields"?}}`.
-Only `transient` is retryable with the same key.
+Only `transient` and `rate_limited` are retryable with the same key (after `retry_after`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class ErrorClass(models.TextChoices):
         "The downstream system holds this key for another request: an operator must check")
     IN_PROGRESS = "in_progress", "Still running: ask again after retry_after"
     TRANSIENT = "transient", "Transient: retry with the same key after retry_after"
+    RATE_LIMITED = "rate_limited", "Over a limit of the tenant or agent: retry with the same key after retry_after"
     UNKNOWN_OUTCOME = "unknown_outcome", (
         "Outcome unknown, being reconciled: no new key; the same key answers the outcome once known")
     EXPIRED = "expired", "Key past retention: a person must check"
@@ -58,7 +59,7 @@ class ToolFailure(Exception):
 
     @property
     def retryable(self) -> bool:
-        return self.error_class == ErrorClass.TRANSIENT
+        return self.error_class in RETRYABLE
 
     def as_dict(self) -> dict[str, Any]:
         error: dict[str, Any] = {"class": str(self.error_class), "message": self.message}
@@ -117,6 +118,13 @@ class Transient(ToolFailure):
     error_class = ErrorClass.TRANSIENT
 
 
+class RateLimited(ToolFailure):
+    """Over a per-tenant or per-agent limit (calls per minute, concurrent tasks): nothing was done,
+    nothing was queued; the same call may come again after `retry_after`."""
+
+    error_class = ErrorClass.RATE_LIMITED
+
+
 class UnknownOutcome(ToolFailure):
     """Raised by a handler when a downstream request may or may not have taken
     effect (a timeout after sending, a broken connection): the record becomes
@@ -150,5 +158,8 @@ def invalid_data(exc: Exception) -> InvalidInput:
 FAILURE_TYPES: dict[str, type[ToolFailure]] = {
     str(t.error_class): t
     for t in (InvalidInput, PermissionDenied, NotFound, Conflict, DownstreamConflict, InProgress, Transient,
-              UnknownOutcome, Expired, AlreadyDone, PendingApproval)
+              RateLimited, UnknownOutcome, Expired, AlreadyDone, PendingApproval)
 }
+
+# The classes a retry with the same key may run again (after retry_after).
+RETRYABLE = frozenset({ErrorClass.TRANSIENT, ErrorClass.RATE_LIMITED})

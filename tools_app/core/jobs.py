@@ -27,6 +27,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from tools_app.core import audit, tracing
 
 JOBS: dict[str, str] = {
+    "approvals.escalate": "tools_app.approvals.jobs.escalate",
     "approvals.run_approved": "tools_app.approvals.jobs.run_approved",
     "approvals.sweep": "tools_app.approvals.jobs.sweep",
     "audit.seal": "tools_app.core.jobs.seal_audit_chain",
@@ -34,6 +35,7 @@ JOBS: dict[str, str] = {
     "outbox.relay": "tools_app.outbox.jobs.relay_pending",
     "reconciliation.reconcile_due": "tools_app.reconciliation.jobs.reconcile_due",
     "reconciliation.run_periodic": "tools_app.reconciliation.jobs.run_periodic",
+    "retention.purge": "tools_app.retention.jobs.purge_expired",
     "tasks.run_task": "tools_app.tasks.jobs.run_task",
     "tasks.sweep": "tools_app.tasks.jobs.sweep",
 }

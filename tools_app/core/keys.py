@@ -18,6 +18,9 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
+from django.db.models import BinaryField, CharField, Func, QuerySet, Value
+from django.db.models.functions import Left
+
 from idemops.conf import conf
 from tools_app.core.errors import InvalidInput
 
@@ -55,6 +58,39 @@ def keyed_hash(message: str) -> str:
 def key_digest(key: str) -> str:
     """How a key appears outside the database (admin, auditors' API, logs): never raw."""
     return keyed_hash(key)[:KEY_DIGEST_LENGTH]
+
+
+class HmacSha256Hex(Func):
+    """HMAC-SHA256 of a text column under `secret`, as lowercase hex, in SQL.
+
+    RFC 2104 spelled out with PostgreSQL's built-in sha256(), H((K^opad) || H((K^ipad) || m)),
+    so the database needs no extension (pgcrypto's hmac()). It equals
+    keyed_hash (a test holds them together).
+    """
+
+    output_field = CharField()
+
+    def __init__(self, expression, secret: bytes):
+        block = hashlib.sha256().block_size
+        key = (hashlib.sha256(secret).digest() if len(secret) > block else secret).ljust(block, b"\0")
+        pads = (bytes(b ^ 0x5C for b in key), bytes(b ^ 0x36 for b in key))
+        super().__init__(*(Value(pad, output_field=BinaryField()) for pad in pads), expression)
+
+    def as_sql(self, compiler, connection, **extra_context):
+        (outer, outer_params), (inner, inner_params), (text, text_params) = (
+            compiler.compile(e) for e in self.get_source_expressions())
+        sql = f"ENCODE(SHA256({outer}::bytea || SHA256({inner}::bytea || CONVERT_TO({text}, 'UTF8'))), 'hex')"
+        return sql, (*outer_params, *inner_params, *text_params)
+
+
+def with_key_digest(records: QuerySet, digest_: str) -> QuerySet:
+    """The records among `records` whose key has the digest `digest_` (as key_digest shows it).
+
+    Computed per row of the (tenant-scoped, otherwise filtered) queryset: a scan, correct for any
+    secret; an indexed digest column would need rewriting whenever the secret changes.
+    """
+    computed = Left(HmacSha256Hex("key", key_digest_secret()), KEY_DIGEST_LENGTH)
+    return records.annotate(_key_digest=computed).filter(_key_digest=digest_)
 
 
 def canonical_json(value: Any) -> str:

@@ -10,9 +10,11 @@ takes over through a guarded transition. Every write of the holder is
 guarded by its owner name, so a holder presumed dead that comes back writes
 nothing.
 
-Clocks: expiries are compared with `now()` of whichever process looks, so
-hosts need synchronised clocks (NTP); leases are seconds long, skew must be
-well below that.
+Clocks: an expiry is the database's time (core.clock), written by the UPDATE
+that takes or renews the lease and compared in SQL (or with the database's
+time of the read), so the hosts' clocks may disagree: a process whose clock
+runs ahead does not take a live lease for dead, nor does one running behind
+write a lease that outlives its holder.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timedelta
 
 from django.db import connections
-from django.utils import timezone
+from django.db.models import Expression
+
+from tools_app.core import clock
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +39,10 @@ def new_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def expiry(lease_seconds: float, now: datetime | None = None) -> datetime:
-    """When a lease taken or renewed `now` runs out."""
-    return (now or timezone.now()) + timedelta(seconds=lease_seconds)
+def expiry(lease_seconds: float) -> Expression:
+    """When a lease taken or renewed now runs out: the database's time plus the lease, as the SQL
+    expression the statement that takes or renews it writes."""
+    return clock.later(lease_seconds)
 
 
 def heartbeat_interval(heartbeat_seconds: float, lease_seconds: float) -> float:

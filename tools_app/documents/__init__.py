@@ -6,11 +6,15 @@ is deterministic in its inputs, so a step that runs again after a crash
 produces the same output, and a resumed ingest ends exactly like an
 uninterrupted one. `sources.py` reads the bytes (inline, or a path or URL on
 the allow-lists), `extraction.py` recognises the format and extracts text,
-`index.py` chunks, indexes, summarizes and searches.
+`index.py` chunks, indexes, embeds and summarizes, `embeddings.py` turns
+text into vectors with a model shipped in its wheel, `search.py` searches by
+words, by meaning or both, and `vector_extension.py` checks the server has
+pgvector.
 
 May import: core.
 """
 
+from tools_app.documents.embeddings import MODEL_NAME as EMBEDDING_MODEL
 from tools_app.documents.extraction import (
     FORMATS,
     NoTextLayer,
@@ -28,13 +32,14 @@ from tools_app.documents.index import (
     SUMMARY_SENTENCES,
     TITLE_MAX,
     chunk,
+    embed_chunks,
     get_for_tenant,
     index,
     mark_ready,
-    search,
     summarize,
     text_of,
 )
+from tools_app.documents.search import MODES, search
 from tools_app.documents.sources import (
     READ_BLOCK,
     Progress,
@@ -47,10 +52,12 @@ from tools_app.documents.sources import (
     read_path,
     sha256,
 )
+from tools_app.documents.vector_extension import MissingExtension, check_pgvector
 
 __all__ = [
-    "FORMATS", "INDEX_BATCH", "NoTextLayer", "Progress", "READ_BLOCK", "SUMMARY_SENTENCES", "TITLE_MAX",
-    "allowed_path", "allowed_url", "chunk", "decode_base64", "decode_text", "detect_format", "extract",
-    "extract_html", "extract_markdown", "extract_pdf", "fetch_url", "get_for_tenant", "index", "is_pdf", "mark_ready",
-    "max_bytes", "no_progress", "read_path", "search", "sha256", "summarize", "text_of", "tidy",
+    "EMBEDDING_MODEL", "FORMATS", "INDEX_BATCH", "MODES", "MissingExtension", "NoTextLayer", "Progress", "READ_BLOCK",
+    "SUMMARY_SENTENCES", "TITLE_MAX", "allowed_path", "allowed_url", "check_pgvector", "chunk", "decode_base64",
+    "decode_text", "detect_format", "embed_chunks", "extract", "extract_html", "extract_markdown", "extract_pdf",
+    "fetch_url", "get_for_tenant", "index", "is_pdf", "mark_ready", "max_bytes", "no_progress", "read_path", "search",
+    "sha256", "summarize", "text_of", "tidy",
 ]

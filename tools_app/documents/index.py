@@ -1,4 +1,4 @@
-"""Chunks, the full-text index and summaries of documents; and searching and reading them.
+"""Chunks, the full-text index, the chunks' embeddings and summaries of documents; and reading them.
 """
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from django.contrib.postgres.search import SearchHeadline, SearchQuery, SearchRank
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
+from tools_app.core.crashpoints import crash_point
 from tools_app.core.errors import NotFound
-from tools_app.documents.models import SEARCH_CONFIG, Document, DocumentChunk
+from tools_app.documents import embeddings
+from tools_app.documents.models import Document, DocumentChunk
 from tools_app.documents.sources import Progress, no_progress
 
 INDEX_BATCH = 250
@@ -113,23 +113,39 @@ def summarize(text: str, sentences: int = SUMMARY_SENTENCES, progress: Progress 
     return " ".join(sentence for _, _, sentence in sorted(best, key=lambda item: -item[1]))
 
 
+def embed_chunks(document_id: int, *, batch: int, progress: Progress = no_progress) -> int:
+    """Embed the document's chunks that have no embedding yet, `batch` chunks per transaction.
+
+    Only chunks whose embedding is still NULL are read, so a step resumed after
+    a crash embeds what the killed run had not committed, never a chunk twice;
+    each batch's vectors commit together (a crash loses at most one batch).
+    `progress` also raises Interrupted once the task is cancelled or its lease
+    lost: a worker presumed dead stops at the next batch. Returns the number of chunks.
+    """
+    chunks = DocumentChunk.objects.filter(document_id=document_id)
+    total = chunks.count()
+    done = chunks.filter(embedding__isnull=False).count()
+    while True:
+        pending = list(chunks.filter(embedding__isnull=True).order_by("seq").values_list("pk", "text")[:batch])
+        if not pending:
+            break
+        vectors = embeddings.embed([text for _, text in pending])
+        now = timezone.now()
+        with transaction.atomic():
+            DocumentChunk.objects.bulk_update(
+                [DocumentChunk(pk=pk, embedding=vector, embedded_at=now)
+                 for (pk, _), vector in zip(pending, vectors, strict=True)],
+                ["embedding", "embedded_at"])
+        crash_point("after_batch")
+        done += len(pending)
+        progress(done, total, f"embedded {done}/{total} chunks")
+    Document.objects.filter(pk=document_id).update(embedding_model=embeddings.MODEL_NAME)
+    return total
+
+
 @transaction.atomic
 def mark_ready(document_id: int, summary: str) -> None:
     Document.objects.filter(pk=document_id).update(summary=summary, ready_at=timezone.now())
-
-
-def search(tenant_id: int, query: str, limit: int) -> list[dict]:
-    """Ranked chunks of this tenant's ready documents matching a web-search style query."""
-    parsed = SearchQuery(query, search_type="websearch", config=SEARCH_CONFIG)
-    hits = (DocumentChunk.objects
-            .filter(document__tenant_id=tenant_id, document__ready_at__isnull=False, search=parsed)
-            .annotate(rank=SearchRank(F("search"), parsed),
-                      snippet=SearchHeadline("text", parsed, config=SEARCH_CONFIG, start_sel="**", stop_sel="**",
-                                             max_words=40, min_words=15))
-            .select_related("document")
-            .order_by("-rank", "document_id", "seq")[:limit])
-    return [{"document_id": hit.document_id, "title": hit.document.title, "chunk": hit.seq,
-             "rank": round(hit.rank, 6), "snippet": hit.snippet} for hit in hits]
 
 
 def get_for_tenant(tenant_id: int, document_id: int) -> Document:

@@ -1,8 +1,12 @@
-"""Documents ingested by the `ingest_document` task, searchable with PostgreSQL full-text search."""
+"""Documents ingested by the `ingest_document` task, searchable with PostgreSQL full-text search
+and by meaning (pgvector: one embedding per chunk, an HNSW index for cosine distance)."""
 
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.db import models
+from pgvector.django import HnswIndex, VectorField
+
+from tools_app.documents.embeddings import DIMENSIONS
 
 # Fixed in the generated column below; search queries must use the same configuration.
 SEARCH_CONFIG = "english"
@@ -22,6 +26,8 @@ class Document(models.Model):
     summary = models.TextField(blank=True)
     created_at = models.DateTimeField()
     ready_at = models.DateTimeField(null=True, blank=True, help_text="Set when the summary is written.")
+    embedding_model = models.CharField(max_length=100, blank=True,
+                                       help_text="The model that embedded its chunks (empty: not embedded yet).")
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "created_at"], name="document_tenant_created")]
@@ -39,8 +45,14 @@ class DocumentChunk(models.Model):
         output_field=SearchVectorField(),
         db_persist=True,
     )
+    # Written by the embed step, a batch of chunks per transaction; NULL until then, so a resumed
+    # step embeds only what is still NULL.
+    embedding = VectorField(dimensions=DIMENSIONS, null=True, blank=True)
+    embedded_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["document", "seq"]
         constraints = [models.UniqueConstraint(fields=["document", "seq"], name="one_chunk_per_position")]
-        indexes = [GinIndex(fields=["search"], name="chunk_search_gin")]
+        indexes = [GinIndex(fields=["search"], name="chunk_search_gin"),
+                   HnswIndex(name="chunk_embedding_hnsw", fields=["embedding"], m=16, ef_construction=64,
+                             opclasses=["vector_cosine_ops"])]

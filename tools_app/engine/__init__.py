@@ -2,16 +2,18 @@
 
 Owns the IdempotencyRecord and every change of it. Read `run.py` for how a call
 is claimed, executed or followed, `transitions.py` for each guarded state
-change, `operation.py` for what the engine is given and answers, and
-`prepared.py` for operation ids issued before the call (prepare_operation), and
-`hooks.py` for how the packages built on it (approvals, reconciliation) tell it
-what it does not know itself.
+change, `lookup.py` for finding records by key, digest or downstream key,
+`operation.py` for what the engine is given and answers, `prepared.py` for
+operation ids issued before the call (prepare_operation), and `hooks.py` for
+how the packages built on it (approvals, reconciliation) tell it what it does
+not know itself.
 
 May import: tools_app.core only (and Django, and the settings object `idemops.conf`). Approvals,
 reconciliation, tasks and the tools build on it; it never imports them.
 """
 
 from tools_app.engine.hooks import hooks
+from tools_app.engine.lookup import records_with_key, records_with_key_digest
 from tools_app.engine.operation import (
     DEFAULT_RETENTION,
     OPERATION_ID_REQUIRED,
@@ -46,9 +48,11 @@ from tools_app.engine.transitions import (
     mark_unknown,
     new_record,
     note_unresolved,
+    operation_id_of,
     reclaim,
     release,
     renew_lease,
+    reread,
     resolve_failed,
     resolve_succeeded,
     retire,
@@ -61,6 +65,7 @@ __all__ = [
     "evidence_entry", "execute_approved", "expire_lease", "expire_leases", "gathering_evidence",
     "heartbeat_interval", "hooks", "is_expired", "issue", "issued_operation_id", "lease_expired", "lease_seconds",
     "mark_failed", "mark_succeeded", "mark_unknown", "new_record", "note_evidence", "note_unresolved",
-    "operation_id_spent", "reclaim", "release", "renew_lease", "resolve_failed", "resolve_succeeded", "retire",
-    "run", "start_approved", "valid_unused", "wait_for_outcome",
+    "operation_id_of", "operation_id_spent", "reclaim", "records_with_key", "records_with_key_digest", "release",
+    "renew_lease", "reread", "resolve_failed", "resolve_succeeded", "retire", "run", "start_approved", "valid_unused",
+    "wait_for_outcome",
 ]

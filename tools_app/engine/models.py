@@ -50,6 +50,8 @@ class IdempotencyRecord(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(help_text="End of retention; what happens after is the tool's policy.")
     retired_at = models.DateTimeField(null=True, blank=True, help_text="Set when an expired key was reused.")
+    purged_at = models.DateTimeField(null=True, blank=True, help_text="When its arguments and result were purged "
+                                                                      "(past its retention; the row stays).")
     # Downstream systems and reconciliation (tools_app.reconciliation).
     downstream_key = models.CharField(
         max_length=100, blank=True, help_text="The key sent downstream: one per operation (derived from operation_id).")
@@ -73,6 +75,9 @@ class IdempotencyRecord(models.Model):
             models.Index(fields=["tenant", "created_at"], name="record_tenant_created"),
             models.Index(fields=["tool", "created_at"], name="record_tool_created"),
             models.Index(fields=["next_reconcile_at"], condition=Q(status="UNKNOWN"), name="record_unknown_due"),
+            # Finding a key's earlier operations (the console); written only when a record is retired.
+            models.Index(fields=["tenant", "tool", "key"], condition=Q(retired_at__isnull=False),
+                         name="record_retired_key"),
         ]
         permissions = [
             ("resolve_unknown", "Can resolve UNKNOWN outcomes"),

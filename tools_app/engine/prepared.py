@@ -23,6 +23,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from tools_app.core import clock
 from tools_app.core.errors import Conflict, InvalidInput
 from tools_app.core.keys import digest
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation
@@ -81,7 +82,8 @@ def issued_operation_id(op: Operation) -> uuid.UUID:
 def valid_unused(prepared: PreparedOperation) -> bool:
     """An id nobody used yet may be used while the record of the call that issued it is live and not expired."""
     prepare_record = prepared.record
-    return prepare_record.retired_at is None and prepare_record.expires_at > timezone.now()
+    # By the database's clock (tools_app.core.clock), like every expiry: hosts' clocks disagree.
+    return prepare_record.retired_at is None and prepare_record.expires_at > clock.read()
 
 
 def not_issued(tool: str, why: str) -> InvalidInput:

@@ -18,10 +18,9 @@ import logging
 from contextlib import nullcontext
 
 from django.db import DataError, transaction
-from django.utils import timezone
 
 from idemops.conf import conf
-from tools_app.core import polling
+from tools_app.core import db, polling
 from tools_app.core.crashpoints import crash_point
 from tools_app.core.errors import (
     UNKNOWN_OUTCOME_ADVICE,
@@ -55,7 +54,9 @@ from tools_app.engine.transitions import (
     mark_succeeded,
     mark_unknown,
     reclaim,
+    reread,
     retire,
+    retry_wait,
     start_approved,
 )
 
@@ -122,17 +123,17 @@ def _take_over(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord:
             # the reconciliation sweep settles it; the caller hears so.
             logger.exception("settling record %s after its lease expired failed", record.pk)
     # Also when another follower or the sweep got there first: follow what it is now.
-    record.refresh_from_db()
-    return record
+    return reread(record)
 
 
 def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
     failure = ToolFailure.from_dict({"class": record.error_class, "message": record.error_message})
     if not failure.retryable:
         return Outcome(record, replayed=True, error=failure)
-    wait = (record.retry_not_before - timezone.now()).total_seconds() if record.retry_not_before else 0
+    wait = retry_wait(record)
     if wait > 0:
-        return Outcome(record, replayed=True, error=Transient(record.error_message, retry_after=wait))
+        return Outcome(record, replayed=True, error=ToolFailure.from_dict(
+            {"class": record.error_class, "message": record.error_message, "retry_after": wait}))
     reclaimed = reclaim(record, op)
     if reclaimed is None:
         return None  # another retry got there first; follow it
@@ -196,11 +197,20 @@ def execute_approved(record: IdempotencyRecord, op: Operation, execute: Executor
 
 
 def wait_for_outcome(record: IdempotencyRecord) -> IdempotencyRecord:
-    """Poll a PROCESSING record until it finishes, its lease runs out, or the follower wait runs out."""
-    polling.until(lambda: record.status != RecordStatus.PROCESSING or lease_expired(record),
-                  seconds=conf().follower_wait_seconds, pause=0.01, max_pause=0.2,
-                  refresh=record.refresh_from_db)
+    """Poll a PROCESSING record until it finishes, its lease runs out, or the follower wait runs out.
+
+    Under polling.run_async (an MCP call) the wait holds no database thread: the call runs
+    again after it, and its claim finds the record as the wait left it.
+    """
+    polling.wait("follower", lambda: record.status != RecordStatus.PROCESSING or lease_expired(record),
+                 seconds=conf().follower_wait_seconds, pause=0.01, max_pause=0.2,
+                 refresh=lambda: reread(record), watch=polling.Watch(db.table(IdempotencyRecord), record.pk,
+                                                                       WAITED_ON))
     return record
+
+
+# What a follower waits for: another status, or the executor's lease running out (by the database's clock).
+WAITED_ON = "status || ':' || coalesce((lease_expires_at < statement_timestamp())::text, '')"
 
 
 def _in_progress_retry_after() -> float:

@@ -9,21 +9,26 @@ never check-then-insert.
 The executor holds a short lease (EXECUTION_LEASE_SECONDS), renewed by a heartbeat while its
 handler runs (tools_app.core.leases); `expire_lease` is taken by the sweep and by a follower
 that finds the lease expired.
+
+Every time that decides something (lease expiries, retention, when a retry or a reconciliation
+is due) is the database's (core.clock): written as `NOW`/`later()` in the statement, compared
+in SQL, or compared with the database's time of the read (`read_at`, which `claim` and
+`reread` set), never with this host's clock.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
-from django.utils import timezone
+from django.db.models import F
 
 from idemops.conf import conf
-from tools_app.core import audit, backoff, counters, db, leases, logs, redaction, tracing
-from tools_app.core.errors import ToolFailure, UnknownOutcome
+from tools_app.core import audit, backoff, clock, counters, db, leases, logs, redaction, tracing
+from tools_app.core.errors import RETRYABLE, ToolFailure, UnknownOutcome
 from tools_app.core.keys import canonical_json
 from tools_app.core.models import AuditEvent
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
@@ -73,7 +78,8 @@ def heartbeat(record: IdempotencyRecord) -> leases.Heartbeat:
 
 def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     """Return (record, True) if this call inserted the PROCESSING record for
-    `op` and is its executor, or (the live record, False) for a follower."""
+    `op` and is its executor, or (the live record, False) for a follower.
+    The record carries `read_at`, the database's time of the read."""
     with tracing.span("idempotency.claim") as span:
         record, claimed = _claim(op)
         span.set_attribute("idemops.claimed", claimed)
@@ -83,13 +89,13 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
 
 def _claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     if row := _fetch_live(op):  # replays, the common case, stop here: one indexed read
-        return db.from_row(IdempotencyRecord, row), False
+        return _loaded(row), False
     record = new_record(op)
     # The record has no id yet: the statement fills object_id from the inserted row.
     claimed_event = audit.new_event(action="record.claimed", obj=record, actor=op.actor, trace_id=op.trace_id,
                                     after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
     if row := _claim_or_fetch(record, claimed_event):
-        return db.from_row(IdempotencyRecord, row[:-1]), row[-1]
+        return _loaded(row[:-2] + row[-1:]), row[-2]
     if op.operation_id is not None and _fetch_live(op) is None and _operation_id_taken(op.operation_id):
         # Not a lost race: an issued id whose record was retired meanwhile (retention ended, or an
         # operator released it) conflicts with that record's operation_id and never inserts.
@@ -98,26 +104,54 @@ def _claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     return _claim(op)
 
 
+def _loaded(row: tuple) -> IdempotencyRecord:
+    """A record from a row of its columns followed by the database's time of the read."""
+    record = db.from_row(IdempotencyRecord, row[:-1])
+    record.read_at = row[-1]
+    return record
+
+
+def reread(record: IdempotencyRecord) -> IdempotencyRecord:
+    """Read the record again, with the database's time of the read (`read_at`)."""
+    fresh = IdempotencyRecord.objects.annotate(read_at=clock.NOW).get(pk=record.pk)
+    record.__dict__.update({f.attname: getattr(fresh, f.attname) for f in IdempotencyRecord._meta.concrete_fields},
+                           read_at=fresh.read_at)
+    return record
+
+
 def new_record(op: Operation) -> IdempotencyRecord:
-    """The PROCESSING record a claim of `op` inserts (not saved)."""
-    now = timezone.now()
+    """The PROCESSING record a claim of `op` inserts (not saved; its times are the database's,
+    computed by the INSERT)."""
     operation_id = op.operation_id or uuid.uuid4()
     return IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
         # What is kept to be read: URLs lose their query (tokens); the fingerprint covers the full arguments.
         field_digests=op.field_digests, arguments=redaction.scrub_urls(json.loads(canonical_json(op.arguments))),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=leases.new_owner(),
-        lease_expires_at=leases.expiry(lease_seconds(), now),
+        lease_expires_at=leases.expiry(lease_seconds()),
         operation_id=operation_id, trace_id=op.trace_id, span_id=op.span_id, actor=op.actor,
         downstream_key="" if op.transactional else downstream_key(operation_id),
-        created_at=now, updated_at=now, expires_at=now + op.retention,
+        created_at=clock.NOW, updated_at=clock.NOW, expires_at=clock.later(op.retention),
     )
+
+
+DOWNSTREAM_KEY_PREFIX = "idemops-"
 
 
 def downstream_key(operation_id: uuid.UUID) -> str:
     """The key sent to a downstream system: one per operation, so every retry of it is deduplicated
     there, and a key freed after its retention (retired or released) is a new operation there too."""
-    return f"idemops-{operation_id.hex}"
+    return f"{DOWNSTREAM_KEY_PREFIX}{operation_id.hex}"
+
+
+def operation_id_of(key: str) -> uuid.UUID | None:
+    """The operation a downstream key stands for (None: not one of ours)."""
+    if not key.startswith(DOWNSTREAM_KEY_PREFIX):
+        return None
+    try:
+        return uuid.UUID(hex=key.removeprefix(DOWNSTREAM_KEY_PREFIX))
+    except ValueError:
+        return None
 
 
 def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tuple | None:
@@ -146,9 +180,9 @@ def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tup
             INSERT INTO {db.table(AuditEvent)} ({", ".join(audit_columns)})
             SELECT {", ".join(audit_values)} FROM claimed
         )
-        SELECT {select_list}, true FROM claimed
+        SELECT {select_list}, true, statement_timestamp() FROM claimed
         UNION ALL
-        SELECT *, false FROM live
+        SELECT *, false, statement_timestamp() FROM live
     """
     with connection.cursor() as cursor:
         cursor.execute(sql, [record.tenant_id, record.tool, record.key, *params, *audit_params])
@@ -162,7 +196,7 @@ def _operation_id_taken(operation_id: uuid.UUID) -> bool:
 def _fetch_live(op: Operation) -> tuple | None:
     _, select_list = db.select_columns(IdempotencyRecord)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {select_list} FROM {db.table(IdempotencyRecord)} "
+        cursor.execute(f"SELECT {select_list}, statement_timestamp() FROM {db.table(IdempotencyRecord)} "
                        "WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL",
                        [op.tenant_id, op.tool, op.key])
         return cursor.fetchone()
@@ -174,7 +208,7 @@ def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: di
                 after: dict[str, Any] | None = None) -> bool:
     """core.db.transition for a record: it also stamps `updated_at`, the event records the status
     before and after (unless told otherwise), and `evidence`, if any, is appended to the record's."""
-    changes = {**changes, "updated_at": timezone.now()}
+    changes = {**changes, "updated_at": clock.NOW}
     entries = [evidence] if isinstance(evidence, dict) else list(evidence or [])
     return db.transition(
         record, expected, changes, action=action, actor=actor, reason=reason, trace_id=trace_id or record.trace_id,
@@ -184,9 +218,9 @@ def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: di
         append={"evidence": entries} if entries else None)
 
 
-def _finished(record: IdempotencyRecord, now: datetime) -> dict[str, Any]:
+def _finished() -> dict[str, Any]:
     """Fields every move to a final status sets: retention counts from the finish."""
-    return {"finished_at": now, "expires_at": now + (record.expires_at - record.created_at)}
+    return {"finished_at": clock.NOW, "expires_at": clock.NOW + (F("expires_at") - F("created_at"))}
 
 
 def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str,
@@ -194,7 +228,7 @@ def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: 
     """PROCESSING -> SUCCEEDED, by the lease holder. Call inside the business transaction."""
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
         "status": RecordStatus.SUCCEEDED, "result": result, "lease_owner": "", "lease_expires_at": None,
-        "error_class": "", "error_message": "", **_finished(record, timezone.now()),
+        "error_class": "", "error_message": "", **_finished(),
     }, action="record.succeeded", actor=actor, evidence=evidence):
         raise LeaseLost(record.pk)
     return record
@@ -206,13 +240,12 @@ def mark_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str) 
     A transient failure without a `retry_after` of its own (a downstream's Retry-After) gets
     the shared backoff for this attempt, and the agent hears it.
     """
-    now = timezone.now()
     if failure.retryable and failure.retry_after is None:
         failure.retry_after = write_retry_after(record.attempts)
-    retry_not_before = now + timedelta(seconds=failure.retry_after) if failure.retryable else None
+    retry_not_before = clock.later(failure.retry_after) if failure.retryable else None
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
-        "retry_not_before": retry_not_before, "lease_owner": "", "lease_expires_at": None, **_finished(record, now),
+        "retry_not_before": retry_not_before, "lease_owner": "", "lease_expires_at": None, **_finished(),
     }, action="record.failed", actor=actor, reason=failure.message, evidence=failure.evidence):
         record.refresh_from_db()
     return record
@@ -227,7 +260,7 @@ def mark_unknown(record: IdempotencyRecord, unknown: UnknownOutcome, *, actor: s
     """PROCESSING -> UNKNOWN, by the lease holder, when the downstream outcome is unknowable here."""
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
         "status": RecordStatus.UNKNOWN, "error_class": unknown.error_class, "error_message": unknown.message,
-        "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": timezone.now(),
+        "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": clock.NOW,
     }, action="record.unknown", actor=actor, reason=unknown.message,
             evidence=unknown.evidence or evidence_entry("executor", note=unknown.message)):
         record.refresh_from_db()
@@ -235,12 +268,12 @@ def mark_unknown(record: IdempotencyRecord, unknown: UnknownOutcome, *, actor: s
 
 
 def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | None:
-    """FAILED(transient) -> PROCESSING for a retry with the same key and arguments.
+    """FAILED(transient or rate_limited) -> PROCESSING for a retry with the same key and arguments.
 
     Guarded by the attempt count we saw, so of several racing retries one wins.
     """
     if not _transition(record, {
-        "status": RecordStatus.FAILED, "error_class": "transient", "fingerprint": op.fingerprint,
+        "status": RecordStatus.FAILED, "error_class__in": sorted(map(str, RETRYABLE)), "fingerprint": op.fingerprint,
         "attempts": record.attempts,
     }, {
         "status": RecordStatus.PROCESSING, "attempts": record.attempts + 1, "lease_owner": leases.new_owner(),
@@ -254,9 +287,8 @@ def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | Non
 
 def retire(record: IdempotencyRecord, *, actor: str, reason: str = "retention ended; key reused") -> bool:
     """Free an expired finished record's key; the row stays for auditors."""
-    now = timezone.now()
-    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": now},
-                       {"retired_at": now}, action="record.retired", actor=actor, reason=reason)
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": clock.NOW},
+                       {"retired_at": clock.NOW}, action="record.retired", actor=actor, reason=reason)
 
 
 def expire_lease(record: IdempotencyRecord, *, actor: str = SWEEPER, source: str = "sweep",
@@ -266,9 +298,10 @@ def expire_lease(record: IdempotencyRecord, *, actor: str = SWEEPER, source: str
     Never re-executes: a dead executor may have done its side effect; the
     record is due for reconciliation at once. Guarded by the expired lease
     itself: an executor that renewed in time keeps the record. Taken by the
-    sweep, and by a follower that finds the lease expired (`source` says which).
+    sweep, and by a follower that finds the lease expired (`source` says which). `now` (a
+    test's) replaces the database's time in the guard.
     """
-    now = now or timezone.now()
+    now = now or clock.NOW
     expired = _transition(
         record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner, "lease_expires_at__lt": now},
         {"status": RecordStatus.UNKNOWN, "error_class": "unknown_outcome",
@@ -283,11 +316,10 @@ def expire_lease(record: IdempotencyRecord, *, actor: str = SWEEPER, source: str
     return expired
 
 
-def expire_leases(now: datetime | None = None) -> list[IdempotencyRecord]:
+def expire_leases() -> list[IdempotencyRecord]:
     """The sweep: `expire_lease` for every record whose executor's lease ran out."""
-    now = now or timezone.now()
-    stale = IdempotencyRecord.objects.filter(status=RecordStatus.PROCESSING, lease_expires_at__lt=now)
-    return [record for record in stale if expire_lease(record, now=now)]
+    stale = IdempotencyRecord.objects.filter(status=RecordStatus.PROCESSING, lease_expires_at__lt=clock.NOW)
+    return [record for record in stale if expire_lease(record)]
 
 
 def resolve_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str, reason: str,
@@ -295,27 +327,28 @@ def resolve_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, acto
     """UNKNOWN -> SUCCEEDED: the downstream did it; store its result so a replay returns it."""
     return _transition(record, {"status": RecordStatus.UNKNOWN}, {
         "status": RecordStatus.SUCCEEDED, "result": result, "error_class": "", "error_message": "",
-        "next_reconcile_at": None, **_finished(record, timezone.now()),
+        "next_reconcile_at": None, **_finished(),
     }, action="record.reconciled", actor=actor, reason=reason, evidence=evidence)
 
 
 def resolve_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str, reason: str,
                    evidence: dict[str, Any]) -> bool:
     """UNKNOWN -> FAILED: definitely not done. A transient failure lets the same key run again."""
-    now = timezone.now()
     return _transition(record, {"status": RecordStatus.UNKNOWN}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
-        "retry_not_before": now if failure.retryable else None, "next_reconcile_at": None, **_finished(record, now),
+        "retry_not_before": clock.NOW if failure.retryable else None, "next_reconcile_at": None, **_finished(),
     }, action="record.reconciled", actor=actor, reason=reason, evidence=evidence)
 
 
-def note_unresolved(record: IdempotencyRecord, *, evidence: dict[str, Any], next_attempt_at: datetime | None,
+def note_unresolved(record: IdempotencyRecord, *, evidence: dict[str, Any], next_attempt_in: float | None,
                     actor: str) -> bool:
-    """UNKNOWN stays UNKNOWN: count the attempt; with no next attempt, escalate to a person."""
-    escalate = next_attempt_at is None
+    """UNKNOWN stays UNKNOWN: count the attempt, due again in `next_attempt_in` seconds; with no
+    next attempt, escalate to a person."""
+    escalate = next_attempt_in is None
     return _transition(record, {"status": RecordStatus.UNKNOWN, "reconcile_attempts": record.reconcile_attempts}, {
-        "reconcile_attempts": record.reconcile_attempts + 1, "next_reconcile_at": next_attempt_at,
-        **({"escalated_at": timezone.now()} if escalate else {}),
+        "reconcile_attempts": record.reconcile_attempts + 1,
+        "next_reconcile_at": None if escalate else clock.later(next_attempt_in),
+        **({"escalated_at": clock.NOW} if escalate else {}),
     }, action="record.escalated" if escalate else "record.reconcile_attempted", actor=actor,
         reason="automatic reconciliation gave up; a person must decide" if escalate else "", evidence=evidence)
 
@@ -352,24 +385,33 @@ def close_unapproved(record: IdempotencyRecord, failure: ToolFailure, *, actor: 
     """
     return _transition(record, {"status": RecordStatus.AWAITING_APPROVAL}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
-        "retry_not_before": None, **_finished(record, timezone.now()),
+        "retry_not_before": None, **_finished(),
     }, action="record.failed", actor=actor, reason=reason)
 
 
 def is_expired(record: IdempotencyRecord, now: datetime | None = None) -> bool:
-    return record.status in FINISHED and record.expires_at <= (now or timezone.now())
+    """Finished and past its retention, by the database's time of the read (or `now`)."""
+    return record.status in FINISHED and record.expires_at <= (now or clock.read_at(record))
 
 
 def lease_expired(record: IdempotencyRecord, now: datetime | None = None) -> bool:
-    """PROCESSING, and its executor stopped renewing its lease in time."""
+    """PROCESSING, and its executor stopped renewing its lease in time (by the database's time of
+    the read, or `now`)."""
     return (record.status == RecordStatus.PROCESSING and record.lease_expires_at is not None
-            and record.lease_expires_at < (now or timezone.now()))
+            and record.lease_expires_at < (now or clock.read_at(record)))
+
+
+def retry_wait(record: IdempotencyRecord) -> float:
+    """Seconds until a transient failure may run again (0: now), by the database's time of the read."""
+    if record.retry_not_before is None:
+        return 0.0
+    return (record.retry_not_before - clock.read_at(record)).total_seconds()
 
 
 def end_retention(record: IdempotencyRecord, *, actor: str, reason: str) -> bool:
     """A finished record's retention ends now (an operator's force-expire): the key's expiry
     policy applies from the next call."""
-    now = timezone.now()
+    now = clock.read()
     return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__gt": now},
                        {"expires_at": now}, action="record.force_expired", actor=actor, reason=reason,
                        before={"expires_at": record.expires_at.isoformat()}, after={"expires_at": now.isoformat()})
@@ -379,7 +421,7 @@ def release(record: IdempotencyRecord, *, actor: str, reason: str, checked: str,
             downstream_reference: str = "") -> bool:
     """A key held past its retention is freed (an operator checked downstream): the record is
     retired as `retire` does, with what was checked as evidence and in the audit event."""
-    now = timezone.now()
+    now = clock.read()
     facts = {"checked": checked, "downstream_reference": downstream_reference}
     return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": now},
                        {"retired_at": now}, action="record.released", actor=actor, reason=reason,

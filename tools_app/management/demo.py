@@ -1,4 +1,9 @@
-"""The demo tenant, operator and token that `make run` creates once.
+"""The demo tenant, its people and its agent token, which `make run` creates once.
+
+- `admin`: a superuser, and the owner of the demo agent's token. Four eyes: the owner cannot
+  approve what the agent asks for, so the demo has a second person:
+- `alice`: approver of the demo tenant, with an email address: she is told (through the outbox, to
+  the notification sink) when the agent asks for an approval.
 
 Credentials are kept in var/demo-credentials.json (mode 0600) so that every
 `make run` can print them; the token itself is stored hashed in the database
@@ -16,11 +21,13 @@ from django.db import transaction
 
 from idemops.conf import conf
 from tools_app import access
+from tools_app.access import roles
 from tools_app.access.models import ApiToken, Tenant
 from tools_app.approvals.models import ApprovalSettings
 
 DEMO_TENANT = "demo"
 DEMO_ADMIN = "admin"
+DEMO_APPROVER = "alice"
 
 
 def credentials_path() -> Path:
@@ -36,15 +43,23 @@ def ensure_demo() -> dict[str, str]:
         tenant = access.create_tenant(DEMO_TENANT, "Demo tenant", actor="system:demo")
         # So the demo shows approvals: payments above 1,000 EUR wait for a person, above 10,000 for two.
         ApprovalSettings.objects.create(tenant=tenant, payment_threshold=1000, payment_second_threshold=10000)
-    if not saved.get("token") or access.authenticate_token(saved["token"]) is None:
+    User = get_user_model()
+    admin = User.objects.filter(username=DEMO_ADMIN).first()
+    if admin is None:
+        saved["admin_password"] = secrets.token_urlsafe(12)
+        admin = User.objects.create_superuser(DEMO_ADMIN, "admin@example.invalid", saved["admin_password"])
+    if not User.objects.filter(username=DEMO_APPROVER).exists():
+        saved["approver_password"] = secrets.token_urlsafe(12)
+        approver = User.objects.create_user(DEMO_APPROVER, "alice@example.invalid", saved["approver_password"])
+        roles.grant(approver, roles.APPROVER, [DEMO_TENANT], actor="system:demo")
+    token = access.authenticate_token(saved["token"]) if saved.get("token") else None
+    if token is None:
         # First run, or the saved token was revoked or belongs to another database.
         name = f"demo-agent-{ApiToken.objects.filter(tenant=tenant).count() + 1}"
-        _, saved["token"] = access.issue_token(tenant, name, actor="system:demo")
-    User = get_user_model()
-    if not User.objects.filter(username=DEMO_ADMIN).exists():
-        saved["admin_password"] = secrets.token_urlsafe(12)
-        User.objects.create_superuser(DEMO_ADMIN, "admin@example.invalid", saved["admin_password"])
-    saved["admin_user"] = DEMO_ADMIN
+        _, saved["token"] = access.issue_token(tenant, name, owner=admin, actor="system:demo")
+    elif token.owner_id is None:  # issued by a release from before tokens had owners
+        access.set_owner(token, admin, actor="system:demo", reason="the demo agent's owner")
+    saved["admin_user"], saved["approver_user"] = DEMO_ADMIN, DEMO_APPROVER
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(saved, indent=2))
     path.chmod(0o600)

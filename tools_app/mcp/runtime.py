@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -23,8 +24,10 @@ from pydantic import BaseModel, Field
 
 from idemops.conf import conf
 from tools_app import access
-from tools_app.core import counters, keys, logs, outage
+from tools_app.core import counters, keys, logs, outage, polling
+from tools_app.core.errors import RateLimited
 from tools_app.toolkit.calls import Caller, CallResult
+from tools_app.toolkit.registry import ToolSpec
 
 REPLAYED_META = "io.idemops/replayed"
 
@@ -70,7 +73,7 @@ def _with_fresh_connection(fn, *args, **kwargs):
 
 
 class TenantTokenVerifier:
-    """Maps `Authorization: Bearer <token>` to the tenant and agent identity."""
+    """Maps `Authorization: Bearer <token>` to the tenant and agent identity, and its limits."""
 
     async def verify_token(self, token: str) -> AccessToken | None:
         api_token = await in_db_thread(access.authenticate_token, token)
@@ -78,7 +81,8 @@ class TenantTokenVerifier:
             return None
         return AccessToken(
             token=token, client_id=api_token.agent_identity, scopes=["tools"],
-            claims={"tenant_id": api_token.tenant_id, "token_id": api_token.pk},
+            claims={"tenant_id": api_token.tenant_id, "token_id": api_token.pk,
+                    "limits": access.call_limits(api_token).as_claims()},
         )
 
 
@@ -88,6 +92,21 @@ def authenticated_caller() -> Caller:
     if verified is None or not verified.claims:  # a guard: /mcp never runs a tool unauthenticated
         raise PermissionError("no authenticated tenant")
     return Caller(tenant_id=verified.claims["tenant_id"], actor=verified.client_id)
+
+
+def caller_limits() -> access.CallLimits:
+    """The rate limits of the verified bearer token."""
+    return access.CallLimits.from_claims(get_access_token().claims["limits"])
+
+
+def admitted(spec: ToolSpec, limits: access.CallLimits, call: Callable[[], CallResult]) -> CallResult:
+    """`call()`, once the caller's rate limits admit it (else a `rate_limited` result, nothing done).
+    Admitted once per call, also when waiting runs the call again (core.polling)."""
+    try:
+        polling.carried("admitted", lambda: access.admit_call(limits))
+    except RateLimited as limited:
+        return CallResult(spec, error=limited)
+    return call()
 
 
 def current_caller(ctx: Context) -> Caller:

@@ -38,13 +38,15 @@ from pydantic import BaseModel, ConfigDict, create_model
 from starlette.middleware import Middleware
 
 from idemops.conf import conf
-from tools_app.core import keys, outage
+from tools_app.core import keys, outage, polling
 from tools_app.core.errors import UNKNOWN_OUTCOME_ADVICE, NotFound
 from tools_app.mcp.guards import DatabaseGuard, RequestIdGuard
 from tools_app.mcp.runtime import (
     DatabaseUnavailable,
     IdempotencyInfo,
     TenantTokenVerifier,
+    admitted,
+    caller_limits,
     count_call,
     current_caller,
     in_db_thread,
@@ -102,9 +104,12 @@ def sdk_tool(spec: ToolSpec) -> Tool:
     async def handle(arguments: dict[str, Any], ctx: Context) -> CallToolResult:
         started = time.perf_counter()
         caller = current_caller(ctx)
+        limits = caller_limits()
         meta = ctx.request_context.meta or {}
         try:
-            result = await in_db_thread(call_tool, spec, caller, arguments, meta_key=meta.get(keys.META_KEY))
+            # A call that waits (a follower, a task wait) waits holding no database thread (core.polling).
+            result = await polling.run_async(in_db_thread, admitted, spec, limits, lambda: call_tool(
+                spec, caller, arguments, meta_key=meta.get(keys.META_KEY)))
         except DatabaseUnavailable:
             # Whatever the call did is either committed with its record or not at
             # all, and the engine runs the key at most once: the same key may retry.

@@ -42,7 +42,7 @@ from idemops.conf import conf
 from tools_app.core import keys
 from tools_app.core.errors import NotFound
 from tools_app.mcp import task_watch
-from tools_app.mcp.runtime import authenticated_caller, count_call, in_db_thread, render
+from tools_app.mcp.runtime import authenticated_caller, caller_limits, count_call, in_db_thread, render
 from tools_app.mcp.tasks_extension import (
     EXTENSION,
     LEGACY,
@@ -102,8 +102,8 @@ async def _call_as_task(ctx, params: dict[str, Any]) -> dict[str, Any]:
     began = time.perf_counter()
     caller = authenticated_caller()
     meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-    started, handle = await in_db_thread(start_task_for, name, caller, arguments, meta.get(keys.META_KEY),
-                                         legacy_task)
+    started, handle = await in_db_thread(start_task_for, name, caller_limits(), caller, arguments,
+                                         meta.get(keys.META_KEY), legacy_task)
     count_call(caller, name, started, began)
     if handle is None:  # refused before a task existed (bad input, a conflicting key): what the call would answer
         return render(started).model_dump(by_alias=True, mode="json", exclude_none=True)

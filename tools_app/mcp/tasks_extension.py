@@ -57,7 +57,7 @@ from tools_app.access import Agent
 from tools_app.core import keys
 from tools_app.core.errors import NotFound, ToolFailure
 from tools_app.mcp import task_watch
-from tools_app.mcp.runtime import authenticated_caller, count_call, in_db_thread, render
+from tools_app.mcp.runtime import admitted, authenticated_caller, caller_limits, count_call, in_db_thread, render
 from tools_app.tasks import calls as task_calls
 from tools_app.tasks.models import Task, TaskStatus
 from tools_app.toolkit.calls import Caller
@@ -252,13 +252,20 @@ def _result_view(task: Task) -> dict[str, Any]:
             "result": call_result(task) if task.finished else None}
 
 
-def start_task_for(name: str, caller: Caller, arguments: dict[str, Any], meta_key: str | None,
+def start_task_for(name: str, limits, caller: Caller, arguments: dict[str, Any], meta_key: str | None,
                    shape=task_shape):
-    """A long tool's call as the start_task operation for it: (the call's result, the task's `shape`,
-    or None when it was refused before a task existed)."""
+    """A long tool's call as the start_task operation for it, once the caller's rate limits admit
+    it: (the call's result, the task's `shape`, or None when it was refused before a task existed)."""
     spec = get_tool(name)
-    started, task = task_calls.start_through_engine(spec, caller, arguments, meta_key)
-    return started, (shape(task) if task is not None else None)
+    outcome: dict[str, Any] = {"task": None}
+
+    def start():
+        started, task = task_calls.start_through_engine(spec, caller, arguments, meta_key)
+        outcome["task"] = task
+        return started
+
+    started = admitted(spec, limits, start)
+    return started, (shape(outcome["task"]) if outcome["task"] is not None else None)
 
 
 # --- the extension -------------------------------------------------------------------------------
@@ -283,8 +290,8 @@ class TasksExtension(Extension):
         began = time.perf_counter()
         caller = authenticated_caller()
         meta = ctx.meta or {}
-        started, handle = await in_db_thread(start_task_for, params.name, caller, dict(params.arguments or {}),
-                                             meta.get(keys.META_KEY))
+        started, handle = await in_db_thread(start_task_for, params.name, caller_limits(), caller,
+                                             dict(params.arguments or {}), meta.get(keys.META_KEY))
         count_call(caller, params.name, started, began)
         if handle is None:
             return render(started)  # refused before a task existed: an ordinary tool error

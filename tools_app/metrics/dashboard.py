@@ -1,4 +1,5 @@
-"""The operators' dashboard: counts and rates per tool over the last hour or day.
+"""The operators' dashboard: counts and rates per tool over the last hour, day or week (trends.py
+draws the seed metrics over time, per tenant and tool, from the same rows).
 
 Call outcomes, replay latency and downstream duplicates come from the per-minute rows every
 process writes (rollup.py, the source of `/metrics` too); what is stuck right now from the same
@@ -33,6 +34,7 @@ class Window:
 WINDOWS = {
     "hour": Window("hour", timedelta(hours=1), timedelta(minutes=5), "5 minutes"),
     "day": Window("day", timedelta(days=1), timedelta(hours=1), "hour"),
+    "week": Window("week", timedelta(days=7), timedelta(hours=6), "6 hours"),
 }
 
 

@@ -20,9 +20,10 @@ from tools_app.outbox.relay import (
     record_failed_attempt,
     redrive,
     relay_batch,
+    relay_one,
 )
 
 __all__ = [
     "REDRIVE", "RELAY_ACTOR", "DeliveryFailed", "DeliveryRefused", "RelayReport", "deliver", "enqueue",
-    "mark_delivered", "record_failed_attempt", "redrive", "relay_batch", "relay_pending",
+    "mark_delivered", "record_failed_attempt", "redrive", "relay_batch", "relay_one", "relay_pending",
 ]

@@ -36,7 +36,9 @@ def deliver(event: OutboxEvent) -> None:
     if event.kind == "notification.email":
         _send_email(event)
     elif event.kind == "notification.webhook":
-        _post_webhook(event, {"subject": event.payload["subject"], "body": event.payload["body"]})
+        # `data`: what a machine reads (e.g. an approval request's id, state and link), when the writer gave it.
+        _post_webhook(event, {"subject": event.payload["subject"], "body": event.payload["body"],
+                              **({"data": event.payload["data"]} if "data" in event.payload else {})})
     elif event.kind == "task.webhook":
         _post_webhook(event, event.payload["json"])
     else:

@@ -32,6 +32,9 @@ class OutboxEvent(models.Model):
     trace_id = models.CharField(max_length=100, blank=True, help_text="The trace of the call that wrote it.")
     span_id = models.CharField(max_length=16, blank=True, help_text="Its span: deliveries are traced under it.")
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # A relay's claim on a pending event while it delivers it (outbox.relay): no row lock is held meanwhile.
+    claimed_by = models.CharField(max_length=100, blank=True, default="")
+    claimed_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [

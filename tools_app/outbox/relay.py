@@ -1,18 +1,27 @@
 """The transactional outbox: messages written with the business change, delivered at least once.
 
 `enqueue` runs inside the caller's transaction, so the event exists if and
-only if the change committed. The relay claims a batch with
-`SELECT ... FOR UPDATE SKIP LOCKED` (two relays never take the same event),
-delivers each, and marks it delivered or schedules another attempt after
-core.backoff's delay; past OUTBOX_MAX_ATTEMPTS an event is dead-lettered and
-waits for an operator to re-drive it. Each of these moves is one guarded
-transition with its audit event (core.db.transition). A webhook URL is
-checked against the allow-list again before each attempt (tools_app.core.url_allowlist);
-one that fails it is dead-lettered at once, unsent.
+only if the change committed. The relay never holds a row lock or a
+transaction across a network delivery:
 
-A relay killed mid-batch delivers some events without marking them; its
-transaction rolls back and they are delivered again. Consumers deduplicate by
-the event id (email Message-ID, webhook X-Event-Id), so each effect happens once.
+1. claim: one statement takes a batch of due events (`FOR UPDATE SKIP LOCKED`,
+   so two relays never take the same one) and marks them claimed by this relay
+   until `claimed_until` (the database's clock), then commits at once;
+2. deliver: outside any transaction, on up to IDEMOPS_OUTBOX_DELIVERY_THREADS threads at
+   once, so a slow or hanging consumer holds up only its own event (each
+   delivery is bounded by its timeout);
+3. record: each result, as soon as it is known, by one guarded transition (still
+   pending, still claimed by this relay) with its audit event: delivered, or
+   another attempt after core.backoff's delay, or dead-lettered past
+   OUTBOX_MAX_ATTEMPTS (an operator re-drives it).
+
+A webhook URL is checked against the allow-list again before each attempt
+(tools_app.core.url_allowlist); one that fails it is dead-lettered at once, unsent.
+
+A relay killed mid-batch leaves its events claimed until `claimed_until`; then
+another relay claims them and delivers them again (the killed one may have
+delivered some). Consumers deduplicate by the event id (email Message-ID,
+webhook X-Event-Id), so each effect happens once.
 
 Each event keeps the trace of the call that wrote it; each delivery attempt is a span in that
 trace (its context goes to the consumer as `traceparent`) and one log line (`outbox.delivery`:
@@ -23,16 +32,15 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
-from django.utils import timezone
+from django.db import connection, connections, transaction
 
 from idemops.conf import conf
 from tools_app import access
-from tools_app.core import backoff, counters, db, jobs, logs, redaction, tracing
+from tools_app.core import backoff, clock, counters, db, jobs, leases, logs, redaction, tracing
 from tools_app.outbox.delivery import DeliveryFailed, deliver
 from tools_app.outbox.models import OutboxEvent, OutboxStatus
 
@@ -40,13 +48,23 @@ logger = logging.getLogger(__name__)
 RELAY_ACTOR = "system:outbox-relay"
 
 
-def enqueue(*, tenant_id: int, kind: str, payload: dict[str, Any], record=None) -> OutboxEvent:
-    """Write an event in the current transaction and wake the relay when it commits."""
-    now = timezone.now()
+def enqueue(*, tenant_id: int, kind: str, payload: dict[str, Any], record=None, event_id=None) -> OutboxEvent:
+    """Write an event in the current transaction and wake the relay when it commits.
+
+    With `event_id` (a step that may run again after a crash derives it from its task), an event
+    already written under that id is returned instead: one event however often the step runs.
+    """
+    now = clock.read()  # due now by the database's clock, which the relay compares it with
     trace_id, span_id = tracing.ids()
-    event = OutboxEvent.objects.create(tenant_id=tenant_id, record=record, kind=kind, payload=payload,
-                                       operation_id=record.operation_id if record is not None else None,
-                                       next_attempt_at=now, created_at=now, trace_id=trace_id, span_id=span_id)
+    fields = dict(tenant_id=tenant_id, record=record, kind=kind, payload=payload,
+                  operation_id=record.operation_id if record is not None else None, next_attempt_at=now,
+                  created_at=now, trace_id=trace_id, span_id=span_id)
+    if event_id is not None:
+        event, created = OutboxEvent.objects.get_or_create(pk=event_id, defaults=fields)
+        if not created:
+            return event
+    else:
+        event = OutboxEvent.objects.create(**fields)
     # The ORM broker's enqueue joins this transaction: no commit, no job.
     jobs.enqueue("outbox.relay", task_name="outbox-relay")
     return event
@@ -60,58 +78,119 @@ class RelayReport:
     delivered: int = 0
     retried: int = 0
     dead: int = 0
+    lost: int = 0  # delivered or failed, but the claim had run out and another relay had the event
 
     @property
     def handled(self) -> int:
-        return self.delivered + self.retried + self.dead
+        return self.delivered + self.retried + self.dead + self.lost
+
+
+def claim_batch(owner: str, limit: int, *, event_id=None) -> list[OutboxEvent]:
+    """Claim up to `limit` due events (only `event_id`, if given) for `owner`, until the claim runs
+    out; committed at once."""
+    _, columns = db.select_columns(OutboxEvent)
+    table = db.table(OutboxEvent)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"""
+            UPDATE {table} SET claimed_by = %s,
+                   claimed_until = statement_timestamp() + make_interval(secs => %s)
+            WHERE id IN (
+                SELECT id FROM {table}
+                WHERE status = %s AND next_attempt_at <= statement_timestamp()
+                  AND (claimed_until IS NULL OR claimed_until < statement_timestamp())
+                  AND (%s::uuid IS NULL OR id = %s::uuid)
+                ORDER BY next_attempt_at, created_at
+                LIMIT %s
+                FOR UPDATE SKIP LOCKED)
+            RETURNING {columns}""", [owner, conf().outbox_claim_seconds, OutboxStatus.PENDING,
+                                  event_id, event_id, limit])
+        rows = cursor.fetchall()
+    return sorted((db.from_row(OutboxEvent, row) for row in rows), key=lambda e: (e.next_attempt_at, e.created_at))
 
 
 def relay_batch(limit: int | None = None) -> RelayReport:
-    """Deliver one batch of due events. Rows stay locked until this transaction ends."""
+    """Claim one batch of due events, deliver them (no transaction open, several at once on
+    delivery threads that do no database work) and record each result as it comes."""
     report = RelayReport()
-    with transaction.atomic():
-        batch = list(OutboxEvent.objects.select_for_update(skip_locked=True)
-                     .filter(status=OutboxStatus.PENDING, next_attempt_at__lte=timezone.now())
-                     .order_by("next_attempt_at", "created_at")[:limit or conf().outbox_batch_size])
-        for event in batch:
-            outcome = _relay_one(event)
+    batch = claim_batch(leases.new_owner(), limit or conf().outbox_batch_size)
+    if not batch:
+        return report
+    with ThreadPoolExecutor(max_workers=min(len(batch), conf().outbox_delivery_threads),
+                            thread_name_prefix="outbox-delivery") as pool:
+        deliveries = {pool.submit(_delivery_thread, event): event for event in batch}
+        for done in as_completed(deliveries):
+            outcome = _record(deliveries[done], *done.result())
             setattr(report, outcome, getattr(report, outcome) + 1)
     return report
 
 
-def _relay_one(event: OutboxEvent) -> str:
-    """Deliver one event and record the attempt; "delivered", "retried" or "dead"."""
+def relay_one(event_id) -> RelayReport:
+    """Deliver one event now if it is due and no relay holds it (a long task's step that must know
+    how its message fared drives its delivery itself, instead of waiting for a free worker)."""
+    report = RelayReport()
+    for event in claim_batch(leases.new_owner(), 1, event_id=event_id):
+        outcome = _record(event, *_deliver(event))
+        setattr(report, outcome, getattr(report, outcome) + 1)
+    return report
+
+
+def _delivery_thread(event: OutboxEvent) -> tuple[DeliveryFailed | None, float, Any]:
+    try:
+        return _deliver(event)
+    finally:
+        connections.close_all()  # this thread's, if anything in the delivery opened one
+
+
+def _deliver(event: OutboxEvent) -> tuple[DeliveryFailed | None, float, Any]:
+    """Deliver one event inside its span, in the trace of the call that wrote it (the consumer gets
+    its `traceparent`): (the failure or None, seconds taken, the span)."""
     # The payload is the caller's (an address, a message): no line may show it, an SMTP error included.
     scrubbed = redaction.scrubbed_arguments(event.payload, event.payload.keys())
+    started, failure = time.perf_counter(), None
     with tracing.continued(event.trace_id, event.span_id, "outbox.deliver", **{
             "idemops.outbox_event": str(event.id), "idemops.kind": event.kind, "idemops.attempt": event.attempts + 1}
-                           ) as span, \
-            logs.bound(tenant_id=event.tenant_id, outbox_event=str(event.id), kind=event.kind), \
-            logs.scrubbing(scrubbed):
-        started = time.perf_counter()
-        error = ""
+                           ) as span, logs.scrubbing(scrubbed):
         try:
             deliver(event)
         except DeliveryFailed as exc:
-            error = str(exc)
-            outcome = "dead" if record_failed_attempt(event, error, final=exc.final) else "retried"
-        else:
-            if mark_delivered(event):
-                counters.observe(counters.OUTBOX_DELIVERY, (event.delivered_at - event.created_at).total_seconds(),
-                                 tenant_id=event.tenant_id)
-            outcome = "delivered"
-        span.set_attribute("idemops.outcome", outcome)
-        log = logs.get(__name__).warning if outcome == "dead" else logs.get(__name__).info
-        log("outbox.delivery", outcome=outcome, attempt=event.attempts, error=error or None,
-            duration_ms=round((time.perf_counter() - started) * 1000, 3))
-        return outcome
+            failure = exc
+        except Exception as exc:  # a bug in a delivery must not stop the others: it counts as a failed attempt
+            logger.exception("delivering outbox event %s raised", event.pk)
+            failure = DeliveryFailed(f"{type(exc).__name__}: {exc}"[:300])
+        span.set_attribute("idemops.delivered", failure is None)
+    return failure, time.perf_counter() - started, span
+
+
+def _record(event: OutboxEvent, failure: DeliveryFailed | None, seconds: float, span: Any) -> str:
+    """Record a delivery attempt (guarded by the relay's claim), count it and log its line in the
+    delivery's span; "delivered", "retried", "dead" or "lost"."""
+    scrubbed = redaction.scrubbed_arguments(event.payload, event.payload.keys())
+    token = tracing.attach(tracing.set_span(span))
+    try:
+        with logs.bound(tenant_id=event.tenant_id, outbox_event=str(event.id), kind=event.kind), \
+                logs.scrubbing(scrubbed):
+            attempt = event.attempts + 1
+            if failure is None:
+                outcome = "delivered" if mark_delivered(event) else "lost"
+                if outcome == "delivered":
+                    counters.observe(counters.OUTBOX_DELIVERY,
+                                     (event.delivered_at - event.created_at).total_seconds(), tenant_id=event.tenant_id)
+            else:
+                outcome = _record_failure(event, str(failure), final=failure.final)
+            log = logs.get(__name__).warning if outcome == "dead" else logs.get(__name__).info
+            log("outbox.delivery", outcome=outcome, attempt=attempt, error=str(failure) if failure else None,
+                duration_ms=round(seconds * 1000, 3))
+            return outcome
+    finally:
+        tracing.detach(token)
 
 
 def mark_delivered(event: OutboxEvent) -> bool:
-    """pending -> delivered."""
+    """pending -> delivered, by the relay that holds its claim."""
     attempts = event.attempts + 1
-    return db.transition(event, {"status": OutboxStatus.PENDING}, {
-        "status": OutboxStatus.DELIVERED, "delivered_at": timezone.now(), "attempts": attempts, "last_error": "",
+    return db.transition(event, {"status": OutboxStatus.PENDING, "claimed_by": event.claimed_by}, {
+        "status": OutboxStatus.DELIVERED, "delivered_at": clock.NOW, "attempts": attempts, "last_error": "",
+        **RELEASED,
     }, action="outbox.delivered", actor=RELAY_ACTOR, before={"status": OutboxStatus.PENDING},
         after={"status": OutboxStatus.DELIVERED, "attempts": attempts})
 
@@ -120,22 +199,34 @@ def mark_delivered(event: OutboxEvent) -> bool:
 BACKOFF_MAX_SECONDS = 3600
 
 
+# What recording an attempt's result sets: the relay's claim is over.
+RELEASED = {"claimed_by": "", "claimed_until": None}
+
+
 def record_failed_attempt(event: OutboxEvent, error: str, *, final: bool = False) -> bool:
     """pending -> pending later (core.backoff), or -> dead after the last attempt (or at once if
-    `final`). Returns True if dead-lettered."""
+    `final`), by the relay that holds its claim. Returns True if dead-lettered."""
+    return _record_failure(event, error, final=final) == "dead"
+
+
+def _record_failure(event: OutboxEvent, error: str, *, final: bool) -> str:
+    """record_failed_attempt's work; "dead", "retried", or "lost" (the claim ran out and another
+    relay has the event)."""
     attempts = event.attempts + 1
     dead = final or attempts >= conf().outbox_max_attempts
     delay = backoff.delay(attempts, base=conf().outbox_backoff_seconds, ceiling=BACKOFF_MAX_SECONDS)
-    changes = {"attempts": attempts, "last_error": error, "next_attempt_at": timezone.now() + timedelta(seconds=delay)}
+    changes = {"attempts": attempts, "last_error": error, "next_attempt_at": clock.later(delay), **RELEASED}
+    expected = {"status": OutboxStatus.PENDING, "attempts": event.attempts, "claimed_by": event.claimed_by}
     if dead:
-        db.transition(event, {"status": OutboxStatus.PENDING, "attempts": event.attempts},
-                      {**changes, "status": OutboxStatus.DEAD}, action="outbox.dead_lettered", actor=RELAY_ACTOR,
-                      reason=error, after={"attempts": attempts})
+        recorded = db.transition(event, expected, {**changes, "status": OutboxStatus.DEAD},
+                                 action="outbox.dead_lettered", actor=RELAY_ACTOR, reason=error,
+                                 after={"attempts": attempts})
     else:
-        db.transition(event, {"status": OutboxStatus.PENDING, "attempts": event.attempts}, changes,
-                      action="outbox.retry_scheduled", actor=RELAY_ACTOR, reason=error,
-                      after={"attempts": attempts, "retry_in_seconds": round(delay, 3)})
-    return dead
+        recorded = db.transition(event, expected, changes, action="outbox.retry_scheduled", actor=RELAY_ACTOR,
+                                 reason=error, after={"attempts": attempts, "retry_in_seconds": round(delay, 3)})
+    if not recorded:
+        return "lost"
+    return "dead" if dead else "retried"
 
 
 REDRIVE = access.Permit("tools_app.redrive_outboxevent", "redrive", "re-drive dead-lettered events",
@@ -147,7 +238,7 @@ def redrive(event: OutboxEvent, user, *, reason: str = "") -> bool:
     actor = access.authorize(user, REDRIVE, event)
     with transaction.atomic():
         if not db.transition(event, {"status": OutboxStatus.DEAD}, {
-            "status": OutboxStatus.PENDING, "attempts": 0, "next_attempt_at": timezone.now(),
+            "status": OutboxStatus.PENDING, "attempts": 0, "next_attempt_at": clock.NOW, **RELEASED,
         }, action="outbox.redriven", actor=actor, reason=reason, before={"status": OutboxStatus.DEAD},
                 after={"status": OutboxStatus.PENDING}):
             return False

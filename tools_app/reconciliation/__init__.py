@@ -24,16 +24,20 @@ from tools_app.reconciliation.operators import (
 )
 from tools_app.reconciliation.reconcile import (
     SWEEP_ACTOR,
-    next_attempt_at,
+    CallbackVerdict,
+    apply_answer,
+    next_attempt_in,
     reconcile_record,
     reconcile_soon,
     reconciler_for,
+    settle_by_callback,
     settle_expired,
     take_turn,
 )
 
 __all__ = [
+    "CallbackVerdict", "apply_answer", "settle_by_callback",
     "FORCE_EXPIRE", "RECONCILE", "RELEASE_HELD_KEY", "RESOLVE", "RESOLVE_PERMISSION", "SWEEP_ACTOR", "force_expire",
-    "next_attempt_at", "reconcile", "reconcile_due", "reconcile_record", "reconcile_soon", "reconciler_for",
+    "next_attempt_in", "reconcile", "reconcile_due", "reconcile_record", "reconcile_soon", "reconciler_for",
     "release_held_key", "resolve_by_operator", "run_periodic", "settle_expired", "take_turn",
 ]

@@ -4,9 +4,8 @@ run every second by the cluster's loop, tools_app.schedules), and a run of the d
 
 from __future__ import annotations
 
-from django.utils import timezone
-
 from tools_app import engine
+from tools_app.core import clock
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.reconciliation.reconcile import SWEEP_ACTOR, reconcile_record, take_turn
 
@@ -20,7 +19,7 @@ def run_periodic() -> dict[str, int]:
 def reconcile_due(limit: int = 100) -> dict[str, int]:
     counts = {"succeeded": 0, "failed": 0, "unknown": 0}
     due = IdempotencyRecord.objects.filter(status=RecordStatus.UNKNOWN, escalated_at__isnull=True,
-                                           next_reconcile_at__lte=timezone.now()).order_by("next_reconcile_at")
+                                           next_reconcile_at__lte=clock.NOW).order_by("next_reconcile_at")
     for record in due[:limit]:
         if take_turn(record):
             counts[reconcile_record(record, actor=SWEEP_ACTOR)] += 1

@@ -17,18 +17,20 @@ took a dead executor's record reconcile through `reconcile_record`, as the syste
 Each reconciliation is a span in the trace of the call that left the record UNKNOWN (the
 downstream is asked with that trace's `traceparent`), one log line (`reconciliation`) and a
 count (`idemops_reconciliations_total{tool,result}`); so is an operator's resolution.
+
+A downstream system that reports outcomes by itself (the payment gateway's signed callback,
+tools_app.web.callbacks) settles a record at once through `settle_by_callback`: the same
+answers, the same guarded transitions, so a late or duplicate report changes nothing.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
-
-from django.utils import timezone
+from enum import StrEnum
 
 from idemops.conf import conf
 from tools_app import engine
-from tools_app.core import backoff, counters, jobs, logs, tracing
+from tools_app.core import backoff, clock, counters, jobs, logs, tracing
 from tools_app.core.errors import Transient
 from tools_app.engine import evidence_entry
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
@@ -46,10 +48,9 @@ def reconciler_for(spec: ToolSpec):
 def take_turn(record: IdempotencyRecord) -> bool:
     """Push the record's next attempt forward; only the process whose UPDATE
     matched reconciles it now (two schedulers never ask downstream twice)."""
-    claimed_until = timezone.now() + timedelta(seconds=conf().reconcile_turn_seconds)
     return bool(IdempotencyRecord.objects.filter(
         pk=record.pk, status=RecordStatus.UNKNOWN, next_reconcile_at=record.next_reconcile_at,
-    ).update(next_reconcile_at=claimed_until))
+    ).update(next_reconcile_at=clock.later(conf().reconcile_turn_seconds)))
 
 
 def settle_expired(record: IdempotencyRecord) -> None:
@@ -77,9 +78,8 @@ def reconcile_record(record: IdempotencyRecord, *, actor: str = SWEEP_ACTOR) -> 
     another reconciler moved the record first (the guarded transition did not match), what it is now."""
     with tracing.continued(record.trace_id, record.span_id, f"reconcile {record.tool}", **{
             "idemops.tool": record.tool, "idemops.operation_id": str(record.operation_id)}) as span:
-        result, moved = _reconcile(record, actor)
+        result = apply_answer(record, _ask(record), actor=actor)
         span.set_attribute("idemops.result", result)
-        observed(record, result, actor=actor, counted=moved)
         return result
 
 
@@ -95,31 +95,61 @@ def observed(record: IdempotencyRecord, result: str, *, actor: str, counted: boo
                             lost_race=None if counted else True)
 
 
-def _reconcile(record: IdempotencyRecord, actor: str) -> tuple[str, bool]:
-    """(status word, whether this call's transition moved the record)."""
-    answer = _ask(record)
+def apply_answer(record: IdempotencyRecord, answer: Answer, *, actor: str, reason: str = "found downstream") -> str:
+    """Move an UNKNOWN record as the downstream system's answer says (guarded: a record that is
+    no longer UNKNOWN is left as it is), counted and logged. Returns the answer's word, or the
+    record's status word now if another reconciler moved it first."""
     match answer:
         case Found(result, evidence):
-            moved = engine.resolve_succeeded(record, result, actor=actor, reason="found downstream",
+            moved = engine.resolve_succeeded(record, result, actor=actor, reason=reason,
                                              evidence=evidence or evidence_entry("reconciler", found=True))
             word = "succeeded"
-        case NotDone(reason, evidence):
-            failure = Transient(f"the first call did not take effect ({reason}); retry with the same key",
+        case NotDone(why, evidence):
+            failure = Transient(f"the first call did not take effect ({why}); retry with the same key",
                                 retry_after=0)
-            moved = engine.resolve_failed(record, failure, actor=actor, reason=reason,
+            moved = engine.resolve_failed(record, failure, actor=actor, reason=why,
                                           evidence=evidence or evidence_entry("reconciler", found=False))
             word = "failed"
         case StillUnknown(evidence):
             moved = engine.note_unresolved(record, evidence=evidence or evidence_entry("reconciler"),
-                                           next_attempt_at=next_attempt_at(record.reconcile_attempts + 1),
+                                           next_attempt_in=next_attempt_in(record.reconcile_attempts + 1),
                                            actor=actor)
             word = "unknown"
         case _:
             raise AssertionError(f"unexpected reconciler answer {answer!r}")
     if moved:
-        return word, True
+        observed(record, word, actor=actor)
+        return word
     record.refresh_from_db()
-    return record.status.lower(), False
+    word = record.status.lower()
+    observed(record, word, actor=actor, counted=False)
+    return word
+
+
+class CallbackVerdict(StrEnum):
+    """What became of a downstream system's report of an outcome (the callback's answer says it)."""
+
+    SETTLED = "settled"  # the record was UNKNOWN and now has the reported outcome
+    ALREADY_FINAL = "already final"  # a late or duplicate report: the record's outcome stands
+    IN_FLIGHT = "in flight"  # its executor is still waiting for the answer: report again later
+    UNKNOWN_KEY = "unknown key"  # no record sent this key
+
+
+def settle_by_callback(downstream_key: str, answer: Found | NotDone, *, actor: str) -> CallbackVerdict:
+    """A downstream system reports the outcome of the operation it knows by `downstream_key`:
+    an UNKNOWN record takes it at once, as the reconciler's answer would (the same guarded
+    transition, so of a report and a reconciliation racing, one moves the record)."""
+    operation_id = engine.operation_id_of(downstream_key)
+    record = IdempotencyRecord.objects.filter(operation_id=operation_id).first() if operation_id else None
+    if record is None or record.downstream_key != downstream_key:
+        return CallbackVerdict.UNKNOWN_KEY
+    if record.status == RecordStatus.PROCESSING:
+        return CallbackVerdict.IN_FLIGHT
+    if record.status != RecordStatus.UNKNOWN:
+        return CallbackVerdict.ALREADY_FINAL
+    word = apply_answer(record, answer, actor=actor, reason="reported by the downstream system")
+    # Of a report and a reconciliation racing, whichever moved the record first settled it.
+    return CallbackVerdict.IN_FLIGHT if word == "unknown" else CallbackVerdict.SETTLED
 
 
 def _ask(record: IdempotencyRecord) -> Answer:
@@ -134,13 +164,12 @@ def _ask(record: IdempotencyRecord) -> Answer:
 BACKOFF_MAX_SECONDS = 3600
 
 
-def next_attempt_at(attempt: int) -> datetime | None:
-    """When to ask again after the `attempt`-th attempt (core.backoff); None once the attempts
-    are used up (escalate)."""
+def next_attempt_in(attempt: int) -> float | None:
+    """Seconds until asking again after the `attempt`-th attempt (core.backoff); None once the
+    attempts are used up (escalate)."""
     if attempt >= conf().reconcile_max_attempts:
         return None
-    delay = backoff.delay(attempt, base=conf().reconcile_backoff_seconds, ceiling=BACKOFF_MAX_SECONDS)
-    return timezone.now() + timedelta(seconds=delay)
+    return backoff.delay(attempt, base=conf().reconcile_backoff_seconds, ceiling=BACKOFF_MAX_SECONDS)
 
 
 def reconcile_soon() -> None:

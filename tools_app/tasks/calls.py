@@ -17,7 +17,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from idemops.conf import conf
-from tools_app.core import keys, polling, redaction, url_allowlist
+from tools_app import access
+from tools_app.core import clock, db, keys, polling, redaction, url_allowlist
 from tools_app.core.errors import AlreadyDone, ErrorClass, InProgress, InvalidInput, NotFound, ToolFailure
 from tools_app.tasks import state
 from tools_app.tasks.models import Task, TaskStatus
@@ -159,6 +160,9 @@ def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str, noti
     has passed). `notify_url` is told when it finishes (state.finished)."""
     spec, validated = inner_call(tool, arguments, key)
     pipeline = spec.pipeline
+    # Over the agent's limit of unfinished tasks: refused (rate_limited), and this key may start it later.
+    access.admit_task(ctx.tenant_id, ctx.actor, lambda: Task.objects.filter(
+        tenant_id=ctx.tenant_id, actor=ctx.actor, status__in=state.ACTIVE).count())
     business = validated.model_dump(mode="json", exclude=set(spec.excluded_from_fingerprint))
     # A document URL's query (a signed URL's token) is needed by the worker that fetches it and by
     # no one else: it is stored only sealed, and the task shows the URL without it.
@@ -191,8 +195,10 @@ def call_task_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], me
     started, task = start_through_engine(spec, caller, arguments, meta_key)
     if task is None:
         return started
+    # Waiting may run this call again (polling.run_async): its start then replays, and the first run's word counts.
+    replayed = polling.carried("started.replayed", lambda: started.replayed)
     task = wait_for(task, conf().task_call_wait_seconds, caller.report_progress)
-    return outcome(spec, task, replayed=started.replayed)
+    return outcome(spec, task, replayed=replayed)
 
 
 def outcome(spec: ToolSpec, task: Task, *, replayed: bool = False) -> CallResult:
@@ -225,20 +231,31 @@ def wait_for(task: Task, seconds: float, report_progress=None) -> Task:
 
     Progress is steps done plus the fraction of the current step, out of the
     number of steps; it never goes backwards (a step re-run after a crash
-    does not un-report what the caller saw).
+    does not un-report what the caller saw, nor does this call when waiting
+    runs it again: polling.run_async).
     """
-    reported = -1.0
+    reported = polling.carried("task.progress_reported", lambda: [-1.0])
 
     def settled() -> bool:
-        nonlocal reported
-        if report_progress is not None and (done := overall_progress(task)) > reported:
-            reported = done
+        if report_progress is not None and (done := overall_progress(task)) > reported[0]:
+            reported[0] = done
             report_progress(done, float(task.steps_total), progress_message(task))
         return task.finished or task.status == TaskStatus.PAUSED
 
-    # What waiting needs, not the arguments (an inline document can be megabytes).
-    polling.until(settled, seconds=min(seconds, conf().task_max_wait_seconds), pause=0.05,
-                  max_pause=0.5, refresh=lambda: task.refresh_from_db(fields=WATCHED_FIELDS))
+    polling.wait(f"task {task.pk}", settled, seconds=min(seconds, conf().task_max_wait_seconds), pause=0.05,
+                 max_pause=0.5, refresh=lambda: reread(task), watch=polling.Watch(db.table(Task), task.pk, WAITED_ON))
+    return task
+
+
+# What a task's waiter looks at: any transition (the version), and the progress a step reports.
+WAITED_ON = ("version || ':' || coalesce(progress_done::text, '') || ':' || coalesce(progress_total::text, '') "
+             "|| ':' || progress_message")
+
+
+def reread(task: Task) -> Task:
+    """What waiting needs of the task, not its arguments (an inline document can be megabytes),
+    with the database's time of the read."""
+    task.__dict__.update(Task.objects.filter(pk=task.pk).values(*WATCHED_FIELDS, read_at=clock.NOW).get())
     return task
 
 

@@ -10,6 +10,8 @@ a TaskArtifact when large. Two digests make a checkpoint trustworthy:
   differently invalidates it).
 Resume walks the pipeline and reuses outputs up to the first step whose
 checkpoint is missing or fails either check; that step and all after it run.
+A saga that was compensating has a failure marker among its checkpoints: then
+the walk follows the compensation plan (Pipeline.plan) instead.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from django.utils import timezone
 
 from tools_app.core import audit
 from tools_app.tasks.models import Checkpoint, Task, TaskArtifact
-from tools_app.toolkit.pipelines import Pipeline, Step
+from tools_app.toolkit.pipelines import FAILED_PREFIX, Pipeline, Step
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +99,8 @@ class Resumption:
 
     outputs: dict[str, Any]
     checksums: list[str]
+    plan: tuple[Step, ...] = ()
+    failed_at: int | None = None  # a saga compensating: the step that failed for good
 
     @property
     def next_index(self) -> int:
@@ -106,9 +110,12 @@ class Resumption:
 def valid_prefix(task: Task, pipeline: Pipeline, *, actor: str = audit.SYSTEM) -> Resumption:
     """Verify the task's checkpoints in order; stop at the first missing or invalid one."""
     stored = {cp.sequence: cp for cp in Checkpoint.objects.filter(task=task).select_related("artifact")}
+    failed_at = next((sequence for sequence, cp in sorted(stored.items()) if cp.step.startswith(FAILED_PREFIX)),
+                     None)
+    plan = pipeline.plan(failed_at if failed_at is not None and failed_at < len(pipeline.steps) else None)
     outputs: dict[str, Any] = {}
     checksums: list[str] = []
-    for index, step in enumerate(pipeline.steps):
+    for index, step in enumerate(plan):
         checkpoint = stored.get(index)
         if checkpoint is None:
             break
@@ -121,7 +128,10 @@ def valid_prefix(task: Task, pipeline: Pipeline, *, actor: str = audit.SYSTEM) -
             break
         outputs[step.name] = json.loads(stored_bytes(checkpoint))
         checksums.append(checkpoint.checksum)
-    return Resumption(outputs=outputs, checksums=checksums)
+    # A marker that did not verify leaves the forward plan: its step runs again.
+    compensating = plan is not pipeline.steps and len(checksums) > (failed_at or 0)
+    return Resumption(outputs=outputs, checksums=checksums, plan=plan if compensating else pipeline.steps,
+                      failed_at=failed_at if compensating else None)
 
 
 def _problem(task: Task, step: Step, checkpoint: Checkpoint, previous_checksums: list[str]) -> str:

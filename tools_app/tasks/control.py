@@ -13,10 +13,9 @@ from typing import Any
 
 import jsonschema
 from django.db import transaction
-from django.utils import timezone
 
 from tools_app.access import Permit, authorize
-from tools_app.core import db
+from tools_app.core import clock, db
 from tools_app.core.errors import AlreadyDone, InProgress, InvalidInput, NotFound, ToolFailure
 from tools_app.tasks.models import Task, TaskStatus
 from tools_app.tasks.state import (
@@ -42,7 +41,8 @@ OPTIMISTIC_ROUNDS = 5
 def get_for_tenant(tenant_id: int, task_id: Any) -> Task:
     """A task of this tenant; another tenant's id is 'not found' like an unknown one."""
     try:
-        task = Task.objects.filter(tenant_id=tenant_id, pk=uuid.UUID(str(task_id))).first()
+        # With the database's time of the read: what the task's state means now (a lapsed lease) is by its clock.
+        task = Task.objects.annotate(read_at=clock.NOW).filter(tenant_id=tenant_id, pk=uuid.UUID(str(task_id))).first()
     except ValueError:
         task = None
     if task is None:
@@ -84,7 +84,7 @@ def cancel(task: Task, who, *, reason: str = "") -> Task:
             raise AlreadyDone(f"task {task.pk} already {task.status}; nothing to cancel",
                               details={"task_status": task.status})
         return transition(task, {"status__in": ACTIVE}, {
-            "status": TaskStatus.CANCELLED, "finished_at": timezone.now(), "lease_owner": "",
+            "status": TaskStatus.CANCELLED, "finished_at": clock.NOW, "lease_owner": "",
             "lease_expires_at": None, "failure_class": "", "pause_requested": "",
             "failure_reason": f"cancelled by {actor}" + (f": {reason}" if reason else ""), "next_retry_at": None,
         }, action="task.cancelled", actor=actor, reason=reason, step=task.current_step) and finished(task)
@@ -114,7 +114,7 @@ def pause(task: Task, who, *, reason: str) -> Task:
                 return True
             # No version bump: the worker's next write (a checkpoint) must still go through.
             return db.transition(task, {"status": TaskStatus.RUNNING, "version": task.version}, {
-                "pause_requested": reason, "updated_at": timezone.now(),
+                "pause_requested": reason, "updated_at": clock.NOW,
             }, action="task.pause_requested", actor=actor, reason=reason,
                 before={"status": task.status}, after={"status": task.status, "step": task.current_step},
                 notify=CHANGES_CHANNEL)
@@ -142,7 +142,7 @@ def resume(task: Task, who, *, answer: dict[str, Any] | None = None) -> Task:
     actor = authorize(who, RESUME, task)
 
     def attempt(task: Task) -> bool:
-        now = timezone.now()
+        now = clock.read()
         before = task.status
         match task.status:
             case TaskStatus.SUCCEEDED:

@@ -50,11 +50,20 @@ def fork(task: Task, who, *, from_step: str, reason: str, record: IdempotencyRec
         raise InvalidInput(
             f"from_step: task {task.pk} has verified checkpoints for its first {reused.next_index} steps only; "
             f"fork from {reachable!r} or an earlier step")
+    if reused.failed_at is not None:
+        # A saga that compensated undid its steps: a fork must not reuse what was undone (a cancelled
+        # mandate, a closed customer). It may start at the first step that was undone, or before it.
+        undone = next((i for i, step in enumerate(pipeline.steps[:reused.failed_at]) if step.compensate), None)
+        if undone is not None and index > undone:
+            raise InvalidInput(
+                f"from_step: task {task.pk} undid its steps from {pipeline.steps[undone].name!r} on (step "
+                f"{pipeline.steps[reused.failed_at].name!r} failed for good); fork from "
+                f"{pipeline.steps[undone].name!r} or an earlier step")
     names = [step.name for step in pipeline.steps[:index]]
     with transaction.atomic():
         new = state.create_task(
             record=record, tool=task.tool, arguments=task.arguments, sealed_arguments=task.sealed_arguments,
-            input_digest=task.input_digest, steps_total=task.steps_total,
+            input_digest=task.input_digest, steps_total=len(pipeline.steps),
             max_attempts=pipeline.retry.attempts_allowed(), actor=actor, trace_id=task.trace_id,
             notify_url=task.notify_url, forked_from=task, forked_at_step=from_step, completed_steps=names)
         _copy_checkpoints(task, new, index)

@@ -6,9 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
-from django.utils import timezone
-
-from tools_app.core import leases
+from tools_app.core import clock, leases
 from tools_app.tasks import state
 from tools_app.tasks.models import Task, TaskStatus
 from tools_app.tasks.runner import Runner
@@ -19,11 +17,10 @@ logger = logging.getLogger(__name__)
 
 def sweep() -> dict[str, int]:
     """The periodic safety net: revive tasks whose worker died, queue due retries and lost jobs."""
-    now = timezone.now()
     counts = {"expired": 0, "requeued": 0}
-    for task in Task.objects.filter(status=TaskStatus.RUNNING, lease_expires_at__lt=now).order_by("pk"):
+    for task in Task.objects.filter(status=TaskStatus.RUNNING, lease_expires_at__lt=clock.NOW).order_by("pk"):
         counts["expired"] += expire_lease(task)
-    for task in Task.objects.filter(waiting_for_a_job(now)).order_by("pk"):
+    for task in Task.objects.filter(waiting_for_a_job()).order_by("pk"):
         counts["requeued"] += requeue(task)
     if any(counts.values()):
         logger.info("task sweep: %s", counts)
@@ -38,9 +35,9 @@ def run_task(task_id: str) -> str:
         task = state.take(task_id, owner)
         if task is None:
             return outcome
-        outcome, retry_at = Runner(task, owner).run()
-        if retry_at is None:
+        outcome, retry_in = Runner(task, owner).run()
+        if retry_in is None:
             return outcome
         # A short backoff is waited out here; the task is `retrying` meanwhile
         # and anyone (a cancel, another job) may change it before we take it again.
-        time.sleep(max(0.0, (retry_at - timezone.now()).total_seconds()))
+        time.sleep(retry_in)

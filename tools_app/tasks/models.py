@@ -79,6 +79,10 @@ class Task(models.Model):
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    purged_at = models.DateTimeField(null=True, blank=True,
+                                     help_text="When its arguments, result and answers were purged (retention).")
+    artifacts_purged_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its checkpoints, step batches and artifacts were purged (retention).")
 
     class Meta:
         permissions = [("manage_task", "Can cancel, pause and resume long tasks")]
@@ -86,6 +90,9 @@ class Task(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="task_status_lease"),
             models.Index(fields=["tenant", "created_at"], name="task_tenant_created"),
             models.Index(fields=["status", "updated_at"], name="task_status_updated"),
+            # An agent's unfinished tasks, counted against its limit at each start (access.limits).
+            models.Index(fields=["tenant", "actor"], name="task_unfinished_by_actor",
+                         condition=Q(status__in=["created", "running", "paused", "retrying"])),
         ]
         constraints = [
             # A running task always has a lease holder; nothing else does.
@@ -137,6 +144,30 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.step} of {self.task_id}"
+
+
+class StepBatch(models.Model):
+    """One batch of a step that works in batches (StepContext.each_batch): its output, written in
+    the transaction of the batch's effect, so a step that runs again skips the batches done.
+
+    `input_digest` covers the step's inputs (as a checkpoint's does), the batch's position and
+    its items: a batch recorded for other inputs is not reused.
+    """
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="step_batches")
+    sequence = models.PositiveIntegerField(help_text="The step's position in the task's plan.")
+    batch = models.PositiveIntegerField(help_text="The batch's position in the step, from 0.")
+    input_digest = models.CharField(max_length=64)
+    output = models.JSONField()
+    checksum = models.CharField(max_length=64, help_text="SHA-256 of the output's canonical JSON.")
+    finished_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["task", "sequence", "batch"]
+        constraints = [models.UniqueConstraint(fields=["task", "sequence", "batch"], name="one_record_per_batch")]
+
+    def __str__(self) -> str:
+        return f"batch {self.batch} of step {self.sequence} of {self.task_id}"
 
 
 class StepOutcome(models.TextChoices):

@@ -31,11 +31,21 @@ from pydantic import ValidationError
 
 from idemops.conf import conf
 from tools_app.core import counters, leases, logs, redaction, tracing
+from tools_app.core.crashpoints import crash_point
 from tools_app.core.errors import ToolFailure, Transient
 from tools_app.tasks import checkpoints, state
+from tools_app.tasks.batches import BatchStore
 from tools_app.tasks.models import StepOutcome, StepRun, Task
 from tools_app.toolkit.calls import observed
-from tools_app.toolkit.pipelines import Interrupted, Pipeline, Step, StepContext, WaitFor
+from tools_app.toolkit.pipelines import (
+    COMPENSATE_PREFIX,
+    FAILED_PREFIX,
+    Interrupted,
+    Pipeline,
+    Step,
+    StepContext,
+    WaitFor,
+)
 from tools_app.toolkit.registry import ToolSpec, get_tool, parse_arguments
 
 logger = logging.getLogger(__name__)
@@ -75,8 +85,8 @@ class Runner:
         self.pipeline: Pipeline = self.spec.pipeline
         self.slice_ends = time.monotonic() + conf().task_slice_seconds
 
-    def run(self) -> tuple[str, datetime | None]:
-        """Run the remaining steps. Returns (outcome, when to retry if this job should wait)."""
+    def run(self) -> tuple[str, float | None]:
+        """Run the remaining steps. Returns (outcome, seconds until the retry if this job should wait)."""
         task = self.task
         with observed(self.spec, task.tenant_id, task.arguments, key=task.record.key, task_id=str(task.pk)):
             return self._run()
@@ -90,10 +100,11 @@ class Runner:
         except Exception as exc:
             return self._failed(None, exc)
         outputs, checksums = dict(resumption.outputs), list(resumption.checksums)
-        first = resumption.next_index
+        plan, failed_at = resumption.plan, resumption.failed_at
+        index = resumption.next_index
         run = None
-        for index in range(first, len(self.pipeline.steps)):
-            step = self.pipeline.steps[index]
+        while index < len(plan):
+            step = plan[index]
             if run is None:
                 if reason := state.pause_request(task.pk):
                     return self._pause(reason, step)
@@ -102,7 +113,9 @@ class Runner:
                     return "interrupted before step " + step.name, None
             with self._observed(step, index) as seen:
                 heartbeat = Heartbeat(task.pk, self.owner)
-                context = StepContext(task=task, arguments=arguments, outputs=outputs, progress=heartbeat.progress)
+                batches = BatchStore(task, self.owner, index, checkpoints.input_digest(task, step, checksums))
+                context = StepContext(task=task, arguments=arguments, outputs=outputs, progress=heartbeat.progress,
+                                      batches=batches)
                 try:
                     with heartbeat:
                         output = step.run(context)
@@ -117,29 +130,47 @@ class Runner:
                     state.finish_step_run(run, StepOutcome.INTERRUPTED)
                     return f"interrupted in step {step.name}", None
                 except Exception as exc:
-                    outcome, retry_at = self._failed(run, exc)
-                    seen["outcome"] = outcome.split(" ")[0]  # retrying, failed or interrupted
-                    return outcome, retry_at
-                following = index + 1 < len(self.pipeline.steps)
+                    failure = self._final_failure(exc)
+                    if failed_at is not None or failure is None or not self.pipeline.compensates_before(index):
+                        outcome, retry_at = self._failed(run, exc, compensating=failed_at is not None)
+                        seen["outcome"] = outcome.split(" ")[0]  # retrying, failed or interrupted
+                        return outcome, retry_at
+                    # A saga's step failed for good: undo the steps before it, each a checkpointed step.
+                    plan, failed_at = self.pipeline.plan(index), index
+                    marker = checkpoints.prepare(task, plan[index], index, failure.as_dict(), checksums)
+                    run = state.begin_compensation(task, self.owner, marker, run, failure,
+                                                   (plan[index + 1], index + 1), steps_total=len(plan))
+                    if run is False:
+                        return f"interrupted after step {step.name} failed", None
+                    seen["outcome"] = "compensating"
+                    outputs[marker.step.name] = json.loads(marker.data)
+                    checksums.append(marker.checksum)
+                    index += 1
+                    continue
+                following = index + 1 < len(plan)
                 pause = state.pause_request(task.pk) if following else ""
                 # This job goes on to the next step unless it has run long enough (then a fresh job does)
                 # or someone asked the task to pause.
                 go_on = following and not pause and not self._slice_used()
-                then = (self.pipeline.steps[index + 1], index + 1) if go_on else None
+                then = (plan[index + 1], index + 1) if go_on else None
                 advanced = state.complete_step(task, self.owner, prepared, run, then)
                 if advanced is False:
                     state.finish_step_run(run, StepOutcome.INTERRUPTED)
                     return f"interrupted after step {step.name}", None
                 seen["outcome"] = "succeeded"
+            crash_point("after_checkpoint")
             # What later steps read is what a resumed run would read: the stored JSON.
             outputs[step.name] = json.loads(prepared.data)
             checksums.append(prepared.checksum)
             if following and then is None:
                 if pause:
-                    return self._pause(pause, self.pipeline.steps[index + 1])
+                    return self._pause(pause, plan[index + 1])
                 return ("handed on to a new job" if state.hand_on(task, self.owner) else "interrupted"), None
             run = advanced if then is not None else None
-        return self._succeed(outputs[self.pipeline.steps[-1].name])
+            index += 1
+        if failed_at is not None:
+            return self._compensated(plan, failed_at, outputs)
+        return self._succeed(outputs[plan[-1].name])
 
     @contextmanager
     def _observed(self, step: Step, index: int) -> Iterator[dict[str, str]]:
@@ -159,7 +190,7 @@ class Runner:
                 logs.get(__name__).info("task.step", outcome=seen["outcome"], sequence=index, attempt=task.attempts,
                                         duration_ms=round(seconds * 1000, 3))
 
-    def _pause(self, reason: str, next_step) -> tuple[str, datetime | None]:
+    def _pause(self, reason: str, next_step) -> tuple[str, float | None]:
         if state.pause_at_boundary(self.task, self.owner, reason, next_step):
             return f"paused before step {next_step.name}, as asked", None
         return "interrupted", None
@@ -167,16 +198,39 @@ class Runner:
     def _slice_used(self) -> bool:
         return time.monotonic() > self.slice_ends
 
-    def _succeed(self, final_output) -> tuple[str, datetime | None]:
+    def _succeed(self, final_output) -> tuple[str, float | None]:
         try:
             result = self.spec.output_model.model_validate(final_output).model_dump(mode="json")
         except ValidationError as exc:
             return self._failed(None, exc)
         return ("succeeded" if state.succeed(self.task, self.owner, result) else "interrupted"), None
 
-    def _failed(self, run: StepRun | None, exc: Exception) -> tuple[str, datetime | None]:
+    def _final_failure(self, exc: Exception) -> ToolFailure | None:
+        """The failure `exc` stands for if it ends the task's forward run (no retry left), else None."""
+        failure = self.pipeline.classify(exc)
+        if failure.retryable and self.task.attempts < self.task.max_attempts:
+            return None
+        if failure.retryable:
+            return Transient(f"{failure.message} (gave up after {self.task.attempts} attempts)")
+        return failure
+
+    def _compensated(self, plan, failed_at: int, outputs: dict) -> tuple[str, float | None]:
+        """Every compensation ran: the task fails with the error that started them."""
+        marker = plan[failed_at]
+        failure = ToolFailure.from_dict(outputs[marker.name])
+        undone = [step.name.removeprefix(COMPENSATE_PREFIX) for step in plan[failed_at + 1:]]
+        failure.message = (f"step {marker.name.removeprefix(FAILED_PREFIX)} failed: {failure.message}; "
+                           f"undone, in this order: {', '.join(undone)}")
+        return ("failed" if state.fail(self.task, self.owner, failure) else "interrupted"), None
+
+    def _failed(self, run: StepRun | None, exc: Exception, *, compensating: bool = False
+                ) -> tuple[str, float | None]:
         task = self.task
         failure = self.pipeline.classify(exc)
+        if compensating and not failure.retryable:
+            # An undo that cannot be done: a person must finish it (the task's checkpoints say how far it got).
+            failure.message = (f"compensation step {task.current_step} failed: {failure.message}; "
+                               f"{task.failure_reason}")
         if not isinstance(exc, ToolFailure):
             logger.exception("task %s: step %s raised; treated as %s", task.pk, task.current_step,
                              failure.error_class)
@@ -184,7 +238,7 @@ class Runner:
             delay = max(failure.retry_after or 0.0, self.pipeline.retry.backoff(task.attempts))
             wait_here = delay <= conf().task_inline_retry_max_seconds
             if state.retry_later(task, self.owner, failure, delay, waited_by_worker=wait_here, run=run):
-                return f"retrying after {delay:.2f}s", (task.next_retry_at if wait_here else None)
+                return f"retrying after {delay:.2f}s", (delay if wait_here else None)
         elif failure.retryable:
             failure = Transient(f"{failure.message} (gave up after {task.attempts} attempts)")
             if state.fail(task, self.owner, failure, run):

@@ -2,6 +2,7 @@
 
 ```
 created ──take──▶ running ──begin_step, complete_step…──▶ running ──succeed──▶ succeeded
+   ▲                 │ ├─begin_compensation (a saga's step failed for good) ─▶ running: compensations…──fail──▶ failed
    ▲                 │ ├─fail (final error, attempts used up)────▶ failed
    │                 │ ├─retry_later (transient error)──▶ retrying ──take (when due)──▶ running
    │                 │ ├─pause_for_input (step waits)───▶ paused ──resume──▶ created
@@ -21,6 +22,8 @@ against two workers running one task: django-q2 delivers jobs at least once
 
 Workers hold the lease while the task is `running` (a check constraint
 keeps the two together) and renew it while a step runs (`renew_lease`).
+Lease expiries and retry times are the database's (core.clock), never a
+worker's clock.
 
 Every transition also notifies CHANGES_CHANNEL with the task's id, in its
 statement (delivered at commit): the web processes' watchers (tools_app.mcp)
@@ -37,10 +40,9 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Q
-from django.utils import timezone
 
 from idemops.conf import conf
-from tools_app.core import audit, counters, db, jobs, leases
+from tools_app.core import audit, clock, counters, db, jobs, leases
 from tools_app.core.errors import ErrorClass, ToolFailure
 from tools_app.engine.models import IdempotencyRecord
 from tools_app.tasks import checkpoints
@@ -68,7 +70,7 @@ def transition(task: Task, expected: dict[str, Any], changes: dict[str, Any], *,
     bumps; the event records the status before and after, and `after` adds to the after-state."""
     return db.transition(
         task, {"version": task.version, **expected},
-        {**changes, "version": task.version + 1, "updated_at": timezone.now()},
+        {**changes, "version": task.version + 1, "updated_at": clock.NOW},
         action=action, actor=actor, reason=reason, before={"status": task.status},
         after={"status": changes.get("status", task.status), **after}, notify=CHANGES_CHANNEL)
 
@@ -93,7 +95,7 @@ def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, An
     The one-to-one `record` makes a second task for the same operation a
     unique violation, whatever the engine above did.
     """
-    now = timezone.now()
+    now = clock.read()
     task = Task.objects.create(
         tenant_id=record.tenant_id, tool=tool, record=record, operation_id=record.operation_id, arguments=arguments,
         input_digest=input_digest,
@@ -112,12 +114,11 @@ def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, An
 @transaction.atomic
 def take(task_id: str, owner: str) -> Task | None:
     """created|retrying (due, no live lease) -> running, held by `owner`. None: not ours to run."""
-    now = timezone.now()
-    task = Task.objects.select_related("record").filter(pk=task_id).first()
-    if task is None or task.status not in RUNNABLE or (task.next_retry_at and task.next_retry_at > now):
+    task = Task.objects.select_related("record").annotate(read_at=clock.NOW).filter(pk=task_id).first()
+    if task is None or task.status not in RUNNABLE or (task.next_retry_at and task.next_retry_at > task.read_at):
         return None
     if not transition(task, {"status__in": RUNNABLE}, {
-        "status": TaskStatus.RUNNING, "lease_owner": owner, "lease_expires_at": leases.expiry(lease_seconds(), now),
+        "status": TaskStatus.RUNNING, "lease_owner": owner, "lease_expires_at": leases.expiry(lease_seconds()),
         "next_retry_at": None,
     }, action="task.taken", actor=owner, attempt=task.attempts):
         return None  # another worker took it (or it was cancelled) since we read it
@@ -145,7 +146,7 @@ def _step_changes(step: Step) -> dict[str, Any]:
 
 def _step_run(task: Task, owner: str, step: Step, sequence: int) -> StepRun:
     return StepRun.objects.create(task=task, step=step.name, sequence=sequence, attempt=task.attempts,
-                                  worker=owner, started_at=timezone.now(), trace_id=task.trace_id)
+                                  worker=owner, started_at=clock.NOW, trace_id=task.trace_id)
 
 
 def renew_lease(task_id, owner: str, progress: tuple[float | None, float | None, str] | None = None,
@@ -191,16 +192,40 @@ def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: S
     return _step_run(task, owner, *then) if then is not None else True
 
 
+@transaction.atomic
+def begin_compensation(task: Task, owner: str, marker: checkpoints.Prepared, run: StepRun, failure: ToolFailure,
+                       then: tuple[Step, int], steps_total: int) -> StepRun | bool:
+    """running: a saga's step failed for good -> its compensations start (the task stays running).
+
+    One transaction: the failure marker's checkpoint (so a resumed task goes on
+    compensating, never forward), the failed StepRun, and the first compensation's
+    start; guarded by the lease like complete_step. False when the lease is gone.
+    """
+    completed = [*task.completed_steps, marker.step.name]
+    changes = {"completed_steps": completed, "lease_expires_at": leases.expiry(lease_seconds()),
+               # The compensations get a retry budget of their own: the forward run may have used it up.
+               "steps_total": steps_total, "attempts": 1, "failure_class": str(failure.error_class),
+               "failure_reason": failure.message, **_step_changes(then[0])}
+    if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, changes,
+                       action="task.compensating", actor=owner, reason=failure.message,
+                       failed_step=task.current_step, failure_class=str(failure.error_class),
+                       next_step=then[0].name):
+        return False
+    checkpoints.write(task, marker)
+    finish_step_run(run, StepOutcome.FAILED, failure.message)
+    return _step_run(task, owner, *then)
+
+
 def finish_step_run(run: StepRun, outcome: StepOutcome, error: str = "") -> None:
     """Close a StepRun history row (not task state: written even after a cancel)."""
-    StepRun.objects.filter(pk=run.pk).update(outcome=outcome, error=error[:2000], finished_at=timezone.now())
+    StepRun.objects.filter(pk=run.pk).update(outcome=outcome, error=error[:2000], finished_at=clock.NOW)
 
 
 @transaction.atomic
 def succeed(task: Task, owner: str, result: dict[str, Any]) -> bool:
     """running -> succeeded, storing the tool's result."""
     return transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
-        "status": TaskStatus.SUCCEEDED, "result": result, "current_step": "", "finished_at": timezone.now(),
+        "status": TaskStatus.SUCCEEDED, "result": result, "current_step": "", "finished_at": clock.NOW,
         "lease_owner": "", "lease_expires_at": None, "failure_class": "", "failure_reason": "",
         "progress_done": task.steps_total, "progress_total": task.steps_total, "progress_message": "done",
         "pause_requested": "",
@@ -212,7 +237,7 @@ def fail(task: Task, owner: str, failure: ToolFailure, run: StepRun | None = Non
     """running -> failed: a final error, or a transient one with no attempts left."""
     if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
         "status": TaskStatus.FAILED, "failure_class": str(failure.error_class), "failure_reason": failure.message,
-        "finished_at": timezone.now(), "lease_owner": "", "lease_expires_at": None, "pause_requested": "",
+        "finished_at": clock.NOW, "lease_owner": "", "lease_expires_at": None, "pause_requested": "",
     }, action="task.failed", actor=owner, failure_class=str(failure.error_class)):
         return False
     finished(task)
@@ -229,11 +254,10 @@ def retry_later(task: Task, owner: str, failure: ToolFailure, delay: float, *, w
     `waited_by_worker`: this job sleeps until then and takes the task again;
     otherwise no job is queued and the sweep queues one once it is due.
     """
-    now = timezone.now()
     if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
-        "status": TaskStatus.RETRYING, "attempts": task.attempts + 1, "next_retry_at": now + timedelta(seconds=delay),
+        "status": TaskStatus.RETRYING, "attempts": task.attempts + 1, "next_retry_at": clock.later(delay),
         "failure_class": str(failure.error_class), "failure_reason": failure.message,
-        "lease_owner": "", "lease_expires_at": None, "enqueued_at": now if waited_by_worker else None,
+        "lease_owner": "", "lease_expires_at": None, "enqueued_at": clock.NOW if waited_by_worker else None,
     }, action="task.retry_scheduled", actor=owner, attempt=task.attempts + 1, retry_in_seconds=round(delay, 3),
             failure_class=str(failure.error_class)):
         return False
@@ -276,7 +300,7 @@ def hand_on(task: Task, owner: str) -> bool:
     """running -> created, queued again: this job ran long enough; a fresh one continues
     from the checkpoints (keeps every job well inside django-q2's timeout)."""
     if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
-        "status": TaskStatus.CREATED, "lease_owner": "", "lease_expires_at": None, "enqueued_at": timezone.now(),
+        "status": TaskStatus.CREATED, "lease_owner": "", "lease_expires_at": None, "enqueued_at": clock.NOW,
     }, action="task.handed_on", actor=owner):
         return False
     enqueue_run(task)
@@ -290,9 +314,9 @@ def hand_on(task: Task, owner: str) -> bool:
 def expire_lease(task: Task, actor: str = SWEEPER) -> bool:
     """running with an expired lease -> created and queued (or failed after too many deaths).
 
-    Guarded by the expired lease itself: a worker that renewed in time keeps it.
+    Guarded by the expired lease itself (by the database's clock): a worker that renewed in time keeps it.
     """
-    now = timezone.now()
+    now = clock.NOW
     deaths = task.lease_expiries + 1
     expected = {"status": TaskStatus.RUNNING, "lease_owner": task.lease_owner, "lease_expires_at__lt": now}
     if deaths >= conf().task_max_lease_expiries:
@@ -315,10 +339,11 @@ def expire_lease(task: Task, actor: str = SWEEPER) -> bool:
     return expired
 
 
-def waiting_for_a_job(now: datetime) -> Q:
+def waiting_for_a_job() -> Q:
     """Runnable tasks no job will pick up: queued long ago (the job was lost or
-    failed), or due retries that no worker is waiting out."""
-    stale = now - timedelta(seconds=conf().task_requeue_after_seconds)
+    failed), or due retries that no worker is waiting out (by the database's clock)."""
+    now = clock.NOW
+    stale = clock.NOW - timedelta(seconds=conf().task_requeue_after_seconds)
     not_waited = Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=stale)
     return (Q(status=TaskStatus.CREATED, enqueued_at__lt=stale)
             | Q(status=TaskStatus.RETRYING, next_retry_at__lte=now) & not_waited)
@@ -329,7 +354,7 @@ def requeue(task: Task, actor: str = SWEEPER) -> bool:
     """A runnable task that no job will take (as the sweep read it): queue it again.
 
     The version guard is enough: any change since the read bumped it."""
-    if not transition(task, {}, {"enqueued_at": timezone.now()}, action="task.requeued", actor=actor):
+    if not transition(task, {}, {"enqueued_at": clock.NOW}, action="task.requeued", actor=actor):
         return False
     enqueue_run(task)
     return True
@@ -354,11 +379,11 @@ def webhook_body(task: Task) -> dict[str, Any]:
 
 
 def resumable(task: Task, now: datetime | None = None) -> bool:
-    """Whether resume_task would run the task again (from its last valid checkpoint)."""
-    now = now or timezone.now()
+    """Whether resume_task would run the task again (from its last valid checkpoint). A running
+    task's lease is compared with `now`, else the database's time of the read."""
     return (task.status in (TaskStatus.PAUSED, TaskStatus.RETRYING)
             or (task.status == TaskStatus.FAILED and task.failure_class == ErrorClass.TRANSIENT)
             or (task.status == TaskStatus.RUNNING and task.lease_expires_at is not None
-                and task.lease_expires_at < now))
+                and task.lease_expires_at < (now or clock.read_at(task))))
 
 

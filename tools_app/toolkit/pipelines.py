@@ -17,6 +17,16 @@ A step that must wait for a person or a dependency raises WaitFor: the task
 is paused until resume_task (or the tasks extension's tasks/update) supplies
 the answer.
 
+A step that changes many things in one go (a batch of tickets, a document's
+embeddings) calls `ctx.each_batch(items, size, apply)`: each batch's effect
+and its record commit together, so a resumed step skips the batches done.
+
+A saga: steps may declare a `compensate` function. When a step fails for
+good, the steps before it that declared one are undone in reverse order, each
+compensation a checkpointed step of its own (idempotent: it may run again
+after a crash), and then the task fails with the original error
+(`Pipeline.plan`).
+
 A long tool is declared with `task_tool(...)`: it is a write tool whose call
 starts (or rejoins) its task; see tools_app.tasks.calls.
 """
@@ -58,7 +68,8 @@ class StepContext:
     """What a running step sees. Built by the runner (tools_app.tasks.runner)."""
 
     def __init__(self, *, task, arguments: BaseModel, outputs: Mapping[str, Any],
-                 progress: Callable[[float, float | None, str], None]):
+                 progress: Callable[[float, float | None, str], None],
+                 batches: Callable[..., list[Any]] | None = None):
         self.task = task
         self.task_id = task.pk
         self.tenant_id = task.tenant_id
@@ -66,11 +77,26 @@ class StepContext:
         self.outputs = outputs
         self.resume_input: dict[str, Any] = task.resume_input or {}
         self._progress = progress
+        self._batches = batches
 
     def progress(self, done: float, total: float | None = None, message: str = "") -> None:
         """Record progress inside the step; raises Interrupted once the task is cancelled
         (long steps call it often: it is also the cooperative cancellation point)."""
         self._progress(done, total, message)
+
+    def each_batch(self, items: list[Any], size: int, apply: Callable[[list[Any]], Any]) -> list[Any]:
+        """Run `apply` on `items` in batches of `size`; the outputs of every batch, in order.
+
+        Each batch runs in a transaction that also records its output and
+        checks this worker still holds the task's lease, so a batch's effect
+        and its record commit together or not at all. A step that runs again
+        (after a crash) reuses the recorded outputs of the batches done and
+        applies only the rest: each item is changed once. `apply` must only
+        write to this database (it runs inside the transaction).
+        """
+        if self._batches is None:
+            raise RuntimeError("each_batch needs the task runner's batch store")
+        return self._batches(items, size, apply, self.progress)
 
 
 StepFunction = Callable[[StepContext], Any]
@@ -81,6 +107,18 @@ class Step:
     name: str
     run: StepFunction
     version: int = 1  # bump when the step's output changes: its old checkpoints stop being valid
+    # Undoes this step's effect once a later step failed for good (a saga). Reads the step's own
+    # output in ctx.outputs[name]; must be idempotent: after a crash it runs again.
+    compensate: StepFunction | None = None
+
+
+# Names of the steps a saga adds once a step failed for good (Pipeline.plan).
+FAILED_PREFIX = "failed:"
+COMPENSATE_PREFIX = "compensate:"
+
+
+def _failure_marker(ctx: StepContext) -> Any:
+    raise AssertionError("a failure marker is written by the runner, never run")
 
 
 @dataclass(frozen=True)
@@ -118,6 +156,22 @@ class Pipeline:
 
     def index_of(self, name: str) -> int:
         return [step.name for step in self.steps].index(name)
+
+    def compensates_before(self, index: int) -> bool:
+        """Whether a failure of step `index` has anything to undo."""
+        return any(step.compensate is not None for step in self.steps[:index])
+
+    def plan(self, failed_at: int | None = None) -> tuple[Step, ...]:
+        """The steps a task runs: the pipeline's; or, once step `failed_at` failed for good, the steps
+        before it, a marker holding the failure (checkpointed like any output, so a resumed task knows
+        it is compensating), and the compensations of the steps before it in reverse order."""
+        if failed_at is None:
+            return self.steps
+        failed = self.steps[failed_at]
+        undo = tuple(Step(f"{COMPENSATE_PREFIX}{step.name}", step.compensate, step.version)
+                     for step in reversed(self.steps[:failed_at]) if step.compensate is not None)
+        return (*self.steps[:failed_at], Step(f"{FAILED_PREFIX}{failed.name}", _failure_marker, failed.version),
+                *undo)
 
     def classify(self, exc: BaseException) -> ToolFailure:
         """The failure a step's exception stands for; `.retryable` says whether to retry."""

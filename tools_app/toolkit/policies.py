@@ -57,3 +57,22 @@ class ApprovalPolicy:
     amount: Decimal | None = None
     currency: str = ""
     ttl: timedelta | None = None  # None: the tenant's request_ttl_minutes
+
+
+# --- retention: how long what a tool's calls leave behind is kept (tools_app.retention purges it) ---
+
+
+@dataclass(frozen=True)
+class KeepFor:
+    """How long a tool's data is kept once finished; None: the IDEMOPS_RETENTION_<KIND>_HOURS default.
+
+    records: a finished idempotency record's arguments and result (never less than the key's
+    retention: a replay needs them); tasks: a finished task's arguments, result and answers;
+    artifacts: its checkpoints, step batches and artifacts; documents: a document it ingested,
+    with its chunks and vectors. A tenant's RetentionOverride wins over these.
+    """
+
+    records: timedelta | None = None
+    tasks: timedelta | None = None
+    artifacts: timedelta | None = None
+    documents: timedelta | None = None

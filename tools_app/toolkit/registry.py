@@ -25,7 +25,7 @@ from tools_app.core import redaction
 from tools_app.core.errors import NotFound
 from tools_app.core.keys import KEY_RULE
 from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
-from tools_app.toolkit.policies import ApprovalPolicy
+from tools_app.toolkit.policies import ApprovalPolicy, KeepFor
 
 # Arguments every write tool takes that are not part of the operation.
 ENGINE_FIELDS = frozenset({"idempotency_key", "trace_id"})
@@ -167,6 +167,8 @@ class ToolSpec:
     # How long a record is kept; a callable is asked at each call (a retention that is a setting).
     retention: timedelta | Callable[[], timedelta] = DEFAULT_RETENTION
     on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE
+    # How long what its calls leave behind is kept once finished (tools_app.retention purges the rest).
+    keep: KeepFor = KeepFor()
     destructive: bool = False
     open_world: bool = False
     # False for tools whose effect happens in another system: the engine then

@@ -12,9 +12,11 @@ from tools_app.tools import (  # noqa: F401
     documents,
     identity,
     notifications,
+    onboarding,
     operations,
     orders,
     payments,
     task_tools,
+    ticket_batch,
     tickets,
 )

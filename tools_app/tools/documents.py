@@ -2,7 +2,7 @@
 `search_documents` and `get_document` (reads).
 
 ingest_document: receive → detect_format → extract_text → chunk → index →
-summarize. Each step reads the outputs before it from its StepContext and
+embed → summarize. Each step reads the outputs before it from its StepContext and
 returns its own output, which the runner checkpoints; the last step's output
 is the tool's result. The work itself lives in tools_app.documents.
 """
@@ -138,6 +138,14 @@ def index(ctx: StepContext) -> dict[str, Any]:
     return {"document_id": document.pk, "chunks": len(chunks)}
 
 
+def embed(ctx: StepContext) -> dict[str, Any]:
+    # The vectors go to the chunk rows, a batch per transaction, not into this step's output: a
+    # resumed step embeds only the chunks still without one (documents.embed_chunks).
+    document_id = ctx.outputs["index"]["document_id"]
+    total = documents.embed_chunks(document_id, batch=conf().document_embed_batch, progress=ctx.progress)
+    return {"document_id": document_id, "embedded": total, "model": documents.EMBEDDING_MODEL}
+
+
 def summarize(ctx: StepContext) -> dict[str, Any]:
     extracted, indexed = ctx.outputs["extract_text"], ctx.outputs["index"]
     summary = documents.summarize(extracted["text"], progress=ctx.progress)
@@ -156,6 +164,7 @@ INGEST = Pipeline(
         Step("extract_text", extract_text),
         Step("chunk", chunk),
         Step("index", index),
+        Step("embed", embed),
         Step("summarize", summarize),
     ),
     final=(UnicodeError,),
@@ -168,7 +177,7 @@ task_tool(
     # The document and where it comes from: its text, a name or a path may identify a person.
     personal_fields=frozenset({"text", "content_base64", "path", "url", "filename", "title"}),
     description="Ingest a document (text, Markdown, HTML or PDF; inline, base64, or an allowed path or URL) so "
-                "search_documents finds it: detect format, extract text, chunk, index, summarize. Runs as a "
+                "search_documents finds it: detect format, extract text, chunk, index, embed, summarize. Runs as a "
                 "durable task that resumes from its last finished step after a crash. Requires idempotency_key: "
                 "a retry with the same key rejoins the same task. The call waits a few seconds; if the task is "
                 "not done by then it answers in_progress with task_id (poll get_task_status / get_task_result, or "
@@ -181,16 +190,23 @@ task_tool(
 
 class SearchDocumentsInput(ToolInput):
     query: str = Field(min_length=1, max_length=500,
-                       description='Web-search syntax: words, "quoted phrases", OR, -excluded.')
+                       description='Words or a question. In keyword mode web-search syntax applies: words, '
+                                   '"quoted phrases", OR, -excluded.')
     limit: int = Field(10, ge=1, le=50)
+    mode: Literal["keyword", "semantic", "hybrid"] = Field(
+        "hybrid", description="keyword: full-text (the words must occur); semantic: by meaning (embeddings); "
+                              "hybrid: both rankings fused (reciprocal-rank fusion).")
 
 
 class SearchHit(BaseModel):
     document_id: int
     title: str
     chunk: int = Field(description="Position of the matching chunk in the document.")
-    rank: float
-    snippet: str = Field(description="The matching passage, matches in **bold**.")
+    rank: float = Field(description="keyword: ts_rank; semantic: cosine similarity; hybrid: the fused "
+                                    "reciprocal-rank score. Higher is better.")
+    matched_by: list[Literal["keyword", "semantic"]] = Field(description="The rankings that found this chunk.")
+    snippet: str = Field(description="The matching passage, matches in **bold** (a chunk found by meaning only "
+                                     "shows its opening words).")
 
 
 class SearchDocumentsOutput(BaseModel):
@@ -222,8 +238,9 @@ class DocumentOutput(BaseModel):
 @read_tool(name="search_documents", title="Search documents", input_model=SearchDocumentsInput,
            output_model=SearchDocumentsOutput, personal_fields=frozenset({"query"}))
 def search_documents(ctx: ToolContext, args: SearchDocumentsInput) -> SearchDocumentsOutput:
-    """Full-text search over this tenant's ingested documents; best matches first, with a snippet each."""
-    return SearchDocumentsOutput(hits=documents.search(ctx.tenant_id, args.query, args.limit))
+    """Search this tenant's ingested documents by words, by meaning, or both (mode, default hybrid); best
+    matches first, with a snippet each."""
+    return SearchDocumentsOutput(hits=documents.search(ctx.tenant_id, args.query, args.limit, args.mode))
 
 
 @read_tool(name="get_document", title="Get a document", input_model=GetDocumentInput, output_model=DocumentOutput,

@@ -47,10 +47,46 @@ class Ticket(models.Model):
     body = models.TextField()
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
     status = models.CharField(max_length=16, default="open")
+    assignee = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"Ticket {self.pk}: {self.subject}"
+
+
+class TicketNote(models.Model):
+    """A note on a ticket (e.g. why `process_ticket_batch` closed it)."""
+
+    ticket = models.ForeignKey(Ticket, on_delete=models.CASCADE, related_name="notes")
+    body = models.TextField()
+    task = models.ForeignKey("tools_app.Task", on_delete=models.PROTECT, null=True, blank=True,
+                             related_name="ticket_notes", help_text="The batch task that wrote it.")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+
+class Customer(models.Model):
+    """A customer onboarded by the `onboard_customer` saga (one task, one customer: the one-to-one
+    `task` makes the create step idempotent)."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        CLOSED = "closed", "Closed (onboarding undone)"
+
+    tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.PROTECT, related_name="customers")
+    task = models.OneToOneField("tools_app.Task", on_delete=models.PROTECT, related_name="customer")
+    name = models.CharField(max_length=200)
+    email = models.EmailField()
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.ACTIVE)
+    mandate_id = models.CharField(max_length=100, blank=True, help_text="The payment gateway's mandate.")
+    created_at = models.DateTimeField()
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"
 
 
 class Announcement(models.Model):

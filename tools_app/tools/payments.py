@@ -4,13 +4,19 @@ The gateway gets the record's downstream key as its Idempotency-Key, so a
 retry after a transient failure cannot pay twice, and the operation id
 (X-Operation-Id), which it records with the payment. An answer that never came
 back leaves the record UNKNOWN; `reconcile_payment` then asks the gateway
-for the payment by that key.
+for the payment by that key, unless the gateway's signed callback (`verify_callback`,
+`callback_answer`, received by tools_app.web.callbacks) reported it first.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+import time
+from datetime import timedelta
 from decimal import Decimal
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx2
 from pydantic import BaseModel, Field
@@ -18,10 +24,10 @@ from pydantic import BaseModel, Field
 from idemops.conf import conf
 from tools_app.approvals import amount_policy
 from tools_app.core import tracing
-from tools_app.core.errors import InvalidInput
+from tools_app.core.errors import InvalidInput, PermissionDenied
 from tools_app.engine import ExpiryPolicy, evidence_entry
 from tools_app.toolkit import downstream
-from tools_app.toolkit.policies import ApprovalPolicy, Found, NotDone, StillUnknown
+from tools_app.toolkit.policies import ApprovalPolicy, Found, KeepFor, NotDone, StillUnknown
 from tools_app.toolkit.registry import ToolContext, WriteInput, write_tool
 
 
@@ -81,6 +87,48 @@ def payment_for_reference(record, payment_id: str) -> dict:
     return PaymentOutput.model_validate(response.json()).model_dump()
 
 
+# A callback signed longer ago than this is refused (a replayed capture of an old one).
+CALLBACK_TOLERANCE_SECONDS = 300
+
+
+def verify_callback(body: bytes, signature: str) -> dict[str, Any]:
+    """The gateway's callback, if `signature` (its Gateway-Signature header: `t=<unix
+    time>,v1=<hex HMAC-SHA256 of "<t>.<body>">`) proves it comes from the gateway; else
+    PermissionDenied. A body that is not a callback is InvalidInput."""
+    secret = conf().payment_gateway_callback_secret.get_secret_value()
+    if not secret:
+        raise PermissionDenied("payment gateway callbacks are not enabled here")
+    parts = dict(part.split("=", 1) for part in signature.split(",") if "=" in part)
+    try:
+        signed_at = int(parts["t"])
+    except (KeyError, ValueError):
+        raise PermissionDenied("Gateway-Signature: missing or malformed") from None
+    expected = hmac.new(secret.encode(), f"{signed_at}.".encode() + body, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, parts.get("v1", "")):
+        raise PermissionDenied("Gateway-Signature: does not match")
+    if abs(time.time() - signed_at) > CALLBACK_TOLERANCE_SECONDS:
+        raise PermissionDenied("Gateway-Signature: signed too long ago")
+    try:
+        payload = json.loads(body)
+        if not isinstance(payload, dict) or not isinstance(payload.get("idempotency_key"), str):
+            raise ValueError
+    except ValueError:
+        raise InvalidInput("a callback is a JSON object with idempotency_key and payment") from None
+    return payload
+
+
+def callback_answer(payload: dict[str, Any]) -> tuple[str, Found | NotDone]:
+    """(the key we sent, what the gateway reports) of a verified callback."""
+    try:
+        payment = PaymentOutput.model_validate(payload.get("payment"))
+    except ValueError:
+        raise InvalidInput("payment: not a payment") from None
+    evidence = evidence_entry("payment-gateway-callback", payment_id=payment.payment_id, status=payment.status)
+    if payment.status == "succeeded":
+        return payload["idempotency_key"], Found(payment.model_dump(), evidence)
+    return payload["idempotency_key"], NotDone(f"the gateway reports the payment {payment.status}", evidence)
+
+
 def payment_needs_approval(tenant, args: RequestPaymentInput) -> ApprovalPolicy | None:
     """Above the tenant's payment threshold a person confirms (two people above the second one)."""
     return amount_policy(tenant, args.amount, args.currency,
@@ -94,7 +142,9 @@ def payment_needs_approval(tenant, args: RequestPaymentInput) -> ApprovalPolicy 
             approval=payment_needs_approval, requires_operation_id=True,
             personal_fields=frozenset({"payee", "reference"}),
             # A payment key is never silently reused after its retention.
-            on_expiry=ExpiryPolicy.HOLD)
+            on_expiry=ExpiryPolicy.HOLD,
+            # What was paid, to whom, stays readable for a year (the setting's 30 days are for the rest).
+            keep=KeepFor(records=timedelta(days=365)))
 def request_payment(ctx: ToolContext, args: RequestPaymentInput) -> PaymentOutput:
     """Ask the payment gateway to pay `amount` `currency` to `payee`. Its idempotency_key must be an operation_id
     from prepare_operation (any other key is refused as invalid_input); every retry with it returns the same

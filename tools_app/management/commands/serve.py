@@ -31,18 +31,20 @@ def _interrupt(signum, frame):
 
 
 class Command(BaseCommand):
-    help = "Run the whole platform in the foreground: web (admin, API, /mcp) and the job cluster."
+    help = "Run the whole platform in the foreground: web (admin, API, /mcp) and the job clusters."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default=conf().host, help=f"default: IDEMOPS_HOST ({conf().host})")
         parser.add_argument("--port", type=int, default=conf().port, help=f"default: IDEMOPS_PORT ({conf().port})")
         parser.add_argument("--web-workers", type=int, default=conf().web_workers,
                             help=f"default: IDEMOPS_WEB_WORKERS ({conf().web_workers})")
+        parser.add_argument("--q-clusters", type=int, default=conf().q_clusters,
+                            help=f"default: IDEMOPS_Q_CLUSTERS ({conf().q_clusters})")
 
-    def handle(self, host, port, web_workers, **options):
+    def handle(self, host, port, web_workers, q_clusters, **options):
         call_command("migrate", interactive=False, verbosity=0)
         demo = ensure_demo()
-        processes = [self.start(name, argv) for name, argv in self.process_specs(host, port, web_workers)]
+        processes = [self.start(name, argv) for name, argv in self.process_specs(host, port, web_workers, q_clusters)]
         # Also when started in the background, where SIGINT arrives ignored.
         signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
@@ -59,14 +61,18 @@ class Command(BaseCommand):
             if settings.EMBEDDED_DATABASE:
                 embedded_pg.stop(conf().pgdata.resolve())
 
-    def process_specs(self, host, port, web_workers):
+    def process_specs(self, host, port, web_workers, q_clusters=1):
+        """The web server (uvicorn with `web_workers` processes) and `q_clusters` job clusters, each
+        a `manage.py qcluster` of IDEMOPS_Q_WORKERS workers: they share the one queue (django-q2's ORM
+        broker) and need no coordination of their own."""
         python = sys.executable
         specs = [
             # Its access log follows IDEMOPS_ACCESS_LOG (LOGGING in idemops/settings.py), like every log line.
             ("web", [python, "-m", "uvicorn", "idemops.asgi:application", "--host", host, "--port", str(port),
                      "--workers", str(web_workers)]),
-            ("jobs", [python, "manage.py", "qcluster"]),
         ]
+        specs += [(f"jobs-{n}" if q_clusters > 1 else "jobs", [python, "manage.py", "qcluster"])
+                  for n in range(1, q_clusters + 1)]
         if conf().run_demo_downstreams:
             specs += self.downstream_specs(python)
         return specs
@@ -115,25 +121,49 @@ class Command(BaseCommand):
                 process.wait()
 
     def print_banner(self, base, demo):
-        token = demo.get("token", "(issued earlier; see var/demo-credentials.json)")
-        call = (
-            f"curl -s {base}/mcp -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' "
+        self.stdout.write(banner(base, demo))
+
+
+def _mcp_call(base: str, token: str, tool: str, arguments: str) -> str:
+    return (f"curl -s {base}/mcp -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' "
             "-H 'Accept: application/json, text/event-stream' -d '{\"jsonrpc\":\"2.0\",\"id\":1,"
-            "\"method\":\"tools/call\",\"params\":{\"name\":\"create_order\",\"arguments\":{\"customer\":\"ACME\","
-            "\"items\":[{\"sku\":\"BOLT-1\",\"quantity\":3,\"unit_price\":\"2.50\"}],\"currency\":\"EUR\","
-            "\"idempotency_key\":\"demo-order-1\"}}}'"
-        )
-        password = demo.get("admin_password", "(in var/demo-credentials.json)")
-        self.stdout.write(f"""
+            f"\"method\":\"tools/call\",\"params\":{{\"name\":\"{tool}\",\"arguments\":{arguments}}}}}'")
+
+
+def banner(base: str, demo: dict) -> str:
+    """What `make run` prints: enough for a new operator to reach every kind of work item."""
+    token = demo.get("token", "(issued earlier; see var/demo-credentials.json)")
+    order = _mcp_call(base, token, "create_order", '{"customer":"ACME","items":[{"sku":"BOLT-1","quantity":3,'
+                      '"unit_price":"2.50"}],"currency":"EUR","idempotency_key":"demo-order-1"}')
+    # A payment is high-risk: the server issues its operation id (prepare_operation), the key of the payment.
+    payment_arguments = '{"amount":"2500.00","currency":"EUR","payee":"ACME"}'
+    prepare = _mcp_call(base, token, "prepare_operation", '{"tool":"request_payment","arguments":'
+                        f'{payment_arguments},"idempotency_key":"demo-payment-1"}}')
+    payment = _mcp_call(base, token, "request_payment",
+                        payment_arguments[:-1] + ',"idempotency_key":"OPERATION_ID"}')
+    kept = "(in var/demo-credentials.json)"
+    admin = f"user {demo['admin_user']}  password {demo.get('admin_password', kept)}"
+    approver = f"user {demo.get('approver_user', 'alice')}  password {demo.get('approver_password', kept)}"
+    return f"""
 idemops is running.
-  Admin     {base}/admin/   user {demo['admin_user']}  password {password}
+  Console   {base}/admin/   the operators' console: the work queues first (pending approvals, UNKNOWN
+            outcomes, failed or stuck tasks, dead letters), each page saying how to settle its rows;
+            the box at the top finds any record by idempotency key or id; press ? for the keyboard.
+    {admin}   superuser; owns the demo agent, so cannot approve its requests
+    {approver}   approver of tenant demo, emailed when the agent asks
   MCP       {base}/mcp      tenant demo, bearer token {token}
   Health    {base}/healthz   Metrics {base}/metrics (Prometheus; from this machine)
   Payment gateway (demo downstream)  http://127.0.0.1:8001   notification sink  http://127.0.0.1:8002/messages
+            (approvers' emails land in the sink: open the link in one, log in as the approver, decide)
   Database  {'embedded PostgreSQL in ' + str(conf().pgdata) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}
 
 Create an order (run it twice: the second call returns the same order, marked replayed):
-  {call}
+  {order}
+
+Ask for a payment above 1,000 EUR: it waits in Pending approvals, and alice is emailed. A payment is
+high-risk, so the server names it: prepare it, then pay with the operation_id it answers in place of OPERATION_ID:
+  {prepare}
+  {payment}
 
 Ctrl-C stops everything.
-""")
+"""

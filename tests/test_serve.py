@@ -1,0 +1,57 @@
+"""`manage.py serve` (`make run`) starts as many web workers and job clusters as it is told, and
+stops every one of them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.processes import Service, child_env, free_port
+from tests.task_stack import wait_until
+
+pytestmark = pytest.mark.live
+
+
+def children(pid: int) -> dict[int, str]:
+    """pid -> command line of the processes whose parent is `pid`."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue  # it exited while we looked
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_serve_starts_two_web_workers_and_two_job_clusters_and_stops_them_all(transactional_db, tmp_path):
+    port = free_port()
+    serve = Service("serve", [sys.executable, "manage.py", "serve", "--port", str(port)],
+                    child_env(IDEMOPS_WEB_WORKERS="2", IDEMOPS_Q_CLUSTERS="2", IDEMOPS_Q_WORKERS="1",
+                              IDEMOPS_RUN_DEMO_DOWNSTREAMS="false", IDEMOPS_VAR_DIR=str(tmp_path),
+                              # the test database is not serve's to stop when it exits
+                              IDEMOPS_EMBEDDED_DATABASE="false"))
+    try:
+        serve.wait_http(f"http://127.0.0.1:{port}/healthz", timeout=120)
+
+        started = children(serve.process.pid)
+        clusters = [pid for pid, argv in started.items() if argv.endswith("manage.py qcluster ")]
+        [web] = [pid for pid, argv in started.items() if "uvicorn" in argv]
+        assert len(clusters) == 2, started
+        assert "--workers 2" in started[web]
+        wait_until(lambda: len(children(web)) >= 2, what="uvicorn's two workers")
+        assert all(children(cluster) for cluster in clusters)  # each cluster has started its workers
+    finally:
+        serve.stop(grace=30)
+
+    assert not [pid for pid in started if alive(pid)]

@@ -1,0 +1,45 @@
+"""Per-tenant limits in the admin: calls per minute (the tenant's, each token's) and unfinished
+tasks per agent. Saving goes through access.change_limits, which checks the permission and the
+tenant and audits the change (before and after), whoever calls it."""
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+
+from tools_app import access
+from tools_app.access.limits import LIMIT_FIELDS
+from tools_app.access.models import TenantLimits
+from tools_app.admin.scoping import TenantScopedAdmin
+from tools_app.core.errors import PermissionDenied
+
+
+@admin.register(TenantLimits)
+class TenantLimitsAdmin(TenantScopedAdmin, admin.ModelAdmin):
+    list_display = ["tenant", *LIMIT_FIELDS]
+    list_select_related = ["tenant"]
+    fields = ["tenant", *LIMIT_FIELDS]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant"] if obj is not None else []
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "tenant":  # only tenants this operator may see
+            kwargs["queryset"] = access.scope(db_field.remote_field.model.objects.all(), request.user, "id")
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def has_add_permission(self, request):
+        # Setting a tenant's first limits is changing them from the defaults: the same permission.
+        return request.user.has_perm(access.CHANGE_LIMITS.permission)
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.has_perm(access.CHANGE_LIMITS.permission)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # back to the defaults is an empty field, an audited change like any other
+
+    def save_model(self, request, obj, form, change):
+        try:
+            saved = access.change_limits(obj.tenant, request.user, {name: form.cleaned_data[name]
+                                                                    for name in LIMIT_FIELDS})
+        except PermissionDenied as refused:
+            raise DjangoPermissionDenied(refused.message) from None
+        obj.pk, obj._state.adding = saved.pk, False

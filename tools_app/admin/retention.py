@@ -1,0 +1,80 @@
+"""Per-tenant retention overrides: every change goes through tools_app.retention, which checks the
+permission and the tenant and audits the change (with the periods before and after)."""
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+
+from tools_app import access, retention
+from tools_app.admin.scoping import TenantScopedAdmin
+from tools_app.core import audit
+from tools_app.core.errors import PermissionDenied
+from tools_app.retention.models import RetentionOverride
+
+
+class _Refused(Exception):
+    def __init__(self, obj, reason: str):
+        super().__init__(reason)
+        self.obj, self.reason = obj, reason
+
+
+@admin.register(RetentionOverride)
+class RetentionOverrideAdmin(TenantScopedAdmin, admin.ModelAdmin):
+    list_display = ["tenant", "tool_display", "records", "tasks", "artifacts", "documents", "updated_at"]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "tool"]
+    list_select_related = ["tenant"]
+    fields = ["tenant", "tool", "records", "tasks", "artifacts", "documents"]
+
+    # One permission (manage_retention) for every change; the concept functions check it again, with the tenant.
+    def has_add_permission(self, request):
+        return request.user.has_perm(retention.CHANGE_RETENTION.permission)
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.has_perm(retention.CHANGE_RETENTION.permission)
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.has_perm(retention.CHANGE_RETENTION.permission)
+
+    @admin.display(description="tool", ordering="tool")
+    def tool_display(self, obj):
+        return obj.tool or "(every tool)"
+
+    def save_model(self, request, obj, form, change):
+        before = RetentionOverride.objects.filter(pk=obj.pk).first() if change else None
+        try:
+            retention.save_override(request.user, obj, before)
+        except PermissionDenied as exc:
+            raise _Refused(obj, exc.message) from None
+
+    def delete_model(self, request, obj):
+        try:
+            retention.delete_override(request.user, obj)
+        except PermissionDenied as exc:
+            raise _Refused(obj, exc.message) from None
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+    # Django runs these views in a transaction, which a refusal rolls back, its audit event included:
+    # the refusal is written again once that transaction is gone, then answered 403.
+    def changeform_view(self, request, *args, **kwargs):
+        try:
+            return super().changeform_view(request, *args, **kwargs)
+        except _Refused as refused:
+            self._refuse(request, refused)
+
+    def delete_view(self, request, *args, **kwargs):
+        try:
+            return super().delete_view(request, *args, **kwargs)
+        except _Refused as refused:
+            self._refuse(request, refused)
+
+    def changelist_view(self, request, *args, **kwargs):
+        try:
+            return super().changelist_view(request, *args, **kwargs)
+        except _Refused as refused:
+            self._refuse(request, refused)
+
+    def _refuse(self, request, refused: _Refused):
+        access.audit_refusal(retention.CHANGE_RETENTION, refused.obj, audit.user_actor(request.user), refused.reason)
+        raise DjangoPermissionDenied(refused.reason)

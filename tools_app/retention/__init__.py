@@ -1,0 +1,26 @@
+"""Retention tiers and the purge: how long what calls leave behind is kept, and its removal after.
+
+Four kinds, each kept for a time counted from when it finished (documents: from
+their creation): `records` (an idempotency record's arguments and result),
+`tasks` (a task's arguments, result and answers), `artifacts` (a task's
+checkpoints, step batches and artifacts) and `documents` (with their chunks and
+vectors). The time comes from, first to last: the tenant's RetentionOverride
+for the tool, the tenant's override for every tool, the tool's declaration
+(`ToolSpec.keep`), the IDEMOPS_RETENTION_<KIND>_HOURS setting (`policy.py`).
+
+`purge.py` removes what is past it, in batches taken with SELECT ... FOR UPDATE
+SKIP LOCKED, each batch with one audit event per purged object in its
+transaction; rows that are evidence (records, tasks) stay, emptied. Audit events
+are never purged, so the hash chain still verifies. `jobs.py` is the django-q2
+entry point, scheduled in tools_app/schedules.py; `manage.py purge_expired`
+runs it now.
+
+May import: core, access, engine, toolkit, tasks, documents.
+"""
+
+from tools_app.retention.models import RetentionOverride
+from tools_app.retention.policy import CHANGE_RETENTION, KINDS, delete_override, kept_for, save_override
+from tools_app.retention.purge import PURGER, PurgeReport, purge, purge_kind
+
+__all__ = ["CHANGE_RETENTION", "KINDS", "PURGER", "PurgeReport", "RetentionOverride", "delete_override", "kept_for",
+           "purge", "purge_kind", "save_override"]

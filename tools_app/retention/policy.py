@@ -1,0 +1,72 @@
+"""Which retention applies to a tenant's tool, and the operators' changes of a tenant's overrides."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import transaction
+
+from idemops.conf import conf
+from tools_app import access
+from tools_app.core import audit
+from tools_app.retention.models import RetentionOverride
+from tools_app.toolkit.registry import ToolSpec, all_tools
+
+KINDS = ("records", "tasks", "artifacts", "documents")
+
+CHANGE_RETENTION = access.Permit("tools_app.manage_retention", "change_retention",
+                                 "change a tenant's retention", "retention.change_refused")
+
+
+def default_for(kind: str, spec: ToolSpec | None) -> timedelta:
+    """The tool's own period for `kind`, else the setting's."""
+    declared = getattr(spec.keep, kind) if spec is not None else None
+    period = declared if declared is not None else timedelta(hours=getattr(conf(), f"retention_{kind}_hours"))
+    if kind == "records" and spec is not None:
+        period = max(period, spec.retention_now())  # a replay needs the result as long as the key lives
+    return period
+
+
+def kept_for(kind: str, tenant_id: int, tool: str, overrides: dict | None = None) -> timedelta:
+    """How long `kind` of `tool`'s calls is kept for this tenant (an override, the tool's, the setting's)."""
+    if overrides is None:
+        overrides = load_overrides(kind)
+    spec = next((spec for spec in all_tools() if spec.name == tool), None) if tool else None
+    chosen = overrides.get((tenant_id, tool), overrides.get((tenant_id, "")))
+    if chosen is None:
+        return default_for(kind, spec)
+    if kind == "records" and spec is not None:
+        return max(chosen, spec.retention_now())  # a replay needs the result as long as the key lives
+    return chosen
+
+
+def load_overrides(kind: str) -> dict[tuple[int, str], timedelta]:
+    """(tenant id, tool or "") -> period, for the overrides that set `kind`."""
+    return {(tenant_id, tool): period for tenant_id, tool, period in
+            RetentionOverride.objects.filter(**{f"{kind}__isnull": False}).values_list("tenant_id", "tool", kind)}
+
+
+def _state(override: RetentionOverride) -> dict[str, str | None]:
+    return {"tool": override.tool or "*", **{kind: _text(getattr(override, kind)) for kind in KINDS}}
+
+
+def _text(period: timedelta | None) -> str | None:
+    return None if period is None else str(period)
+
+
+def save_override(who, override: RetentionOverride, before: RetentionOverride | None = None) -> RetentionOverride:
+    """Create or change a tenant's override (whoever asks must hold CHANGE_RETENTION on the tenant);
+    the audit event, with the periods before and after, commits with the change."""
+    actor = access.authorize(who, CHANGE_RETENTION, override)
+    with transaction.atomic():
+        override.save()
+        audit.record_event(action="retention.override_changed", obj=override, actor=actor,
+                           before=_state(before) if before is not None else None, after=_state(override))
+    return override
+
+
+def delete_override(who, override: RetentionOverride) -> None:
+    actor = access.authorize(who, CHANGE_RETENTION, override)
+    with transaction.atomic():
+        audit.record_event(action="retention.override_deleted", obj=override, actor=actor, before=_state(override))
+        override.delete()

@@ -1,0 +1,171 @@
+"""The purge: what is past its retention is removed, a batch per transaction, each object's audit
+event in the batch's transaction.
+
+A batch is taken with SELECT ... FOR UPDATE SKIP LOCKED: two purges (two
+workers running the schedule) never take the same rows, and a row another
+transaction holds (a replay reading a record, a worker finishing a task) is
+left for the next round instead of waited for. What stays:
+
+- records: the row (key, status, fingerprint, digests, evidence, times): a
+  call with the key still follows the tool's expiry policy (`reexecute` frees
+  the key, `hold` answers `expired`), since only keys already past their
+  retention are purged; `arguments` becomes {} and `result` null;
+- tasks: the row and its step history; `arguments`, `sealed_arguments`,
+  `result`, `input_request` and `resume_input` are emptied;
+- artifacts: checkpoints, step batches and artifacts are deleted (resuming a
+  task afterwards starts from its first step);
+- documents: deleted, with their chunks and vectors;
+- audit events: never purged (the chain stays whole and verifiable); each purged
+  object gets one (`record.purged`, `task.purged`, `task.artifacts_purged`,
+  `document.purged`) naming the retention that applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import models, transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from idemops.conf import conf
+from tools_app.core import audit
+from tools_app.core.models import AuditEvent
+from tools_app.documents.models import Document, DocumentChunk
+from tools_app.engine import FINISHED
+from tools_app.engine.models import IdempotencyRecord
+from tools_app.retention.policy import KINDS, default_for, kept_for, load_overrides
+from tools_app.tasks.models import Checkpoint, StepBatch, Task, TaskArtifact, TaskStatus
+from tools_app.toolkit.registry import all_tools
+
+PURGER = "system:retention"
+TASK_FINISHED = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+
+@dataclass(frozen=True)
+class Kind:
+    model: type[models.Model]
+    tool: str  # lookup of the tool's name
+    since: str  # the field the period counts from
+    pending: Q  # rows not purged yet that may be
+    purge: Callable[[list, datetime], dict[int | str, dict]]  # purge these rows; what each audit event says
+    action: str
+
+
+def _purge_records(rows: list[IdempotencyRecord], now: datetime) -> dict:
+    IdempotencyRecord.objects.filter(pk__in=[r.pk for r in rows]).update(arguments={}, result=None, purged_at=now)
+    return {r.pk: {"purged": ["arguments", "result"]} for r in rows}
+
+
+def _purge_tasks(rows: list[Task], now: datetime) -> dict:
+    Task.objects.filter(pk__in=[t.pk for t in rows]).update(
+        arguments={}, sealed_arguments="", result=None, input_request=None, resume_input=None, purged_at=now)
+    return {t.pk: {"purged": ["arguments", "sealed_arguments", "result", "input_request", "resume_input"]}
+            for t in rows}
+
+
+def _purge_artifacts(rows: list[Task], now: datetime) -> dict:
+    ids = [t.pk for t in rows]
+    counted = {name: dict(model.objects.filter(task_id__in=ids).values_list("task_id").annotate(n=Count("pk")))
+               for name, model in (("checkpoints", Checkpoint), ("step_batches", StepBatch),
+                                   ("artifacts", TaskArtifact))}
+    # Checkpoints first: they hold their artifacts (PROTECT).
+    for model in (Checkpoint, StepBatch, TaskArtifact):
+        model.objects.filter(task_id__in=ids).delete()
+    Task.objects.filter(pk__in=ids).update(artifacts_purged_at=now)
+    return {t.pk: {name: counts.get(t.pk, 0) for name, counts in counted.items()} for t in rows}
+
+
+def _purge_documents(rows: list[Document], now: datetime) -> dict:
+    ids = [d.pk for d in rows]
+    chunks = dict(DocumentChunk.objects.filter(document_id__in=ids).values_list("document_id").annotate(n=Count("pk")))
+    DocumentChunk.objects.filter(document_id__in=ids).delete()
+    Document.objects.filter(pk__in=ids).delete()
+    return {d.pk: {"task_id": str(d.task_id), "title": d.title, "chunks": chunks.get(d.pk, 0)} for d in rows}
+
+
+KIND_SPECS: dict[str, Kind] = {
+    "records": Kind(IdempotencyRecord, "tool", "finished_at",
+                    Q(purged_at__isnull=True, status__in=FINISHED, finished_at__isnull=False), _purge_records,
+                    "record.purged"),
+    "tasks": Kind(Task, "tool", "finished_at", Q(purged_at__isnull=True, status__in=TASK_FINISHED,
+                                                 finished_at__isnull=False), _purge_tasks, "task.purged"),
+    "artifacts": Kind(Task, "tool", "finished_at", Q(artifacts_purged_at__isnull=True, status__in=TASK_FINISHED,
+                                                     finished_at__isnull=False), _purge_artifacts,
+                      "task.artifacts_purged"),
+    "documents": Kind(Document, "task__tool", "created_at", Q(), _purge_documents, "document.purged"),
+}
+
+
+def due(kind: str, now: datetime) -> Q:
+    """The rows of `kind` past their retention: a term per tool at its default, and for each tenant with
+    overrides a term per tool at what applies to it (policy.kept_for)."""
+    spec = KIND_SPECS[kind]
+    overrides = load_overrides(kind)
+    tools = {tool.name: tool for tool in all_tools()}
+    overridden = sorted({tenant_id for tenant_id, _ in overrides})
+    # Rows of tools this code no longer declares ("" below) keep the setting's period.
+    undeclared = ~Q(**{f"{spec.tool}__in": list(tools)})
+
+    def term(name: str, period: timedelta) -> Q:
+        return (Q(**{spec.tool: name}) if name else undeclared) & Q(**{f"{spec.since}__lte": now - period})
+
+    terms = Q(pk__in=[])
+    for name in [*tools, ""]:
+        terms |= term(name, default_for(kind, tools.get(name))) & ~Q(tenant_id__in=overridden)
+        for tenant_id in overridden:
+            terms |= Q(tenant_id=tenant_id) & term(name, kept_for(kind, tenant_id, name, overrides))
+    return terms
+
+
+def _extra(kind: str, now: datetime) -> Q:
+    # A record is purged only once its key expired: until then a retry must replay its result.
+    return Q(expires_at__lte=now) if kind == "records" else Q()
+
+
+@dataclass
+class PurgeReport:
+    purged: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    batches: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.purged.values())
+
+
+def purge_kind(kind: str, *, now: datetime | None = None, batch: int | None = None,
+               max_batches: int | None = None) -> tuple[int, int]:
+    """Purge `kind` past its retention, a batch per transaction. Returns (rows purged, batches)."""
+    spec = KIND_SPECS[kind]
+    now = now or timezone.now()
+    size = batch or conf().retention_purge_batch
+    selection = spec.pending & due(kind, now) & _extra(kind, now)
+    purged = batches = 0
+    while max_batches is None or batches < max_batches:
+        with transaction.atomic():
+            rows = list(spec.model.objects.select_for_update(skip_locked=True, of=("self",)).filter(selection)
+                        .order_by(spec.since, "pk")[:size])
+            if not rows:
+                break
+            facts = spec.purge(rows, now)
+            AuditEvent.objects.bulk_create(
+                audit.new_event(action=spec.action, obj=row, actor=PURGER, trace_id=getattr(row, "trace_id", ""),
+                                reason=f"past its {kind} retention", after={"kind": kind, **facts[row.pk]})
+                for row in rows)
+        purged += len(rows)
+        batches += 1
+        if len(rows) < size:
+            break
+    return purged, batches
+
+
+def purge(*, now: datetime | None = None, batch: int | None = None) -> PurgeReport:
+    """Every kind, oldest first within each; documents before artifacts (a document's task may go next)."""
+    report = PurgeReport()
+    for kind in ("documents", "artifacts", "tasks", "records"):
+        count, batches = purge_kind(kind, now=now, batch=batch)
+        report.purged[kind] += count
+        report.batches += batches
+    return report
