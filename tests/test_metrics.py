@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import psycopg
 import pytest
-from django.db import transaction
+from django.db import OperationalError, connection, transaction
 from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
@@ -160,6 +161,19 @@ def test_the_flush_job_keeps_counts_it_could_not_write_for_the_next_flush(tenant
     with pytest.raises(ConnectionError):
         counters.flush()
     monkeypatch.undo()
+    counters.flush()
+
+    assert MetricTotal.objects.get(metric="downstream_duplicate").count == 1
+
+
+def test_a_flush_that_meets_a_table_lock_gives_up_at_once_and_keeps_its_counts(tenant, committing):
+    # A TRUNCATE or a migration holding the tables: waiting could deadlock with it.
+    with committing():
+        counters.count(counters.DOWNSTREAM_DUPLICATE, tool="request_payment", tenant_id=tenant.pk)
+    with psycopg.connect(**connection.get_connection_params()) as other:
+        other.execute(f"LOCK TABLE {MetricTotal._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(OperationalError, match="lock timeout"):
+            counters.flush()
     counters.flush()
 
     assert MetricTotal.objects.get(metric="downstream_duplicate").count == 1

@@ -33,6 +33,8 @@ from tools_app.core.models import MetricMinute, MetricTotal
 
 logger = logging.getLogger(__name__)
 FLUSH_INTERVAL_SECONDS = 1.0
+# Shorter than PostgreSQL's deadlock_timeout (1 s): a flush that would deadlock gives up first.
+LOCK_TIMEOUT = "200ms"
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,9 @@ def _write(rows: list[tuple[_Key, list]]) -> None:
     """One statement: add each row to its minute and to its total (a new row, or added to the one there).
 
     Rows are sorted, so two processes flushing at once lock rows in the same order and never
-    deadlock; without a transaction around it, the statement commits alone.
+    deadlock. It waits at most LOCK_TIMEOUT for a lock: behind a TRUNCATE or a migration holding
+    the two tables in the other order it would deadlock; it gives up instead, and the counts wait
+    for the next flush.
     """
     totals: dict[tuple[int, str, str, str], list] = {}
     for (_, tenant, tool, metric, label), (n, seconds, buckets) in rows:
@@ -164,7 +168,8 @@ def _write(rows: list[tuple[_Key, list]]) -> None:
              AS i(tenant_id, tool, metric, label, n, s, b)
         ON CONFLICT (metric, tool, label, tenant_id) DO UPDATE SET {added}
     """
-    with connection.cursor() as cursor:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         cursor.execute(sql, [*minutes, *summed])
 
 

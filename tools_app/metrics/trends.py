@@ -26,18 +26,11 @@ from tools_app.core import counters
 from tools_app.core.models import AuditEvent
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.metrics import rollup
+from tools_app.metrics.dashboard import Window
 from tools_app.toolkit.calls import CallOutcome
 from tools_app.toolkit.registry import all_tools
 
-
-@dataclass(frozen=True)
-class Window:
-    name: str
-    length: timedelta
-    bucket: timedelta
-    bucket_label: str
-
-
+# The dashboard's windows (dashboard.Window), with the finer steps a chart needs.
 WINDOWS = {
     "hour": Window("hour", timedelta(hours=1), timedelta(minutes=1), "minute"),
     "day": Window("day", timedelta(days=1), timedelta(minutes=15), "15 minutes"),
