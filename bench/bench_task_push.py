@@ -22,6 +22,7 @@ import uuid
 from typing import Any, Literal
 
 import httpx2
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 from mcp import Client
 from mcp.client.extension import ClientExtension, NotificationBinding
@@ -138,7 +139,8 @@ def _wait(condition, what: str, timeout: float = 60) -> None:
 
 def run(quick: bool = False) -> str:
     tenant = access.create_tenant(f"push-{RUN}", "Push bench")
-    _, token = access.issue_token(tenant, "bench")
+    owner, _ = get_user_model().objects.get_or_create(username="bench-owner")
+    _, token = access.issue_token(tenant, "bench", owner=owner)
     caller = Caller(tenant_id=tenant.pk, actor="agent:bench")
     rounds = (100, 10) if quick else (1000, 60)
     cost = transition_cost(_task(caller, "cost"), rounds[0])
