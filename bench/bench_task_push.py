@@ -19,7 +19,6 @@ import statistics
 import threading
 import time
 import uuid
-from typing import Any, Literal
 
 import httpx2
 from django.contrib.auth import get_user_model
@@ -27,9 +26,9 @@ from django.utils import timezone
 from mcp import Client
 from mcp.client.extension import ClientExtension, NotificationBinding
 from mcp.client.streamable_http import streamable_http_client
-from mcp_types import Request, RequestParams, SubscriptionsListenResult
-from pydantic import ConfigDict
+from mcp_types import SubscriptionsListenResult
 
+from tests.mcp_client import Listen, ListenParams, TaskPush
 from tests.processes import WebServer
 from tools_app import access, tasks
 from tools_app.core import db
@@ -61,20 +60,6 @@ def transition_cost(task: Task, rounds: int) -> dict[str, float]:
 # --- a listening 2026-07-28 client ------------------------------------------------------------------------
 
 
-class _Push(RequestParams):
-    model_config = ConfigDict(extra="allow")
-    status: str
-
-
-class _ListenParams(RequestParams):
-    notifications: dict[str, Any]
-
-
-class _Listen(Request[_ListenParams, Literal["subscriptions/listen"]]):
-    method: Literal["subscriptions/listen"] = "subscriptions/listen"
-    params: _ListenParams
-
-
 class _Listener(ClientExtension):
     identifier = "io.modelcontextprotocol/tasks"
 
@@ -82,9 +67,9 @@ class _Listener(ClientExtension):
         self.arrivals: list[tuple[float, str]] = []
 
     def notifications(self):
-        return [NotificationBinding(method="notifications/tasks", params_type=_Push, handler=self.on_push)]
+        return [NotificationBinding(method="notifications/tasks", params_type=TaskPush, handler=self.on_push)]
 
-    async def on_push(self, params: _Push) -> None:
+    async def on_push(self, params: TaskPush) -> None:
         self.arrivals.append((time.perf_counter(), params.status))
 
 
@@ -93,7 +78,7 @@ def _listen(url: str, token: str, task_id: str, listener: _Listener) -> None:
         async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=600) as http:
             async with Client(streamable_http_client(url, http_client=http), mode="2026-07-28",
                               extensions=[listener]) as client:
-                await client.session.send_request(_Listen(params=_ListenParams(notifications={"taskIds": [task_id]})),
+                await client.session.send_request(Listen(params=ListenParams(notifications={"taskIds": [task_id]})),
                                                   SubscriptionsListenResult, request_read_timeout_seconds=600)
                 await asyncio.sleep(0.5)  # bound notifications drain through their own queue
 

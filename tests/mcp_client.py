@@ -6,12 +6,13 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, Request, RequestParams
+from pydantic import ConfigDict
 
 
 @asynccontextmanager
@@ -68,3 +69,23 @@ def raw_error_of(answer: dict[str, Any]) -> dict[str, Any]:
     result = answer["result"]
     assert result["isError"], f"expected an error, got {result}"
     return result["structuredContent"]["error"]
+
+
+# --- the 2026-07-28 tasks extension's subscriptions/listen, which the SDK has no method for --------------
+
+
+class TaskPush(RequestParams):
+    """A `notifications/tasks` frame: the task as tasks/get shows it (every field kept)."""
+
+    model_config = ConfigDict(extra="allow")
+    task_id: str
+    status: str
+
+
+class ListenParams(RequestParams):
+    notifications: dict[str, Any]
+
+
+class Listen(Request[ListenParams, Literal["subscriptions/listen"]]):
+    method: Literal["subscriptions/listen"] = "subscriptions/listen"
+    params: ListenParams

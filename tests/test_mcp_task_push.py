@@ -19,8 +19,6 @@ from mcp import Client
 from mcp.client.extension import ClaimContext, ClientExtension, NotificationBinding, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import (
-    Request,
-    RequestParams,
     Result,
     SubscriptionsAcknowledgedNotification,
     SubscriptionsListenResult,
@@ -29,7 +27,7 @@ from pydantic import ConfigDict
 
 from tests import processes
 from tests.documents_fixtures import long_text, pdf_of_text
-from tests.mcp_client import call_sync, error_of
+from tests.mcp_client import Listen, ListenParams, TaskPush, call_sync, error_of
 from tests.processes import WebServer, Worker, downstream_env
 from tests.task_stack import stack_env, wait_until
 from tools_app import tasks
@@ -71,23 +69,6 @@ class Handle(Result):
     result_type: Literal["task"] = "task"
     task_id: str
     status: str
-
-
-class TaskPush(RequestParams):
-    """A `notifications/tasks` frame: the task as tasks/get shows it (every field kept)."""
-
-    model_config = ConfigDict(extra="allow")
-    task_id: str
-    status: str
-
-
-class ListenParams(RequestParams):
-    notifications: dict[str, Any]
-
-
-class Listen(Request[ListenParams, Literal["subscriptions/listen"]]):
-    method: Literal["subscriptions/listen"] = "subscriptions/listen"
-    params: ListenParams
 
 
 class Listener(ClientExtension):
