@@ -51,23 +51,27 @@ def insert_parts(
 
 
 @cache
-def select_columns(model: type[models.Model], alias: str = "") -> tuple[tuple[str, ...], str]:
-    """Attribute names and the SQL column list to load `model` rows with `from_row`."""
+def select_columns(model: type[models.Model], alias: str = "", fields: tuple[str, ...] | None = None
+                   ) -> tuple[tuple[str, ...], str]:
+    """Attribute names and the SQL column list to load `model` rows with `from_row` (all fields, or
+    the attribute names in `fields`: the others are deferred, loaded by Django if ever read)."""
     prefix = f"{alias}." if alias else ""
-    fields = model._meta.concrete_fields
-    return tuple(f.attname for f in fields), ", ".join(prefix + connection.ops.quote_name(f.column) for f in fields)
+    chosen = [f for f in model._meta.concrete_fields if fields is None or f.attname in fields]
+    return tuple(f.attname for f in chosen), ", ".join(prefix + connection.ops.quote_name(f.column) for f in chosen)
 
 
 @cache
-def _converters(model: type[models.Model]) -> tuple[tuple, ...]:
-    return tuple(tuple(f.get_db_converters(connection)) for f in model._meta.concrete_fields)
+def _converters(model: type[models.Model], fields: tuple[str, ...] | None = None) -> tuple[tuple, ...]:
+    return tuple(tuple(f.get_db_converters(connection)) for f in model._meta.concrete_fields
+                 if fields is None or f.attname in fields)
 
 
-def from_row(model: type[models.Model], row: tuple) -> models.Model:
-    """Build an instance from a row selected with `select_columns`, converting values as the ORM would."""
-    attnames, _ = select_columns(model)
+def from_row(model: type[models.Model], row: tuple, fields: tuple[str, ...] | None = None) -> models.Model:
+    """Build an instance from a row selected with `select_columns` (with the same `fields`), converting
+    values as the ORM would."""
+    attnames, _ = select_columns(model, fields=fields)
     values = []
-    for value, converters in zip(row, _converters(model), strict=True):
+    for value, converters in zip(row, _converters(model, fields), strict=True):
         for converter in converters:
             value = converter(value, None, connection)
         values.append(value)

@@ -18,7 +18,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from idemops.conf import conf
@@ -27,12 +27,15 @@ from tools_app.core.errors import ToolFailure, UnknownOutcome
 from tools_app.core.keys import canonical_json
 from tools_app.core.models import AuditEvent
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
-from tools_app.engine.operation import LeaseLost, Operation, evidence_entry
+from tools_app.engine.operation import ClaimWaitExpired, LeaseLost, Operation, evidence_entry
 
 FINISHED = (RecordStatus.SUCCEEDED, RecordStatus.FAILED)
 
 
 SWEEPER = "system:lease-sweep"
+
+# SQLSTATE of a lock wait that ran past lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
 
 # A transient failure of a write without a Retry-After of its own (a bug that rolled back, a
 # downstream that could not be reached) may run again after backoff.delay(attempts, ...): the
@@ -73,17 +76,30 @@ def heartbeat(record: IdempotencyRecord) -> leases.Heartbeat:
 
 def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     """Return (record, True) if this call inserted the PROCESSING record for
-    `op` and is its executor, or (the live record, False) for a follower."""
-    if row := _fetch_live(op):  # replays, the common case, stop here: one indexed read
-        return db.from_row(IdempotencyRecord, row), False
+    `op` and is its executor, or (the live record, False) for a follower.
+
+    For a local tool it runs inside the business transaction (engine.run): the
+    claim commits with the side effect or not at all. A concurrent caller's
+    INSERT then waits on the unique index for that transaction, at most
+    IDEMOPS_FOLLOWER_WAIT_SECONDS (then `ClaimWaitExpired`), and reads the
+    committed record once it ends.
+    """
     record = new_record(op)
     # The record has no id yet: the statement fills object_id from the inserted row.
     claimed_event = audit.new_event(action="record.claimed", obj=record, actor=op.actor, trace_id=op.trace_id,
                                     after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
-    if row := _claim_or_fetch(record, claimed_event):
+    try:
+        row = _claim_or_fetch(record, claimed_event)
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            raise ClaimWaitExpired(op.key) from exc
+        raise
+    if row:
         return db.from_row(IdempotencyRecord, row[:-1]), row[-1]
     # We lost a race to a claim our statement's snapshot could not see: read it now.
-    return claim(op)
+    if live := find_live(op):
+        return live, False
+    return claim(op)  # and it is gone already (retired, or its transaction rolled back)
 
 
 def new_record(op: Operation) -> IdempotencyRecord:
@@ -112,10 +128,15 @@ def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tup
     """One statement: INSERT the record and its audit event, unless a live record holds the key.
 
     Two first calls racing both pass the NOT EXISTS; PostgreSQL makes the
-    second INSERT wait for the first to commit and then skip (ON CONFLICT DO
-    NOTHING), so exactly one inserts. The loser's statement returns no row
+    second INSERT wait for the first's transaction and then skip (ON CONFLICT
+    DO NOTHING), so exactly one inserts. The loser's statement returns no row
     (its snapshot predates the winner's commit) and the caller reads again.
     The row's last column says whether this call inserted it.
+
+    That wait is bounded by the follower wait: the statement sets lock_timeout
+    for itself (set_config(..., true) lasts to the end of the transaction) and,
+    once its row is in, puts back the value it found, so the executor's own
+    statements after the claim wait for locks as they always would.
     """
     columns, values, params = db.insert_parts(record)
     audit_columns, audit_values, audit_params = db.insert_parts(
@@ -123,33 +144,47 @@ def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tup
     _, select_list = db.select_columns(IdempotencyRecord)
     records = db.table(IdempotencyRecord)
     sql = f"""
-        WITH live AS (
+        WITH prior AS MATERIALIZED (
+            SELECT current_setting('lock_timeout') AS lock_timeout
+        ), live AS (
             SELECT {select_list} FROM {records}
             WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL
         ), claimed AS (
             INSERT INTO {records} ({", ".join(columns)}) SELECT {", ".join(values)}
             WHERE NOT EXISTS (SELECT FROM live)
+              AND set_config('lock_timeout', CASE WHEN (SELECT lock_timeout FROM prior) IS NOT NULL
+                                                  THEN %s END, true) IS NOT NULL
             ON CONFLICT DO NOTHING RETURNING *
         ), audited AS (
             INSERT INTO {db.table(AuditEvent)} ({", ".join(audit_columns)})
             SELECT {", ".join(audit_values)} FROM claimed
         )
-        SELECT {select_list}, true FROM claimed
+        SELECT {select_list}, set_config('lock_timeout', (SELECT lock_timeout FROM prior), true) IS NOT NULL
+        FROM claimed
         UNION ALL
         SELECT *, false FROM live
     """
+    wait_ms = f"{max(1, int(conf().follower_wait_seconds * 1000))}ms"
     with connection.cursor() as cursor:
-        cursor.execute(sql, [record.tenant_id, record.tool, record.key, *params, *audit_params])
+        cursor.execute(sql, [record.tenant_id, record.tool, record.key, *params, wait_ms, *audit_params])
         return cursor.fetchone()
 
 
-def _fetch_live(op: Operation) -> tuple | None:
-    _, select_list = db.select_columns(IdempotencyRecord)
+# What a replay reads: the record without its arguments and evidence (loaded if ever touched).
+LIVE_FIELDS = tuple(f.attname for f in IdempotencyRecord._meta.concrete_fields
+                    if f.attname not in ("arguments", "evidence", "field_digests"))
+
+
+def find_live(op: Operation) -> IdempotencyRecord | None:
+    """The live record of `op`'s key, if any: one indexed read of what a follower needs (a replay
+    stops here)."""
+    _, select_list = db.select_columns(IdempotencyRecord, fields=LIVE_FIELDS)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {select_list} FROM {db.table(IdempotencyRecord)} "
                        "WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL",
                        [op.tenant_id, op.tool, op.key])
-        return cursor.fetchone()
+        row = cursor.fetchone()
+    return db.from_row(IdempotencyRecord, row, fields=LIVE_FIELDS) if row else None
 
 
 def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any], *, action: str,
