@@ -8,6 +8,7 @@ the code), so adding a field to a model needs no change here.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
@@ -25,6 +26,20 @@ def _columns(model: type[models.Model]) -> tuple[tuple[models.Field, ...], tuple
             tuple(isinstance(f, models.JSONField) for f in fields))
 
 
+def fetchone(sql: str, params: Sequence[Any]) -> tuple | None:
+    """Run one statement and return its first row, on the psycopg connection under Django's.
+
+    For the engine's hot path: the same connection, transaction and error classes as
+    `connection.cursor()` (a broken connection is health-checked and replaced the same way), without
+    the ORM cursor wrapper's work per statement. psycopg prepares a statement it sees repeatedly
+    (DATABASES OPTIONS prepare_threshold).
+    """
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        return connection.connection.execute(sql, params).fetchone()
+
+
 def table(model: type[models.Model]) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
@@ -37,17 +52,34 @@ def insert_parts(
     `expressions` replaces the value of some fields with raw SQL (e.g. a
     column of a preceding CTE); those fields take no parameter.
     """
-    expressions = expressions or {}
-    fields, columns, needs_prep = _columns(type(instance))
-    values, params = [], []
+    columns, values = insert_sql(type(instance), expressions)
+    return list(columns), list(values), insert_params(instance, expressions)
+
+
+def insert_sql(model: type[models.Model], expressions: dict[str, str] | None = None
+               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The columns and value SQL of `insert_parts` (the same for every instance of `model`)."""
+    return _insert_sql(model, tuple((expressions or {}).items()))
+
+
+@cache
+def _insert_sql(model: type[models.Model], expressions: tuple[tuple[str, str], ...]) -> tuple[tuple[str, ...],
+                                                                                            tuple[str, ...]]:
+    given = dict(expressions)
+    fields, columns, _ = _columns(model)
+    return columns, tuple(given.get(field.attname, "%s") for field in fields)
+
+
+def insert_params(instance: models.Model, expressions: dict[str, str] | None = None) -> list[Any]:
+    """The params of `insert_parts(instance, expressions=...)` alone (its SQL is the same every time)."""
+    fields, _, needs_prep = _columns(type(instance))
+    params = []
     for field, prep in zip(fields, needs_prep, strict=True):
-        if field.attname in expressions:
-            values.append(expressions[field.attname])
+        if expressions and field.attname in expressions:
             continue
         value = getattr(instance, field.attname)
-        values.append("%s")
         params.append(field.get_db_prep_save(value, connection) if prep else value)
-    return list(columns), values, params
+    return params
 
 
 @cache
@@ -113,32 +145,46 @@ def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, A
 def _conditional_update(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any],
                         event: models.Model, append: dict[str, list]) -> bool:
     model = type(instance)
-    sets, params = [], []
-    for name, value in changes.items():
-        field = model._meta.get_field(name)
-        sets.append(f"{connection.ops.quote_name(field.column)} = %s")
-        params.append(field.get_db_prep_save(value, connection))
-    for name, items in append.items():
-        column = connection.ops.quote_name(model._meta.get_field(name).column)
-        sets.append(f"{column} = {column} || %s::jsonb")
-        params.append(json.dumps(items, default=str))
-    conditions, condition_params = ["id = %s"], [instance.pk]
+    # What the SQL itself says: IS NULL / IS NOT NULL (`__isnull`, or a plain None), not a parameter.
+    shape = tuple((key, bool(value) if key.endswith("__isnull") else value is None) for key, value in expected.items())
+    sql, change_fields = _update_sql(model, tuple(changes), shape, tuple(append), type(event))
+    params = [field.get_db_prep_save(value, connection) for field, value in zip(change_fields, changes.values(),
+                                                                                strict=True)]
+    params += [json.dumps(items, default=str) for items in append.values()]
+    params.append(instance.pk)
     for key, value in expected.items():
+        lookup = key.partition("__")[2]
+        if lookup == "isnull" or (lookup == "" and value is None):
+            continue  # written into the SQL
+        params.append(list(value) if lookup == "in" else value)
+    params += insert_params(event)
+    return fetchone(sql, params)[0] == 1
+
+
+@cache
+def _update_sql(model: type[models.Model], change_names: tuple[str, ...], nulls: tuple[tuple[str, bool], ...],
+                append_names: tuple[str, ...], event_model: type[models.Model]) -> tuple[str, tuple[models.Field, ...]]:
+    """The statement of a transition of this shape (which fields change, which are expected how),
+    and the changed fields in parameter order. Built once per shape: the same SQL text each time,
+    which psycopg prepares."""
+    quote = connection.ops.quote_name
+    change_fields = tuple(model._meta.get_field(name) for name in change_names)
+    sets = [f"{quote(field.column)} = %s" for field in change_fields]
+    for name in append_names:
+        column = quote(model._meta.get_field(name).column)
+        sets.append(f"{column} = {column} || %s::jsonb")
+    conditions = ["id = %s"]
+    for key, null in nulls:
         name, _, lookup = key.partition("__")
-        column = connection.ops.quote_name(model._meta.get_field(name).column)
-        if lookup == "" and value is None:  # `= NULL` would match nothing
-            lookup, value = "isnull", True
-        if lookup == "isnull":
-            conditions.append(f"{column} IS {'' if value else 'NOT '}NULL")
+        column = quote(model._meta.get_field(name).column)
+        if lookup == "isnull" or (lookup == "" and null):  # `= NULL` would match nothing
+            conditions.append(f"{column} IS {'' if null else 'NOT '}NULL")
         else:
             conditions.append(f"{column} {_COMPARISONS[lookup]}")
-            condition_params.append(list(value) if lookup == "in" else value)
-    columns, values, event_params = insert_parts(event)
+    columns, values = insert_sql(event_model)
     sql = (f"WITH changed AS (UPDATE {table(model)} SET {', '.join(sets)} "
            f"WHERE {' AND '.join(conditions)} RETURNING id), "
-           f"audited AS (INSERT INTO {table(type(event))} ({', '.join(columns)}) "
+           f"audited AS (INSERT INTO {table(event_model)} ({', '.join(columns)}) "
            f"SELECT {', '.join(values)} FROM changed) "
            "SELECT count(*) FROM changed")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *condition_params, *event_params])
-        return cursor.fetchone()[0] == 1
+    return sql, change_fields

@@ -59,6 +59,7 @@ from tools_app.engine.transitions import (
     reclaim,
     retire,
     start_approved,
+    whole,
 )
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,9 @@ def _claim_and_execute(op: Operation, execute: Executor) -> tuple[Outcome | None
 
 def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
     """Answer a caller that lost the claim. None means: try to claim again."""
+    if record.status == RecordStatus.SUCCEEDED and record.fingerprint == op.fingerprint and not is_expired(record):
+        return Outcome(record, replayed=True)  # a replay: find_live read all it needs
+    record = whole(record)
     if is_expired(record):
         if op.on_expiry == ExpiryPolicy.HOLD:
             return Outcome(record, error=Expired(

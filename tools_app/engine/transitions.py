@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from django.db import OperationalError, connection, transaction
@@ -94,9 +95,13 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
         if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
             raise ClaimWaitExpired(op.key) from exc
         raise
-    if row:
-        return db.from_row(IdempotencyRecord, row[:-1]), row[-1]
-    # We lost a race to a claim our statement's snapshot could not see: read it now.
+    if row is not None and row[1]:
+        # Ours: the row holds exactly what we built.
+        record.pk = row[0]
+        record._state.adding, record._state.db = False, connection.alias
+        return record, True
+    # A live record holds the key (committed since run() looked), or we lost a race to a claim
+    # our statement's snapshot could not see: read it now.
     if live := find_live(op):
         return live, False
     return claim(op)  # and it is gone already (retired, or its transaction rolled back)
@@ -125,66 +130,73 @@ def downstream_key(operation_id: uuid.UUID) -> str:
 
 
 def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tuple | None:
-    """One statement: INSERT the record and its audit event, unless a live record holds the key.
+    """One statement: INSERT the record and its audit event, unless a live record holds the key:
+    (the live or inserted record's id, whether this call inserted it), or None.
 
     Two first calls racing both pass the NOT EXISTS; PostgreSQL makes the
     second INSERT wait for the first's transaction and then skip (ON CONFLICT
     DO NOTHING), so exactly one inserts. The loser's statement returns no row
     (its snapshot predates the winner's commit) and the caller reads again.
-    The row's last column says whether this call inserted it.
 
     That wait is bounded by the follower wait: the statement sets lock_timeout
     for itself (set_config(..., true) lasts to the end of the transaction) and,
     once its row is in, puts back the value it found, so the executor's own
     statements after the claim wait for locks as they always would.
     """
-    columns, values, params = db.insert_parts(record)
-    audit_columns, audit_values, audit_params = db.insert_parts(
-        claimed_event, expressions={"object_id": "claimed.id::text"})
-    _, select_list = db.select_columns(IdempotencyRecord)
+    wait_ms = f"{max(1, int(conf().follower_wait_seconds * 1000))}ms"
+    return db.fetchone(_claim_sql(), [record.tenant_id, record.tool, record.key, *db.insert_params(record),
+                                      wait_ms, *db.insert_params(claimed_event, CLAIMED_EVENT_ID)])
+
+
+CLAIMED_EVENT_ID = {"object_id": "claimed.id::text"}
+
+
+@cache
+def _claim_sql() -> str:
+    columns, values = db.insert_sql(IdempotencyRecord)
+    audit_columns, audit_values = db.insert_sql(AuditEvent, CLAIMED_EVENT_ID)
     records = db.table(IdempotencyRecord)
-    sql = f"""
+    return f"""
         WITH prior AS MATERIALIZED (
             SELECT current_setting('lock_timeout') AS lock_timeout
         ), live AS (
-            SELECT {select_list} FROM {records}
+            SELECT id FROM {records}
             WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL
         ), claimed AS (
             INSERT INTO {records} ({", ".join(columns)}) SELECT {", ".join(values)}
             WHERE NOT EXISTS (SELECT FROM live)
               AND set_config('lock_timeout', CASE WHEN (SELECT lock_timeout FROM prior) IS NOT NULL
                                                   THEN %s END, true) IS NOT NULL
-            ON CONFLICT DO NOTHING RETURNING *
+            ON CONFLICT DO NOTHING RETURNING id
         ), audited AS (
             INSERT INTO {db.table(AuditEvent)} ({", ".join(audit_columns)})
             SELECT {", ".join(audit_values)} FROM claimed
         )
-        SELECT {select_list}, set_config('lock_timeout', (SELECT lock_timeout FROM prior), true) IS NOT NULL
-        FROM claimed
+        SELECT id, set_config('lock_timeout', (SELECT lock_timeout FROM prior), true) IS NOT NULL FROM claimed
         UNION ALL
-        SELECT *, false FROM live
+        SELECT id, false FROM live
     """
-    wait_ms = f"{max(1, int(conf().follower_wait_seconds * 1000))}ms"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [record.tenant_id, record.tool, record.key, *params, wait_ms, *audit_params])
-        return cursor.fetchone()
 
 
-# What a replay reads: the record without its arguments and evidence (loaded if ever touched).
-LIVE_FIELDS = tuple(f.attname for f in IdempotencyRecord._meta.concrete_fields
-                    if f.attname not in ("arguments", "evidence", "field_digests"))
+# What a replay reads and answers with; a follower that gets another answer loads the rest (`whole`).
+REPLAY_FIELDS = ("id", "tenant_id", "tool", "key", "fingerprint", "status", "result", "operation_id",
+                 "created_at", "expires_at")
 
 
 def find_live(op: Operation) -> IdempotencyRecord | None:
-    """The live record of `op`'s key, if any: one indexed read of what a follower needs (a replay
-    stops here)."""
-    _, select_list = db.select_columns(IdempotencyRecord, fields=LIVE_FIELDS)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {select_list} FROM {db.table(IdempotencyRecord)} "
-                       "WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL",
-                       [op.tenant_id, op.tool, op.key])
-        row = cursor.fetchone()
-    return db.from_row(IdempotencyRecord, row, fields=LIVE_FIELDS) if row else None
+    """The live record of `op`'s key, if any: one indexed read of what a replay needs."""
+    _, select_list = db.select_columns(IdempotencyRecord, fields=REPLAY_FIELDS)
+    row = db.fetchone(f"SELECT {select_list} FROM {db.table(IdempotencyRecord)} "
+                      "WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL",
+                      (op.tenant_id, op.tool, op.key))
+    return db.from_row(IdempotencyRecord, row, fields=REPLAY_FIELDS) if row else None
+
+
+def whole(record: IdempotencyRecord) -> IdempotencyRecord:
+    """`record` with every field loaded (one read, only if `find_live` left some out)."""
+    if record.get_deferred_fields():
+        record.refresh_from_db(fields=[f.attname for f in IdempotencyRecord._meta.concrete_fields])
+    return record
 
 
 def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any], *, action: str,
