@@ -13,7 +13,8 @@ it reconnects by itself when the database is back.
 
 Faults, per request (header X-Fault) or per key (PUT /faults): `fail` (500,
 nothing done), `reject` (422, nothing done), `ratelimit` (429, Retry-After), `unavailable` (503,
-Retry-After), `hang` (never answers, nothing done), `succeed-then-hang` (the
+Retry-After), `unavailable-for-ages` (503 with an absurd Retry-After, nothing done), `hang`
+(never answers, nothing done), `succeed-then-hang` (the
 payment is committed, the response never arrives), `conflict` (409 as for a key
 already used with another request, nothing done).
 
@@ -53,7 +54,8 @@ CREATE TABLE IF NOT EXISTS faults (
     remaining integer          -- null: until deleted
 );
 """
-FAULT_MODES = {"fail", "reject", "ratelimit", "unavailable", "hang", "succeed-then-hang", "conflict"}
+FAULT_MODES = {"fail", "reject", "ratelimit", "unavailable", "unavailable-for-ages", "hang", "succeed-then-hang",
+               "conflict"}
 HANG_SECONDS = 3600
 
 
@@ -106,6 +108,8 @@ async def create_payment(request: Request) -> Response:
     if fault in ("ratelimit", "unavailable"):
         return JSONResponse({"error": f"{fault} (injected)"}, 429 if fault == "ratelimit" else 503,
                             headers={"Retry-After": RETRY_AFTER_SECONDS})
+    if fault == "unavailable-for-ages":  # a server that asks for an absurd wait
+        return JSONResponse({"error": f"{fault} (injected)"}, 503, headers={"Retry-After": "99999999999999"})
     if fault == "hang":
         # Never answers and never pays, not even after the client gave up (and holds no connection).
         return await _never_answer()

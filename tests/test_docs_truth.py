@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -100,6 +102,30 @@ def test_names_permissions_and_test_functions_the_docs_cite_exist():
             for test in re.findall(r"(?<![\w.])(test_\w+)(?![\w.])", span):
                 if f"def {test}(" not in tests_source:
                     problems.append(f"{name_of(doc)}: {test}")
+    assert not problems, problems
+
+
+def prose_of(path) -> str:
+    """The docstrings and comments of a Python file: where it talks about other code in words."""
+    source = path.read_text()
+    tree = ast.parse(source)
+    docstrings = [ast.get_docstring(node) or "" for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    comments = [token.string for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                if token.type == tokenize.COMMENT]
+    return "\n".join(docstrings + comments)
+
+
+def test_every_dotted_name_the_codes_docstrings_and_comments_cite_exists():
+    """A docstring or comment that names `tools_app.x.y` or `idemops.x` points at something real."""
+    permissions = permission_names()
+    problems = []
+    for path in sorted([*(ROOT / "tools_app").rglob("*.py"), *(ROOT / "idemops").rglob("*.py")]):
+        if "migrations" in path.parts:
+            continue
+        for dotted in re.findall(r"(?<![\w.])((?:tools_app|idemops)(?:\.\w+)+)", prose_of(path)):
+            if dotted not in permissions and not _resolves(dotted.rstrip(".")):
+                problems.append(f"{path.relative_to(ROOT)}: {dotted}")
     assert not problems, problems
 
 

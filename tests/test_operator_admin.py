@@ -4,14 +4,15 @@ from datetime import timedelta
 
 import pytest
 from django.contrib import admin
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, Permission
 from django.urls import reverse
 from django.utils import timezone
 
 from tests.jobs import queued_jobs, run_queued_jobs
 from tests.operators import make_operator
-from tools_app import metrics
+from tools_app import approvals, metrics
 from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR, ROLE_PERMISSIONS
+from tools_app.core.errors import PermissionDenied
 from tools_app.core.jobs import JOBS
 from tools_app.models import (
     Announcement,
@@ -20,6 +21,7 @@ from tools_app.models import (
     ApprovalStatus,
     AuditEvent,
     IdempotencyRecord,
+    Order,
     RecordStatus,
 )
 from tools_app.toolkit.calls import Caller, CallOutcome, call_tool
@@ -271,6 +273,59 @@ def test_changing_a_threshold_is_audited(client, django_user_model, tenant):
     event = AuditEvent.objects.get(action="approval_settings.changed")
     assert event.actor == "user:root" and event.after["payment_threshold"] == "100.00"
     assert ApprovalSettings.objects.get().payment_threshold == 100
+
+
+def test_a_settings_editor_is_offered_only_their_tenants_and_a_crafted_post_for_another_is_refused_and_audited(
+        client, tenant, other_tenant):
+    # given a staff member granted tenant acme and the permissions to add and change approval settings
+    editor = make_operator("erin", OPERATOR, tenant)
+    editor.user_permissions.add(*Permission.objects.filter(
+        content_type__app_label="tools_app", codename__in=["add_approvalsettings", "change_approvalsettings"]))
+    client.force_login(editor)
+
+    form = client.get(reverse("admin:tools_app_approvalsettings_add"))
+    # when they craft a POST that would switch globex's approvals off (an empty threshold)
+    response = client.post(reverse("admin:tools_app_approvalsettings_add"), {
+        "tenant": other_tenant.pk, "request_ttl_minutes": 60, "payment_threshold": "",
+        "payment_second_threshold": "", "threshold_currency": "EUR"})
+
+    # then: only acme is offered, the POST changes nothing, and the refusal is audited
+    choices = [str(pk) for pk, _ in form.context["adminform"].form.fields["tenant"].choices if pk]
+    assert choices == [str(tenant.pk)]
+    assert response.status_code in (200, 403) and not ApprovalSettings.objects.filter(tenant=other_tenant).exists()
+    assert not AuditEvent.objects.filter(action="approval_settings.changed").exists()
+
+
+def test_a_settings_change_through_the_concept_function_is_refused_without_the_tenant_and_audited(
+        tenant, other_tenant):
+    editor = make_operator("erin", OPERATOR, tenant)
+    editor.user_permissions.add(Permission.objects.get(codename="change_approvalsettings"))
+    editor = type(editor).objects.get(pk=editor.pk)
+
+    with pytest.raises(PermissionDenied, match="tenant you may not see"):
+        approvals.save_settings(ApprovalSettings(tenant=other_tenant, payment_threshold=None), editor, before=None)
+
+    assert not ApprovalSettings.objects.exists()
+    assert AuditEvent.objects.filter(action="approval_settings.change_refused", actor="user:erin").count() == 1
+
+
+def test_business_objects_are_shown_but_a_crafted_change_is_refused(client, caller, tenant):
+    # given an order the tool created, and a staff member who even holds the model's change permission
+    call_tool(get_tool("create_order"), caller, {"idempotency_key": "o-ro", "customer": "ACME", "currency": "EUR",
+                                                 "items": [{"sku": "S", "quantity": 1, "unit_price": "2.50"}]})
+    order = Order.objects.get()
+    clerk = make_operator("carl", OPERATOR, tenant)
+    clerk.user_permissions.add(Permission.objects.get(codename="change_order"))
+    client.force_login(clerk)
+
+    shown = client.get(reverse("admin:tools_app_order_change", args=[order.pk]))
+    response = client.post(reverse("admin:tools_app_order_change", args=[order.pk]),
+                           {"tenant": tenant.pk, "customer": "EVIL", "total": "0", "currency": "EUR"})
+
+    assert shown.status_code == 200
+    assert response.status_code == 403
+    order.refresh_from_db()
+    assert order.customer == "ACME"
 
 
 # --- roles ---------------------------------------------------------------------------------------

@@ -270,6 +270,25 @@ def test_a_crafted_list_action_on_several_objects_is_refused_when_one_is_another
     mine.next_call()
 
 
+@pytest.mark.parametrize("selection", [
+    {"select_across": "1", "_selected_action": []},  # "select all", no row named
+    {"_selected_action": []},  # nothing selected at all
+])
+def test_a_crafted_list_action_that_names_no_row_is_refused_and_audited_too(client, caller, tenant, selection):
+    scene = an_order(None, caller)
+    client.force_login(make_operator("bob", APPROVER, tenant))
+    url = list_url(admin.site._registry[IdempotencyRecord])
+
+    response = client.post(url, {"action": "force_expire", "index": "0", "confirm": "yes", "reason": "all",
+                                 **selection})
+
+    assert response.status_code == 403
+    refusal = AuditEvent.objects.get(action="record.force_expire_refused")
+    assert (refusal.actor, refusal.object_type, refusal.object_id) == ("user:bob", "idempotencyrecord", "*")
+    assert not AuditEvent.objects.filter(action="record.force_expired").exists()
+    scene.next_call()
+
+
 # --- the concept functions refuse whoever calls them -----------------------------------------------------
 
 

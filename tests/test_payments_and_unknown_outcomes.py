@@ -1,6 +1,7 @@
 """request_payment against a real gateway process that misbehaves on request."""
 
 import time
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
@@ -11,6 +12,7 @@ from tests.mcp_client import call_sync, error_of
 from tests.operators import make_operator
 from tests.processes import manage
 from tools_app.access.roles import OPERATOR
+from tools_app.core import backoff
 from tools_app.core.errors import Transient
 from tools_app.core.jobs import JOBS
 from tools_app.engine import evidence_entry, resolve_failed
@@ -107,6 +109,29 @@ def test_429_is_transient_with_retry_after_and_the_retry_pays_once(web_server, t
     assert not later.is_error
     assert len(gateway.payments()) == 1
     assert IdempotencyRecord.objects.get(key="p-429").attempts == 2
+
+
+def test_an_absurd_retry_after_from_the_gateway_is_bounded_and_the_answer_keeps_its_class(
+        web_server, token, downstreams, gateway):
+    # given a gateway that asks for a wait of three million years
+    gateway.set_fault("*", "unavailable-for-ages", times=1)
+
+    first = error_of(pay(web_server, token, "p-ages"))
+
+    # then: a classified answer with a usable wait, no payment, and the record keeps the same bound
+    assert first["class"] == "transient" and first["retry_after"] == 3600
+    assert gateway.payments() == []
+    record = IdempotencyRecord.objects.get(key="p-ages")
+    assert (record.status, record.error_class) == (RecordStatus.FAILED, "transient")
+    assert record.retry_not_before <= record.finished_at + timedelta(seconds=3600)
+
+
+@pytest.mark.parametrize(("header", "seconds"), [
+    ("2", 2.0), ("0.5", 0.5), ("-3", 0.0), ("99999999999999", 3600.0), ("inf", 3600.0), ("1e400", 3600.0),
+    ("nan", None), ("Wed, 21 Oct 2026 07:28:00 GMT", None), ("", None), (None, None),
+])
+def test_a_retry_after_header_is_read_as_bounded_seconds_or_not_at_all(header, seconds):
+    assert backoff.retry_after_header(header) == seconds
 
 
 def test_a_rejection_from_the_gateway_is_deterministic_and_replayed(web_server, token, downstreams, gateway):

@@ -129,3 +129,16 @@ def test_an_operator_of_another_tenant_cannot_resolve(unknown_payment):
     with pytest.raises(PermissionDenied):
         reconciliation.resolve_by_operator(unknown_payment, carol, succeeded=False, reason="not mine")
     assert IdempotencyRecord.objects.get(pk=unknown_payment.pk).status == RecordStatus.UNKNOWN
+
+
+def test_a_reconciler_that_lost_the_race_reports_the_records_real_state_not_its_own(unknown_payment, gateway):
+    stale = IdempotencyRecord.objects.get(pk=unknown_payment.pk)
+    # given another reconciler settled the record first (the gateway has the payment)
+    assert reconciliation.reconcile_record(unknown_payment) == "succeeded"
+    gateway.reset()  # now the gateway would answer "not found": a second, late answer must not win
+
+    assert reconciliation.reconcile_record(stale) == "succeeded"
+
+    unknown_payment.refresh_from_db()
+    assert unknown_payment.status == RecordStatus.SUCCEEDED
+    assert AuditEvent.objects.filter(action="record.reconciled", object_id=str(unknown_payment.pk)).count() == 1

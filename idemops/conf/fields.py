@@ -130,8 +130,8 @@ class IdemopsSettings(BaseSettings):
     secret_key_fallbacks: Annotated[list[SecretStr], NoDecode] = setting(
         [], "Old secret keys during a rotation: what they signed or sealed still opens.", section=SECRETS)
     key_digest_secret: SecretStr | None = setting(
-        None, "Key of the HMAC-SHA256 digests that stand for idempotency keys outside the database and of the "
-        "keys forwarded downstream; the same on every process, and changing it changes every digest.",
+        None, "Key of the HMAC-SHA256 digests that stand for idempotency keys outside the database (admin, "
+        "API, logs); the same on every process, and changing it changes every digest shown.",
         shown="derived from the secret key", section=SECRETS)
 
     # --- database ---

@@ -80,7 +80,8 @@ def authorize(who, permit: Permit, obj) -> str:
 
 
 def audit_refusal(permit: Permit, obj, actor: str, refusal: str) -> None:
-    """The audit event of a refused attempt (also for a concept's own rules, e.g. no self-approval)."""
+    """The audit event of a refused attempt (also for a concept's own rules, e.g. no self-approval).
+    `obj` may be a model class when the attempt named no single row (an action on "all of them")."""
     with transaction.atomic():
         audit.record_event(action=permit.refused_event, obj=obj, actor=actor, reason=refusal,
                            trace_id=getattr(obj, "trace_id", ""), after={"attempted": permit.attempted})

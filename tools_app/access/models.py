@@ -64,7 +64,7 @@ class TenantAccess(models.Model):
 class AuditorKey(models.Model):
     """An auditor's key for the read-only REST API. Only a SHA-256 digest is stored.
 
-    The raw key is shown once, when it is issued (tools_app.auditors.issue_key).
+    The raw key is shown once, when it is issued (tools_app.access.auditors.issue_key).
     A key sees exactly the tenants granted to it; revoking it is final.
     """
 

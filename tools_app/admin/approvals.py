@@ -1,11 +1,12 @@
 """Approvals in the admin: the pending queue (approve / reject), every request's history, settings."""
 
 from django.contrib import admin
-from django.db import transaction
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from tools_app import approvals
+from tools_app import access, approvals
+from tools_app.access.models import Tenant
 from tools_app.admin.operator_actions import (
     REASON_REQUIRED,
     OperatorAction,
@@ -16,6 +17,7 @@ from tools_app.admin.operator_actions import (
     time_left,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.approvals import settings as approval_settings
 from tools_app.approvals.models import (
     ApprovalDecision,
     ApprovalRequest,
@@ -23,7 +25,7 @@ from tools_app.approvals.models import (
     ApprovalStatus,
     PendingApproval,
 )
-from tools_app.core import audit
+from tools_app.core import errors
 
 
 def approve(request, obj, reason: str) -> str:
@@ -131,12 +133,15 @@ class ApprovalDecisionAdmin(TenantScopedAdmin, ReadOnlyAdmin):
 class ApprovalSettingsAdmin(TenantScopedAdmin, admin.ModelAdmin):
     list_display = ["tenant", "request_ttl_minutes", "payment_threshold", "payment_second_threshold",
                     "threshold_currency"]
-    AUDITED = ["request_ttl_minutes", "payment_threshold", "payment_second_threshold", "threshold_currency"]
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "tenant":  # only the tenants this user may see
+            kwargs["queryset"] = access.scope(Tenant.objects.all(), request.user, "pk")
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def save_model(self, request, obj, form, change):
-        # A threshold decides what runs without a person: its changes are audited like decisions.
-        with transaction.atomic():
-            before = ({name: str(form.initial.get(name)) for name in self.AUDITED} if change else None)
-            super().save_model(request, obj, form, change)
-            audit.record_event(action="approval_settings.changed", obj=obj, actor=audit.user_actor(request.user),
-                               before=before, after={name: str(getattr(obj, name)) for name in self.AUDITED})
+        before = {name: str(form.initial.get(name)) for name in approval_settings.AUDITED} if change else None
+        try:
+            approval_settings.save_settings(obj, request.user, before=before)
+        except errors.PermissionDenied as refused:  # audited by the concept function
+            raise DjangoPermissionDenied(refused.message) from None

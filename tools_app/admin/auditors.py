@@ -1,6 +1,6 @@
 """Auditor keys in the admin: issue (the key is shown once), grant tenants, revoke.
 
-Every change goes through tools_app.auditors, so it is audited; the admin
+Every change goes through tools_app.access.auditors, so it is audited; the admin
 never writes an AuditorKey row itself.
 """
 

@@ -8,7 +8,7 @@ required or optional), and `perform` calls the concept module, which makes
 the change in one transaction with its audit event and refuses (with an
 exception that is shown, never swallowed) what is not allowed.
 
-Who may: each action names the concept's `Permit` (tools_app.tenants). The
+Who may: each action names the concept's `Permit` (tools_app.access). The
 concept function checks it itself, whoever calls it; the admin asks the same
 Permit to show a button, and again before it shows a confirmation form or
 runs anything, on the object page and on the list alike. A crafted GET or
@@ -18,7 +18,7 @@ answered 403 and its refusal is an audit event.
 To add a queue (e.g. UNKNOWN outcomes): a proxy model with the right
 verbose name, a `QueueAdmin` subclass with `queue_filter`, list columns and
 `operator_actions = [OperatorAction(...)]`, and the action permissions in
-tools_app.roles.
+tools_app.access.roles.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from django.utils.html import format_html, format_html_join
 
 from tools_app import access
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
-from tools_app.core import errors
+from tools_app.core import audit, errors
 from tools_app.core.models import AuditEvent
 
 REASON_REQUIRED, REASON_OPTIONAL = "required", "optional"
@@ -54,7 +54,7 @@ REASON_REQUIRED, REASON_OPTIONAL = "required", "optional"
 class OperatorAction:
     name: str  # URL segment and admin action name, e.g. "approve"
     label: str  # button text, e.g. "Approve"
-    permit: access.Permit  # who may: the Permit the concept function checks, e.g. idempotency.FORCE_EXPIRE
+    permit: access.Permit  # who may: the Permit the concept function checks, e.g. reconciliation.FORCE_EXPIRE
     perform: Callable[..., str]  # (request, obj, reason, **extra_fields): does it; returns the message to show
     refused: tuple[type[Exception], ...] = ()  # exceptions that mean "not done, and why"
     reason: str = REASON_OPTIONAL
@@ -122,8 +122,12 @@ class OperatorActionsAdmin(admin.ModelAdmin):
                 access.authorize(request.user, action.permit, obj)
             except errors.PermissionDenied as refused:
                 refusals.append(f"{self._label(obj)}: {refused.message}")
-        if refusals or not self._allowed(request, action):
-            raise PermissionDenied("; ".join(refusals) or f"you may not {action.permit.what}")
+        if not refusals and not self._allowed(request, action):
+            # No single object to refuse it on (nothing selected, or "select all"): audited all the same.
+            refusals.append(f"you may not {action.permit.what}")
+            access.audit_refusal(action.permit, self.model, audit.user_actor(request.user), refusals[0])
+        if refusals:
+            raise PermissionDenied("; ".join(refusals))
 
     def _target(self, object_id):
         """The object by id, whatever its tenant: another tenant's object is refused, not hidden."""

@@ -1,5 +1,5 @@
-"""Tenants, their API tokens and who may see them. Changes go through tools_app.tenants and
-tools_app.roles, which audit them: tokens are issued by `manage.py create_tenant / issue_token`
+"""Tenants, their API tokens and who may see them. Changes go through tools_app.access and
+tools_app.access.roles, which audit them: tokens are issued by `manage.py create_tenant / issue_token`
 (shown once), access by `manage.py grant_role`."""
 
 from django.contrib import admin

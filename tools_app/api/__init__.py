@@ -4,4 +4,6 @@
 scoping, filters, cursor pages, streamed CSV, error documentation); each
 endpoint module declares a serializer, a filterset and a viewset, and
 `urls.py` registers it.
+
+Read-only and thin. May import: every package below the entry points.
 """

@@ -3,7 +3,7 @@
 Exported: who asked, for which tool and record, the amount and currency the
 thresholds were applied to, how many approvals were required and given, who
 decided, why (a rejecter's reason; the failure text of a request that failed
-or expired is withheld, as everywhere in the API: tools_app.redaction), and
+or expired is withheld, as everywhere in the API: tools_app.core.redaction), and
 when. Not exported: the arguments and the operator summary, which quote
 payees and other personal data (operators read them in the admin).
 """
@@ -32,7 +32,7 @@ class ApprovalRequestSerializer(AuditorSerializer):
         read_only_fields = fields
 
     def get_reason(self, request: ApprovalRequest) -> str:
-        # Only a rejection's reason is a person's (tools_app.approvals._reject); the others are failure texts.
+        # Only a rejection's reason is a person's (tools_app.approvals.reject); the others are failure texts.
         return request.reason if request.status == ApprovalStatus.REJECTED else redaction.failure_text(request.reason)
 
 

@@ -1,10 +1,10 @@
 """GET /api/v1/audit-events: the append-only audit log, with its hash-chain fields.
 
 Events are exported whole (before/after hold states, digests and
-decisions, not secrets: callers of tools_app.audit.record_event keep it that
+decisions, not secrets: callers of tools_app.core.audit.record_event keep it that
 way), except the reason of an event a person did not write: failure messages
 and agents' notes may quote the caller's data, so they are withheld exactly
-as the records endpoint withholds error messages (tools_app.redaction).
+as the records endpoint withholds error messages (tools_app.core.redaction).
 `seq`, `prev_hash` and `hash` let an auditor check the chain's links on the
 exported copy; an event whose reason is withheld can be rehashed only by the
 server (`/api/v1/audit-chain/verify`). Events with no tenant (system-wide,

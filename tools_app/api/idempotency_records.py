@@ -1,7 +1,7 @@
 """GET /api/v1/idempotency-records: one row per business operation.
 
 What an auditor gets, and what not:
-- the key only as `key_digest` (tools_app.idempotency.key_digest: HMAC-SHA256
+- the key only as `key_digest` (tools_app.core.keys.key_digest: HMAC-SHA256
   under the server's secret, the form the admin and logs use): enough to
   find the record of a key one holds (`?key_digest=`) and to match log
   lines, nothing of the key's text, which agents may build from personal
@@ -9,7 +9,7 @@ What an auditor gets, and what not:
 - the `fingerprint` and the argument *names*, never their values, and no
   stored result: both may carry personal data (payees, recipients, bodies),
   and matching operations needs only the digest;
-- the error class; the free-text error message only as tools_app.redaction
+- the error class; the free-text error message only as tools_app.core.redaction
   gives it (withheld: a handler or a downstream system may quote input in
   it). Operators read both in the admin.
 """
@@ -71,7 +71,7 @@ class HmacSha256Hex(Func):
 
     RFC 2104 spelled out with PostgreSQL's built-in sha256(), H((K^opad) || H((K^ipad) || m)),
     so the database needs no extension (pgcrypto's hmac()). It equals
-    tools_app.idempotency.keyed_hash (a test holds them together).
+    tools_app.core.keys.keyed_hash (a test holds them together).
     """
 
     output_field = CharField()

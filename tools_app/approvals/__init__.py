@@ -6,7 +6,8 @@ or None to run at once). `gate.py` diverts such a call into an ApprovalRequest
 bound to its idempotency record and answers the callers while it waits;
 `decisions.py` is what approvers do; `execution.py` runs an approved operation
 through the same record (so it runs once), and ends requests that expired;
-`jobs.py` the django-q2 entry points. The engine learns of approvals only
+`jobs.py` the django-q2 entry points; `settings.py` a tenant's thresholds,
+changed behind their own Permit. The engine learns of approvals only
 through the hooks registered in tools_app.apps.
 
 May import: core, access, engine, toolkit.
@@ -36,10 +37,11 @@ from tools_app.approvals.gate import (
     tenant_settings,
 )
 from tools_app.approvals.jobs import run_approved, sweep
+from tools_app.approvals.settings import CHANGE_SETTINGS, save_settings
 
 __all__ = [
-    "APPROVE", "APPROVED_RETRY_AFTER", "DECIDE_PERMISSION", "PENDING_RETRY_AFTER", "REDRIVE_AFTER", "REJECT", "SWEEPER",
-    "ApprovalRefused", "abandon", "amount_policy", "approval_info", "approve", "approved_operation", "dispatch",
-    "expire", "follow", "gate", "pending_error", "redrive", "reject", "request_approval", "run_approved",
-    "settle", "status_for_agent", "sweep", "tenant_settings",
+    "APPROVE", "APPROVED_RETRY_AFTER", "ApprovalRefused", "CHANGE_SETTINGS", "DECIDE_PERMISSION",
+    "PENDING_RETRY_AFTER", "REDRIVE_AFTER", "REJECT", "SWEEPER", "abandon", "amount_policy", "approval_info",
+    "approve", "approved_operation", "dispatch", "expire", "follow", "gate", "pending_error", "redrive", "reject",
+    "request_approval", "run_approved", "save_settings", "settle", "status_for_agent", "sweep", "tenant_settings",
 ]

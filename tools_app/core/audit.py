@@ -54,7 +54,7 @@ def record_event(**fields: Any) -> AuditEvent:
 def new_event(
     *,
     action: str,
-    obj: models.Model,
+    obj: models.Model | type[models.Model],
     actor: str,
     tenant_id: int | None = None,
     before: dict[str, Any] | None = None,
@@ -62,14 +62,19 @@ def new_event(
     reason: str = "",
     trace_id: str = "",
 ) -> AuditEvent:
-    """An unsaved event about `obj`: for statements that insert it together with the change."""
+    """An unsaved event about `obj`: for statements that insert it together with the change.
+
+    `obj` may be a model class for an event about no single row of it (an attempt on "all
+    of them", refused): its object id is then `*`.
+    """
+    about_a_row = not isinstance(obj, type)
     return AuditEvent(
-        tenant_id=tenant_id if tenant_id is not None else getattr(obj, "tenant_id", None),
+        tenant_id=tenant_id if tenant_id is not None else (getattr(obj, "tenant_id", None) if about_a_row else None),
         actor=actor,
         action=action,
         # A queue's proxy (UNKNOWN outcome, dead letter) is the row itself: name the real model.
         object_type=obj._meta.concrete_model._meta.model_name,
-        object_id=str(obj.pk),
+        object_id=str(obj.pk) if about_a_row else "*",
         before=before,
         after=after,
         reason=reason,

@@ -16,10 +16,13 @@ doubles per attempt. (The agents' client, idemops_client, adds its own full jitt
 
 from __future__ import annotations
 
+import math
 import random
 
 # 2**64 times any base in seconds is far beyond any ceiling; a larger exponent would only overflow.
 _MAX_DOUBLINGS = 64
+# The longest wait another system's Retry-After can impose on us: beyond it, a person should look.
+RETRY_AFTER_MAX_SECONDS = 3600.0
 
 
 def delay(attempt: int, *, base: float, ceiling: float, rng: random.Random | None = None) -> float:
@@ -30,3 +33,19 @@ def delay(attempt: int, *, base: float, ceiling: float, rng: random.Random | Non
         raise ValueError(f"base and ceiling are seconds ≥ 0, got base={base}, ceiling={ceiling}")
     cap = min(ceiling, base * 2.0 ** min(attempt - 1, _MAX_DOUBLINGS))
     return cap / 2 + (rng or random).uniform(0, cap / 2)
+
+
+def retry_after_header(value: str | None) -> float | None:
+    """The seconds another system's `Retry-After` header asks for, bounded to [0, RETRY_AFTER_MAX_SECONDS];
+    None when there is none we can read (an HTTP date, garbage, NaN): then our own backoff decides.
+
+    Bounded because the value is the other system's to choose: an absurd one (1e12, "inf") must
+    still give an agent a classified answer with a usable `retry_after`, never an overflow.
+    """
+    try:
+        seconds = float((value or "").strip())
+    except ValueError:
+        return None
+    if math.isnan(seconds):
+        return None
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX_SECONDS)

@@ -4,7 +4,7 @@ from django.db import models
 class AuditEvent(models.Model):
     """An append-only record of a decision or a state change that matters.
 
-    Written by tools_app.audit.record_event in the same transaction as the
+    Written by tools_app.core.audit.record_event in the same transaction as the
     change it describes. The chain fields (seq, prev_hash, hash) are filled by
     the sealer in tools_app.audit, which links events in commit order so that
     an edited or deleted event breaks the chain.

@@ -32,7 +32,7 @@ from django.conf import settings
 from tools_app.core.errors import InvalidInput
 
 WITHHELD = "[withheld]"
-PERSON_PREFIX = "user:"  # tools_app.audit.user_actor
+PERSON_PREFIX = "user:"  # tools_app.core.audit.user_actor
 SEAL_LABEL = b"idemops:sealed-arguments"
 
 

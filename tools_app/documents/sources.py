@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx2
 
 from idemops.conf import conf
-from tools_app.core import url_allowlist
+from tools_app.core import backoff, url_allowlist
 from tools_app.core.errors import InvalidInput, NotFound, PermissionDenied, Transient
 
 READ_BLOCK = 1024 * 1024
@@ -46,7 +46,8 @@ def allowed_path(raw: str) -> Path:
 
 
 def allowed_url(raw: str) -> url_allowlist.Target:
-    """Where `raw` may be fetched from, if it passes IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES (tools_app.url_allowlist)."""
+    """Where `raw` may be fetched from, if it passes IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES
+    (tools_app.core.url_allowlist)."""
     return url_allowlist.check(raw, conf().document_allowed_url_prefixes, field="url")
 
 
@@ -111,9 +112,8 @@ def fetch_url(raw: str, progress: Progress = no_progress) -> bytes:
 def _check_status(response) -> None:
     status = response.status_code
     if status == 429 or status >= 500:
-        retry_after = response.headers.get("retry-after", "")
         raise Transient(f"the document server answered {status}",
-                        retry_after=float(retry_after) if retry_after.isdigit() else None)
+                        retry_after=backoff.retry_after_header(response.headers.get("retry-after")))
     if 300 <= status < 400:
         raise InvalidInput(f"the document server answered {status} (a redirect); give the final URL")
     if status in (401, 403):

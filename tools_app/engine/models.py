@@ -16,7 +16,7 @@ class IdempotencyRecord(models.Model):
     """One business operation: (tenant, tool, idempotency key) and what became of it.
 
     The row is claimed by a single INSERT against the partial unique constraint
-    below; every later change is a conditional UPDATE in tools_app.idempotency.
+    below; every later change is a conditional UPDATE in tools_app.engine.
     A record past its retention may be *retired* (retired_at set), which frees
     its key for a new operation while keeping the old row for auditors.
     """

@@ -3,7 +3,7 @@
 Each registered tool becomes an SDK `Tool` whose input schema is the tool's
 pydantic model and whose output schema adds the idempotency envelope. The
 handler is thin: authenticate (the SDK's bearer middleware calls our
-verifier), hand the raw arguments to `tools_app.calls.call_tool` in a
+verifier), hand the raw arguments to `tools_app.toolkit.calls.call_tool` in a
 database thread, and render the result or error.
 
 Streamable HTTP runs stateless, so any number of web processes can serve it.
@@ -50,7 +50,7 @@ from tools_app.toolkit.registry import ToolSpec, all_tools, get_tool
 
 
 class _RawArguments(ArgModelBase):
-    """Passes the arguments through untouched: tools_app.calls validates them,
+    """Passes the arguments through untouched: tools_app.toolkit.calls validates them,
     so a bad argument is an `invalid_input` error like any other."""
 
     model_config = ConfigDict(extra="allow")

@@ -7,7 +7,7 @@ delivers each, and marks it delivered or schedules another attempt after
 core.backoff's delay; past OUTBOX_MAX_ATTEMPTS an event is dead-lettered and
 waits for an operator to re-drive it. Each of these moves is one guarded
 transition with its audit event (core.db.transition). A webhook URL is
-checked against the allow-list again before each attempt (tools_app.url_allowlist);
+checked against the allow-list again before each attempt (tools_app.core.url_allowlist);
 one that fails it is dead-lettered at once, unsent.
 
 A relay killed mid-batch delivers some events without marking them; its

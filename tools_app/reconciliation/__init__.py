@@ -29,10 +29,11 @@ from tools_app.reconciliation.reconcile import (
     reconcile_soon,
     reconciler_for,
     settle_expired,
+    take_turn,
 )
 
 __all__ = [
     "FORCE_EXPIRE", "RECONCILE", "RELEASE_HELD_KEY", "RESOLVE", "RESOLVE_PERMISSION", "SWEEP_ACTOR", "force_expire",
     "next_attempt_at", "reconcile", "reconcile_due", "reconcile_record", "reconcile_soon", "reconciler_for",
-    "release_held_key", "resolve_by_operator", "run_periodic", "settle_expired",
+    "release_held_key", "resolve_by_operator", "run_periodic", "settle_expired", "take_turn",
 ]

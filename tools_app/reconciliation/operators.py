@@ -48,8 +48,11 @@ def release_held_key(record: IdempotencyRecord, user, *, reason: str, checked: s
 def reconcile(record: IdempotencyRecord, user) -> str:
     """An operator's "reconcile now": ask the downstream system at once, due or not."""
     actor = access.authorize(user, RECONCILE, record)
+    record.refresh_from_db()
     if record.status != RecordStatus.UNKNOWN:
         raise InvalidInput("this record is no longer UNKNOWN; reload it")
+    # Due or not, and even while the loop asks too: both only read downstream, and the guarded
+    # transition lets one answer win (reconcile_record then reports the record as it is).
     return reconcile_record(record, actor=actor)
 
 

@@ -69,24 +69,31 @@ def settle_expired(record: IdempotencyRecord) -> None:
 
 def reconcile_record(record: IdempotencyRecord, *, actor: str = SWEEP_ACTOR) -> str:
     """Ask the downstream system and apply its answer, as `actor` (the system unless an operator's
-    checked call passes theirs). Returns the record's status word."""
+    checked call passes theirs). Returns the record's status word: the one this call set, or, if
+    another reconciler moved the record first (the guarded transition did not match), what it is now."""
     answer = _ask(record)
     match answer:
         case Found(result, evidence):
-            engine.resolve_succeeded(record, result, actor=actor, reason="found downstream",
-                                     evidence=evidence or evidence_entry("reconciler", found=True))
-            return "succeeded"
+            moved = engine.resolve_succeeded(record, result, actor=actor, reason="found downstream",
+                                             evidence=evidence or evidence_entry("reconciler", found=True))
+            word = "succeeded"
         case NotDone(reason, evidence):
             failure = Transient(f"the first call did not take effect ({reason}); retry with the same key",
                                 retry_after=0)
-            engine.resolve_failed(record, failure, actor=actor, reason=reason,
-                                  evidence=evidence or evidence_entry("reconciler", found=False))
-            return "failed"
+            moved = engine.resolve_failed(record, failure, actor=actor, reason=reason,
+                                          evidence=evidence or evidence_entry("reconciler", found=False))
+            word = "failed"
         case StillUnknown(evidence):
-            engine.note_unresolved(record, evidence=evidence or evidence_entry("reconciler"),
-                                   next_attempt_at=next_attempt_at(record.reconcile_attempts + 1), actor=actor)
-            return "unknown"
-    raise AssertionError(f"unexpected reconciler answer {answer!r}")
+            moved = engine.note_unresolved(record, evidence=evidence or evidence_entry("reconciler"),
+                                           next_attempt_at=next_attempt_at(record.reconcile_attempts + 1),
+                                           actor=actor)
+            word = "unknown"
+        case _:
+            raise AssertionError(f"unexpected reconciler answer {answer!r}")
+    if moved:
+        return word
+    record.refresh_from_db()
+    return record.status.lower()
 
 
 def _ask(record: IdempotencyRecord) -> Answer:

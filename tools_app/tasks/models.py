@@ -35,7 +35,7 @@ class Task(models.Model):
     arguments = models.JSONField(
         help_text="The tool's validated arguments, as they may be shown (URLs without their query).")
     sealed_arguments = models.TextField(
-        blank=True, help_text="The arguments scrubbing changed, in full, encrypted (tools_app.redaction.seal): "
+        blank=True, help_text="The arguments scrubbing changed, in full, encrypted (tools_app.core.redaction.seal): "
                               "what the steps read over `arguments`.")
     input_digest = models.CharField(max_length=64, help_text="SHA-256 of the canonical arguments.")
     status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.CREATED)

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 
 class Heartbeat(leases.Heartbeat):
-    """The task's lease heartbeat (tools_app.leases): also carries the step's progress,
+    """The task's lease heartbeat (tools_app.core.leases): also carries the step's progress,
     and lets the step notice a cancel (a cancel clears the lease, so renewal fails)."""
 
     def __init__(self, task_id, owner: str):

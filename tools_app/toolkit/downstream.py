@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx2
 
+from tools_app.core import backoff
 from tools_app.core.errors import (
     UNKNOWN_OUTCOME_ADVICE,
     DownstreamConflict,
@@ -60,7 +61,7 @@ def classify(response: httpx2.Response, asked: dict[str, Any]):
     answer = {"status": status, "body": response.text[:500]}
     evidence = evidence_entry("executor", asked=asked, answer=answer)
     if status in (429, 503):
-        retry_after = _retry_after(response)
+        retry_after = backoff.retry_after_header(response.headers.get("retry-after"))
         after = "retry_after seconds" if retry_after is None else f"{retry_after:g}s"
         return Transient(f"the downstream system asked us to slow down ({status}); retry with the same key after "
                          f"{after}", retry_after=retry_after, evidence=evidence)
@@ -77,15 +78,6 @@ def classify(response: httpx2.Response, asked: dict[str, Any]):
                             evidence=evidence)
     return UnknownOutcome(f"the downstream system failed ({status}) after receiving the request; its outcome is "
                           f"being reconciled: {UNKNOWN_OUTCOME_ADVICE}", evidence=evidence)
-
-
-def _retry_after(response: httpx2.Response) -> float | None:
-    """The server's Retry-After in seconds; None without one we can read (an HTTP date, say): then the
-    engine's backoff decides."""
-    try:
-        return max(0.0, float(response.headers["retry-after"]))
-    except (KeyError, ValueError):
-        return None
 
 
 def _message(response: httpx2.Response) -> str:

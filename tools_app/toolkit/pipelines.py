@@ -18,7 +18,7 @@ is paused until resume_task (or the tasks extension's tasks/update) supplies
 the answer.
 
 A long tool is declared with `task_tool(...)`: it is a write tool whose call
-starts (or rejoins) its task; see tools_app.task_calls.
+starts (or rejoins) its task; see tools_app.tasks.calls.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class WaitFor(Exception):  # noqa: N818  (a signal, not an error)
 
 
 class StepContext:
-    """What a running step sees. Built by the runner (tools_app.task_runner)."""
+    """What a running step sees. Built by the runner (tools_app.tasks.runner)."""
 
     def __init__(self, *, task, arguments: BaseModel, outputs: Mapping[str, Any],
                  progress: Callable[[float, float | None, str], None]):
@@ -131,7 +131,7 @@ class Pipeline:
 
 
 def _runs_as_task(ctx: ToolContext, args: Any) -> dict[str, Any]:
-    # calls.call_tool sends long tools to tools_app.task_calls before any handler runs.
+    # calls.call_tool sends long tools to tools_app.tasks.calls before any handler runs.
     raise AssertionError("a long tool's call starts its task; it has no direct handler")
 
 

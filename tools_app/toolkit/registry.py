@@ -170,7 +170,7 @@ class ToolSpec:
     # validated arguments; they run before a write claims its key, so a refused call
     # leaves the key unused. Raise a ToolFailure naming the field.
     check: Callable[[Any], None] | None = None
-    # Set for long tools (tools_app.pipelines.task_tool): a call starts or rejoins a task running it.
+    # Set for long tools (tools_app.toolkit.pipelines.task_tool): a call starts or rejoins a task running it.
     pipeline: Any = None
 
     @property

@@ -1,6 +1,6 @@
 """Task tools: start_task, get_task_status, get_task_result, resume_task, cancel_task.
 
-Thin declarations over tools_app.task_calls (what an agent sees) and
+Thin declarations over tools_app.tasks.calls (what an agent sees) and
 tools_app.tasks (the state machine). Task ids are bound to the tenant: another
 tenant's id is `not_found`, exactly like an id that does not exist.
 """

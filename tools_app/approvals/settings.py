@@ -1,0 +1,30 @@
+"""A tenant's approval settings: the thresholds that decide which calls wait for a person.
+
+A threshold decides what runs without anyone looking, so changing one is an
+operator operation like a decision: behind its Permit (the permission to
+change approval settings, on the tenant), refusals audited, and the change
+audited in the transaction that saves it.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from tools_app import access
+from tools_app.approvals.models import ApprovalSettings
+from tools_app.core import audit
+
+CHANGE_SETTINGS = access.Permit("tools_app.change_approvalsettings", "change_settings",
+                                "change approval settings", "approval_settings.change_refused")
+AUDITED = ("request_ttl_minutes", "payment_threshold", "payment_second_threshold", "threshold_currency")
+
+
+def save_settings(row: ApprovalSettings, user, *, before: dict[str, str] | None) -> ApprovalSettings:
+    """Save `row` (new or changed) for `user`, who needs CHANGE_SETTINGS on its tenant; `before` is what
+    the audited fields held (None for a new row)."""
+    actor = access.authorize(user, CHANGE_SETTINGS, row)
+    with transaction.atomic():
+        row.save()
+        audit.record_event(action="approval_settings.changed", obj=row, actor=actor, before=before,
+                           after={name: str(getattr(row, name)) for name in AUDITED})
+    return row
