@@ -177,6 +177,13 @@ class IdemopsSettings(BaseSettings):
         ["http://localhost:*", "http://127.0.0.1:*"], "Origin headers /mcp accepts.", section=MCP)
     mcp_db_threads: int = setting(
         16, "Threads one web process uses for the database work of MCP calls.", ge=1, section=MCP)
+    # A verified token is kept this long in each web process, so most calls verify it without a
+    # query and without the hop to a database thread. Revoking clears it in the revoking process
+    # at once; other processes refuse the token at most this long after.
+    token_cache_seconds: float = setting(
+        2, "How long a web process trusts a bearer token it verified before reading it again; a revoked "
+        "token is refused by every process at most this long after the revocation (0: read every call).",
+        ge=0, section=MCP)
     mcp_max_request_bytes: int = setting(
         32 * 1024 * 1024, "Largest /mcp request body (ingest_document takes documents inline).", gt=0,
         section=MCP)

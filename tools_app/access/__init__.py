@@ -13,7 +13,7 @@ May import: core.
 
 from tools_app.access.authorization import Agent, Permit, audit_refusal, authorize, scope, visible_tenant_ids
 from tools_app.access.tenants import create_tenant
-from tools_app.access.tokens import authenticate_token, issue_token, revoke_token
+from tools_app.access.tokens import authenticate_token, cached_token, issue_token, revoke_token
 
-__all__ = ["Agent", "Permit", "audit_refusal", "authenticate_token", "authorize", "create_tenant", "issue_token",
-           "revoke_token", "scope", "visible_tenant_ids"]
+__all__ = ["Agent", "Permit", "audit_refusal", "authenticate_token", "authorize", "cached_token", "create_tenant",
+           "issue_token", "revoke_token", "scope", "visible_tenant_ids"]
