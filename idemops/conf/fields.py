@@ -250,8 +250,10 @@ class IdemopsSettings(BaseSettings):
         section=OUTBOX)
 
     # --- long tasks ---
+    # P7 of the performance issue: a killed worker's task resumes within the lease plus the loop's
+    # period (IDEMOPS_LEASE_SWEEP_SECONDS) plus the broker's pick-up.
     task_lease_seconds: Seconds = setting(
-        60, "A worker's lease on a running task; renewed every heartbeat while a step runs.", section=TASKS)
+        10, "A worker's lease on a running task; renewed every heartbeat while a step runs.", section=TASKS)
     task_heartbeat_seconds: Seconds = setting(
         2, "Lease renewal and progress write interval (at most a third of the lease is used); less than "
         "the lease.", section=TASKS)
