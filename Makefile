@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 DEV     := $(VENV)/.installed-dev
 
-.PHONY: run test bench install install-dev db-stop clean lint settings-doc
+.PHONY: run test bench bench-quick install install-dev db-stop clean lint settings-doc
 
 $(RUNTIME): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,8 +30,13 @@ run: $(RUNTIME)
 test: $(DEV)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Every benchmark, full sizes: writes docs/benchmarks.md and docs/benchmarks.json (P1 … P9 by name).
 bench: $(DEV)
 	$(PY) bench/run.py
+
+# The same code at small sizes (under 3 minutes), into var/bench-quick/; tests/test_bench_quick.py runs it.
+bench-quick: $(DEV)
+	$(PY) bench/run.py --quick
 
 # ruff, and the import contract of pyproject.toml ([tool.importlinter]): layers import only downwards.
 lint: $(DEV)
@@ -42,10 +47,11 @@ lint: $(DEV)
 settings-doc: $(RUNTIME)
 	$(PY) -m idemops.conf > docs/settings.md
 
-# Stop the embedded PostgreSQL servers (make run's and the tests').
+# Stop the embedded PostgreSQL servers (make run's, the tests' and the benchmarks').
 db-stop: $(RUNTIME)
 	$(PY) -m idemops.embedded_pg stop --pgdata var/pg
 	$(PY) -m idemops.embedded_pg stop --pgdata var/test-pg
+	$(PY) -m idemops.embedded_pg stop --pgdata var/bench-pg
 
 clean: db-stop
 	rm -rf var/test-pg

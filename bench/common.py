@@ -1,4 +1,4 @@
-"""Shared set-up for benchmarks: Django on a dedicated embedded cluster (var/bench-pg)."""
+"""Shared set-up for benchmarks: Django on a dedicated embedded cluster (var/bench-pg, or BENCH_PGDATA's)."""
 
 from __future__ import annotations
 
@@ -39,13 +39,18 @@ def on_bench_database() -> bool:
     return connection.settings_dict["NAME"] == BENCH_DATABASE
 
 
+def bench_pgdata() -> Path:
+    """The benchmarks' embedded cluster: var/bench-pg, or BENCH_PGDATA (the quick run's test uses its own)."""
+    return Path(os.environ.get("BENCH_PGDATA", ROOT / "var" / "bench-pg")).resolve()
+
+
 def fresh_database_url(name: str = BENCH_DATABASE) -> str:
     """Drop and recreate the benchmark database, so every run starts from an empty, current schema."""
     import psycopg
 
     from idemops.embedded_pg import ensure_running
 
-    admin_url = ensure_running((ROOT / "var" / "bench-pg").resolve(), "postgres")
+    admin_url = ensure_running(bench_pgdata(), "postgres")
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')

@@ -1,0 +1,40 @@
+"""`make bench-quick`: every benchmark runs end to end at small sizes, so none can rot unnoticed.
+
+It runs as `make bench` does (bench/run.py in its own process, on its own embedded PostgreSQL
+cluster), and every figure of the performance issue comes out with a value. Whether a target is
+met is not asserted: speed is what `make bench` reports, not what a test decides.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench.run import FIGURES
+from idemops import embedded_pg
+from tests.processes import ROOT
+
+pytestmark = pytest.mark.live
+
+
+def test_every_benchmark_runs_in_quick_mode_and_reports_every_figure_by_name(tmp_path):
+    pgdata = ROOT / "var" / "bench-quick-test-pg"
+    env = {**os.environ, "BENCH_PGDATA": str(pgdata), "DJANGO_SETTINGS_MODULE": "idemops.settings"}
+    env.pop("DATABASE_URL", None)
+    try:
+        finished = subprocess.run([sys.executable, "bench/run.py", "--quick", "--out", str(tmp_path)], cwd=ROOT,
+                                  env=env, capture_output=True, text=True, timeout=900)
+    finally:
+        embedded_pg.stop(pgdata)
+
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    report = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert sorted(report["figures"]) == sorted(FIGURES)
+    for name, figure in report["figures"].items():
+        assert figure["value"] is not None and figure["value"] > 0, (name, figure)
+        assert isinstance(figure["met"], bool), (name, figure)
+    assert all(section["quick"] for section in report["sections"].values())
+    markdown = (tmp_path / "benchmarks.md").read_text()
+    assert "not measured" not in markdown and "**Failed**" not in markdown
