@@ -1,6 +1,6 @@
 """P4, P4b and P9: tool calls over /mcp against the bare `mcp` SDK, side by side.
 
-Three servers run at once, each its own process on the same ASGI server (uvicorn, as `make run`):
+Three servers run at once, each its own process on the same ASGI server (granian, as `make run`):
 the bare SDK serving a no-op tool (bench/bare_mcp.py: no Django, no auth, no database), idemops
 with one web process, and idemops with two. One load generator (bench/load.py: plain JSON-RPC
 `tools/call` POSTs over kept-alive connections) measures them in interleaved rounds, so a ratio
@@ -10,8 +10,8 @@ is taken from one round, under one load. Stateless Streamable HTTP needs no init
 - P4b: `whoami` (a read tool that touches no table) ÷ bare no-op, 1 and 32 clients.
 - P9: `create_order` calls/s with 32 clients, two web processes ÷ one.
 
-A side table serves the bare SDK and idemops' `whoami` with granian (a Rust ASGI server) as well,
-to show what another server would change.
+A side table serves the bare SDK and idemops' `whoami` with uvicorn as well (the server of the
+issue's first anchors, and the one `make run` used before granian measured faster).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ ORDER = {"customer": "ACME", "items": [{"sku": "BOLT-1", "quantity": 3, "unit_pr
 class Server:
     """An ASGI app served in its own process on a free port; stopped with `stop()`."""
 
-    def __init__(self, app: str, *, workers: int = 1, server: str = "uvicorn", env: dict[str, str] | None = None):
+    def __init__(self, app: str, *, workers: int = 1, server: str = "granian", env: dict[str, str] | None = None):
         from tests.processes import free_port
 
         self.port = free_port()
@@ -151,7 +151,7 @@ def run(quick: bool = False) -> Section:
                   one_process_per_s=[s["per_s"] for s, _ in scale], two_processes_per_s=[d["per_s"] for _, d in scale])
 
     lines = ["## Tool calls over /mcp against the bare SDK (P4, P4b, P9)", "",
-             f"uvicorn, one process per server unless stated; {rounds} interleaved round(s) of {seconds:g} s per "
+             f"granian (as `make run`), one process per server unless stated; {rounds} interleaved round(s) of {seconds:g} s per "
              "server, tool and concurrency; medians of the rounds (calls/s, median and p99 latency in ms). The load "
              "generator (one asyncio process) shares the machine's cores with the servers.", "",
              "| server, tool | clients | calls/s | median ms | p99 ms | ratio to the bare SDK |",
@@ -167,7 +167,7 @@ def run(quick: bool = False) -> Section:
               f"| one web process | {statistics.median(p9.detail['one_process_per_s']):,.0f} |",
               f"| two web processes | {statistics.median(p9.detail['two_processes_per_s']):,.0f} |", ""]
     if granian:
-        lines += ["granian 2.8 instead of uvicorn (one round, same load generator):", "",
+        lines += ["uvicorn and granian 2.8 side by side (one round each, same load generator):", "",
                   "| server, tool | clients | calls/s uvicorn | calls/s granian |", "| --- | ---: | ---: | ---: |",
                   *granian, ""]
     lines += ["Reading: the bare SDK's no-op is HTTP, the SDK's request handling and its SSE framing; `whoami` adds "

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management import call_command
@@ -62,13 +63,20 @@ class Command(BaseCommand):
     def process_specs(self, host, port, web_workers):
         python = sys.executable
         specs = [
-            ("web", [python, "-m", "uvicorn", "idemops.asgi:application", "--host", host, "--port", str(port),
-                     "--workers", str(web_workers), "--no-access-log"]),
+            ("web", self.web_argv(host, port, web_workers)),
             ("jobs", [python, "manage.py", "qcluster"]),
         ]
         if conf().run_demo_downstreams:
             specs += self.downstream_specs(python)
         return specs
+
+    @staticmethod
+    def web_argv(host, port, web_workers):
+        """granian (a Rust ASGI server) rather than uvicorn: side by side it serves /mcp calls
+        faster (docs/benchmarks.md, P4); any ASGI server can serve idemops.asgi:application."""
+        granian = str(Path(sys.executable).parent / "granian")
+        return [granian, "--interface", "asgi", "--host", host, "--port", str(port), "--workers", str(web_workers),
+                "idemops.asgi:application"]
 
     def downstream_specs(self, python):
         """The demo's downstream systems, each with its own database on our server."""
