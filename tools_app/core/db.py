@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 
 from tools_app.core import audit
 
@@ -34,10 +34,12 @@ def fetchone(sql: str, params: Sequence[Any]) -> tuple | None:
     the ORM cursor wrapper's work per statement. psycopg prepares a statement it sees repeatedly
     (DATABASES OPTIONS prepare_threshold).
     """
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    with connection.wrap_database_errors:
-        return connection.connection.execute(sql, params).fetchone()
+    # One lookup of this thread's connection: every attribute of the `connection` proxy is another.
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    wrapper.close_if_health_check_failed()
+    wrapper.ensure_connection()
+    with wrapper.wrap_database_errors:
+        return wrapper.connection.execute(sql, params).fetchone()
 
 
 def table(model: type[models.Model]) -> str:
@@ -107,7 +109,7 @@ def from_row(model: type[models.Model], row: tuple, fields: tuple[str, ...] | No
         for converter in converters:
             value = converter(value, None, connection)
         values.append(value)
-    return model.from_db(connection.alias, attnames, values)
+    return model.from_db(DEFAULT_DB_ALIAS, attnames, values)
 
 
 _COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "gt": "> %s", "gte": ">= %s", "in": "= ANY(%s)"}

@@ -185,11 +185,15 @@ REPLAY_FIELDS = ("id", "tenant_id", "tool", "key", "fingerprint", "status", "res
 
 def find_live(op: Operation) -> IdempotencyRecord | None:
     """The live record of `op`'s key, if any: one indexed read of what a replay needs."""
-    _, select_list = db.select_columns(IdempotencyRecord, fields=REPLAY_FIELDS)
-    row = db.fetchone(f"SELECT {select_list} FROM {db.table(IdempotencyRecord)} "
-                      "WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL",
-                      (op.tenant_id, op.tool, op.key))
+    row = db.fetchone(_find_live_sql(), (op.tenant_id, op.tool, op.key))
     return db.from_row(IdempotencyRecord, row, fields=REPLAY_FIELDS) if row else None
+
+
+@cache
+def _find_live_sql() -> str:
+    _, select_list = db.select_columns(IdempotencyRecord, fields=REPLAY_FIELDS)
+    return (f"SELECT {select_list} FROM {db.table(IdempotencyRecord)} "
+            "WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL")
 
 
 def whole(record: IdempotencyRecord) -> IdempotencyRecord:
