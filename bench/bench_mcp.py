@@ -151,9 +151,10 @@ def run(quick: bool = False) -> Section:
                   one_process_per_s=[s["per_s"] for s, _ in scale], two_processes_per_s=[d["per_s"] for _, d in scale])
 
     lines = ["## Tool calls over /mcp against the bare SDK (P4, P4b, P9)", "",
-             f"granian (as `make run`), one process per server unless stated; {rounds} interleaved round(s) of {seconds:g} s per "
-             "server, tool and concurrency; medians of the rounds (calls/s, median and p99 latency in ms). The load "
-             "generator (one asyncio process) shares the machine's cores with the servers.", "",
+             f"granian (as `make run`), one process per server unless stated; {rounds} interleaved round(s) of "
+             f"{seconds:g} s per server, tool and concurrency; medians of the rounds (calls/s, median and p99 "
+             "latency in ms). The load generator (one asyncio process) shares the machine's cores with the servers.",
+             "",
              "| server, tool | clients | calls/s | median ms | p99 ms | ratio to the bare SDK |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for concurrency in CONCURRENCY:

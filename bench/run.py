@@ -115,10 +115,11 @@ def render(report: dict) -> str:
         "# Benchmarks", "",
         "Produced by `make bench` (`.venv/bin/python bench/run.py`; `make bench-quick` runs the same code at small "
         f"sizes). Machine: {machine.get('machine')}, {machine.get('cores')} cores, Python {machine.get('python')}; "
-        "embedded PostgreSQL under var/bench-pg, fsync on. Every figure is a ratio measured side by side in one "
-        "run (the two sides interleaved in rounds); the spread is the lowest and highest round. Absolute times "
-        "move with the machine's load, which each section states. docs/benchmarks.json holds the same figures by "
-        "name.", "",
+        "embedded PostgreSQL under var/bench-pg, fsync on. Every figure but P7 (seconds) is a ratio measured side by "
+        "side in one run (the two sides interleaved in rounds); the spread is the lowest and highest round. "
+        "Absolute times move with the machine's load, which each section states. docs/benchmarks.json holds the "
+        "same figures by name; docs/performance.md says how they are measured and what stands between a figure "
+        "and its target.", "",
         "## The figures", "",
         "| | what | figure | spread | target | met |", "| --- | --- | ---: | ---: | ---: | --- |",
     ]
