@@ -6,10 +6,12 @@ directory) with the default lease settings. Three faults:
 
 1. A web process SIGKILLed mid-call with keys claimed: create_order calls
    held inside their transaction (a lock their INSERT waits for) and
-   request_payment calls held by the gateway (half paid, half not). Agents
-   retry every key through another web process.
+   request_payment calls held by the gateway (half paid, half not), each
+   under an operation id prepare_operation issued before. Agents retry
+   every key through another web process.
 2. The same, with nobody asking: the cluster's loop alone settles the keys.
-3. PostgreSQL stopped for two seconds and started again under agents.
+3. PostgreSQL stopped for two seconds and started again under agents
+   (each payment is two writes: prepare_operation, then request_payment).
 
 "Settled" is a call answering the key's real state: its result (executed
 or replayed) or `unknown_outcome` (reconciliation under way), never
@@ -31,7 +33,7 @@ import httpx2
 import psycopg
 
 from idemops.conf import conf
-from tests.agents import Answer, call_tool, call_until_done
+from tests.agents import Answer, call_tool, call_until_done, issued_operation_id
 from tests.processes import Stack
 from tools_app.models import IdempotencyRecord, Order
 
@@ -51,6 +53,8 @@ class Key:
 
     @property
     def arguments(self) -> dict:
+        if self.tool == "prepare_operation":
+            return {"tool": "request_payment", "arguments": PAYMENT, "idempotency_key": self.key}
         return {**(ORDER if self.tool == "create_order" else PAYMENT), "idempotency_key": self.key}
 
     def first_settled(self, after: float) -> float | None:
@@ -62,9 +66,20 @@ class Key:
         return next((a.at for a in self.answers if a.succeeded), None)
 
 
-def keys_for(label: str, per_tool: int) -> list[Key]:
-    return [Key("create_order", f"{label}-order-{n}") for n in range(per_tool)] + [
-        Key("request_payment", f"{label}-pay-{n}") for n in range(per_tool)]
+def keys_for(stack: Stack, label: str, per_tool: int) -> list[Key]:
+    """Order keys, and payments under operation ids the server issued before the fault (request_payment
+    takes no other key)."""
+    async def issue(n: int) -> Key:
+        async with httpx2.AsyncClient(timeout=30) as client:
+            prepared = Key("prepare_operation", f"{label}-prepare-{n}")
+            return Key("request_payment", await issued_operation_id(
+                client, stack.web.mcp_url, stack.token, "request_payment", PAYMENT, prepared.key, prepared.answers,
+                time.monotonic() + 60))
+
+    async def issue_all() -> list[Key]:
+        return list(await asyncio.gather(*(issue(n) for n in range(per_tool))))
+
+    return [Key("create_order", f"{label}-order-{n}") for n in range(per_tool)] + asyncio.run(issue_all())
 
 
 async def retry_all(stack: Stack, keys: list[Key], timeout: float = 120) -> None:
@@ -164,7 +179,7 @@ def once_each(stack: Stack, keys: list[Key]) -> bool:
 
 
 def killed_and_asked(stack: Stack, per_tool: int) -> dict:
-    keys = keys_for("asked", per_tool)
+    keys = keys_for(stack, "asked", per_tool)
     killed = kill_mid_call(stack, keys, "asked")
     asyncio.run(retry_all(stack, keys))
     return {"keys": len(keys), "settled": max(k.first_settled(killed) for k in keys) - killed,
@@ -173,7 +188,7 @@ def killed_and_asked(stack: Stack, per_tool: int) -> dict:
 
 
 def killed_and_left_alone(stack: Stack, per_tool: int) -> dict:
-    keys = keys_for("alone", per_tool)
+    keys = keys_for(stack, "alone", per_tool)
     killed = kill_mid_call(stack, keys, "alone")
     wait_until(lambda: all_final(stack, keys), 120, "the cluster to settle every key")
     settled = time.monotonic() - killed
@@ -193,11 +208,19 @@ def restarted_under_agents(stack: Stack, agents: int) -> dict:
     async def agent(n: int, stop: asyncio.Event, client: httpx2.AsyncClient, deadline: float) -> None:
         round_ = 0
         while not stop.is_set():
-            for key in (Key("create_order", f"restart-{n}-{round_}-order"),
-                        Key("request_payment", f"restart-{n}-{round_}-pay")):
-                keys.append(key)
-                await call_until_done(client, stack.web.mcp_url, stack.token, key.tool, key.arguments, key.answers,
-                                      deadline, max_pause=AGENT_MAX_PAUSE)
+            order = Key("create_order", f"restart-{n}-{round_}-order")
+            keys.append(order)
+            await call_until_done(client, stack.web.mcp_url, stack.token, order.tool, order.arguments, order.answers,
+                                  deadline, max_pause=AGENT_MAX_PAUSE)
+            # A payment is two writes: prepare_operation issues its operation id, then the payment carries it.
+            prepared = Key("prepare_operation", f"restart-{n}-{round_}-prepare")
+            keys.append(prepared)
+            answer = await call_until_done(client, stack.web.mcp_url, stack.token, prepared.tool, prepared.arguments,
+                                           prepared.answers, deadline, max_pause=AGENT_MAX_PAUSE)
+            payment = Key("request_payment", answer.result["operation_id"])
+            keys.append(payment)
+            await call_until_done(client, stack.web.mcp_url, stack.token, payment.tool, payment.arguments,
+                                  payment.answers, deadline, max_pause=AGENT_MAX_PAUSE)
             round_ += 1
 
     async def scenario() -> None:
@@ -246,7 +269,9 @@ def run(quick: bool = False, root: Path | None = None) -> str:
              f"Write lease {lease:g} s, heartbeat every {min(heartbeat, lease / 3):.2g} s, the cluster's lease sweep "
              f"every {loop:g} s{' (quick mode)' if quick else ' (the defaults)'}; target: every key settled within "
              f"lease + 5 s = **{lease + 5:g} s**. One stack of its own (web, django-q2 cluster with 2 workers, "
-             "payment gateway) on its own embedded PostgreSQL. Keys: create_order and request_payment, half each. "
+             "payment gateway) on its own embedded PostgreSQL. Keys: create_order and request_payment, half each "
+             "(each payment under an operation id prepare_operation issued: before the fault for the SIGKILLs, as "
+             "a third key of its own under the restart). "
              "*Settled*: a call answers the key's real state (its result, or `unknown_outcome` while it is "
              "reconciled), not `in_progress`; for the cluster alone: the record is SUCCEEDED or FAILED. Agents "
              f"retry every {AGENT_MAX_PAUSE} s at most (sooner if `retry_after` says so).", "",

@@ -1,12 +1,18 @@
 """A payment gateway: creates payments, honours Idempotency-Key, and can be told to misbehave.
 
     POST /payments            Idempotency-Key: <key>   {"amount", "currency", "payee", "reference"}
+                              (X-Operation-Id: <id>, optional, is recorded with the payment)
                               201 created | 200 same key, same request (Idempotent-Replayed: true)
                               409 same key, other request | 422 invalid request
     GET  /payments?idempotency_key=<key>   200 | 404     (what reconcilers ask)
+    GET  /payments?operation_id=<id>       200 | 404     (the caller's operation, as it named it)
     GET  /payments/<id>                    200 | 404
     PUT  /faults/<key or *>   {"mode": ..., "times": n?}  DELETE /faults/<key or *>
     GET  /healthz                          200 | 503 while its database is unreachable
+
+The caller's operation id (X-Operation-Id), if sent, is recorded with the payment
+it creates and shown as `operation_id`: the gateway's record names the operation as
+the caller does. It plays no part in deduplication (the Idempotency-Key does that).
 
 While its database is unreachable every endpoint answers 503 with Retry-After;
 it reconnects by itself when the database is back.
@@ -48,6 +54,8 @@ CREATE TABLE IF NOT EXISTS payments (
     status text NOT NULL DEFAULT 'succeeded',
     created_at timestamptz NOT NULL DEFAULT now()
 );
+ALTER TABLE payments ADD COLUMN IF NOT EXISTS operation_id text;
+CREATE INDEX IF NOT EXISTS payments_operation_id ON payments (operation_id);
 CREATE TABLE IF NOT EXISTS faults (
     key text PRIMARY KEY,      -- an idempotency key, or * for every request
     mode text NOT NULL,
@@ -59,10 +67,14 @@ FAULT_MODES = {"fail", "reject", "ratelimit", "unavailable", "unavailable-for-ag
 HANG_SECONDS = 3600
 
 
+# The columns every query reads, in payment_json's order.
+COLUMNS = "id, idempotency_key, request_digest, amount, currency, payee, reference, status, created_at, operation_id"
+
+
 def payment_json(row) -> dict:
-    id_, key, _, amount, currency, payee, reference, status, created_at = row
+    id_, key, _, amount, currency, payee, reference, status, created_at, operation_id = row
     return {"payment_id": id_, "status": status, "amount": f"{amount:.2f}", "currency": currency, "payee": payee,
-            "reference": reference, "created_at": created_at.isoformat()}
+            "reference": reference, "created_at": created_at.isoformat(), "operation_id": operation_id}
 
 
 def validate(body: dict) -> tuple[dict | None, str | None]:
@@ -92,6 +104,9 @@ async def create_payment(request: Request) -> Response:
     key = request.headers.get("idempotency-key", "")
     if not key or len(key) > 200:
         return JSONResponse({"error": "Idempotency-Key header is required (at most 200 characters)"}, 400)
+    operation_id = request.headers.get("x-operation-id") or None
+    if operation_id is not None and len(operation_id) > 200:
+        return JSONResponse({"error": "X-Operation-Id is at most 200 characters"}, 400)
     try:
         body = await request.json()
     except json.JSONDecodeError:
@@ -117,7 +132,7 @@ async def create_payment(request: Request) -> Response:
     if fault == "conflict":
         return _key_reused()
     async with request.app.state.db.connection() as conn:
-        row, created = await insert_once(conn, key, digest.hexdigest(), payment)
+        row, created = await insert_once(conn, key, digest.hexdigest(), payment, operation_id)
     if row[2] != digest.hexdigest():
         return _key_reused()
     if fault == "succeed-then-hang":
@@ -135,29 +150,34 @@ async def _never_answer() -> Response:
     return JSONResponse({"error": "gave up hanging"}, 504)
 
 
-async def insert_once(conn, key: str, digest: str, payment: dict) -> tuple[tuple, bool]:
+async def insert_once(conn, key: str, digest: str, payment: dict, operation_id: str | None) -> tuple[tuple, bool]:
     """One payment per Idempotency-Key, guarded by the unique constraint."""
     row = await (await conn.execute(
-        "INSERT INTO payments (id, idempotency_key, request_digest, amount, currency, payee, reference) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (idempotency_key) DO NOTHING RETURNING *",
+        "INSERT INTO payments (id, idempotency_key, request_digest, amount, currency, payee, reference, operation_id) "
+        f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (idempotency_key) DO NOTHING RETURNING {COLUMNS}",
         ["pay_" + secrets.token_hex(8), key, digest, payment["amount"], payment["currency"], payment["payee"],
-         payment["reference"]])).fetchone()
+         payment["reference"], operation_id])).fetchone()
     created = row is not None
     if not created:
-        row = await (await conn.execute("SELECT * FROM payments WHERE idempotency_key = %s", [key])).fetchone()
+        row = await (await conn.execute(f"SELECT {COLUMNS} FROM payments WHERE idempotency_key = %s",
+                                        [key])).fetchone()
     await conn.commit()
     return row, created
 
 
 async def find_payments(request: Request) -> Response:
     key = request.query_params.get("idempotency_key")
-    if not key:
-        return JSONResponse({"error": "idempotency_key is required"}, 400)
-    return await _one(request, "SELECT * FROM payments WHERE idempotency_key = %s", key)
+    operation_id = request.query_params.get("operation_id")
+    if bool(key) == bool(operation_id):
+        return JSONResponse({"error": "give idempotency_key or operation_id"}, 400)
+    if key:
+        return await _one(request, f"SELECT {COLUMNS} FROM payments WHERE idempotency_key = %s", key)
+    return await _one(request, f"SELECT {COLUMNS} FROM payments WHERE operation_id = %s ORDER BY created_at LIMIT 1",
+                      operation_id)
 
 
 async def get_payment(request: Request) -> Response:
-    return await _one(request, "SELECT * FROM payments WHERE id = %s", request.path_params["payment_id"])
+    return await _one(request, f"SELECT {COLUMNS} FROM payments WHERE id = %s", request.path_params["payment_id"])
 
 
 async def _one(request: Request, sql: str, value: str) -> Response:

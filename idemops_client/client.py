@@ -28,8 +28,6 @@ in flight on it, and the next attempt opens a new one.
 
 from __future__ import annotations
 
-import contextvars
-import email.utils
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -39,14 +37,23 @@ from typing import Any
 import anyio
 import httpx2
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult
+from mcp_types import CallToolResult
 
 from idemops_client.canonical import business_arguments, derive_key, fingerprint
 from idemops_client.errors import DETERMINISTIC, ClientError, RetriesExhausted, ToolCallError, is_retryable
 from idemops_client.ledger import Entry, LedgerStore, MemoryLedger, SessionLedger, State
 from idemops_client.retry import RetryPolicy
+from idemops_client.transport import (
+    Answer,
+    Connection,
+    failed_attempt,
+    http_seen,
+    interpret,
+    leaf,
+    list_tools,
+    observe,
+    result_text,
+)
 
 META_KEY = "io.idemops/idempotency-key"
 REPLAYED_META = "io.idemops/replayed"
@@ -70,19 +77,6 @@ _OPERATION_STATUS = {
     "UNKNOWN": (State.UNKNOWN, "unknown_outcome"),
     "AWAITING_APPROVAL": (State.PENDING_APPROVAL, "pending_approval"),
 }
-
-# HTTP answers seen by the current attempt. The SDK sends each request from a task
-# that inherits the sender's context, so an attempt sees its own responses' status
-# and Retry-After even though the SDK itself reports a 503 only as a generic error.
-_http_seen: contextvars.ContextVar[list[tuple[int, str | None]] | None] = contextvars.ContextVar(
-    "idemops_http_seen", default=None)
-
-
-async def _observe(response: httpx2.Response) -> None:
-    seen = _http_seen.get()
-    if seen is not None:
-        seen.append((response.status_code, response.headers.get("retry-after")))
-
 
 @dataclass(frozen=True)
 class ToolInfo:
@@ -114,72 +108,6 @@ class CallResult:
         return self.structured.get(name, default)
 
 
-@dataclass
-class _Answer:
-    """What one attempt came back with."""
-
-    error_class: str | None = None
-    message: str = ""
-    error: dict[str, Any] | None = None
-    retry_after: float | None = None
-    result: CallToolResult | None = None
-    structured: dict[str, Any] = field(default_factory=dict)
-    sent: bool = False  # the request may have reached the server
-    from_server: bool = False  # the server's tool answered (not the transport)
-
-    @property
-    def ok(self) -> bool:
-        return self.error_class is None
-
-    @property
-    def idempotency(self) -> dict[str, Any]:
-        info = self.structured.get("idempotency")
-        return info if isinstance(info, dict) else {}
-
-
-class _Connection:
-    """One SDK session, entered and exited by a task of its own.
-
-    The SDK cancels the task that entered a session when its transport fails;
-    here that task only waits, so no caller is cancelled: requests in flight
-    fail with "connection closed" and the next attempt opens a new session.
-    """
-
-    def __init__(self, url: str, http: httpx2.AsyncClient, timeout: float):
-        self.url = url
-        self.http = http
-        self.timeout = timeout
-        self.client: Client | None = None
-        self.dead = False
-        self.failure: BaseException | None = None
-        self._ready = anyio.Event()
-        self._close = anyio.Event()
-
-    async def start(self, tg: anyio.abc.TaskGroup) -> Client:
-        tg.start_soon(self._run)
-        await self._ready.wait()
-        if self.client is None:
-            raise self.failure or ClientError("connection closed before it opened")
-        return self.client
-
-    async def _run(self) -> None:
-        try:
-            async with Client(streamable_http_client(self.url, http_client=self.http), mode="legacy",
-                              read_timeout_seconds=self.timeout) as client:
-                self.client = client
-                self._ready.set()
-                await self._close.wait()
-        except Exception as exc:  # never into the task group: that would cancel the client's owner
-            self.failure = exc
-        finally:
-            self.dead = True
-            self._ready.set()  # a connection that never opened: start() raises its failure
-
-    def close(self) -> None:
-        self.dead = True
-        self._close.set()
-
-
 class IdempotentClient:
     def __init__(self, url: str, token: str | None = None, *, ledger: LedgerStore | None = None,
                  session_id: str = "default", policy: RetryPolicy | None = None,
@@ -194,7 +122,7 @@ class IdempotentClient:
             self._headers["Authorization"] = f"Bearer {token}"
         self._http: httpx2.AsyncClient | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._connection: _Connection | None = None
+        self._connection: Connection | None = None
         self._connect_lock = anyio.Lock()
         self._tools: dict[str, ToolInfo] | None = None
         self._flights: dict[tuple[str, str], anyio.Lock] = {}
@@ -207,7 +135,7 @@ class IdempotentClient:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> IdempotentClient:
-        self._http = httpx2.AsyncClient(headers=self._headers, event_hooks={"response": [_observe]},
+        self._http = httpx2.AsyncClient(headers=self._headers, event_hooks={"response": [observe]},
                                         timeout=httpx2.Timeout(self.policy.attempt_timeout, connect=10))
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -221,22 +149,22 @@ class IdempotentClient:
         await self._tg.__aexit__(*exc_info)
         await self._http.aclose()
 
-    async def _open(self) -> _Connection:
+    async def _open(self) -> Connection:
         """The live connection, or a new one."""
         async with self._connect_lock:
             connection = self._connection
             if connection is None or connection.dead or connection.client is None:
                 if self._tg is None or self._http is None:
                     raise ClientError("use IdempotentClient in `async with`")
-                connection = _Connection(self.url, self._http, self.policy.attempt_timeout)
+                connection = Connection(self.url, self._http, self.policy.attempt_timeout)
                 self._connection = connection
                 await connection.start(self._tg)
             return connection
 
     async def _guarded(self, request: Callable[[Client], Awaitable[Any]], timeout: float) -> Any:
-        """Run one request on the connection; a failure comes back as an _Answer (never raised)."""
+        """Run one request on the connection; a failure comes back as an Answer (never raised)."""
         seen: list[tuple[int, str | None]] = []
-        token = _http_seen.set(seen)
+        token = http_seen.set(seen)
         connection = None
         try:
             with anyio.fail_after(timeout + 5):  # a guard: the SDK's own read timeout comes first
@@ -246,14 +174,14 @@ class IdempotentClient:
         except anyio.get_cancelled_exc_class():
             raise
         except BaseException as exc:  # noqa: BLE001 (classified; cancellation is re-raised above)
-            answer = _failure(_leaf(exc), seen, reached=connection is not None)
+            answer = failed_attempt(leaf(exc), seen, reached=connection is not None)
             if answer.error_class == "transport" and connection is not None:
                 connection.close()  # the next attempt opens a new one
             return answer
         finally:
-            _http_seen.reset(token)
+            http_seen.reset(token)
 
-    def _next_wait(self, what: str, key: str | None, answer: _Answer, attempt: int, started: float,
+    def _next_wait(self, what: str, key: str | None, answer: Answer, attempt: int, started: float,
                    policy: RetryPolicy) -> float:
         """How long to wait before the next attempt; raises if there is none."""
         assert answer.error_class is not None
@@ -280,8 +208,8 @@ class IdempotentClient:
             started, attempt = time.monotonic(), 0
             while True:
                 attempt += 1
-                listed = await self._guarded(_list_tools, self._timeout(self.policy, started))
-                if not isinstance(listed, _Answer):
+                listed = await self._guarded(list_tools, self._timeout(self.policy, started))
+                if not isinstance(listed, Answer):
                     break
                 await anyio.sleep(self._next_wait("tools/list", None, listed, attempt, started, self.policy))
             self._tools = {tool.name: tool_info(tool) for tool in listed}
@@ -373,7 +301,7 @@ class IdempotentClient:
                 return self._result(tool, entry, answer, attempt)
             await anyio.sleep(self._next_wait(tool, entry.key, answer, attempt, started, policy))
 
-    def _record(self, entry: Entry, answer: _Answer, persist: bool = True) -> None:
+    def _record(self, entry: Entry, answer: Answer, persist: bool = True) -> None:
         """The ledger entry after an answer (saved before anything else happens)."""
         operation_id = answer.idempotency.get("operation_id")
         if operation_id:
@@ -397,10 +325,10 @@ class IdempotentClient:
         if persist:
             self.store.save(entry)
 
-    def _result(self, tool: str, entry: Entry, answer: _Answer, attempts: int) -> CallResult:
+    def _result(self, tool: str, entry: Entry, answer: Answer, attempts: int) -> CallResult:
         assert answer.result is not None
         replayed = bool(answer.idempotency.get("replayed")) or bool((answer.result.meta or {}).get(REPLAYED_META))
-        return CallResult(tool=tool, structured=answer.structured, text=_text(answer.result), key=entry.key,
+        return CallResult(tool=tool, structured=answer.structured, text=result_text(answer.result), key=entry.key,
                           operation_id=entry.operation_id, replayed=replayed, attempts=attempts, entry=entry,
                           raw=answer.result)
 
@@ -413,15 +341,15 @@ class IdempotentClient:
             answer = await self._attempt(tool, arguments, key, self._timeout(policy, started))
             if answer.ok:
                 assert answer.result is not None
-                return CallResult(tool=tool, structured=answer.structured, text=_text(answer.result),
+                return CallResult(tool=tool, structured=answer.structured, text=result_text(answer.result),
                                   attempts=attempt, raw=answer.result)
             await anyio.sleep(self._next_wait(tool, None, answer, attempt, started, policy))
 
-    async def _attempt(self, tool: str, arguments: dict[str, Any], key: str | None, timeout: float) -> _Answer:
-        async def request(client: Client) -> _Answer:
+    async def _attempt(self, tool: str, arguments: dict[str, Any], key: str | None, timeout: float) -> Answer:
+        async def request(client: Client) -> Answer:
             result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout,
                                             meta={META_KEY: key} if key is not None else None)
-            return _interpret(result)
+            return interpret(result)
 
         return await self._guarded(request, timeout)
 
@@ -461,6 +389,10 @@ class IdempotentClient:
                     continue  # never arrived (or long expired): the entry stands
                 raise
             state, _ = _OPERATION_STATUS.get(str(found.get("status")), (None, None))
+            error = found.get("error") if isinstance(found.get("error"), dict) else None
+            if state == State.FAILED and error and is_retryable(str(error.get("class")), error.get("retry_after")):
+                # Failed in a way that did nothing (transient): the same key may run it again.
+                state = State.SUBMITTED
             if state is None:
                 continue
             entry.state = state
@@ -481,100 +413,10 @@ def tool_info(tool: Any) -> ToolInfo:
     meta = tool.meta or {}
     properties = (tool.input_schema or {}).get("properties") or {}
     read_only = tool.annotations.read_only_hint if tool.annotations is not None else None
-    writes = "idempotency_key" in properties or read_only is False
+    # A tool that says it is read-only is a read even with an idempotency_key argument (get_operation
+    # looks an operation up by its key); without the hint, that argument marks a write.
+    writes = read_only is False or (read_only is None and "idempotency_key" in properties)
     return ToolInfo(name=tool.name, writes=writes, requires_operation_id=bool(meta.get(REQUIRES_OPERATION_ID_META)),
                     non_business_fields=frozenset(meta.get(NON_BUSINESS_META) or ()))
 
 
-def _text(result: CallToolResult | None) -> str:
-    if result is None:
-        return ""
-    return "\n".join(getattr(block, "text", "") for block in result.content)
-
-
-def _interpret(result: CallToolResult) -> _Answer:
-    structured = dict(result.structured_content or {})
-    if not result.is_error:
-        return _Answer(result=result, structured=structured, sent=True, from_server=True)
-    error = structured.get("error")
-    if not isinstance(error, dict) or not isinstance(error.get("class"), str):
-        # An isError result without the error object (not an idemops answer): nothing to act on.
-        message = _text(result)[:500] or "the tool answered an error without a class"
-        return _Answer(error_class="protocol_error", message=message, result=result, structured=structured,
-                       error={"class": "protocol_error", "message": message}, sent=True, from_server=True)
-    retry_after = error.get("retry_after")
-    return _Answer(error_class=error["class"], message=str(error.get("message", "")), error=error,
-                   retry_after=float(retry_after) if isinstance(retry_after, (int, float)) else None,
-                   result=result, structured=structured, sent=True, from_server=True)
-
-
-def _leaf(exc: BaseException) -> BaseException:
-    """The first real error inside (nested) exception groups."""
-    while isinstance(exc, BaseExceptionGroup):
-        inner = [e for e in exc.exceptions if not isinstance(e, anyio.get_cancelled_exc_class())]
-        exc = inner[0] if inner else exc.exceptions[0]
-    return exc
-
-
-def _failure(exc: BaseException, seen: list[tuple[int, str | None]], reached: bool) -> _Answer:
-    """A client-side class for a failed attempt, from the exception and the HTTP statuses it saw.
-
-    `sent` says whether the request may have reached the server's tool: not if the
-    connection never opened, not for a 503 (refused, nothing done), not for 401/403/429.
-    """
-    failed = [(status, retry_after) for status, retry_after in seen if status >= 400]
-    if failed:
-        status, retry_after = failed[-1]
-        if status == 503:
-            return _client_answer("unavailable", "HTTP 503 from the server", _retry_after(retry_after), sent=False)
-        if status >= 500:
-            # A 502/504 from a proxy may come after the server acted.
-            return _client_answer("unavailable", f"HTTP {status} from the server", _retry_after(retry_after),
-                                  sent=reached)
-        if status in (401, 403):
-            return _client_answer("unauthorized", f"HTTP {status}: the token was refused", None)
-        if status == 429:
-            return _client_answer("rate_limited", "HTTP 429", _retry_after(retry_after) or 1.0)
-        return _client_answer("protocol_error", f"HTTP {status} from the server", None)
-    if isinstance(exc, MCPError):
-        if exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
-            return _client_answer("transport", exc.message, None, sent=reached)
-        return _client_answer("protocol_error", f"JSON-RPC error {exc.code}: {exc.message}", None)
-    if isinstance(exc, (httpx2.TransportError, OSError, TimeoutError, anyio.BrokenResourceError,
-                        anyio.ClosedResourceError, anyio.EndOfStream)):
-        # A refused connection sent nothing; anything else may have reached the server.
-        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        return _client_answer("transport", text, None, sent=reached and not isinstance(exc, httpx2.ConnectError))
-    return _client_answer("protocol_error", f"{type(exc).__name__}: {exc}", None, sent=reached)
-
-
-async def _list_tools(client: Client) -> list[Any]:
-    tools, cursor = [], None
-    while True:
-        page = await client.list_tools(cursor=cursor)
-        tools += page.tools
-        cursor = page.next_cursor
-        if cursor is None:
-            return tools
-
-
-def _client_answer(error_class: str, message: str, retry_after: float | None, sent: bool = False) -> _Answer:
-    error: dict[str, Any] = {"class": error_class, "message": message}
-    if retry_after is not None:
-        error["retry_after"] = retry_after
-    return _Answer(error_class=error_class, message=message, error=error, retry_after=retry_after, sent=sent)
-
-
-def _retry_after(header: str | None) -> float | None:
-    """Retry-After as seconds (delta-seconds or an HTTP date)."""
-    if not header:
-        return None
-    try:
-        return max(0.0, float(header))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(header)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())

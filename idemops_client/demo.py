@@ -5,14 +5,17 @@
 The demo starts a fault-injecting proxy on loopback in front of the server
 and makes the calls an agent would make: orders (one answer lost after the
 server acted, one connection cut mid-call, one 503, one held back past the
-client's timeout), a payment, a notification, a long task (a document
-ingestion, which needs the job workers `make run` starts), a deterministic
-error, and a re-planned duplicate of the first order.
+client's timeout), a payment (a high-risk tool: the client asks
+prepare_operation for its operation id and carries it verbatim; its answer is
+lost), a notification, a long task (a document ingestion, which needs the job
+workers `make run` starts), a deterministic error, and a re-planned duplicate
+of the first order.
 
 Then it counts side effects without trusting the client: every answer the
 server sent (the proxy kept them, delivered or not) must name one resource
-per operation, and the read tools must find one order per order placed and
-one document for the ingested text (and the notification). The last
+per operation, and the read tools must find one order per order placed, one
+document for the ingested text, the notification, and (get_operation) the
+one payment the issued operation id names. The last
 line ends in `duplicates N`; the exit status is 1 if N > 0, 2 if a call did
 not end as planned, 0 otherwise.
 """
@@ -48,6 +51,8 @@ class Report:
     operations: int = 0
     from_ledger: int = 0
     not_retried: int = 0
+    issued: int = 0  # high-risk calls made under an operation id the server issued
+    payment: CallResult | None = None
 
     def say(self, text: str) -> None:
         self.lines.append(text)
@@ -80,7 +85,7 @@ async def run(url: str, token: str, *, ledger_path: Path, session_id: str, tag: 
         print(f"problem: {problem}", file=sys.stderr)
     print(f"demo: {report.operations} operations, {faults} faults injected, {retries} retries with the same key, "
           f"{report.from_ledger} answered from the ledger, {report.not_retried} deterministic error not retried, "
-          f"duplicates {duplicates}", flush=True)
+          f"{report.issued} high-risk call under a server-issued operation id, duplicates {duplicates}", flush=True)
     if duplicates:
         return 1
     return 2 if report.problems else 0
@@ -123,8 +128,16 @@ async def place_orders(client: IdempotentClient, proxy: FaultProxy, report: Repo
 
 async def other_writes(client: IdempotentClient, proxy: FaultProxy, report: Report, tag: str) -> None:
     proxy.inject("drop_response", "request_payment")
-    await step(report, "payment, answer lost", client.call("request_payment", {
+    report.payment = await step(report, "payment, answer lost", client.call("request_payment", {
         "amount": "12.34", "currency": "EUR", "payee": f"{tag} supplier", "reference": f"{tag}-invoice-1"}))
+    issued = {str((e.structured or {}).get("operation_id")) for e in proxy.calls("prepare_operation")}
+    sent = {e.key for e in proxy.calls("request_payment")}
+    if report.payment is not None and sent == {report.payment.key} and report.payment.key in issued:
+        report.issued += 1
+        report.say(f"  its operation id {report.payment.key} was issued by the server (prepare_operation) and "
+                   "carried verbatim on every attempt")
+    elif report.payment is not None:
+        report.problems.append(f"the payment went out under {sorted(sent)}, not one id the server issued")
     proxy.inject("disconnect", "send_notification", seconds=0.05)
     await step(report, "notification, connection cut", client.call("send_notification", {
         "channel": "email", "recipient": "ops@example.com", "subject": f"Orders placed ({tag})",
@@ -208,6 +221,15 @@ async def verify(client: IdempotentClient, proxy: FaultProxy, report: Report, ta
     for _, value in {x for op in resources.values() for x in op if x[0] == "notification_id"}:
         found = await client.call("get_notification", {"notification_id": value})
         report.say(f"- get_notification: {value[:8]}… {found['status']}")
+    # 4. The payment, by the operation id it was made under: the server's one operation, with our payment.
+    payment_duplicates = 0
+    if report.payment is not None:
+        found = await client.call("get_operation", {"operation_id": report.payment.key})
+        same = (found["status"], (found["result"] or {}).get("payment_id")) == ("SUCCEEDED",
+                                                                                 report.payment["payment_id"])
+        payment_duplicates = 0 if same else 1
+        report.say(f"- get_operation: payment operation {found['status']}, payment "
+                   f"{(found['result'] or {}).get('payment_id')}; duplicates {payment_duplicates}")
     hits = await client.call("search_documents", {"query": f'"idemops demo {tag}"', "limit": 50})
     documents = {hit["document_id"] for hit in hits["hits"]}
     document_duplicates = max(0, len(documents) - 1)
@@ -215,7 +237,7 @@ async def verify(client: IdempotentClient, proxy: FaultProxy, report: Report, ta
                f"duplicates {document_duplicates}")
     if not documents:
         report.problems.append("the ingested document is not found")
-    return max(wire, order_duplicates + document_duplicates)
+    return max(wire, order_duplicates + document_duplicates + payment_duplicates)
 
 
 def wire_duplicates(resources: dict[Any, set]) -> int:

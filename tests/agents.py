@@ -103,6 +103,14 @@ def call_tool_sync(url: str, token: str, tool: str, arguments: dict) -> Answer:
     return asyncio.run(once())
 
 
+async def issued_operation_id(client: httpx2.AsyncClient, url: str, token: str, tool: str, arguments: dict,
+                              key: str, answers: list[Answer], deadline: float) -> str:
+    """The operation id a high-risk call must carry: prepare_operation (keyed by `key`), asked until answered."""
+    prepared = await call_until_done(client, url, token, "prepare_operation",
+                                     {"tool": tool, "arguments": arguments, "idempotency_key": key}, answers, deadline)
+    return prepared.result["operation_id"]
+
+
 async def call_until_done(client: httpx2.AsyncClient, url: str, token: str, tool: str, arguments: dict,
                           answers: list[Answer], deadline: float, max_pause: float = 2.0) -> Answer:
     """Call until the operation succeeds, as an agent would: same key, waiting as told (at most `max_pause`)."""

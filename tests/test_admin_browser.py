@@ -10,8 +10,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from tests.issued_ids import call_labelled_sync
 from tests.jobs import run_queued_jobs
-from tests.mcp_client import call_sync, error_of
+from tests.mcp_client import error_of
 from tests.operators import PASSWORD, login_for_the_web_server, make_operator
 from tests.processes import ROOT
 from tools_app.access.roles import APPROVER
@@ -59,7 +60,7 @@ def shot(page, name):
 
 def ask(web_server, token, key, title):
     args = {"title": title, "body": "Down at 2am", "audience": "staff", "idempotency_key": key}
-    return error_of(call_sync(web_server.mcp_url, token, "publish_announcement", args))["approval"], args
+    return error_of(call_labelled_sync(web_server.mcp_url, token, "publish_announcement", args))["approval"], args
 
 
 def test_an_approver_logs_in_approves_a_request_and_sees_it_leave_the_queue(web_server, token):
@@ -101,6 +102,6 @@ def test_an_approver_logs_in_approves_a_request_and_sees_it_leave_the_queue(web_
 
     assert ApprovalRequest.objects.get(pk=to_approve["request_id"]).status == ApprovalStatus.APPROVED
     run_queued_jobs()
-    result = call_sync(web_server.mcp_url, token, "publish_announcement", args)
+    result = call_labelled_sync(web_server.mcp_url, token, "publish_announcement", args)
     assert result.structured_content["announcement_id"] == Announcement.objects.get().pk
     assert (ARTIFACTS / "04-queue-after.png").stat().st_size > 0

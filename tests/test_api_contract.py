@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tests.issued_ids import call_labelled
 from tools_app.access import auditors, tenants
 from tools_app.toolkit.calls import Caller, call_tool
 from tools_app.toolkit.registry import get_tool
@@ -35,7 +36,7 @@ def given_real_records():
         call_tool(get_tool("create_order"), caller, {**order, "currency": "USD", "idempotency_key": "o-0"})
         call_tool(get_tool("send_notification"), caller, {
             "channel": "email", "recipient": "ops@example.com", "subject": "s", "body": "b", "idempotency_key": "n"})
-        call_tool(get_tool("delete_record"), caller, {
+        call_labelled(caller, "delete_record", {
             "kind": "order", "id": orders[0].result["order_id"], "reason": "duplicate", "idempotency_key": "d"})
         call_tool(get_tool("start_task"), caller, {
             "tool": "ingest_document", "arguments": {"text": "A short note."}, "idempotency_key": "t"})

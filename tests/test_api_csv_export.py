@@ -20,8 +20,8 @@ RECORD_COLUMNS = [
     "error_message", "attempts", "actor", "trace_id", "created_at", "updated_at", "finished_at", "retry_not_before",
     "expires_at", "retired_at",
 ]
-EVENT_COLUMNS = ["id", "seq", "created_at", "tenant", "actor", "action", "object_type", "object_id", "before",
-                 "after", "reason", "trace_id", "prev_hash", "hash"]
+EVENT_COLUMNS = ["id", "seq", "created_at", "tenant", "actor", "action", "object_type", "object_id", "operation_id",
+                 "before", "after", "reason", "trace_id", "prev_hash", "hash"]
 
 
 @pytest.mark.django_db

@@ -79,7 +79,7 @@ def test_repeated_jobs_racing_the_agents_retries_execute_once(tenant):
     # then
     assert errors == []
     announcement = Announcement.objects.get()
-    assert AuditEvent.objects.filter(action="record.succeeded").count() == 1
+    assert AuditEvent.objects.filter(action="record.succeeded", operation_id=request.operation_id).count() == 1
     assert AuditEvent.objects.filter(action="record.approved_execution").count() == 1
     for answer in answers:
         if answer.error is None:
@@ -96,11 +96,11 @@ def test_a_transient_failure_after_approval_runs_again_with_the_key_without_a_ne
     approvals.approve(request, make_operator("bob", APPROVER, tenant))
     with refusing_inserts("tools_app_announcement"):  # the database fails the approved run
         run_queued_jobs()
-    record = IdempotencyRecord.objects.get()
+    record = IdempotencyRecord.objects.get(tool="publish_announcement")
     assert (record.status, record.error_class) == (RecordStatus.FAILED, "transient")
     assert ApprovalRequest.objects.get().status == ApprovalStatus.APPROVED  # not final yet
 
-    IdempotencyRecord.objects.update(retry_not_before=timezone.now())
+    IdempotencyRecord.objects.filter(pk=record.pk).update(retry_not_before=timezone.now())
     retry = call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE)
     approvals.sweep()
 

@@ -7,6 +7,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from tests.issued_ids import call_labelled_sync
 from tests.mcp_client import call_sync, error_of
 from tests.operators import make_operator
 from tests.processes import JobCluster
@@ -47,16 +48,16 @@ def test_request_pending_approve_in_the_admin_executed_once_and_the_retry_return
     url, args = web_server.mcp_url, {**NOTE, "idempotency_key": "ann-1"}
 
     # an agent asks: nothing runs, it gets a request id, a summary and an expiry
-    first = call_sync(url, token, "publish_announcement", args)
+    first = call_labelled_sync(url, token, "publish_announcement", args)
     pending = error_of(first)
     request_id = pending["approval"]["request_id"]
     assert pending["class"] == "pending_approval" and pending["approval"]["status"] == "pending"
     assert pending["approval"]["summary"] == "Publish to staff: “Maintenance” (11 characters)"
     assert first.structured_content["idempotency"]["status"] == "AWAITING_APPROVAL"
     # the same call again: the same request; other arguments: conflict
-    again = call_sync(url, token, "publish_announcement", args)
+    again = call_labelled_sync(url, token, "publish_announcement", args)
     assert error_of(again)["approval"]["request_id"] == request_id and again.meta["io.idemops/replayed"] is True
-    other = call_sync(url, token, "publish_announcement", {**args, "body": "Down at 3am"})
+    other = call_labelled_sync(url, token, "publish_announcement", {**args, "body": "Down at 3am"})
     assert error_of(other)["class"] == "conflict" and error_of(other)["differing_fields"] == ["body"]
 
     # an approver approves it in the admin's queue
@@ -67,7 +68,7 @@ def test_request_pending_approve_in_the_admin_executed_once_and_the_retry_return
     assert request_id not in [r.pk for r in approved.context["cl"].result_list]
 
     # the cluster executes it; the agent's retry with the same key gets the result
-    result = until(lambda: (r := call_sync(url, token, "publish_announcement", args)) and not r.is_error and r,
+    result = until(lambda: (r := call_labelled_sync(url, token, "publish_announcement", args)) and not r.is_error and r,
                    what="the approved call's result")
     announcement = Announcement.objects.get()
     assert result.structured_content["announcement_id"] == announcement.pk
@@ -86,7 +87,7 @@ def test_a_rejected_deletion_deletes_nothing_and_the_retry_says_why(web_server, 
         "customer": "ACME", "currency": "EUR", "items": [{"sku": "A", "quantity": 1, "unit_price": "9.99"}],
         "idempotency_key": "o-1"}).structured_content
     args = {"kind": "order", "id": order["order_id"], "reason": "duplicate", "idempotency_key": "del-1"}
-    pending = error_of(call_sync(url, token, "delete_record", args))
+    pending = error_of(call_labelled_sync(url, token, "delete_record", args))
     assert pending["class"] == "pending_approval"
     assert pending["approval"]["summary"] == (f"Delete order #{order['order_id']} of ACME, 9.99 EUR, 1 line. "
                                               "Reason: duplicate")
@@ -96,7 +97,7 @@ def test_a_rejected_deletion_deletes_nothing_and_the_retry_says_why(web_server, 
     assert client.post(act, {"reason": ""}).status_code == 200  # the form again: a reason is required
     assert client.post(act, {"reason": "it is not a duplicate"}).status_code == 302
 
-    retry = error_of(call_sync(url, token, "delete_record", args))
+    retry = error_of(call_labelled_sync(url, token, "delete_record", args))
     assert retry["class"] == "permission_denied" and "it is not a duplicate" in retry["message"]
     assert Order.objects.filter(pk=order["order_id"]).exists()
     assert not call_sync(url, token, "get_order", {"order_id": order["order_id"]}).is_error
@@ -104,12 +105,12 @@ def test_a_rejected_deletion_deletes_nothing_and_the_retry_says_why(web_server, 
 
 def test_an_unanswered_request_expires_and_the_retry_says_so(web_server, token):
     url, args = web_server.mcp_url, {**NOTE, "idempotency_key": "ann-2"}
-    request_id = error_of(call_sync(url, token, "publish_announcement", args))["approval"]["request_id"]
+    request_id = error_of(call_labelled_sync(url, token, "publish_announcement", args))["approval"]["request_id"]
     ApprovalRequest.objects.filter(pk=request_id).update(expires_at=timezone.now())
 
     approvals.sweep()  # what the approvals.sweep schedule runs each minute
 
-    retry = error_of(call_sync(url, token, "publish_announcement", args))
+    retry = error_of(call_labelled_sync(url, token, "publish_announcement", args))
     assert retry["class"] == "permission_denied" and "expired" in retry["message"]
     status = call_sync(url, token, "get_approval_status", {"request_id": request_id}).structured_content
     assert status["status"] == "expired" and status["error"]["class"] == "permission_denied"

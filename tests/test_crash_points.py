@@ -11,6 +11,7 @@ import time
 import pytest
 from django.utils import timezone
 
+from tests.issued_ids import labelled_arguments
 from tests.mcp_client import call_sync
 from tests.processes import WebServer, downstream_env, manage
 from tools_app.models import IdempotencyRecord, Order, RecordStatus
@@ -63,12 +64,14 @@ def sweep_after_lease_expiry(env):
 ])
 def test_a_payment_survives_a_crash_at_each_point(crashing_server, web_server, token, downstreams, gateway,
                                                   point, status_after_sweep, payments_before_retry):
-    arguments = {**PAYMENT, "idempotency_key": f"crash-{point}"}
+    # The operation id is issued by a healthy server (the crashing one would die preparing it).
+    arguments = labelled_arguments(web_server.mcp_url, token, "request_payment",
+                                   {**PAYMENT, "idempotency_key": f"crash-{point}"})
 
     call_and_die(crashing_server(point), token, "request_payment", arguments)
     sweep_after_lease_expiry(downstreams)
 
-    record = IdempotencyRecord.objects.get(key=f"crash-{point}")
+    record = IdempotencyRecord.objects.get(key=arguments["idempotency_key"])
     assert record.status == status_after_sweep
     assert len(gateway.payments()) == payments_before_retry
     retry = call_sync(web_server.mcp_url, token, "request_payment", arguments)
@@ -120,9 +123,10 @@ def test_a_retry_runs_a_dead_executors_order_at_once_since_nothing_of_it_committ
 def test_a_retry_after_the_lease_learns_a_dead_executors_payment_is_being_reconciled_without_any_sweep(
         crashing_server, web_server, token, downstreams, gateway):
     # given a web process SIGKILLed after the gateway paid, before it recorded the payment
-    arguments = {**PAYMENT, "idempotency_key": "pay-no-sweep"}
+    arguments = labelled_arguments(web_server.mcp_url, token, "request_payment",
+                                   {**PAYMENT, "idempotency_key": "pay-no-sweep"})
     call_and_die(crashing_server("after_downstream"), token, "request_payment", arguments)
-    wait_for_lease_expiry("pay-no-sweep")
+    wait_for_lease_expiry(arguments["idempotency_key"])
 
     # when the agent retries once the lease ran out
     retry = call_sync(web_server.mcp_url, token, "request_payment", arguments)
@@ -130,7 +134,7 @@ def test_a_retry_after_the_lease_learns_a_dead_executors_payment_is_being_reconc
     # then it hears at once that the outcome is being reconciled (not in_progress), and the
     # record is due for reconciliation now; reconciliation then finds the one payment
     assert retry.is_error and retry.structured_content["error"]["class"] == "unknown_outcome"
-    record = IdempotencyRecord.objects.get(key="pay-no-sweep")
+    record = IdempotencyRecord.objects.get(key=arguments["idempotency_key"])
     assert record.status == RecordStatus.UNKNOWN and record.next_reconcile_at <= timezone.now()
     manage("reconcile", env=downstreams)
     replay = call_sync(web_server.mcp_url, token, "request_payment", arguments)

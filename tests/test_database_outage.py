@@ -3,8 +3,9 @@
 The test runs a whole stack of its own against a PostgreSQL server of its
 own (so stopping it disturbs no other test): web (uvicorn), a django-q2
 cluster, the payment gateway and the notification sink, all on that server.
-Twenty agents call create_order and request_payment over raw HTTP, honouring
-Retry-After, while the server is stopped for a few seconds and started again.
+Twenty agents call create_order and request_payment (prepared first: its key is an
+operation id the server issues) over raw HTTP, honouring Retry-After, while the
+server is stopped for a few seconds and started again.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import httpx2
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from tests.agents import Answer, call_tool, call_tool_sync, call_until_done
+from tests.agents import Answer, call_tool, call_tool_sync, call_until_done, issued_operation_id
 from tests.mcp_client import call
 from tests.processes import Stack, manage
 from tools_app.models import IdempotencyRecord, Order
@@ -44,7 +45,7 @@ class Agent:
     number: int
     answers: list[Answer] = field(default_factory=list)
     orders: dict[str, int] = field(default_factory=dict)  # key -> order_id answered
-    payments: dict[str, str] = field(default_factory=dict)  # key -> payment_id answered
+    payments: dict[str, str] = field(default_factory=dict)  # key (the issued operation id) -> payment_id answered
 
     async def work(self, stack: Stack, stop: asyncio.Event, deadline: float) -> None:
         async with httpx2.AsyncClient(timeout=30) as client:
@@ -54,9 +55,11 @@ class Agent:
                 order = await call_until_done(client, stack.web.mcp_url, stack.token, "create_order",
                                               {**ORDER, "idempotency_key": f"{key}-order"}, self.answers, deadline)
                 self.orders[f"{key}-order"] = order.result["order_id"]
+                operation_id = await issued_operation_id(client, stack.web.mcp_url, stack.token, "request_payment",
+                                                         PAYMENT, f"{key}-prepare", self.answers, deadline)
                 payment = await call_until_done(client, stack.web.mcp_url, stack.token, "request_payment",
-                                                {**PAYMENT, "idempotency_key": f"{key}-pay"}, self.answers, deadline)
-                self.payments[f"{key}-pay"] = payment.result["payment_id"]
+                                                {**PAYMENT, "idempotency_key": operation_id}, self.answers, deadline)
+                self.payments[operation_id] = payment.result["payment_id"]
                 round_ += 1
 
 
@@ -115,7 +118,9 @@ async def call_with_the_sdk(stack: Stack, token: str) -> MCPError:
 
 def test_while_the_database_is_down_every_entry_point_answers_503_and_all_recover_by_themselves(stack):
     # given a payment whose gateway call hangs, so the call is inside the engine when the database goes
-    key = "down-pay"
+    prepared = call_tool_sync(stack.web.mcp_url, stack.token, "prepare_operation",
+                              {"tool": "request_payment", "arguments": PAYMENT, "idempotency_key": "down-prepare"})
+    key = prepared.result["operation_id"]
     # A token the web process has not verified yet (a verified one is trusted for IDEMOPS_TOKEN_CACHE_SECONDS
     # without the database): checking it needs the database.
     unchecked = manage("issue_token", "acme", "newcomer", env=stack.env).stdout.splitlines()[-1]

@@ -8,6 +8,7 @@ from django.contrib.auth.models import Group, Permission
 from django.urls import reverse
 from django.utils import timezone
 
+from tests.issued_ids import call_labelled
 from tests.jobs import queued_jobs, run_queued_jobs
 from tests.operators import make_operator
 from tools_app import approvals, metrics
@@ -32,7 +33,7 @@ NOTE = {"title": "Maintenance", "body": "Down at 2am", "audience": "staff"}
 
 
 def ask(caller, key="a-1", **overrides) -> ApprovalRequest:
-    result = call_tool(get_tool("publish_announcement"), caller, {"idempotency_key": key, **NOTE, **overrides})
+    result = call_labelled(caller, "publish_announcement", {"idempotency_key": key, **NOTE, **overrides})
     return ApprovalRequest.objects.get(pk=result.error.as_dict()["approval"]["request_id"])
 
 

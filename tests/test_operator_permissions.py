@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from idemops.conf import override_conf
+from tests.issued_ids import call_labelled
 from tests.mcp_client import call_sync
 from tests.operators import PASSWORD, login_for_the_web_server, make_operator
 from tools_app import engine, outbox, reconciliation, tasks
@@ -99,12 +100,12 @@ def a_held_payment(request, caller) -> Scene:
     """A request_payment past its retention: its key is held (answers `expired`) until an operator releases it."""
     gateway = request.getfixturevalue("gateway")
     request.getfixturevalue("downstreams")
-    first = call_tool(get_tool("request_payment"), caller, {**PAYMENT, "idempotency_key": "p-1"})
+    first = call_labelled(caller, "request_payment", {**PAYMENT, "idempotency_key": "p-1"})
     assert first.error is None, first.error
     IdempotencyRecord.objects.filter(pk=first.record.pk).update(expires_at=timezone.now() - timedelta(minutes=1))
 
     def still_held():
-        again = call_tool(get_tool("request_payment"), caller, {**PAYMENT, "idempotency_key": "p-1"})
+        again = call_labelled(caller, "request_payment", {**PAYMENT, "idempotency_key": "p-1"})
         assert again.error is not None and again.error.error_class == "expired"
         assert len(gateway.payments()) == 1
 
@@ -154,7 +155,7 @@ def a_retrying_task(request, caller, model) -> Scene:
 
 def a_pending_approval(request, caller, model) -> Scene:
     """An announcement waiting for an approver."""
-    result = call_tool(get_tool("publish_announcement"), caller, {**NOTE, "idempotency_key": "a-1"})
+    result = call_labelled(caller, "publish_announcement", {**NOTE, "idempotency_key": "a-1"})
     return Scene(model.objects.get(pk=result.error.as_dict()["approval"]["request_id"]))
 
 

@@ -8,7 +8,8 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from idemops.conf import override_conf
-from tests.mcp_client import call_sync, error_of
+from tests.issued_ids import call_labelled, call_labelled_sync
+from tests.mcp_client import error_of
 from tests.operators import make_operator
 from tests.processes import manage
 from tools_app.access.roles import OPERATOR
@@ -24,8 +25,15 @@ pytestmark = pytest.mark.live
 PAYMENT = {"amount": "42.50", "currency": "EUR", "payee": "ACME Supplies", "reference": "INV-7"}
 
 
-def pay(web_server, token, key, **overrides):
-    return call_sync(web_server.mcp_url, token, "request_payment", {**PAYMENT, **overrides, "idempotency_key": key})
+def pay(web_server, token, label, **overrides):
+    """A payment named by `label` (the key it carries is the operation id issued for it: tests/issued_ids.py)."""
+    return call_labelled_sync(web_server.mcp_url, token, "request_payment",
+                              {**PAYMENT, **overrides, "idempotency_key": label})
+
+
+def payment_record() -> IdempotencyRecord:
+    """The test's one payment operation."""
+    return IdempotencyRecord.objects.get(tool="request_payment")
 
 
 def test_a_payment_is_made_once_and_replayed(web_server, token, downstreams, gateway):
@@ -50,7 +58,7 @@ def test_an_answer_that_never_arrives_is_unknown_then_reconciled_to_the_one_paym
     # then: nobody guessed
     assert error_of(first)["class"] == "unknown_outcome"
     assert error_of(retry)["class"] == "unknown_outcome"
-    record = IdempotencyRecord.objects.get(key="p-hang")
+    record = payment_record()
     assert record.status == RecordStatus.UNKNOWN
     assert record.evidence[-1]["error"] == "ReadTimeout"
     assert len(gateway.payments()) == 1
@@ -78,7 +86,7 @@ def test_a_request_that_hangs_before_paying_is_reconciled_as_not_done_and_may_ru
     assert error_of(pay(web_server, token, "p-stuck"))["class"] == "unknown_outcome"
     manage("reconcile", env=downstreams)
 
-    record = IdempotencyRecord.objects.get(key="p-stuck")
+    record = payment_record()
     assert (record.status, record.error_class) == (RecordStatus.FAILED, "transient")
     again = pay(web_server, token, "p-stuck")
     assert not again.is_error
@@ -89,7 +97,7 @@ def test_a_500_from_the_gateway_is_reconciled_not_guessed(web_server, token, dow
     gateway.set_fault("*", "fail", times=1)
 
     assert error_of(pay(web_server, token, "p-500"))["class"] == "unknown_outcome"
-    assert IdempotencyRecord.objects.get(key="p-500").status == RecordStatus.UNKNOWN
+    assert payment_record().status == RecordStatus.UNKNOWN
     manage("reconcile", env=downstreams)
 
     assert not pay(web_server, token, "p-500").is_error
@@ -108,7 +116,7 @@ def test_429_is_transient_with_retry_after_and_the_retry_pays_once(web_server, t
     assert too_soon["class"] == "transient" and 0 < too_soon["retry_after"] <= 1
     assert not later.is_error
     assert len(gateway.payments()) == 1
-    assert IdempotencyRecord.objects.get(key="p-429").attempts == 2
+    assert payment_record().attempts == 2
 
 
 def test_an_absurd_retry_after_from_the_gateway_is_bounded_and_the_answer_keeps_its_class(
@@ -121,7 +129,7 @@ def test_an_absurd_retry_after_from_the_gateway_is_bounded_and_the_answer_keeps_
     # then: a classified answer with a usable wait, no payment, and the record keeps the same bound
     assert first["class"] == "transient" and first["retry_after"] == 3600
     assert gateway.payments() == []
-    record = IdempotencyRecord.objects.get(key="p-ages")
+    record = payment_record()
     assert (record.status, record.error_class) == (RecordStatus.FAILED, "transient")
     assert record.retry_not_before <= record.finished_at + timedelta(seconds=3600)
 
@@ -143,7 +151,7 @@ def test_a_rejection_from_the_gateway_is_deterministic_and_replayed(web_server, 
     assert first["class"] == again["class"] == "invalid_input"
     assert first["message"] == again["message"]
     assert gateway.payments() == []
-    record = IdempotencyRecord.objects.get(key="p-422")
+    record = payment_record()
     assert (record.status, record.attempts) == (RecordStatus.FAILED, 1)
     assert record.evidence[-1]["answer"]["status"] == 422
 
@@ -151,13 +159,12 @@ def test_a_rejection_from_the_gateway_is_deterministic_and_replayed(web_server, 
 def test_an_unreachable_gateway_is_transient(web_server, token, downstreams, gateway, settings):
     from tests.processes import free_port
     from tools_app.models import Tenant
-    from tools_app.toolkit.calls import Caller, call_tool
-    from tools_app.toolkit.registry import get_tool
+    from tools_app.toolkit.calls import Caller
 
     override_conf(settings, payment_gateway_url=f"http://127.0.0.1:{free_port()}")
     caller = Caller(tenant_id=Tenant.objects.get().pk, actor="agent:acme/test")
 
-    result = call_tool(get_tool("request_payment"), caller, {**PAYMENT, "idempotency_key": "p-refused"})
+    result = call_labelled(caller, "request_payment", {**PAYMENT, "idempotency_key": "p-refused"})
 
     assert result.error.error_class == "transient" and result.error.retry_after > 0
     assert result.record.status == RecordStatus.FAILED
@@ -187,7 +194,7 @@ def test_a_key_the_gateway_holds_for_another_request_is_a_downstream_conflict_fo
     assert "differing_fields" not in first
     assert "operator must check" in first["message"] and "do not just use a new key" in first["message"]
     assert gateway.payments() == []
-    record = IdempotencyRecord.objects.get(key="p-409")
+    record = payment_record()
     assert (record.status, record.error_class, record.attempts) == (RecordStatus.FAILED, "downstream_conflict", 1)
     assert record.evidence[-1]["answer"]["status"] == 409
 
@@ -199,7 +206,7 @@ def test_reconciliation_that_keeps_failing_escalates_to_a_person(web_server, tok
     gateway.set_fault("*", "hang", times=1)
     pay(web_server, token, "p-lost")
     override_conf(settings, payment_gateway_url=f"http://127.0.0.1:{free_port()}", reconcile_max_attempts=2)
-    record = IdempotencyRecord.objects.get(key="p-lost")
+    record = payment_record()
 
     assert reconciliation.reconcile(record, make_operator("olga", OPERATOR, record.tenant)) == "unknown"
     record.refresh_from_db()
@@ -228,8 +235,7 @@ def test_a_payment_above_the_threshold_waits_for_a_person_then_pays_once(downstr
     from tools_app import access, approvals
     from tools_app.access.roles import APPROVER
     from tools_app.models import ApprovalRequest, ApprovalSettings
-    from tools_app.toolkit.calls import Caller, call_tool
-    from tools_app.toolkit.registry import get_tool
+    from tools_app.toolkit.calls import Caller
 
     # given: payments above 100 EUR need one approval
     tenant = access.create_tenant("acme")
@@ -238,8 +244,8 @@ def test_a_payment_above_the_threshold_waits_for_a_person_then_pays_once(downstr
     big, small = {**PAYMENT, "amount": "250.00"}, {**PAYMENT, "amount": "20.00"}
 
     # when
-    asked = call_tool(get_tool("request_payment"), caller, {**big, "idempotency_key": "big"})
-    paid_at_once = call_tool(get_tool("request_payment"), caller, {**small, "idempotency_key": "small"})
+    asked = call_labelled(caller, "request_payment", {**big, "idempotency_key": "big"})
+    paid_at_once = call_labelled(caller, "request_payment", {**small, "idempotency_key": "small"})
 
     # then: the big one waits, with what the operator will read; the small one is paid
     assert asked.error.error_class == "pending_approval"
@@ -253,7 +259,7 @@ def test_a_payment_above_the_threshold_waits_for_a_person_then_pays_once(downstr
     run_queued_jobs()
 
     # then: one more payment, and the agent's retry returns it
-    retry = call_tool(get_tool("request_payment"), caller, {**big, "idempotency_key": "big"})
+    retry = call_labelled(caller, "request_payment", {**big, "idempotency_key": "big"})
     assert retry.error is None and retry.replayed
     assert len(gateway.payments()) == 2
     assert retry.result["payment_id"] in [p[0] for p in gateway.payments()]
@@ -263,7 +269,7 @@ def test_a_retry_the_gateway_recognises_counts_as_a_downstream_duplicate(web_ser
     # given: the gateway pays, but its answer is lost (UNKNOWN), and an operator says "not done" by mistake
     gateway.set_fault("*", "succeed-then-hang", times=1)
     pay(web_server, token, "p-dup")
-    record = IdempotencyRecord.objects.get(key="p-dup")
+    record = payment_record()
     resolve_failed(record, Transient("operator error", retry_after=0), actor="user:ops", reason="mistake",
                    evidence=evidence_entry("operator"))
 

@@ -17,6 +17,7 @@ from django.urls import reverse
 
 from idemops.conf import conf, override_conf
 from tests.api_support import ENDPOINTS, key_client, make_event, make_record
+from tests.issued_ids import call_labelled
 from tests.task_stack import DocServer
 from tools_app import engine
 from tools_app.api.idempotency_records import HmacSha256Hex
@@ -153,10 +154,10 @@ def test_a_failure_message_of_a_record_appears_in_no_export_json_or_csv(downstre
     # given a payment the gateway rejects with a recognisable message, which the record keeps for operators
     gateway.set_fault("*", "reject", times=1)
     caller = Caller(tenant_id=tenant.pk, actor="agent:acme/bot")
-    result = call_tool(get_tool("request_payment"), caller, {
+    result = call_labelled(caller, "request_payment", {
         "amount": "42.50", "currency": "EUR", "payee": "ACME Supplies", "idempotency_key": "p-reject"})
     assert result.error.error_class == "invalid_input" and "payee account closed" in result.error.message
-    record = IdempotencyRecord.objects.get(key="p-reject")
+    record = IdempotencyRecord.objects.get(tool="request_payment")
     assert "payee account closed" in record.error_message
     assert AuditEvent.objects.filter(action="record.failed", reason__contains="payee account closed").exists()
 

@@ -1,7 +1,10 @@
-"""A payment key held past its retention is released by an operator, with evidence, and then pays once more.
+"""A payment key held past its retention is released by an operator, with evidence; a new operation then pays
+once more.
 
 request_payment never silently reuses a key after its retention (ExpiryPolicy.HOLD): the call answers
-`expired` until an operator has checked the gateway and releases the key in the admin.
+`expired` until an operator has checked the gateway and releases the key in the admin. Its key is an
+operation id issued by prepare_operation, which named that payment: once released, the id is spent,
+and paying again is a new operation with a new id.
 """
 
 from datetime import timedelta
@@ -10,7 +13,8 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.mcp_client import call_sync, error_of
+from tests.issued_ids import call_labelled_sync
+from tests.mcp_client import error_of
 from tests.operators import make_operator
 from tools_app import reconciliation
 from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR
@@ -23,20 +27,20 @@ PAYMENT = {"amount": "42.50", "currency": "EUR", "payee": "ACME Supplies", "refe
 
 
 def pay(web_server, token, key="p-held"):
-    return call_sync(web_server.mcp_url, token, "request_payment", {**PAYMENT, "idempotency_key": key})
+    return call_labelled_sync(web_server.mcp_url, token, "request_payment", {**PAYMENT, "idempotency_key": key})
 
 
-def past_retention(key="p-held") -> IdempotencyRecord:
-    """Time passes: the record's retention ends."""
-    IdempotencyRecord.objects.filter(key=key).update(expires_at=timezone.now() - timedelta(minutes=1))
-    return IdempotencyRecord.objects.get(key=key)
+def past_retention() -> IdempotencyRecord:
+    """Time passes: the payment's retention ends (and so did the time of the id issued for it)."""
+    IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(minutes=1))
+    return IdempotencyRecord.objects.get(tool="request_payment")
 
 
 def release_url(record) -> str:
     return reverse("admin:tools_app_idempotencyrecord_act", args=[record.pk, "release_held_key"])
 
 
-def test_an_operator_releases_a_held_payment_key_with_evidence_and_the_next_call_pays_exactly_once_more(
+def test_an_operator_releases_a_held_payment_key_with_evidence_and_a_new_operation_pays_exactly_once_more(
         web_server, token, downstreams, gateway, client):
     # given: a payment whose key is past its retention, so the agent's call with it is held
     acme = Tenant.objects.get(slug="acme")
@@ -81,9 +85,14 @@ def test_an_operator_releases_a_held_payment_key_with_evidence_and_the_next_call
     shown = client.get(reverse("admin:tools_app_idempotencyrecord_change", args=[held.pk])).content.decode()
     assert "gateway dashboard: payment refunded on request" in shown  # the record page shows its evidence
 
-    # when: the agent calls again with the key, twice
-    second = pay(web_server, token)
-    replay = pay(web_server, token)
+    # when: the agent calls again with the id: it named the released payment, so it names no new one
+    spent = error_of(pay(web_server, token))
+    assert spent["class"] == "invalid_input" and spent["operation_id_required"] is True
+    assert len(gateway.payments()) == 1
+
+    # when: the agent prepares the payment again, as a new operation, and pays with the new id, twice
+    second = pay(web_server, token, "p-again")
+    replay = pay(web_server, token, "p-again")
 
     # then: one new payment, under a new downstream key, and the retry replays it
     assert not second.is_error and second.structured_content["idempotency"]["replayed"] is False
@@ -92,7 +101,7 @@ def test_an_operator_releases_a_held_payment_key_with_evidence_and_the_next_call
     assert replay.structured_content["idempotency"]["replayed"] is True
     payments = gateway.payments()
     assert len(payments) == 2
-    records = IdempotencyRecord.objects.filter(key="p-held").order_by("pk")
+    records = IdempotencyRecord.objects.filter(tool="request_payment").order_by("pk")
     assert [r.downstream_key for r in records] == [p[1] for p in payments]
     assert records[0].downstream_key != records[1].downstream_key
 
@@ -101,7 +110,7 @@ def test_only_a_key_past_its_retention_can_be_released_and_never_without_saying_
         web_server, token, downstreams, gateway):
     pay(web_server, token)
     olga = make_operator("olga", OPERATOR, Tenant.objects.get(slug="acme"))
-    record = IdempotencyRecord.objects.get(key="p-held")
+    record = IdempotencyRecord.objects.get(tool="request_payment")
 
     assert reconciliation.release_held_key(record, olga, reason="early", checked="gateway: paid") is False
     with pytest.raises(InvalidInput, match="what you checked"):

@@ -4,13 +4,13 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
+from tests.issued_ids import call_labelled
 from tests.operators import make_operator
 from tools_app import access, reconciliation
 from tools_app.access.roles import OPERATOR
 from tools_app.core.errors import PermissionDenied
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus, Tenant, TenantAccess
-from tools_app.toolkit.calls import Caller, call_tool
-from tools_app.toolkit.registry import get_tool
+from tools_app.toolkit.calls import Caller
 
 pytestmark = pytest.mark.live
 QUEUE = reverse("admin:tools_app_unknownoutcome_changelist")
@@ -21,10 +21,10 @@ def unknown_payment(db, downstreams, gateway):
     """A payment the gateway made but whose answer never arrived."""
     tenant = access.create_tenant("acme")
     gateway.set_fault("*", "succeed-then-hang", times=1)
-    result = call_tool(get_tool("request_payment"), Caller(tenant.pk, "agent:acme/bot"), {
+    result = call_labelled(Caller(tenant.pk, "agent:acme/bot"), "request_payment", {
         "amount": "99.00", "currency": "EUR", "payee": "Bob", "idempotency_key": "pay-unknown"})
     assert result.error.error_class == "unknown_outcome"
-    return IdempotencyRecord.objects.get(key="pay-unknown")
+    return IdempotencyRecord.objects.get(tool="request_payment")
 
 
 def operator(username, tenant="acme"):

@@ -12,7 +12,7 @@ from tools_app.approvals.models import (
 from tools_app.core.errors import ErrorClass
 from tools_app.core.models import AuditEvent, AuditSeal
 from tools_app.documents.models import Document, DocumentChunk
-from tools_app.engine.models import IdempotencyRecord, RecordStatus
+from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
 from tools_app.metrics.models import CallEvent, Dashboard
 from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 from tools_app.reconciliation.models import UnknownOutcome
@@ -53,6 +53,7 @@ __all__ = [
     "OutboxEvent",
     "OutboxStatus",
     "PendingApproval",
+    "PreparedOperation",
     "RecordStatus",
     "StepOutcome",
     "StepRun",

@@ -206,6 +206,9 @@ class IdemopsSettings(BaseSettings):
         2, "retry_after of an in_progress answer.", section=WRITES)
     unavailable_retry_after_seconds: Seconds = setting(
         2, "Retry-After of the 503 and transient answers while the database is unreachable.", section=WRITES)
+    operation_id_ttl_seconds: Seconds = setting(
+        3600, "How long an operation id issued by prepare_operation stays valid for its first call (and "
+        "prepare_operation with the same key answers the same id).", section=WRITES)
 
     # --- reconciliation ---
     reconcile_backoff_seconds: Seconds = setting(

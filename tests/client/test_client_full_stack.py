@@ -25,6 +25,8 @@ def test_the_demo_ends_with_duplicates_0_and_exits_0(full_stack, token):
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert lines[-1].startswith("demo: ") and lines[-1].endswith("duplicates 0")
     assert "1 answered from the ledger" in lines[-1] and "1 deterministic error not retried" in lines[-1]
+    assert "1 high-risk call under a server-issued operation id" in lines[-1]
+    assert any(line.startswith("- get_operation: payment operation SUCCEEDED") for line in lines)
     assert token not in demo.stdout
 
 
@@ -79,7 +81,8 @@ def test_a_call_waiting_for_approval_stays_pending_in_the_ledger_and_a_later_cal
                     outcome = await client.call("publish_announcement", note, policy=policy)
                 except RetriesExhausted as error:
                     outcome = error
-                return outcome, client.ledger.entries()[0], client.ledger.summary_for_model(), proxy.calls()
+                return (outcome, client.ledger.entries()[0], client.ledger.summary_for_model(),
+                        proxy.calls("publish_announcement"))
 
     # The server says to come back in 30 s: past a 5 s budget, so the client stops at once.
     error, waiting, summary, first_requests = asyncio.run(agent_turn(RetryPolicy(max_attempts=10, max_seconds=5)))
@@ -92,3 +95,4 @@ def test_a_call_waiting_for_approval_stays_pending_in_the_ledger_and_a_later_cal
     assert waiting.state == State.PENDING_APPROVAL and "→ pending approval by a person" in summary
     assert result["announcement_id"] == Announcement.objects.get().pk and done.state == State.DONE
     assert {r.key for r in first_requests + later_requests} == {waiting.key}
+    assert str(Announcement.objects.get().record.operation_id) == waiting.key  # the id the server issued

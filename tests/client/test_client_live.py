@@ -288,20 +288,6 @@ def test_read_tools_are_not_recorded_and_are_retried_after_a_lost_answer(web_ser
     assert [e.tool for e in entries] == ["create_order"]
 
 
-def test_without_prepare_operation_on_the_server_a_high_risk_tool_gets_a_derived_key(web_server, token, gateway):
-    async def scenario():
-        async with agent(web_server, token) as (proxy, client):
-            tools = await client.tools()
-            result = await client.call("request_payment", {"amount": "5.00", "currency": "EUR", "payee": "Bolt Ltd"})
-            return tools, result, proxy.counts()
-
-    tools, result, counts = asyncio.run(scenario())
-
-    assert "prepare_operation" not in tools and not tools["request_payment"].requires_operation_id
-    assert result.key.startswith("ik-") and ("tools/call", "prepare_operation") not in counts
-    assert len(gateway.payments()) == 1
-
-
 def test_the_summary_for_the_model_reads_the_operations_of_the_session(web_server, token):
     async def scenario():
         async with agent(web_server, token) as (_, client):

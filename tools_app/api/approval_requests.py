@@ -26,9 +26,9 @@ class ApprovalRequestSerializer(AuditorSerializer):
 
     class Meta:
         model = ApprovalRequest
-        fields = ["id", "tenant", "tool", "record", "fingerprint", "status", "amount", "currency", "requested_by",
-                  "required_approvals", "approvals", "decided_by", "reason", "trace_id", "created_at", "decided_at",
-                  "expires_at", "finished_at"]
+        fields = ["id", "tenant", "tool", "record", "operation_id", "fingerprint", "status", "amount", "currency",
+                  "requested_by", "required_approvals", "approvals", "decided_by", "reason", "trace_id", "created_at",
+                  "decided_at", "expires_at", "finished_at"]
         read_only_fields = fields
 
     def get_reason(self, request: ApprovalRequest) -> str:
@@ -43,6 +43,7 @@ class ApprovalRequestFilter(django_filters.FilterSet):
                                                  help_text="Request status; repeat the parameter for several.")
     actor = django_filters.CharFilter(field_name="requested_by", help_text="Who asked, exactly.")
     decided_by = django_filters.CharFilter(help_text="Who approved or rejected, exactly.")
+    operation_id = django_filters.UUIDFilter(help_text="The operation id of the call waiting for approval.")
     created_after, created_before = time_range("created_at", "requested")
     finished_after, finished_before = time_range("finished_at", "finished")
 

@@ -31,8 +31,8 @@ class AuditEventSerializer(AuditorSerializer):
     class Meta:
         model = AuditEvent
         fields = [
-            "id", "seq", "created_at", "tenant", "actor", "action", "object_type", "object_id", "before", "after",
-            "reason", "trace_id", "prev_hash", "hash",
+            "id", "seq", "created_at", "tenant", "actor", "action", "object_type", "object_id", "operation_id",
+            "before", "after", "reason", "trace_id", "prev_hash", "hash",
         ]
         read_only_fields = fields
 
@@ -47,6 +47,8 @@ class AuditEventFilter(django_filters.FilterSet):
     object_type = django_filters.CharFilter(help_text="Model name of the object (e.g. `idempotencyrecord`).")
     object_id = django_filters.CharFilter(help_text="Primary key of the object, with `object_type`.")
     trace_id = django_filters.CharFilter(help_text="Trace id, exactly.")
+    operation_id = django_filters.UUIDFilter(help_text="Every event of one operation: its record's, its task's, its "
+                                                       "approval request's and its outbox events'.")
     created_after, created_before = time_range("created_at", "created")
 
     class Meta:

@@ -19,8 +19,8 @@ class OutboxEventSerializer(AuditorSerializer):
 
     class Meta:
         model = OutboxEvent
-        fields = ["id", "tenant", "record", "kind", "status", "attempts", "next_attempt_at", "created_at",
-                  "delivered_at"]
+        fields = ["id", "tenant", "record", "operation_id", "kind", "status", "attempts", "next_attempt_at",
+                  "created_at", "delivered_at"]
         read_only_fields = fields
 
 
@@ -29,6 +29,7 @@ class OutboxEventFilter(django_filters.FilterSet):
     kind = django_filters.CharFilter(help_text="Event kind, exactly (e.g. `notification.email`).")
     status = django_filters.MultipleChoiceFilter(choices=OutboxStatus.choices,
                                                  help_text="Delivery status; repeat the parameter for several.")
+    operation_id = django_filters.UUIDFilter(help_text="The operation id of the call that wrote it.")
     created_after, created_before = time_range("created_at", "written")
     finished_after, finished_before = time_range("delivered_at", "delivered")
 

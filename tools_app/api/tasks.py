@@ -37,9 +37,9 @@ class TaskSerializer(AuditorSerializer):
 
     class Meta:
         model = Task
-        fields = ["id", "tenant", "tool", "record", "status", "current_step", "completed_steps", "steps_total",
-                  "attempts", "max_attempts", "lease_expiries", "failure_class", "next_retry_at", "input_digest",
-                  "trace_id", "actor", "created_at", "updated_at", "finished_at", "checkpoints"]
+        fields = ["id", "tenant", "tool", "record", "operation_id", "status", "current_step", "completed_steps",
+                  "steps_total", "attempts", "max_attempts", "lease_expiries", "failure_class", "next_retry_at",
+                  "input_digest", "trace_id", "actor", "created_at", "updated_at", "finished_at", "checkpoints"]
         read_only_fields = fields
 
 
@@ -51,6 +51,7 @@ class TaskFilter(django_filters.FilterSet):
     failure_class = django_filters.MultipleChoiceFilter(choices=ErrorClass.choices,
                                                         help_text="Failure class of a failed task; repeatable.")
     actor = django_filters.CharFilter(help_text="Who started it, exactly.")
+    operation_id = django_filters.UUIDFilter(help_text="The operation id of the call that started it.")
     created_after, created_before = time_range("created_at", "created")
     finished_after, finished_before = time_range("finished_at", "finished")
 

@@ -100,7 +100,8 @@ def request_approval(record: IdempotencyRecord, policy: ApprovalPolicy, *, tenan
     now = timezone.now()
     ttl = policy.ttl or timedelta(minutes=tenant_settings(tenant).request_ttl_minutes)
     request = ApprovalRequest.objects.create(
-        tenant_id=record.tenant_id, record=record, fingerprint=record.fingerprint, tool=record.tool,
+        tenant_id=record.tenant_id, record=record, operation_id=record.operation_id, fingerprint=record.fingerprint,
+        tool=record.tool,
         arguments=arguments, summary=policy.summary, amount=policy.amount, currency=policy.currency,
         requested_by=actor, trace_id=record.trace_id or uuid.uuid4().hex,
         required_approvals=policy.approvals_required, created_at=now, expires_at=now + ttl,

@@ -22,6 +22,7 @@ class ApprovalStatus(models.TextChoices):
 class ApprovalRequest(models.Model):
     tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.PROTECT, related_name="approval_requests")
     record = models.OneToOneField("tools_app.IdempotencyRecord", on_delete=models.PROTECT, related_name="approval")
+    operation_id = models.UUIDField(null=True, blank=True, editable=False, help_text="Its record's operation_id.")
     fingerprint = models.CharField(max_length=64, help_text="The record's fingerprint when approval was asked.")
     tool = models.CharField(max_length=100)
     arguments = models.JSONField(help_text="The validated call arguments, re-validated when the approved call runs.")

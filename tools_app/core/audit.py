@@ -79,6 +79,8 @@ def new_event(
         after=after,
         reason=reason,
         trace_id=trace_id,
+        # Records, tasks, approval requests and outbox events carry the operation they belong to.
+        operation_id=getattr(obj, "operation_id", None) if about_a_row else None,
         created_at=timezone.now(),
     )
 
@@ -94,6 +96,9 @@ def event_hash(prev_hash: str, event: AuditEvent) -> str:
         "before": event.before, "after": event.after, "reason": event.reason, "trace_id": event.trace_id,
         "created_at": event.created_at.astimezone(UTC).isoformat(),
     }
+    if event.operation_id is not None:
+        # Only when set: events sealed before the column existed keep their hashes.
+        content["operation_id"] = str(event.operation_id)
     body = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(f"{prev_hash}\n{body}".encode()).hexdigest()
 

@@ -20,6 +20,9 @@ class AuditEvent(models.Model):
     after = models.JSONField(null=True, blank=True)
     reason = models.TextField(blank=True)
     trace_id = models.CharField(max_length=100, blank=True)
+    operation_id = models.UUIDField(
+        null=True, blank=True, help_text="The operation the event belongs to (its idempotency record's operation_id), "
+                                         "for events about records, tasks, approval requests and outbox events.")
     created_at = models.DateTimeField(db_index=True)
     seq = models.BigIntegerField(null=True, blank=True, unique=True, editable=False)
     prev_hash = models.CharField(max_length=64, blank=True, editable=False)
@@ -30,6 +33,8 @@ class AuditEvent(models.Model):
         indexes = [
             models.Index(fields=["object_type", "object_id"], name="audit_object"),
             models.Index(fields=["tenant", "created_at"], name="audit_tenant_created"),
+            models.Index(fields=["operation_id"], condition=models.Q(operation_id__isnull=False),
+                         name="audit_operation"),
             # The sealer's work list: small however long the chain grows.
             models.Index(fields=["id"], condition=models.Q(seq__isnull=True), name="audit_unsealed"),
         ]

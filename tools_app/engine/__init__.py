@@ -3,6 +3,7 @@
 Owns the IdempotencyRecord and every change of it. Read `run.py` for how a call
 is claimed, executed or followed, `transitions.py` for each guarded state
 change, `operation.py` for what the engine is given and answers, and
+`prepared.py` for operation ids issued before the call (prepare_operation), and
 `hooks.py` for how the packages built on it (approvals, reconciliation) tell it
 what it does not know itself.
 
@@ -13,6 +14,7 @@ reconciliation, tasks and the tools build on it; it never imports them.
 from tools_app.engine.hooks import hooks
 from tools_app.engine.operation import (
     DEFAULT_RETENTION,
+    OPERATION_ID_REQUIRED,
     Executor,
     ExpiryPolicy,
     LeaseLost,
@@ -21,7 +23,9 @@ from tools_app.engine.operation import (
     evidence_entry,
     gathering_evidence,
     note_evidence,
+    operation_id_spent,
 )
+from tools_app.engine.prepared import issue, issued_operation_id, valid_unused
 from tools_app.engine.run import execute_approved, run, wait_for_outcome
 from tools_app.engine.transitions import (
     FINISHED,
@@ -52,10 +56,11 @@ from tools_app.engine.transitions import (
 )
 
 __all__ = [
-    "DEFAULT_RETENTION", "FINISHED", "SWEEPER", "Executor", "ExpiryPolicy", "LeaseLost", "Operation", "Outcome",
-    "await_approval", "claim", "close_unapproved", "downstream_key", "end_retention", "evidence_entry",
-    "execute_approved", "expire_lease", "expire_leases", "gathering_evidence", "heartbeat_interval", "hooks",
-    "is_expired", "lease_expired", "lease_seconds", "mark_failed", "mark_succeeded", "mark_unknown", "new_record",
-    "note_evidence", "note_unresolved", "reclaim", "release", "renew_lease", "resolve_failed",
-    "resolve_succeeded", "retire", "run", "start_approved", "wait_for_outcome",
+    "DEFAULT_RETENTION", "FINISHED", "OPERATION_ID_REQUIRED", "SWEEPER", "Executor", "ExpiryPolicy", "LeaseLost",
+    "Operation", "Outcome", "await_approval", "claim", "close_unapproved", "downstream_key", "end_retention",
+    "evidence_entry", "execute_approved", "expire_lease", "expire_leases", "gathering_evidence",
+    "heartbeat_interval", "hooks", "is_expired", "issue", "issued_operation_id", "lease_expired", "lease_seconds",
+    "mark_failed", "mark_succeeded", "mark_unknown", "new_record", "note_evidence", "note_unresolved",
+    "operation_id_spent", "reclaim", "release", "renew_lease", "resolve_failed", "resolve_succeeded", "retire",
+    "run", "start_approved", "valid_unused", "wait_for_outcome",
 ]

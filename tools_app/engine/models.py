@@ -79,3 +79,32 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool} #{self.pk} ({self.status})"
+
+
+class PreparedOperation(models.Model):
+    """An operation id issued before the call (prepare_operation), for a tool that accepts no other key.
+
+    Bound to (tenant, tool, fingerprint of the business arguments). Unused, it is valid while the
+    record of the prepare call that issued it (`record`) is live and within its retention (so a
+    replay of that call never answers an id that has lapsed). The first call with the id as its
+    key claims a record whose operation_id *is* this id; from then on the id is that record's key
+    and names that one operation everywhere (downstream, audit events, tasks). See
+    engine/prepared.py.
+    """
+
+    operation_id = models.UUIDField(primary_key=True)
+    # No index of its own: prepared_tool_fingerprint leads with tenant.
+    tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.PROTECT, db_index=False)
+    tool = models.CharField(max_length=100, help_text="The tool the id may be used with.")
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the canonical business arguments.")
+    field_digests = models.JSONField(default=dict, help_text="Digest per top-level argument, to name what differs.")
+    record = models.ForeignKey(IdempotencyRecord, on_delete=models.PROTECT, related_name="prepared_operations",
+                               help_text="The prepare_operation call that issued it.")
+    actor = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "tool", "fingerprint"], name="prepared_tool_fingerprint")]
+
+    def __str__(self) -> str:
+        return f"{self.tool} operation {self.operation_id}"

@@ -5,6 +5,7 @@ arguments) and an Outcome, plus the evidence a handler gathers while it executes
 from __future__ import annotations
 
 import enum
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -15,7 +16,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from tools_app.core.errors import ToolFailure
+from tools_app.core.errors import InvalidInput, ToolFailure
 from tools_app.core.keys import digest
 from tools_app.engine.models import IdempotencyRecord
 
@@ -57,6 +58,9 @@ class Operation:
     # Consulted before every execution of a sensitive tool (tools_app.approvals.gate):
     # an Outcome diverts the call to a person's approval, None lets it run.
     approval: Callable[[IdempotencyRecord], Outcome | None] | None = None
+    # Set when the key is an operation id issued in advance (engine.prepared): the record claimed
+    # for it takes this id as its operation_id. An id names one operation only, never a later one.
+    operation_id: uuid.UUID | None = None
 
     @cached_property
     def fingerprint(self) -> str:
@@ -70,6 +74,19 @@ class Operation:
         stored = record.field_digests
         return sorted(name for name in stored.keys() | self.field_digests.keys()
                       if stored.get(name) != self.field_digests.get(name))
+
+
+# In the error object of a refused key: the tool takes only an operation id issued in advance, and
+# nothing ran under this key (a client may get an id from prepare_operation and call again).
+OPERATION_ID_REQUIRED = "operation_id_required"
+
+
+def operation_id_spent(operation_id: uuid.UUID) -> InvalidInput:
+    """A call with an issued id whose operation's key was freed (its retention ended, or an operator
+    released it): the id named that operation, so a new one needs a new id."""
+    return InvalidInput(f"operation id {operation_id} named an earlier operation whose retention has ended; a new "
+                        "operation needs a new operation id from prepare_operation",
+                        details={OPERATION_ID_REQUIRED: True})
 
 
 @dataclass

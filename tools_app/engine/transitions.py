@@ -28,7 +28,7 @@ from tools_app.core.errors import ToolFailure, UnknownOutcome
 from tools_app.core.keys import canonical_json
 from tools_app.core.models import AuditEvent
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
-from tools_app.engine.operation import ClaimWaitExpired, LeaseLost, Operation, evidence_entry
+from tools_app.engine.operation import ClaimWaitExpired, LeaseLost, Operation, evidence_entry, operation_id_spent
 
 FINISHED = (RecordStatus.SUCCEEDED, RecordStatus.FAILED)
 
@@ -104,13 +104,17 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     # our statement's snapshot could not see: read it now.
     if live := find_live(op):
         return live, False
+    if op.operation_id is not None and _operation_id_taken(op.operation_id):
+        # Not a lost race: an issued id whose record was retired meanwhile (retention ended, or an
+        # operator released it) conflicts with that record's operation_id and never inserts.
+        raise operation_id_spent(op.operation_id)
     return claim(op)  # and it is gone already (retired, or its transaction rolled back)
 
 
 def new_record(op: Operation) -> IdempotencyRecord:
     """The PROCESSING record a claim of `op` inserts (not saved)."""
     now = timezone.now()
-    operation_id = uuid.uuid4()
+    operation_id = op.operation_id or uuid.uuid4()
     return IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
         # What is kept to be read: URLs lose their query (tokens); the fingerprint covers the full arguments.
@@ -201,6 +205,10 @@ def whole(record: IdempotencyRecord) -> IdempotencyRecord:
     if record.get_deferred_fields():
         record.refresh_from_db(fields=[f.attname for f in IdempotencyRecord._meta.concrete_fields])
     return record
+
+
+def _operation_id_taken(operation_id: uuid.UUID) -> bool:
+    return IdempotencyRecord.objects.filter(operation_id=operation_id).exists()
 
 
 def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any], *, action: str,

@@ -1,7 +1,9 @@
 """The MCP endpoint: the official SDK's MCPServer, serving the tool registry at /mcp.
 
 Each registered tool becomes an SDK `Tool` whose input schema is the tool's
-pydantic model and whose output schema adds the idempotency envelope. The
+pydantic model and whose output schema adds the idempotency envelope; its
+`_meta` says whether its key must be an issued operation id and which of its
+arguments are not business data. The
 handler is thin: authenticate (the SDK's bearer middleware calls our
 verifier), hand the raw arguments to `tools_app.toolkit.calls.call_tool` in a
 database thread, and render the result or error.
@@ -75,6 +77,20 @@ def annotations(spec: ToolSpec) -> ToolAnnotations:
     )
 
 
+# What a client needs to know about a write tool to key it (idemops_client reads both).
+REQUIRES_OPERATION_ID_META = "io.idemops/requires-operation-id"
+NON_BUSINESS_META = "io.idemops/non-business-fields"
+
+
+def tool_meta(spec: ToolSpec) -> dict[str, Any] | None:
+    meta: dict[str, Any] = {}
+    if spec.requires_operation_id:
+        meta[REQUIRES_OPERATION_ID_META] = True
+    if spec.non_business_fields:
+        meta[NON_BUSINESS_META] = sorted(spec.non_business_fields)
+    return meta or None
+
+
 def sdk_tool(spec: ToolSpec) -> Tool:
     async def handle(arguments: dict[str, Any], ctx: Context) -> CallToolResult:
         started = time.perf_counter()
@@ -94,7 +110,7 @@ def sdk_tool(spec: ToolSpec) -> Tool:
         fn=handle, name=spec.name, title=spec.title, description=spec.description,
         parameters=spec.input_model.model_json_schema(), is_async=True, context_kwarg="ctx",
         fn_metadata=FuncMetadata(arg_model=_RawArguments, output_model=out),
-        annotations=annotations(spec),
+        annotations=annotations(spec), meta=tool_meta(spec),
     )
 
 
@@ -119,7 +135,9 @@ def build_server() -> MCPServer:
                      f"same key; `unknown_outcome`: {UNKNOWN_OUTCOME_ADVICE}; `conflict`: the key was used with "
                      "other arguments (a new operation needs a new key); `downstream_conflict`: the downstream "
                      "system holds the key for another request, so neither retry it nor pick a new key: an "
-                     "operator must check.",
+                     "operator must check. High-risk tools (_meta io.idemops/requires-operation-id) take as their "
+                     "key only an operation_id from prepare_operation; get_operation answers what became of an "
+                     "operation.",
         tools=[sdk_tool(spec) for spec in all_tools()],
         extensions=[TasksExtension()],
         token_verifier=TenantTokenVerifier(),

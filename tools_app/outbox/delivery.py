@@ -1,6 +1,7 @@
 """Delivering one outbox event to its consumer: email over SMTP, or a webhook POST to an address
 on the allow-list (checked again here: stored data is not trusted). Consumers deduplicate by the
-event id (email Message-ID, webhook X-Event-Id and Idempotency-Key).
+event id (email Message-ID, webhook X-Event-Id and Idempotency-Key). Both also carry the
+operation that wrote the event (X-Operation-Id), as the payment gateway's requests do.
 """
 
 from __future__ import annotations
@@ -36,10 +37,15 @@ def deliver(event: OutboxEvent) -> None:
         raise DeliveryFailed(f"no delivery for kind {event.kind!r}")
 
 
+def operation_header(event: OutboxEvent) -> dict[str, str]:
+    """The operation that wrote the event, named as everywhere else (not for deduplication: that is the event id)."""
+    return {"X-Operation-Id": str(event.operation_id)} if event.operation_id else {}
+
+
 def _send_email(event: OutboxEvent) -> None:
     payload = event.payload
     message = EmailMessage(subject=payload["subject"], body=payload["body"], to=[payload["recipient"]],
-                           headers={"Message-ID": f"<{event.id}@idemops>"},
+                           headers={"Message-ID": f"<{event.id}@idemops>", **operation_header(event)},
                            connection=get_connection(timeout=settings.EMAIL_TIMEOUT))
     try:
         message.send()
@@ -61,7 +67,8 @@ def _post_webhook(event: OutboxEvent) -> None:
     try:
         with httpx2.Client(timeout=conf().webhook_timeout_seconds) as client:
             response = target.send(client, "POST", json={"subject": payload["subject"], "body": payload["body"]},
-                                   headers={"X-Event-Id": str(event.id), "Idempotency-Key": str(event.id)})
+                                   headers={"X-Event-Id": str(event.id), "Idempotency-Key": str(event.id),
+                                            **operation_header(event)})
     except httpx2.TransportError as exc:
         raise DeliveryFailed(type(exc).__name__) from exc
     if not response.is_success:  # a redirect too: it is never followed

@@ -20,6 +20,8 @@ class OutboxEvent(models.Model):
     tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.PROTECT, related_name="outbox_events")
     record = models.ForeignKey("tools_app.IdempotencyRecord", on_delete=models.PROTECT, null=True, blank=True,
                                related_name="outbox_events")
+    operation_id = models.UUIDField(null=True, blank=True, editable=False,
+                                    help_text="The operation_id of the record that wrote it, if any; sent along.")
     kind = models.CharField(max_length=64, help_text="What the relay does with it, e.g. notification.email")
     payload = models.JSONField()
     status = models.CharField(max_length=16, choices=OutboxStatus.choices, default=OutboxStatus.PENDING)

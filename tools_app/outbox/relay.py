@@ -39,6 +39,7 @@ def enqueue(*, tenant_id: int, kind: str, payload: dict[str, Any], record=None) 
     """Write an event in the current transaction and wake the relay when it commits."""
     now = timezone.now()
     event = OutboxEvent.objects.create(tenant_id=tenant_id, record=record, kind=kind, payload=payload,
+                                       operation_id=record.operation_id if record is not None else None,
                                        next_attempt_at=now, created_at=now)
     # The ORM broker's enqueue joins this transaction: no commit, no job.
     jobs.enqueue("outbox.relay", task_name="outbox-relay")

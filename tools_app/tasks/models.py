@@ -32,6 +32,8 @@ class Task(models.Model):
     record = models.OneToOneField(
         "tools_app.IdempotencyRecord", on_delete=models.PROTECT, related_name="task",
         help_text="The start_task operation that created this task.")
+    operation_id = models.UUIDField(null=True, blank=True, editable=False,
+                                    help_text="Its record's operation_id: the id that names the operation everywhere.")
     arguments = models.JSONField(
         help_text="The tool's validated arguments, as they may be shown (URLs without their query).")
     sealed_arguments = models.TextField(

@@ -83,7 +83,8 @@ def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, An
     """
     now = timezone.now()
     task = Task.objects.create(
-        tenant_id=record.tenant_id, tool=tool, record=record, arguments=arguments, input_digest=input_digest,
+        tenant_id=record.tenant_id, tool=tool, record=record, operation_id=record.operation_id, arguments=arguments,
+        input_digest=input_digest,
         sealed_arguments=sealed_arguments, steps_total=steps_total, max_attempts=max_attempts, actor=actor,
         trace_id=trace_id, enqueued_at=now, created_at=now, updated_at=now)
     audit.record_event(action="task.created", obj=task, actor=actor, trace_id=trace_id,

@@ -7,6 +7,7 @@ idempotent operation.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +87,9 @@ def _call_write(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_
     arguments = with_idempotency_key(arguments, meta_key)
     args = checked_arguments(spec, arguments)
     operation, execute = write_operation(spec, caller, args)
+    if spec.requires_operation_id:
+        # Before any claim: a key the server did not issue for this call leaves nothing behind.
+        operation = dataclasses.replace(operation, operation_id=engine.issued_operation_id(operation))
     outcome = engine.run(operation, execute)
     if outcome.executed and outcome.record.status == RecordStatus.UNKNOWN:
         hooks.after_unknown()
@@ -101,9 +105,8 @@ def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel) -> tuple[en
     requester as the caller.
     """
     operation = engine.Operation(
-        tenant_id=caller.tenant_id, tool=spec.name, key=args.idempotency_key,
-        arguments=args.model_dump(mode="python", exclude=set(spec.excluded_from_fingerprint)),
-        actor=caller.actor, trace_id=args.trace_id or "", retention=spec.retention, on_expiry=spec.on_expiry,
+        tenant_id=caller.tenant_id, tool=spec.name, key=args.idempotency_key, arguments=spec.business_arguments(args),
+        actor=caller.actor, trace_id=args.trace_id or "", retention=spec.retention_now(), on_expiry=spec.on_expiry,
         transactional=spec.transactional,
         approval=hooks.approval_gate(spec, caller.tenant_id, caller.actor, args) if spec.approval else None,
     )

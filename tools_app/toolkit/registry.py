@@ -2,7 +2,8 @@
 
 A declaration names the tool, its pydantic input and output models (built on
 StrictModel: strict types, no unknown fields at any level), whether it writes,
-which arguments are not business data (left out of the fingerprint), how long
+which arguments are not business data (left out of the fingerprint), whether its
+key must be an operation id the server issued (high-risk tools), how long
 its idempotency records are kept and what happens to a key past that, the
 checks its arguments must pass before a key is claimed, and the handler. Everything else (the MCP schema, the
 annotations, the engine's policy) is derived from it.
@@ -150,8 +151,12 @@ class ToolSpec:
     output_model: type[BaseModel]
     handler: Handler
     writes: bool
+    # Arguments that do not change what the operation is (a client's timestamp, a note for the
+    # model's own use): left out of the fingerprint, so changing them is a replay, not a conflict.
+    # Advertised in tools/list `_meta` (io.idemops/non-business-fields) for clients deriving keys.
     non_business_fields: frozenset[str] = frozenset()
-    retention: timedelta = DEFAULT_RETENTION
+    # How long a record is kept; a callable is asked at each call (a retention that is a setting).
+    retention: timedelta | Callable[[], timedelta] = DEFAULT_RETENTION
     on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE
     destructive: bool = False
     open_world: bool = False
@@ -172,10 +177,25 @@ class ToolSpec:
     check: Callable[[Any], None] | None = None
     # Set for long tools (tools_app.toolkit.pipelines.task_tool): a call starts or rejoins a task running it.
     pipeline: Any = None
+    # A high-risk write: its key must be an operation id issued by prepare_operation (engine.prepared),
+    # never one the model made up. Advertised in tools/list `_meta` (io.idemops/requires-operation-id).
+    requires_operation_id: bool = False
+    # What the fingerprint covers, when it is not simply the validated arguments without the
+    # excluded fields: (validated arguments) -> business arguments.
+    operation_arguments: Callable[[Any], dict[str, Any]] | None = None
 
     @property
     def excluded_from_fingerprint(self) -> frozenset[str]:
         return ENGINE_FIELDS | self.non_business_fields
+
+    def business_arguments(self, args: BaseModel) -> dict[str, Any]:
+        """The arguments that make the operation what it is: what its fingerprint covers."""
+        if self.operation_arguments is not None:
+            return self.operation_arguments(args)
+        return args.model_dump(mode="python", exclude=set(self.excluded_from_fingerprint))
+
+    def retention_now(self) -> timedelta:
+        return self.retention() if callable(self.retention) else self.retention
 
 
 _TOOLS: dict[str, ToolSpec] = {}
@@ -188,6 +208,10 @@ def register(spec: ToolSpec) -> ToolSpec:
         raise TypeError(f"write tool {spec.name!r} must take a WriteInput model")
     if not spec.transactional and spec.reconciler is None:
         raise TypeError(f"tool {spec.name!r} acts downstream and must declare a reconciler")
+    if spec.requires_operation_id and (not spec.writes or spec.pipeline is not None):
+        raise TypeError(f"tool {spec.name!r}: only a short write tool can require an issued operation id")
+    if unknown := spec.non_business_fields - spec.input_model.model_fields.keys():
+        raise TypeError(f"tool {spec.name!r} declares non-business fields it does not take: {sorted(unknown)}")
     _TOOLS[spec.name] = spec
     return spec
 

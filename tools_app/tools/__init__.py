@@ -12,6 +12,7 @@ from tools_app.tools import (  # noqa: F401
     documents,
     identity,
     notifications,
+    operations,
     orders,
     payments,
     task_tools,

@@ -49,9 +49,10 @@ def publishing_needs_approval(tenant: Tenant, args: PublishAnnouncementInput) ->
 
 
 @write_tool(name="publish_announcement", title="Publish an announcement", input_model=PublishAnnouncementInput,
-            output_model=AnnouncementOutput, approval=publishing_needs_approval)
+            output_model=AnnouncementOutput, approval=publishing_needs_approval, requires_operation_id=True)
 def publish_announcement(ctx: ToolContext, args: PublishAnnouncementInput) -> AnnouncementOutput:
-    """Publish an announcement to staff (one approver) or everyone (two approvers). The first call answers
+    """Publish an announcement to staff (one approver) or everyone (two approvers). Its idempotency_key must be
+    an operation_id from prepare_operation. The first call answers
     `pending_approval` with a request_id and publishes nothing; call again with the same idempotency_key
     (or get_approval_status) to learn the outcome."""
     announcement = Announcement.objects.create(tenant_id=ctx.tenant_id, record=ctx.record, title=args.title,

@@ -51,9 +51,11 @@ def deletion_needs_approval(tenant: Tenant, args: DeleteRecordInput) -> Approval
 
 
 @write_tool(name="delete_record", title="Delete an order or a ticket", input_model=DeleteRecordInput,
-            output_model=DeleteRecordOutput, destructive=True, approval=deletion_needs_approval)
+            output_model=DeleteRecordOutput, destructive=True, approval=deletion_needs_approval,
+            requires_operation_id=True)
 def delete_record(ctx: ToolContext, args: DeleteRecordInput) -> DeleteRecordOutput:
-    """Delete one of this tenant's orders or tickets. Needs a person's approval: the first call answers
+    """Delete one of this tenant's orders or tickets. Its idempotency_key must be an operation_id from
+    prepare_operation. Needs a person's approval: the first call answers
     `pending_approval` with a request_id and the summary shown to the approver, and deletes nothing. Call
     again with the same idempotency_key (or get_approval_status) to learn the outcome."""
     target = find(ctx.tenant_id, args.kind, args.id)

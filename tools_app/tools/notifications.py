@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Literal
 
 from django.core.exceptions import ValidationError
@@ -23,6 +24,9 @@ class SendNotificationInput(WriteInput):
                                                                      "allow-list")
     subject: str = Field(min_length=1, max_length=200)
     body: str = Field(min_length=1, max_length=50_000)
+    sent_at: datetime | None = Field(None, description="When your side sent the request (ISO 8601), for your own "
+                                                       "records. Not part of the notification: the same key with "
+                                                       "another sent_at is the same notification.")
 
 
 class NotificationOutput(BaseModel):
@@ -54,7 +58,8 @@ def notification_output(event: OutboxEvent) -> NotificationOutput:
 
 
 @write_tool(name="send_notification", title="Send a notification", input_model=SendNotificationInput,
-            output_model=NotificationOutput, open_world=True, check=check_recipient)
+            output_model=NotificationOutput, open_world=True, check=check_recipient,
+            non_business_fields=frozenset({"sent_at"}))
 def send_notification(ctx: ToolContext, args: SendNotificationInput) -> NotificationOutput:
     """Queue an email or webhook notification; it is delivered shortly, exactly once as far as the receiver
     can tell. Requires idempotency_key: a retry with the same key queues nothing new."""

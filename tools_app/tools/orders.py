@@ -37,6 +37,9 @@ class CreateOrderInput(WriteInput):
     items: list[OrderItem] = Field(min_length=1, max_length=500,
                                    description=f"The order's lines; their total may be at most {MAX_TOTAL}.")
     currency: Currency
+    note: str = Field("", max_length=1000, description="Free text for your own use (why, for whom). Not part of "
+                                                         "the order and not stored: the same key with another note "
+                                                         "is the same order.")
 
     @field_validator("items")
     @classmethod
@@ -74,7 +77,8 @@ def order_output(order: Order, lines: list[OrderLine]) -> OrderOutput:
     )
 
 
-@write_tool(name="create_order", title="Create an order", input_model=CreateOrderInput, output_model=OrderOutput)
+@write_tool(name="create_order", title="Create an order", input_model=CreateOrderInput, output_model=OrderOutput,
+            non_business_fields=frozenset({"note"}))
 def create_order(ctx: ToolContext, args: CreateOrderInput) -> OrderOutput:
     """Create an order with its lines and return its id and total. Requires idempotency_key: a retry with
     the same key returns the same order instead of creating another."""

@@ -1,7 +1,8 @@
 """`request_payment`: a write whose effect happens in the payment gateway.
 
 The gateway gets the record's downstream key as its Idempotency-Key, so a
-retry after a transient failure cannot pay twice. An answer that never came
+retry after a transient failure cannot pay twice, and the operation id
+(X-Operation-Id), which it records with the payment. An answer that never came
 back leaves the record UNKNOWN; `reconcile_payment` then asks the gateway
 for the payment by that key.
 """
@@ -38,6 +39,11 @@ class PaymentOutput(BaseModel):
     payee: str
     reference: str
     created_at: str
+
+
+# Beside the Idempotency-Key (derived from it, for deduplication): the operation's id itself, so the
+# gateway's record of the payment names the same operation as ours, the agent's and the audit log.
+OPERATION_ID_HEADER = "X-Operation-Id"
 
 
 def gateway_url(path: str) -> str:
@@ -84,12 +90,13 @@ def payment_needs_approval(tenant, args: RequestPaymentInput) -> ApprovalPolicy 
 @write_tool(name="request_payment", title="Request a payment", input_model=RequestPaymentInput,
             output_model=PaymentOutput, transactional=False, open_world=True,
             reconciler=reconcile_payment, result_for_reference=payment_for_reference,
-            approval=payment_needs_approval,
+            approval=payment_needs_approval, requires_operation_id=True,
             # A payment key is never silently reused after its retention.
             on_expiry=ExpiryPolicy.HOLD)
 def request_payment(ctx: ToolContext, args: RequestPaymentInput) -> PaymentOutput:
-    """Ask the payment gateway to pay `amount` `currency` to `payee`. Requires idempotency_key: every retry
-    with the same key returns the same payment. Above the tenant's approval threshold the answer is
+    """Ask the payment gateway to pay `amount` `currency` to `payee`. Its idempotency_key must be an operation_id
+    from prepare_operation (any other key is refused as invalid_input); every retry with it returns the same
+    payment. Above the tenant's approval threshold the answer is
     `pending_approval` until a person confirms; call again with the same key to learn the outcome. If the
     answer is `unknown_outcome`, the payment is being reconciled: do not retry with a new key; calling again
     with the same key is safe and answers the reconciled outcome once it is known. `downstream_conflict`: the
@@ -98,6 +105,7 @@ def request_payment(ctx: ToolContext, args: RequestPaymentInput) -> PaymentOutpu
             "reference": args.reference}
     response = downstream.request(
         "POST", gateway_url("/payments"), json=body, timeout=_timeout(),
-        headers={"Idempotency-Key": ctx.record.downstream_key},
-        asked={"idempotency_key": ctx.record.downstream_key, "amount": body["amount"], "currency": args.currency})
+        headers={"Idempotency-Key": ctx.record.downstream_key, OPERATION_ID_HEADER: str(ctx.record.operation_id)},
+        asked={"idempotency_key": ctx.record.downstream_key, "operation_id": str(ctx.record.operation_id),
+               "amount": body["amount"], "currency": args.currency})
     return PaymentOutput.model_validate(response.json())

@@ -1,0 +1,140 @@
+"""get_operation: what became of an operation, by its operation_id or by (tool, idempotency_key).
+
+In-process against real PostgreSQL; long tasks run by calling their job in this process.
+"""
+
+import pytest
+from django.utils import timezone
+
+from idemops.conf import override_conf
+from tests.approvals_support import STAFF_NOTE
+from tests.issued_ids import call_labelled
+from tests.tasks_support import TEXT
+from tools_app import engine, reconciliation
+from tools_app.models import IdempotencyRecord, Order, Task
+from tools_app.tasks import jobs as task_jobs
+from tools_app.toolkit.calls import Caller, call_tool, validate_arguments, write_operation
+from tools_app.toolkit.registry import get_tool
+
+ORDER = {"customer": "ACME", "currency": "EUR", "items": [{"sku": "BOLT-1", "quantity": 3, "unit_price": "2.50"}]}
+
+
+def get_operation(caller, **lookup):
+    return call_tool(get_tool("get_operation"), caller, lookup)
+
+
+def create_order(caller, key="o-1", **overrides):
+    return call_tool(get_tool("create_order"), caller, {**ORDER, **overrides, "idempotency_key": key})
+
+
+def test_a_finished_operation_answers_its_state_and_first_result_by_id_and_by_key(caller):
+    first = create_order(caller)
+    operation_id = str(first.record.operation_id)
+
+    by_id = get_operation(caller, operation_id=operation_id).result
+    by_key = get_operation(caller, tool="create_order", idempotency_key="o-1").result
+
+    assert by_id == by_key
+    assert (by_id["operation_id"], by_id["tool"], by_id["status"]) == (operation_id, "create_order", "SUCCEEDED")
+    assert by_id["result"] == first.result and by_id["error"] is None
+    assert by_id["expires_at"] == first.record.expires_at.isoformat().replace("+00:00", "Z")
+
+
+def test_the_handle_an_in_progress_answer_gives_can_be_asked_about(caller, settings):
+    override_conf(settings, follower_wait_seconds=0)
+    spec = get_tool("create_order")
+    operation, _ = write_operation(spec, caller, validate_arguments(spec, {**ORDER, "idempotency_key": "o-1"}))
+    engine.claim(operation)  # the first call is still running
+
+    follower = create_order(caller)
+    handle = str(follower.record.operation_id)
+
+    assert follower.error.error_class == "in_progress"
+    answer = get_operation(caller, operation_id=handle).result
+    assert (answer["status"], answer["result"], answer["error"]) == ("PROCESSING", None, None)
+
+
+def test_a_deterministic_failure_answers_its_error(caller):
+    deletion = {"kind": "order", "id": 999_999, "reason": "cleanup", "idempotency_key": "d-1"}
+    failed = call_labelled(caller, "delete_record", deletion)
+
+    answer = get_operation(caller, operation_id=str(failed.record.operation_id)).result
+
+    assert answer["status"] == "FAILED" and answer["result"] is None
+    assert answer["error"]["class"] == "not_found" and "no order 999999" in answer["error"]["message"]
+
+
+def test_an_operation_waiting_for_a_person_answers_what_a_retry_would_be_told(caller):
+    waiting = call_labelled(caller, "publish_announcement", {**STAFF_NOTE, "idempotency_key": "a-1"})
+
+    answer = get_operation(caller, tool="publish_announcement", idempotency_key=waiting.record.key).result
+
+    assert answer["status"] == "AWAITING_APPROVAL"
+    assert answer["error"] == waiting.error.as_dict() and answer["error"]["class"] == "pending_approval"
+
+
+def test_an_unknown_outcome_answers_unknown_with_the_reconciliation_advice(caller):
+    spec = get_tool("create_order")
+    operation, _ = write_operation(spec, caller, validate_arguments(spec, {**ORDER, "idempotency_key": "o-1"}))
+    record, _ = engine.claim(operation)
+    IdempotencyRecord.objects.filter(pk=record.pk).update(lease_expires_at=timezone.now())
+    engine.expire_leases()  # the executor died: UNKNOWN until reconciled
+
+    answer = get_operation(caller, operation_id=str(record.operation_id)).result
+
+    assert answer["status"] == "UNKNOWN" and answer["error"]["class"] == "unknown_outcome"
+    reconciliation.run_periodic()  # a local write that never committed: settled as not done
+    assert get_operation(caller, operation_id=str(record.operation_id)).result["status"] == "FAILED"
+
+
+def test_another_tenants_operation_is_not_found_like_one_that_does_not_exist(caller, other_tenant):
+    first = create_order(caller)
+    theirs = Caller(other_tenant.pk, "agent:globex/x")
+
+    for lookup in ({"operation_id": str(first.record.operation_id)}, {"tool": "create_order", "idempotency_key": "o-1"},
+                   {"operation_id": "not-an-id"}, {"tool": "no_such_tool", "idempotency_key": "o-1"}):
+        assert get_operation(theirs, **lookup).error.error_class == "not_found", lookup
+    assert Order.objects.count() == 1
+
+
+def test_an_issued_id_not_used_yet_is_not_found_and_says_so(caller):
+    prepared = call_tool(get_tool("prepare_operation"), caller, {"tool": "publish_announcement",
+                                                                  "arguments": STAFF_NOTE, "idempotency_key": "p"})
+
+    answer = get_operation(caller, operation_id=prepared.result["operation_id"])
+
+    assert answer.error.error_class == "not_found" and "no call has used it yet" in answer.error.message
+
+
+def test_a_key_freed_after_its_retention_is_not_found(caller):
+    first = create_order(caller)
+    IdempotencyRecord.objects.filter(pk=first.record.pk).update(retired_at=timezone.now())
+
+    assert get_operation(caller, operation_id=str(first.record.operation_id)).error.error_class == "not_found"
+
+
+@pytest.mark.parametrize("lookup", [{}, {"tool": "create_order"}, {"idempotency_key": "o-1"},
+                                    {"operation_id": "x", "tool": "create_order", "idempotency_key": "o-1"}])
+def test_a_lookup_needs_exactly_one_form(caller, lookup):
+    answer = get_operation(caller, **lookup)
+
+    assert answer.error.error_class == "invalid_input"
+    assert "give either operation_id, or tool and idempotency_key" in answer.error.message
+
+
+def test_a_long_tool_called_directly_is_processing_until_its_task_ends_then_answers_the_tasks_result(
+        transactional_db, caller, fast):
+    direct = call_tool(get_tool("ingest_document"), caller, {"text": TEXT, "idempotency_key": "doc-1"})
+    task = Task.objects.get()
+
+    running = get_operation(caller, tool="ingest_document", idempotency_key="doc-1").result
+    task_jobs.run_task(str(task.pk))
+    done = get_operation(caller, operation_id=running["operation_id"]).result
+    as_start_task = get_operation(caller, tool="start_task", idempotency_key="doc-1").result
+
+    assert direct.error.error_class == "in_progress"
+    assert (running["status"], running["tool"], running["task_id"]) == ("PROCESSING", "ingest_document", str(task.pk))
+    assert running["error"]["class"] == "in_progress"
+    assert (done["status"], done["result"]) == ("SUCCEEDED", Task.objects.get().result) and done["error"] is None
+    assert running["operation_id"] == str(task.operation_id) == str(direct.record.operation_id)
+    assert as_start_task["result"]["task_id"] == str(task.pk) and as_start_task["tool"] == "start_task"

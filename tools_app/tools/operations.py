@@ -1,0 +1,226 @@
+"""`prepare_operation` (write) and `get_operation` (read): operations as an agent names and looks them up.
+
+For a high-risk tool (ToolSpec.requires_operation_id: request_payment, delete_record,
+publish_announcement) the server, not the model, names the operation: prepare_operation issues
+an operation id bound to (tenant, tool, business arguments) and the agent carries it verbatim as
+the tool's idempotency_key (tools_app.engine.prepared). get_operation answers what became of
+any operation, by its operation_id (every write answer's `idempotency.operation_id`, also on
+`in_progress`) or by (tool, idempotency_key): the handle a waiting caller holds can be asked
+about without calling the tool again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+from pydantic import BaseModel, Field, model_validator
+
+from idemops.conf import conf
+from tools_app import approvals, engine
+from tools_app.core.errors import ErrorClass, InvalidInput, NotFound, ToolFailure
+from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
+from tools_app.tasks import calls as task_calls
+from tools_app.tasks.models import Task
+from tools_app.toolkit.calls import checked_arguments
+from tools_app.toolkit.registry import (
+    ToolContext,
+    ToolInput,
+    ToolSpec,
+    WriteInput,
+    all_tools,
+    get_tool,
+    read_tool,
+    write_tool,
+)
+
+PREPARE_OPERATION = "prepare_operation"
+
+
+# --- prepare_operation -------------------------------------------------------------------------
+
+
+class PrepareOperationInput(WriteInput):
+    tool: str = Field(min_length=1, max_length=100, description="The high-risk tool the operation is for, e.g. "
+                                                                "request_payment.")
+    arguments: dict[str, Any] = Field(description="The arguments that tool will be called with, without "
+                                                  "idempotency_key (the operation id is the key).")
+
+
+class PreparedOutput(BaseModel):
+    operation_id: str = Field(description="Call the tool with this as its idempotency_key, verbatim.")
+    tool: str
+    expires_at: datetime = Field(description="Use it for a first call before this; after its first call it is "
+                                             "that operation's key.")
+
+
+def requiring_tools() -> list[str]:
+    return sorted(spec.name for spec in all_tools() if spec.requires_operation_id)
+
+
+def target_call(args: PrepareOperationInput) -> tuple[ToolSpec, BaseModel]:
+    """The tool the operation is for, and its arguments validated (and checked) as that tool's own."""
+    try:
+        spec = get_tool(args.tool)
+    except NotFound:
+        spec = None
+    if spec is None or not spec.requires_operation_id:
+        what = "is not a tool" if spec is None else "does not take an issued operation id (any key will do)"
+        raise InvalidInput(f"tool: {args.tool!r} {what}; tools that do: {', '.join(requiring_tools())}")
+    if "idempotency_key" in args.arguments:
+        raise InvalidInput("arguments.idempotency_key: leave it out; the operation_id answered is the key")
+    return spec, checked_arguments(spec, {**args.arguments, "idempotency_key": args.idempotency_key})
+
+
+def check_prepare(args: PrepareOperationInput) -> None:
+    """Before the prepare call's key is claimed: the tool takes issued ids, and the arguments suit it."""
+    target_call(args)
+
+
+def prepared_arguments(args: PrepareOperationInput) -> dict[str, Any]:
+    """What a prepare call's fingerprint covers: the tool and its business arguments (a re-worded note
+    or another trace id asks for the same operation)."""
+    spec, validated = target_call(args)
+    return {"tool": spec.name, "arguments": spec.business_arguments(validated)}
+
+
+def id_ttl() -> timedelta:
+    return timedelta(seconds=conf().operation_id_ttl_seconds)
+
+
+@write_tool(name=PREPARE_OPERATION, title="Prepare a high-risk operation", input_model=PrepareOperationInput,
+            output_model=PreparedOutput, check=check_prepare,
+            operation_arguments=prepared_arguments, retention=id_ttl)
+def prepare_operation(ctx: ToolContext, args: PrepareOperationInput) -> PreparedOutput:
+    """Get the operation id a high-risk tool (request_payment, delete_record, publish_announcement; tools/list
+    marks them with _meta io.idemops/requires-operation-id) must be called with as its idempotency_key: those
+    tools refuse any other key. Give the tool and the exact arguments you will call it with. Calling
+    prepare_operation again with the same idempotency_key and arguments answers the same id, so retrying is safe;
+    other arguments with that key are a `conflict`. Use the id within expires_at; then call the tool with it, and
+    on every retry of that call."""
+    spec, validated = target_call(args)
+    prepared = engine.issue(ctx.record, tool=spec.name, arguments=spec.business_arguments(validated),
+                            actor=ctx.actor)
+    return PreparedOutput(operation_id=str(prepared.operation_id), tool=spec.name,
+                          expires_at=ctx.record.expires_at)
+
+
+# --- get_operation -----------------------------------------------------------------------------
+
+
+class GetOperationInput(ToolInput):
+    operation_id: str | None = Field(None, max_length=64, description="An operation id: `idempotency.operation_id` "
+                                                                      "of any write answer, or prepare_operation's.")
+    tool: str | None = Field(None, max_length=100, description="With idempotency_key: the tool called.")
+    idempotency_key: str | None = Field(None, max_length=255, description="With tool: the key it was called with.")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> GetOperationInput:
+        by_key = self.tool is not None or self.idempotency_key is not None
+        if (self.operation_id is None) == (not by_key) or (by_key and None in (self.tool, self.idempotency_key)):
+            raise ValueError("give either operation_id, or tool and idempotency_key")
+        return self
+
+
+class OperationView(BaseModel):
+    operation_id: str
+    tool: str
+    status: str = Field(description="SUCCEEDED, FAILED, PROCESSING, UNKNOWN or AWAITING_APPROVAL")
+    result: dict[str, Any] | None = Field(description="The first call's result once SUCCEEDED (what a retry with "
+                                                      "the key answers, without the idempotency block)")
+    error: dict[str, Any] | None = Field(description="The error once FAILED; while waiting, what a call would be "
+                                                     "told ({class, message, retry_after?, ...}); else null")
+    expires_at: datetime = Field(description="End of the key's retention")
+    task_id: str | None = Field(None, description="The task a long tool's operation runs as")
+
+
+@read_tool(name="get_operation", title="Get an operation's state", input_model=GetOperationInput,
+           output_model=OperationView)
+def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
+    """What became of an operation, without calling its tool again: by operation_id (every write answer carries
+    it in `idempotency.operation_id`, also an in_progress answer), or by tool and idempotency_key. Answers its
+    status and, once SUCCEEDED, its result (for a long tool such as ingest_document: PROCESSING until its task
+    ends, then the task's result). not_found: no such operation in this tenant, or its key was freed after its
+    retention."""
+    if args.operation_id is not None:
+        record = _live(ctx.tenant_id, operation_id=_uuid(args.operation_id))
+        if record is None:
+            raise _not_found(ctx.tenant_id, args.operation_id)
+        return _view(record, as_long_tool=record.tool == task_calls.START_TASK)
+    try:
+        spec = get_tool(args.tool)
+    except NotFound:
+        raise NotFound(f"tool: no tool {args.tool!r}") from None
+    if spec.pipeline is not None:
+        # A long tool called directly is the start_task operation for it (one key space, one task).
+        record = _live(ctx.tenant_id, tool=task_calls.START_TASK, key=args.idempotency_key)
+        if record is None or record.arguments.get("tool") != spec.name:
+            raise _not_found(ctx.tenant_id, args.idempotency_key)
+        return _view(record, as_long_tool=True)
+    record = _live(ctx.tenant_id, tool=spec.name, key=args.idempotency_key)
+    if record is None:
+        raise _not_found(ctx.tenant_id, args.idempotency_key)
+    return _view(record, as_long_tool=False)
+
+
+def _live(tenant_id: int, **lookup: Any) -> IdempotencyRecord | None:
+    if "operation_id" in lookup and lookup["operation_id"] is None:
+        return None  # not an id at all
+    return IdempotencyRecord.objects.filter(tenant_id=tenant_id, retired_at__isnull=True, **lookup).first()
+
+
+def _view(record: IdempotencyRecord, *, as_long_tool: bool) -> OperationView:
+    task = Task.objects.filter(record=record).first() if as_long_tool else None
+    if task is not None and record.status == RecordStatus.SUCCEEDED:
+        return _task_view(record, task)
+    return OperationView(operation_id=str(record.operation_id), tool=record.tool, status=record.status,
+                         result=record.result if record.status == RecordStatus.SUCCEEDED else None,
+                         error=_record_error(record), expires_at=record.expires_at)
+
+
+def _record_error(record: IdempotencyRecord) -> dict[str, Any] | None:
+    """What a call with the key would be told, as the engine's follower tells it."""
+    match record.status:
+        case RecordStatus.FAILED | RecordStatus.UNKNOWN:
+            failure = ToolFailure.from_dict({"class": record.error_class, "message": record.error_message})
+            if failure.retryable and record.retry_not_before is not None:
+                failure.retry_after = max(0.0, (record.retry_not_before - timezone.now()).total_seconds())
+            return failure.as_dict()
+        case RecordStatus.AWAITING_APPROVAL:
+            return approvals.follow(record).error.as_dict()
+    return None
+
+
+def _task_view(record: IdempotencyRecord, task: Task) -> OperationView:
+    """A long tool's operation is its task's: PROCESSING until the task ends, then its result or failure."""
+    outcome = task_calls.outcome(get_tool(task.tool), task)
+    if outcome.error is None:
+        status = RecordStatus.SUCCEEDED
+    elif outcome.error.error_class == ErrorClass.IN_PROGRESS:
+        status = RecordStatus.PROCESSING
+    else:
+        status = RecordStatus.FAILED
+    return OperationView(operation_id=str(record.operation_id), tool=task.tool, status=status, result=outcome.result,
+                         error=outcome.error.as_dict() if outcome.error else None, expires_at=record.expires_at,
+                         task_id=str(task.pk))
+
+
+def _not_found(tenant_id: int, named: str) -> NotFound:
+    operation_id = _uuid(named)
+    prepared = (PreparedOperation.objects.select_related("record").filter(tenant_id=tenant_id, pk=operation_id)
+                .first() if operation_id else None)
+    if prepared is not None:
+        lapsed = "" if engine.valid_unused(prepared) else " and has expired unused"
+        return NotFound(f"operation {named} was issued by prepare_operation for {prepared.tool} but no call has "
+                        f"used it yet{lapsed}")
+    return NotFound(f"no operation {named} in this tenant (or its key was freed after its retention)")
+
+
+def _uuid(value: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
+
