@@ -1,14 +1,17 @@
 # idemops: `make run` serves the platform, `make test` runs the whole suite.
 # Both start from nothing: they create .venv and install what they need
-# (requirements.txt to run; requirements-dev.txt adds tests, linters, benchmarks).
+# (requirements.txt to run; requirements-dev.txt adds tests, linters, benchmarks; `make test`
+# also installs the TypeScript MCP client of tests/interop with npm ci: Node 20 and npm).
 
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 DEV     := $(VENV)/.installed-dev
+# The TypeScript MCP client the interoperability tests drive (pinned in tests/interop/package-lock.json).
+INTEROP := tests/interop/node_modules/.package-lock.json
 
-.PHONY: run test bench bench-quick install install-dev db-stop clean lint settings-doc
+.PHONY: run test bench bench-quick install install-dev install-interop db-stop clean lint settings-doc
 
 $(RUNTIME): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,14 +23,19 @@ $(DEV): $(RUNTIME) requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	@touch $(DEV)
 
+$(INTEROP): tests/interop/package-lock.json
+	npm ci --prefix tests/interop --no-audit --no-fund
+
 install: $(RUNTIME)
 
 install-dev: $(DEV)
 
+install-interop: $(INTEROP)
+
 run: $(RUNTIME)
 	$(PY) manage.py serve
 
-test: $(DEV)
+test: $(DEV) $(INTEROP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Every benchmark, full sizes: writes docs/benchmarks.md and docs/benchmarks.json (P1 … P9 by name).

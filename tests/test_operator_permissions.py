@@ -25,7 +25,7 @@ from tools_app import engine, outbox, reconciliation, tasks
 from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR, ROLE_PERMISSIONS
 from tools_app.admin.operator_actions import OperatorActionsAdmin
 from tools_app.core.errors import PermissionDenied, Transient
-from tools_app.models import AuditEvent, IdempotencyRecord, Order, OutboxEvent, RecordStatus, Tenant
+from tools_app.models import AuditEvent, IdempotencyRecord, Order, OutboxEvent, RecordStatus, Task, Tenant
 from tools_app.reconciliation.models import UnknownOutcome
 from tools_app.toolkit.calls import Caller, call_tool, validate_arguments, write_operation
 from tools_app.toolkit.registry import get_tool
@@ -74,13 +74,15 @@ def action_cases():
 class Scene:
     """An object an action can be done on, and what "nothing changed" means for it beyond its row."""
 
-    def __init__(self, obj, *, values=None, next_call=None):
+    def __init__(self, obj, *, values=None, next_call=None, made=None):
         self.obj = obj
         self.values = values or {}  # form values the action needs (e.g. the downstream reference)
         self.next_call = next_call  # () -> None: asserts the key still answers as before
+        self.made = made  # () -> what an action creates from the object rather than changing it (a fork)
 
     def row(self) -> dict:
-        return type(self.obj)._default_manager.filter(pk=self.obj.pk).values().get()
+        row = type(self.obj)._default_manager.filter(pk=self.obj.pk).values().get()
+        return row if self.made is None else {**row, "made": self.made()}
 
 
 def an_order(request, caller) -> Scene:
@@ -150,7 +152,9 @@ def a_retrying_task(request, caller, model) -> Scene:
     task = tasks.take(started.result["task_id"], "worker-a")
     assert tasks.retry_later(task, "worker-a", Transient("the document server answered 503"), 300,
                              waited_by_worker=False)
-    return Scene(model.objects.get(pk=task.pk))
+    # Forking it (from its first step: it has no checkpoints yet) leaves it as it is and makes a new task.
+    return Scene(model.objects.get(pk=task.pk), values={"from_step": "receive"},
+                 made=lambda: list(Task.objects.filter(forked_from=task.pk).values_list("pk", flat=True)))
 
 
 def a_pending_approval(request, caller, model) -> Scene:
@@ -198,7 +202,8 @@ def test_the_table_covers_every_operator_action():
         ("idempotencyrecord", "force_expire"), ("idempotencyrecord", "release_held_key"),
         ("unknownoutcome", "reconcile"), ("unknownoutcome", "resolve_succeeded"), ("unknownoutcome", "resolve_failed"),
         ("deadletter", "redrive"), ("pendingapproval", "approve"), ("pendingapproval", "reject"),
-        *((queue, name) for queue in ("task", "taskneedingattention") for name in ("cancel", "resume", "pause")),
+        *((queue, name) for queue in ("task", "taskneedingattention")
+          for name in ("cancel", "resume", "pause", "fork")),
     }
 
 

@@ -8,6 +8,7 @@ from django.utils import timezone
 from tests.operators import make_operator
 from tests.tasks_support import TEXT, agent, queued_jobs, start
 from tools_app import tasks
+from tools_app.access import Agent
 from tools_app.access.roles import OPERATOR
 from tools_app.core.errors import AlreadyDone, InvalidInput, NotFound, PermissionDenied
 from tools_app.models import AuditEvent, Task, TaskStatus
@@ -81,28 +82,37 @@ def test_resume_leaves_a_healthy_running_task_alone_and_revives_one_whose_worker
     assert (revived.status, revived.lease_owner, revived.lease_expiries) == (TaskStatus.CREATED, "", 1)
 
 
-def test_an_operator_pauses_only_queued_tasks(caller, fast, tenant):
+def test_an_operator_pauses_a_queued_task_at_once_and_a_finished_one_not_at_all(caller, fast, tenant):
     task = start(caller, {"text": TEXT})
     ops = make_operator("ops", OPERATOR, tenant)
 
     paused = tasks.pause(task, ops, reason="waiting for the legal team")
 
     assert paused.status == TaskStatus.PAUSED and tasks.take(str(task.pk), "w") is None
-    running = tasks.take(str(tasks.resume(paused, ops).pk), "w")
-    with pytest.raises(InvalidInput, match="only queued or retrying"):
-        tasks.pause(running, ops, reason="x")
+    assert paused.pause_reason == "waiting for the legal team" and paused.pause_requested == ""
+    resumed = tasks.resume(paused, ops)
+    Task.objects.filter(pk=task.pk).update(status=TaskStatus.SUCCEEDED)
+    resumed.refresh_from_db()
+    with pytest.raises(InvalidInput, match="only queued, retrying or running"):
+        tasks.pause(resumed, ops, reason="x")
+    with pytest.raises(InvalidInput, match="reason"):
+        tasks.pause(start(caller, {"text": TEXT}, key="k-2"), ops, reason=" ")
 
 
-def test_an_agent_may_cancel_and_resume_its_tenants_tasks_but_not_pause_them(caller, fast):
+def test_an_agent_may_cancel_pause_and_resume_its_tenants_tasks_but_not_another_tenants(caller, fast,
+                                                                                     other_tenant):
     task = start(caller, {"text": TEXT})
+    stranger = Agent(other_tenant.pk, "agent:globex/test")
 
-    with pytest.raises(PermissionDenied, match="agents may not"):
-        tasks.pause(task, agent(caller), reason="hold on")
+    with pytest.raises(PermissionDenied, match="another tenant"):
+        tasks.pause(task, stranger, reason="hold on")
 
     task.refresh_from_db()
     assert task.status == TaskStatus.CREATED
     refusal = AuditEvent.objects.get(object_id=str(task.pk), action="task.pause_refused")
-    assert (refusal.actor, refusal.after) == (caller.actor, {"attempted": "pause"})
+    assert (refusal.actor, refusal.after) == (stranger.actor, {"attempted": "pause"})
+    assert tasks.pause(task, agent(caller), reason="hold on").status == TaskStatus.PAUSED
+    assert tasks.resume(task, agent(caller)).status == TaskStatus.CREATED
     assert tasks.cancel(task, agent(caller)).status == TaskStatus.CANCELLED
 
 

@@ -1,7 +1,8 @@
 """The Django app and its composition root: where the packages are wired together at start-up.
 
 Lower packages (engine, toolkit) learn of the higher ones (approvals,
-reconciliation, tasks) only through the hooks registered here. Importing
+reconciliation, tasks), and tasks of its sibling outbox, only through the
+hooks registered here. Importing
 modules inside `ready` is Django's rule for app start-up (models are not
 loaded when this module is imported), not a way around an import cycle.
 """
@@ -21,6 +22,7 @@ class ToolsAppConfig(AppConfig):
         from tools_app import (
             approvals,
             engine,
+            outbox,
             reconciliation,
             tasks,
             toolkit,
@@ -33,6 +35,7 @@ class ToolsAppConfig(AppConfig):
                               settle_expired=reconciliation.settle_expired)
         toolkit.hooks.register(approval_gate=approvals.gate, run_long_tool=tasks.call_task_tool,
                                after_unknown=reconciliation.reconcile_soon)
+        tasks.hooks.register(enqueue_event=outbox.enqueue)
         post_migrate.connect(ensure_schedules, sender=self)
         post_migrate.connect(ensure_roles, sender=self)
         # Every django-q2 worker process runs the few-second loops (tools_app.schedules).

@@ -290,6 +290,13 @@ class IdemopsSettings(BaseSettings):
         "invalid_input).", section=TASKS)
     task_poll_interval_ms: int = setting(
         1000, "pollIntervalMs the MCP tasks extension suggests.", gt=0, section=TASKS)
+    task_watch_poll_seconds: Seconds = setting(
+        5, "A client waiting on a task's changes (tasks/result, a task subscription) is woken by the task's "
+        "change notice; it also re-reads the task at least this often, in case a notice was missed.",
+        section=TASKS)
+    task_listen_max_seconds: Seconds = setting(
+        3600, "A subscriptions/listen stream for tasks ends (gracefully) after this long; the client listens "
+        "again if it still cares.", section=TASKS)
 
     # --- documents ---
     document_allowed_dirs: TextList = setting(

@@ -1,10 +1,13 @@
 """Long tasks in the admin: find stuck or failed tasks, read their step history,
-checkpoints and audit trail, and cancel, pause or resume them.
+checkpoints and audit trail, and cancel, pause, resume or fork them (re-run from a step).
 
 Each action goes through tools_app.tasks (guarded, audited like an agent's),
 which checks the manage_task permission and the tenant itself.
 """
 
+import uuid
+
+from django import forms
 from django.contrib import admin
 from django.db.models import Q
 from django.utils import timezone
@@ -21,9 +24,11 @@ from tools_app.admin.operator_actions import (
     pretty_json,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.core import redaction
 from tools_app.core.errors import ToolFailure
 from tools_app.documents.models import Document
 from tools_app.tasks.models import Checkpoint, StepRun, Task, TaskNeedingAttention, TaskStatus
+from tools_app.toolkit.registry import all_tools
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -65,8 +70,23 @@ def resume(request, task, reason):
 
 
 def pause(request, task, reason):
-    tasks.pause(task, request.user, reason=reason)
+    task = tasks.pause(task, request.user, reason=reason)
+    if task.status == TaskStatus.RUNNING:
+        return "asked to pause: it pauses when its current step is done; resume it to go on"
     return "paused; resume it to queue it again"
+
+
+def fork(request, task, reason, from_step, form_key):
+    # One key per form and task: the same form sent twice forks once.
+    new = tasks.fork_operation(task, request.user, from_step=from_step, reason=reason,
+                               key=f"admin-fork:{form_key}:{task.pk}")
+    return f"forked as task {new.pk}, running again from step {from_step!r}"
+
+
+def step_choices() -> list[tuple[str, str]]:
+    """Every long tool's steps, in order (the task's own tool is checked when forking)."""
+    return [(spec.name, [(step.name, step.name) for step in spec.pipeline.steps])
+            for spec in all_tools() if spec.pipeline is not None]
 
 
 class TaskPage:
@@ -74,9 +94,10 @@ class TaskPage:
 
     fields = ["tenant", "tool", "status", "current_step", "completed_steps", "steps_total", "progress_done",
               "progress_total", "progress_message", "attempts", "max_attempts", "lease_expiries", "failure_class",
-              "failure_reason", "pause_reason", "input_request_display", "next_retry_at", "lease_owner",
-              "lease_expires_at", "version", "input_digest", "result_display", "trace_id", "actor", "enqueued_at",
-              "created_at", "updated_at", "finished_at", "history"]
+              "failure_reason", "pause_reason", "pause_requested", "input_request_display", "next_retry_at",
+              "lease_owner", "lease_expires_at", "version", "input_digest", "result_display", "forked_from",
+              "forked_at_step", "forks_display", "notify_url_display", "trace_id", "actor", "enqueued_at", "created_at",
+              "updated_at", "finished_at", "history"]
     readonly_fields = fields
     inlines = [StepRunInline, CheckpointInline]
     list_select_related = ["tenant"]
@@ -88,7 +109,18 @@ class TaskPage:
                        help_text="Continues from the last valid checkpoint (paused, retrying, transiently "
                                  "failed, or a dead worker's task)."),
         OperatorAction("pause", "Pause", tasks.PAUSE, pause, refused=(ToolFailure,), reason=REASON_REQUIRED,
-                       help_text="Queued or retrying tasks only: why it must wait."),
+                       help_text="Why it must wait. A queued or retrying task pauses at once; a running one when "
+                                 "its current step is done (the step is not cut short)."),
+        OperatorAction("fork", "Fork from a step", tasks.FORK, fork, refused=(ToolFailure,),
+                       reason=REASON_REQUIRED,
+                       help_text="Why it must run again. A new task re-runs this task's pipeline from the chosen "
+                                 "step, reusing the verified checkpoints before it; this task is left as it is.",
+                       extra_fields={
+                           "from_step": forms.ChoiceField(choices=step_choices,
+                                                          help_text="The first step to run again."),
+                           "form_key": forms.CharField(widget=forms.HiddenInput, initial=lambda: uuid.uuid4().hex,
+                                                       max_length=32),
+                       }),
     ]
 
     @admin.display(description="steps")
@@ -106,6 +138,16 @@ class TaskPage:
     @admin.display(description="result")
     def result_display(self, task):
         return pretty_json(task.result) if task.result is not None else "—"
+
+    @admin.display(description="notify url")
+    def notify_url_display(self, task):
+        # Without its query: a webhook's token is for the relay, not for the screen.
+        return redaction.public_url(task.notify_url) if task.notify_url else "—"
+
+    @admin.display(description="forks (re-runs of this task)")
+    def forks_display(self, task):
+        forks = list(task.forks.order_by("created_at").values_list("pk", "forked_at_step", "status"))
+        return "; ".join(f"{pk} from {step} ({status})" for pk, step, status in forks) or "—"
 
     @admin.display(description="audit trail")
     def history(self, task):

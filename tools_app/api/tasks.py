@@ -1,7 +1,8 @@
 """GET /api/v1/tasks and /api/v1/checkpoints: long tasks and the checkpoints they resumed from.
 
 Exported: the task's state machine fields (status, steps, attempts, lease
-expiries, failure class), its input digest and times; each checkpoint's
+expiries, failure class), its input digest and times, and the task it
+re-runs if it is a fork (forked_from, forked_at_step); each checkpoint's
 step, sequence, input digest and checksum. Not exported: the arguments, the
 result, step outputs and failure texts, which may hold document content;
 the digests and checksums prove what ran on what without revealing it.
@@ -17,7 +18,7 @@ from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_fi
 from tools_app.core.errors import ErrorClass
 from tools_app.tasks.models import Checkpoint, Task, TaskStatus
 
-TASK_CONTENT = ("arguments", "result", "input_request", "resume_input")
+TASK_CONTENT = ("arguments", "result", "input_request", "resume_input", "notify_url")
 
 
 class CheckpointSerializer(AuditorSerializer):
@@ -39,7 +40,8 @@ class TaskSerializer(AuditorSerializer):
         model = Task
         fields = ["id", "tenant", "tool", "record", "operation_id", "status", "current_step", "completed_steps",
                   "steps_total", "attempts", "max_attempts", "lease_expiries", "failure_class", "next_retry_at",
-                  "input_digest", "trace_id", "actor", "created_at", "updated_at", "finished_at", "checkpoints"]
+                  "input_digest", "forked_from", "forked_at_step", "trace_id", "actor", "created_at", "updated_at",
+                  "finished_at", "checkpoints"]
         read_only_fields = fields
 
 

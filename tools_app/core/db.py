@@ -117,7 +117,8 @@ _COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "gt": "> %s", "gte": "
 
 def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, Any], *, action: str, actor: str,
                reason: str = "", trace_id: str | None = None, before: dict[str, Any] | None = None,
-               after: dict[str, Any] | None = None, append: dict[str, list] | None = None) -> bool:
+               after: dict[str, Any] | None = None, append: dict[str, list] | None = None,
+               notify: str | None = None) -> bool:
     """Move `obj`'s row from the state `expected` to `changes`, and write the audit event of the move.
 
     One statement: a conditional UPDATE of the row where it still matches
@@ -130,12 +131,14 @@ def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, A
 
     `expected` takes field names with an optional `__lt`, `__lte`, `__gt`,
     `__gte`, `__in` or `__isnull` (a plain None means IS NULL); `append`
-    adds items to JSON list fields.
+    adds items to JSON list fields. `notify` names a channel that hears the
+    row's id (pg_notify) in the same statement: PostgreSQL delivers it when
+    the change commits, never for one that rolls back.
     """
     event = audit.new_event(action=action, obj=obj, actor=actor, reason=reason,
                             trace_id=getattr(obj, "trace_id", "") if trace_id is None else trace_id,
                             before=before, after=after)
-    if not _conditional_update(obj, expected, changes, event, append or {}):
+    if not _conditional_update(obj, expected, changes, event, append or {}, notify):
         return False
     for name, value in changes.items():
         setattr(obj, name, value)
@@ -145,11 +148,11 @@ def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, A
 
 
 def _conditional_update(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any],
-                        event: models.Model, append: dict[str, list]) -> bool:
+                        event: models.Model, append: dict[str, list], notify: str | None = None) -> bool:
     model = type(instance)
     # What the SQL itself says: IS NULL / IS NOT NULL (`__isnull`, or a plain None), not a parameter.
     shape = tuple((key, bool(value) if key.endswith("__isnull") else value is None) for key, value in expected.items())
-    sql, change_fields = _update_sql(model, tuple(changes), shape, tuple(append), type(event))
+    sql, change_fields = _update_sql(model, tuple(changes), shape, tuple(append), type(event), bool(notify))
     params = [field.get_db_prep_save(value, connection) for field, value in zip(change_fields, changes.values(),
                                                                                 strict=True)]
     params += [json.dumps(items, default=str) for items in append.values()]
@@ -160,12 +163,15 @@ def _conditional_update(instance: models.Model, expected: dict[str, Any], change
             continue  # written into the SQL
         params.append(list(value) if lookup == "in" else value)
     params += insert_params(event)
+    if notify:
+        params.append(notify)
     return fetchone(sql, params)[0] == 1
 
 
 @cache
 def _update_sql(model: type[models.Model], change_names: tuple[str, ...], nulls: tuple[tuple[str, bool], ...],
-                append_names: tuple[str, ...], event_model: type[models.Model]) -> tuple[str, tuple[models.Field, ...]]:
+                append_names: tuple[str, ...], event_model: type[models.Model], notify: bool
+                ) -> tuple[str, tuple[models.Field, ...]]:
     """The statement of a transition of this shape (which fields change, which are expected how),
     and the changed fields in parameter order. Built once per shape: the same SQL text each time,
     which psycopg prepares."""
@@ -187,6 +193,11 @@ def _update_sql(model: type[models.Model], change_names: tuple[str, ...], nulls:
     sql = (f"WITH changed AS (UPDATE {table(model)} SET {', '.join(sets)} "
            f"WHERE {' AND '.join(conditions)} RETURNING id), "
            f"audited AS (INSERT INTO {table(event_model)} ({', '.join(columns)}) "
-           f"SELECT {', '.join(values)} FROM changed) "
-           "SELECT count(*) FROM changed")
+           f"SELECT {', '.join(values)} FROM changed)")
+    if notify:
+        # A SELECT in a WITH runs only if the query reads it: the last line reads it, so the notice goes out.
+        sql += (", notified AS (SELECT pg_notify(%s, id::text) FROM changed) "
+                "SELECT (SELECT count(*) FROM changed), (SELECT count(*) FROM notified)")
+    else:
+        sql += " SELECT count(*) FROM changed"
     return sql, change_fields

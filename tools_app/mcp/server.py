@@ -44,6 +44,7 @@ from tools_app.mcp.runtime import (
     in_db_thread,
     render,
 )
+from tools_app.mcp.task_protocols import task_protocols
 from tools_app.mcp.tasks_extension import TasksExtension
 from tools_app.toolkit.calls import CallResult, call_tool
 from tools_app.toolkit.registry import ToolSpec, all_tools, get_tool
@@ -140,6 +141,7 @@ def build_server() -> MCPServer:
                      "operation.",
         tools=[sdk_tool(spec) for spec in all_tools()],
         extensions=[TasksExtension()],
+        middleware=[task_protocols],
         token_verifier=TenantTokenVerifier(),
         # Our tokens are opaque per-tenant API keys, not audience-bound JWTs.
         auth=AuthSettings(issuer_url=public_url, resource_server_url=f"{public_url}/mcp", required_scopes=["tools"],

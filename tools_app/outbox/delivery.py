@@ -2,6 +2,9 @@
 on the allow-list (checked again here: stored data is not trusted). Consumers deduplicate by the
 event id (email Message-ID, webhook X-Event-Id and Idempotency-Key). Both also carry the
 operation that wrote the event (X-Operation-Id), as the payment gateway's requests do.
+
+Kinds: `notification.email` and `notification.webhook` (send_notification: subject and body),
+`task.webhook` (a finished task's notice: the JSON its payload holds, tools_app.tasks).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ def deliver(event: OutboxEvent) -> None:
     if event.kind == "notification.email":
         _send_email(event)
     elif event.kind == "notification.webhook":
-        _post_webhook(event)
+        _post_webhook(event, {"subject": event.payload["subject"], "body": event.payload["body"]})
+    elif event.kind == "task.webhook":
+        _post_webhook(event, event.payload["json"])
     else:
         raise DeliveryFailed(f"no delivery for kind {event.kind!r}")
 
@@ -53,7 +58,7 @@ def _send_email(event: OutboxEvent) -> None:
         raise DeliveryFailed(f"{type(exc).__name__}: {exc}"[:300]) from exc
 
 
-def _post_webhook(event: OutboxEvent) -> None:
+def _post_webhook(event: OutboxEvent, body: dict) -> None:
     payload = event.payload
     # The stored URL is checked again, against today's allow-list, and the
     # request goes to the address that check resolved (no second DNS answer).
@@ -66,7 +71,7 @@ def _post_webhook(event: OutboxEvent) -> None:
         raise DeliveryFailed(exc.message) from exc
     try:
         with httpx2.Client(timeout=conf().webhook_timeout_seconds) as client:
-            response = target.send(client, "POST", json={"subject": payload["subject"], "body": payload["body"]},
+            response = target.send(client, "POST", json=body,
                                    headers={"X-Event-Id": str(event.id), "Idempotency-Key": str(event.id),
                                             **operation_header(event)})
     except httpx2.TransportError as exc:

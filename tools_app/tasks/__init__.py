@@ -4,8 +4,10 @@
 with its audit event); `runner.py` runs a pipeline's steps under a lease and a
 heartbeat; `checkpoints.py` writes and verifies each step's checkpoint;
 `control.py` is what agents and operators do (cancel, pause, resume);
-`calls.py` is how an agent starts, watches and waits for a task (start_task,
-a direct call of a long tool); `jobs.py` the django-q2 entry points.
+`forks.py` re-runs a task from step N in a new task (fork); `calls.py` is
+how an agent starts, watches and waits for a task (start_task, a direct call
+of a long tool); `hooks.py` what the outbox does for it (a finished task's
+webhook); `jobs.py` the django-q2 entry points.
 
 May import: core, access, engine, toolkit.
 """
@@ -21,11 +23,15 @@ from tools_app.tasks.control import (
     pause,
     resume,
 )
+from tools_app.tasks.forks import FORK, FORK_OPERATION, ForkHandle, fork, fork_operation
+from tools_app.tasks.hooks import hooks
 from tools_app.tasks.jobs import run_task, sweep
 from tools_app.tasks.state import (
     ACTIVE,
+    CHANGES_CHANNEL,
     RUNNABLE,
     SWEEPER,
+    WEBHOOK_KIND,
     begin_step,
     complete_step,
     create_task,
@@ -44,9 +50,10 @@ from tools_app.tasks.state import (
 )
 
 __all__ = [
-    "ACTIVE", "CANCEL", "MANAGE_PERMISSION", "PAUSE", "RESUME", "RUNNABLE", "SWEEPER", "begin_step",
-    "call_task_tool", "cancel", "complete_step", "create_task", "describe", "expire_lease", "fail",
-    "finish_step_run", "get_for_tenant", "hand_on", "lease_seconds", "next_action", "outcome", "pause",
+    "ACTIVE", "CANCEL", "CHANGES_CHANNEL", "FORK", "FORK_OPERATION", "MANAGE_PERMISSION", "PAUSE", "RESUME",
+    "RUNNABLE", "SWEEPER", "WEBHOOK_KIND", "ForkHandle", "begin_step", "call_task_tool", "cancel", "complete_step",
+    "create_task", "describe", "expire_lease", "fail", "finish_step_run", "fork", "fork_operation",
+    "get_for_tenant", "hand_on", "hooks", "lease_seconds", "next_action", "outcome", "pause",
     "pause_for_input", "renew_lease", "requeue", "resumable", "resume", "retry_later", "run_task", "succeed",
     "sweep", "take", "unfinished", "wait_for",
 ]

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from idemops.conf import conf
-from tools_app.core import keys, polling, redaction
+from tools_app.core import keys, polling, redaction, url_allowlist
 from tools_app.core.errors import AlreadyDone, ErrorClass, InProgress, InvalidInput, NotFound, ToolFailure
 from tools_app.tasks import state
 from tools_app.tasks.models import Task, TaskStatus
@@ -57,6 +57,8 @@ class TaskStatusView(BaseModel):
     failure_class: str | None = Field(description="Error class of the last failure (transient ones are retried).")
     failure_reason: str | None
     pause_reason: str | None
+    pause_requested: str | None = Field(
+        description="A running task asked to pause (the reason): it pauses at its next step boundary.")
     input_request: dict[str, Any] | None = Field(
         description="What a paused task asks for: {key: {message, schema}}; answer with resume_task's input.")
     next_retry_at: datetime | None
@@ -65,6 +67,8 @@ class TaskStatusView(BaseModel):
     finished_at: datetime | None
     cancellable: bool
     retryable: bool = Field(description="resume_task would run it again (from its last checkpoint).")
+    forked_from: str | None = Field(description="The task this one re-runs (fork_task), from step forked_at_step.")
+    forked_at_step: str | None
     next_action: str
 
 
@@ -72,6 +76,9 @@ def next_action(task: Task) -> str:
     match task.status:
         case TaskStatus.CREATED:
             return "Queued. Poll get_task_status (wait_seconds waits with progress), or cancel_task."
+        case TaskStatus.RUNNING if task.pause_requested:
+            return (f"Running step {task.current_step!r}; it pauses when this step is done, as asked "
+                    f"({task.pause_requested}). resume_task withdraws the request; cancel_task stops it.")
         case TaskStatus.RUNNING:
             return (f"Running step {task.current_step!r} ({len(task.completed_steps)}/{task.steps_total} done). "
                     "Poll get_task_status or get_task_result with wait_seconds, or cancel_task.")
@@ -105,10 +112,13 @@ def describe(task: Task) -> TaskStatusView:
         if in_step else None,
         attempts=task.attempts, max_attempts=task.max_attempts, failure_class=task.failure_class or None,
         failure_reason=task.failure_reason or None, pause_reason=task.pause_reason or None,
+        pause_requested=task.pause_requested or None,
         input_request=task.input_request if task.status == TaskStatus.PAUSED else None,
         next_retry_at=task.next_retry_at if task.status == TaskStatus.RETRYING else None,
         created_at=task.created_at, last_update=task.updated_at, finished_at=task.finished_at,
-        cancellable=task.status in state.ACTIVE, retryable=state.resumable(task), next_action=next_action(task))
+        cancellable=task.status in state.ACTIVE, retryable=state.resumable(task),
+        forked_from=str(task.forked_from_id) if task.forked_from_id else None,
+        forked_at_step=task.forked_at_step or None, next_action=next_action(task))
 
 
 def long_tools() -> list[str]:
@@ -134,15 +144,19 @@ def inner_call(tool: str, arguments: dict[str, Any], key: str) -> tuple[ToolSpec
 
 def check_start(args: Any) -> None:
     """start_task's checks before its key is claimed (so a typo leaves the key unused): the inner
-    arguments against their tool's model, then the pipeline's own checks (allow-lists, sizes)."""
+    arguments against their tool's model, then the pipeline's own checks (allow-lists, sizes), and
+    the webhook, against the allow-list send_notification's webhooks pass (checked again when sent)."""
     spec, validated = inner_call(args.tool, args.arguments, args.idempotency_key)
     if spec.pipeline.validate is not None:
         spec.pipeline.validate(validated)
+    if getattr(args, "notify_url", None) is not None:
+        url_allowlist.check(args.notify_url, conf().webhook_allowed_prefixes, field="notify_url")
 
 
-def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str) -> TaskHandle:
+def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str, notify_url: str | None = None
+          ) -> TaskHandle:
     """Create the task for `tool` (start_task's handler, inside the engine's transaction; check_start
-    has passed)."""
+    has passed). `notify_url` is told when it finishes (state.finished)."""
     spec, validated = inner_call(tool, arguments, key)
     pipeline = spec.pipeline
     business = validated.model_dump(mode="json", exclude=set(spec.excluded_from_fingerprint))
@@ -152,7 +166,8 @@ def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str) -> T
     task = state.create_task(
         record=ctx.record, tool=spec.name, arguments=shown, sealed_arguments=redaction.seal(secret),
         input_digest=keys.digest(business), steps_total=len(pipeline.steps),
-        max_attempts=pipeline.retry.attempts_allowed(), actor=ctx.actor, trace_id=ctx.trace_id)
+        max_attempts=pipeline.retry.attempts_allowed(), actor=ctx.actor, trace_id=ctx.trace_id,
+        notify_url=notify_url or "")
     return TaskHandle(task_id=str(task.pk), tool=spec.name, created_at=task.created_at,
                       next_action="Poll get_task_status with this task_id; get_task_result once it succeeded. "
                                   "Retrying start_task with the same idempotency_key returns this same task.")
@@ -228,7 +243,7 @@ def wait_for(task: Task, seconds: float, report_progress=None) -> Task:
 
 
 WATCHED_FIELDS = ["status", "current_step", "completed_steps", "progress_done", "progress_total",
-                  "progress_message", "attempts", "failure_class", "failure_reason", "pause_reason",
+                  "progress_message", "attempts", "failure_class", "failure_reason", "pause_reason", "pause_requested",
                   "input_request", "next_retry_at", "lease_expires_at", "result", "version", "updated_at",
                   "finished_at"]
 

@@ -1,6 +1,6 @@
 """What agents and operators do to a task: cancel, pause, resume. Each checks its Permit first
-(access.authorize): operators need `manage_task` on the task's tenant; an agent may cancel and
-resume its own tenant's tasks (the MCP task tools and the tasks extension).
+(access.authorize): operators need `manage_task` on the task's tenant; an agent may cancel,
+pause and resume its own tenant's tasks (the MCP task tools and the tasks extension).
 
 Each is a read-decide-UPDATE with the version guard, retried when a worker moved the task
 between the read and the UPDATE (`_with_retries`).
@@ -16,9 +16,19 @@ from django.db import transaction
 from django.utils import timezone
 
 from tools_app.access import Permit, authorize
+from tools_app.core import db
 from tools_app.core.errors import AlreadyDone, InProgress, InvalidInput, NotFound, ToolFailure
 from tools_app.tasks.models import Task, TaskStatus
-from tools_app.tasks.state import ACTIVE, RUNNABLE, enqueue_run, expire_lease, resumable, transition
+from tools_app.tasks.state import (
+    ACTIVE,
+    CHANGES_CHANNEL,
+    RUNNABLE,
+    enqueue_run,
+    expire_lease,
+    finished,
+    resumable,
+    transition,
+)
 from tools_app.toolkit.registry import unstorable_at
 
 MANAGE_PERMISSION = "tools_app.manage_task"
@@ -53,7 +63,7 @@ def _with_retries(task: Task, attempt) -> Task:
 CANCEL = Permit(MANAGE_PERMISSION, "cancel", "manage tasks", "task.cancel_refused", agents=True)
 
 
-PAUSE = Permit(MANAGE_PERMISSION, "pause", "manage tasks", "task.pause_refused")
+PAUSE = Permit(MANAGE_PERMISSION, "pause", "manage tasks", "task.pause_refused", agents=True)
 
 
 RESUME = Permit(MANAGE_PERMISSION, "resume", "manage tasks", "task.resume_refused", agents=True)
@@ -75,25 +85,45 @@ def cancel(task: Task, who, *, reason: str = "") -> Task:
                               details={"task_status": task.status})
         return transition(task, {"status__in": ACTIVE}, {
             "status": TaskStatus.CANCELLED, "finished_at": timezone.now(), "lease_owner": "",
-            "lease_expires_at": None, "failure_class": "",
+            "lease_expires_at": None, "failure_class": "", "pause_requested": "",
             "failure_reason": f"cancelled by {actor}" + (f": {reason}" if reason else ""), "next_retry_at": None,
-        }, action="task.cancelled", actor=actor, reason=reason, step=task.current_step)
+        }, action="task.cancelled", actor=actor, reason=reason, step=task.current_step) and finished(task)
 
     return _with_retries(task, attempt)
 
 
 def pause(task: Task, who, *, reason: str) -> Task:
-    """created|retrying -> paused (an operator holds a queued task). A running task
-    pauses only from inside a step (WaitFor): its worker knows where it can stop."""
+    """created|retrying -> paused at once; running -> paused at its next step boundary.
+
+    A running task's worker is in the middle of a step and only it knows when
+    the step's output is safe: so this records the request (`pause_requested`,
+    audited, without touching what the worker guards its writes on: status,
+    lease, version), and the runner pauses the task after the step's
+    checkpoint, or before its first step if it has not begun one. By an
+    operator or the tenant's agent; the reason is kept as the pause reason.
+    """
     actor = authorize(who, PAUSE, task)
+    if not reason.strip():
+        raise InvalidInput("reason: say why the task must wait")
 
     def attempt(task: Task) -> bool:
         if task.status == TaskStatus.PAUSED:
             return True
+        if task.status == TaskStatus.RUNNING:
+            if task.pause_requested:
+                return True
+            # No version bump: the worker's next write (a checkpoint) must still go through.
+            return db.transition(task, {"status": TaskStatus.RUNNING, "version": task.version}, {
+                "pause_requested": reason, "updated_at": timezone.now(),
+            }, action="task.pause_requested", actor=actor, reason=reason,
+                before={"status": task.status}, after={"status": task.status, "step": task.current_step},
+                notify=CHANGES_CHANNEL)
         if task.status not in RUNNABLE:
-            raise InvalidInput(f"task {task.pk} is {task.status}; only queued or retrying tasks can be paused")
+            raise InvalidInput(f"task {task.pk} is {task.status}; only queued, retrying or running tasks can be "
+                               "paused")
         return transition(task, {"status__in": RUNNABLE, "lease_owner": ""}, {
-            "status": TaskStatus.PAUSED, "pause_reason": reason, "input_request": None, "next_retry_at": None,
+            "status": TaskStatus.PAUSED, "pause_reason": reason, "pause_requested": "", "input_request": None,
+            "next_retry_at": None,
         }, action="task.paused", actor=actor, reason=reason)
 
     return _with_retries(task, attempt)
@@ -133,11 +163,18 @@ def resume(task: Task, who, *, answer: dict[str, Any] | None = None) -> Task:
                            "failure_reason": "", "finished_at": None, "enqueued_at": now}
             case TaskStatus.PAUSED:
                 changes = {"status": TaskStatus.CREATED, "resume_input": _checked_answer(task, answer),
-                           "pause_reason": "", "enqueued_at": now}
+                           "pause_reason": "", "pause_requested": "", "enqueued_at": now}
             case TaskStatus.RETRYING:
                 changes = {"next_retry_at": now, "enqueued_at": now}
             case TaskStatus.RUNNING if task.lease_expires_at and task.lease_expires_at < now:
                 return expire_lease(task, actor=actor)
+            case TaskStatus.RUNNING if task.pause_requested:
+                # Not paused yet: resuming withdraws the request, and the worker carries on.
+                return db.transition(task, {"status": TaskStatus.RUNNING, "version": task.version,
+                                            "pause_requested": task.pause_requested},
+                                     {"pause_requested": "", "updated_at": now},
+                                     action="task.pause_withdrawn", actor=actor, before={"status": task.status},
+                                     after={"status": task.status}, notify=CHANGES_CHANNEL)
             case _:
                 return True  # queued or running: nothing to do
         if not transition(task, {"status": before}, changes, action="task.resumed", actor=actor,

@@ -53,6 +53,9 @@ class Task(models.Model):
     failure_class = models.CharField(max_length=32, blank=True)
     failure_reason = models.TextField(blank=True)
     pause_reason = models.TextField(blank=True)
+    pause_requested = models.TextField(
+        blank=True, help_text="Set while a running task is asked to pause (the reason): its worker pauses it at the "
+                              "next step boundary.")
     input_request = models.JSONField(
         null=True, blank=True, help_text="What a paused step asks for: {key: {message, schema}}.")
     resume_input = models.JSONField(null=True, blank=True, help_text="The answer given when resuming.")
@@ -61,6 +64,13 @@ class Task(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     version = models.PositiveIntegerField(default=1, help_text="Bumped by every state change.")
     result = models.JSONField(null=True, blank=True, help_text="The tool's result, once succeeded.")
+    notify_url = models.CharField(
+        max_length=500, blank=True, help_text="A webhook (on the allow-list) told when the task finishes, through "
+                                              "the outbox.")
+    forked_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="forks",
+        help_text="The task this one re-runs from step `forked_at_step`, reusing its checkpoints before it.")
+    forked_at_step = models.CharField(max_length=100, blank=True)
     trace_id = models.CharField(max_length=100, blank=True)
     actor = models.CharField(max_length=200, blank=True)
     enqueued_at = models.DateTimeField(null=True, blank=True, help_text="When a job for it was last queued.")

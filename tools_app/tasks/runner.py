@@ -7,6 +7,11 @@ that renews the lease and notices a cancel, and writes each step's
 checkpoint in the transaction that advances the task. Every write is
 guarded by the lease, so a worker that lost it (cancelled, or presumed dead
 and replaced) writes nothing more.
+
+A pause asked for from outside (control.pause) is honoured at a step
+boundary: before the run's first step and after each checkpoint, the runner
+reads the request and, if there is one, pauses the task there instead of
+starting the next step. A step is never cut short by a pause.
 """
 
 from __future__ import annotations
@@ -35,9 +40,16 @@ class Heartbeat(leases.Heartbeat):
 
     def __init__(self, task_id, owner: str):
         self._progress: tuple[float | None, float | None, str] | None = None
-        super().__init__(lambda: state.renew_lease(task_id, owner, self._progress),
+        self._announced: tuple[float | None, float | None, str] | None = None
+        super().__init__(lambda: state.renew_lease(task_id, owner, self._progress, self._announce()),
                          leases.heartbeat_interval(conf().task_heartbeat_seconds, state.lease_seconds()),
                          name=f"heartbeat-{task_id}")
+
+    def _announce(self) -> bool:
+        """Whether the progress moved since the last renewal told the watchers."""
+        progress = self._progress
+        moved, self._announced = progress != self._announced, progress
+        return moved
 
     def progress(self, done: float, total: float | None = None, message: str = "") -> None:
         self.check()
@@ -71,6 +83,8 @@ class Runner:
         for index in range(first, len(self.pipeline.steps)):
             step = self.pipeline.steps[index]
             if run is None:
+                if reason := state.pause_request(task.pk):
+                    return self._pause(reason, step)
                 run = state.begin_step(task, self.owner, step, index, completed=list(resumption.outputs))
                 if run is None:
                     return "interrupted before step " + step.name, None
@@ -91,8 +105,11 @@ class Runner:
             except Exception as exc:
                 return self._failed(run, exc)
             following = index + 1 < len(self.pipeline.steps)
-            # This job goes on to the next step unless it has run long enough (then a fresh job does).
-            then = (self.pipeline.steps[index + 1], index + 1) if following and not self._slice_used() else None
+            pause = state.pause_request(task.pk) if following else ""
+            # This job goes on to the next step unless it has run long enough (then a fresh job does)
+            # or someone asked the task to pause.
+            go_on = following and not pause and not self._slice_used()
+            then = (self.pipeline.steps[index + 1], index + 1) if go_on else None
             advanced = state.complete_step(task, self.owner, prepared, run, then)
             if advanced is False:
                 state.finish_step_run(run, StepOutcome.INTERRUPTED)
@@ -101,9 +118,16 @@ class Runner:
             outputs[step.name] = json.loads(prepared.data)
             checksums.append(prepared.checksum)
             if following and then is None:
+                if pause:
+                    return self._pause(pause, self.pipeline.steps[index + 1])
                 return ("handed on to a new job" if state.hand_on(task, self.owner) else "interrupted"), None
             run = advanced if then is not None else None
         return self._succeed(outputs[self.pipeline.steps[-1].name])
+
+    def _pause(self, reason: str, next_step) -> tuple[str, datetime | None]:
+        if state.pause_at_boundary(self.task, self.owner, reason, next_step):
+            return f"paused before step {next_step.name}, as asked", None
+        return "interrupted", None
 
     def _slice_used(self) -> bool:
         return time.monotonic() > self.slice_ends

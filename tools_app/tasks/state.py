@@ -5,6 +5,7 @@ created ──take──▶ running ──begin_step, complete_step…──▶ 
    ▲                 │ ├─fail (final error, attempts used up)────▶ failed
    │                 │ ├─retry_later (transient error)──▶ retrying ──take (when due)──▶ running
    │                 │ ├─pause_for_input (step waits)───▶ paused ──resume──▶ created
+   │                 │ ├─pause_at_boundary (asked to)───▶ paused
    │                 │ └─hand_on (slice used up)────────▶ created
    └──expire_lease (worker died: sweep, resume_task)──┘
 created|running|paused|retrying ──cancel──▶ cancelled
@@ -20,6 +21,12 @@ against two workers running one task: django-q2 delivers jobs at least once
 
 Workers hold the lease while the task is `running` (a check constraint
 keeps the two together) and renew it while a step runs (`renew_lease`).
+
+Every transition also notifies CHANGES_CHANNEL with the task's id, in its
+statement (delivered at commit): the web processes' watchers (tools_app.mcp)
+push the new status to clients that wait or listen. A task that finishes
+with a `notify_url` writes its webhook into the outbox in the transaction of
+that last transition (`finished`).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -37,6 +44,7 @@ from tools_app.core import audit, db, jobs, leases
 from tools_app.core.errors import ErrorClass, ToolFailure
 from tools_app.engine.models import IdempotencyRecord
 from tools_app.tasks import checkpoints
+from tools_app.tasks.hooks import hooks
 from tools_app.tasks.models import StepOutcome, StepRun, Task, TaskStatus
 from tools_app.toolkit.pipelines import Step
 
@@ -45,6 +53,9 @@ logger = logging.getLogger(__name__)
 SWEEPER = "system:task-sweep"
 ACTIVE = (TaskStatus.CREATED, TaskStatus.RUNNING, TaskStatus.PAUSED, TaskStatus.RETRYING)
 RUNNABLE = (TaskStatus.CREATED, TaskStatus.RETRYING)
+# The PostgreSQL channel that hears a task's id whenever it changes.
+CHANGES_CHANNEL = "idemops_tasks"
+WEBHOOK_KIND = "task.webhook"
 
 
 def lease_seconds() -> float:
@@ -59,7 +70,7 @@ def transition(task: Task, expected: dict[str, Any], changes: dict[str, Any], *,
         task, {"version": task.version, **expected},
         {**changes, "version": task.version + 1, "updated_at": timezone.now()},
         action=action, actor=actor, reason=reason, before={"status": task.status},
-        after={"status": changes.get("status", task.status), **after})
+        after={"status": changes.get("status", task.status), **after}, notify=CHANGES_CHANNEL)
 
 
 def enqueue_run(task: Task) -> None:
@@ -75,8 +86,9 @@ def enqueue_run(task: Task) -> None:
 @transaction.atomic
 def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, Any], input_digest: str,
                 steps_total: int, max_attempts: int, actor: str, trace_id: str = "",
-                sealed_arguments: str = "") -> Task:
-    """-> created, and queued. Runs inside start_task's idempotency transaction.
+                sealed_arguments: str = "", notify_url: str = "", **more: Any) -> Task:
+    """-> created, and queued. Runs inside the idempotency transaction of the operation that
+    creates it (start_task, or a fork: `more` then links it to the original).
 
     The one-to-one `record` makes a second task for the same operation a
     unique violation, whatever the engine above did.
@@ -86,9 +98,9 @@ def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, An
         tenant_id=record.tenant_id, tool=tool, record=record, operation_id=record.operation_id, arguments=arguments,
         input_digest=input_digest,
         sealed_arguments=sealed_arguments, steps_total=steps_total, max_attempts=max_attempts, actor=actor,
-        trace_id=trace_id, enqueued_at=now, created_at=now, updated_at=now)
+        trace_id=trace_id, notify_url=notify_url, enqueued_at=now, created_at=now, updated_at=now, **more)
     audit.record_event(action="task.created", obj=task, actor=actor, trace_id=trace_id,
-                       after={"status": task.status, "tool": tool})
+                       after={"status": task.status, "tool": tool, **({"notify_url": True} if notify_url else {})})
     enqueue_run(task)
     return task
 
@@ -135,16 +147,22 @@ def _step_run(task: Task, owner: str, step: Step, sequence: int) -> StepRun:
                                   worker=owner, started_at=timezone.now())
 
 
-def renew_lease(task_id, owner: str, progress: tuple[float | None, float | None, str] | None = None) -> bool:
+def renew_lease(task_id, owner: str, progress: tuple[float | None, float | None, str] | None = None,
+                announce: bool = False) -> bool:
     """Extend our lease (and record progress). False: cancelled, or the lease is no longer ours.
 
-    Liveness, not a state change: no version bump and no audit event.
+    Liveness, not a state change: no version bump and no audit event. `announce`:
+    the progress moved, so tell the watchers (CHANGES_CHANNEL) as a transition does.
     """
     changes: dict[str, Any] = {"lease_expires_at": leases.expiry(lease_seconds())}
     if progress is not None:
         done, total, message = progress
         changes.update(progress_done=done, progress_total=total, progress_message=(message or "")[:300])
-    return bool(Task.objects.filter(pk=task_id, status=TaskStatus.RUNNING, lease_owner=owner).update(**changes))
+    renewed = bool(Task.objects.filter(pk=task_id, status=TaskStatus.RUNNING, lease_owner=owner).update(**changes))
+    if renewed and announce:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [CHANGES_CHANNEL, str(task_id)])
+    return renewed
 
 
 @transaction.atomic
@@ -174,13 +192,15 @@ def finish_step_run(run: StepRun, outcome: StepOutcome, error: str = "") -> None
     StepRun.objects.filter(pk=run.pk).update(outcome=outcome, error=error[:2000], finished_at=timezone.now())
 
 
+@transaction.atomic
 def succeed(task: Task, owner: str, result: dict[str, Any]) -> bool:
     """running -> succeeded, storing the tool's result."""
     return transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
         "status": TaskStatus.SUCCEEDED, "result": result, "current_step": "", "finished_at": timezone.now(),
         "lease_owner": "", "lease_expires_at": None, "failure_class": "", "failure_reason": "",
         "progress_done": task.steps_total, "progress_total": task.steps_total, "progress_message": "done",
-    }, action="task.succeeded", actor=owner)
+        "pause_requested": "",
+    }, action="task.succeeded", actor=owner) and finished(task)
 
 
 @transaction.atomic
@@ -188,9 +208,10 @@ def fail(task: Task, owner: str, failure: ToolFailure, run: StepRun | None = Non
     """running -> failed: a final error, or a transient one with no attempts left."""
     if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
         "status": TaskStatus.FAILED, "failure_class": str(failure.error_class), "failure_reason": failure.message,
-        "finished_at": timezone.now(), "lease_owner": "", "lease_expires_at": None,
+        "finished_at": timezone.now(), "lease_owner": "", "lease_expires_at": None, "pause_requested": "",
     }, action="task.failed", actor=owner, failure_class=str(failure.error_class)):
         return False
+    finished(task)
     if run is not None:
         finish_step_run(run, StepOutcome.FAILED, failure.message)
     return True
@@ -231,6 +252,21 @@ def pause_for_input(task: Task, owner: str, reason: str, input_request: dict[str
     return True
 
 
+def pause_request(task_id) -> str:
+    """The reason a running task was asked to pause with, or "" (read at each step boundary)."""
+    return Task.objects.filter(pk=task_id).values_list("pause_requested", flat=True).first() or ""
+
+
+def pause_at_boundary(task: Task, owner: str, reason: str, next_step: Step) -> bool:
+    """running -> paused between two steps, as someone asked (control.pause): nothing runs until
+    resumed, and the next run starts at `next_step` (its checkpoints are all there)."""
+    return transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
+        "status": TaskStatus.PAUSED, "pause_reason": reason, "pause_requested": "", "input_request": None,
+        "resume_input": None, "current_step": next_step.name, "progress_done": None, "progress_total": None,
+        "progress_message": "", "lease_owner": "", "lease_expires_at": None,
+    }, action="task.paused", actor=owner, reason=reason, step=next_step.name, at_boundary=True)
+
+
 @transaction.atomic
 def hand_on(task: Task, owner: str) -> bool:
     """running -> created, queued again: this job ran long enough; a fresh one continues
@@ -261,7 +297,8 @@ def expire_lease(task: Task, actor: str = SWEEPER) -> bool:
         return transition(task, expected, {
             "status": TaskStatus.FAILED, "lease_expiries": deaths, "failure_class": ErrorClass.TRANSIENT,
             "failure_reason": reason, "finished_at": now, "lease_owner": "", "lease_expires_at": None,
-        }, action="task.failed", actor=actor, reason=reason, failure_class=ErrorClass.TRANSIENT)
+            "pause_requested": "",
+        }, action="task.failed", actor=actor, reason=reason, failure_class=ErrorClass.TRANSIENT) and finished(task)
     if not transition(task, expected, {
         "status": TaskStatus.CREATED, "lease_expiries": deaths, "lease_owner": "", "lease_expires_at": None,
         "enqueued_at": now,
@@ -289,6 +326,24 @@ def requeue(task: Task, actor: str = SWEEPER) -> bool:
         return False
     enqueue_run(task)
     return True
+
+
+def finished(task: Task) -> bool:
+    """What follows a transition to succeeded, failed or cancelled, in its transaction: the
+    webhook the caller asked for (`notify_url`), through the outbox, which delivers it at
+    least once with the event id (X-Event-Id) for the receiver to deduplicate by."""
+    if task.notify_url:
+        hooks.enqueue_event(tenant_id=task.tenant_id, kind=WEBHOOK_KIND, record=task.record,
+                            payload={"recipient": task.notify_url, "json": webhook_body(task)})
+    return True
+
+
+def webhook_body(task: Task) -> dict[str, Any]:
+    return {"type": "task.finished", "task_id": str(task.pk), "tool": task.tool, "status": task.status,
+            "failure_class": task.failure_class or None, "failure_reason": task.failure_reason or None,
+            "result": task.result if task.status == TaskStatus.SUCCEEDED else None,
+            "forked_from": str(task.forked_from_id) if task.forked_from_id else None,
+            "finished_at": task.finished_at.isoformat() if task.finished_at else None}
 
 
 def resumable(task: Task, now: datetime | None = None) -> bool:

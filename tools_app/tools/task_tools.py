@@ -1,4 +1,5 @@
-"""Task tools: start_task, get_task_status, get_task_result, resume_task, cancel_task.
+"""Task tools: start_task, get_task_status, get_task_result, resume_task, cancel_task, pause_task,
+fork_task.
 
 Thin declarations over tools_app.tasks.calls (what an agent sees) and
 tools_app.tasks (the state machine). Task ids are bound to the tenant: another
@@ -15,7 +16,9 @@ from idemops.conf import conf
 from tools_app import tasks
 from tools_app.access import Agent
 from tools_app.tasks import calls as task_calls
+from tools_app.tasks import forks as task_forks
 from tools_app.tasks.calls import TaskHandle, TaskStatusView
+from tools_app.tasks.forks import ForkHandle
 from tools_app.tasks.models import TaskStatus
 from tools_app.toolkit.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
 
@@ -31,6 +34,11 @@ class StartTaskInput(WriteInput):
     tool: str = Field(min_length=1, max_length=100, description="The long tool to run, e.g. ingest_document.")
     arguments: dict[str, Any] = Field(
         default_factory=dict, description="That tool's arguments (without idempotency_key and trace_id).")
+    notify_url: str | None = Field(
+        None, min_length=8, max_length=500,
+        description="A webhook URL (on the server's webhook allow-list) that receives a POST when the task "
+                    "finishes (succeeded, failed or cancelled), with headers X-Event-Id and Idempotency-Key "
+                    "(the same on every redelivery) and the task's final status as JSON.")
 
 
 class TaskIdInput(ToolInput):
@@ -52,6 +60,19 @@ class CancelTaskInput(WriteInput):
     reason: str = Field("", max_length=500)
 
 
+class PauseTaskInput(WriteInput):
+    task_id: str = Field(min_length=1, max_length=64)
+    reason: str = Field(min_length=1, max_length=500, description="Why it must wait; kept as its pause_reason.")
+
+
+class ForkTaskInput(WriteInput):
+    task_id: str = Field(min_length=1, max_length=64, description="The task to re-run from a step.")
+    from_step: str = Field(min_length=1, max_length=100,
+                           description="The first step to run again (a name from get_task_status' "
+                                       "completed_steps, or the step after the last of them).")
+    reason: str = Field("", max_length=500)
+
+
 class TaskResult(BaseModel):
     task_id: str
     tool: str
@@ -65,8 +86,8 @@ def start_task(ctx: ToolContext, args: StartTaskInput) -> TaskHandle:
     """Start a long tool (ingest_document) as a durable task and return its task_id at once. The task survives
     disconnects and worker restarts and resumes from its last checkpoint. Requires idempotency_key: a retry with
     the same key returns the same task_id (never a second task); the same key with other arguments is a
-    conflict."""
-    return task_calls.start(ctx, args.tool, args.arguments, args.idempotency_key)
+    conflict. notify_url: a webhook told when the task finishes."""
+    return task_calls.start(ctx, args.tool, args.arguments, args.idempotency_key, args.notify_url)
 
 
 @read_tool(name="get_task_status", title="Get a task's status", input_model=WaitingInput,
@@ -105,3 +126,22 @@ def cancel_task(ctx: ToolContext, args: CancelTaskInput) -> TaskStatusView:
     its next check). Cancelling a cancelled task is a no-op; a finished task cannot be cancelled."""
     task = tasks.get_for_tenant(ctx.tenant_id, args.task_id)
     return task_calls.describe(tasks.cancel(task, Agent(ctx.tenant_id, ctx.actor), reason=args.reason))
+
+
+@write_tool(name="pause_task", title="Pause a task", input_model=PauseTaskInput, output_model=TaskStatusView)
+def pause_task(ctx: ToolContext, args: PauseTaskInput) -> TaskStatusView:
+    """Pause a task: a queued or backing-off task at once; a running one at its next step boundary (the step in
+    progress finishes and is checkpointed, the next one does not start). resume_task continues it from there."""
+    task = tasks.get_for_tenant(ctx.tenant_id, args.task_id)
+    return task_calls.describe(tasks.pause(task, Agent(ctx.tenant_id, ctx.actor), reason=args.reason))
+
+
+@write_tool(name=tasks.FORK_OPERATION, title="Re-run a task from a step", input_model=ForkTaskInput,
+            output_model=ForkHandle)
+def fork_task(ctx: ToolContext, args: ForkTaskInput) -> ForkHandle:
+    """Re-run a task from one of its steps, in a new task: the steps before it are reused from the original's
+    verified checkpoints, from_step and the steps after it run again (with their effects). The original is left
+    as it is. Requires idempotency_key: a retry with the same key returns the same new task."""
+    task = tasks.get_for_tenant(ctx.tenant_id, args.task_id)
+    return task_forks.handle(tasks.fork(task, Agent(ctx.tenant_id, ctx.actor), from_step=args.from_step,
+                                         reason=args.reason, record=ctx.record))
