@@ -226,3 +226,13 @@ def test_no_module_but_the_settings_object_reads_the_environment():
                     readers.append(f"{relative}:{node.lineno}")
 
     assert readers == []
+
+
+def test_local_state_defaults_to_var_at_the_repository_root(monkeypatch):
+    monkeypatch.delenv("IDEMOPS_VAR_DIR", raising=False)
+    assert IdemopsSettings().var_dir == ROOT / "var"
+
+
+def test_the_models_and_the_migrations_agree():
+    process = start(["manage.py", "makemigrations", "--check", "--dry-run"])
+    assert process.returncode == 0, process.stdout + process.stderr

@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError, PydanticUndefined
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PREFIX = "IDEMOPS_"
-BASE_DIR = Path(__file__).resolve().parent.parent
+BASE_DIR = Path(__file__).resolve().parents[2]  # the repository: idemops/conf/fields.py
 
 # Old environment variables and the ones that replaced them. Setting an old one stops
 # start-up: a renamed variable silently ignored would run production on a default.
