@@ -2,7 +2,8 @@
 
 Both kinds of delivery land in one table keyed by the event id (the email's
 Message-ID, or the webhook's X-Event-Id header): a redelivered event is
-counted, not stored again, so "the effect happens once" is checkable.
+counted, not stored again, so "the effect happens once" is checkable. The first delivery's
+W3C `traceparent` (an email header, an HTTP header) is kept with the message.
 
     SMTP on --smtp-port                      (Message-ID: <event-id@...>)
     POST /webhooks/<name>                    X-Event-Id: <event-id>   any JSON body
@@ -47,6 +48,7 @@ CREATE TABLE IF NOT EXISTS faults (
     fail_times integer NOT NULL DEFAULT 0
 );
 INSERT INTO faults (id) VALUES (1) ON CONFLICT DO NOTHING;
+ALTER TABLE messages ADD COLUMN IF NOT EXISTS traceparent text NOT NULL DEFAULT '';
 CREATE TABLE IF NOT EXISTS stray_requests (
     id serial PRIMARY KEY,
     method text NOT NULL,
@@ -55,7 +57,7 @@ CREATE TABLE IF NOT EXISTS stray_requests (
 );
 """
 STORE = """
-INSERT INTO messages (event_id, channel, recipient, subject, body) VALUES (%s, %s, %s, %s, %s)
+INSERT INTO messages (event_id, channel, recipient, subject, body, traceparent) VALUES (%s, %s, %s, %s, %s, %s)
 ON CONFLICT (event_id) DO UPDATE SET deliveries = messages.deliveries + 1, last_received_at = now()
 """
 # Used up one delivery at a time, so a test can fail or slow exactly the next n.
@@ -83,7 +85,7 @@ class SmtpHandler:
                     return "451 temporary failure (injected)"
                 body = message.get_body(("plain",))
                 conn.execute(STORE, [event_id, "email", ", ".join(envelope.rcpt_tos), message.get("Subject", ""),
-                                     body.get_content() if body else ""])
+                                     body.get_content() if body else "", message.get("traceparent", "")])
         except psycopg.OperationalError:
             return "451 database unavailable, try again later"
         return "250 OK"
@@ -101,7 +103,8 @@ async def receive_webhook(request: Request) -> Response:
         if fail:
             return JSONResponse({"error": "temporary failure (injected)"}, 503)
         await conn.execute(STORE, [event_id, "webhook", request.path_params["name"],
-                                   str(payload.get("subject", "")), json.dumps(payload)])
+                                   str(payload.get("subject", "")), json.dumps(payload),
+                                   request.headers.get("traceparent", "")])
     return JSONResponse({"event_id": event_id}, 202)
 
 

@@ -14,6 +14,9 @@ The caller's operation id (X-Operation-Id), if sent, is recorded with the paymen
 it creates and shown as `operation_id`: the gateway's record names the operation as
 the caller does. It plays no part in deduplication (the Idempotency-Key does that).
 
+Every /payments request is noted in `requests_seen` with its W3C `traceparent` header, so a test
+can follow a trace from idemops into the gateway (a real gateway would continue the trace).
+
 While its database is unreachable every endpoint answers 503 with Retry-After;
 it reconnects by itself when the database is back.
 
@@ -61,6 +64,14 @@ CREATE TABLE IF NOT EXISTS faults (
     mode text NOT NULL,
     remaining integer          -- null: until deleted
 );
+CREATE TABLE IF NOT EXISTS requests_seen (
+    id serial PRIMARY KEY,
+    method text NOT NULL,
+    path text NOT NULL,
+    idempotency_key text NOT NULL,
+    traceparent text NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT now()
+);
 """
 FAULT_MODES = {"fail", "reject", "ratelimit", "unavailable", "unavailable-for-ages", "hang", "succeed-then-hang",
                "conflict"}
@@ -100,8 +111,16 @@ async def take_fault(conn, key: str) -> str | None:
     return row[0] if row else None
 
 
+async def note_request(request: Request, key: str) -> None:
+    async with request.app.state.db.connection() as conn:
+        await conn.execute("INSERT INTO requests_seen (method, path, idempotency_key, traceparent) "
+                           "VALUES (%s, %s, %s, %s)",
+                           [request.method, request.url.path, key, request.headers.get("traceparent", "")])
+
+
 async def create_payment(request: Request) -> Response:
     key = request.headers.get("idempotency-key", "")
+    await note_request(request, key)
     if not key or len(key) > 200:
         return JSONResponse({"error": "Idempotency-Key header is required (at most 200 characters)"}, 400)
     operation_id = request.headers.get("x-operation-id") or None
@@ -167,6 +186,7 @@ async def insert_once(conn, key: str, digest: str, payment: dict, operation_id: 
 
 async def find_payments(request: Request) -> Response:
     key = request.query_params.get("idempotency_key")
+    await note_request(request, key or "")
     operation_id = request.query_params.get("operation_id")
     if bool(key) == bool(operation_id):
         return JSONResponse({"error": "give idempotency_key or operation_id"}, 400)

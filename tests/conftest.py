@@ -1,11 +1,30 @@
 import pytest
 
 from idemops.conf import override_conf
+from tests.observability_support import observed  # noqa: F401  (web and cluster with their own logs)
 from tests.operators import make_operator
 from tests.task_stack import doc_dir, doc_server, settle_tasks, task_web, task_workers  # noqa: F401  (long tasks)
 from tools_app import access
 from tools_app.access.roles import APPROVER
 from tools_app.toolkit.calls import Caller
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _counts_flushed_by_hand():
+    """In this process, tests flush counts themselves (core.counters.flush): no background thread
+    holding a connection to the test database, which could then not be dropped."""
+    from tools_app.core import counters
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(counters, "_ensure_flusher", lambda: None)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _no_counts_left_from_another_test():
+    from tools_app.core import counters
+
+    counters._pending.clear()
 
 
 @pytest.fixture

@@ -148,8 +148,12 @@ class PaymentGateway(DownstreamService):
     def set_fault(self, key: str, mode: str, times: int | None = None) -> None:
         self.put(f"/faults/{key}", {"mode": mode, "times": times})
 
+    def traceparents(self) -> list[tuple[str, str, str]]:
+        """(method, path, traceparent header) of every /payments request, oldest first."""
+        return self.sql("SELECT method, path, traceparent FROM requests_seen ORDER BY id")
+
     def reset(self) -> None:
-        self.sql("TRUNCATE payments, faults")
+        self.sql("TRUNCATE payments, faults, requests_seen")
 
 
 class NotificationSink(DownstreamService):
@@ -167,6 +171,10 @@ class NotificationSink(DownstreamService):
 
     def set_faults(self, *, delay_seconds: float = 0, fail_times: int = 0) -> None:
         self.put("/faults", {"delay_seconds": delay_seconds, "fail_times": fail_times})
+
+    def traceparents(self) -> dict[str, str]:
+        """Event id → the traceparent its first delivery carried."""
+        return dict(self.sql("SELECT event_id, traceparent FROM messages"))
 
     def stray_requests(self) -> list[tuple[str, str]]:
         """(method, raw path) of every request that matched none of the sink's routes."""

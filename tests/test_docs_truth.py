@@ -24,7 +24,7 @@ from tools_app.core.errors import ErrorClass
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CODE_DIRS = ("idemops", "tools_app", "downstream", "bench")
-TOP_LEVEL = ("idemops", "tools_app", "downstream", "tests", "bench", "docs", "templates", ".ci")
+TOP_LEVEL = ("idemops", "tools_app", "downstream", "tests", "bench", "docs", "templates", ".ci", "deploy")
 
 
 def text_of(doc: Path) -> str:

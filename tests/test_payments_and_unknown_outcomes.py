@@ -12,6 +12,7 @@ from tests.issued_ids import call_labelled, call_labelled_sync
 from tests.mcp_client import error_of
 from tests.operators import make_operator
 from tests.processes import manage
+from tests.task_stack import wait_until
 from tools_app.access.roles import OPERATOR
 from tools_app.core import backoff
 from tools_app.core.errors import Transient
@@ -280,5 +281,9 @@ def test_a_retry_the_gateway_recognises_counts_as_a_downstream_duplicate(web_ser
     assert not retry.is_error and len(gateway.payments()) == 1
     record.refresh_from_db()
     assert record.evidence[-1]["answer"] == {"status": 200, "deduplicated": True}
-    stats = {s.tool: s for s in dashboard.snapshot(User.objects.create_superuser("root")).tools}
-    assert stats["request_payment"].downstream_duplicates == 1
+    # and the dashboard counts it once the web process has written its counts (about once a second)
+    root = User.objects.create_superuser("root")
+    counted = wait_until(lambda: [s for s in dashboard.snapshot(root).tools
+                                  if s.tool == "request_payment" and s.downstream_duplicates],
+                         timeout=30, what="the duplicate's count")
+    assert counted[0].downstream_duplicates == 1

@@ -191,8 +191,9 @@ def test_every_old_name_points_at_a_setting_that_exists_and_none_is_a_setting_it
     assert [old for old in RENAMED if old in names] == []
 
 
-def test_every_setting_is_prefixed_but_the_database_url():
-    assert [name for name in environment_names() if not name.startswith("IDEMOPS_")] == ["DATABASE_URL"]
+def test_every_setting_is_prefixed_but_the_database_url_and_opentelemetrys_own():
+    assert [name for name in environment_names()
+            if not name.startswith(("IDEMOPS_", "OTEL_"))] == ["DATABASE_URL"]
 
 
 def test_the_settings_reference_is_generated_from_the_object_and_up_to_date():

@@ -22,6 +22,7 @@ from tools_app.core.jobs import JOBS
 from tools_app.models import AuditEvent, Checkpoint, StepOutcome, StepRun, Task, TaskArtifact, TaskStatus
 from tools_app.tasks import checkpoints
 from tools_app.tasks import jobs as task_jobs
+from tools_app.tasks.calls import overall_progress
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.pipelines import Pipeline, RetryPolicy, Step
 from tools_app.toolkit.registry import get_tool
@@ -133,6 +134,22 @@ def test_of_two_workers_racing_for_a_task_exactly_one_takes_it(transactional_db,
     assert len(winners) == 1
     task.refresh_from_db()
     assert task.status == TaskStatus.RUNNING and task.lease_owner == winners[0].lease_owner
+
+
+def test_a_finished_steps_own_progress_is_not_counted_again_once_it_is_completed(caller, fast):
+    # given a worker half-way through the first step, by its own report
+    task = start(caller, {"text": TEXT})
+    mine = tasks.take(str(task.pk), "worker-a")
+    run = tasks.begin_step(mine, "worker-a", INGEST.steps[0], 0, completed=[])
+    assert tasks.renew_lease(task.pk, "worker-a", progress=(5, 10, "half"))
+
+    # when the step completes and the job's slice ends there (no next step started in this job)
+    prepared = checkpoints.prepare(mine, INGEST.steps[0], 0, {"data_base64": ""}, [])
+    assert tasks.complete_step(mine, "worker-a", prepared, run) is True
+
+    # then a caller waiting for it sees one step done, not one and a half
+    task.refresh_from_db()
+    assert overall_progress(task) == 1.0
 
 
 def test_a_cancel_takes_the_lease_away_so_the_running_worker_writes_nothing_more(transactional_db, caller, fast):

@@ -8,8 +8,9 @@ from tests.issued_ids import call_labelled
 from tests.operators import make_operator
 from tools_app import access, reconciliation
 from tools_app.access.roles import OPERATOR
+from tools_app.core import counters
 from tools_app.core.errors import PermissionDenied
-from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus, Tenant, TenantAccess
+from tools_app.models import AuditEvent, IdempotencyRecord, MetricTotal, RecordStatus, Tenant, TenantAccess
 from tools_app.toolkit.calls import Caller
 
 pytestmark = pytest.mark.live
@@ -142,3 +143,25 @@ def test_a_reconciler_that_lost_the_race_reports_the_records_real_state_not_its_
     unknown_payment.refresh_from_db()
     assert unknown_payment.status == RecordStatus.SUCCEEDED
     assert AuditEvent.objects.filter(action="record.reconciled", object_id=str(unknown_payment.pk)).count() == 1
+
+
+def reconciliations_counted(record) -> int:
+    counters.flush()
+    return sum(MetricTotal.objects.filter(metric=counters.RECONCILIATION.name, tool=record.tool)
+               .values_list("count", flat=True))
+
+
+def test_a_reconciler_that_lost_the_race_counts_no_second_reconciliation(
+        unknown_payment, gateway, django_capture_on_commit_callbacks):
+    stale = IdempotencyRecord.objects.get(pk=unknown_payment.pk)
+    before = reconciliations_counted(unknown_payment)
+    # given another reconciler settled the record first
+    with django_capture_on_commit_callbacks(execute=True):
+        reconciliation.reconcile_record(unknown_payment)
+
+    # when the late one finds it settled
+    with django_capture_on_commit_callbacks(execute=True):
+        reconciliation.reconcile_record(stale)
+
+    # then idemops_reconciliations_total went up once, not twice
+    assert reconciliations_counted(unknown_payment) - before == 1

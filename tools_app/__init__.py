@@ -1,10 +1,10 @@
 """idemops' Django app: one package per concept. docs/architecture.md shows the layers.
 
-    core                errors, keys and fingerprints, db helpers, audit, leases, jobs, hooks
+    core                errors, keys and fingerprints, db helpers, audit, leases, jobs, hooks, logs, tracing, counters
     access | engine     tenants, tokens, roles, authorize | claim, execute, follow, record transitions
     toolkit             what a tool author imports: registry, policies, pipelines, calls
     approvals | reconciliation | outbox | tasks | documents
-    metrics             per-call counters and the dashboard's figures
+    metrics             /metrics and the dashboard's figures, from the rows core.counters writes
     tools               the tools themselves (and their business models)
     mcp | api | admin | web | management      entry points
     apps, schedules, models                    wiring: hooks, periodic jobs, the models Django loads

@@ -17,7 +17,7 @@ class ToolsAppConfig(AppConfig):
 
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
-        from django_q.signals import post_spawn
+        from django_q.signals import post_execute_in_worker, post_spawn, pre_enqueue, pre_execute
 
         from tools_app import (
             approvals,
@@ -29,7 +29,11 @@ class ToolsAppConfig(AppConfig):
             tools,  # noqa: F401  (importing the tools registers them: one declaration each)
         )
         from tools_app.access.roles import ensure_roles
+        from tools_app.core import jobs, tracing
         from tools_app.schedules import ensure_schedules, start_loops
+
+        # Before Django builds its middleware chain (it instruments it) and before the first query.
+        tracing.configure()
 
         engine.hooks.register(follow_awaiting_approval=approvals.follow,
                               settle_expired=reconciliation.settle_expired)
@@ -40,3 +44,7 @@ class ToolsAppConfig(AppConfig):
         post_migrate.connect(ensure_roles, sender=self)
         # Every django-q2 worker process runs the few-second loops (tools_app.schedules).
         post_spawn.connect(start_loops, dispatch_uid="idemops-loops")
+        # A job runs in the trace it was queued in (core.jobs).
+        pre_enqueue.connect(jobs.carry_trace, dispatch_uid="idemops-trace-enqueue")
+        pre_execute.connect(jobs.open_job_span, dispatch_uid="idemops-trace-execute")
+        post_execute_in_worker.connect(jobs.close_job_span, dispatch_uid="idemops-trace-executed")

@@ -10,10 +10,10 @@ from tools_app.approvals.models import (
     PendingApproval,
 )
 from tools_app.core.errors import ErrorClass
-from tools_app.core.models import AuditEvent, AuditSeal
+from tools_app.core.models import AuditEvent, AuditSeal, MetricMinute, MetricTotal
 from tools_app.documents.models import Document, DocumentChunk
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
-from tools_app.metrics.models import CallEvent, Dashboard
+from tools_app.metrics.models import Dashboard
 from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 from tools_app.reconciliation.models import UnknownOutcome
 from tools_app.tasks.models import (
@@ -39,7 +39,6 @@ __all__ = [
     "AuditEvent",
     "AuditSeal",
     "AuditorKey",
-    "CallEvent",
     "CallOutcome",
     "Checkpoint",
     "Dashboard",
@@ -48,6 +47,8 @@ __all__ = [
     "DocumentChunk",
     "ErrorClass",
     "IdempotencyRecord",
+    "MetricMinute",
+    "MetricTotal",
     "Order",
     "OrderLine",
     "OutboxEvent",

@@ -47,6 +47,8 @@ PERIODIC_JOBS: list[PeriodicJob] = [
     PeriodicJob("approvals.sweep", "approvals.sweep"),
     # Link newly committed audit events into the hash chain.
     PeriodicJob("audit.seal", "audit.seal"),
+    # Per-minute metric rows past IDEMOPS_METRICS_RETENTION_DAYS (the running totals stay).
+    PeriodicJob("metrics.prune", "metrics.prune", minutes=60),
     # Revives long tasks whose worker died and queues due retries (tools_app.tasks.sweep).
     PeriodicJob("idemops: task sweep", "tasks.sweep", minutes=conf().task_sweep_minutes),
 ]

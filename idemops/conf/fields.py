@@ -7,6 +7,7 @@ from this, so it cannot use them).
 
 from __future__ import annotations
 
+import ipaddress
 import types
 import typing
 from pathlib import Path
@@ -75,6 +76,13 @@ def check_postgres_url(value: str) -> str:
     return value
 
 
+def check_network(value: str) -> str:
+    try:
+        return str(ipaddress.ip_network(value.strip(), strict=False))
+    except ValueError:
+        raise PydanticCustomError("network", "not an IP network such as 10.0.0.0/8 or ::1/128") from None
+
+
 HttpUrl = Annotated[str, AfterValidator(check_http_url)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Seconds = Annotated[float, Field(gt=0)]
@@ -89,8 +97,10 @@ def setting(default: Any = PydanticUndefined, doc: str = "", *, shown: str | Non
     return Field(default, description=doc, json_schema_extra={"section": section, "shown": shown}, **field)
 
 
-WEB, SECRETS, DATABASE, JOBS, MCP, WRITES, RECONCILE, DOWNSTREAM, EMAIL, OUTBOX, TASKS, DOCUMENTS, TESTING = (
-    "Web and processes", "Secrets", "Database", "Job cluster (django-q2)", "MCP endpoint",
+(WEB, OBSERVABILITY, TRACES, SECRETS, DATABASE, JOBS, MCP, WRITES, RECONCILE, DOWNSTREAM, EMAIL, OUTBOX, TASKS,
+ DOCUMENTS, TESTING) = (
+    "Web and processes", "Logs and metrics", "Traces (OpenTelemetry's own variables)", "Secrets", "Database",
+    "Job cluster (django-q2)", "MCP endpoint",
     "Writes, leases and outages", "Reconciliation of unknown outcomes", "Downstream systems",
     "Email", "Outbox relay", "Long tasks", "Documents", "Testing")
 
@@ -107,7 +117,7 @@ class IdemopsSettings(BaseSettings):
         "resource URL.", section=WEB)
     host: str = setting("127.0.0.1", "Interface `manage.py serve` binds the web server to.", section=WEB)
     port: Port = setting(8000, "Port `manage.py serve` binds the web server to.", section=WEB)
-    web_workers: int = setting(1, "uvicorn worker processes `manage.py serve` starts.", ge=1, section=WEB)
+    web_workers: int = setting(1, "Web worker processes (granian) `manage.py serve` starts.", ge=1, section=WEB)
     allowed_hosts: TextList = setting(
         ["localhost", "127.0.0.1", "[::1]"], "Host names Django serves (its ALLOWED_HOSTS).", section=WEB)
     csrf_trusted_origins: TextList = setting(
@@ -122,6 +132,46 @@ class IdemopsSettings(BaseSettings):
     var_dir: Path = setting(
         BASE_DIR / "var", "Where local state lives: the generated secret key, the embedded database, the demo "
         "credentials.", shown="`var/` next to manage.py", section=WEB)
+
+    # --- logs and metrics ---
+    log_format: Literal["auto", "json", "console"] = setting(
+        "auto", "Log lines as JSON (one object a line) or as text for a person; `auto` writes text to a "
+        "terminal and JSON anywhere else.", section=OBSERVABILITY)
+    access_log: bool = setting(
+        True, "`manage.py serve` logs one line per HTTP request (method, path without its query, status).",
+        section=OBSERVABILITY)
+    metrics_token: SecretStr | None = setting(
+        None, "Bearer token a scraper of `/metrics` may present (`Authorization: Bearer ...`); unset, only the "
+        "allowed networks may scrape.", section=OBSERVABILITY)
+    metrics_allowed_networks: Annotated[list[Annotated[str, AfterValidator(check_network)]], NoDecode] = setting(
+        ["127.0.0.1/32", "::1/128"], "Client addresses (CIDR networks) that may scrape `/metrics` without the "
+        "token; empty: only the token.", section=OBSERVABILITY)
+    metrics_retention_days: int = setting(
+        35, "How long the per-minute call figures are kept (the dashboard's and `/metrics`' totals are kept "
+        "for ever).", ge=8, section=OBSERVABILITY)
+
+    # --- traces: OpenTelemetry's standard variables, the ones idemops itself acts on (the SDK reads
+    # the others, e.g. OTEL_EXPORTER_OTLP_HEADERS, OTEL_TRACES_SAMPLER, itself) ---
+    otel_sdk_disabled: bool = setting(
+        False, "No tracing at all: no spans, and no trace ids on records, tasks or log lines.",
+        validation_alias="OTEL_SDK_DISABLED", section=TRACES)
+    otel_service_name: str = setting(
+        "idemops", "`service.name` of the spans.", validation_alias="OTEL_SERVICE_NAME", section=TRACES)
+    otel_traces_exporter: Annotated[list[Literal["otlp", "console", "none"]], NoDecode] | None = setting(
+        None, "Where spans go: `otlp`, `console` (standard output), `none`; comma-separated.",
+        shown="`otlp` if an OTLP endpoint is set, else `none`", validation_alias="OTEL_TRACES_EXPORTER",
+        section=TRACES)
+    otel_exporter_otlp_endpoint: HttpUrl | None = setting(
+        None, "The OpenTelemetry collector's OTLP/HTTP base URL, e.g. `http://collector:4318` (spans go to "
+        "`/v1/traces` under it).", validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT", section=TRACES)
+    otel_exporter_otlp_traces_endpoint: HttpUrl | None = setting(
+        None, "The full URL spans are posted to, instead of the above.",
+        validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", section=TRACES)
+    otel_exporter_otlp_protocol: Literal["http/protobuf"] = setting(
+        "http/protobuf", "OTLP's transport: idemops exports over HTTP (protobuf) only.",
+        validation_alias="OTEL_EXPORTER_OTLP_PROTOCOL", section=TRACES)
+    otel_exporter_otlp_traces_protocol: Literal["http/protobuf"] | None = setting(
+        None, "The same, for traces only.", validation_alias="OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", section=TRACES)
 
     # --- secrets ---
     secret_key: SecretStr | None = setting(

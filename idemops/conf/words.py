@@ -12,10 +12,18 @@ from typing import Annotated, Any, Literal
 import annotated_types
 from pydantic import AfterValidator, SecretStr
 
-from idemops.conf.fields import PREFIX, RENAMED, IdemopsSettings, check_http_url, check_postgres_url, env_name
+from idemops.conf.fields import (
+    PREFIX,
+    RENAMED,
+    IdemopsSettings,
+    check_http_url,
+    check_network,
+    check_postgres_url,
+    env_name,
+)
 
 UNITS = {"_seconds": "seconds", "_minutes": "minutes", "_bytes": "bytes", "_ms": "milliseconds",
-         "_chars": "characters"}
+         "_chars": "characters", "_days": "days"}
 
 
 def _unit(name: str) -> str:
@@ -41,6 +49,8 @@ def _kind(annotation: Any, metadata: list = ()) -> str:
         return "an http(s) URL"
     if any(isinstance(item, AfterValidator) and item.func is check_postgres_url for item in metadata):
         return "a PostgreSQL URL"
+    if any(isinstance(item, AfterValidator) and item.func is check_network for item in metadata):
+        return "an IP network"
     if origin is Annotated:
         return _kind(args[0], list(args[1:]))
     if origin in (typing.Union, types.UnionType):
@@ -49,7 +59,8 @@ def _kind(annotation: Any, metadata: list = ()) -> str:
         return "one of " + ", ".join(args)
     if origin is list:
         inner = _kind(args[0])
-        plural = {"text": "", "text (secret)": " of secrets", "an http(s) URL": " of http(s) URLs"}
+        plural = {"text": "", "text (secret)": " of secrets", "an http(s) URL": " of http(s) URLs",
+                  "an IP network": " of IP networks (CIDR)"}
         return "a comma-separated list" + plural.get(inner, f" (each {inner})")
     return {bool: "true or false", int: "an integer", float: "a number", Path: "a path",
             SecretStr: "text (secret)"}.get(annotation, "text")
@@ -97,7 +108,8 @@ def markdown() -> str:
         "Every setting is an environment variable, read once at start-up into one typed, frozen object",
         "(`idemops/conf/fields.py`); the code reads `conf().<name>`. Every idemops variable starts with",
         f"`{PREFIX}`; the one exception is `DATABASE_URL`, the universal convention (the standard",
-        "`OTEL_*` variables of OpenTelemetry would be the other, unprefixed too; idemops reads none yet).",
+        "`OTEL_*` variables of OpenTelemetry are the others: they choose where traces go, see",
+        "docs/observability.md).",
         "",
         "A bad value stops `manage.py`, uvicorn and the job cluster at start-up with one line per",
         "problem, naming the variable, what is wrong and what it expects. So does an unknown",

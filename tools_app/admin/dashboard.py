@@ -28,6 +28,8 @@ SERIES = [
     (CallOutcome.UNKNOWN, "#6f42c1"),
     (CallOutcome.FAILED, "#999999"),
     (CallOutcome.REJECTED, "#cccccc"),
+    (CallOutcome.EXPIRED, "#8a6d3b"),
+    (CallOutcome.RATE_LIMITED, "#d9534f"),
 ]
 CHART_WIDTH, CHART_HEIGHT, AXIS = 720, 180, 28
 

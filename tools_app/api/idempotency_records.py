@@ -98,7 +98,7 @@ class IdempotencyRecordFilter(django_filters.FilterSet):
         choices=ErrorClass.choices, help_text="Error class of a failed record; repeat the parameter for several.")
     actor = django_filters.CharFilter(help_text="Who called, exactly (e.g. `agent:acme/billing-bot`).")
     operation_id = django_filters.UUIDFilter(help_text="The operation id sent downstream.")
-    trace_id = django_filters.CharFilter(help_text="The caller's trace id, exactly.")
+    trace_id = django_filters.CharFilter(help_text="The call's W3C trace id (32 hex digits), exactly.")
     key_digest = django_filters.CharFilter(
         method="filter_key_digest",
         validators=[RegexValidator(f"^[0-9a-f]{{{KEY_DIGEST_LENGTH}}}$", "16 lowercase hex digits")],

@@ -22,27 +22,36 @@ from tools_app.approvals.models import (
     ApprovalRequest,
     ApprovalStatus,
 )
+from tools_app.core import tracing
 from tools_app.core.errors import ErrorClass, ToolFailure
 from tools_app.engine.models import RecordStatus
+from tools_app.toolkit import registry
+from tools_app.toolkit.calls import observed
 
 
 def run_approved(request_id: int) -> str:
-    """django-q2 job: execute an approved request once, through its idempotency record."""
+    """django-q2 job: execute an approved request once, through its idempotency record, in the trace
+    of the call that asked for it."""
     request = ApprovalRequest.objects.select_related("record").get(pk=request_id)
     if request.status != ApprovalStatus.APPROVED:
         return request.status  # a redelivered or repeated job: already settled
-    try:
-        operation, execute = approved_operation(request)
-    except ToolFailure as failure:  # the tool or its arguments changed since the request
-        abandon(request, failure)
-        return ApprovalStatus.FAILED
-    if engine.execute_approved(request.record, operation, execute) is None:
-        # Not AWAITING_APPROVAL any more: another job ran it, or its run failed
-        # transiently; `run` replays, waits, or re-runs a transient failure.
-        engine.run(operation, execute)
-    settle(request)
-    request.refresh_from_db()
-    return request.status
+    record = request.record
+    with tracing.continued(record.trace_id, record.span_id, f"approved {request.tool}",
+                           **{"idemops.tool": request.tool, "idemops.approval_request": request.pk}):
+        try:
+            operation, execute = approved_operation(request)
+        except ToolFailure as failure:  # the tool or its arguments changed since the request
+            abandon(request, failure)
+            return ApprovalStatus.FAILED
+        with observed(registry.get_tool(request.tool), request.tenant_id, request.arguments, key=record.key,
+                      approval_request=request.pk):
+            if engine.execute_approved(record, operation, execute) is None:
+                # Not AWAITING_APPROVAL any more: another job ran it, or its run failed
+                # transiently; `run` replays, waits, or re-runs a transient failure.
+                engine.run(operation, execute)
+        settle(request)
+        request.refresh_from_db()
+        return request.status
 
 
 def sweep(now: datetime | None = None) -> dict[str, int]:

@@ -14,6 +14,10 @@
 - `redaction.py`: what may be shown, stored or exported of callers' data.
 - `url_allowlist.py`: outbound URLs that cannot escape their allow-list.
 - `crashpoints.py`: crash points that tests arm to kill a process at a chosen line.
+- `logs.py`: structured log lines (context, trace ids, redaction, JSON or text) from every process.
+- `tracing.py`: OpenTelemetry: spans, the trace ids rows keep, traced outbound HTTP requests.
+- `counters.py`: what the platform counts, written about once a second to the per-minute rows
+  and the running totals (`models.py`: MetricMinute, MetricTotal) that tools_app.metrics reads.
 
 May import: Django, libraries and the settings object (`idemops.conf.conf()`) only.
 """

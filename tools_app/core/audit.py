@@ -30,7 +30,9 @@ from typing import Any
 from django.db import connection, models, transaction
 from django.utils import timezone
 
+from tools_app.core import logs
 from tools_app.core.models import AuditEvent, AuditSeal
+from tools_app.core.redaction import PERSON_PREFIX
 
 SYSTEM = "system"
 GENESIS_HASH = "0" * 64
@@ -48,7 +50,19 @@ def record_event(**fields: Any) -> AuditEvent:
     """Write an event now (call inside the transaction of the change)."""
     event = new_event(**fields)
     event.save()
+    announce(event)
     return event
+
+
+def announce(event: AuditEvent) -> None:
+    """A person's action (a decision, an operator's action, a refusal) is also one log line, once it
+    commits. The reason is not logged: it is free text a person wrote (the audit log keeps it)."""
+    if not event.actor.startswith(PERSON_PREFIX):
+        return
+    fields = {"action": event.action, "actor": event.actor, "tenant_id": event.tenant_id,
+              "object_type": event.object_type, "object_id": event.object_id,
+              "object_trace_id": event.trace_id or None}
+    transaction.on_commit(lambda: logs.get("tools_app.operators").info("operator.action", **fields))
 
 
 def new_event(

@@ -140,6 +140,7 @@ def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, A
                             before=before, after=after)
     if not _conditional_update(obj, expected, changes, event, append or {}, notify):
         return False
+    audit.announce(event)
     for name, value in changes.items():
         setattr(obj, name, value)
     for name, items in (append or {}).items():

@@ -9,6 +9,12 @@ hold older paths: `tools_app/__init__.py` keeps those resolving.
 
 With the ORM broker, `enqueue` writes the job in the caller's transaction: if
 the change that queued it rolls back, so does the job.
+
+A job carries the trace context of whoever queued it in its (signed) payload, and runs in a
+span of that trace: `carry_trace`, `open_job_span` and `close_job_span` are django-q2's
+pre_enqueue, pre_execute and post_execute_in_worker signals (connected in tools_app/apps.py).
+Work on a stored row goes further back: a task's steps, an outbox delivery or a reconciliation
+join the trace of the call that wrote the row (core.tracing.continued).
 """
 
 from __future__ import annotations
@@ -16,13 +22,15 @@ from __future__ import annotations
 from typing import Any
 
 from django_q.tasks import async_task
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from tools_app.core import audit
+from tools_app.core import audit, tracing
 
 JOBS: dict[str, str] = {
     "approvals.run_approved": "tools_app.approvals.jobs.run_approved",
     "approvals.sweep": "tools_app.approvals.jobs.sweep",
     "audit.seal": "tools_app.core.jobs.seal_audit_chain",
+    "metrics.prune": "tools_app.metrics.jobs.prune_minutes",
     "outbox.relay": "tools_app.outbox.jobs.relay_pending",
     "reconciliation.reconcile_due": "tools_app.reconciliation.jobs.reconcile_due",
     "reconciliation.run_periodic": "tools_app.reconciliation.jobs.run_periodic",
@@ -34,6 +42,39 @@ JOBS: dict[str, str] = {
 def enqueue(name: str, *args: Any, **options: Any) -> str:
     """Queue the job `name` (a key of JOBS) with `args`; `options` are django-q2's (task_name, group, save)."""
     return async_task(JOBS[name], *args, **options)
+
+
+TRACE_KEY = "trace"  # where a job's payload holds its W3C trace context
+_NAMES = {path: name for name, path in JOBS.items()}
+_open_spans: dict[str, tuple[Any, object]] = {}  # job id -> (span, context token), in a worker process
+
+
+def carry_trace(sender: Any = None, task: dict | None = None, **kwargs: Any) -> None:
+    """pre_enqueue: the current trace context goes into the job's payload."""
+    if task is not None and (context := tracing.carrier()):
+        task[TRACE_KEY] = context
+
+
+def open_job_span(sender: Any = None, func: Any = None, task: dict | None = None, **kwargs: Any) -> None:
+    """pre_execute (in the worker): the job runs in a span of the trace it was queued in (a new one if none)."""
+    if task is None:
+        return
+    path = task.get("func") if isinstance(task.get("func"), str) else getattr(func, "__qualname__", "job")
+    span = tracing.tracer.start_span(f"job {_NAMES.get(path, path)}", context=tracing.context_from(
+        task.get(TRACE_KEY)), kind=SpanKind.CONSUMER, attributes={"idemops.job": _NAMES.get(path, path)})
+    _open_spans[task["id"]] = (span, tracing.attach(tracing.set_span(span)))
+
+
+def close_job_span(sender: Any = None, func: Any = None, task: dict | None = None, **kwargs: Any) -> None:
+    """post_execute_in_worker: end the job's span (an error if the job raised)."""
+    opened = _open_spans.pop(task["id"], None) if task is not None else None
+    if opened is None:
+        return
+    span, token = opened
+    if task.get("success") is False:
+        span.set_status(Status(StatusCode.ERROR))
+    span.end()
+    tracing.detach(token)
 
 
 def seal_audit_chain() -> int:

@@ -1,3 +1,4 @@
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 
@@ -61,3 +62,48 @@ class AuditSeal(models.Model):
 
     def __str__(self) -> str:
         return f"seal {self.first_seq}..{self.last_seq}"
+
+
+class MetricMinute(models.Model):
+    """What the platform counted in one minute, per tenant, tool, metric and label (tools_app.core.counters).
+
+    The dashboard, its charts and any per-tenant question ("calls of tenant X to tool Y per
+    hour last week") read these rows: tools_app.metrics.rollup.series. Kept IDEMOPS_METRICS_RETENTION_DAYS.
+    """
+
+    minute = models.DateTimeField(help_text="Start of the minute (UTC).")
+    tenant_id = models.BigIntegerField(default=0, help_text="0: work of no tenant.")
+    tool = models.CharField(max_length=100, blank=True)
+    metric = models.CharField(max_length=32, help_text="A name of tools_app.core.counters.METRICS.")
+    label = models.CharField(max_length=100, blank=True, help_text="The outcome, result or step counted.")
+    count = models.BigIntegerField(default=0)
+    sum = models.FloatField(default=0, help_text="A histogram's total of seconds.")
+    buckets = ArrayField(models.BigIntegerField(), null=True, blank=True,
+                         help_text="A histogram's count per bucket (its bounds, then above the last).")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["minute", "tenant_id", "tool", "metric", "label"],
+                                               name="one_metric_row_a_minute")]
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.tool} {self.label} at {self.minute:%Y-%m-%d %H:%M}"
+
+
+class MetricTotal(models.Model):
+    """Everything counted since the database was created, per tenant, tool, metric and label:
+    what `/metrics` serves as Prometheus counters and histograms (never reset, never pruned)."""
+
+    tenant_id = models.BigIntegerField(default=0)
+    tool = models.CharField(max_length=100, blank=True)
+    metric = models.CharField(max_length=32)
+    label = models.CharField(max_length=100, blank=True)
+    count = models.BigIntegerField(default=0)
+    sum = models.FloatField(default=0)
+    buckets = ArrayField(models.BigIntegerField(), null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["metric", "tool", "label", "tenant_id"],
+                                               name="one_metric_total")]
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.tool} {self.label}: {self.count}"

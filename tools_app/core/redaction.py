@@ -15,6 +15,10 @@ One place decides, so every export and every stored copy agrees:
 - `seal` / `unseal`: the few argument values a worker needs in full later
   (a document URL with its token) travel to it encrypted (Fernet, keyed from
   IDEMOPS_SECRET_KEY), never in the clear; see docs/tasks.md.
+- `redact_log_line`: what every log line passes (core.logs) before it is written: bearer
+  tokens and auditor keys, passwords and other secret fields, raw idempotency keys (their
+  keyed digest instead), the arguments tools declare personal (`declare_personal`), the
+  values of the current call that must not leak (core.logs.scrubbing), and URLs' queries.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import base64
 import hashlib
 import hmac
 import json
+import re
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -30,6 +36,7 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 
 from tools_app.core.errors import InvalidInput
+from tools_app.core.keys import key_digest
 
 WITHHELD = "[withheld]"
 PERSON_PREFIX = "user:"  # tools_app.core.audit.user_actor
@@ -111,3 +118,113 @@ def unseal(token: str) -> dict[str, Any]:
         raise InvalidInput("the task's sealed arguments cannot be opened (IDEMOPS_SECRET_KEY changed and the old "
                            "key is not in IDEMOPS_SECRET_KEY_FALLBACKS); start a new task with a new idempotency_key"
                            ) from None
+
+
+# --- log lines ---------------------------------------------------------------------------------
+
+REDACTED = "[redacted]"
+PERSONAL = "[personal]"
+# Shorter values are not scrubbed from free text: they would mangle the line ("EUR", "yes")
+# and say little about a person on their own.
+MIN_SCRUBBED_LENGTH = 4
+
+# Field names whose value is a secret, whatever it looks like.
+_SECRET_FIELD = re.compile(r"pass(word|wd|phrase)?$|secret|token|authori[sz]ation|api_?key|cookie|session_?id|csrf"
+                           r"|credential|private_?key", re.IGNORECASE)
+_KEY_FIELDS = frozenset({"idempotency_key", "key", "downstream_key"})
+# Secrets in free text: idemops' own bearer secrets (tools_app.access.secrets: agents' `idm_`
+# tokens, auditors' `ida_` keys), any bearer credential, `password=...` pairs, and URLs (their
+# query and userinfo, where signed-URL tokens and passwords live).
+_ISSUED_SECRET = re.compile(r"\b(?:idm|ida)_[A-Za-z0-9_-]{8,}")
+_BEARER = re.compile(r"\b(Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]{6,}", re.IGNORECASE)
+_PASSWORD_PAIR = re.compile(r"\b(pass(?:word|wd)?|pwd|secret|token)(\s*[=:]\s*)(?!\[redacted\])[^\s&,;'\"]+",
+                            re.IGNORECASE)
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+", re.IGNORECASE)
+
+_personal_fields: set[str] = set()
+
+
+def declare_personal(names: Iterable[str]) -> None:
+    """Argument names a tool declares personal: such a field's value is never logged (toolkit.registry)."""
+    _personal_fields.update(names)
+
+
+def personal_fields() -> frozenset[str]:
+    return frozenset(_personal_fields)
+
+
+def _url_without_secrets(match: re.Match) -> str:
+    url = match.group(0)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return REDACTED
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.netloc.rpartition("@")[0].partition(":")[0]
+    netloc = f"{user}:{REDACTED}@{host}" if "@" in parts.netloc else host
+    query = "?" + REDACTED if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, "", "")) + query
+
+
+def redact_text(text: str, scrubbed: tuple[tuple[str, str], ...] = ()) -> str:
+    for value, stand_in in scrubbed:
+        if value in text:
+            text = text.replace(value, stand_in)
+    if "://" in text:
+        text = _URL.sub(_url_without_secrets, text)
+    text = _ISSUED_SECRET.sub(REDACTED, text)
+    text = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+    return _PASSWORD_PAIR.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+
+
+def _digest_of(value: Any) -> str:
+    try:
+        return f"[key {key_digest(str(value))}]"
+    except Exception:  # settings not loaded yet (a line logged during start-up): say nothing of it
+        return REDACTED
+
+
+def _redact(name: str, value: Any, scrubbed: tuple[tuple[str, str], ...]) -> Any:
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if name in _personal_fields:
+        return PERSONAL
+    if _SECRET_FIELD.search(name):
+        return REDACTED
+    if name in _KEY_FIELDS and isinstance(value, str):
+        return _digest_of(value)
+    if isinstance(value, dict):
+        return {key: _redact(str(key), item, scrubbed) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_redact(name, item, scrubbed) for item in value]
+    return redact_text(value if isinstance(value, str) else str(value), scrubbed)
+
+
+def redact_log_line(event: dict[str, Any], scrubbed: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+    """`event` (a log line's fields) as it may be written."""
+    return {key: _redact(key, value, scrubbed) for key, value in event.items()}
+
+
+def scrubbed_arguments(arguments: Any, personal: Iterable[str], key: str | None = None) -> list[tuple[str, str]]:
+    """The values of a call that no log line may show, with their stand-ins: its raw key and every
+    string inside its personal arguments (nested ones included)."""
+    values: list[tuple[str, str]] = []
+    if key:
+        values.append((key, _digest_of(key)))
+    personal = set(personal)
+
+    def strings(value: Any) -> Iterable[str]:
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            for item in value.values():
+                yield from strings(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                yield from strings(item)
+
+    for name, value in (arguments or {}).items():
+        if name in personal:
+            values += [(text, PERSONAL) for text in strings(value)]
+    # Longest first: a value that contains another is replaced whole.
+    return sorted(values, key=lambda pair: -len(pair[0]))

@@ -38,6 +38,7 @@ from urllib.parse import unquote
 import httpx2
 
 from idemops.conf import conf
+from tools_app.core import tracing
 from tools_app.core.errors import InvalidInput, Transient
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class Target:
         request = client.build_request(
             method, self.url.copy_with(host=str(self.address)),
             headers={**(headers or {}), "Host": self.url.netloc.decode("ascii")}, extensions=extensions, **kwargs)
-        return client.send(request, stream=stream, follow_redirects=False)
+        return tracing.send(client, request, shown_url=str(self.url), stream=stream, follow_redirects=False)
 
 
 def check(raw: str, prefixes: Iterable[str], *, field: str) -> Target:

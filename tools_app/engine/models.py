@@ -40,7 +40,10 @@ class IdempotencyRecord(models.Model):
     lease_owner = models.CharField(max_length=100, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     operation_id = models.UUIDField(unique=True, help_text="Stable id of this operation, sent downstream.")
-    trace_id = models.CharField(max_length=100, blank=True)
+    trace_id = models.CharField(max_length=100, blank=True, help_text="The call's trace (W3C trace id).")
+    span_id = models.CharField(max_length=16, blank=True, help_text="The call's span: what later work on the "
+                                                                    "record (reconciliation, approved execution) "
+                                                                    "is traced under.")
     actor = models.CharField(max_length=200, blank=True, help_text="Who called (agent identity).")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()

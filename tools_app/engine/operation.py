@@ -47,7 +47,8 @@ class Operation:
     key: str
     arguments: dict[str, Any]  # business arguments only: what the fingerprint covers
     actor: str = ""
-    trace_id: str = ""
+    trace_id: str = ""  # the call's W3C trace id and span (tools_app.core.tracing), kept on the record
+    span_id: str = ""
     retention: timedelta = DEFAULT_RETENTION
     on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE
     # True: the side effect is local and commits with the record (a crash

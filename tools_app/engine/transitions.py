@@ -23,7 +23,7 @@ from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from idemops.conf import conf
-from tools_app.core import audit, backoff, db, leases, redaction
+from tools_app.core import audit, backoff, counters, db, leases, logs, redaction, tracing
 from tools_app.core.errors import ToolFailure, UnknownOutcome
 from tools_app.core.keys import canonical_json
 from tools_app.core.models import AuditEvent
@@ -83,8 +83,16 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     claim commits with the side effect or not at all. A concurrent caller's
     INSERT then waits on the unique index for that transaction, at most
     IDEMOPS_FOLLOWER_WAIT_SECONDS (then `ClaimWaitExpired`), and reads the
-    committed record once it ends.
+    committed record once it ends. (A replay never gets here: engine.run reads first.)
     """
+    with tracing.span("idempotency.claim") as span:
+        record, claimed = _claim(op)
+        span.set_attribute("idemops.claimed", claimed)
+        span.set_attribute("idemops.record_status", record.status)
+        return record, claimed
+
+
+def _claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     record = new_record(op)
     # The record has no id yet: the statement fills object_id from the inserted row.
     claimed_event = audit.new_event(action="record.claimed", obj=record, actor=op.actor, trace_id=op.trace_id,
@@ -108,7 +116,7 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
         # Not a lost race: an issued id whose record was retired meanwhile (retention ended, or an
         # operator released it) conflicts with that record's operation_id and never inserts.
         raise operation_id_spent(op.operation_id)
-    return claim(op)  # and it is gone already (retired, or its transaction rolled back)
+    return _claim(op)  # and it is gone already (retired, or its transaction rolled back)
 
 
 def new_record(op: Operation) -> IdempotencyRecord:
@@ -121,7 +129,7 @@ def new_record(op: Operation) -> IdempotencyRecord:
         field_digests=op.field_digests, arguments=redaction.scrub_urls(json.loads(canonical_json(op.arguments))),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=leases.new_owner(),
         lease_expires_at=leases.expiry(lease_seconds(), now),
-        operation_id=operation_id, trace_id=op.trace_id, actor=op.actor,
+        operation_id=operation_id, trace_id=op.trace_id, span_id=op.span_id, actor=op.actor,
         downstream_key="" if op.transactional else downstream_key(operation_id),
         created_at=now, updated_at=now, expires_at=now + op.retention,
     )
@@ -289,6 +297,7 @@ def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | Non
         "status": RecordStatus.PROCESSING, "attempts": record.attempts + 1, "lease_owner": leases.new_owner(),
         "lease_expires_at": leases.expiry(lease_seconds()), "error_class": "", "error_message": "",
         "retry_not_before": None, "finished_at": None, "trace_id": op.trace_id or record.trace_id,
+        "span_id": op.span_id if op.trace_id else record.span_id,
     }, action="record.reclaimed", actor=op.actor):
         return None
     return record
@@ -311,13 +320,18 @@ def expire_lease(record: IdempotencyRecord, *, actor: str = SWEEPER, source: str
     sweep, and by a follower that finds the lease expired (`source` says which).
     """
     now = now or timezone.now()
-    return _transition(
+    expired = _transition(
         record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner, "lease_expires_at__lt": now},
         {"status": RecordStatus.UNKNOWN, "error_class": "unknown_outcome",
          "error_message": "the executor's lease expired before it recorded an outcome",
          "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": now},
         action="record.unknown", actor=actor, reason="lease expired",
         evidence=evidence_entry(source, note=f"lease of {record.lease_owner} expired"))
+    if expired:
+        counters.count(counters.PROCESSING_TIMEOUT, tool=record.tool, tenant_id=record.tenant_id)
+        logs.get(__name__).warning("record.lease_expired", tool=record.tool, tenant_id=record.tenant_id,
+                                   record_id=record.pk, operation_id=str(record.operation_id), taken_by=source)
+    return expired
 
 
 def expire_leases(now: datetime | None = None) -> list[IdempotencyRecord]:

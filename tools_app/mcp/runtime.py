@@ -1,5 +1,5 @@
 """What every MCP handler shares: ORM work in a database thread, the caller behind the bearer
-token, rendering a call's result or error, and counting the call.
+token, rendering a call's result or error, and counting and logging the call.
 
 A tool handler (server.py) and the tasks extension's methods (tasks_extension.py) both build on
 this module; neither imports the other.
@@ -22,8 +22,8 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
 from idemops.conf import conf
-from tools_app import access, metrics
-from tools_app.core import outage
+from tools_app import access
+from tools_app.core import counters, keys, logs, outage
 from tools_app.toolkit.calls import Caller, CallResult
 
 REPLAYED_META = "io.idemops/replayed"
@@ -142,7 +142,17 @@ def render(result: CallResult) -> CallToolResult:
 
 
 def count_call(caller: Caller, tool: str, result: CallResult, started: float) -> None:
-    """One CallEvent for the dashboard (batched; see tools_app.metrics)."""
-    metrics.record_call(tenant_id=caller.tenant_id, tool=tool, outcome=result.outcome,
-                        error_class=result.error.error_class if result.error else "",
-                        latency_ms=(time.perf_counter() - started) * 1000)
+    """The call's count and duration (`idemops_tool_calls_total`, `idemops_tool_call_seconds`: batched,
+    see core.counters) and its one log line, in the call's trace."""
+    seconds = time.perf_counter() - started
+    outcome = result.outcome
+    counters.observe(counters.TOOL_CALL, seconds, tool=tool, tenant_id=caller.tenant_id, label=outcome)
+    record = result.record
+    level = "warning" if outcome in ("unknown", "failed") else "info"
+    getattr(logs.get(__name__), level)(
+        "tool.call", tenant_id=caller.tenant_id, actor=caller.actor, tool=tool, outcome=outcome,
+        duration_ms=round(seconds * 1000, 3), error_class=result.error.error_class if result.error else None,
+        replayed=result.replayed if record is not None else None,
+        operation_id=str(record.operation_id) if record is not None else None,
+        key_digest=keys.key_digest(record.key) if record is not None else None,
+        record_status=record.status if record is not None else None)

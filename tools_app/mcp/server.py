@@ -10,6 +10,11 @@ database thread, and render the result or error.
 
 Streamable HTTP runs stateless, so any number of web processes can serve it.
 
+Traces: OpenTelemetry's ASGI middleware, outermost, opens a span per HTTP request from its
+`traceparent` header; the SDK's own OpenTelemetryMiddleware then opens one per MCP message,
+parented on `params._meta.traceparent` when the call carries one (MCP SEP-414), else on the
+HTTP span. A tool call's spans and records are in that trace (tools_app.core.tracing).
+
 While the database is unreachable (tools_app.core.outage), a tool call
 answers `transient` with `retry_after`, another request that needs the
 database a JSON-RPC error of that class, and a request whose bearer token
@@ -28,6 +33,7 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, CallToolResult, ToolAnnotations
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from pydantic import BaseModel, ConfigDict, create_model
 from starlette.middleware import Middleware
 
@@ -163,4 +169,5 @@ def build_app():
     app.add_middleware(DatabaseGuard)  # outermost of the app's middleware: around the bearer-token check
     # Innermost, after the SDK's authentication middleware (see guards.RequestIdGuard).
     app.user_middleware.append(Middleware(RequestIdGuard, max_body_size=conf().mcp_max_request_bytes))
-    return app
+    # Around everything: the HTTP request's span, from its traceparent header (lifespan passes through).
+    return OpenTelemetryMiddleware(app, exclude_spans=["receive", "send"])

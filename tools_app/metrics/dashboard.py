@@ -1,8 +1,8 @@
 """The operators' dashboard: counts and rates per tool over the last hour or day.
 
-Call outcomes come from CallEvent (tools_app.metrics, written in batches by
-the MCP server); what is stuck right now comes from the records and the
-approval requests. Everything is scoped to the tenants the viewer may see.
+Call outcomes, replay latency and downstream duplicates come from the per-minute rows every
+process writes (rollup.py, the source of `/metrics` too); what is stuck right now from the same
+gauges `/metrics` serves (gauges.py). Everything is scoped to the tenants the viewer may see.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Aggregate, Count, FloatField, Min, Q, QuerySet
-from django.db.models.functions import TruncMinute
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from tools_app import access
-from tools_app.approvals.models import ApprovalRequest, ApprovalStatus
-from tools_app.engine.models import IdempotencyRecord, RecordStatus
-from tools_app.metrics.models import CallEvent
+from tools_app.approvals.models import ApprovalRequest
+from tools_app.core import counters
+from tools_app.metrics import gauges, rollup
 from tools_app.toolkit.calls import CallOutcome
+from tools_app.toolkit.registry import all_tools
 
 
 @dataclass(frozen=True)
@@ -36,23 +36,15 @@ WINDOWS = {
 }
 
 
-class PercentileCont(Aggregate):
-    function = "percentile_cont"
-    template = "%(function)s(%(percentile)s) WITHIN GROUP (ORDER BY %(expressions)s)"
-    output_field = FloatField()
-
-    def __init__(self, expression, percentile: float, **extra):
-        super().__init__(expression, percentile=percentile, **extra)
-
-
 @dataclass
 class ToolStats:
     tool: str
+    writes_tool: bool = True
     outcomes: dict[str, int] = field(default_factory=dict)
     replay_p50_ms: float | None = None
     replay_p95_ms: float | None = None
     overrun_leases: int = 0  # PROCESSING past its lease now: the executor died or hangs
-    # Operations the downstream answered from its own idempotency store (our key came back to it).
+    # Downstream answers from its own idempotency store (our key came back to it) or refusals of a reused key.
     downstream_duplicates: int = 0
     unknown: int = 0  # records in UNKNOWN now
     approvals_waiting: int = 0
@@ -67,7 +59,7 @@ class ToolStats:
 
     @property
     def writes(self) -> int:
-        return self.calls - self.count(CallOutcome.READ)
+        return self.calls if self.writes_tool else 0
 
     def rate(self, outcome: str) -> float | None:
         return self.count(outcome) / self.writes if self.writes else None
@@ -105,54 +97,55 @@ def snapshot(viewer, window: str = "hour", now: datetime | None = None) -> Snaps
     now = now or timezone.now()
     win = WINDOWS.get(window, WINDOWS["hour"])
     since = now - win.length
-    calls = access.scope(CallEvent.objects.filter(created_at__gt=since, created_at__lte=now), viewer)
-    stats: dict[str, ToolStats] = defaultdict(lambda: ToolStats(tool=""))
+    writes = {spec.name: spec.writes for spec in all_tools()}
+    stats: dict[str, ToolStats] = {}
 
     def tool(name: str) -> ToolStats:
-        stats[name].tool = name
+        if name not in stats:
+            stats[name] = ToolStats(tool=name, writes_tool=writes.get(name, True))
         return stats[name]
 
-    for row in calls.values("tool", "outcome").annotate(n=Count("id")):
-        tool(row["tool"]).outcomes[row["outcome"]] = row["n"]
-    replays = calls.filter(outcome=CallOutcome.REPLAYED).values("tool").annotate(
-        p50=PercentileCont("latency_ms", 0.5), p95=PercentileCont("latency_ms", 0.95))
-    for row in replays:
-        tool(row["tool"]).replay_p50_ms, tool(row["tool"]).replay_p95_ms = row["p50"], row["p95"]
-    records = access.scope(IdempotencyRecord.objects.all(), viewer)
-    for row in records.filter(status=RecordStatus.PROCESSING, lease_expires_at__lt=now).values("tool").annotate(
-            n=Count("id")):
-        tool(row["tool"]).overrun_leases = row["n"]
-    for row in records.filter(status=RecordStatus.UNKNOWN).values("tool").annotate(n=Count("id")):
-        tool(row["tool"]).unknown = row["n"]
-    # created_at bounds the scan with an index; an operation finishing in the window started shortly before.
-    deduplicated = records.filter(created_at__gt=since - timedelta(hours=1), finished_at__gt=since,
-                                  evidence__contains=[{"answer": {"deduplicated": True}}])
-    for row in deduplicated.values("tool").annotate(n=Count("id")):
-        tool(row["tool"]).downstream_duplicates = row["n"]
-    requests = access.scope(ApprovalRequest.objects.all(), viewer)
-    pending = requests.filter(status=ApprovalStatus.PENDING)
-    for row in pending.values("tool").annotate(n=Count("id"), oldest=Min("created_at")):
-        tool(row["tool"]).approvals_waiting, tool(row["tool"]).oldest_waiting = row["n"], row["oldest"]
-    oldest = pending.aggregate(oldest=Min("created_at"))["oldest"]
+    # Whole minutes: a minute's row counts in the window if it started inside it.
+    start = rollup.step_start(since, timedelta(minutes=1))
+    for (name, outcome), summed in rollup.totals(viewer, counters.TOOL_CALL, since=start, until=now).items():
+        tool(name).outcomes[outcome] = summed.count
+        if outcome == CallOutcome.REPLAYED:
+            p50 = rollup.quantile(counters.TOOL_CALL, summed.buckets, 0.5)
+            p95 = rollup.quantile(counters.TOOL_CALL, summed.buckets, 0.95)
+            tool(name).replay_p50_ms = None if p50 is None else p50 * 1000
+            tool(name).replay_p95_ms = None if p95 is None else p95 * 1000
+    for (name,), summed in rollup.totals(viewer, counters.DOWNSTREAM_DUPLICATE, since=start, until=now,
+                                         by=("tool",)).items():
+        tool(name).downstream_duplicates = summed.count
+    figures = gauges.now(viewer, now)
+    for name, n in figures.overrun.items():
+        tool(name).overrun_leases = n
+    for name, n in figures.unknown.items():
+        tool(name).unknown = n
+    for name, n in figures.approvals_waiting.items():
+        tool(name).approvals_waiting, tool(name).oldest_waiting = n, figures.approvals_oldest[name]
+    oldest = min(figures.approvals_oldest.values(), default=None)
     # Expiry, execution and failure end a request without a decision time: count what ended in the window too.
+    requests = access.scope(ApprovalRequest.objects.all(), viewer)
     decided = requests.filter(Q(decided_at__gt=since) | Q(finished_at__gt=since)).values("status").annotate(
-        n=Count("id"))
+        n=Count("id")).order_by()
     return Snapshot(
         window=win, now=now, tools=sorted(stats.values(), key=lambda s: s.tool),
-        timeline=_timeline(calls, since, now, win.bucket),
+        timeline=_timeline(viewer, writes, start, now, win.bucket),
         approvals_decided={row["status"].lower(): row["n"] for row in decided},
         oldest_pending_age=now - oldest if oldest else None,
     )
 
 
-def _timeline(calls: QuerySet, since: datetime, now: datetime, bucket: timedelta
+def _timeline(viewer, writes: dict[str, bool], since: datetime, now: datetime, bucket: timedelta
               ) -> list[tuple[datetime, dict[str, int]]]:
-    """Calls per bucket and outcome, oldest bucket first, empty buckets included."""
+    """Write calls per bucket and outcome, oldest bucket first, empty buckets included."""
     count = int((now - since) / bucket)
     start = now - count * bucket
     buckets: list[tuple[datetime, dict[str, int]]] = [(start + i * bucket, defaultdict(int)) for i in range(count)]
-    per_minute = calls.annotate(minute=TruncMinute("created_at")).values("minute", "outcome").annotate(n=Count("id"))
-    for row in per_minute:
-        index = min(max(int((row["minute"] - start) / bucket), 0), count - 1)
-        buckets[index][1][row["outcome"]] += row["n"]
+    for point in rollup.series(viewer, counters.TOOL_CALL, since=since, until=now):
+        if not writes.get(point.tool, True):
+            continue
+        index = min(max(int((point.at - start) / bucket), 0), count - 1)
+        buckets[index][1][point.label] += point.count
     return [(at, dict(outcomes)) for at, outcomes in buckets]

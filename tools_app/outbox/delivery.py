@@ -1,7 +1,8 @@
 """Delivering one outbox event to its consumer: email over SMTP, or a webhook POST to an address
 on the allow-list (checked again here: stored data is not trusted). Consumers deduplicate by the
 event id (email Message-ID, webhook X-Event-Id and Idempotency-Key). Both also carry the
-operation that wrote the event (X-Operation-Id), as the payment gateway's requests do.
+operation that wrote the event (X-Operation-Id), as the payment gateway's requests do, and the
+trace context of the delivery (`traceparent`: an email header, an HTTP header).
 
 Kinds: `notification.email` and `notification.webhook` (send_notification: subject and body),
 `task.webhook` (a finished task's notice: the JSON its payload holds, tools_app.tasks).
@@ -14,7 +15,7 @@ from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
 from idemops.conf import conf
-from tools_app.core import url_allowlist
+from tools_app.core import tracing, url_allowlist
 from tools_app.core.errors import InvalidInput, Transient
 from tools_app.outbox.models import OutboxEvent
 
@@ -50,7 +51,8 @@ def operation_header(event: OutboxEvent) -> dict[str, str]:
 def _send_email(event: OutboxEvent) -> None:
     payload = event.payload
     message = EmailMessage(subject=payload["subject"], body=payload["body"], to=[payload["recipient"]],
-                           headers={"Message-ID": f"<{event.id}@idemops>", **operation_header(event)},
+                           headers={"Message-ID": f"<{event.id}@idemops>", **operation_header(event),
+                                    **tracing.carrier()},
                            connection=get_connection(timeout=settings.EMAIL_TIMEOUT))
     try:
         message.send()

@@ -29,6 +29,8 @@ class OutboxEvent(models.Model):
     next_attempt_at = models.DateTimeField()
     last_error = models.TextField(blank=True)
     created_at = models.DateTimeField()
+    trace_id = models.CharField(max_length=100, blank=True, help_text="The trace of the call that wrote it.")
+    span_id = models.CharField(max_length=16, blank=True, help_text="Its span: deliveries are traced under it.")
     delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -13,11 +13,16 @@ one that fails it is dead-lettered at once, unsent.
 A relay killed mid-batch delivers some events without marking them; its
 transaction rolls back and they are delivered again. Consumers deduplicate by
 the event id (email Message-ID, webhook X-Event-Id), so each effect happens once.
+
+Each event keeps the trace of the call that wrote it; each delivery attempt is a span in that
+trace (its context goes to the consumer as `traceparent`) and one log line (`outbox.delivery`:
+delivered, retry or dead, with the attempt and how long it took).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -27,7 +32,7 @@ from django.utils import timezone
 
 from idemops.conf import conf
 from tools_app import access
-from tools_app.core import backoff, db, jobs
+from tools_app.core import backoff, counters, db, jobs, logs, redaction, tracing
 from tools_app.outbox.delivery import DeliveryFailed, deliver
 from tools_app.outbox.models import OutboxEvent, OutboxStatus
 
@@ -38,9 +43,10 @@ RELAY_ACTOR = "system:outbox-relay"
 def enqueue(*, tenant_id: int, kind: str, payload: dict[str, Any], record=None) -> OutboxEvent:
     """Write an event in the current transaction and wake the relay when it commits."""
     now = timezone.now()
+    trace_id, span_id = tracing.ids()
     event = OutboxEvent.objects.create(tenant_id=tenant_id, record=record, kind=kind, payload=payload,
                                        operation_id=record.operation_id if record is not None else None,
-                                       next_attempt_at=now, created_at=now)
+                                       next_attempt_at=now, created_at=now, trace_id=trace_id, span_id=span_id)
     # The ORM broker's enqueue joins this transaction: no commit, no job.
     jobs.enqueue("outbox.relay", task_name="outbox-relay")
     return event
@@ -68,17 +74,37 @@ def relay_batch(limit: int | None = None) -> RelayReport:
                      .filter(status=OutboxStatus.PENDING, next_attempt_at__lte=timezone.now())
                      .order_by("next_attempt_at", "created_at")[:limit or conf().outbox_batch_size])
         for event in batch:
-            try:
-                deliver(event)
-            except DeliveryFailed as exc:
-                if record_failed_attempt(event, str(exc), final=exc.final):
-                    report.dead += 1
-                else:
-                    report.retried += 1
-                continue
-            mark_delivered(event)
-            report.delivered += 1
+            outcome = _relay_one(event)
+            setattr(report, outcome, getattr(report, outcome) + 1)
     return report
+
+
+def _relay_one(event: OutboxEvent) -> str:
+    """Deliver one event and record the attempt; "delivered", "retried" or "dead"."""
+    # The payload is the caller's (an address, a message): no line may show it, an SMTP error included.
+    scrubbed = redaction.scrubbed_arguments(event.payload, event.payload.keys())
+    with tracing.continued(event.trace_id, event.span_id, "outbox.deliver", **{
+            "idemops.outbox_event": str(event.id), "idemops.kind": event.kind, "idemops.attempt": event.attempts + 1}
+                           ) as span, \
+            logs.bound(tenant_id=event.tenant_id, outbox_event=str(event.id), kind=event.kind), \
+            logs.scrubbing(scrubbed):
+        started = time.perf_counter()
+        error = ""
+        try:
+            deliver(event)
+        except DeliveryFailed as exc:
+            error = str(exc)
+            outcome = "dead" if record_failed_attempt(event, error, final=exc.final) else "retried"
+        else:
+            if mark_delivered(event):
+                counters.observe(counters.OUTBOX_DELIVERY, (event.delivered_at - event.created_at).total_seconds(),
+                                 tenant_id=event.tenant_id)
+            outcome = "delivered"
+        span.set_attribute("idemops.outcome", outcome)
+        log = logs.get(__name__).warning if outcome == "dead" else logs.get(__name__).info
+        log("outbox.delivery", outcome=outcome, attempt=event.attempts, error=error or None,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3))
+        return outcome
 
 
 def mark_delivered(event: OutboxEvent) -> bool:

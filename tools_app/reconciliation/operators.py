@@ -7,7 +7,7 @@ from tools_app import access, engine
 from tools_app.core.errors import InvalidInput, Transient
 from tools_app.engine import evidence_entry
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
-from tools_app.reconciliation.reconcile import reconcile_record
+from tools_app.reconciliation.reconcile import observed, reconcile_record
 from tools_app.toolkit.registry import get_tool
 
 RESOLVE_PERMISSION = "tools_app.resolve_unknown"
@@ -74,3 +74,4 @@ def resolve_by_operator(record: IdempotencyRecord, user, *, succeeded: bool, rea
         done = engine.resolve_failed(record, failure, actor=actor, reason=reason, evidence=evidence)
     if not done:
         raise InvalidInput("this record is no longer UNKNOWN; reload it")
+    observed(record, "succeeded" if succeeded else "failed", actor=actor)

@@ -13,6 +13,10 @@ we sent; its answer moves the record:
 Operators' decisions (reconcile now, resolve with evidence) are in
 operators.py, behind their permits; the periodic job and a follower that
 took a dead executor's record reconcile through `reconcile_record`, as the system.
+
+Each reconciliation is a span in the trace of the call that left the record UNKNOWN (the
+downstream is asked with that trace's `traceparent`), one log line (`reconciliation`) and a
+count (`idemops_reconciliations_total{tool,result}`); so is an operator's resolution.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from django.utils import timezone
 
 from idemops.conf import conf
 from tools_app import engine
-from tools_app.core import backoff, jobs
+from tools_app.core import backoff, counters, jobs, logs, tracing
 from tools_app.core.errors import Transient
 from tools_app.engine import evidence_entry
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
@@ -71,6 +75,28 @@ def reconcile_record(record: IdempotencyRecord, *, actor: str = SWEEP_ACTOR) -> 
     """Ask the downstream system and apply its answer, as `actor` (the system unless an operator's
     checked call passes theirs). Returns the record's status word: the one this call set, or, if
     another reconciler moved the record first (the guarded transition did not match), what it is now."""
+    with tracing.continued(record.trace_id, record.span_id, f"reconcile {record.tool}", **{
+            "idemops.tool": record.tool, "idemops.operation_id": str(record.operation_id)}) as span:
+        result, moved = _reconcile(record, actor)
+        span.set_attribute("idemops.result", result)
+        observed(record, result, actor=actor, counted=moved)
+        return result
+
+
+def observed(record: IdempotencyRecord, result: str, *, actor: str, counted: bool = True) -> None:
+    """Count a reconciliation's result and log its line (operators' resolutions come through here too).
+    A reconciler that lost the race (`counted` false) logs what it found but counts nothing: the
+    winner counted that reconciliation already."""
+    if counted:
+        counters.count(counters.RECONCILIATION, tool=record.tool, tenant_id=record.tenant_id, label=result)
+    logs.get(__name__).info("reconciliation", tool=record.tool, tenant_id=record.tenant_id, record_id=record.pk,
+                            operation_id=str(record.operation_id), result=result, actor=actor,
+                            attempts=record.reconcile_attempts, escalated=record.escalated_at is not None,
+                            lost_race=None if counted else True)
+
+
+def _reconcile(record: IdempotencyRecord, actor: str) -> tuple[str, bool]:
+    """(status word, whether this call's transition moved the record)."""
     answer = _ask(record)
     match answer:
         case Found(result, evidence):
@@ -91,9 +117,9 @@ def reconcile_record(record: IdempotencyRecord, *, actor: str = SWEEP_ACTOR) -> 
         case _:
             raise AssertionError(f"unexpected reconciler answer {answer!r}")
     if moved:
-        return word
+        return word, True
     record.refresh_from_db()
-    return record.status.lower()
+    return record.status.lower(), False
 
 
 def _ask(record: IdempotencyRecord) -> Answer:

@@ -166,7 +166,7 @@ def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str, noti
     task = state.create_task(
         record=ctx.record, tool=spec.name, arguments=shown, sealed_arguments=redaction.seal(secret),
         input_digest=keys.digest(business), steps_total=len(pipeline.steps),
-        max_attempts=pipeline.retry.attempts_allowed(), actor=ctx.actor, trace_id=ctx.trace_id,
+        max_attempts=pipeline.retry.attempts_allowed(), actor=ctx.actor, trace_id=ctx.trace_id, span_id=ctx.span_id,
         notify_url=notify_url or "")
     return TaskHandle(task_id=str(task.pk), tool=spec.name, created_at=task.created_at,
                       next_action="Poll get_task_status with this task_id; get_task_result once it succeeded. "

@@ -71,7 +71,9 @@ class Task(models.Model):
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="forks",
         help_text="The task this one re-runs from step `forked_at_step`, reusing its checkpoints before it.")
     forked_at_step = models.CharField(max_length=100, blank=True)
-    trace_id = models.CharField(max_length=100, blank=True)
+    trace_id = models.CharField(max_length=100, blank=True, help_text="The starting call's trace (W3C trace id).")
+    span_id = models.CharField(max_length=16, blank=True, help_text="The starting call's span: the steps' spans "
+                                                                    "hang under it.")
     actor = models.CharField(max_length=200, blank=True)
     enqueued_at = models.DateTimeField(null=True, blank=True, help_text="When a job for it was last queued.")
     created_at = models.DateTimeField()
@@ -157,6 +159,7 @@ class StepRun(models.Model):
     error = models.TextField(blank=True)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    trace_id = models.CharField(max_length=100, blank=True, help_text="The task's trace.")
 
     class Meta:
         ordering = ["started_at", "id"]

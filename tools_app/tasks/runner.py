@@ -12,6 +12,10 @@ A pause asked for from outside (control.pause) is honoured at a step
 boundary: before the run's first step and after each checkpoint, the runner
 reads the request and, if there is one, pauses the task there instead of
 starting the next step. A step is never cut short by a pause.
+
+Each step run is a span in the trace of the call that started the task (whichever worker runs
+it, however often the task was resumed), one log line (`task.step`: outcome, duration, attempt)
+and an observation of `idemops_task_step_seconds{tool,step}`.
 """
 
 from __future__ import annotations
@@ -19,16 +23,19 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 
 from pydantic import ValidationError
 
 from idemops.conf import conf
-from tools_app.core import leases, redaction
+from tools_app.core import counters, leases, logs, redaction, tracing
 from tools_app.core.errors import ToolFailure, Transient
 from tools_app.tasks import checkpoints, state
 from tools_app.tasks.models import StepOutcome, StepRun, Task
-from tools_app.toolkit.pipelines import Interrupted, Pipeline, StepContext, WaitFor
+from tools_app.toolkit.calls import observed
+from tools_app.toolkit.pipelines import Interrupted, Pipeline, Step, StepContext, WaitFor
 from tools_app.toolkit.registry import ToolSpec, get_tool, parse_arguments
 
 logger = logging.getLogger(__name__)
@@ -71,6 +78,11 @@ class Runner:
     def run(self) -> tuple[str, datetime | None]:
         """Run the remaining steps. Returns (outcome, when to retry if this job should wait)."""
         task = self.task
+        with observed(self.spec, task.tenant_id, task.arguments, key=task.record.key, task_id=str(task.pk)):
+            return self._run()
+
+    def _run(self) -> tuple[str, datetime | None]:
+        task = self.task
         try:
             arguments = parse_arguments(self.spec.input_model, {
                 **task.arguments, **redaction.unseal(task.sealed_arguments), "idempotency_key": task.record.key})
@@ -88,32 +100,37 @@ class Runner:
                 run = state.begin_step(task, self.owner, step, index, completed=list(resumption.outputs))
                 if run is None:
                     return "interrupted before step " + step.name, None
-            heartbeat = Heartbeat(task.pk, self.owner)
-            context = StepContext(task=task, arguments=arguments, outputs=outputs, progress=heartbeat.progress)
-            try:
-                with heartbeat:
-                    output = step.run(context)
-                prepared = checkpoints.prepare(task, step, index, output, checksums)
-            except Interrupted:
-                state.finish_step_run(run, StepOutcome.INTERRUPTED)
-                return f"interrupted in step {step.name}", None
-            except WaitFor as wait:
-                if state.pause_for_input(task, self.owner, wait.reason, wait.input_request, run):
-                    return f"paused in step {step.name}", None
-                state.finish_step_run(run, StepOutcome.INTERRUPTED)
-                return f"interrupted in step {step.name}", None
-            except Exception as exc:
-                return self._failed(run, exc)
-            following = index + 1 < len(self.pipeline.steps)
-            pause = state.pause_request(task.pk) if following else ""
-            # This job goes on to the next step unless it has run long enough (then a fresh job does)
-            # or someone asked the task to pause.
-            go_on = following and not pause and not self._slice_used()
-            then = (self.pipeline.steps[index + 1], index + 1) if go_on else None
-            advanced = state.complete_step(task, self.owner, prepared, run, then)
-            if advanced is False:
-                state.finish_step_run(run, StepOutcome.INTERRUPTED)
-                return f"interrupted after step {step.name}", None
+            with self._observed(step, index) as seen:
+                heartbeat = Heartbeat(task.pk, self.owner)
+                context = StepContext(task=task, arguments=arguments, outputs=outputs, progress=heartbeat.progress)
+                try:
+                    with heartbeat:
+                        output = step.run(context)
+                    prepared = checkpoints.prepare(task, step, index, output, checksums)
+                except Interrupted:
+                    state.finish_step_run(run, StepOutcome.INTERRUPTED)
+                    return f"interrupted in step {step.name}", None
+                except WaitFor as wait:
+                    if state.pause_for_input(task, self.owner, wait.reason, wait.input_request, run):
+                        seen["outcome"] = "paused"
+                        return f"paused in step {step.name}", None
+                    state.finish_step_run(run, StepOutcome.INTERRUPTED)
+                    return f"interrupted in step {step.name}", None
+                except Exception as exc:
+                    outcome, retry_at = self._failed(run, exc)
+                    seen["outcome"] = outcome.split(" ")[0]  # retrying, failed or interrupted
+                    return outcome, retry_at
+                following = index + 1 < len(self.pipeline.steps)
+                pause = state.pause_request(task.pk) if following else ""
+                # This job goes on to the next step unless it has run long enough (then a fresh job does)
+                # or someone asked the task to pause.
+                go_on = following and not pause and not self._slice_used()
+                then = (self.pipeline.steps[index + 1], index + 1) if go_on else None
+                advanced = state.complete_step(task, self.owner, prepared, run, then)
+                if advanced is False:
+                    state.finish_step_run(run, StepOutcome.INTERRUPTED)
+                    return f"interrupted after step {step.name}", None
+                seen["outcome"] = "succeeded"
             # What later steps read is what a resumed run would read: the stored JSON.
             outputs[step.name] = json.loads(prepared.data)
             checksums.append(prepared.checksum)
@@ -123,6 +140,24 @@ class Runner:
                 return ("handed on to a new job" if state.hand_on(task, self.owner) else "interrupted"), None
             run = advanced if then is not None else None
         return self._succeed(outputs[self.pipeline.steps[-1].name])
+
+    @contextmanager
+    def _observed(self, step: Step, index: int) -> Iterator[dict[str, str]]:
+        """One step run: its span (in the starting call's trace), its log line and its duration."""
+        task = self.task
+        seen = {"outcome": "interrupted"}
+        started = time.perf_counter()
+        with tracing.continued(task.trace_id, task.span_id, f"task.step {step.name}", **{
+                "idemops.tool": task.tool, "idemops.task_id": str(task.pk), "idemops.step": step.name,
+                "idemops.attempt": task.attempts}) as span, logs.bound(step=step.name):
+            try:
+                yield seen
+            finally:
+                seconds = time.perf_counter() - started
+                span.set_attribute("idemops.outcome", seen["outcome"])
+                counters.observe(counters.TASK_STEP, seconds, tool=task.tool, tenant_id=task.tenant_id, label=step.name)
+                logs.get(__name__).info("task.step", outcome=seen["outcome"], sequence=index, attempt=task.attempts,
+                                        duration_ms=round(seconds * 1000, 3))
 
     def _pause(self, reason: str, next_step) -> tuple[str, datetime | None]:
         if state.pause_at_boundary(self.task, self.owner, reason, next_step):

@@ -40,7 +40,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from idemops.conf import conf
-from tools_app.core import audit, db, jobs, leases
+from tools_app.core import audit, counters, db, jobs, leases
 from tools_app.core.errors import ErrorClass, ToolFailure
 from tools_app.engine.models import IdempotencyRecord
 from tools_app.tasks import checkpoints
@@ -85,7 +85,7 @@ def enqueue_run(task: Task) -> None:
 
 @transaction.atomic
 def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, Any], input_digest: str,
-                steps_total: int, max_attempts: int, actor: str, trace_id: str = "",
+                steps_total: int, max_attempts: int, actor: str, trace_id: str = "", span_id: str = "",
                 sealed_arguments: str = "", notify_url: str = "", **more: Any) -> Task:
     """-> created, and queued. Runs inside the idempotency transaction of the operation that
     creates it (start_task, or a fork: `more` then links it to the original).
@@ -98,7 +98,8 @@ def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, An
         tenant_id=record.tenant_id, tool=tool, record=record, operation_id=record.operation_id, arguments=arguments,
         input_digest=input_digest,
         sealed_arguments=sealed_arguments, steps_total=steps_total, max_attempts=max_attempts, actor=actor,
-        trace_id=trace_id, notify_url=notify_url, enqueued_at=now, created_at=now, updated_at=now, **more)
+        trace_id=trace_id, span_id=span_id, notify_url=notify_url, enqueued_at=now, created_at=now, updated_at=now,
+        **more)
     audit.record_event(action="task.created", obj=task, actor=actor, trace_id=trace_id,
                        after={"status": task.status, "tool": tool, **({"notify_url": True} if notify_url else {})})
     enqueue_run(task)
@@ -144,7 +145,7 @@ def _step_changes(step: Step) -> dict[str, Any]:
 
 def _step_run(task: Task, owner: str, step: Step, sequence: int) -> StepRun:
     return StepRun.objects.create(task=task, step=step.name, sequence=sequence, attempt=task.attempts,
-                                  worker=owner, started_at=timezone.now())
+                                  worker=owner, started_at=timezone.now(), trace_id=task.trace_id)
 
 
 def renew_lease(task_id, owner: str, progress: tuple[float | None, float | None, str] | None = None,
@@ -175,7 +176,10 @@ def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: S
     step's StepRun (or True when no step follows), False when the lease is gone.
     """
     completed = [name for name in task.completed_steps if name != prepared.step.name] + [prepared.step.name]
-    changes = {"completed_steps": completed, "lease_expires_at": leases.expiry(lease_seconds())}
+    # The finished step's own progress goes with it: left behind, it would count that step a second
+    # time (tasks.calls.overall_progress) until the next step starts or the task ends.
+    changes = {"completed_steps": completed, "lease_expires_at": leases.expiry(lease_seconds()),
+               "progress_done": None, "progress_total": None, "progress_message": ""}
     if then is not None:
         changes.update(_step_changes(then[0]))
     if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, changes,
@@ -294,18 +298,21 @@ def expire_lease(task: Task, actor: str = SWEEPER) -> bool:
     if deaths >= conf().task_max_lease_expiries:
         reason = (f"the worker running step {task.current_step!r} died {deaths} times; "
                   "resume_task runs it again if the cause is fixed")
-        return transition(task, expected, {
+        expired = transition(task, expected, {
             "status": TaskStatus.FAILED, "lease_expiries": deaths, "failure_class": ErrorClass.TRANSIENT,
             "failure_reason": reason, "finished_at": now, "lease_owner": "", "lease_expires_at": None,
             "pause_requested": "",
         }, action="task.failed", actor=actor, reason=reason, failure_class=ErrorClass.TRANSIENT) and finished(task)
-    if not transition(task, expected, {
-        "status": TaskStatus.CREATED, "lease_expiries": deaths, "lease_owner": "", "lease_expires_at": None,
-        "enqueued_at": now,
-    }, action="task.lease_expired", actor=actor, step=task.current_step, lease_expiries=deaths):
-        return False
-    enqueue_run(task)
-    return True
+    else:
+        expired = transition(task, expected, {
+            "status": TaskStatus.CREATED, "lease_expiries": deaths, "lease_owner": "", "lease_expires_at": None,
+            "enqueued_at": now,
+        }, action="task.lease_expired", actor=actor, step=task.current_step, lease_expiries=deaths)
+        if expired:
+            enqueue_run(task)
+    if expired:  # counted when this transaction commits (core.counters)
+        counters.count(counters.TASK_LEASE_EXPIRY, tool=task.tool, tenant_id=task.tenant_id)
+    return expired
 
 
 def waiting_for_a_job(now: datetime) -> Q:

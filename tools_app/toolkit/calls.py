@@ -8,7 +8,8 @@ idempotent operation.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from tools_app import engine
-from tools_app.core import keys
+from tools_app.core import keys, logs, redaction, tracing
 from tools_app.core.errors import InvalidInput, ToolFailure, invalid_data
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.toolkit.hooks import hooks
@@ -25,15 +26,28 @@ from tools_app.toolkit.registry import ToolContext, ToolSpec, _no_progress, pars
 
 
 class CallOutcome(models.TextChoices):
-    EXECUTED = "executed", "Executed (first call)"
+    """How a call counts (`idemops_tool_calls_total{outcome}`, the dashboard)."""
+
+    EXECUTED = "executed", "Executed (a write's first call, or a read)"
     REPLAYED = "replayed", "Replayed a stored result"
     CONFLICT = "conflict", "Key reused with other parameters"
     IN_PROGRESS = "in_progress", "Answered in_progress after waiting"
-    FAILED = "failed", "Failed"
     UNKNOWN = "unknown", "Outcome unknown"
+    FAILED = "failed", "Failed"
+    REJECTED = "rejected", "Rejected before execution (input, permission, not found)"
     PENDING_APPROVAL = "pending_approval", "Held for a person's approval"
-    REJECTED = "rejected", "Rejected before execution (input, auth, expiry)"
-    READ = "read", "Read tool"
+    EXPIRED = "expired", "Key past its retention, held for a person"
+    RATE_LIMITED = "rate_limited", "Refused by a rate limit"
+
+
+# Error classes and the outcome they count as; any other class (transient, downstream_conflict,
+# already_done, ...) is `failed`.
+OUTCOME_OF_ERROR = {
+    "conflict": CallOutcome.CONFLICT, "in_progress": CallOutcome.IN_PROGRESS, "unknown_outcome": CallOutcome.UNKNOWN,
+    "invalid_input": CallOutcome.REJECTED, "permission_denied": CallOutcome.REJECTED,
+    "not_found": CallOutcome.REJECTED, "pending_approval": CallOutcome.PENDING_APPROVAL,
+    "expired": CallOutcome.EXPIRED, "rate_limited": CallOutcome.RATE_LIMITED,
+}
 
 
 @dataclass(frozen=True)
@@ -53,20 +67,47 @@ class CallResult:
 
     @property
     def outcome(self) -> CallOutcome:
-        """How the call counts on the dashboard."""
-        if not self.spec.writes:
-            return CallOutcome.READ
+        """How the call counts (metrics, the dashboard, its log line)."""
         if self.error is None:
             return CallOutcome.REPLAYED if self.replayed else CallOutcome.EXECUTED
-        return {
-            "conflict": CallOutcome.CONFLICT, "in_progress": CallOutcome.IN_PROGRESS,
-            "unknown_outcome": CallOutcome.UNKNOWN, "invalid_input": CallOutcome.REJECTED,
-            "expired": CallOutcome.REJECTED, "permission_denied": CallOutcome.REJECTED,
-            "pending_approval": CallOutcome.PENDING_APPROVAL,
-        }.get(self.error.error_class, CallOutcome.FAILED)
+        return OUTCOME_OF_ERROR.get(self.error.error_class, CallOutcome.FAILED)
 
 
 def call_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta_key: str | None = None) -> CallResult:
+    """One call, in a span of its own (in the caller's trace, or a new one) whose ids the records it
+    writes keep; every line logged meanwhile names the tenant and tool and shows neither the raw
+    key nor the tool's personal arguments (core.logs.scrubbing)."""
+    raw_key = arguments.get("idempotency_key") if isinstance(arguments, dict) else None
+    client_trace_id = arguments.get("trace_id") if isinstance(arguments, dict) else None
+    with tracing.span(f"tool {spec.name}", **{"idemops.tool": spec.name, "idemops.tenant_id": caller.tenant_id}
+                      ) as span, \
+            observed(spec, caller.tenant_id, arguments, key=raw_key if isinstance(raw_key, str) else meta_key,
+                     client_trace_id=client_trace_id[:100] if isinstance(client_trace_id, str) else None):
+        result = _call(spec, caller, arguments, meta_key)
+        span.set_attribute("idemops.outcome", str(result.outcome))
+        if result.error is not None:
+            span.set_attribute("idemops.error_class", str(result.error.error_class))
+        if result.record is not None:
+            span.set_attribute("idemops.operation_id", str(result.record.operation_id))
+        return result
+
+
+@contextmanager
+def observed(spec: ToolSpec, tenant_id: int, arguments: Any, *, key: str | None = None,
+             **fields: Any) -> Iterator[None]:
+    """Work on one call of `spec` (the call itself, its task's steps, its approved execution): every
+    line logged inside names the tenant and the tool, and shows neither `key` nor the values of the
+    tool's personal arguments. A high-risk tool's key is an operation id the server issued, not
+    the caller's words: it stays visible, as the `operation_id` it also is."""
+    if spec.requires_operation_id:
+        key = None
+    with logs.bound(tenant_id=tenant_id, tool=spec.name, **fields), \
+            logs.scrubbing(redaction.scrubbed_arguments(arguments if isinstance(arguments, dict) else {},
+                                                        spec.personal_fields or (), key=key)):
+        yield
+
+
+def _call(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None) -> CallResult:
     try:
         if spec.pipeline is not None:
             # A long tool runs as a task: its call is start_task for it (one key space, one task).
@@ -74,7 +115,8 @@ def call_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta
         if spec.writes:
             return _call_write(spec, caller, arguments, meta_key)
         args = checked_arguments(spec, arguments)
-        context = ToolContext(tenant_id=caller.tenant_id, actor=caller.actor, trace_id=args.trace_id or "",
+        trace_id, span_id = tracing.ids()
+        context = ToolContext(tenant_id=caller.tenant_id, actor=caller.actor, trace_id=trace_id, span_id=span_id,
                               report_progress=caller.report_progress)
         return CallResult(spec, result=dump_result(spec, spec.handler(context, args)))
     except ToolFailure as failure:
@@ -104,16 +146,19 @@ def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel) -> tuple[en
     Also used to run an approved call later (tools_app.approvals), with the
     requester as the caller.
     """
+    # The trace of the call now running (an approved call runs later, in the trace of the call that asked).
+    trace_id, span_id = tracing.ids()
     operation = engine.Operation(
         tenant_id=caller.tenant_id, tool=spec.name, key=args.idempotency_key, arguments=spec.business_arguments(args),
-        actor=caller.actor, trace_id=args.trace_id or "", retention=spec.retention_now(), on_expiry=spec.on_expiry,
+        actor=caller.actor, trace_id=trace_id, span_id=span_id, retention=spec.retention_now(),
+        on_expiry=spec.on_expiry,
         transactional=spec.transactional,
         approval=hooks.approval_gate(spec, caller.tenant_id, caller.actor, args) if spec.approval else None,
     )
 
     def execute(record: IdempotencyRecord) -> dict[str, Any]:
         context = ToolContext(tenant_id=caller.tenant_id, actor=caller.actor, trace_id=operation.trace_id,
-                              record=record, report_progress=caller.report_progress)
+                              span_id=operation.span_id, record=record, report_progress=caller.report_progress)
         return dump_result(spec, spec.handler(context, args))
 
     return operation, execute

@@ -9,7 +9,10 @@
   → `UnknownOutcome`: the record goes UNKNOWN and is reconciled.
 
 Every answer is evidence kept on the record: what was asked, what came back,
-when, and whether the downstream deduplicated our key (`Idempotent-Replayed`).
+when, and whether the downstream deduplicated our key (`Idempotent-Replayed`). An answer that
+deduplicated our key, or a 409 refusing it reused, is counted
+(`idemops_downstream_duplicates_total`). The request is traced (core.tracing: a CLIENT span,
+and `traceparent` sent along).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 
 import httpx2
 
-from tools_app.core import backoff
+from tools_app.core import backoff, counters, logs, tracing
 from tools_app.core.errors import (
     UNKNOWN_OUTCOME_ADVICE,
     DownstreamConflict,
@@ -38,7 +41,7 @@ def request(method: str, url: str, *, timeout: float, json: Any = None, headers:
     """
     asked = {"method": method, "url": url, **(asked or {})}
     try:
-        response = httpx2.request(method, url, json=json, headers=headers, timeout=timeout)
+        response = tracing.request(method, url, json=json, headers=headers, timeout=timeout)
     except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as exc:
         raise Transient(f"the downstream system is unreachable ({type(exc).__name__}); retry with the same key",
                         evidence=evidence_entry("executor", asked=asked, error=type(exc).__name__)) from exc
@@ -47,11 +50,15 @@ def request(method: str, url: str, *, timeout: float, json: Any = None, headers:
             f"the downstream request was sent but no answer came back ({type(exc).__name__}); its outcome is being "
             f"reconciled: {UNKNOWN_OUTCOME_ADVICE}",
             evidence=evidence_entry("executor", asked=asked, error=type(exc).__name__)) from exc
+    # The downstream recognised our key and returned its earlier result instead of acting again,
+    # or refused it because it holds it for another request.
+    deduplicated = response.is_success and response.headers.get("idempotent-replayed", "").lower() == "true"
+    if deduplicated or response.status_code == 409:
+        context = logs.context()
+        counters.count(counters.DOWNSTREAM_DUPLICATE, tool=context.get("tool", ""), tenant_id=context.get("tenant_id"))
     if response.is_success:
         note_evidence(evidence_entry("executor", asked=asked, answer={
-            "status": response.status_code,
-            # The downstream recognised our key and returned its earlier result instead of acting again.
-            "deduplicated": response.headers.get("idempotent-replayed", "").lower() == "true"}))
+            "status": response.status_code, "deduplicated": deduplicated}))
         return response
     raise classify(response, asked)
 

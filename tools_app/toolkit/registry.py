@@ -2,7 +2,8 @@
 
 A declaration names the tool, its pydantic input and output models (built on
 StrictModel: strict types, no unknown fields at any level), whether it writes,
-which arguments are not business data (left out of the fingerprint), whether its
+which arguments are not business data (left out of the fingerprint), which are
+personal (never logged: `personal_fields`, required of every tool), whether its
 key must be an operation id the server issued (high-risk tools), how long
 its idempotency records are kept and what happens to a key past that, the
 checks its arguments must pass before a key is claimed, and the handler. Everything else (the MCP schema, the
@@ -20,6 +21,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tools_app.access.models import Tenant
+from tools_app.core import redaction
 from tools_app.core.errors import NotFound
 from tools_app.core.keys import KEY_RULE
 from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
@@ -107,7 +109,10 @@ class ToolInput(StrictModel):
 
     model_config = ConfigDict(str_strip_whitespace=True)
 
-    trace_id: str | None = Field(None, max_length=100, description="Optional caller trace id, echoed in logs.")
+    trace_id: str | None = Field(None, max_length=100, description=(
+        "Optional: your own id for this call, echoed in idemops' logs as client_trace_id. The trace idemops "
+        "records is the W3C trace context of the call (params._meta.traceparent, or the HTTP traceparent "
+        "header); without one, a new trace is started."))
 
 
 class WriteInput(ToolInput):
@@ -129,7 +134,8 @@ class ToolContext:
 
     tenant_id: int
     actor: str
-    trace_id: str = ""
+    trace_id: str = ""  # the call's W3C trace id (tools_app.core.tracing)
+    span_id: str = ""  # the call's span, under which later work (a task's steps, a delivery) is traced
     record: Any = None  # the IdempotencyRecord of a write call
     # Sends an MCP progress notification if the caller asked for them
     # (a progressToken); a no-op otherwise. Callable from the handler's thread.
@@ -151,6 +157,9 @@ class ToolSpec:
     output_model: type[BaseModel]
     handler: Handler
     writes: bool
+    # Arguments that hold personal data (a customer, an address, a payee, a document's text): their
+    # values never appear in a log line (core.redaction). Every tool declares them, if only as empty.
+    personal_fields: frozenset[str] | None = None
     # Arguments that do not change what the operation is (a client's timestamp, a note for the
     # model's own use): left out of the fingerprint, so changing them is a replay, not a conflict.
     # Advertised in tools/list `_meta` (io.idemops/non-business-fields) for clients deriving keys.
@@ -208,6 +217,12 @@ def register(spec: ToolSpec) -> ToolSpec:
         raise TypeError(f"write tool {spec.name!r} must take a WriteInput model")
     if not spec.transactional and spec.reconciler is None:
         raise TypeError(f"tool {spec.name!r} acts downstream and must declare a reconciler")
+    if spec.personal_fields is None:
+        raise TypeError(f"tool {spec.name!r} must declare its personal_fields (frozenset() if it takes none)")
+    unknown = spec.personal_fields - spec.input_model.model_fields.keys()
+    if unknown:
+        raise TypeError(f"tool {spec.name!r} declares personal fields it does not take: {sorted(unknown)}")
+    redaction.declare_personal(spec.personal_fields)
     if spec.requires_operation_id and (not spec.writes or spec.pipeline is not None):
         raise TypeError(f"tool {spec.name!r}: only a short write tool can require an issued operation id")
     if unknown := spec.non_business_fields - spec.input_model.model_fields.keys():

@@ -49,7 +49,8 @@ def publishing_needs_approval(tenant: Tenant, args: PublishAnnouncementInput) ->
 
 
 @write_tool(name="publish_announcement", title="Publish an announcement", input_model=PublishAnnouncementInput,
-            output_model=AnnouncementOutput, approval=publishing_needs_approval, requires_operation_id=True)
+            output_model=AnnouncementOutput, approval=publishing_needs_approval, requires_operation_id=True,
+            personal_fields=frozenset({"title", "body"}))
 def publish_announcement(ctx: ToolContext, args: PublishAnnouncementInput) -> AnnouncementOutput:
     """Publish an announcement to staff (one approver) or everyone (two approvers). Its idempotency_key must be
     an operation_id from prepare_operation. The first call answers
@@ -61,7 +62,7 @@ def publish_announcement(ctx: ToolContext, args: PublishAnnouncementInput) -> An
 
 
 @read_tool(name="list_announcements", title="List published announcements", input_model=ListAnnouncementsInput,
-           output_model=AnnouncementList)
+           output_model=AnnouncementList, personal_fields=frozenset())
 def list_announcements(ctx: ToolContext, args: ListAnnouncementsInput) -> AnnouncementList:
     """The tenant's published announcements, newest first."""
     latest = Announcement.objects.filter(tenant_id=ctx.tenant_id)[: args.limit]

@@ -30,7 +30,7 @@ class ApprovalStatusOutput(BaseModel):
 
 
 @read_tool(name="get_approval_status", title="Get an approval request's status", input_model=ApprovalStatusInput,
-           output_model=ApprovalStatusOutput)
+           output_model=ApprovalStatusOutput, personal_fields=frozenset())
 def get_approval_status(ctx: ToolContext, args: ApprovalStatusInput) -> ApprovalStatusOutput:
     """Where an approval request stands; once executed, the operation's result (the same one a call with the
     original idempotency_key returns)."""

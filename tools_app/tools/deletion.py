@@ -52,7 +52,7 @@ def deletion_needs_approval(tenant: Tenant, args: DeleteRecordInput) -> Approval
 
 @write_tool(name="delete_record", title="Delete an order or a ticket", input_model=DeleteRecordInput,
             output_model=DeleteRecordOutput, destructive=True, approval=deletion_needs_approval,
-            requires_operation_id=True)
+            requires_operation_id=True, personal_fields=frozenset({"reason"}))
 def delete_record(ctx: ToolContext, args: DeleteRecordInput) -> DeleteRecordOutput:
     """Delete one of this tenant's orders or tickets. Its idempotency_key must be an operation_id from
     prepare_operation. Needs a person's approval: the first call answers

@@ -165,6 +165,8 @@ INGEST = Pipeline(
 task_tool(
     name="ingest_document", title="Ingest a document", input_model=IngestDocumentInput, output_model=IngestResult,
     pipeline=INGEST, open_world=True,
+    # The document and where it comes from: its text, a name or a path may identify a person.
+    personal_fields=frozenset({"text", "content_base64", "path", "url", "filename", "title"}),
     description="Ingest a document (text, Markdown, HTML or PDF; inline, base64, or an allowed path or URL) so "
                 "search_documents finds it: detect format, extract text, chunk, index, summarize. Runs as a "
                 "durable task that resumes from its last finished step after a crash. Requires idempotency_key: "
@@ -218,13 +220,14 @@ class DocumentOutput(BaseModel):
 
 
 @read_tool(name="search_documents", title="Search documents", input_model=SearchDocumentsInput,
-           output_model=SearchDocumentsOutput)
+           output_model=SearchDocumentsOutput, personal_fields=frozenset({"query"}))
 def search_documents(ctx: ToolContext, args: SearchDocumentsInput) -> SearchDocumentsOutput:
     """Full-text search over this tenant's ingested documents; best matches first, with a snippet each."""
     return SearchDocumentsOutput(hits=documents.search(ctx.tenant_id, args.query, args.limit))
 
 
-@read_tool(name="get_document", title="Get a document", input_model=GetDocumentInput, output_model=DocumentOutput)
+@read_tool(name="get_document", title="Get a document", input_model=GetDocumentInput, output_model=DocumentOutput,
+           personal_fields=frozenset())
 def get_document(ctx: ToolContext, args: GetDocumentInput) -> DocumentOutput:
     """One of this tenant's documents: title, format, size, summary, and optionally its text."""
     document = documents.get_for_tenant(ctx.tenant_id, args.document_id)

@@ -59,7 +59,7 @@ def notification_output(event: OutboxEvent) -> NotificationOutput:
 
 @write_tool(name="send_notification", title="Send a notification", input_model=SendNotificationInput,
             output_model=NotificationOutput, open_world=True, check=check_recipient,
-            non_business_fields=frozenset({"sent_at"}))
+            non_business_fields=frozenset({"sent_at"}), personal_fields=frozenset({"recipient", "subject", "body"}))
 def send_notification(ctx: ToolContext, args: SendNotificationInput) -> NotificationOutput:
     """Queue an email or webhook notification; it is delivered shortly, exactly once as far as the receiver
     can tell. Requires idempotency_key: a retry with the same key queues nothing new."""
@@ -69,7 +69,7 @@ def send_notification(ctx: ToolContext, args: SendNotificationInput) -> Notifica
 
 
 @read_tool(name="get_notification", title="Get a notification's delivery status", input_model=GetNotificationInput,
-           output_model=NotificationOutput)
+           output_model=NotificationOutput, personal_fields=frozenset())
 def get_notification(ctx: ToolContext, args: GetNotificationInput) -> NotificationOutput:
     """Read whether one of this tenant's notifications was delivered."""
     event = OutboxEvent.objects.filter(tenant_id=ctx.tenant_id, pk=_uuid(args.notification_id)).first()

@@ -92,7 +92,9 @@ def id_ttl() -> timedelta:
 
 @write_tool(name=PREPARE_OPERATION, title="Prepare a high-risk operation", input_model=PrepareOperationInput,
             output_model=PreparedOutput, check=check_prepare,
-            operation_arguments=prepared_arguments, retention=id_ttl)
+            operation_arguments=prepared_arguments, retention=id_ttl,
+            # The high-risk call's own arguments (a payee, a reason, an announcement's text).
+            personal_fields=frozenset({"arguments"}))
 def prepare_operation(ctx: ToolContext, args: PrepareOperationInput) -> PreparedOutput:
     """Get the operation id a high-risk tool (request_payment, delete_record, publish_announcement; tools/list
     marks them with _meta io.idemops/requires-operation-id) must be called with as its idempotency_key: those
@@ -137,7 +139,7 @@ class OperationView(BaseModel):
 
 
 @read_tool(name="get_operation", title="Get an operation's state", input_model=GetOperationInput,
-           output_model=OperationView)
+           output_model=OperationView, personal_fields=frozenset())
 def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
     """What became of an operation, without calling its tool again: by operation_id (every write answer carries
     it in `idempotency.operation_id`, also an in_progress answer), or by tool and idempotency_key. Answers its

@@ -78,7 +78,7 @@ def order_output(order: Order, lines: list[OrderLine]) -> OrderOutput:
 
 
 @write_tool(name="create_order", title="Create an order", input_model=CreateOrderInput, output_model=OrderOutput,
-            non_business_fields=frozenset({"note"}))
+            non_business_fields=frozenset({"note"}), personal_fields=frozenset({"customer", "note"}))
 def create_order(ctx: ToolContext, args: CreateOrderInput) -> OrderOutput:
     """Create an order with its lines and return its id and total. Requires idempotency_key: a retry with
     the same key returns the same order instead of creating another."""
@@ -90,7 +90,8 @@ def create_order(ctx: ToolContext, args: CreateOrderInput) -> OrderOutput:
     return order_output(order, lines)
 
 
-@read_tool(name="get_order", title="Get an order", input_model=GetOrderInput, output_model=OrderOutput)
+@read_tool(name="get_order", title="Get an order", input_model=GetOrderInput, output_model=OrderOutput,
+           personal_fields=frozenset())
 def get_order(ctx: ToolContext, args: GetOrderInput) -> OrderOutput:
     """Read one of this tenant's orders by id."""
     order = Order.objects.filter(tenant_id=ctx.tenant_id, pk=args.order_id).prefetch_related("lines").first()

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from idemops.conf import conf
 from tools_app.approvals import amount_policy
+from tools_app.core import tracing
 from tools_app.core.errors import InvalidInput
 from tools_app.engine import ExpiryPolicy, evidence_entry
 from tools_app.toolkit import downstream
@@ -59,7 +60,7 @@ def reconcile_payment(record) -> Found | NotDone | StillUnknown:
     url = gateway_url("/payments")
     asked = {"method": "GET", "url": url, "idempotency_key": record.downstream_key}
     try:
-        response = httpx2.get(url, params={"idempotency_key": record.downstream_key}, timeout=_timeout())
+        response = tracing.request("GET", url, params={"idempotency_key": record.downstream_key}, timeout=_timeout())
     except httpx2.TransportError as exc:
         return StillUnknown(evidence_entry("reconciler", asked=asked, error=type(exc).__name__))
     answer = {"status": response.status_code, "body": response.text[:500]}
@@ -74,7 +75,7 @@ def reconcile_payment(record) -> Found | NotDone | StillUnknown:
 
 def payment_for_reference(record, payment_id: str) -> dict:
     """What an operator's "succeeded, payment <id>" resolves to: the gateway's own record of it."""
-    response = httpx2.get(gateway_url(f"/payments/{payment_id}"), timeout=_timeout())
+    response = tracing.request("GET", gateway_url(f"/payments/{payment_id}"), timeout=_timeout())
     if response.status_code != 200:
         raise InvalidInput(f"the gateway has no payment {payment_id!r}")
     return PaymentOutput.model_validate(response.json()).model_dump()
@@ -91,6 +92,7 @@ def payment_needs_approval(tenant, args: RequestPaymentInput) -> ApprovalPolicy 
             output_model=PaymentOutput, transactional=False, open_world=True,
             reconciler=reconcile_payment, result_for_reference=payment_for_reference,
             approval=payment_needs_approval, requires_operation_id=True,
+            personal_fields=frozenset({"payee", "reference"}),
             # A payment key is never silently reused after its retention.
             on_expiry=ExpiryPolicy.HOLD)
 def request_payment(ctx: ToolContext, args: RequestPaymentInput) -> PaymentOutput:

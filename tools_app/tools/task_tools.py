@@ -81,7 +81,10 @@ class TaskResult(BaseModel):
 
 
 @write_tool(name="start_task", title="Start a long task", input_model=StartTaskInput, output_model=TaskHandle,
-            check=task_calls.check_start)
+            check=task_calls.check_start,
+            # The long tool's own arguments: any of them may be personal (a document's text); the
+            # webhook to tell, as send_notification's recipient.
+            personal_fields=frozenset({"arguments", "notify_url"}))
 def start_task(ctx: ToolContext, args: StartTaskInput) -> TaskHandle:
     """Start a long tool (ingest_document) as a durable task and return its task_id at once. The task survives
     disconnects and worker restarts and resumes from its last checkpoint. Requires idempotency_key: a retry with
@@ -91,7 +94,7 @@ def start_task(ctx: ToolContext, args: StartTaskInput) -> TaskHandle:
 
 
 @read_tool(name="get_task_status", title="Get a task's status", input_model=WaitingInput,
-           output_model=TaskStatusView)
+           output_model=TaskStatusView, personal_fields=frozenset())
 def get_task_status(ctx: ToolContext, args: WaitingInput) -> TaskStatusView:
     """Status of a task: current step, steps done/total, progress, failure class and reason, whether it can be
     cancelled or resumed, and what to do next. wait_seconds waits for it to finish, reporting progress."""
@@ -100,7 +103,8 @@ def get_task_status(ctx: ToolContext, args: WaitingInput) -> TaskStatusView:
     return task_calls.describe(task)
 
 
-@read_tool(name="get_task_result", title="Get a task's result", input_model=WaitingInput, output_model=TaskResult)
+@read_tool(name="get_task_result", title="Get a task's result", input_model=WaitingInput, output_model=TaskResult,
+           personal_fields=frozenset())
 def get_task_result(ctx: ToolContext, args: WaitingInput) -> TaskResult:
     """The result of a succeeded task. Otherwise an error: in_progress (still working, with the task's status),
     the task's failure class and reason, or already_done for a cancelled task. wait_seconds waits for it."""
@@ -111,7 +115,8 @@ def get_task_result(ctx: ToolContext, args: WaitingInput) -> TaskResult:
     return TaskResult(task_id=str(task.pk), tool=task.tool, status=task.status, result=task.result)
 
 
-@write_tool(name="resume_task", title="Resume a task", input_model=ResumeTaskInput, output_model=TaskStatusView)
+@write_tool(name="resume_task", title="Resume a task", input_model=ResumeTaskInput, output_model=TaskStatusView,
+            personal_fields=frozenset({"input"}))
 def resume_task(ctx: ToolContext, args: ResumeTaskInput) -> TaskStatusView:
     """Continue a paused task (with the input it asked for), retry a backing-off or transiently failed task now,
     or revive one whose worker died; it restarts from its last valid checkpoint. Refused, with the reason, for
@@ -120,7 +125,8 @@ def resume_task(ctx: ToolContext, args: ResumeTaskInput) -> TaskStatusView:
     return task_calls.describe(tasks.resume(task, Agent(ctx.tenant_id, ctx.actor), answer=args.input))
 
 
-@write_tool(name="cancel_task", title="Cancel a task", input_model=CancelTaskInput, output_model=TaskStatusView)
+@write_tool(name="cancel_task", title="Cancel a task", input_model=CancelTaskInput, output_model=TaskStatusView,
+            personal_fields=frozenset({"reason"}))
 def cancel_task(ctx: ToolContext, args: CancelTaskInput) -> TaskStatusView:
     """Cancel a task now: it is marked cancelled at once and no further step starts (a step in progress stops at
     its next check). Cancelling a cancelled task is a no-op; a finished task cannot be cancelled."""
@@ -128,7 +134,8 @@ def cancel_task(ctx: ToolContext, args: CancelTaskInput) -> TaskStatusView:
     return task_calls.describe(tasks.cancel(task, Agent(ctx.tenant_id, ctx.actor), reason=args.reason))
 
 
-@write_tool(name="pause_task", title="Pause a task", input_model=PauseTaskInput, output_model=TaskStatusView)
+@write_tool(name="pause_task", title="Pause a task", input_model=PauseTaskInput, output_model=TaskStatusView,
+            personal_fields=frozenset({"reason"}))
 def pause_task(ctx: ToolContext, args: PauseTaskInput) -> TaskStatusView:
     """Pause a task: a queued or backing-off task at once; a running one at its next step boundary (the step in
     progress finishes and is checkpointed, the next one does not start). resume_task continues it from there."""
@@ -137,7 +144,7 @@ def pause_task(ctx: ToolContext, args: PauseTaskInput) -> TaskStatusView:
 
 
 @write_tool(name=tasks.FORK_OPERATION, title="Re-run a task from a step", input_model=ForkTaskInput,
-            output_model=ForkHandle)
+            output_model=ForkHandle, personal_fields=frozenset({"reason"}))
 def fork_task(ctx: ToolContext, args: ForkTaskInput) -> ForkHandle:
     """Re-run a task from one of its steps, in a new task: the steps before it are reused from the original's
     verified checkpoints, from_step and the steps after it run again (with their effects). The original is left

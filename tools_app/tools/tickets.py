@@ -35,7 +35,7 @@ def ticket_output(ticket: Ticket) -> TicketOutput:
 
 
 @write_tool(name="create_ticket", title="Open a support ticket", input_model=CreateTicketInput,
-            output_model=TicketOutput)
+            output_model=TicketOutput, personal_fields=frozenset({"subject", "body"}))
 def create_ticket(ctx: ToolContext, args: CreateTicketInput) -> TicketOutput:
     """Open a support ticket and return its id. Requires idempotency_key: a retry with the same key
     returns the same ticket."""
@@ -44,7 +44,8 @@ def create_ticket(ctx: ToolContext, args: CreateTicketInput) -> TicketOutput:
     return ticket_output(ticket)
 
 
-@read_tool(name="get_ticket", title="Get a ticket", input_model=GetTicketInput, output_model=TicketOutput)
+@read_tool(name="get_ticket", title="Get a ticket", input_model=GetTicketInput, output_model=TicketOutput,
+           personal_fields=frozenset())
 def get_ticket(ctx: ToolContext, args: GetTicketInput) -> TicketOutput:
     """Read one of this tenant's tickets by id."""
     ticket = Ticket.objects.filter(tenant_id=ctx.tenant_id, pk=args.ticket_id).first()

@@ -1,5 +1,5 @@
-"""Plain Django HTTP entry points: `/healthz`, and the middleware that answers a database outage
-with 503 + Retry-After (the admin, the API and every other Django view).
+"""Plain Django HTTP entry points: `/healthz`, `/metrics` (Prometheus), and the middleware that
+answers a database outage with 503 + Retry-After (the admin, the API and every other Django view).
 
 May import: everything below the entry points.
 """

@@ -25,6 +25,8 @@ from tools_app.core import polling
 from tools_app.management.demo import ensure_demo
 
 STOP_GRACE_SECONDS = 5
+# granian's access line in uvicorn's shape (its path carries no query string).
+ACCESS_LOG_FORMAT = '%(addr)s - "%(method)s %(path)s %(protocol)s" %(status)d'
 
 
 def _interrupt(signum, frame):
@@ -63,6 +65,7 @@ class Command(BaseCommand):
     def process_specs(self, host, port, web_workers):
         python = sys.executable
         specs = [
+            # Its access log follows IDEMOPS_ACCESS_LOG (LOGGING in idemops/settings.py), like every log line.
             ("web", self.web_argv(host, port, web_workers)),
             ("jobs", [python, "manage.py", "qcluster"]),
         ]
@@ -75,8 +78,10 @@ class Command(BaseCommand):
         """granian (a Rust ASGI server) rather than uvicorn: side by side it serves /mcp calls
         faster (docs/benchmarks.md, P4); any ASGI server can serve idemops.asgi:application."""
         granian = str(Path(sys.executable).parent / "granian")
+        # Its access lines read like uvicorn's, so tools_app.core.logs turns either into the same fields.
+        access = ["--access-log", "--access-log-fmt", ACCESS_LOG_FORMAT] if conf().access_log else []
         return [granian, "--interface", "asgi", "--host", host, "--port", str(port), "--workers", str(web_workers),
-                "idemops.asgi:application"]
+                *access, "idemops.asgi:application"]
 
     def downstream_specs(self, python):
         """The demo's downstream systems, each with its own database on our server."""
@@ -135,7 +140,7 @@ class Command(BaseCommand):
 idemops is running.
   Admin     {base}/admin/   user {demo['admin_user']}  password {password}
   MCP       {base}/mcp      tenant demo, bearer token {token}
-  Health    {base}/healthz
+  Health    {base}/healthz   Metrics {base}/metrics (Prometheus; from this machine)
   Payment gateway (demo downstream)  http://127.0.0.1:8001   notification sink  http://127.0.0.1:8002/messages
   Database  {'embedded PostgreSQL in ' + str(conf().pgdata) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}
 

@@ -1,0 +1,63 @@
+"""deploy/: the alert rules fire when they should (promtool's own unit tests), the scrape configuration
+is one Prometheus accepts, and every metric the rules and the Grafana dashboard use is one idemops serves.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tools_app.metrics.prometheus import Collector
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMETHEUS = ROOT / "deploy" / "prometheus"
+DASHBOARD = ROOT / "deploy" / "grafana" / "idemops.json"
+SUFFIXES = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
+
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None,
+                                    reason="promtool not installed (Debian's prometheus package; .ci/run installs it)")
+
+
+def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["promtool", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@needs_promtool
+def test_the_alert_rules_pass_promtools_check_and_their_unit_tests():
+    checked = promtool("check", "rules", "alerts.yml", cwd=PROMETHEUS)
+    tested = promtool("test", "rules", "alerts_test.yml", cwd=PROMETHEUS)
+
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+@needs_promtool
+def test_the_scrape_configuration_is_one_prometheus_accepts(tmp_path):
+    for name in ("prometheus.yml", "alerts.yml"):
+        shutil.copy(PROMETHEUS / name, tmp_path / name)
+    (tmp_path / "idemops-metrics-token").write_text("a-token\n")
+
+    checked = promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def served_names() -> set[str]:
+    return {family.name + suffix for family in Collector().collect() for suffix in SUFFIXES[family.type]}
+
+
+def test_every_metric_the_alerts_and_the_dashboard_use_is_served(db):
+    used = set(re.findall(r"idemops_[a-z_]+", (PROMETHEUS / "alerts.yml").read_text()))
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    used |= {name for query in queries for name in re.findall(r"idemops_[a-z_]+", query)}
+
+    assert used - served_names() == set()
+    assert {alert for alert in re.findall(r"alert: (\w+)", (PROMETHEUS / "alerts.yml").read_text())} == {
+        "IdemopsUnknownOutcomes", "IdemopsProcessingTimeouts", "IdemopsDeadLetteredEvents",
+        "IdemopsApprovalsWaitingTooLong", "IdemopsOutboxLagging", "IdemopsTaskWorkersDying"}

@@ -1,0 +1,156 @@
+"""Traces in one process: the spans of a call, the ids its rows keep, a job continuing the trace it was
+queued in, and the exporter the OTEL_* variables choose (OTLP, checked against a real HTTP receiver).
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django_q.models import OrmQ
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic import ValidationError
+
+from idemops.conf import IdemopsSettings, override_conf
+from tests.approvals_support import call
+from tests.mcp_client import call_sync
+from tests.processes import WebServer, free_port
+from tests.task_stack import wait_until
+from tools_app.core import jobs, tracing
+from tools_app.models import AuditEvent
+
+ORDER = {"customer": "ACME", "currency": "EUR", "items": [{"sku": "A", "quantity": 1, "unit_price": "1.00"}]}
+
+
+@pytest.fixture
+def spans():
+    """The spans this process finishes from now on."""
+    exporter = InMemorySpanExporter()
+    trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
+    yield exporter
+    exporter.clear()
+    exporter.shutdown()  # the processor stays registered but exports nowhere
+
+
+def named(exporter: InMemorySpanExporter, name: str):
+    return [span for span in exporter.get_finished_spans() if span.name == name]
+
+
+def test_a_calls_spans_share_one_trace_whose_ids_its_record_and_audit_events_keep(caller, spans):
+    result = call(caller, "create_order", idempotency_key="o-1", **ORDER)
+
+    [tool] = named(spans, "tool create_order")
+    [claim] = named(spans, "idempotency.claim")
+    record = result.record
+    assert claim.context.trace_id == tool.context.trace_id and claim.parent.span_id == tool.context.span_id
+    assert (record.trace_id, record.span_id) == (format(tool.context.trace_id, "032x"),
+                                                 format(tool.context.span_id, "016x"))
+    assert set(AuditEvent.objects.filter(object_type="idempotencyrecord", object_id=str(record.pk))
+               .values_list("trace_id", flat=True)) == {
+        record.trace_id}
+    assert tool.attributes["idemops.outcome"] == "executed" and claim.attributes["idemops.claimed"] is True
+    assert any(span.attributes.get("db.system") == "postgresql" and span.context.trace_id == tool.context.trace_id
+               for span in spans.get_finished_spans())  # psycopg's instrumentation, in the call's trace
+
+
+def test_a_queued_job_carries_the_trace_and_runs_in_a_span_of_it(transactional_db, spans):
+    with tracing.span("the caller") as caller_span:
+        jobs.enqueue("metrics.prune", task_name="traced-job")
+    task = OrmQ.objects.get().task  # the signed payload, as a worker reads it
+    caller_trace, _ = tracing.ids(caller_span)
+
+    assert tracing.context_from(task[jobs.TRACE_KEY]) is not None
+    assert task[jobs.TRACE_KEY]["traceparent"].split("-")[1] == caller_trace
+    # the worker's side of django-q2's signals
+    jobs.open_job_span(task=task)
+    inside, _ = tracing.ids()
+    jobs.close_job_span(task={**task, "success": True})
+    assert inside == caller_trace
+    [job] = named(spans, "job metrics.prune")
+    assert job.kind == trace.SpanKind.CONSUMER and format(job.context.trace_id, "032x") == caller_trace
+    assert tracing.ids() == ("", "")  # the worker's context is back as it was
+
+
+def test_work_on_a_stored_row_continues_its_trace_and_a_row_without_one_gets_its_own(spans):
+    stored_trace, stored_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    with tracing.continued(stored_trace, stored_span, "later work"):
+        later = tracing.ids()
+    with tracing.continued("not-a-w3c-trace-id", "", "older row"):
+        older = tracing.ids()
+
+    [span] = named(spans, "later work")
+    assert later[0] == stored_trace and format(span.parent.span_id, "016x") == stored_span
+    assert older[0] and older[0] != stored_trace
+
+
+def test_the_otel_variables_choose_the_exporter_and_refuse_what_idemops_cannot_do(settings):
+    override_conf(settings, otel_traces_exporter=None, otel_exporter_otlp_endpoint=None)
+    assert tracing.exporters() == []
+    override_conf(settings, otel_exporter_otlp_endpoint="http://collector:4318")
+    assert [type(e) for e in tracing.exporters()] == [OTLPSpanExporter]
+    override_conf(settings, otel_traces_exporter=["console", "none"])
+    assert [type(e) for e in tracing.exporters()] == [ConsoleSpanExporter]
+    for wrong in ({"OTEL_TRACES_EXPORTER": "zipkin"}, {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}):
+        with pytest.raises(ValidationError):
+            IdemopsSettings.model_validate(wrong)
+
+
+class Collector:
+    """An OTLP/HTTP receiver: keeps every ExportTraceServiceRequest posted to /v1/traces."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.requests: list[ExportTraceServiceRequest] = []
+        received = self.requests
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.path == "/v1/traces":
+                    received.append(ExportTraceServiceRequest.FromString(body))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def spans(self) -> list:
+        return [span for request in self.requests for resource in request.resource_spans
+                for scope in resource.scope_spans for span in scope.spans]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.live
+def test_with_an_otlp_endpoint_set_the_web_process_exports_its_calls_spans(transactional_db, token):
+    collector = Collector()
+    web = WebServer("web-otlp", OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.port}",
+                    OTEL_BSP_SCHEDULE_DELAY="100", OTEL_SERVICE_NAME="idemops-under-test")
+    try:
+        call_sync(web.mcp_url, token, "create_order", {**ORDER, "idempotency_key": "o-otlp"})
+        from tools_app.models import IdempotencyRecord
+
+        trace_id = bytes.fromhex(IdempotencyRecord.objects.get(key="o-otlp").trace_id)
+        expected = {"tools/call create_order", "tool create_order", "idempotency.claim"}
+        wait_until(lambda: {s.name for s in collector.spans() if s.trace_id == trace_id} >= expected, timeout=30,
+                   what=f"the call's spans at the collector (got {[s.name for s in collector.spans()]})")
+    finally:
+        web.stop()
+        collector.close()
+    # The HTTP request has its span too (the ASGI instrumentation); the client put the call's own trace
+    # context in params._meta, which the MCP span follows.
+    assert [span for span in collector.spans() if span.name.startswith("POST")]
+    services = {attribute.value.string_value for request in collector.requests for resource in
+                request.resource_spans for attribute in resource.resource.attributes if attribute.key == "service.name"}
+    assert services == {"idemops-under-test"}

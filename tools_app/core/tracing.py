@@ -1,0 +1,192 @@
+"""Traces (OpenTelemetry): one trace per tool call, followed through everything the call starts.
+
+- `configure()` (at start-up, tools_app/apps.py): this process's tracer provider, always, so a
+  call has a trace id even when nothing is exported; the exporter the standard `OTEL_*`
+  variables choose (read into the settings object: `OTEL_TRACES_EXPORTER`; OTLP over HTTP when
+  an `OTEL_EXPORTER_OTLP_*ENDPOINT` is set, else none); psycopg's and Django's instrumentation.
+- `span(name, ...)` and `ids()`: a span of our own, and the current trace and span ids as
+  stored on records, tasks, step runs, approval requests, outbox events and audit events.
+- `continued(trace_id, span_id, name)`: work done later by another process (a task's steps, an
+  outbox delivery, a reconciliation, an approved execution) joins the trace of the call that
+  started it, from the ids stored with its row.
+- `send(client, request)` and `request(...)`: an outbound HTTP request (the payment gateway, a
+  webhook, a document fetch) in a CLIENT span whose context travels in its `traceparent`
+  header. The MCP SDK's HTTP client is httpx2, which OpenTelemetry's httpx instrumentation
+  does not patch: this is the one helper every outbound request goes through instead.
+- `carrier()` / `context_from(carrier)`: the W3C trace context as a dict (an email header, a
+  django-q2 job's payload: core/jobs.py).
+
+The MCP side needs nothing here: the SDK's own OpenTelemetryMiddleware opens a span per message,
+parented on `params._meta.traceparent` (MCP SEP-414) when the call carries one and otherwise on
+the HTTP request's span (the `traceparent` header, read by the ASGI instrumentation around /mcp).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx2
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.instrumentation.django import DjangoInstrumentor
+from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from idemops.conf import conf
+from tools_app.core.redaction import public_url
+
+tracer = trace.get_tracer("idemops")
+
+TRACE_ID = re.compile(r"[0-9a-f]{32}")
+SPAN_ID = re.compile(r"[0-9a-f]{16}")
+
+
+_configured = False
+
+
+class IdGenerator(RandomIdGenerator):
+    """Trace and span ids drawn from a generator of their own. The SDK's default draws from the
+    `random` module, so every span would shift the jitter drawn after it (core.backoff) and a
+    seeded run would no longer repeat. Reseeded in a forked child (django-q2's workers), as
+    `random` itself is, so no two workers draw the same ids."""
+
+    def __init__(self) -> None:
+        self._random = random.Random()
+        os.register_at_fork(after_in_child=self._random.seed)
+
+    def generate_span_id(self) -> int:
+        return self._random.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        return self._random.getrandbits(128) or 1
+
+
+def configure() -> None:
+    """This process's tracer provider and instrumentation (once; OTEL_SDK_DISABLED=true: none)."""
+    global _configured
+    settings = conf()
+    if _configured or settings.otel_sdk_disabled:
+        return
+    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: settings.otel_service_name}),
+                              id_generator=IdGenerator())
+    for exporter in exporters():
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    PsycopgInstrumentor().instrument(tracer_provider=provider, skip_dep_check=True)
+    DjangoInstrumentor().instrument(tracer_provider=provider, excluded_urls="healthz,metrics")
+    _configured = True
+
+
+def exporters() -> list:
+    """The span exporters OTEL_TRACES_EXPORTER names; unset, OTLP when an OTLP endpoint is set and
+    none otherwise (traces still exist: their ids are in the database and the logs). The OTLP
+    exporter reads its endpoint, headers and timeout from the OTEL_EXPORTER_OTLP_* variables itself."""
+    settings = conf()
+    names = settings.otel_traces_exporter
+    if names is None:
+        names = ["otlp"] if settings.otel_exporter_otlp_traces_endpoint or settings.otel_exporter_otlp_endpoint \
+            else []
+    return [OTLPSpanExporter() if name == "otlp" else ConsoleSpanExporter() for name in names if name != "none"]
+
+
+# --- spans and ids ---------------------------------------------------------------------------------
+
+
+def span(name: str, *, kind: SpanKind = SpanKind.INTERNAL, **attributes: Any):
+    """A span of ours around a piece of work, current inside (attributes with None are left out)."""
+    return tracer.start_as_current_span(name, kind=kind,
+                                        attributes={k: v for k, v in attributes.items() if v is not None})
+
+
+def ids(current: trace.Span | None = None) -> tuple[str, str]:
+    """(trace id, span id) of the current span as 32 and 16 hex digits; ("", "") outside any."""
+    context = (current or trace.get_current_span()).get_span_context()
+    if not context.is_valid:
+        return "", ""
+    return format(context.trace_id, "032x"), format(context.span_id, "016x")
+
+
+def remote_parent(trace_id: str, span_id: str = "") -> otel_context.Context | None:
+    """A context whose parent is the span `span_id` of trace `trace_id` (stored ids), or None if
+    `trace_id` is not a W3C trace id (rows older than tracing, a caller's free-form id)."""
+    if not trace_id or not TRACE_ID.fullmatch(trace_id) or trace_id == "0" * 32:
+        return None
+    if not (span_id and SPAN_ID.fullmatch(span_id) and int(span_id, 16)):
+        # No span stored: a parent of its own per trace, so everything continued from it hangs together.
+        span_id = trace_id[16:] if int(trace_id[16:], 16) else "1".rjust(16, "0")
+    parent = SpanContext(trace_id=int(trace_id, 16), span_id=int(span_id, 16), is_remote=True,
+                         trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return trace.set_span_in_context(NonRecordingSpan(parent))
+
+
+@contextmanager
+def continued(trace_id: str, span_id: str, name: str, *, kind: SpanKind = SpanKind.INTERNAL,
+              **attributes: Any) -> Iterator[trace.Span]:
+    """A span `name` in the trace stored with a row (see `remote_parent`); in the current trace if none."""
+    with tracer.start_as_current_span(name, context=remote_parent(trace_id, span_id), kind=kind,
+                                      attributes={k: v for k, v in attributes.items() if v is not None}) as current:
+        yield current
+
+
+def carrier() -> dict[str, str]:
+    """The current trace context as W3C headers (`traceparent`, and `tracestate` if any)."""
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return headers
+
+
+def context_from(headers: dict[str, str] | None) -> otel_context.Context | None:
+    """The context a carrier (headers, a job's payload) holds; None if it holds none."""
+    if not headers:
+        return None
+    context = propagate.extract(headers)
+    return context if trace.get_current_span(context).get_span_context().is_valid else None
+
+
+def set_span(current: trace.Span) -> otel_context.Context:
+    return trace.set_span_in_context(current)
+
+
+def attach(context: otel_context.Context) -> object:
+    return otel_context.attach(context)
+
+
+def detach(token: object) -> None:
+    otel_context.detach(token)
+
+
+# --- outbound HTTP ----------------------------------------------------------------------------------
+
+
+def send(client: httpx2.Client, request: httpx2.Request, *, shown_url: str | None = None,
+         **options: Any) -> httpx2.Response:
+    """Send `request` inside a CLIENT span; its trace context goes along as `traceparent`.
+
+    `shown_url` is the URL as the span may show it (never its query: signed-URL tokens live there).
+    """
+    url = public_url(shown_url or str(request.url))
+    with tracer.start_as_current_span(f"{request.method}", kind=SpanKind.CLIENT, attributes={
+            "http.request.method": request.method, "url.full": url,
+            "server.address": httpx2.URL(shown_url).host if shown_url else request.url.host}) as current:
+        propagate.inject(request.headers)
+        response = client.send(request, **options)
+        current.set_attribute("http.response.status_code", response.status_code)
+        if response.status_code >= 500:
+            current.set_status(Status(StatusCode.ERROR))
+        return response
+
+
+def request(method: str, url: str, *, timeout: float, **options: Any) -> httpx2.Response:
+    """`httpx2.request`, traced (see `send`)."""
+    with httpx2.Client(timeout=timeout) as client:
+        return send(client, client.build_request(method, url, **options))
