@@ -64,7 +64,7 @@ SYNTHETIC_STEPS = 10
 SYNTHETIC = Pipeline(steps=tuple(Step(f"s{n}", _step(n)) for n in range(SYNTHETIC_STEPS - 1))
                      + (Step("last", lambda ctx: {"steps": SYNTHETIC_STEPS}),))
 task_tool(name="bench_synthetic", title="bench", description="bench", input_model=BenchInput,
-          output_model=BenchOutput, pipeline=SYNTHETIC)
+          output_model=BenchOutput, pipeline=SYNTHETIC, personal_fields=frozenset())
 
 
 class PlainContext(StepContext):
