@@ -11,7 +11,7 @@ DEV     := $(VENV)/.installed-dev
 # The TypeScript MCP client the interoperability tests drive (pinned in tests/interop/package-lock.json).
 INTEROP := tests/interop/node_modules/.package-lock.json
 
-.PHONY: run test bench install install-dev install-interop db-stop clean lint settings-doc screenshots
+.PHONY: run test bench bench-quick install install-dev install-interop db-stop clean lint settings-doc screenshots
 
 $(RUNTIME): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,8 +42,13 @@ test: $(DEV) $(INTEROP)
 screenshots: $(DEV)
 	DOC_SCREENSHOTS=1 $(PY) -m pytest tests/test_console_browser.py -q
 
+# Every benchmark, full sizes: writes docs/benchmarks.md and docs/benchmarks.json (P1 … P9 by name).
 bench: $(DEV)
 	$(PY) bench/run.py
+
+# The same code at small sizes (under 3 minutes), into var/bench-quick/; tests/test_bench_quick.py runs it.
+bench-quick: $(DEV)
+	$(PY) bench/run.py --quick
 
 # ruff, and the import contract of pyproject.toml ([tool.importlinter]): layers import only downwards.
 lint: $(DEV)
@@ -54,10 +59,11 @@ lint: $(DEV)
 settings-doc: $(RUNTIME)
 	$(PY) -m idemops.conf > docs/settings.md
 
-# Stop the embedded PostgreSQL servers (make run's and the tests').
+# Stop the embedded PostgreSQL servers (make run's, the tests' and the benchmarks').
 db-stop: $(RUNTIME)
 	$(PY) -m idemops.embedded_pg stop --pgdata var/pg
 	$(PY) -m idemops.embedded_pg stop --pgdata var/test-pg
+	$(PY) -m idemops.embedded_pg stop --pgdata var/bench-pg
 
 clean: db-stop
 	rm -rf var/test-pg

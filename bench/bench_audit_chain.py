@@ -28,7 +28,7 @@ EVENTS_PER_WRITER = 150
 ROUNDS = 2
 
 
-def run() -> str:
+def run(quick: bool = False) -> str:
     from django.db import connection, connections
 
     from tools_app import access
@@ -41,6 +41,7 @@ def run() -> str:
         raise SystemExit("refusing to empty the audit log outside the benchmarks' own database")
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE tools_app_auditevent, tools_app_auditseal")
+    writer_counts, events_per_writer, rounds = ([1, 4], 20, 1) if quick else (WRITERS, EVENTS_PER_WRITER, ROUNDS)
     tenant = access.create_tenant("bench-audit")
     audit.seal()  # start from a sealed chain
 
@@ -68,7 +69,7 @@ def run() -> str:
 
         def worker():
             barrier.wait()
-            for i in range(EVENTS_PER_WRITER):
+            for i in range(events_per_writer):
                 write(i)
             connections.close_all()
 
@@ -79,14 +80,14 @@ def run() -> str:
         started = time.perf_counter()
         for t in threads:
             t.join()
-        return writers * EVENTS_PER_WRITER / (time.perf_counter() - started)
+        return writers * events_per_writer / (time.perf_counter() - started)
 
     rows, ratios = [], []
     best: dict[tuple[str, int], float] = {}
     # Inline chaining continues the chain past the sealer's last seal, so the
     # sealer rounds (and the seal/verify figures) all come first.
-    for _ in range(ROUNDS):
-        for writers in WRITERS:
+    for _ in range(rounds):
+        for writers in writer_counts:
             best[("sealer", writers)] = max(best.get(("sealer", writers), 0), throughput(sealer_write, writers))
     unsealed = AuditEvent.objects.filter(seq__isnull=True).count()
     started = time.perf_counter()
@@ -96,17 +97,17 @@ def run() -> str:
     report = audit.verify_chain()
     verify_rate = report.verified / (time.perf_counter() - started)
     assert report.ok, report.broken
-    for _ in range(ROUNDS):
-        for writers in WRITERS:
+    for _ in range(rounds):
+        for writers in writer_counts:
             best[("inline", writers)] = max(best.get(("inline", writers), 0), throughput(inline_write, writers))
-    for writers in WRITERS:
+    for writers in writer_counts:
         sealer, inline = best[("sealer", writers)], best[("inline", writers)]
         ratios.append(sealer / inline)
         rows.append(f"| {writers} | {sealer:,.0f} | {inline:,.0f} | {sealer / inline:.2f}× |")
     return "\n".join([
         "## Audit hash chain: sealer vs inline chaining (issue 5)",
         "",
-        f"Writer transactions of one `record_event` each; {EVENTS_PER_WRITER} per writer thread, best of {ROUNDS} "
+        f"Writer transactions of one `record_event` each; {events_per_writer} per writer thread, best of {rounds} "
         "rounds. Events/s committed by all writers together.",
         "",
         "| writers | sealer design: events/s | inline chain lock: events/s | sealer / inline |",

@@ -142,15 +142,24 @@ def faults_left(stack: Stack) -> int:
 
 
 def in_flight(stack: Stack, keys: list[Key]) -> bool:
-    rows = stack.sql(f'SELECT count(*) FROM "{RECORDS}" WHERE status = %s AND key = ANY(%s)',
-                     ["PROCESSING", [k.key for k in keys]])
-    return rows[0][0] == len(keys)
+    """Every payment claimed (its record committed, PROCESSING) and every order waiting for the lock
+    inside its transaction (a local tool's claim commits with its effect, so nobody sees it yet)."""
+    payments = [k.key for k in keys if k.tool == "request_payment"]
+    claimed = stack.sql(f'SELECT count(*) FROM "{RECORDS}" WHERE status = %s AND key = ANY(%s)',
+                        ["PROCESSING", payments])[0][0]
+    waiting = stack.sql("SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+                        [Order._meta.db_table])[0][0]
+    return claimed == len(payments) and waiting == len(keys) - len(payments)
 
 
 def all_final(stack: Stack, keys: list[Key]) -> bool:
-    rows = stack.sql(f'SELECT count(*) FROM "{RECORDS}" WHERE status = ANY(%s) AND key = ANY(%s)',
-                     [list(FINAL), [k.key for k in keys]])
-    return rows[0][0] == len(keys)
+    """Every payment's record final; the killed orders left nothing behind (their next call runs them)."""
+    payments = [k.key for k in keys if k.tool == "request_payment"]
+    final = stack.sql(f'SELECT count(*) FROM "{RECORDS}" WHERE status = ANY(%s) AND key = ANY(%s)',
+                      [list(FINAL), payments])[0][0]
+    open_orders = stack.sql(f'SELECT count(*) FROM "{RECORDS}" WHERE status <> ALL(%s) AND key = ANY(%s)',
+                            [list(FINAL), [k.key for k in keys if k.tool == "create_order"]])[0][0]
+    return final == len(payments) and open_orders == 0
 
 
 def paid(stack: Stack, keys: list[Key]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Shared set-up for benchmarks: Django on a dedicated embedded cluster (var/bench-pg)."""
+"""Shared set-up for benchmarks: Django on a dedicated embedded cluster (var/bench-pg, or BENCH_PGDATA's)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,13 +39,18 @@ def on_bench_database() -> bool:
     return connection.settings_dict["NAME"] == BENCH_DATABASE
 
 
+def bench_pgdata() -> Path:
+    """The benchmarks' embedded cluster: var/bench-pg, or BENCH_PGDATA (the quick run's test uses its own)."""
+    return Path(os.environ.get("BENCH_PGDATA", ROOT / "var" / "bench-pg")).resolve()
+
+
 def fresh_database_url(name: str = BENCH_DATABASE) -> str:
     """Drop and recreate the benchmark database, so every run starts from an empty, current schema."""
     import psycopg
 
     from idemops.embedded_pg import ensure_running
 
-    admin_url = ensure_running((ROOT / "var" / "bench-pg").resolve(), "postgres")
+    admin_url = ensure_running(bench_pgdata(), "postgres")
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -72,3 +79,61 @@ def summary(latencies: list[float], wall_seconds: float | None = None) -> dict[s
 
 def row(name: str, stats: dict[str, float]) -> str:
     return f"| {name} | {stats['median_ms']:.3f} | {stats['p99_ms']:.3f} | {stats['per_s']:,.0f} |"
+
+
+# --- figures: what `make bench` reports by name (docs/benchmarks.json) -----------------------------------
+
+
+@dataclass
+class Figure:
+    """One named figure of the performance issue (P1 … P9): a measured value against its target."""
+
+    name: str  # "P1"
+    what: str  # what is compared with what
+    value: float | None  # the figure itself (the median of the rounds, or the worst case where a bound matters)
+    unit: str  # "×" or "s"
+    target: str  # "≤ 1.5×"
+    met: bool | None  # None: not measured
+    spread: tuple[float, float] | None = None  # lowest and highest round, when measured in rounds
+    detail: dict[str, Any] = field(default_factory=dict)  # the raw figures behind it
+
+    def cell(self) -> str:
+        if self.value is None:
+            return "not measured"
+        return f"{self.value:.2f}{self.unit}"
+
+    def spread_cell(self) -> str:
+        if self.spread is None:
+            return ""
+        low, high = self.spread
+        return f"{low:.2f}–{high:.2f}{self.unit}"
+
+
+@dataclass
+class Section:
+    """What a benchmark module's `run(quick)` returns: its markdown, and the figures it measured."""
+
+    markdown: str
+    figures: list[Figure] = field(default_factory=list)
+
+
+def at_most(name: str, what: str, values: list[float], limit: float, *, unit: str = "×", worst: bool = False,
+            **detail: Any) -> Figure:
+    """A figure whose target is an upper bound; `values` are the rounds' (the median is the figure,
+    or the highest if `worst`)."""
+    value = max(values) if worst else statistics.median(values)
+    return Figure(name, what, value, unit, f"≤ {limit:g}{unit}", value <= limit,
+                  (min(values), max(values)) if len(values) > 1 else None, detail)
+
+
+def at_least(name: str, what: str, values: list[float], limit: float, *, unit: str = "×", worst: bool = False,
+             **detail: Any) -> Figure:
+    """A figure whose target is a lower bound (the lowest round if `worst`)."""
+    value = min(values) if worst else statistics.median(values)
+    return Figure(name, what, value, unit, f"≥ {limit:g}{unit}", value >= limit,
+                  (min(values), max(values)) if len(values) > 1 else None, detail)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]

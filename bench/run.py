@@ -1,15 +1,25 @@
-"""`make bench`: run every bench/bench_*.py on a dedicated database and write docs/benchmarks.md.
+"""`make bench`: run every bench/bench_*.py on a dedicated database; write docs/benchmarks.md and .json.
 
-Each module's `run()` returns a markdown section. Figures from one run are
-comparable with each other; absolute times depend on the machine's load.
+    .venv/bin/python bench/run.py                  every module, full sizes -> docs/
+    .venv/bin/python bench/run.py engine tasks     only those modules; their sections and figures
+                                                   replace the earlier ones in docs/ (each section
+                                                   keeps its own date)
+    .venv/bin/python bench/run.py --quick          every module at small sizes -> var/bench-quick/
+                                                   (`make bench-quick`; a test runs it so none rots)
+
+Each module's `run(quick)` returns a `bench.common.Section`: its markdown and the named figures
+(P1 … P9 of the performance issue) it measured. docs/benchmarks.json holds every figure by name
+and every section; docs/benchmarks.md is rendered from it. Figures from one section were measured
+side by side in one run; absolute times move with the machine's load.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import json
 import os
 import platform
-import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -18,55 +28,117 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import fresh_database_url, on_bench_database, setup_django  # noqa: E402
+from bench.common import Figure, Section, fresh_database_url, on_bench_database, setup_django  # noqa: E402
+
+DOCS = ROOT / "docs"
+QUICK_OUT = ROOT / "var" / "bench-quick"
+
+# The performance issue's figures, in its order: what each compares, and its target.
+FIGURES: dict[str, str] = {
+    "P1": "engine claim+complete vs raw `INSERT … ON CONFLICT` + `UPDATE` (minimal table)",
+    "P2": "engine replay vs raw indexed `SELECT`",
+    "P3": "engine first executions/s in process vs DBOS Transact one-step workflows, same PostgreSQL",
+    "P4": "`create_order` over `/mcp` vs the bare SDK serving a no-op tool, 1 and 32 clients",
+    "P4b": "`whoami` over `/mcp` vs the bare SDK no-op",
+    "P5": "follower p99 in a storm of 50 identical calls vs the executor's latency",
+    "P6": "checkpointed 6-step task vs a bare django-q2 job, tasks/s",
+    "P6b": "per-step checkpoint overhead, in single-row `UPDATE`+commit units",
+    "P7": "SIGKILL of a worker → progress resumed, default settings",
+    "P8": "replay latency with 1M records vs 1k",
+    "P9": "web tier scale: 2 web processes vs 1 (calls/s, 32 clients)",
+}
 
 
-def main(selected: list[str]) -> None:
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("modules", nargs="*", help="run only the modules whose names contain one of these")
+    parser.add_argument("--quick", action="store_true", help="small sizes, written to var/bench-quick/")
+    parser.add_argument("--out", type=Path, help="write benchmarks.md and .json here instead")
+    args = parser.parse_args()
+    out = args.out or (QUICK_OUT if args.quick else DOCS)
+    out.mkdir(parents=True, exist_ok=True)
     setup_django()
     modules = sorted(p.stem for p in (ROOT / "bench").glob("bench_*.py"))
-    if selected:
-        modules = [m for m in modules if any(s in m for s in selected)]
-    header = [
-        "# Benchmarks", "",
-        "Produced by `make bench` (`.venv/bin/python bench/run.py`; `bench/run.py <name>…` runs some "
-        "modules again and replaces only their sections; each section ends with when it was measured): "
-        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
-        "Embedded PostgreSQL under var/bench-pg, fsync on. Compare the ratios within one run; absolute "
-        "times move with the machine's load.", "",
-    ]
-    # Running some modules replaces their sections and keeps the others' from earlier runs;
-    # each section's closing line says when and under what load it was measured.
-    sections = _sections((ROOT / "docs" / "benchmarks.md").read_text()) if selected else {}
+    if args.modules:
+        modules = [m for m in modules if any(s in m for s in args.modules)]
+    # A partial full-size run updates what it ran and keeps the rest; a quick run starts afresh.
+    report = _load(out / "benchmarks.json") if args.modules and not args.quick else {}
+    report.setdefault("figures", {})
+    report.setdefault("sections", {})
+    command = " ".join([".venv/bin/python bench/run.py", *(["--quick"] if args.quick else []), *args.modules])
+    failures = []
     for name in modules:
-        started, load = time.monotonic(), os.getloadavg()[0]
-        print(f"running {name} …", flush=True)
+        started = time.monotonic()
+        load_before = os.getloadavg()[0]
+        print(f"running {name}{' (quick)' if args.quick else ''} …", flush=True)
         if on_bench_database():
             fresh_database()  # what one module loads (a million rows, say) must not skew the next
-        section = importlib.import_module(f"bench.{name}").run()
-        print(section, flush=True)
-        sections[name] = (f"{section}\n_{name}: {time.monotonic() - started:.0f}s, "
-                          f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, load average before {load:.1f}_\n")
+        try:
+            section = importlib.import_module(f"bench.{name}").run(quick=args.quick)
+        except Exception as exc:  # the others still run, and the failure is on record
+            failures.append(name)
+            section = Section(f"## {name}\n\n**Failed**: `{type(exc).__name__}: {exc}`\n")
+            import traceback
+
+            traceback.print_exc()
+        if isinstance(section, str):
+            section = Section(section)
+        print(section.markdown, flush=True)
+        for figure in section.figures:
+            report["figures"][figure.name] = {**figure.__dict__, "section": name}
+        report["sections"][name] = {
+            "markdown": section.markdown, "seconds": round(time.monotonic() - started),
+            "at": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "command": command, "quick": args.quick,
+            "load_before": round(load_before, 1), "load_after": round(os.getloadavg()[0], 1),
+            "figures": [figure.name for figure in section.figures],
+        }
+        report["machine"] = {"machine": platform.machine(), "cores": os.cpu_count(),
+                             "python": platform.python_version()}
         # Written after each section, so a failing one loses nothing measured before it.
-        ordered = [sections[m] for m in sorted(sections)]
-        (ROOT / "docs" / "benchmarks.md").write_text("\n".join(header + ordered))
-    print("wrote docs/benchmarks.md")
+        (out / "benchmarks.json").write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
+        (out / "benchmarks.md").write_text(render(report))
+    print(f"wrote {out / 'benchmarks.md'} and {out / 'benchmarks.json'}")
+    if failures:
+        sys.exit(f"failed: {', '.join(failures)}")
 
 
-def _sections(text: str) -> dict[str, str]:
-    """The sections of an earlier docs/benchmarks.md by module, each ending with its `_bench_x: …_` line."""
-    found, start = {}, None
-    lines = text.splitlines(keepends=True)
-    for i, line in enumerate(lines):
-        if start is None and line.startswith("## "):
-            start = i
-        match = TRAILER.match(line)
-        if match and start is not None:
-            found[match.group(1)] = "".join(lines[start:i + 1])
-            start = None
-    return found
+def _load(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
-TRAILER = re.compile(r"^_(bench_\w+): ")
+def render(report: dict) -> str:
+    machine = report.get("machine", {})
+    lines = [
+        "# Benchmarks", "",
+        "Produced by `make bench` (`.venv/bin/python bench/run.py`; `make bench-quick` runs the same code at small "
+        f"sizes). Machine: {machine.get('machine')}, {machine.get('cores')} cores, Python {machine.get('python')}; "
+        "embedded PostgreSQL under var/bench-pg, fsync on. Every figure but P7 (seconds) is a ratio measured side by "
+        "side in one run (the two sides interleaved in rounds); the spread is the lowest and highest round. "
+        "Absolute times move with the machine's load, which each section states. docs/benchmarks.json holds the "
+        "same figures by name; docs/performance.md says how they are measured and what stands between a figure "
+        "and its target.", "",
+        "## The figures", "",
+        "| | what | figure | spread | target | met |", "| --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    for name, what in FIGURES.items():
+        figure = report["figures"].get(name)
+        if figure is None:
+            lines.append(f"| {name} | {what} | not measured | | | |")
+            continue
+        shown = Figure(**{k: v for k, v in figure.items() if k != "section"})
+        if shown.spread is not None:
+            shown.spread = tuple(shown.spread)
+        met = "—" if shown.met is None else ("yes" if shown.met else "**no**")
+        lines.append(f"| {name} | {what} | {shown.cell()} | {shown.spread_cell()} | {shown.target} | {met} |")
+    lines.append("")
+    for name, section in sorted(report["sections"].items()):
+        lines += [section["markdown"].rstrip(), "",
+                  f"_{name}: {section['seconds']} s, {section['at']}, `{section['command']}`, load average "
+                  f"{section['load_before']} before, {section['load_after']} after._", ""]
+    return "\n".join(lines)
 
 
 def fresh_database() -> None:
@@ -79,4 +151,4 @@ def fresh_database() -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

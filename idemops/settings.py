@@ -251,6 +251,10 @@ LOGGING = {
         "uvicorn.error": {"level": _LOG_LEVEL},
         "uvicorn.access": {"handlers": ["console"] if _environment.access_log else [], "level": "INFO",
                            "propagate": False},
+        # granian (`manage.py serve`): its own lines and its access log (the same shape as uvicorn's).
+        "_granian": {"handlers": ["console"], "level": _LOG_LEVEL, "propagate": False},
+        "granian.access": {"handlers": ["console"] if _environment.access_log else [], "level": "INFO",
+                           "propagate": False},
         "django-q": {"handlers": ["console"], "level": _LOG_LEVEL, "propagate": False},
     },
 }

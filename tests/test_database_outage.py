@@ -20,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 
 from tests.agents import Answer, call_tool, call_tool_sync, call_until_done, issued_operation_id
 from tests.mcp_client import call
-from tests.processes import Stack
+from tests.processes import Stack, manage
 from tools_app.models import IdempotencyRecord, Order
 
 pytestmark = pytest.mark.live
@@ -105,10 +105,10 @@ def test_every_answer_during_a_database_restart_has_a_class_and_every_key_then_s
     assert sorted(payment_rows) == sorted((forwarded[key], id_) for key, id_ in payments.items())
 
 
-async def call_with_the_sdk(stack: Stack) -> MCPError:
+async def call_with_the_sdk(stack: Stack, token: str) -> MCPError:
     """The error the SDK's client raises (from inside its task groups) for a call while the database is down."""
     with pytest.raises(BaseExceptionGroup) as raised:
-        await call(stack.web.mcp_url, stack.token, "create_order", {**ORDER, "idempotency_key": "sdk-down"})
+        await call(stack.web.mcp_url, token, "create_order", {**ORDER, "idempotency_key": "sdk-down"})
     error = raised.value
     while isinstance(error, BaseExceptionGroup):
         (error,) = error.exceptions
@@ -121,6 +121,9 @@ def test_while_the_database_is_down_every_entry_point_answers_503_and_all_recove
     prepared = call_tool_sync(stack.web.mcp_url, stack.token, "prepare_operation",
                               {"tool": "request_payment", "arguments": PAYMENT, "idempotency_key": "down-prepare"})
     key = prepared.result["operation_id"]
+    # A token the web process has not verified yet (a verified one is trusted for IDEMOPS_TOKEN_CACHE_SECONDS
+    # without the database): checking it needs the database.
+    unchecked = manage("issue_token", "acme", "newcomer", env=stack.env).stdout.splitlines()[-1]
     stack.gateway.set_fault("*", "hang", times=1)  # the next payment request, this one
     arguments = {**PAYMENT, "idempotency_key": key}
 
@@ -139,14 +142,15 @@ def test_while_the_database_is_down_every_entry_point_answers_503_and_all_recove
         assert inside.status == 200 and inside.is_error
         assert inside.error["class"] == "transient" and inside.error["retry_after"] > 0
 
-        # and /mcp answers 503 + Retry-After with a JSON-RPC error, which the SDK's client raises
+        # and /mcp answers a token it cannot check 503 + Retry-After with a JSON-RPC error, which the
+        # SDK's client raises
         raw = httpx2.post(stack.web.mcp_url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
-                          headers={"Authorization": f"Bearer {stack.token}",
+                          headers={"Authorization": f"Bearer {unchecked}",
                                    "Accept": "application/json, text/event-stream"}, timeout=10)
         assert raw.status_code == 503 and int(raw.headers["retry-after"]) >= 1
         assert raw.headers["content-type"] == "application/json"
         assert raw.json()["error"]["data"]["class"] == "transient"
-        sdk_error = asyncio.run(call_with_the_sdk(stack))
+        sdk_error = asyncio.run(call_with_the_sdk(stack, unchecked))
         assert sdk_error.data["class"] == "transient" and sdk_error.data["retry_after"] > 0
 
         # and the admin, the API and every /healthz answer 503

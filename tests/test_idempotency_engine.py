@@ -207,3 +207,159 @@ def test_many_concurrent_identical_calls_execute_once(tenant):
     assert Order.objects.count() == 1
     assert {o.result["order_id"] for o in outcomes if o.error is None} == {Order.objects.get().pk}
     assert sum(not o.replayed for o in outcomes if o.error is None) == 1
+
+
+# --- a local call's claim is part of its transaction ------------------------------------------------
+
+
+def seen_from_another_connection(query):
+    """Run `query()` on a fresh connection of another thread (what a concurrent caller sees)."""
+    seen = []
+
+    def look():
+        try:
+            seen.append(query())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=look)
+    thread.start()
+    thread.join(10)
+    return seen[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_local_calls_record_is_invisible_to_other_callers_until_it_commits_with_its_effect(tenant):
+    # given a local write whose handler looks at the key from another connection
+    def execute(record):
+        execute.seen = seen_from_another_connection(lambda: IdempotencyRecord.objects.count())
+        return make_order(tenant)(record)
+
+    # when
+    outcome = engine.run(operation(tenant), execute)
+
+    # then nobody saw a PROCESSING record: claim, order and outcome committed together
+    assert execute.seen == 0
+    assert outcome.error is None and outcome.record.status == RecordStatus.SUCCEEDED
+    assert Order.objects.count() == 1
+
+
+class HeldExecutor:
+    """A local call whose handler waits inside its transaction until released."""
+
+    def __init__(self, tenant):
+        self.tenant = tenant
+        self.started, self.release = threading.Event(), threading.Event()
+        self.outcome = self.error = self.backend_pid = None
+        self.thread = threading.Thread(target=self._call)
+
+    def _handler(self, record):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            self.backend_pid = cursor.fetchone()[0]
+        self.started.set()
+        self.release.wait(20)
+        return make_order(self.tenant)(record)
+
+    def _call(self):
+        try:
+            self.outcome = engine.run(operation(self.tenant), self._handler)
+        except Exception as exc:  # a killed connection, in the test that kills it
+            self.error = exc
+        finally:
+            connections.close_all()
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.started.wait(10)
+        return self
+
+    def __exit__(self, *exc):
+        self.release.set()
+        self.thread.join(20)
+
+
+def in_thread(fn):
+    results = []
+
+    def target():
+        try:
+            results.append(fn())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, results
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_follower_of_a_local_call_in_flight_waits_for_its_commit_and_replays_its_result(tenant, settings):
+    override_conf(settings, follower_wait_seconds=20)
+    with HeldExecutor(tenant) as executor:
+        # given a follower whose claim waits on the executor's uncommitted one
+        follower, answers = in_thread(lambda: engine.run(operation(tenant), make_order(tenant)))
+        wait_for_lock_waiters(1)
+        # when the executor commits
+        executor.release.set()
+    follower.join(20)
+
+    # then the follower answers the committed result at once: a replay, not in_progress
+    assert executor.outcome.error is None and executor.outcome.executed
+    assert answers[0].error is None and answers[0].replayed
+    assert answers[0].result == executor.outcome.result == {"order_id": Order.objects.get().pk}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_follower_of_a_local_call_running_past_the_follower_wait_hears_in_progress(tenant, settings):
+    override_conf(settings, follower_wait_seconds=0.3)
+    with HeldExecutor(tenant) as executor:
+        # when a follower comes while the executor holds its transaction longer than the follower wait
+        follower, answers = in_thread(lambda: engine.run(operation(tenant), make_order(tenant)))
+        follower.join(20)
+        assert not follower.is_alive()
+
+    # then it heard in_progress (there was no committed record to show), and the executor went on
+    assert answers[0].error.error_class == "in_progress" and answers[0].record is None
+    assert executor.outcome.error is None and Order.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_local_executor_whose_connection_dies_leaves_the_key_to_the_waiting_follower(tenant, settings):
+    override_conf(settings, follower_wait_seconds=20)
+    with HeldExecutor(tenant) as executor:
+        # given a follower waiting on the executor's uncommitted claim
+        follower, answers = in_thread(lambda: engine.run(operation(tenant), make_order(tenant)))
+        wait_for_lock_waiters(1)
+        # when the executor's database session dies (a crash: nothing was committed)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [executor.backend_pid])
+        follower.join(20)
+
+    # then the follower claimed the free key and ran it: one order, nothing left of the dead claim
+    assert executor.error is not None
+    assert answers[0].error is None and answers[0].executed
+    assert Order.objects.count() == 1
+    record = IdempotencyRecord.objects.get()
+    assert (record.status, record.attempts) == (RecordStatus.SUCCEEDED, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_executors_own_statements_after_the_claim_keep_the_sessions_lock_timeout(tenant):
+    # given a session whose lock_timeout is not the default
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '7s'")
+
+    def execute(record):
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW lock_timeout")
+            execute.seen = cursor.fetchone()[0]
+        return make_order(tenant)(record)
+
+    # when
+    engine.run(operation(tenant), execute)
+
+    # then the claim's bounded wait did not leak into the handler's statements
+    assert execute.seen == "7s"
+    with connection.cursor() as cursor:
+        cursor.execute("RESET lock_timeout")

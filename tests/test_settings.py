@@ -116,7 +116,7 @@ def test_settings_that_contradict_each_other_stop_start_up():
     assert lines == [
         "IDEMOPS_EXECUTION_HEARTBEAT_SECONDS=2 must be less than IDEMOPS_EXECUTION_LEASE_SECONDS=2: a lease must be "
         "renewed before it runs out",
-        "IDEMOPS_TASK_HEARTBEAT_SECONDS=90 must be less than IDEMOPS_TASK_LEASE_SECONDS=60: a lease must be renewed "
+        "IDEMOPS_TASK_HEARTBEAT_SECONDS=90 must be less than IDEMOPS_TASK_LEASE_SECONDS=10: a lease must be renewed "
         "before it runs out",
         "IDEMOPS_TASK_BACKOFF_BASE_SECONDS=400 is more than IDEMOPS_TASK_BACKOFF_MAX_SECONDS=300: the base of a "
         "backoff cannot exceed its ceiling",

@@ -70,6 +70,9 @@ LOOP_JOBS: list[LoopJob] = [
     # if no caller asks for it again (a caller that does settles it itself).
     LoopJob("idemops: lease sweep and due reconciliations", "reconciliation.run_periodic",
             seconds=conf().lease_sweep_seconds),
+    # A killed worker's task is handed on within its lease plus this period (the schedule below
+    # is the backstop when no cluster runs loops).
+    LoopJob("idemops: task sweep", "tasks.sweep", seconds=conf().lease_sweep_seconds),
 ]
 
 

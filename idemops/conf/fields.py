@@ -118,7 +118,7 @@ class IdemopsSettings(BaseSettings):
         "resource URL, and the base of the links in approvers' messages.", section=WEB)
     host: str = setting("127.0.0.1", "Interface `manage.py serve` binds the web server to.", section=WEB)
     port: Port = setting(8000, "Port `manage.py serve` binds the web server to.", section=WEB)
-    web_workers: int = setting(1, "uvicorn worker processes `manage.py serve` starts.", ge=1, section=WEB)
+    web_workers: int = setting(1, "Web worker processes (granian) `manage.py serve` starts.", ge=1, section=WEB)
     allowed_hosts: TextList = setting(
         ["localhost", "127.0.0.1", "[::1]"], "Host names Django serves (its ALLOWED_HOSTS).", section=WEB)
     csrf_trusted_origins: TextList = setting(
@@ -236,6 +236,13 @@ class IdemopsSettings(BaseSettings):
         ["http://localhost:*", "http://127.0.0.1:*"], "Origin headers /mcp accepts.", section=MCP)
     mcp_db_threads: int = setting(
         16, "Threads one web process uses for the database work of MCP calls.", ge=1, section=MCP)
+    # A verified token is kept this long in each web process, so most calls verify it without a
+    # query and without the hop to a database thread. Revoking clears it in the revoking process
+    # at once; other processes refuse the token at most this long after.
+    token_cache_seconds: float = setting(
+        2, "How long a web process trusts a bearer token it verified before reading it again; a revoked "
+        "token is refused by every process at most this long after the revocation (0: read every call).",
+        ge=0, section=MCP)
     mcp_max_request_bytes: int = setting(
         32 * 1024 * 1024, "Largest /mcp request body (ingest_document takes documents inline).", gt=0,
         section=MCP)
@@ -328,8 +335,10 @@ class IdemopsSettings(BaseSettings):
         section=OUTBOX)
 
     # --- long tasks ---
+    # P7 of the performance issue: a killed worker's task resumes within the lease plus the loop's
+    # period (IDEMOPS_LEASE_SWEEP_SECONDS) plus the broker's pick-up.
     task_lease_seconds: Seconds = setting(
-        60, "A worker's lease on a running task; renewed every heartbeat while a step runs.", section=TASKS)
+        10, "A worker's lease on a running task; renewed every heartbeat while a step runs.", section=TASKS)
     task_heartbeat_seconds: Seconds = setting(
         2, "Lease renewal and progress write interval (at most a third of the lease is used); less than "
         "the lease.", section=TASKS)

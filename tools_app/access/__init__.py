@@ -15,8 +15,8 @@ May import: core.
 from tools_app.access.authorization import Agent, Permit, audit_refusal, authorize, scope, visible_tenant_ids
 from tools_app.access.limits import CHANGE_LIMITS, CallLimits, admit_call, admit_task, call_limits, change_limits
 from tools_app.access.tenants import create_tenant
-from tools_app.access.tokens import authenticate_token, issue_token, owner_id_of, revoke_token, set_owner
+from tools_app.access.tokens import authenticate_token, cached_token, issue_token, owner_id_of, revoke_token, set_owner
 
 __all__ = ["CHANGE_LIMITS", "Agent", "CallLimits", "Permit", "admit_call", "admit_task", "audit_refusal",
-           "authenticate_token", "authorize", "call_limits", "change_limits", "create_tenant", "issue_token",
-           "owner_id_of", "revoke_token", "scope", "set_owner", "visible_tenant_ids"]
+           "authenticate_token", "authorize", "cached_token", "call_limits", "change_limits", "create_tenant",
+           "issue_token", "owner_id_of", "revoke_token", "scope", "set_owner", "visible_tenant_ids"]

@@ -3,12 +3,20 @@
 A token is shown once, at issue, and stored only as a SHA-256 digest. Every token has an owner:
 the person responsible for that agent. Four eyes: the owner never approves what the agent asks
 for (tools_app.approvals.decisions), so an agent and its owner cannot wave an operation through.
+
+Every MCP call presents its token, so a verified token is kept in the process for
+IDEMOPS_TOKEN_CACHE_SECONDS (keyed by its digest: the raw value is not kept): a call then
+verifies it without a query. Revoking drops it from the revoking process's cache at once;
+another process refuses it once its entry is older than that period.
 """
 
 from __future__ import annotations
 
+import time
+
 from django.db import transaction
 
+from idemops.conf import conf
 from tools_app.access import secrets
 from tools_app.access.models import AGENT, ApiToken, Tenant
 from tools_app.core import audit, db
@@ -40,12 +48,34 @@ def set_owner(token: ApiToken, owner, *, actor: str, reason: str = "") -> bool:
 
 
 def revoke_token(token: ApiToken, *, actor: str, reason: str = "") -> bool:
+    _verified.pop(token.digest, None)
     return secrets.revoke(token, action="token.revoked", actor=actor, reason=reason)
+
+
+# digest -> (the live token, time.monotonic() when it was read). Only live tokens are kept: an
+# unknown or revoked value is read again each time (nothing an attacker sends fills the cache).
+_verified: dict[str, tuple[ApiToken, float]] = {}
+
+
+def cached_token(raw_token: str) -> ApiToken | None:
+    """The live token for a raw bearer value if this process verified it recently, else None
+    (then ask `authenticate_token`). Makes no query, so it may run on the event loop."""
+    entry = _verified.get(secrets.digest(raw_token))
+    if entry is None or time.monotonic() - entry[1] >= conf().token_cache_seconds:
+        return None
+    return entry[0]
 
 
 def authenticate_token(raw_token: str) -> ApiToken | None:
     """The live token for a raw bearer value, or None (with its tenant and the tenant's limits)."""
-    return secrets.find(ApiToken.objects.select_related("tenant", "tenant__limits"), raw_token, TOKEN_PREFIX)
+    token = cached_token(raw_token)
+    if token is not None:
+        return token
+    read_at = time.monotonic()
+    token = secrets.find(ApiToken.objects.select_related("tenant", "tenant__limits"), raw_token, TOKEN_PREFIX)
+    if token is not None and conf().token_cache_seconds > 0:
+        _verified[token.digest] = (token, read_at)
+    return token
 
 
 def owner_id_of(tenant_id: int, actor: str) -> int | None:

@@ -8,10 +8,11 @@ the code), so adding a field to a model needs no change here.
 from __future__ import annotations
 
 import json
-from functools import cache
+from collections.abc import Sequence
+from functools import cache, lru_cache
 from typing import Any
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models.sql import Query
 
 from tools_app.core import audit
@@ -24,6 +25,22 @@ def _columns(model: type[models.Model]) -> tuple[tuple[models.Field, ...], tuple
     fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
     return (fields, tuple(connection.ops.quote_name(f.column) for f in fields),
             tuple(isinstance(f, models.JSONField) for f in fields))
+
+
+def fetchone(sql: str, params: Sequence[Any]) -> tuple | None:
+    """Run one statement and return its first row, on the psycopg connection under Django's.
+
+    For the engine's hot path: the same connection, transaction and error classes as
+    `connection.cursor()` (a broken connection is health-checked and replaced the same way), without
+    the ORM cursor wrapper's work per statement. psycopg prepares a statement it sees repeatedly
+    (DATABASES OPTIONS prepare_threshold).
+    """
+    # One lookup of this thread's connection: every attribute of the `connection` proxy is another.
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    wrapper.close_if_health_check_failed()
+    wrapper.ensure_connection()
+    with wrapper.wrap_database_errors:
+        return wrapper.connection.execute(sql, params).fetchone()
 
 
 def table(model: type[models.Model]) -> str:
@@ -39,59 +56,96 @@ def insert_parts(
     column of a preceding CTE); those fields take no parameter. A field whose
     value is an ORM expression (the database's clock: core.clock) is compiled.
     """
-    expressions = expressions or {}
-    fields, columns, needs_prep = _columns(type(instance))
-    values, params = [], []
+    columns, values = insert_sql(instance, expressions)
+    return list(columns), list(values), insert_params(instance, expressions)
+
+
+def insert_sql(instance: models.Model, expressions: dict[str, str] | None = None
+               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The columns and value SQL of `insert_parts`: the same for every instance of a model whose
+    fields hold expressions of the same shape, so it is built once per shape."""
+    given = expressions or {}
+    fields, _, _ = _columns(type(instance))
+    computed = tuple((field.attname, expression_sql(type(instance), value)[0]) for field in fields
+                     if field.attname not in given and is_expression(value := getattr(instance, field.attname)))
+    return _insert_sql(type(instance), tuple(given.items()), computed)
+
+
+@cache
+def _insert_sql(model: type[models.Model], expressions: tuple[tuple[str, str], ...],
+                computed: tuple[tuple[str, str], ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    given = dict(expressions) | dict(computed)
+    fields, columns, _ = _columns(model)
+    return columns, tuple(given.get(field.attname, "%s") for field in fields)
+
+
+def insert_params(instance: models.Model, expressions: dict[str, str] | None = None) -> list[Any]:
+    """The params of `insert_parts(instance, expressions=...)` alone."""
+    fields, _, needs_prep = _columns(type(instance))
+    params = []
     for field, prep in zip(fields, needs_prep, strict=True):
-        if field.attname in expressions:
-            values.append(expressions[field.attname])
+        if expressions and field.attname in expressions:
             continue
         value = getattr(instance, field.attname)
         if is_expression(value):
-            sql, expression_params = compile_expression(type(instance), value)
-            values.append(sql)
-            params.extend(expression_params)
+            params.extend(expression_sql(type(instance), value)[1])
             continue
-        values.append("%s")
         params.append(field.get_db_prep_save(value, connection) if prep else value)
-    return list(columns), values, params
+    return params
 
 
 def is_expression(value: Any) -> bool:
     return hasattr(value, "resolve_expression")
 
 
-def compile_expression(model: type[models.Model], expression: Any) -> tuple[str, list[Any]]:
+def expression_sql(model: type[models.Model], expression: Any) -> tuple[str, tuple[Any, ...]]:
     """SQL and parameters of an ORM expression about one row of `model` (e.g. `clock.later(10)`,
-    or `clock.NOW + (F("expires_at") - F("created_at"))` in an UPDATE of that row)."""
+    or `clock.NOW + (F("expires_at") - F("created_at"))` in an UPDATE of that row). Compiled once
+    per distinct expression (Django's expressions compare and hash by what they say)."""
+    try:
+        return _compiled(model, expression)
+    except TypeError:  # an expression holding something unhashable
+        return _compile(model, expression)
+
+
+@lru_cache(maxsize=1024)
+def _compiled(model: type[models.Model], expression: Any) -> tuple[str, tuple[Any, ...]]:
+    return _compile(model, expression)
+
+
+def _compile(model: type[models.Model], expression: Any) -> tuple[str, tuple[Any, ...]]:
     query = Query(model)
     resolved = expression.resolve_expression(query, allow_joins=False, for_save=True)
     sql, params = query.get_compiler(connection=connection).compile(resolved)
-    return sql, list(params)
+    return sql, tuple(params)
 
 
 @cache
-def select_columns(model: type[models.Model], alias: str = "") -> tuple[tuple[str, ...], str]:
-    """Attribute names and the SQL column list to load `model` rows with `from_row`."""
+def select_columns(model: type[models.Model], alias: str = "", fields: tuple[str, ...] | None = None
+                   ) -> tuple[tuple[str, ...], str]:
+    """Attribute names and the SQL column list to load `model` rows with `from_row` (all fields, or
+    the attribute names in `fields`: the others are deferred, loaded by Django if ever read)."""
     prefix = f"{alias}." if alias else ""
-    fields = model._meta.concrete_fields
-    return tuple(f.attname for f in fields), ", ".join(prefix + connection.ops.quote_name(f.column) for f in fields)
+    chosen = [f for f in model._meta.concrete_fields if fields is None or f.attname in fields]
+    return tuple(f.attname for f in chosen), ", ".join(prefix + connection.ops.quote_name(f.column) for f in chosen)
 
 
 @cache
-def _converters(model: type[models.Model]) -> tuple[tuple, ...]:
-    return tuple(tuple(f.get_db_converters(connection)) for f in model._meta.concrete_fields)
+def _converters(model: type[models.Model], fields: tuple[str, ...] | None = None) -> tuple[tuple, ...]:
+    return tuple(tuple(f.get_db_converters(connection)) for f in model._meta.concrete_fields
+                 if fields is None or f.attname in fields)
 
 
-def from_row(model: type[models.Model], row: tuple) -> models.Model:
-    """Build an instance from a row selected with `select_columns`, converting values as the ORM would."""
-    attnames, _ = select_columns(model)
+def from_row(model: type[models.Model], row: tuple, fields: tuple[str, ...] | None = None) -> models.Model:
+    """Build an instance from a row selected with `select_columns` (with the same `fields`), converting
+    values as the ORM would."""
+    attnames, _ = select_columns(model, fields=fields)
     values = []
-    for value, converters in zip(row, _converters(model), strict=True):
+    for value, converters in zip(row, _converters(model, fields), strict=True):
         for converter in converters:
             value = converter(value, None, connection)
         values.append(value)
-    return model.from_db(connection.alias, attnames, values)
+    return model.from_db(DEFAULT_DB_ALIAS, attnames, values)
 
 
 _COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "gt": "> %s", "gte": ">= %s", "in": "= ANY(%s)"}
@@ -118,6 +172,8 @@ def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, A
     the row's new value is read back from the UPDATE onto `obj`. `notify` names
     a channel that hears the row's id (pg_notify) in the same statement:
     PostgreSQL delivers it when the change commits, never for one that rolls back.
+    The statement's text is built once per shape (which fields change, how each
+    is expected, which are expressions), so psycopg prepares it.
     """
     event = audit.new_event(action=action, obj=obj, actor=actor, reason=reason,
                             trace_id=getattr(obj, "trace_id", "") if trace_id is None else trace_id,
@@ -138,60 +194,84 @@ def _conditional_update(instance: models.Model, expected: dict[str, Any], change
                         notify: str | None = None) -> dict[str, Any] | None:
     """None if the row did not match; else the values the database computed (expressions), by field."""
     model = type(instance)
-    sets, params, computed = [], [], []
+    params: list[Any] = []
+    change_shape = []
     for name, value in changes.items():
-        field = model._meta.get_field(name)
-        column = connection.ops.quote_name(field.column)
         if is_expression(value):
-            sql, expression_params = compile_expression(model, value)
-            sets.append(f"{column} = {sql}")
+            sql, expression_params = expression_sql(model, value)
+            change_shape.append((name, sql))
             params.extend(expression_params)
-            computed.append(field)
-            continue
-        sets.append(f"{column} = %s")
-        params.append(field.get_db_prep_save(value, connection))
-    for name, items in append.items():
-        column = connection.ops.quote_name(model._meta.get_field(name).column)
-        sets.append(f"{column} = {column} || %s::jsonb")
-        params.append(json.dumps(items, default=str))
-    conditions, condition_params = ["id = %s"], [instance.pk]
+        else:
+            change_shape.append((name, None))
+            params.append(model._meta.get_field(name).get_db_prep_save(value, connection))
+    params += [json.dumps(items, default=str) for items in append.values()]
+    params.append(instance.pk)
+    expected_shape = []
     for key, value in expected.items():
-        name, _, lookup = key.partition("__")
-        column = connection.ops.quote_name(model._meta.get_field(name).column)
-        if lookup == "" and value is None:  # `= NULL` would match nothing
-            lookup, value = "isnull", True
-        if lookup == "isnull":
-            conditions.append(f"{column} IS {'' if value else 'NOT '}NULL")
+        lookup = key.partition("__")[2]
+        if lookup == "isnull" or (lookup == "" and value is None):  # written into the SQL
+            expected_shape.append((key, "null" if lookup == "" or value else "not null"))
         elif is_expression(value):
-            sql, expression_params = compile_expression(model, value)
-            conditions.append(f"{column} {_COMPARISONS[lookup].replace('%s', sql)}")
-            condition_params.extend(expression_params)
+            sql, expression_params = expression_sql(model, value)
+            expected_shape.append((key, sql))
+            params.extend(expression_params)
+        else:
+            expected_shape.append((key, None))
+            params.append(list(value) if lookup == "in" else value)
+    event_columns, event_values = insert_sql(event)
+    params += insert_params(event)
+    if notify:
+        params.append(notify)
+    sql, computed = _update_sql(model, tuple(change_shape), tuple(expected_shape), tuple(append), type(event),
+                                event_columns, event_values, bool(notify))
+    row = fetchone(sql, params)
+    if row is None:
+        return None
+    return {field.name: converted(field, value) for field, value in zip(computed, row[1:], strict=False)}
+
+
+@cache
+def _update_sql(model: type[models.Model], changes: tuple[tuple[str, str | None], ...],
+                expected: tuple[tuple[str, str | None], ...], append_names: tuple[str, ...],
+                event_model: type[models.Model], event_columns: tuple[str, ...], event_values: tuple[str, ...],
+                notify: bool) -> tuple[str, tuple[models.Field, ...]]:
+    """The statement of a transition of this shape, and the fields whose new value the database
+    computes (returned after the id, in this order)."""
+    quote = connection.ops.quote_name
+    sets, computed = [], []
+    for name, expression in changes:
+        field = model._meta.get_field(name)
+        sets.append(f"{quote(field.column)} = {expression or '%s'}")
+        if expression:
+            computed.append(field)
+    for name in append_names:
+        column = quote(model._meta.get_field(name).column)
+        sets.append(f"{column} = {column} || %s::jsonb")
+    conditions = ["id = %s"]
+    for key, how in expected:
+        name, _, lookup = key.partition("__")
+        column = quote(model._meta.get_field(name).column)
+        if how in ("null", "not null"):  # `= NULL` would match nothing
+            conditions.append(f"{column} IS {how.upper()}")
+        elif how is not None:
+            conditions.append(f"{column} {_COMPARISONS[lookup].replace('%s', how)}")
         else:
             conditions.append(f"{column} {_COMPARISONS[lookup]}")
-            condition_params.append(list(value) if lookup == "in" else value)
-    columns, values, event_params = insert_parts(event)
-    returned = "".join(f", {connection.ops.quote_name(field.column)}" for field in computed)
+    returned = "".join(f", {quote(field.column)}" for field in computed)
     sql = (f"WITH changed AS (UPDATE {table(model)} SET {', '.join(sets)} "
            f"WHERE {' AND '.join(conditions)} RETURNING id{returned}), "
-           f"audited AS (INSERT INTO {table(type(event))} ({', '.join(columns)}) "
-           f"SELECT {', '.join(values)} FROM changed)")
-    notify_params = [notify] if notify else []
+           f"audited AS (INSERT INTO {table(event_model)} ({', '.join(event_columns)}) "
+           f"SELECT {', '.join(event_values)} FROM changed)")
     if notify:
         # A SELECT in a WITH runs only if the query reads it: the last line reads it, so the notice goes out.
         sql += (", notified AS (SELECT pg_notify(%s, id::text) FROM changed) "
                 "SELECT *, (SELECT count(*) FROM notified) FROM changed")
     else:
         sql += " SELECT * FROM changed"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *condition_params, *event_params, *notify_params])
-        rows = cursor.fetchall()
-    if len(rows) != 1:
-        return None
-    values = rows[0][1:1 + len(computed)]
-    return {field.name: _converted(field, value) for field, value in zip(computed, values, strict=True)}
+    return sql, tuple(computed)
 
 
-def _converted(field: models.Field, value: Any) -> Any:
+def converted(field: models.Field, value: Any) -> Any:
     for converter in field.get_db_converters(connection):
         value = converter(value, None, connection)
     return value

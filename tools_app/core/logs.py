@@ -87,9 +87,9 @@ _ACCESS = re.compile(r'(?P<client>\S+) - "(?P<method>\S+) (?P<path>\S+) HTTP/(?P
 
 
 def access_line(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
-    """uvicorn's access log as fields; the path without its query (it may carry a signed token)."""
+    """uvicorn's or granian's access log as fields; the path without its query (it may carry a signed token)."""
     record = event.get("_record")
-    if record is None or record.name != "uvicorn.access":
+    if record is None or record.name not in ("uvicorn.access", "granian.access"):
         return event
     match = _ACCESS.fullmatch(str(event.get("event", "")))
     if match is None:

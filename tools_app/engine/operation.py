@@ -34,6 +34,10 @@ class LeaseLost(Exception):
     """The record is no longer ours (the sweep declared it UNKNOWN)."""
 
 
+class ClaimWaitExpired(Exception):
+    """A claim waited the whole follower wait for another call's uncommitted claim of the key."""
+
+
 @dataclass(frozen=True)
 class Operation:
     """A write call as the engine sees it: who, which tool, which key, what arguments."""
@@ -90,7 +94,7 @@ def operation_id_spent(operation_id: uuid.UUID) -> InvalidInput:
 class Outcome:
     """What a call ended in: a result (first or replayed) or an error."""
 
-    record: IdempotencyRecord
+    record: IdempotencyRecord | None  # None: the key's record is not committed yet (in_progress)
     replayed: bool = False
     error: ToolFailure | None = None
     executed: bool = False  # this call ran the side effect (or tried to)

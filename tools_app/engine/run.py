@@ -36,6 +36,7 @@ from tools_app.core.keys import key_digest
 from tools_app.engine.hooks import hooks
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.engine.operation import (
+    ClaimWaitExpired,
     Executor,
     ExpiryPolicy,
     LeaseLost,
@@ -47,6 +48,7 @@ from tools_app.engine.operation import (
 from tools_app.engine.transitions import (
     claim,
     expire_lease,
+    find_live,
     heartbeat,
     is_expired,
     lease_expired,
@@ -58,6 +60,7 @@ from tools_app.engine.transitions import (
     retire,
     retry_wait,
     start_approved,
+    whole,
 )
 
 logger = logging.getLogger(__name__)
@@ -67,17 +70,44 @@ def run(op: Operation, execute: Executor) -> Outcome:
     # A retired key or a lost reclaim race sends us round again; twice is
     # plenty, since each round means another caller made progress.
     for _ in range(3):
-        record, claimed = claim(op)
-        if claimed:
-            return _execute(record, op, execute)
+        record = find_live(op)  # a replay, the common case, stops at this one indexed read
+        if record is None:
+            try:
+                outcome, record = _claim_and_execute(op, execute)
+            except ClaimWaitExpired:
+                return Outcome(None, error=_in_progress())
+            if outcome is not None:
+                return outcome
         outcome = _follow(record, op, execute)
         if outcome is not None:
             return outcome
-    raise InProgress("the operation is changing hands; ask again", retry_after=_in_progress_retry_after())
+    raise _in_progress("the operation is changing hands; ask again")
+
+
+def _claim_and_execute(op: Operation, execute: Executor) -> tuple[Outcome | None, IdempotencyRecord]:
+    """Claim the key and, if this call won it, execute: (its outcome, record), or (None, the
+    record to follow).
+
+    A local effect is claimed inside its own transaction: the record, the effect
+    and the outcome commit together, in one commit, and a crash leaves nothing
+    (the next call simply runs it). A downstream effect is claimed by a commit of
+    its own first, so a crash mid-call leaves a PROCESSING record whose lease runs
+    out and whose outcome is reconciled.
+    """
+    with transaction.atomic() if op.transactional else nullcontext():
+        record, claimed = claim(op)
+        if not claimed:
+            return None, record
+        outcome = _execute(record, op, execute, claim_committed=not op.transactional)
+    crash_point("after_commit")
+    return outcome, record
 
 
 def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
     """Answer a caller that lost the claim. None means: try to claim again."""
+    if record.status == RecordStatus.SUCCEEDED and record.fingerprint == op.fingerprint and not is_expired(record):
+        return Outcome(record, replayed=True)  # a replay: find_live read all it needs
+    record = whole(record)
     if is_expired(record):
         if op.on_expiry == ExpiryPolicy.HOLD:
             return Outcome(record, error=Expired(
@@ -99,9 +129,7 @@ def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outc
         case RecordStatus.SUCCEEDED:
             return Outcome(record, replayed=True)
         case RecordStatus.PROCESSING:
-            return Outcome(record, error=InProgress(
-                "the first call with this key is still running; ask again with the same key",
-                retry_after=_in_progress_retry_after()))
+            return Outcome(record, error=_in_progress())
         case RecordStatus.UNKNOWN:
             return Outcome(record, error=UnknownOutcome(
                 f"the outcome of the first call is unknown and is being reconciled: {UNKNOWN_OUTCOME_ADVICE}"))
@@ -137,22 +165,31 @@ def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) 
     reclaimed = reclaim(record, op)
     if reclaimed is None:
         return None  # another retry got there first; follow it
-    return _execute(reclaimed, op, execute)
+    outcome = _execute(reclaimed, op, execute)
+    crash_point("after_commit")
+    return outcome
 
 
-def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome:
+def _execute(record: IdempotencyRecord, op: Operation, execute: Executor, *, claim_committed: bool = True
+             ) -> Outcome:
+    """Run the side effect as the record's executor and record how it ended.
+
+    `claim_committed` False: the claim is part of the caller's open transaction, so
+    nobody else can see the record and its lease needs no heartbeat.
+    """
     crash_point("after_claim")
     try:
         if op.approval is not None and (held := op.approval(record)) is not None:
             return held
-        # A local effect commits with the record, or neither does; a
-        # downstream one is done before we record it (one statement).
+        # A local effect commits with the record, or neither does (inside the claim's
+        # transaction, a savepoint: a failure rolls the effect back and is recorded);
+        # a downstream one is done before we record it (one statement).
         with gathering_evidence() as evidence, transaction.atomic() if op.transactional else nullcontext():
             # The heartbeat stops before the guarded write below: a renewal
             # queued behind our own transaction's lock on the row would
             # wait for us while we wait for it. If it found the lease lost,
             # that write fails on its owner guard (LeaseLost).
-            with heartbeat(record):
+            with heartbeat(record) if claim_committed else nullcontext():
                 result = execute(record)
             crash_point("after_downstream")
             record = mark_succeeded(record, result, actor=op.actor, evidence=evidence)
@@ -166,7 +203,6 @@ def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Out
             f"this call overran its lease and its outcome is being reconciled: {UNKNOWN_OUTCOME_ADVICE}"))
     except Exception as exc:
         return _unexpected_error(record, op, exc)
-    crash_point("after_commit")
     return Outcome(record, executed=True)
 
 
@@ -193,7 +229,9 @@ def execute_approved(record: IdempotencyRecord, op: Operation, execute: Executor
     """Run an approved operation as its executor; None if the record had already left AWAITING_APPROVAL."""
     if not start_approved(record, actor=op.actor):
         return None
-    return _execute(record, op, execute)
+    outcome = _execute(record, op, execute)
+    crash_point("after_commit")
+    return outcome
 
 
 def wait_for_outcome(record: IdempotencyRecord) -> IdempotencyRecord:
@@ -213,5 +251,6 @@ def wait_for_outcome(record: IdempotencyRecord) -> IdempotencyRecord:
 WAITED_ON = "status || ':' || coalesce((lease_expires_at < statement_timestamp())::text, '')"
 
 
-def _in_progress_retry_after() -> float:
-    return conf().in_progress_retry_after_seconds
+def _in_progress(message: str = "the first call with this key is still running; ask again with the same key"
+                 ) -> InProgress:
+    return InProgress(message, retry_after=conf().in_progress_retry_after_seconds)

@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import datetime
+from functools import cache
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import F
 
 from idemops.conf import conf
@@ -32,12 +33,15 @@ from tools_app.core.errors import RETRYABLE, ToolFailure, UnknownOutcome
 from tools_app.core.keys import canonical_json
 from tools_app.core.models import AuditEvent
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
-from tools_app.engine.operation import LeaseLost, Operation, evidence_entry, operation_id_spent
+from tools_app.engine.operation import ClaimWaitExpired, LeaseLost, Operation, evidence_entry, operation_id_spent
 
 FINISHED = (RecordStatus.SUCCEEDED, RecordStatus.FAILED)
 
 
 SWEEPER = "system:lease-sweep"
+
+# SQLSTATE of a lock wait that ran past lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
 
 # A transient failure of a write without a Retry-After of its own (a bug that rolled back, a
 # downstream that could not be reached) may run again after backoff.delay(attempts, ...): the
@@ -79,7 +83,14 @@ def heartbeat(record: IdempotencyRecord) -> leases.Heartbeat:
 def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     """Return (record, True) if this call inserted the PROCESSING record for
     `op` and is its executor, or (the live record, False) for a follower.
-    The record carries `read_at`, the database's time of the read."""
+
+    For a local tool it runs inside the business transaction (engine.run): the
+    claim commits with the side effect or not at all. A concurrent caller's
+    INSERT then waits on the unique index for that transaction, at most
+    IDEMOPS_FOLLOWER_WAIT_SECONDS (then `ClaimWaitExpired`), and reads the
+    committed record once it ends. (A replay never gets here: engine.run reads first.)
+    The record carries `read_at`, the database's time of the read.
+    """
     with tracing.span("idempotency.claim") as span:
         record, claimed = _claim(op)
         span.set_attribute("idemops.claimed", claimed)
@@ -88,27 +99,33 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
 
 
 def _claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
-    if row := _fetch_live(op):  # replays, the common case, stop here: one indexed read
-        return _loaded(row), False
     record = new_record(op)
     # The record has no id yet: the statement fills object_id from the inserted row.
     claimed_event = audit.new_event(action="record.claimed", obj=record, actor=op.actor, trace_id=op.trace_id,
                                     after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
-    if row := _claim_or_fetch(record, claimed_event):
-        return _loaded(row[:-2] + row[-1:]), row[-2]
-    if op.operation_id is not None and _fetch_live(op) is None and _operation_id_taken(op.operation_id):
+    try:
+        row = _claim_or_fetch(record, claimed_event)
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            raise ClaimWaitExpired(op.key) from exc
+        raise
+    if row is not None and row[-2]:
+        # Ours: the row holds what we built, and the times the database computed for it.
+        record.pk = row[0]
+        record._state.adding, record._state.db = False, connection.alias
+        for field, value in zip(_computed_fields(record), row[1:-2], strict=True):
+            setattr(record, field.attname, db.converted(field, value))
+        record.read_at = row[-1]
+        return record, True
+    # A live record holds the key (committed since run() looked), or we lost a race to a claim
+    # our statement's snapshot could not see: read it now.
+    if live := find_live(op):
+        return live, False
+    if op.operation_id is not None and _operation_id_taken(op.operation_id):
         # Not a lost race: an issued id whose record was retired meanwhile (retention ended, or an
         # operator released it) conflicts with that record's operation_id and never inserts.
         raise operation_id_spent(op.operation_id)
-    # We lost a race to a claim our statement's snapshot could not see: read it now.
-    return _claim(op)
-
-
-def _loaded(row: tuple) -> IdempotencyRecord:
-    """A record from a row of its columns followed by the database's time of the read."""
-    record = db.from_row(IdempotencyRecord, row[:-1])
-    record.read_at = row[-1]
-    return record
+    return _claim(op)  # and it is gone already (retired, or its transaction rolled back)
 
 
 def reread(record: IdempotencyRecord) -> IdempotencyRecord:
@@ -155,51 +172,97 @@ def operation_id_of(key: str) -> uuid.UUID | None:
 
 
 def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tuple | None:
-    """One statement: INSERT the record and its audit event, unless a live record holds the key.
+    """One statement: INSERT the record and its audit event, unless a live record holds the key:
+    (the live or inserted record's id, whether this call inserted it), or None.
 
     Two first calls racing both pass the NOT EXISTS; PostgreSQL makes the
-    second INSERT wait for the first to commit and then skip (ON CONFLICT DO
-    NOTHING), so exactly one inserts. The loser's statement returns no row
+    second INSERT wait for the first's transaction and then skip (ON CONFLICT
+    DO NOTHING), so exactly one inserts. The loser's statement returns no row
     (its snapshot predates the winner's commit) and the caller reads again.
-    The row's last column says whether this call inserted it.
+
+    That wait is bounded by the follower wait: the statement sets lock_timeout
+    for itself (set_config(..., true) lasts to the end of the transaction) and,
+    once its row is in, puts back the value it found, so the executor's own
+    statements after the claim wait for locks as they always would.
     """
-    columns, values, params = db.insert_parts(record)
-    audit_columns, audit_values, audit_params = db.insert_parts(
-        claimed_event, expressions={"object_id": "claimed.id::text"})
-    _, select_list = db.select_columns(IdempotencyRecord)
+    wait_ms = f"{max(1, int(conf().follower_wait_seconds * 1000))}ms"
+    sql = _claim_sql(db.insert_sql(record), db.insert_sql(claimed_event, CLAIMED_EVENT_ID),
+                     tuple(field.column for field in _computed_fields(record)))
+    return db.fetchone(sql, [record.tenant_id, record.tool, record.key, *db.insert_params(record),
+                             wait_ms, *db.insert_params(claimed_event, CLAIMED_EVENT_ID)])
+
+
+CLAIMED_EVENT_ID = {"object_id": "claimed.id::text"}
+
+
+def _computed_fields(record: IdempotencyRecord) -> list:
+    """The fields of a new record whose value the database computes (its clock)."""
+    return [field for field in IdempotencyRecord._meta.concrete_fields if db.is_expression(getattr(record,
+                                                                                                  field.attname))]
+
+
+@cache
+def _claim_sql(record_sql: tuple[tuple[str, ...], tuple[str, ...]], audit_sql: tuple[tuple[str, ...], tuple[str, ...]],
+               computed: tuple[str, ...]) -> str:
+    """The claim statement for a record of this shape: it returns the id, the `computed` columns,
+    whether this call inserted the row, and the database's time of the statement."""
+    (columns, values), (audit_columns, audit_values) = record_sql, audit_sql
     records = db.table(IdempotencyRecord)
-    sql = f"""
-        WITH live AS (
-            SELECT {select_list} FROM {records}
+    returned = "".join(f", {column}" for column in computed)
+    unknown = ", NULL" * len(computed)
+    return f"""
+        WITH prior AS MATERIALIZED (
+            SELECT current_setting('lock_timeout') AS lock_timeout
+        ), live AS (
+            SELECT id FROM {records}
             WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL
         ), claimed AS (
             INSERT INTO {records} ({", ".join(columns)}) SELECT {", ".join(values)}
             WHERE NOT EXISTS (SELECT FROM live)
-            ON CONFLICT DO NOTHING RETURNING *
+              AND set_config('lock_timeout', CASE WHEN (SELECT lock_timeout FROM prior) IS NOT NULL
+                                                  THEN %s END, true) IS NOT NULL
+            ON CONFLICT DO NOTHING RETURNING id{returned}
         ), audited AS (
             INSERT INTO {db.table(AuditEvent)} ({", ".join(audit_columns)})
             SELECT {", ".join(audit_values)} FROM claimed
         )
-        SELECT {select_list}, true, statement_timestamp() FROM claimed
+        SELECT id{returned}, set_config('lock_timeout', (SELECT lock_timeout FROM prior), true) IS NOT NULL,
+               statement_timestamp() FROM claimed
         UNION ALL
-        SELECT *, false, statement_timestamp() FROM live
+        SELECT id{unknown}, false, statement_timestamp() FROM live
     """
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [record.tenant_id, record.tool, record.key, *params, *audit_params])
-        return cursor.fetchone()
+
+
+# What a replay reads and answers with; a follower that gets another answer loads the rest (`whole`).
+REPLAY_FIELDS = ("id", "tenant_id", "tool", "key", "fingerprint", "status", "result", "operation_id",
+                 "created_at", "expires_at")
+
+
+def find_live(op: Operation) -> IdempotencyRecord | None:
+    """The live record of `op`'s key, if any: one indexed read of what a replay needs, with the
+    database's time of the read (`read_at`)."""
+    row = db.fetchone(_find_live_sql(), (op.tenant_id, op.tool, op.key))
+    if row is None:
+        return None
+    record = db.from_row(IdempotencyRecord, row[:-1], fields=REPLAY_FIELDS)
+    record.read_at = row[-1]
+    return record
+
+
+@cache
+def _find_live_sql() -> str:
+    _, select_list = db.select_columns(IdempotencyRecord, fields=REPLAY_FIELDS)
+    return (f"SELECT {select_list}, statement_timestamp() FROM {db.table(IdempotencyRecord)} "
+            "WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL")
+
+
+def whole(record: IdempotencyRecord) -> IdempotencyRecord:
+    """`record` with every field loaded (one read, with a new `read_at`, only if `find_live` left some out)."""
+    return reread(record) if record.get_deferred_fields() else record
 
 
 def _operation_id_taken(operation_id: uuid.UUID) -> bool:
     return IdempotencyRecord.objects.filter(operation_id=operation_id).exists()
-
-
-def _fetch_live(op: Operation) -> tuple | None:
-    _, select_list = db.select_columns(IdempotencyRecord)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {select_list}, statement_timestamp() FROM {db.table(IdempotencyRecord)} "
-                       "WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL",
-                       [op.tenant_id, op.tool, op.key])
-        return cursor.fetchone()
 
 
 def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any], *, action: str,

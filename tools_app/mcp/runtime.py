@@ -76,7 +76,8 @@ class TenantTokenVerifier:
     """Maps `Authorization: Bearer <token>` to the tenant and agent identity, and its limits."""
 
     async def verify_token(self, token: str) -> AccessToken | None:
-        api_token = await in_db_thread(access.authenticate_token, token)
+        # A token verified moments ago needs neither a query nor the hop to a database thread.
+        api_token = access.cached_token(token) or await in_db_thread(access.authenticate_token, token)
         if api_token is None:
             return None
         return AccessToken(

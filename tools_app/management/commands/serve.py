@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management import call_command
@@ -24,6 +25,8 @@ from tools_app.core import polling
 from tools_app.management.demo import ensure_demo
 
 STOP_GRACE_SECONDS = 5
+# granian's access line in uvicorn's shape (its path carries no query string).
+ACCESS_LOG_FORMAT = '%(addr)s - "%(method)s %(path)s %(protocol)s" %(status)d'
 
 
 def _interrupt(signum, frame):
@@ -62,20 +65,29 @@ class Command(BaseCommand):
                 embedded_pg.stop(conf().pgdata.resolve())
 
     def process_specs(self, host, port, web_workers, q_clusters=1):
-        """The web server (uvicorn with `web_workers` processes) and `q_clusters` job clusters, each
+        """The web server (granian with `web_workers` processes) and `q_clusters` job clusters, each
         a `manage.py qcluster` of IDEMOPS_Q_WORKERS workers: they share the one queue (django-q2's ORM
         broker) and need no coordination of their own."""
         python = sys.executable
         specs = [
             # Its access log follows IDEMOPS_ACCESS_LOG (LOGGING in idemops/settings.py), like every log line.
-            ("web", [python, "-m", "uvicorn", "idemops.asgi:application", "--host", host, "--port", str(port),
-                     "--workers", str(web_workers)]),
+            ("web", self.web_argv(host, port, web_workers)),
         ]
         specs += [(f"jobs-{n}" if q_clusters > 1 else "jobs", [python, "manage.py", "qcluster"])
                   for n in range(1, q_clusters + 1)]
         if conf().run_demo_downstreams:
             specs += self.downstream_specs(python)
         return specs
+
+    @staticmethod
+    def web_argv(host, port, web_workers):
+        """granian (a Rust ASGI server) rather than uvicorn: side by side it serves /mcp calls
+        faster (docs/benchmarks.md, P4); any ASGI server can serve idemops.asgi:application."""
+        granian = str(Path(sys.executable).parent / "granian")
+        # Its access lines read like uvicorn's, so tools_app.core.logs turns either into the same fields.
+        access = ["--access-log", "--access-log-fmt", ACCESS_LOG_FORMAT] if conf().access_log else []
+        return [granian, "--interface", "asgi", "--host", host, "--port", str(port), "--workers", str(web_workers),
+                *access, "idemops.asgi:application"]
 
     def downstream_specs(self, python):
         """The demo's downstream systems, each with its own database on our server."""

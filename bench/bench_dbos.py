@@ -1,0 +1,93 @@
+"""P3: the engine's first executions per second in process vs DBOS Transact one-step workflows.
+
+Both in this process, one thread each, on the same PostgreSQL server (the benchmarks' embedded
+cluster): the engine on the benchmark database, DBOS with its system database beside it. The
+engine runs a local tool with a no-op side effect under a new key (the record, its two audit
+events and the outcome, one commit); DBOS runs a workflow of one no-op step under a new workflow
+id (its workflow status and the step's output). Then both replay what they ran (same key, same
+workflow id). The two sides alternate in rounds.
+
+DBOS (`dbos` on PyPI) is installed for the benchmarks only (requirements-dev.txt).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+
+from bench.common import Section, at_least, fresh_database_url
+
+ROUNDS, QUICK_ROUNDS = 5, 2
+CALLS, QUICK_CALLS = 300, 40
+
+
+def run(quick: bool = False) -> Section:
+    from dbos import DBOS, SetWorkflowID
+    from django.db import connection
+
+    from tools_app import access, engine
+
+    rounds, calls = (QUICK_ROUNDS, QUICK_CALLS) if quick else (ROUNDS, CALLS)
+    settings = connection.settings_dict
+    fresh_database_url("idemops_bench_dbos")
+    system_database = f"postgresql+psycopg://{settings['USER']}@/idemops_bench_dbos?host={settings['HOST']}"
+    DBOS(config={"name": "idemops-bench", "system_database_url": system_database, "log_level": "WARNING"})
+
+    @DBOS.step()
+    def no_op_step() -> dict:
+        return {"ok": True}
+
+    @DBOS.workflow()
+    def one_step_workflow() -> dict:
+        return no_op_step()
+
+    DBOS.launch()
+    tenant = access.create_tenant(f"bench-dbos-{uuid.uuid4().hex[:6]}")
+
+    def engine_call(key: str) -> None:
+        engine.run(engine.Operation(tenant_id=tenant.pk, tool="bench", key=key, arguments={"n": 1},
+                                    actor="agent:bench/a"), lambda record: {"ok": True})
+
+    def dbos_call(key: str) -> None:
+        with SetWorkflowID(key):
+            one_step_workflow()
+
+    def per_second(call, keys: list[str]) -> float:
+        started = time.perf_counter()
+        for key in keys:
+            call(key)
+        return len(keys) / (time.perf_counter() - started)
+
+    rates: dict[str, list[float]] = {"engine": [], "dbos": [], "engine_replay": [], "dbos_replay": []}
+    try:
+        for _ in range(rounds):
+            keys = [uuid.uuid4().hex for _ in range(calls)]
+            rates["engine"].append(per_second(engine_call, keys))
+            rates["dbos"].append(per_second(dbos_call, keys))
+            rates["engine_replay"].append(per_second(engine_call, keys))
+            rates["dbos_replay"].append(per_second(dbos_call, keys))
+    finally:
+        DBOS.destroy()
+    ratios = [e / d for e, d in zip(rates["engine"], rates["dbos"], strict=True)]
+    replay_ratios = [e / d for e, d in zip(rates["engine_replay"], rates["dbos_replay"], strict=True)]
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    p3 = at_least("P3", "engine first executions/s / DBOS one-step workflows/s", ratios, 6,
+                  engine_per_s=median["engine"], dbos_per_s=median["dbos"],
+                  replay_ratio=statistics.median(replay_ratios))
+    return Section("\n".join([
+        "## P3: the engine vs DBOS Transact, in process", "",
+        f"One thread each, same PostgreSQL server; {rounds} rounds of {calls} new operations, then their "
+        "replays, the sides alternating (DBOS Transact 3.4, a workflow of one no-op step; the engine, a local "
+        "tool with a no-op side effect).", "",
+        "| path | per second (median of rounds) |", "| --- | ---: |",
+        f"| engine, first execution | {median['engine']:,.0f} |",
+        f"| DBOS, new workflow | {median['dbos']:,.0f} |",
+        f"| engine, replay | {median['engine_replay']:,.0f} |",
+        f"| DBOS, replay of a finished workflow | {median['dbos_replay']:,.0f} |", "",
+        f"- P3: engine / DBOS, first executions = **{p3.value:.1f}×** (rounds {p3.spread_cell()}; target ≥ 6×); "
+        f"replays {statistics.median(replay_ratios):.1f}×.", "",
+        "Per operation the engine makes one durable commit (claim, side effect, outcome and two audit events "
+        "together); a DBOS workflow records its status when it starts, the step's output, and its status when "
+        "it ends.", "",
+    ]), [p3])
