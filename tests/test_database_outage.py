@@ -123,7 +123,7 @@ def test_while_the_database_is_down_every_entry_point_answers_503_and_all_recove
     key = prepared.result["operation_id"]
     # A token the web process has not verified yet (a verified one is trusted for IDEMOPS_TOKEN_CACHE_SECONDS
     # without the database): checking it needs the database.
-    unchecked = manage("issue_token", "acme", "newcomer", env=stack.env).stdout.splitlines()[-1]
+    unchecked = manage("issue_token", "acme", "newcomer", "--owner", "owner", env=stack.env).stdout.splitlines()[-1]
     stack.gateway.set_fault("*", "hang", times=1)  # the next payment request, this one
     arguments = {**PAYMENT, "idempotency_key": key}
 

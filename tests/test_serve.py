@@ -46,10 +46,10 @@ def test_serve_starts_two_web_workers_and_two_job_clusters_and_stops_them_all(tr
 
         started = children(serve.process.pid)
         clusters = [pid for pid, argv in started.items() if argv.endswith("manage.py qcluster ")]
-        [web] = [pid for pid, argv in started.items() if "uvicorn" in argv]
+        [web] = [pid for pid, argv in started.items() if "granian" in argv]
         assert len(clusters) == 2, started
         assert "--workers 2" in started[web]
-        wait_until(lambda: len(children(web)) >= 2, what="uvicorn's two workers")
+        wait_until(lambda: len(children(web)) >= 2, what="granian's two workers")
         assert all(children(cluster) for cluster in clusters)  # each cluster has started its workers
     finally:
         serve.stop(grace=30)
