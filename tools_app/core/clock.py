@@ -21,6 +21,7 @@ the host's clock: nothing is decided by them.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from functools import lru_cache
 
 from django.db import connection
 from django.db.models import Expression
@@ -31,8 +32,13 @@ NOW = Now()
 
 
 def later(seconds: float | timedelta) -> Expression:
-    """The database's time `seconds` from now, as an SQL expression."""
-    delta = seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds)
+    """The database's time `seconds` from now, as an SQL expression (the same object for the same
+    delay: expressions are never changed in place, and core.db compiles each one once)."""
+    return _later(seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds))
+
+
+@lru_cache(maxsize=256)
+def _later(delta: timedelta) -> Expression:
     return Now() + delta
 
 

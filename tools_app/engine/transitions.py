@@ -283,7 +283,11 @@ def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: di
 
 def _finished() -> dict[str, Any]:
     """Fields every move to a final status sets: retention counts from the finish."""
-    return {"finished_at": clock.NOW, "expires_at": clock.NOW + (F("expires_at") - F("created_at"))}
+    return {"finished_at": clock.NOW, "expires_at": RETAINED_FROM_NOW}
+
+
+# A finished record is kept as long from its finish as it was set to be kept from its start.
+RETAINED_FROM_NOW = clock.NOW + (F("expires_at") - F("created_at"))
 
 
 def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str,
