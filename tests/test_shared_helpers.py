@@ -376,6 +376,36 @@ def test_a_transition_whose_row_moved_first_writes_nothing(tenant):
     assert not AuditEvent.objects.filter(action="outbox.test").exists()
 
 
+def test_transitions_of_one_shape_share_their_sql_but_not_the_clock_expressions_values(tenant):
+    # One statement text per shape (psycopg prepares it): the delays are parameters, not part of the text.
+    soon, later = new_outbox_event(tenant), new_outbox_event(tenant)
+
+    for event, seconds in ((soon, 10), (later, 3600)):
+        assert db.transition(event, {"status": OutboxStatus.PENDING, "next_attempt_at__lte": clock.later(60)},
+                             {"attempts": 1, "next_attempt_at": clock.later(seconds)}, action="outbox.test",
+                             actor="system:t")
+
+    rows = dict(OutboxEvent.objects.annotate(now=clock.NOW).values_list("pk", "next_attempt_at"))
+    # The instance holds the value the database computed, not the expression.
+    assert (soon.next_attempt_at, later.next_attempt_at) == (rows[soon.pk], rows[later.pk])
+    assert timedelta(seconds=3589) < later.next_attempt_at - soon.next_attempt_at < timedelta(seconds=3591)
+    # An expected value that is an expression is compared in SQL: nothing is due an hour before now.
+    assert not db.transition(later, {"next_attempt_at__lte": clock.later(-3600)}, {"attempts": 2},
+                             action="outbox.test", actor="system:t")
+
+
+def test_a_claim_holds_the_times_the_database_wrote_for_its_record(tenant):
+    record, claimed = engine.claim(Operation(tenant_id=tenant.pk, tool="t", key="k-times", arguments={"a": 1},
+                                             actor="agent:acme/a", retention=timedelta(days=3)))
+
+    stored = IdempotencyRecord.objects.annotate(now=clock.NOW).get(pk=record.pk)
+    assert claimed
+    assert (record.created_at, record.expires_at, record.lease_expires_at) == (
+        stored.created_at, stored.expires_at, stored.lease_expires_at)
+    assert record.expires_at - record.created_at == timedelta(days=3)
+    assert record.read_at == stored.created_at  # the statement's own time
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_transition_whose_event_cannot_be_written_changes_nothing_even_outside_a_transaction(tenant):
     event = new_outbox_event(tenant)
