@@ -102,7 +102,12 @@ def one_update_commit_ms(task: Task, count: int = 200) -> float:
 def checkpoint_overhead(caller: Caller, rounds: int, quick: bool) -> tuple[float, list[str], list[float]]:
     """(anchor ms, table rows, P6b per round: the synthetic 200 B pipeline's overhead per step in anchors)."""
     last_job = OrmQ.objects.order_by("-id").values_list("id", flat=True).first() or 0
-    anchor_ms = one_update_commit_ms(new_task(caller, "bench_synthetic", {"size": 1}, "anchor"))
+    anchor = new_task(caller, "bench_synthetic", {"size": 1}, "anchor")
+    anchor_ms = one_update_commit_ms(anchor)
+    # Tasks no runner finishes (the anchor; the plain runs hold a lease nobody renews): cancelled at
+    # the end, or the clusters of the next parts would pick them up again once their lease ran out,
+    # and fail on a tool only this process knows while the measured tasks wait.
+    unfinished = [anchor]
     rows = []
     p6b: list[float] = []
     cases = [
@@ -122,6 +127,7 @@ def checkpoint_overhead(caller: Caller, rounds: int, quick: bool) -> tuple[float
             started = time.perf_counter()
             run_plain(task, pipeline)
             plain.append(time.perf_counter() - started)
+            unfinished.append(task)
             task = new_task(caller, tool, arguments, f"runner-{case}-{n}")
             started = time.perf_counter()
             assert task_jobs.run_task(str(task.pk)) == "succeeded"
@@ -134,6 +140,8 @@ def checkpoint_overhead(caller: Caller, rounds: int, quick: bool) -> tuple[float
         # The synthetic steps do no work: their ratio would only measure nothing.
         ratio = f"{r / p:.2f}×" if pipeline is INGEST else "—"
         rows.append(f"| {label} | {p:.1f} | {r:.1f} | {per_step:.2f} | {per_step / anchor_ms:.1f} | {ratio} |")
+    for task in unfinished:
+        tasks.cancel(Task.objects.get(pk=task.pk), access.Agent(task.tenant_id, "bench"))
     # The jobs start_task queued: the runner ran their tasks in-process already.
     OrmQ.objects.filter(id__gt=last_job).delete()
     return anchor_ms, rows, p6b
@@ -190,7 +198,9 @@ def recovery(caller: Caller, doc_dir: Path, rounds: int) -> tuple[list[str], lis
     from django.conf import settings
 
     path = doc_dir / "bench-recovery.pdf"
-    path.write_bytes(pdf_of_text(long_text(1_500_000)))
+    # Long enough that extracting it spans several heartbeats (each writes the step's progress) even on
+    # a quiet machine: the kill comes once progress is recorded mid-step.
+    path.write_bytes(pdf_of_text(long_text(5_000_000)))
     override_conf(settings, document_allowed_dirs=[str(doc_dir)])
     # Default lease, heartbeat and loop: only what the benchmark itself needs is set.
     env = {"IDEMOPS_Q_WORKERS": "1", "IDEMOPS_DOCUMENT_ALLOWED_DIRS": str(doc_dir)}
@@ -204,24 +214,30 @@ def recover_once(caller: Caller, path: Path, env: dict[str, str], n: int) -> tup
     def current() -> Task:
         return Task.objects.get(pk=task.pk)
 
-    first = Worker(name=f"bench-recovery-a{n}", **env)
-    task = new_task(caller, "ingest_document", {"path": str(path)}, f"recovery-{n}")
-    drain(lambda: StepRun.objects.filter(task=task).exists(), timeout=120)
-    standby = Worker(name=f"bench-recovery-b{n}", **env)
-    drain(lambda: current().current_step == "extract_text" and (current().progress_done or 0) >= 10, timeout=120)
-    lease_left = current().lease_expires_at.timestamp() - time.time()
-    killed_at = time.time()
-    first.kill()
-    before = StepRun.objects.filter(task=task).count()
-    # Nobody sweeps by hand: the standby worker's loop does.
-    drain(lambda: StepRun.objects.filter(task=task).count() > before, timeout=120)
-    resumed = StepRun.objects.filter(task=task).latest("started_at").started_at.timestamp()
-    drain(lambda: (current().progress_done or 0) > 0, timeout=120)
-    progressed = time.time()
-    expired = tasks_lease_expired_at(task)
-    tasks.cancel(current(), access.Agent(current().tenant_id, "bench"))
-    standby.stop(grace=3)
-    first.stop(grace=0)
+    # Stopped also when a wait times out: a cluster left running would take the next run's tasks.
+    workers: list[Worker] = []
+    try:
+        first = Worker(name=f"bench-recovery-a{n}", **env)
+        workers.append(first)
+        task = new_task(caller, "ingest_document", {"path": str(path)}, f"recovery-{n}")
+        drain(lambda: StepRun.objects.filter(task=task).exists(), timeout=120)
+        workers.append(Worker(name=f"bench-recovery-b{n}", **env))
+        drain(lambda: current().current_step == "extract_text" and (current().progress_done or 0) >= 10,
+              timeout=120)
+        lease_left = current().lease_expires_at.timestamp() - time.time()
+        killed_at = time.time()
+        first.kill()
+        before = StepRun.objects.filter(task=task).count()
+        # Nobody sweeps by hand: the standby worker's loop does.
+        drain(lambda: StepRun.objects.filter(task=task).count() > before, timeout=120)
+        resumed = StepRun.objects.filter(task=task).latest("started_at").started_at.timestamp()
+        drain(lambda: (current().progress_done or 0) > 0, timeout=120)
+        progressed = time.time()
+        expired = tasks_lease_expired_at(task)
+        tasks.cancel(current(), access.Agent(current().tenant_id, "bench"))
+    finally:
+        for worker in reversed(workers):
+            worker.stop(grace=3)
     return (f"| {n + 1} | {lease_left:.2f} | {expired - killed_at:.2f} | {resumed - killed_at:.2f} | "
             f"{progressed - killed_at:.2f} |"), resumed - killed_at
 
