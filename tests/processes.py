@@ -6,6 +6,7 @@ need `transactional_db`) and are stopped, or killed, for real.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -81,6 +82,9 @@ class Service:
                 self.process.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 self.kill()
+        # A child that outlived its leader (a granian worker whose master exited first) goes too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
         self._log.close()
 
 

@@ -55,3 +55,18 @@ def test_serve_starts_two_web_workers_and_two_job_clusters_and_stops_them_all(tr
         serve.stop(grace=30)
 
     assert not [pid for pid in started if alive(pid)]
+    # Nor anything a child started in its session (a granian worker outliving its master).
+    assert not [pid for pid, argv in serving(port).items() if alive(pid)]
+
+
+def serving(port: int) -> dict[int, str]:
+    """pid -> command line of the processes whose command names `port`."""
+    found = {}
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if f"--port {port} " in argv:
+            found[int(cmdline.parent.name)] = argv
+    return found

@@ -6,6 +6,7 @@ embedded PostgreSQL server if that is what it ran on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -131,6 +132,11 @@ class Command(BaseCommand):
                 self.stderr.write(f"{name} did not stop in {STOP_GRACE_SECONDS}s; killing it")
                 process.kill()
                 process.wait()
+        # Each child leads a session of its own (start): what it left running there goes too, e.g. a
+        # granian worker still starting when its master exited.
+        for _, process in processes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
 
     def print_banner(self, base, demo):
         self.stdout.write(banner(base, demo))
