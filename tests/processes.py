@@ -6,7 +6,6 @@ need `transactional_db`) and are stopped, or killed, for real.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -83,8 +82,9 @@ class Service:
             except subprocess.TimeoutExpired:
                 self.kill()
         # A child that outlived its leader (a granian worker whose master exited first) goes too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        from tools_app.management.commands.serve import reap_session
+
+        reap_session(self.process.pid)
         self._log.close()
 
 

@@ -67,9 +67,10 @@ def inside_the_step(task) -> bool:
 
 
 def sweep_expired_a_lease() -> bool:
+    """The dead worker's lease was expired: by this sweep, or by the one in a live worker's loop."""
     out = StringIO()
     call_command("sweep_tasks", stdout=out)
-    return "expired leases: 1" in out.getvalue()
+    return "expired leases: 1" in out.getvalue() or AuditEvent.objects.filter(action="task.lease_expired").exists()
 
 
 def start_task(web, token, arguments, key, **extra) -> Task:

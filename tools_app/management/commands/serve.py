@@ -132,14 +132,23 @@ class Command(BaseCommand):
                 self.stderr.write(f"{name} did not stop in {STOP_GRACE_SECONDS}s; killing it")
                 process.kill()
                 process.wait()
-        # Each child leads a session of its own (start): what it left running there goes too, e.g. a
-        # granian worker still starting when its master exited.
         for _, process in processes:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
+            reap_session(process.pid)
 
     def print_banner(self, base, demo):
         self.stdout.write(banner(base, demo))
+
+
+def reap_session(leader: int, wait: float = 2.0) -> None:
+    """Once a child that leads a session of its own (`start`) has exited, let what it left running
+    there (a granian worker still starting when its master exited) finish for up to `wait` seconds
+    (its last log lines), then kill it."""
+    deadline = time.monotonic() + wait
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        while time.monotonic() < deadline:
+            os.killpg(leader, 0)  # raises once nobody is left in the group
+            time.sleep(0.05)
+        os.killpg(leader, signal.SIGKILL)
 
 
 def _mcp_call(base: str, token: str, tool: str, arguments: str) -> str:
