@@ -214,16 +214,7 @@ def test_many_concurrent_identical_calls_execute_once(tenant):
 
 def seen_from_another_connection(query):
     """Run `query()` on a fresh connection of another thread (what a concurrent caller sees)."""
-    seen = []
-
-    def look():
-        try:
-            seen.append(query())
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=look)
-    thread.start()
+    thread, seen = in_thread(query)
     thread.join(10)
     return seen[0]
 

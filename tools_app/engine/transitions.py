@@ -103,8 +103,9 @@ def _claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     # The record has no id yet: the statement fills object_id from the inserted row.
     claimed_event = audit.new_event(action="record.claimed", obj=record, actor=op.actor, trace_id=op.trace_id,
                                     after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
+    computed = _computed_fields(record)
     try:
-        row = _claim_or_fetch(record, claimed_event)
+        row = _claim_or_fetch(record, claimed_event, computed)
     except OperationalError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
             raise ClaimWaitExpired(op.key) from exc
@@ -113,7 +114,7 @@ def _claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
         # Ours: the row holds what we built, and the times the database computed for it.
         record.pk = row[0]
         record._state.adding, record._state.db = False, connection.alias
-        for field, value in zip(_computed_fields(record), row[1:-2], strict=True):
+        for field, value in zip(computed, row[1:-2], strict=True):
             setattr(record, field.attname, db.converted(field, value))
         record.read_at = row[-1]
         return record, True
@@ -171,9 +172,10 @@ def operation_id_of(key: str) -> uuid.UUID | None:
         return None
 
 
-def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tuple | None:
+def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent, computed: list) -> tuple | None:
     """One statement: INSERT the record and its audit event, unless a live record holds the key:
-    (the live or inserted record's id, whether this call inserted it), or None.
+    (the live or inserted record's id, the `computed` fields' values, whether this call inserted it,
+    the statement's time), or None.
 
     Two first calls racing both pass the NOT EXISTS; PostgreSQL makes the
     second INSERT wait for the first's transaction and then skip (ON CONFLICT
@@ -187,7 +189,7 @@ def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent) -> tup
     """
     wait_ms = f"{max(1, int(conf().follower_wait_seconds * 1000))}ms"
     sql = _claim_sql(db.insert_sql(record), db.insert_sql(claimed_event, CLAIMED_EVENT_ID),
-                     tuple(field.column for field in _computed_fields(record)))
+                     tuple(field.column for field in computed))
     return db.fetchone(sql, [record.tenant_id, record.tool, record.key, *db.insert_params(record),
                              wait_ms, *db.insert_params(claimed_event, CLAIMED_EVENT_ID)])
 
