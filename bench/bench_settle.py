@@ -33,9 +33,10 @@ import httpx2
 import psycopg
 
 from idemops.conf import conf
+from idemops_demo.models import Order
 from tests.agents import Answer, call_tool, call_until_done, issued_operation_id
 from tests.processes import Stack
-from tools_app.models import IdempotencyRecord, Order
+from tools_app.models import IdempotencyRecord
 
 ORDER = {"customer": "ACME", "items": [{"sku": "BOLT-1", "quantity": 1, "unit_price": "2.50"}], "currency": "EUR"}
 PAYMENT = {"amount": "10.00", "currency": "EUR", "payee": "Bob", "reference": "settle"}

@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from bench.common import ROOT, Section, at_least, at_most
 from idemops.conf import conf, override_conf
+from idemops_demo.tools.documents import INGEST
 from tests.documents_fixtures import long_text, pdf_of_text
 from tools_app import access, tasks
 from tools_app.models import StepRun, Task, TaskStatus, TenantLimits
@@ -37,7 +38,6 @@ from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import Caller, call_tool
 from tools_app.toolkit.pipelines import Pipeline, Step, StepContext, task_tool
 from tools_app.toolkit.registry import WriteInput, get_tool
-from tools_app.tools.documents import INGEST
 
 RUN = uuid.uuid4().hex[:8]  # keys of this run never meet an earlier run's
 WORKER_ENV = {"IDEMOPS_Q_WORKERS": "2"}

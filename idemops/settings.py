@@ -72,6 +72,11 @@ INSTALLED_APPS = [
     "django_q",
     "django_htmx",
     "tools_app",
+    # The demo (orders, payments, documents... and their downstream systems): an example app that
+    # uses only the public tool API. IDEMOPS_DEMO=0 leaves it out: no demo tools, no demo tables.
+    *(["idemops_demo"] if _environment.demo else []),
+    # An adopter's own apps (their `idemops_tools` modules declare their tools).
+    *_environment.extra_apps,
 ]
 
 MIDDLEWARE = [

@@ -149,7 +149,7 @@ class PaymentGateway(DownstreamService):
 
     def __init__(self, name: str = "payment-gateway", database: str = "test_payment_gateway",
                  server_url: str | None = None, callback_url: str | None = None, callback_secret: str = ""):
-        super().__init__(name, "downstream.payment_gateway", database,
+        super().__init__(name, "idemops_demo.downstream.payment_gateway", database,
                          *(["--callback-url", callback_url] if callback_url else []), server_url=server_url,
                          env={"PAYMENT_GATEWAY_CALLBACK_SECRET": callback_secret})
 
@@ -190,7 +190,7 @@ class NotificationSink(DownstreamService):
     def __init__(self, name: str = "notification-sink", database: str = "test_notification_sink",
                  server_url: str | None = None):
         self.smtp_port = free_port()
-        super().__init__(name, "downstream.notification_sink", database, "--smtp-port", str(self.smtp_port),
+        super().__init__(name, "idemops_demo.downstream.notification_sink", database, "--smtp-port", str(self.smtp_port),
                          server_url=server_url)
 
     def messages(self) -> dict[str, int]:

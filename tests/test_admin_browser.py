@@ -1,13 +1,14 @@
 """The approval queue in a real browser: Playwright driving headless Chromium against uvicorn (tests/browser.py)."""
 
 
+from idemops_demo.models import Announcement
 from tests.browser import ARTIFACTS, browser_page, needs_chromium, shot
 from tests.issued_ids import call_labelled_sync
 from tests.jobs import run_queued_jobs
 from tests.mcp_client import error_of
 from tests.operators import PASSWORD, login_for_the_web_server, make_operator
 from tools_app.access.roles import APPROVER
-from tools_app.models import Announcement, ApprovalRequest, ApprovalStatus, Tenant
+from tools_app.models import ApprovalRequest, ApprovalStatus, Tenant
 
 pytestmark = needs_chromium
 

@@ -11,9 +11,9 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import SimpleRouter
 
+from idemops_demo.models import Order, OrderLine
 from tests.api_support import csv_rows, key_client
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter
-from tools_app.models import Order, OrderLine
 
 # --- the declaration ------------------------------------------------------------
 

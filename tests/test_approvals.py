@@ -7,6 +7,7 @@ import pytest
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
+from idemops_demo.models import Announcement, Order, Ticket
 from tests.approvals_support import STAFF_NOTE, actions, call, pending_request
 from tests.jobs import queued_jobs, run_queued_jobs
 from tests.operators import make_operator
@@ -15,15 +16,12 @@ from tools_app.access.roles import APPROVER, OPERATOR
 from tools_app.approvals import ApprovalRefused
 from tools_app.core.jobs import JOBS
 from tools_app.models import (
-    Announcement,
     ApprovalRequest,
     ApprovalSettings,
     ApprovalStatus,
     AuditEvent,
     IdempotencyRecord,
-    Order,
     RecordStatus,
-    Ticket,
 )
 from tools_app.toolkit.calls import Caller
 

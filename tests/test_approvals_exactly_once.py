@@ -7,20 +7,14 @@ from django.db import connection, connections
 from django.utils import timezone
 from django_q.models import OrmQ
 
+from idemops_demo.models import Announcement
 from tests.approvals_support import STAFF_NOTE, call, pending_request
 from tests.jobs import run_queued_jobs
 from tests.operators import make_operator
 from tools_app import approvals
 from tools_app.access.roles import APPROVER
 from tools_app.approvals import ApprovalRefused
-from tools_app.models import (
-    Announcement,
-    ApprovalRequest,
-    ApprovalStatus,
-    AuditEvent,
-    IdempotencyRecord,
-    RecordStatus,
-)
+from tools_app.models import ApprovalRequest, ApprovalStatus, AuditEvent, IdempotencyRecord, RecordStatus
 from tools_app.toolkit.calls import Caller
 
 # --- exactly once --------------------------------------------------------------------------

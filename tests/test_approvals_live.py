@@ -7,13 +7,14 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from idemops_demo.models import Announcement, Order
 from tests.issued_ids import call_labelled_sync
 from tests.mcp_client import call_sync, error_of
 from tests.operators import make_operator
 from tests.processes import JobCluster
 from tools_app import approvals
 from tools_app.access.roles import APPROVER
-from tools_app.models import Announcement, ApprovalRequest, ApprovalStatus, AuditEvent, Order, Tenant
+from tools_app.models import ApprovalRequest, ApprovalStatus, AuditEvent, Tenant
 
 pytestmark = pytest.mark.live
 

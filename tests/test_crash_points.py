@@ -11,10 +11,11 @@ import time
 import pytest
 from django.utils import timezone
 
+from idemops_demo.models import Order
 from tests.issued_ids import labelled_arguments
 from tests.mcp_client import call_sync
 from tests.processes import WebServer, downstream_env, manage
-from tools_app.models import IdempotencyRecord, Order, RecordStatus
+from tools_app.models import IdempotencyRecord, RecordStatus
 
 pytestmark = pytest.mark.live
 

@@ -18,10 +18,11 @@ import httpx2
 import pytest
 from mcp.shared.exceptions import MCPError
 
+from idemops_demo.models import Order
 from tests.agents import Answer, call_tool, call_tool_sync, call_until_done, issued_operation_id
 from tests.mcp_client import call
 from tests.processes import Stack, manage
-from tools_app.models import IdempotencyRecord, Order
+from tools_app.models import IdempotencyRecord
 
 pytestmark = pytest.mark.live
 

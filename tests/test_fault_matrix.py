@@ -17,12 +17,13 @@ import httpx2
 import pytest
 from django.db import connection
 
+from idemops_demo.models import Order
 from tests.agents import call_tool as raw_tool_call
 from tests.issued_ids import labelled_arguments
 from tests.mcp_client import call_sync, error_of
 from tests.processes import PaymentGateway, WebServer, free_port
 from tests.task_stack import wait_until
-from tools_app.models import AuditEvent, IdempotencyRecord, Order, RecordStatus
+from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
 
 pytestmark = pytest.mark.live
 
@@ -206,7 +207,7 @@ def test_a_callback_without_the_right_signature_is_refused_and_settles_nothing(w
 
 
 def _sign(secret: str, body: bytes) -> str:
-    from downstream.payment_gateway import sign
+    from idemops_demo.downstream.payment_gateway import sign
 
     return sign(secret, body)
 

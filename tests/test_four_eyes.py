@@ -7,13 +7,14 @@ owner and another approver deciding in the admin (Django's test client, as a bro
 import pytest
 from django.urls import reverse
 
+from idemops_demo.models import Announcement
 from tests.issued_ids import call_labelled_sync
 from tests.jobs import run_queued_jobs
 from tests.mcp_client import error_of
 from tests.operators import make_operator
 from tools_app import access, approvals
 from tools_app.access.roles import APPROVER
-from tools_app.models import Announcement, ApprovalRequest, ApprovalStatus, AuditEvent
+from tools_app.models import ApprovalRequest, ApprovalStatus, AuditEvent
 
 NOTE = {"title": "Maintenance", "body": "Down at 2am", "audience": "staff", "idempotency_key": "ann-1"}
 

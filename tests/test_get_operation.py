@@ -7,11 +7,12 @@ import pytest
 from django.utils import timezone
 
 from idemops.conf import override_conf
+from idemops_demo.models import Order
 from tests.approvals_support import STAFF_NOTE
 from tests.issued_ids import call_labelled
 from tests.tasks_support import TEXT
 from tools_app import engine, reconciliation
-from tools_app.models import IdempotencyRecord, Order, Task
+from tools_app.models import IdempotencyRecord, Task
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import Caller, call_tool, validate_arguments, write_operation
 from tools_app.toolkit.registry import get_tool

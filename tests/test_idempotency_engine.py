@@ -8,10 +8,11 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from idemops.conf import override_conf
+from idemops_demo.models import Order
 from tools_app import engine
 from tools_app.core.errors import InvalidInput
 from tools_app.engine import ExpiryPolicy, Operation
-from tools_app.models import AuditEvent, IdempotencyRecord, Order, RecordStatus
+from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
 
 
 def operation(tenant, key="k-1", **overrides):

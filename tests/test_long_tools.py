@@ -7,8 +7,9 @@ import pytest
 from django.db import connection
 
 from idemops.conf import override_conf
+from idemops_demo.models import Customer, Ticket, TicketNote
 from tools_app import outbox
-from tools_app.models import Customer, StepBatch, StepRun, Task, TaskStatus, Ticket, TicketNote
+from tools_app.models import StepBatch, StepRun, Task, TaskStatus
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.registry import get_tool
@@ -173,7 +174,7 @@ def test_an_onboarding_runs_each_service_once_and_answers_the_customer(transacti
 
 
 def test_a_sagas_plan_after_a_failure_is_the_steps_before_it_a_marker_and_their_undos_in_reverse():
-    from tools_app.tools.onboarding import ONBOARDING
+    from idemops_demo.tools.onboarding import ONBOARDING
 
     assert [step.name for step in ONBOARDING.plan(2)] == [
         "create_customer", "request_mandate", "failed:send_welcome_email", "compensate:request_mandate",

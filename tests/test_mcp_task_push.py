@@ -25,13 +25,14 @@ from mcp_types import (
 )
 from pydantic import ConfigDict
 
+from idemops_demo.models import Document
 from tests import processes
 from tests.documents_fixtures import long_text, pdf_of_text
 from tests.mcp_client import Listen, ListenParams, TaskPush, call_sync, error_of
 from tests.processes import WebServer, Worker, downstream_env
 from tests.task_stack import stack_env, wait_until
 from tools_app import tasks
-from tools_app.models import Document, OutboxEvent, Task, TaskStatus
+from tools_app.models import OutboxEvent, Task, TaskStatus
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("settle_tasks")]
 

@@ -17,13 +17,14 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import PaginatedRequestParams, Request, Result
 
 from idemops.conf import override_conf
+from idemops_demo.models import Document
 from tests.documents_fixtures import long_text, pdf_of_text
 from tests.mcp_client import answer_of, call_sync
 from tests.processes import ROOT
 from tests.task_stack import wait_until
 from tests.tasks_support import start
 from tools_app import access
-from tools_app.models import Document, StepRun, Task, TaskStatus
+from tools_app.models import StepRun, Task, TaskStatus
 from tools_app.toolkit.calls import Caller
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("settle_tasks")]

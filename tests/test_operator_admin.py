@@ -8,6 +8,7 @@ from django.contrib.auth.models import Group, Permission
 from django.urls import reverse
 from django.utils import timezone
 
+from idemops_demo.models import Announcement, Order
 from tests.issued_ids import call_labelled
 from tests.jobs import queued_jobs, run_queued_jobs
 from tests.operators import make_operator
@@ -17,13 +18,11 @@ from tools_app.core import counters
 from tools_app.core.errors import PermissionDenied
 from tools_app.core.jobs import JOBS
 from tools_app.models import (
-    Announcement,
     ApprovalRequest,
     ApprovalSettings,
     ApprovalStatus,
     AuditEvent,
     IdempotencyRecord,
-    Order,
     RecordStatus,
 )
 from tools_app.toolkit.calls import Caller, CallOutcome, call_tool

@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from idemops.conf import override_conf
+from idemops_demo.models import Order
 from tests.issued_ids import call_labelled
 from tests.mcp_client import call_sync
 from tests.operators import PASSWORD, login_for_the_web_server, make_operator
@@ -25,7 +26,7 @@ from tools_app import engine, outbox, reconciliation, tasks
 from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR, ROLE_PERMISSIONS
 from tools_app.admin.operator_actions import OperatorActionsAdmin
 from tools_app.core.errors import PermissionDenied, Transient
-from tools_app.models import AuditEvent, IdempotencyRecord, Order, OutboxEvent, RecordStatus, Task, Tenant
+from tools_app.models import AuditEvent, IdempotencyRecord, OutboxEvent, RecordStatus, Task, Tenant
 from tools_app.reconciliation.models import UnknownOutcome
 from tools_app.toolkit.calls import Caller, call_tool, validate_arguments, write_operation
 from tools_app.toolkit.registry import get_tool

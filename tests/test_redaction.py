@@ -16,20 +16,13 @@ from django.test import Client
 from django.urls import reverse
 
 from idemops.conf import conf, override_conf
+from idemops_demo.models import Document
 from tests.api_support import ENDPOINTS, key_client, make_event, make_record
 from tests.issued_ids import call_labelled
 from tests.task_stack import DocServer
 from tools_app import engine
 from tools_app.core import keys, redaction
-from tools_app.models import (
-    AuditEvent,
-    Checkpoint,
-    Document,
-    IdempotencyRecord,
-    RecordStatus,
-    Task,
-    TaskStatus,
-)
+from tools_app.models import AuditEvent, Checkpoint, IdempotencyRecord, RecordStatus, Task, TaskStatus
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import Caller, call_tool
 from tools_app.toolkit.registry import get_tool

@@ -12,23 +12,14 @@ from django.urls import reverse
 from django.utils import timezone
 
 from idemops.conf import override_conf
+from idemops_demo.models import Document, DocumentChunk, Order
 from tests.issued_ids import issued_key
 from tests.operators import make_operator
 from tools_app import access, retention
 from tools_app.access.roles import AUDITOR, OPERATOR
 from tools_app.core import audit
 from tools_app.core.errors import PermissionDenied
-from tools_app.models import (
-    AuditEvent,
-    Checkpoint,
-    Document,
-    DocumentChunk,
-    IdempotencyRecord,
-    Order,
-    RetentionOverride,
-    Task,
-    TaskArtifact,
-)
+from tools_app.models import AuditEvent, Checkpoint, IdempotencyRecord, RetentionOverride, Task, TaskArtifact
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import Caller, call_tool
 from tools_app.toolkit.registry import get_tool

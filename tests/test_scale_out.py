@@ -22,6 +22,7 @@ import pytest
 from django.db import connection
 from django_q.models import OrmQ
 
+from idemops_demo.models import Announcement
 from tests.documents_fixtures import long_text, pdf_of_text
 from tests.issued_ids import labelled_arguments
 from tests.mcp_client import call, call_sync, error_of
@@ -29,16 +30,7 @@ from tests.operators import PASSWORD, login_for_the_web_server, make_operator
 from tests.processes import WebServer, Worker, downstream_env, faketime_env, manage
 from tests.task_stack import wait_until
 from tools_app.access.roles import APPROVER
-from tools_app.models import (
-    Announcement,
-    ApprovalRequest,
-    AuditEvent,
-    IdempotencyRecord,
-    StepRun,
-    Task,
-    TaskStatus,
-    Tenant,
-)
+from tools_app.models import ApprovalRequest, AuditEvent, IdempotencyRecord, StepRun, Task, TaskStatus, Tenant
 
 pytestmark = pytest.mark.live
 

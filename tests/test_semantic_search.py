@@ -7,13 +7,14 @@ import pytest
 from django.db import connection
 
 from idemops.conf import override_conf
+from idemops_demo import documents
+from idemops_demo.documents import vector_extension
+from idemops_demo.documents.search import fuse
+from idemops_demo.models import Document, DocumentChunk
 from tests.documents_fixtures import long_text
 from tests.processes import Worker
 from tests.task_stack import swept_until, wait_until
-from tools_app import documents
-from tools_app.documents import vector_extension
-from tools_app.documents.search import fuse
-from tools_app.models import Document, DocumentChunk, StepRun, Task, TaskStatus, Tenant
+from tools_app.models import StepRun, Task, TaskStatus, Tenant
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import Caller, call_tool
 from tools_app.toolkit.registry import get_tool

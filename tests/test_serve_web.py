@@ -7,10 +7,10 @@ import json
 import httpx2
 import pytest
 
+from idemops_demo.models import Order
 from tests.mcp_client import call_sync
 from tests.processes import LOG_DIR, Service, child_env, free_port
 from tools_app.management.commands.serve import Command
-from tools_app.models import Order
 
 pytestmark = pytest.mark.live
 

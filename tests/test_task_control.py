@@ -5,6 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from idemops_demo.tools.documents import INGEST
 from tests.operators import make_operator
 from tests.tasks_support import TEXT, agent, queued_jobs, start
 from tools_app import tasks
@@ -12,7 +13,6 @@ from tools_app.access import Agent
 from tools_app.access.roles import OPERATOR
 from tools_app.core.errors import AlreadyDone, InvalidInput, NotFound, PermissionDenied
 from tools_app.models import AuditEvent, Task, TaskStatus
-from tools_app.tools.documents import INGEST
 
 # --- resume, pause, the sweep ------------------------------------------------------------------
 

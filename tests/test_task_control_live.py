@@ -9,12 +9,13 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
+from idemops_demo.models import Document
 from tests.documents_fixtures import long_text, pdf_of_text
 from tests.mcp_client import call_sync, error_of
 from tests.processes import WebServer, Worker, downstream_env
 from tests.task_stack import stack_env, wait_until
 from tools_app import tasks
-from tools_app.models import AuditEvent, Document, OutboxEvent, StepRun, Task, TaskStatus
+from tools_app.models import AuditEvent, OutboxEvent, StepRun, Task, TaskStatus
 
 # Each test's workers are stopped before the database is flushed (`workers` comes after transactional_db);
 # settle_tasks does not apply: a killed worker's step run stays unfinished for good.

@@ -12,22 +12,14 @@ from django.urls import reverse
 from django.utils import timezone
 
 from idemops.conf import override_conf
+from idemops_demo import documents
+from idemops_demo.models import Document
 from tests import processes
 from tests.operators import make_operator
 from tests.tasks_support import TEXT, agent, start
-from tools_app import documents, tasks
+from tools_app import tasks
 from tools_app.access.roles import AUDITOR, OPERATOR
-from tools_app.models import (
-    AuditEvent,
-    Checkpoint,
-    Document,
-    OutboxEvent,
-    StepOutcome,
-    StepRun,
-    Task,
-    TaskArtifact,
-    TaskStatus,
-)
+from tools_app.models import AuditEvent, Checkpoint, OutboxEvent, StepOutcome, StepRun, Task, TaskArtifact, TaskStatus
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.registry import get_tool

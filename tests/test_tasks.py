@@ -12,6 +12,7 @@ from django.db import connections, transaction
 from django.urls import reverse
 
 from idemops.conf import override_conf
+from idemops_demo.tools.documents import INGEST
 from tests.operators import make_operator
 from tests.task_stack import DocServer
 from tests.tasks_support import TEXT, agent, queued_jobs, start
@@ -26,7 +27,6 @@ from tools_app.tasks.calls import overall_progress
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.pipelines import Pipeline, RetryPolicy, Step
 from tools_app.toolkit.registry import get_tool
-from tools_app.tools.documents import INGEST
 
 # --- starting ----------------------------------------------------------------------------------
 

@@ -12,11 +12,12 @@ from collections import Counter
 import pytest
 from django_q.tasks import async_task
 
+from idemops_demo.models import Document
 from tests.documents_fixtures import long_text, make_pdf, pdf_of_text
 from tests.mcp_client import call, call_sync, connect, error_of
 from tests.task_stack import wait_until
 from tools_app.core.jobs import JOBS
-from tools_app.models import AuditEvent, Checkpoint, Document, StepOutcome, StepRun, Task, TaskStatus
+from tools_app.models import AuditEvent, Checkpoint, StepOutcome, StepRun, Task, TaskStatus
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("settle_tasks")]
 

@@ -13,11 +13,12 @@ from django.db import DataError
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
 
+from idemops_demo.models import Order
 from tests.mcp_client import connect, post_raw, raw_call, raw_error_of
 from tools_app import engine
 from tools_app.core.errors import InvalidInput
 from tools_app.engine import Operation
-from tools_app.models import IdempotencyRecord, Order, RecordStatus, Task
+from tools_app.models import IdempotencyRecord, RecordStatus, Task
 from tools_app.toolkit.calls import validate_arguments
 from tools_app.toolkit.pipelines import Pipeline, Step
 from tools_app.toolkit.registry import StrictModel, all_tools

@@ -11,9 +11,10 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from idemops.conf import override_conf
+from idemops_demo.models import Order
 from tools_app import engine
 from tools_app.engine import Operation
-from tools_app.models import AuditEvent, IdempotencyRecord, Order, RecordStatus
+from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
 
 ARGUMENTS = {"customer": "ACME", "n": 1}
 

@@ -17,19 +17,18 @@ class ToolsAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.core import checks
         from django.db.models.signals import post_migrate
         from django_q.signals import post_execute_in_worker, post_spawn, pre_enqueue, pre_execute
 
+        from idemops.conf import conf
         from tools_app import (
             approvals,
-            documents,
             engine,
             outbox,
             reconciliation,
             tasks,
             toolkit,
-            tools,  # noqa: F401  (importing the tools registers them: one declaration each)
+            tools,  # importing the platform's tools registers them: one declaration each
         )
         from tools_app.access.roles import ensure_roles
         from tools_app.core import jobs, tracing
@@ -43,8 +42,8 @@ class ToolsAppConfig(AppConfig):
         toolkit.hooks.register(approval_gate=approvals.gate, run_long_tool=tasks.call_task_tool,
                                after_unknown=reconciliation.reconcile_soon)
         tasks.hooks.register(enqueue_event=outbox.enqueue)
-        # `migrate` (and `check --database default`) stop on a server without pgvector, saying so.
-        checks.register(documents.check_pgvector, checks.Tags.database)
+        # Every installed app's tools (its `idemops_tools` module), and the modules the settings name.
+        tools.discover(conf().tool_modules)
         post_migrate.connect(ensure_schedules, sender=self)
         post_migrate.connect(ensure_roles, sender=self)
         # Every django-q2 worker process runs the few-second loops (tools_app.schedules).

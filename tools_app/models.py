@@ -11,7 +11,6 @@ from tools_app.approvals.models import (
 )
 from tools_app.core.errors import ErrorClass
 from tools_app.core.models import AuditEvent, AuditSeal, MetricMinute, MetricTotal
-from tools_app.documents.models import Document, DocumentChunk
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
 from tools_app.metrics.models import Dashboard
 from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
@@ -28,10 +27,8 @@ from tools_app.tasks.models import (
     TaskStatus,
 )
 from tools_app.toolkit.calls import CallOutcome
-from tools_app.tools.models import Announcement, Customer, Order, OrderLine, Ticket, TicketNote
 
 __all__ = [
-    "Announcement",
     "ApiToken",
     "ApprovalDecision",
     "ApprovalRequest",
@@ -43,17 +40,12 @@ __all__ = [
     "AuditorKey",
     "CallOutcome",
     "Checkpoint",
-    "Customer",
     "Dashboard",
     "DeadLetter",
-    "Document",
-    "DocumentChunk",
     "ErrorClass",
     "IdempotencyRecord",
     "MetricMinute",
     "MetricTotal",
-    "Order",
-    "OrderLine",
     "OutboxEvent",
     "OutboxStatus",
     "PendingApproval",
@@ -71,7 +63,5 @@ __all__ = [
     "Tenant",
     "TenantAccess",
     "TenantLimits",
-    "Ticket",
-    "TicketNote",
     "UnknownOutcome",
 ]

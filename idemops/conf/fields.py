@@ -130,6 +130,13 @@ class IdemopsSettings(BaseSettings):
         section=WEB)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = setting(
         "INFO", "Level of the root logger (case-insensitive).", section=WEB)
+    demo: bool = setting(True, "The demo app (idemops_demo): its tools, tables and downstream systems.", section=WEB)
+    tool_modules: TextList = setting(
+        [], "Modules that declare tools with the public tool API (`idemops.tools`), imported at start-up "
+        "besides every installed app's `idemops_tools` module; comma-separated dotted names.", section=WEB)
+    extra_apps: TextList = setting(
+        [], "Django apps to install besides the platform (an adopter's app that declares tools, models or "
+        "admin pages); comma-separated dotted names.", section=WEB)
     var_dir: Path = setting(
         BASE_DIR / "var", "Where local state lives: the generated secret key, the embedded database, the demo "
         "credentials.", shown="`var/` next to manage.py", section=WEB)

@@ -8,11 +8,12 @@ import pytest
 
 from idemops_client import IdempotentClient, Ledger, MemoryLedger, RetriesExhausted, RetryPolicy, State
 from idemops_client.faults import FaultProxy
+from idemops_demo.models import Announcement, Document
 from tests.operators import make_operator
 from tests.processes import ROOT
 from tools_app import approvals
 from tools_app.access.roles import APPROVER
-from tools_app.models import Announcement, ApprovalRequest, Document, IdempotencyRecord, RecordStatus, Task, Tenant
+from tools_app.models import ApprovalRequest, IdempotencyRecord, RecordStatus, Task, Tenant
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("settle_tasks")]
 

@@ -15,9 +15,9 @@ import pytest
 
 from idemops_client import IdempotentClient, Ledger, MemoryLedger, RetriesExhausted, RetryPolicy, State, ToolCallError
 from idemops_client.faults import FaultProxy
+from idemops_demo.models import Order
 from tests.processes import ROOT
 from tests.task_stack import wait_until
-from tools_app.models import Order
 
 pytestmark = pytest.mark.live
 

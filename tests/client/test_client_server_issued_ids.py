@@ -15,8 +15,9 @@ from django.utils import timezone
 from idemops_client import IdempotentClient, MemoryLedger, RetriesExhausted, RetryPolicy, State, ToolCallError
 from idemops_client.client import ToolInfo
 from idemops_client.faults import FaultProxy
+from idemops_demo.models import Order
 from tests.processes import manage
-from tools_app.models import IdempotencyRecord, Order, PreparedOperation, RecordStatus
+from tools_app.models import IdempotencyRecord, PreparedOperation, RecordStatus
 
 pytestmark = pytest.mark.live
 

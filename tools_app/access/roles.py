@@ -7,6 +7,8 @@ TenantAccess gives tenants (a non-superuser sees only the tenants granted).
 
 from __future__ import annotations
 
+from django.apps import apps
+from django.contrib.auth.management import create_permissions
 from django.contrib.auth.models import Group, Permission
 from django.db import transaction
 
@@ -15,22 +17,24 @@ from tools_app.core import audit
 
 OPERATOR, APPROVER, AUDITOR = "operator", "approver", "auditor"
 
-# Codenames in tools_app. Add a queue's view/action permissions here when it is added.
+# Codenames in tools_app. Add a queue's view/action permissions here when it is added. An installed app
+# adds its own models' permissions to a role with `idemops_role_permissions` on its AppConfig,
+# {role: [codename, ...]} (the demo: operators and approvers see the orders a payment would touch).
+ROLE_ATTRIBUTE = "idemops_role_permissions"
 ROLE_PERMISSIONS: dict[str, list[str]] = {
     # Watches the queues and the dashboard, looks into records, frees stuck keys.
     OPERATOR: [
         "view_dashboard", "view_pendingapproval", "view_approvalrequest", "view_idempotencyrecord",
-        "force_expire_idempotencyrecord", "release_held_key", "view_auditevent", "view_order", "view_ticket",
-        "view_announcement", "view_customer",
+        "force_expire_idempotencyrecord", "release_held_key", "view_auditevent",
         "view_unknownoutcome", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
-        "view_task", "view_taskneedingattention", "manage_task", "view_document",
+        "view_task", "view_taskneedingattention", "manage_task",
         "view_tenantlimits", "set_tenant_limits",
         "view_retentionoverride", "manage_retention",
     ],
     # Decides on sensitive operations; sees what they would touch.
     APPROVER: [
         "view_dashboard", "view_pendingapproval", "view_approvalrequest", "decide_approvalrequest",
-        "view_idempotencyrecord", "view_order", "view_ticket", "view_announcement",
+        "view_idempotencyrecord",
     ],
     # Reads everything that is evidence; changes nothing.
     AUDITOR: [
@@ -41,13 +45,24 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
 
 
 def ensure_roles(**kwargs) -> None:
-    for role, codenames in ROLE_PERMISSIONS.items():
+    wanted = {role: {"tools_app": codenames} for role, codenames in ROLE_PERMISSIONS.items()}
+    for config in apps.get_app_configs():
+        for role, codenames in getattr(config, ROLE_ATTRIBUTE, {}).items():
+            if role not in wanted:
+                raise LookupError(f"app {config.name}: {ROLE_ATTRIBUTE} names unknown role {role!r}")
+            wanted[role][config.label] = codenames
+            # post_migrate reaches apps in order: this app's permissions may not be made yet.
+            create_permissions(config, verbosity=0)
+    for role, by_app in wanted.items():
         group, _ = Group.objects.get_or_create(name=role)
-        permissions = Permission.objects.filter(content_type__app_label="tools_app", codename__in=codenames)
-        missing = set(codenames) - set(permissions.values_list("codename", flat=True))
-        if missing:  # a typo here would silently weaken or break a role
-            raise LookupError(f"role {role}: unknown permissions {sorted(missing)}")
-        group.permissions.set(permissions)
+        chosen = []
+        for label, codenames in by_app.items():
+            permissions = list(Permission.objects.filter(content_type__app_label=label, codename__in=codenames))
+            missing = set(codenames) - {permission.codename for permission in permissions}
+            if missing:  # a typo here would silently weaken or break a role
+                raise LookupError(f"role {role}: unknown permissions of {label}: {sorted(missing)}")
+            chosen += permissions
+        group.permissions.set(chosen)
 
 
 @transaction.atomic

@@ -9,7 +9,6 @@ from tools_app.admin import (  # noqa: F401
     approvals,
     audit,
     auditors,
-    business,
     dashboard,
     limits,
     outbox,

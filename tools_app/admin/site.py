@@ -2,8 +2,9 @@
 
 The home page leads with the four work queues (each with its count, the age of its oldest item
 and how many stand out), then a glance at the dashboard, then everything else: the pages to look
-into (records, requests, tasks, events, the audit log), the business objects, and the reference
-data (tenants, tokens, settings). The navigation on every page follows the same order, with each
+into (records, requests, tasks, events, the audit log), the reference
+data (tenants, tokens, settings), and then each installed app's own pages (the demo's business
+objects). The navigation on every page follows the same order, with each
 queue's count as a badge. One search box (`find/`) finds a record by whatever is quoted.
 
 This is the admin's default site (tools_app.apps.ConsoleAdminConfig), so every `@admin.register`
@@ -28,8 +29,7 @@ QUEUES = ["pendingapproval", "unknownoutcome", "taskneedingattention", "deadlett
 SECTIONS = [
     ("Work queues", "queues", QUEUES),
     ("Look into", "evidence", ["dashboard", "idempotencyrecord", "approvalrequest", "approvaldecision", "task",
-                               "document", "outboxevent", "auditevent", "auditseal"]),
-    ("Business objects", "business", ["order", "ticket", "announcement", "customer"]),
+                               "outboxevent", "auditevent", "auditseal"]),
     ("Reference data", "reference", ["tenant", "apitoken", "tenantaccess", "approvalsettings", "tenantlimits",
                                      "retentionoverride", "auditorkey"]),
 ]

@@ -25,7 +25,6 @@ from tools_app.admin.operator_actions import (
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.core import clock, redaction
 from tools_app.core.errors import ToolFailure
-from tools_app.documents.models import Document
 from tools_app.tasks.models import Checkpoint, StepRun, Task, TaskNeedingAttention, TaskStatus
 from tools_app.toolkit.registry import all_tools
 
@@ -194,14 +193,3 @@ class TaskQueueAdmin(TaskPage, QueueAdmin):
     @admin.display(description="since last update", ordering="updated_at")
     def waiting(self, task):
         return age(task.updated_at)
-
-
-@admin.register(Document)
-class DocumentAdmin(TenantScopedAdmin, ReadOnlyAdmin):
-    list_display = ["id", "tenant", "title", "format", "characters", "chunk_count", "created_at", "ready_at"]
-    list_filter = ["format", ("tenant", admin.RelatedOnlyFieldListFilter)]
-    search_fields = ["title"]
-    list_select_related = ["tenant"]
-    fields = ["tenant", "task", "title", "format", "source", "content_sha256", "characters", "chunk_count",
-              "summary", "created_at", "ready_at"]
-    readonly_fields = fields

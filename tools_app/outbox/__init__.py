@@ -16,6 +16,7 @@ from tools_app.outbox.relay import (
     RELAY_ACTOR,
     RelayReport,
     enqueue,
+    find,
     mark_delivered,
     record_failed_attempt,
     redrive,
@@ -24,6 +25,6 @@ from tools_app.outbox.relay import (
 )
 
 __all__ = [
-    "REDRIVE", "RELAY_ACTOR", "DeliveryFailed", "DeliveryRefused", "RelayReport", "deliver", "enqueue",
+    "REDRIVE", "RELAY_ACTOR", "DeliveryFailed", "DeliveryRefused", "RelayReport", "deliver", "enqueue", "find",
     "mark_delivered", "record_failed_attempt", "redrive", "relay_batch", "relay_one", "relay_pending",
 ]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,16 @@ def enqueue(*, tenant_id: int, kind: str, payload: dict[str, Any], record=None, 
     # The ORM broker's enqueue joins this transaction: no commit, no job.
     jobs.enqueue("outbox.relay", task_name="outbox-relay")
     return event
+
+
+def find(tenant_id: int, event_id: Any) -> OutboxEvent | None:
+    """One of this tenant's events by its id (a UUID or its text), or None: an id that is not one is
+    nobody's event."""
+    try:
+        event_id = event_id if isinstance(event_id, uuid.UUID) else uuid.UUID(str(event_id))
+    except ValueError:
+        return None
+    return OutboxEvent.objects.filter(tenant_id=tenant_id, pk=event_id).first()
 
 
 # --- the relay ------------------------------------------------------------------------

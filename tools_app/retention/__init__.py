@@ -4,8 +4,8 @@ Four kinds, each kept for a time counted from when it finished (documents: from
 their creation): `records` (an idempotency record's arguments and result),
 `tasks` (a task's arguments, result and answers), `artifacts` (a task's
 checkpoints, step batches and artifacts) and `documents` (with their chunks and
-vectors). The time comes from, first to last: the tenant's RetentionOverride
-for the tool, the tenant's override for every tool, the tool's declaration
+vectors: the objects an app registered with `register_retained`). The time comes from,
+first to last: the tenant's RetentionOverride for the tool, the tenant's override for every tool, the tool's declaration
 (`ToolSpec.keep`), the IDEMOPS_RETENTION_<KIND>_HOURS setting (`policy.py`).
 
 `purge.py` removes what is past it, in batches taken with SELECT ... FOR UPDATE
@@ -15,12 +15,12 @@ are never purged, so the hash chain still verifies. `jobs.py` is the django-q2
 entry point, scheduled in tools_app/schedules.py; `manage.py purge_expired`
 runs it now.
 
-May import: core, access, engine, toolkit, tasks, documents.
+May import: core, access, engine, toolkit, tasks.
 """
 
 from tools_app.retention.models import RetentionOverride
 from tools_app.retention.policy import CHANGE_RETENTION, KINDS, delete_override, kept_for, save_override
-from tools_app.retention.purge import PURGER, PurgeReport, purge, purge_kind
+from tools_app.retention.purge import PURGER, PurgeReport, purge, purge_kind, register_retained
 
 __all__ = ["CHANGE_RETENTION", "KINDS", "PURGER", "PurgeReport", "RetentionOverride", "delete_override", "kept_for",
-           "purge", "purge_kind", "save_override"]
+           "purge", "purge_kind", "register_retained", "save_override"]

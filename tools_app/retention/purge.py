@@ -33,7 +33,6 @@ from django.utils import timezone
 from idemops.conf import conf
 from tools_app.core import audit
 from tools_app.core.models import AuditEvent
-from tools_app.documents.models import Document, DocumentChunk
 from tools_app.engine import FINISHED
 from tools_app.engine.models import IdempotencyRecord
 from tools_app.retention.policy import KINDS, default_for, kept_for, load_overrides
@@ -78,14 +77,6 @@ def _purge_artifacts(rows: list[Task], now: datetime) -> dict:
     return {t.pk: {name: counts.get(t.pk, 0) for name, counts in counted.items()} for t in rows}
 
 
-def _purge_documents(rows: list[Document], now: datetime) -> dict:
-    ids = [d.pk for d in rows]
-    chunks = dict(DocumentChunk.objects.filter(document_id__in=ids).values_list("document_id").annotate(n=Count("pk")))
-    DocumentChunk.objects.filter(document_id__in=ids).delete()
-    Document.objects.filter(pk__in=ids).delete()
-    return {d.pk: {"task_id": str(d.task_id), "title": d.title, "chunks": chunks.get(d.pk, 0)} for d in rows}
-
-
 KIND_SPECS: dict[str, Kind] = {
     "records": Kind(IdempotencyRecord, "tool", "finished_at",
                     Q(purged_at__isnull=True, status__in=FINISHED, finished_at__isnull=False), _purge_records,
@@ -95,8 +86,20 @@ KIND_SPECS: dict[str, Kind] = {
     "artifacts": Kind(Task, "tool", "finished_at", Q(artifacts_purged_at__isnull=True, status__in=TASK_FINISHED,
                                                      finished_at__isnull=False), _purge_artifacts,
                       "task.artifacts_purged"),
-    "documents": Kind(Document, "task__tool", "created_at", Q(), _purge_documents, "document.purged"),
 }
+
+
+def register_retained(kind: str, *, model: type[models.Model], tool: str, since: str,
+                      purge: Callable[[list, datetime], dict[int | str, dict]], action: str,
+                      pending: Q | None = None) -> None:
+    """An app's own objects that `kind`'s retention removes (the demo's documents): `tool` is the lookup
+    of the tool that made each row, `since` the field the period counts from, `purge(rows, now)` removes
+    them and says what each row's audit event `action` records. Called from the app's `ready()`."""
+    if kind not in KINDS:
+        raise ValueError(f"retention kind {kind!r} is not one of {KINDS}")
+    if kind in KIND_SPECS:
+        raise ValueError(f"retention kind {kind!r} already purges {KIND_SPECS[kind].model.__name__}")
+    KIND_SPECS[kind] = Kind(model, tool, since, pending if pending is not None else Q(), purge, action)
 
 
 def due(kind: str, now: datetime) -> Q:
@@ -138,7 +141,9 @@ class PurgeReport:
 def purge_kind(kind: str, *, now: datetime | None = None, batch: int | None = None,
                max_batches: int | None = None) -> tuple[int, int]:
     """Purge `kind` past its retention, a batch per transaction. Returns (rows purged, batches)."""
-    spec = KIND_SPECS[kind]
+    spec = KIND_SPECS.get(kind)
+    if spec is None:
+        return 0, 0  # no installed app keeps objects of this kind (documents without the demo)
     now = now or timezone.now()
     size = batch or conf().retention_purge_batch
     selection = spec.pending & due(kind, now) & _extra(kind, now)

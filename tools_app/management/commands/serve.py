@@ -15,10 +15,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from django.apps import apps
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
-from psycopg.conninfo import make_conninfo
 
 from idemops import embedded_pg
 from idemops.conf import conf
@@ -76,8 +76,11 @@ class Command(BaseCommand):
         ]
         specs += [(f"jobs-{n}" if q_clusters > 1 else "jobs", [python, "manage.py", "qcluster"])
                   for n in range(1, q_clusters + 1)]
-        if conf().run_demo_downstreams:
-            specs += self.downstream_specs(python)
+        # An installed app's own processes (the demo's downstream systems): its AppConfig's
+        # `idemops_processes(python)` -> [(name, argv), ...].
+        for config in apps.get_app_configs():
+            if hasattr(config, "idemops_processes"):
+                specs += config.idemops_processes(python)
         return specs
 
     @staticmethod
@@ -89,17 +92,6 @@ class Command(BaseCommand):
         access = ["--access-log", "--access-log-fmt", ACCESS_LOG_FORMAT] if conf().access_log else []
         return [granian, "--interface", "asgi", "--host", host, "--port", str(port), "--workers", str(web_workers),
                 *access, "idemops.asgi:application"]
-
-    def downstream_specs(self, python):
-        """The demo's downstream systems, each with its own database on our server."""
-        url = conf().database_url
-        return [
-            ("payment-gateway", [python, "-m", "downstream.payment_gateway", "--port", "8001",
-                                 "--database-url", make_conninfo(url, dbname="payment_gateway")]),
-            ("notification-sink", [python, "-m", "downstream.notification_sink", "--port", "8002",
-                                   "--smtp-port", "8025", "--database-url",
-                                   make_conninfo(url, dbname="notification_sink")]),
-        ]
 
     def start(self, name, argv):
         # Own session, so Ctrl-C reaches us first and we stop children in order.

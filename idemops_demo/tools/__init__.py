@@ -1,0 +1,1 @@
+"""The demo's tools, one module per business concept, each declared with `idemops.tools`."""
