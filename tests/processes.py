@@ -190,8 +190,8 @@ class NotificationSink(DownstreamService):
     def __init__(self, name: str = "notification-sink", database: str = "test_notification_sink",
                  server_url: str | None = None):
         self.smtp_port = free_port()
-        super().__init__(name, "idemops_demo.downstream.notification_sink", database, "--smtp-port", str(self.smtp_port),
-                         server_url=server_url)
+        super().__init__(name, "idemops_demo.downstream.notification_sink", database, "--smtp-port",
+                         str(self.smtp_port), server_url=server_url)
 
     def messages(self) -> dict[str, int]:
         """Event id → how many times it was delivered."""

@@ -167,7 +167,7 @@ def request_payment(ctx: ToolContext, args: RequestPaymentInput) -> PaymentOutpu
             "reference": args.reference}
     response = downstream_request(
         "POST", gateway_url("/payments"), json=body, timeout=_timeout(),
-        headers={"Idempotency-Key": ctx.record.downstream_key, OPERATION_ID_HEADER: str(ctx.record.operation_id)},
-        asked={"idempotency_key": ctx.record.downstream_key, "operation_id": str(ctx.record.operation_id),
+        headers={"Idempotency-Key": ctx.downstream_key, OPERATION_ID_HEADER: ctx.operation_id},
+        asked={"idempotency_key": ctx.downstream_key, "operation_id": ctx.operation_id,
                "amount": body["amount"], "currency": args.currency})
     return PaymentOutput.model_validate(response.json())

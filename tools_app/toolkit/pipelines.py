@@ -36,6 +36,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, DataError
@@ -44,7 +45,9 @@ from pydantic import BaseModel
 from idemops.conf import conf
 from tools_app.core import backoff
 from tools_app.core.errors import InvalidInput, ToolFailure, Transient, invalid_data
-from tools_app.toolkit.registry import ToolContext, ToolSpec, WriteInput, register
+from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
+from tools_app.toolkit.policies import KEEP_DEFAULTS, KeepFor
+from tools_app.toolkit.registry import ApprovalRule, ToolContext, ToolSpec, WriteInput, register
 
 
 class Interrupted(Exception):
@@ -190,8 +193,17 @@ def _runs_as_task(ctx: ToolContext, args: Any) -> dict[str, Any]:
 
 
 def task_tool(*, name: str, title: str, description: str, input_model: type[WriteInput],
-              output_model: type[BaseModel], pipeline: Pipeline, **declaration: Any) -> ToolSpec:
-    """Declare a long tool: calling it starts (or rejoins) a task running `pipeline`."""
+              output_model: type[BaseModel], pipeline: Pipeline, personal_fields: frozenset[str],
+              non_business_fields: frozenset[str] = frozenset(),
+              retention: timedelta | Callable[[], timedelta] = DEFAULT_RETENTION,
+              on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE, keep: KeepFor = KEEP_DEFAULTS,
+              destructive: bool = False, open_world: bool = False, approval: ApprovalRule | None = None,
+              operation_arguments: Callable[[Any], dict[str, Any]] | None = None) -> ToolSpec:
+    """Declare a long tool: calling it starts (or rejoins) a task running `pipeline`, checkpointed step by
+    step; its answer is the task's handle until the task ends, then its result."""
     return register(ToolSpec(
         name=name, title=title, description=description, input_model=input_model, output_model=output_model,
-        handler=_runs_as_task, writes=True, pipeline=pipeline, **declaration))
+        handler=_runs_as_task, writes=True, pipeline=pipeline, personal_fields=personal_fields,
+        non_business_fields=non_business_fields, retention=retention, on_expiry=on_expiry, keep=keep,
+        destructive=destructive, open_world=open_world, approval=approval,
+        operation_arguments=operation_arguments))

@@ -76,3 +76,7 @@ class KeepFor:
     tasks: timedelta | None = None
     artifacts: timedelta | None = None
     documents: timedelta | None = None
+
+
+# Every retention at its setting's default (a declaration that says nothing of `keep`).
+KEEP_DEFAULTS = KeepFor()

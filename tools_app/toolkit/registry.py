@@ -1,4 +1,4 @@
-"""The tool registry: each tool is declared once, here or in tools_app/tools/.
+"""The tool registry: each tool is declared once, in tools_app/tools/ or in an app's `idemops_tools` module.
 
 A declaration names the tool, its pydantic input and output models (built on
 StrictModel: strict types, no unknown fields at any level), whether it writes,
@@ -25,7 +25,7 @@ from tools_app.core import redaction
 from tools_app.core.errors import NotFound
 from tools_app.core.keys import KEY_RULE
 from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
-from tools_app.toolkit.policies import ApprovalPolicy, KeepFor
+from tools_app.toolkit.policies import KEEP_DEFAULTS, ApprovalPolicy, KeepFor
 
 # Arguments every write tool takes that are not part of the operation.
 ENGINE_FIELDS = frozenset({"idempotency_key", "trace_id"})
@@ -141,6 +141,18 @@ class ToolContext:
     # (a progressToken); a no-op otherwise. Callable from the handler's thread.
     report_progress: Callable[[float, float | None, str | None], None] = _no_progress
 
+    @property
+    def downstream_key(self) -> str:
+        """The key a write sends to the system that acts (its Idempotency-Key): stable across every retry
+        of this operation, and what a reconciler asks that system about (`record.downstream_key`)."""
+        return self.record.downstream_key
+
+    @property
+    def operation_id(self) -> str:
+        """This operation's id (as text): in the agent's answer, the audit log and the console; send it
+        along (e.g. X-Operation-Id) so the other system's records name the same operation."""
+        return str(self.record.operation_id)
+
 
 Handler = Callable[[ToolContext, Any], dict[str, Any] | BaseModel]
 # Decides whether a call needs a person's approval: (tenant, validated arguments)
@@ -213,8 +225,27 @@ _TOOLS: dict[str, ToolSpec] = {}
 
 
 def register(spec: ToolSpec) -> ToolSpec:
+    """Add a declared tool; a declaration that breaks a rule is refused naming the module it came from."""
+    try:
+        _check(spec)
+    except (TypeError, ValueError) as refused:
+        raise type(refused)(f"{refused} (declared in {_module_of(spec)})") from None
+    redaction.declare_personal(spec.personal_fields or frozenset())
+    _TOOLS[spec.name] = spec
+    return spec
+
+
+def _module_of(spec: ToolSpec) -> str:
+    handler_module = getattr(spec.handler, "__module__", "")
+    # A long tool's handler is the platform's; its input model was written beside its declaration.
+    if spec.pipeline is not None or handler_module == __name__:
+        return spec.input_model.__module__
+    return handler_module
+
+
+def _check(spec: ToolSpec) -> None:
     if spec.name in _TOOLS:
-        raise ValueError(f"tool {spec.name!r} is declared twice")
+        raise ValueError(f"tool {spec.name!r} is declared twice (first in {_module_of(_TOOLS[spec.name])})")
     if spec.writes and not issubclass(spec.input_model, WriteInput):
         raise TypeError(f"write tool {spec.name!r} must take a WriteInput model")
     if not spec.transactional and spec.reconciler is None:
@@ -224,13 +255,10 @@ def register(spec: ToolSpec) -> ToolSpec:
     unknown = spec.personal_fields - spec.input_model.model_fields.keys()
     if unknown:
         raise TypeError(f"tool {spec.name!r} declares personal fields it does not take: {sorted(unknown)}")
-    redaction.declare_personal(spec.personal_fields)
     if spec.requires_operation_id and (not spec.writes or spec.pipeline is not None):
         raise TypeError(f"tool {spec.name!r}: only a short write tool can require an issued operation id")
     if unknown := spec.non_business_fields - spec.input_model.model_fields.keys():
         raise TypeError(f"tool {spec.name!r} declares non-business fields it does not take: {sorted(unknown)}")
-    _TOOLS[spec.name] = spec
-    return spec
 
 
 def _declare(writes: bool, **declaration: Any) -> Callable[[Handler], Handler]:
@@ -242,13 +270,37 @@ def _declare(writes: bool, **declaration: Any) -> Callable[[Handler], Handler]:
     return decorator
 
 
-def write_tool(**declaration: Any) -> Callable[[Handler], Handler]:
-    """Declare a tool with side effects; it runs under the idempotency engine."""
-    return _declare(True, **declaration)
+def write_tool(*, name: str, title: str, input_model: type[WriteInput], output_model: type[BaseModel],
+               personal_fields: frozenset[str], description: str | None = None,
+               non_business_fields: frozenset[str] = frozenset(),
+               retention: timedelta | Callable[[], timedelta] = DEFAULT_RETENTION,
+               on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE, keep: KeepFor = KEEP_DEFAULTS,
+               destructive: bool = False, open_world: bool = False, transactional: bool = True,
+               reconciler: Callable[[Any], Any] | None = None,
+               result_for_reference: Callable[[Any, str], dict[str, Any]] | None = None,
+               approval: ApprovalRule | None = None, check: Callable[[Any], None] | None = None,
+               requires_operation_id: bool = False,
+               operation_arguments: Callable[[Any], dict[str, Any]] | None = None,
+               ) -> Callable[[Handler], Handler]:
+    """Declare a tool with side effects, on its handler `(ctx: ToolContext, args) -> output model`: it runs
+    under the idempotency engine (see ToolSpec for what each part means). The description defaults to the
+    handler's docstring."""
+    return _declare(True, name=name, title=title, input_model=input_model, output_model=output_model,
+                    personal_fields=personal_fields, description=description,
+                    non_business_fields=non_business_fields, retention=retention, on_expiry=on_expiry, keep=keep,
+                    destructive=destructive, open_world=open_world, transactional=transactional,
+                    reconciler=reconciler, result_for_reference=result_for_reference, approval=approval,
+                    check=check, requires_operation_id=requires_operation_id,
+                    operation_arguments=operation_arguments)
 
 
-def read_tool(**declaration: Any) -> Callable[[Handler], Handler]:
-    return _declare(False, **declaration)
+def read_tool(*, name: str, title: str, input_model: type[ToolInput], output_model: type[BaseModel],
+              personal_fields: frozenset[str], description: str | None = None, open_world: bool = False,
+              check: Callable[[Any], None] | None = None) -> Callable[[Handler], Handler]:
+    """Declare a tool that only reads: no key, no record; called as often as the agent likes."""
+    return _declare(False, name=name, title=title, input_model=input_model, output_model=output_model,
+                    personal_fields=personal_fields, description=description, open_world=open_world,
+                    check=check)
 
 
 def get_tool(name: str) -> ToolSpec:
