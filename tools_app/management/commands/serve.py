@@ -67,14 +67,14 @@ class Command(BaseCommand):
 
     def process_specs(self, host, port, web_workers, q_clusters=1):
         """The web server (granian with `web_workers` processes) and `q_clusters` job clusters, each
-        a `manage.py qcluster` of IDEMOPS_Q_WORKERS workers: they share the one queue (django-q2's ORM
+        an `idemops qcluster` of IDEMOPS_Q_WORKERS workers: they share the one queue (django-q2's ORM
         broker) and need no coordination of their own."""
         python = sys.executable
         specs = [
             # Its access log follows IDEMOPS_ACCESS_LOG (LOGGING in idemops/settings.py), like every log line.
             ("web", self.web_argv(host, port, web_workers)),
         ]
-        specs += [(f"jobs-{n}" if q_clusters > 1 else "jobs", [python, "manage.py", "qcluster"])
+        specs += [(f"jobs-{n}" if q_clusters > 1 else "jobs", [python, "-m", "idemops", "qcluster"])
                   for n in range(1, q_clusters + 1)]
         # An installed app's own processes (the demo's downstream systems): its AppConfig's
         # `idemops_processes(python)` -> [(name, argv), ...].
