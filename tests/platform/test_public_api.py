@@ -2,7 +2,7 @@
 
 public_api_surface.txt is the surface adopters rely on. A name that disappears or whose signature
 changes fails here: that is an incompatible change, which needs a new major API_VERSION (and the file
-written anew with `python -m tests.public_api_surface`). New names, new enum members and new model
+written anew with `python -m tests.platform.public_api_surface`). New names, new enum members and new model
 fields are compatible and pass.
 """
 
@@ -10,7 +10,7 @@ import ast
 import re
 from pathlib import Path
 
-from tests.public_api_surface import surface
+from tests.platform.public_api_surface import surface
 
 SURFACE = Path(__file__).with_name("public_api_surface.txt")
 # The kinds of line whose list may grow without breaking anyone: enum members, a model's fields.

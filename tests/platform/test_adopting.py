@@ -1,0 +1,302 @@
+"""docs/adopting.md, followed as written, outside this repository.
+
+Every fenced block the page marks `file=PATH` is written to PATH under a temporary directory (outside
+the tree), and every `$ ` line of its `console` blocks is run there, in order, in a fresh virtualenv.
+What differs from the page, and why:
+- `pip install idemops` installs the wheel built from this tree (nothing is published from here);
+- the exported DATABASE_URL, public URL, host names and the refunds API's address are this test's own
+  (a database of its own on the test server, free ports on 127.0.0.1); `IDEMOPS_BEHIND_PROXY=1` stays,
+  and the test's requests carry `X-Forwarded-Proto: https` as the TLS proxy would;
+- the two commands that run servers (`refunds_api.py … &`, `idemops serve`) run in the background.
+Then it calls the adopter's tools (not the demo's) over real MCP, as an agent would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx2
+import psycopg
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.mcp_client import error_of
+from tests.platform.conftest import run
+from tests.processes import ROOT, drop_database, free_port, service_database_url
+
+pytestmark = pytest.mark.live
+
+PAGE = ROOT / "docs" / "adopting.md"
+FENCE = re.compile(r"^```(?P<info>[^\n]*)\n(?P<body>.*?)^```$", re.M | re.S)
+PROXY = {"X-Forwarded-Proto": "https"}
+
+
+def blocks() -> list[tuple[str, str]]:
+    return [(m["info"].strip(), m["body"]) for m in FENCE.finditer(PAGE.read_text())]
+
+
+def files() -> dict[str, str]:
+    return {info.split("file=", 1)[1].split()[0]: body for info, body in blocks() if "file=" in info}
+
+
+def commands() -> list[str]:
+    return [line[2:] for info, body in blocks() if info == "console"
+            for line in body.splitlines() if line.startswith("$ ")]
+
+
+class Adopter:
+    """The temporary directory, the virtualenv's environment, and the background processes the page starts."""
+
+    def __init__(self, home: Path, wheel: Path, database_url: str):
+        self.home, self.wheel = home, wheel
+        self.port, self.api_port = free_port(), free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.api = f"http://127.0.0.1:{self.api_port}"
+        # The test's own values for what the page exports (see the module's docstring).
+        self.own = {"DATABASE_URL": database_url, "IDEMOPS_PUBLIC_URL": f"https://127.0.0.1:{self.port}",
+                    "IDEMOPS_ALLOWED_HOSTS": "127.0.0.1", "IDEMOPS_MCP_ALLOWED_HOSTS": "127.0.0.1:*",
+                    "IDEMOPS_CSRF_TRUSTED_ORIGINS": f"https://127.0.0.1:{self.port}",
+                    "ACME_REFUNDS_API": self.api, "IDEMOPS_PORT": str(self.port)}
+        self.env: dict[str, str] = {}
+        self.background: list[subprocess.Popen] = []
+        self.outputs: dict[str, str] = {}
+
+    def follow(self, command: str) -> None:
+        if command.startswith("export "):
+            name, value = command.removeprefix("export ").split("=", 1)
+            self.env[name] = self.own.get(name, shlex.split(value)[0])
+            return
+        if command.startswith(". ") and command.endswith("/bin/activate"):
+            venv = self.home / command.split()[1].removesuffix("/bin/activate")
+            self.env.update(VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}:{os.environ['PATH']}")
+            return
+        if command == "pip install idemops":
+            command = f"pip install --quiet {shlex.quote(str(self.wheel))}"
+        elif command.startswith("pip install "):
+            command += " --quiet"
+        if command.endswith(" &") or command == "idemops serve":
+            command = command.removesuffix(" &").replace(" 9000", f" {self.api_port}")
+            log = open(self.home / f"{len(self.background)}.log", "ab")
+            self.background.append(subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=self.home,
+                                                    env={**self.base_env(), **self.env}, stdout=log,
+                                                    stderr=subprocess.STDOUT, start_new_session=True))
+            return
+        self.outputs[command] = run(["bash", "-c", command], cwd=self.home, env={**self.env, **self.own_path()},
+                                    timeout=900).stdout
+
+    def base_env(self) -> dict[str, str]:
+        return {k: v for k, v in os.environ.items()
+                if k not in ("PYTHONPATH", "VIRTUAL_ENV", "DJANGO_SETTINGS_MODULE") and not k.startswith("IDEMOPS_")}
+
+    def own_path(self) -> dict[str, str]:
+        return {"PATH": self.env.get("PATH", os.environ["PATH"])}
+
+    def token(self) -> str:
+        printed = next(out for command, out in self.outputs.items() if command.startswith("idemops create_tenant"))
+        return printed.strip().splitlines()[-1]
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for process in self.background:
+                if process.poll() is not None:
+                    raise AssertionError(f"a server the page starts exited:\n{self.logs()}")
+            try:
+                if httpx2.get(f"{self.base}/readyz", headers=PROXY, timeout=2).status_code == 200:
+                    return
+            except httpx2.TransportError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"/readyz never answered 200:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(path.read_text()[-3000:] for path in sorted(self.home.glob("*.log")))
+
+    def stop(self) -> None:
+        for process in self.background:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.background:
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+@pytest.fixture
+def adopter(wheel, tmp_path_factory, transactional_db):
+    home = tmp_path_factory.mktemp("adopter")
+    assert not home.is_relative_to(ROOT)
+    database = "adopter_acme"
+    drop_database(database)
+    with psycopg.connect(service_database_url("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+    adopter = Adopter(home, wheel, service_database_url(database))
+    try:
+        for path, body in files().items():
+            (home / path).parent.mkdir(parents=True, exist_ok=True)
+            (home / path).write_text(body)
+        for command in commands():
+            adopter.follow(command)
+        adopter.wait_ready()
+        yield adopter
+    finally:
+        adopter.stop()
+        drop_database(database)
+
+
+async def _call(adopter: Adopter, token: str, tool: str, arguments: dict, timeout: float = 30):
+    headers = {"Authorization": f"Bearer {token}", **PROXY}
+    async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
+        async with Client(streamable_http_client(f"{adopter.base}/mcp", http_client=http), mode="legacy") as client:
+            return await client.call_tool(tool, arguments)
+
+
+def call(adopter: Adopter, token: str, tool: str, arguments: dict, timeout: float = 30):
+    return asyncio.run(_call(adopter, token, tool, arguments, timeout))
+
+
+def refunds(adopter: Adopter, currency: str) -> list[dict]:
+    return httpx2.get(f"{adopter.api}/refunds", params={"currency": currency}, timeout=10).json()["refunds"]
+
+
+def until(condition, what: str, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def sql(adopter: Adopter, query: str, params=()) -> list[tuple]:
+    with psycopg.connect(adopter.own["DATABASE_URL"], autocommit=True) as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def approve_in_the_console(adopter: Adopter, username: str, password: str, request_id: int) -> None:
+    """A person logs in to the console and approves, as a browser behind the TLS proxy would: the
+    session and CSRF cookies are Secure, so they are carried by hand over this plain-HTTP hop."""
+    cookies: dict[str, str] = {}
+
+    def send(method: str, path: str, **kwargs) -> httpx2.Response:
+        headers = {**PROXY, "Referer": f"https://127.0.0.1:{adopter.port}{path}",
+                   "Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())}
+        response = httpx2.request(method, f"{adopter.base}{path}", headers=headers, timeout=30, **kwargs)
+        for header in response.headers.get_list("set-cookie"):
+            name, value = header.split(";", 1)[0].split("=", 1)
+            cookies[name] = value
+        return response
+
+    def csrf(page: httpx2.Response) -> str:
+        return re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+
+    login = send("GET", "/admin/login/")
+    logged_in = send("POST", "/admin/login/", data={"username": username, "password": password,
+                                                    "csrfmiddlewaretoken": csrf(login), "next": "/admin/"})
+    assert logged_in.status_code == 302, logged_in.text[-2000:]
+    queue = "/admin/tools_app/pendingapproval/"
+    listed = send("GET", queue)
+    assert f'value="{request_id}"' in listed.text
+    approved = send("POST", queue, data={"action": "approve", "_selected_action": str(request_id), "index": "0",
+                                         "confirm": "yes", "reason": "", "csrfmiddlewaretoken": csrf(listed)})
+    assert approved.status_code == 302, approved.text[-2000:]
+
+
+def test_the_tutorial_serves_the_adopters_own_tools_with_the_promise_kept(adopter):
+    token = adopter.token()
+    order = {"order_ref": "A-1001", "amount": "25.00", "currency": "EUR", "idempotency_key": "refund-A-1001"}
+
+    # the adopter's tools are listed, and not the demo's
+    listed = asyncio.run(_list_tools(adopter, token))
+    assert {"issue_refund", "refund_report", "whoami"} <= listed and "create_order" not in listed
+
+    # 50 identical concurrent calls: one refund, one answer for all
+    async def storm():
+        return await asyncio.gather(*(_call(adopter, token, "issue_refund", order) for _ in range(50)),
+                                    return_exceptions=True)
+    answers = asyncio.run(storm())
+    assert [a for a in answers if isinstance(a, BaseException)] == []
+    succeeded = [a for a in answers if not a.is_error]
+    assert len(answers) == 50
+    assert {a.structured_content["refund_id"] for a in succeeded} == {refunds(adopter, "EUR")[0]["refund_id"]}
+    assert all(error_of(a)["class"] == "in_progress" for a in answers if a.is_error)
+    assert len(refunds(adopter, "EUR")) == 1
+
+    # a lost answer: the agent gives up waiting, the refund is made anyway; the retry gets it
+    httpx2.post(f"{adopter.api}/control", json={"delay": 1.0}, timeout=10)
+    lost = {**order, "order_ref": "A-1002", "idempotency_key": "refund-A-1002"}
+    with pytest.raises(Exception):  # noqa: B017  (the client's own timeout, whichever form it takes)
+        call(adopter, token, "issue_refund", lost, timeout=0.3)
+    httpx2.post(f"{adopter.api}/control", json={"delay": 0}, timeout=10)
+    retried = until(lambda: (r := call(adopter, token, "issue_refund", lost)) and not r.is_error and r,
+                    what="the lost call's result")
+    made = [r for r in refunds(adopter, "EUR") if r["order_ref"] == "A-1002"]
+    assert len(made) == 1 and retried.structured_content["refund_id"] == made[0]["refund_id"]
+
+    # a downstream timeout: UNKNOWN, then settled by the adopter's own reconciler (find_refund)
+    httpx2.post(f"{adopter.api}/control", json={"delay": 3.0}, timeout=10)
+    slow = {**order, "order_ref": "A-1003", "idempotency_key": "refund-A-1003"}
+    unknown = call(adopter, token, "issue_refund", slow)
+    assert error_of(unknown)["class"] == "unknown_outcome"
+    httpx2.post(f"{adopter.api}/control", json={"delay": 0}, timeout=10)
+    settled = until(lambda: (r := call(adopter, token, "issue_refund", slow)) and not r.is_error and r,
+                    what="the reconciler to settle the refund")
+    made = [r for r in refunds(adopter, "EUR") if r["order_ref"] == "A-1003"]
+    assert len(made) == 1 and settled.structured_content["refund_id"] == made[0]["refund_id"]
+    assert sql(adopter, "SELECT count(*) FROM tools_app_auditevent WHERE action = 'record.reconciled'")[0][0] >= 1
+
+    # above 500: a person approves in the console, then it runs once
+    large = {**order, "order_ref": "A-1004", "amount": "900.00", "idempotency_key": "refund-A-1004"}
+    pending = error_of(call(adopter, token, "issue_refund", large))
+    assert pending["class"] == "pending_approval" and not refunds_for(adopter, "A-1004")
+    assert pending["approval"]["summary"] == "Refund 900.00 EUR on order A-1004"
+    approve_in_the_console(adopter, "bea", "change-me-too", pending["approval"]["request_id"])
+    approved = until(lambda: (r := call(adopter, token, "issue_refund", large)) and not r.is_error and r,
+                     what="the approved refund")
+    assert [r["refund_id"] for r in refunds_for(adopter, "A-1004")] == [approved.structured_content["refund_id"]]
+
+    # the long tool: two checkpointed steps, then its report
+    started = call(adopter, token, "refund_report", {"currency": "EUR", "idempotency_key": "report-1"})
+    task_id = started.structured_content.get("task_id") or started.structured_content["task"]["task_id"]
+    report = until(lambda: (r := call(adopter, token, "get_task_result", {"task_id": task_id, "wait_seconds": 5}))
+                   and r.structured_content.get("status") == "succeeded" and r, what="the report")
+    assert report.structured_content["result"] == {"refunds": 4, "total": "975.00"}
+    assert sql(adopter, "SELECT count(*) FROM tools_app_checkpoint WHERE task_id = %s", [task_id])[0][0] == 2
+
+    # the records, the audit events and the metrics are there
+    assert sql(adopter, "SELECT count(*) FROM tools_app_idempotencyrecord WHERE tool = 'issue_refund' "
+                        "AND status = 'SUCCEEDED'")[0][0] == 4
+    assert sql(adopter, "SELECT count(*) FROM tools_app_auditevent WHERE action = 'record.claimed'")[0][0] >= 4
+    metrics = httpx2.get(f"{adopter.base}/metrics", headers=PROXY, timeout=10).text
+    assert re.search(r'idemops_tool_calls_total\{[^}]*tool="issue_refund"', metrics)
+
+
+def refunds_for(adopter: Adopter, order_ref: str) -> list[dict]:
+    return [r for r in refunds(adopter, "EUR") if r["order_ref"] == order_ref]
+
+
+async def _list_tools(adopter: Adopter, token: str) -> set[str]:
+    headers = {"Authorization": f"Bearer {token}", **PROXY}
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        async with Client(streamable_http_client(f"{adopter.base}/mcp", http_client=http), mode="legacy") as client:
+            return {tool.name for tool in (await client.list_tools()).tools}
+
+
+def test_the_pages_code_blocks_are_what_the_test_writes():
+    written = files()
+    assert set(written) == {"acme-refunds/pyproject.toml", "acme-refunds/acme_refunds/__init__.py",
+                            "acme-refunds/acme_refunds/apps.py", "acme-refunds/acme_refunds/idemops_tools.py",
+                            "acme-refunds/refunds_api.py"}
+    assert "idemops serve" in commands() and "pip install idemops" in commands()
+    compile(written["acme-refunds/acme_refunds/idemops_tools.py"], "idemops_tools.py", "exec")
+    assert "3.11 to 3.13" in PAGE.read_text()

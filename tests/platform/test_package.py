@@ -1,0 +1,109 @@
+"""idemops is a real package: the wheel holds what the platform needs, installs into a fresh virtualenv
+and starts, on every Python it supports; requirements.txt is a lock of the ranges pyproject.toml declares."""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+import zipfile
+
+import psycopg
+import pytest
+from packaging.requirements import Requirement
+from setuptools import find_packages
+
+from tests.platform.conftest import run
+from tests.processes import ROOT, drop_database, service_database_url
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_the_wheel_holds_the_templates_static_files_migrations_and_the_command(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+
+    assert "idemops/templates/admin/base_site.html" in names and "idemops/templates/503.html" in names
+    assert "tools_app/static/tools_app/console.css" in names
+    assert "tools_app/migrations/0001_initial.py" in names and "idemops_demo/migrations/0001_initial.py" in names
+    assert "idemops/tools.py" in names and "idemops/cli.py" in names
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "idemops = idemops.cli:main" in entry_points
+    assert not [n for n in names if n.startswith(("tests/", "bench/", "var/"))]
+
+
+def test_the_sdist_holds_the_templates(wheel):
+    [sdist] = wheel.parent.glob("idemops-*.tar.gz")
+    listed = run(["tar", "tzf", sdist], cwd=wheel.parent).stdout
+
+    assert "/templates/admin/base_site.html" in listed
+
+
+def test_the_package_list_is_every_package_of_the_tree():
+    found = find_packages(where=str(ROOT), include=["idemops", "idemops.*", "tools_app", "tools_app.*",
+                                                    "idemops_demo", "idemops_demo.*"])
+
+    assert sorted(PYPROJECT["tool"]["setuptools"]["packages"]) == sorted(
+        [*found, "idemops.templates"])
+
+
+def _pins(path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        if "==" in line and not line.startswith(("#", "-")):
+            name, version = line.split("==")
+            pins[name.strip().lower().replace("_", "-")] = version.strip()
+    return pins
+
+
+@pytest.mark.parametrize("group", ["dependencies", "embedded", "demo"])
+def test_the_lock_pins_a_version_each_declared_range_allows(group):
+    declared = (PYPROJECT["project"]["dependencies"] if group == "dependencies"
+                else PYPROJECT["project"]["optional-dependencies"][group])
+    pins = _pins(ROOT / "requirements.txt")
+
+    outside = []
+    for text in declared:
+        requirement = Requirement(text)
+        pinned = pins.get(requirement.name.lower().replace("_", "-"))
+        if pinned is None or not requirement.specifier.contains(pinned, prereleases=True):
+            outside.append(f"{text}: locked {pinned}")
+    assert outside == []
+
+
+def _production_env(database_url: str) -> dict[str, str]:
+    return {"IDEMOPS_ENV": "production", "DATABASE_URL": database_url,
+            "IDEMOPS_SECRET_KEY": "a-test-secret-that-is-long-enough-0123456789abcdefghij",
+            "IDEMOPS_PUBLIC_URL": "https://tools.example.test", "IDEMOPS_ALLOWED_HOSTS": "tools.example.test",
+            "IDEMOPS_CSRF_TRUSTED_ORIGINS": "https://tools.example.test"}
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("python", ["python3.11", "python3.12", "python3.13"])
+def test_the_wheel_installs_and_starts_in_a_fresh_virtualenv(python, wheel, tmp_path, transactional_db):
+    # given: a Python the package supports, and a database of its own
+    interpreter = shutil.which(python)
+    if interpreter is None:
+        pytest.skip(f"{python} is not installed here (.ci/run's machine has 3.11, 3.12 and 3.13)")
+    database = f"package_{python.replace('.', '_')}"
+    drop_database(database)
+    with psycopg.connect(service_database_url("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+    venv = tmp_path / "venv"
+    run([interpreter, "-m", "venv", venv], cwd=tmp_path)
+
+    try:
+        # when: the platform alone (no extras) is installed and set up, in production mode
+        run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel], cwd=tmp_path, timeout=900)
+        env = _production_env(service_database_url(database))
+        run([venv / "bin" / "idemops", "migrate", "--no-input"], cwd=tmp_path, env=env, timeout=300)
+        checked = run([venv / "bin" / "idemops", "check", "--deploy", "--fail-level", "WARNING"], cwd=tmp_path,
+                      env=env)
+        tools = run([venv / "bin" / "idemops", "shell", "-c",
+                     "from tools_app.toolkit.registry import all_tools; print(sorted(t.name for t in all_tools()))"],
+                    cwd=tmp_path, env=env).stdout
+
+        # then: it runs from the venv, with the platform's own tools and not the demo's
+        assert "no issues" in checked.stdout
+        assert "whoami" in tools and "prepare_operation" in tools and "create_order" not in tools
+        run([venv / "bin" / "python", "-m", "pip", "check"], cwd=tmp_path)
+    finally:
+        drop_database(database)
