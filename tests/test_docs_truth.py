@@ -23,8 +23,8 @@ from tools_app.core.errors import ErrorClass
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-CODE_DIRS = ("idemops", "tools_app", "downstream", "bench")
-TOP_LEVEL = ("idemops", "tools_app", "downstream", "tests", "bench", "docs", "templates", ".ci", "deploy")
+CODE_DIRS = ("idemops", "tools_app", "idemops_demo", "bench")
+TOP_LEVEL = ("idemops", "tools_app", "idemops_demo", "tests", "bench", "docs", "templates", ".ci", "deploy")
 
 
 def text_of(doc: Path) -> str:

@@ -45,3 +45,10 @@ def test_the_api_names_its_version_and_exports_only_what_it_lists():
     assert re.fullmatch(r"\d+\.\d+", tools.API_VERSION)
     assert len(tools.__all__) == len(set(tools.__all__))
     assert all(hasattr(tools, name) for name in tools.__all__)
+
+
+def test_docs_tools_api_names_every_name_of_the_api():
+    from idemops import tools
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "tools-api.md").read_text()
+    assert [name for name in tools.__all__ if f"`{name}" not in page] == []
