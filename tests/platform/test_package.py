@@ -104,6 +104,11 @@ def test_the_wheel_installs_and_starts_in_a_fresh_virtualenv(python, wheel, tmp_
         # then: it runs from the venv, with the platform's own tools and not the demo's
         assert "no issues" in checked.stdout
         assert "whoami" in tools and "prepare_operation" in tools and "create_order" not in tools
+        with psycopg.connect(service_database_url(database), autocommit=True) as conn:
+            tables = [name for (name,) in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")]
+        assert "tools_app_idempotencyrecord" in tables
+        assert [name for name in tables if name.startswith("idemops_demo")] == []
         run([venv / "bin" / "python", "-m", "pip", "check"], cwd=tmp_path)
     finally:
         drop_database(database)
