@@ -48,7 +48,8 @@ def test_the_home_page_leads_with_each_queue_its_count_and_oldest_then_the_dashb
     page = response.content.decode()
     assert page.index('id="queue-1"') < page.index("console-glance") < page.index("console-rest")
     assert "<title>Work queues | idemops console</title>" in page
-    assert [app["name"] for app in response.context["app_list"]] == ["Look into", "Business objects", "Reference data"]
+    assert [app["name"] for app in response.context["app_list"]] == [
+        "Look into", "Reference data", "Business objects (demo)"]
 
 
 def test_every_page_shows_the_queues_first_in_its_navigation_with_their_counts(caller, client, olga):

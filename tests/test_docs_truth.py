@@ -245,11 +245,20 @@ def known_setting_names() -> set[str]:
 
 
 SETTING = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
+# Django's own environment variables (`createsuperuser --noinput` reads the password from one).
+DJANGO_ENVIRONMENT = {"DJANGO_SETTINGS_MODULE", "DJANGO_SUPERUSER_PASSWORD"}
+
+
+def own_code_names(text: str) -> set[str]:
+    """Names a page's own files define or read (a tutorial's `file=` blocks: an adopter's code, which
+    tests/platform/test_adopting.py writes and runs)."""
+    files = re.findall(r"^```\w+ file=[^\n]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+    return {token for body in files for token in re.findall(r"\b[A-Z][A-Z0-9_]+\b", body)}
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=name_of)
 def test_every_setting_a_doc_names_is_read_by_the_code(doc):
-    known = known_setting_names()
+    known = known_setting_names() | DJANGO_ENVIRONMENT | own_code_names(text_of(doc))
     named = {token for span in spans(text_of(doc)) for token in re.findall(r"\b[A-Z][A-Z0-9_]+\b", span)
              if SETTING.match(token)}
     unknown = sorted(name for name in named if name not in known)

@@ -142,7 +142,7 @@ class IdemopsSettings(BaseSettings):
         "admin pages); comma-separated dotted names.", section=WEB)
     var_dir: Path = setting(
         DEFAULT_VAR_DIR, "Where local state lives: the generated secret key, the embedded database, the demo "
-        "credentials.", shown="`var/` next to manage.py in a checkout, else in the current directory",
+        "credentials.", shown="a checkout's `var/`; installed, `var/` in the current directory",
         section=WEB)
 
     # --- logs and metrics ---

@@ -19,7 +19,7 @@ downstream is asked with that trace's `traceparent`), one log line (`reconciliat
 count (`idemops_reconciliations_total{tool,result}`); so is an operator's resolution.
 
 A downstream system that reports outcomes by itself (the payment gateway's signed callback,
-tools_app.web.callbacks) settles a record at once through `settle_by_callback`: the same
+the demo's idemops_demo.callbacks) settles a record at once through `settle_by_callback`: the same
 answers, the same guarded transitions, so a late or duplicate report changes nothing.
 """
 
