@@ -306,7 +306,8 @@ class IdemopsSettings(BaseSettings):
 
     # --- downstream systems ---
     run_demo_downstreams: bool = setting(
-        True, "`make run` starts the demo payment gateway and notification sink.", section=DOWNSTREAM)
+        True, "`make run` starts the demo payment gateway and notification sink (with IDEMOPS_DEMO on).",
+        section=DOWNSTREAM)
     payment_gateway_url: HttpUrl = setting(
         "http://127.0.0.1:8001", "Base URL of the payment gateway request_payment calls.", section=DOWNSTREAM)
     payment_gateway_timeout_seconds: Seconds = setting(
