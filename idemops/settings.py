@@ -55,6 +55,25 @@ DEBUG = _environment.debug
 ALLOWED_HOSTS = _environment.allowed_hosts
 CSRF_TRUSTED_ORIGINS = _environment.csrf_trusted_origins
 
+# --- Production (IDEMOPS_ENV=production; idemops/conf refuses its unsafe defaults) ------
+PRODUCTION = _environment.env == "production"
+if PRODUCTION:
+    # Browsers come over HTTPS only, and remember it for a year.
+    SECURE_SSL_REDIRECT = True
+    # Orchestrators' probes and Prometheus reach a process by its own address, in plain HTTP, past the
+    # proxy: redirecting them to https:// would fail every probe. /metrics keeps its own guard (token,
+    # networks).
+    SECURE_REDIRECT_EXEMPT = [r"^livez$", r"^readyz$", r"^healthz$", r"^metrics$"]
+    SECURE_HSTS_SECONDS = 365 * 24 * 3600
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+if _environment.behind_proxy:
+    # Only behind a proxy that sets this header itself: otherwise a client could claim https.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+
 def _demo_installed() -> bool:
     """The demo's own dependencies (the `demo` extra) are there; said once, naming the fix, if not."""
     import importlib.util
@@ -165,6 +184,16 @@ def _database_settings(url: str) -> dict:
 _database = _database_url()
 DATABASES = {"default": _database_settings(_database)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# One cache every process shares, in the database (no other server to run): django-q2 keeps each
+# cluster's heartbeat there, so `manage.py qinfo` / `qmonitor` and the console see every cluster,
+# not only one in their own process. `migrate` creates the table (tools_app migration 0022).
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+        "LOCATION": "idemops_cache",
+    },
+}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -5,12 +5,14 @@ from django.contrib import admin
 from django.urls import include, path
 from django.utils.module_loading import module_has_submodule
 
-from tools_app.web.health import healthz
+from tools_app.web.health import livez, readyz
 from tools_app.web.metrics import metrics
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("healthz", healthz, name="healthz"),
+    path("livez", livez, name="livez"),
+    path("readyz", readyz, name="readyz"),
+    path("healthz", readyz, name="healthz"),  # /readyz's name before the two probes
     path("metrics", metrics, name="metrics"),
     path("api/", include("tools_app.api.urls")),
 ]

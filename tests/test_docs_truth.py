@@ -301,7 +301,7 @@ def test_every_default_a_settings_table_states_is_the_default_in_the_code(doc):
 # --- endpoints ------------------------------------------------------------------------------------
 
 
-ENDPOINT = re.compile(r"(?<![\w.])(/(?:api|admin|healthz|mcp)[^\s`)\"',]*)")
+ENDPOINT = re.compile(r"(?<![\w.])(/(?:api|admin|healthz|livez|readyz|mcp)[^\s`)\"',]*)")
 
 
 def served_routes() -> list[str]:

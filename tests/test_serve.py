@@ -70,3 +70,23 @@ def serving(port: int) -> dict[int, str]:
         if f"--port {port} " in argv:
             found[int(cmdline.parent.name)] = argv
     return found
+
+
+def test_serve_with_the_demo_off_creates_no_demo_tenant_and_starts_no_demo_downstream(transactional_db, tmp_path):
+    from tools_app.access.models import Tenant
+
+    port = free_port()
+    serve = Service("serve-no-demo", [sys.executable, "manage.py", "serve", "--port", str(port)],
+                    child_env(IDEMOPS_DEMO="false", IDEMOPS_Q_WORKERS="1", IDEMOPS_VAR_DIR=str(tmp_path),
+                              IDEMOPS_EMBEDDED_DATABASE="false"))
+    try:
+        serve.wait_http(f"http://127.0.0.1:{port}/readyz", timeout=120)
+        wait_until(lambda: "IDEMOPS_DEMO is off" in serve.log_path.read_text(errors="replace"), what="the banner")
+
+        started = children(serve.process.pid).values()
+        assert not [argv for argv in started if "downstream." in argv], started
+        assert any(argv.endswith("manage.py qcluster ") for argv in started)
+        assert not Tenant.objects.filter(slug="demo").exists()
+        assert not (tmp_path / "demo-credentials.json").exists()
+    finally:
+        serve.stop(grace=30)

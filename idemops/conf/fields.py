@@ -116,6 +116,22 @@ class IdemopsSettings(BaseSettings):
                                       validate_default=True)
 
     # --- web and processes ---
+    # Declared first: the defaults below that depend on it (demo) read it.
+    env: Literal["development", "production"] = setting(
+        "development", "`production` refuses to start (naming each variable) without DATABASE_URL and "
+        "IDEMOPS_SECRET_KEY, with IDEMOPS_DEBUG or IDEMOPS_DEMO on, an http:// IDEMOPS_PUBLIC_URL or the "
+        "development IDEMOPS_ALLOWED_HOSTS; and it turns on HSTS, HTTPS redirects and secure cookies "
+        "(docs/deploy.md).", section=WEB)
+    demo: bool = setting(
+        default_factory=lambda data: data.get("env", "development") != "production",
+        doc="The demo app (`idemops_demo`: its tools, tables and console pages); `manage.py serve` creates the "
+        "demo tenant, its people and its agent token, and starts the demo downstream systems (with "
+        "IDEMOPS_RUN_DEMO_DOWNSTREAMS). Off: no demo tool is listed and no demo table is made. Production "
+        "refuses it on.",
+        shown="on, off when IDEMOPS_ENV=production", section=WEB)
+    behind_proxy: bool = setting(
+        False, "A TLS-terminating proxy stands in front and sets `X-Forwarded-Proto` (replacing any the client "
+        "sent): a request it marks `https` is secure (Django's SECURE_PROXY_SSL_HEADER).", section=WEB)
     public_url: HttpUrl = setting(
         "http://127.0.0.1:8000", "The URL clients reach this server at: printed by `make run`, the MCP "
         "resource URL, and the base of the links in approvers' messages.", section=WEB)
@@ -133,7 +149,6 @@ class IdemopsSettings(BaseSettings):
         section=WEB)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = setting(
         "INFO", "Level of the root logger (case-insensitive).", section=WEB)
-    demo: bool = setting(True, "The demo app (idemops_demo): its tools, tables and downstream systems.", section=WEB)
     tool_modules: TextList = setting(
         [], "Modules that declare tools with the public tool API (`idemops.tools`), imported at start-up "
         "besides every installed app's `idemops_tools` module; comma-separated dotted names.", section=WEB)
@@ -303,7 +318,8 @@ class IdemopsSettings(BaseSettings):
 
     # --- downstream systems ---
     run_demo_downstreams: bool = setting(
-        True, "`make run` starts the demo payment gateway and notification sink.", section=DOWNSTREAM)
+        True, "`make run` starts the demo payment gateway and notification sink (with IDEMOPS_DEMO on).",
+        section=DOWNSTREAM)
     payment_gateway_url: HttpUrl = setting(
         "http://127.0.0.1:8001", "Base URL of the payment gateway request_payment calls.", section=DOWNSTREAM)
     payment_gateway_timeout_seconds: Seconds = setting(
@@ -478,10 +494,39 @@ class IdemopsSettings(BaseSettings):
             problems.append(_must_be_less("task_slice_seconds", self.task_slice_seconds, "q_timeout_seconds",
                                           self.q_timeout_seconds, "a job must hand its task on before "
                                           "django-q2 kills it"))
+        if self.env == "production":
+            problems += self._production_problems()
         if problems:
             raise PydanticCustomError("inconsistent_settings", "\n".join(problems).replace("{", "{{")
                                       .replace("}", "}}"))
         return self
+
+    def _production_problems(self) -> list[str]:
+        """What IDEMOPS_ENV=production refuses: each a default that is safe on a laptop only."""
+        production = f"{env_name('env')}=production"
+        problems = []
+        if self.database_url is None:
+            problems.append(f"{env_name('database_url')} is not set: {production} never starts an embedded "
+                            "PostgreSQL server")
+        elif self.embedded_database:
+            problems.append(f"{env_name('embedded_database')} is set: {production} never runs on an embedded "
+                            "PostgreSQL server")
+        if self.secret_key is None:
+            problems.append(f"{env_name('secret_key')} is not set: {production} does not generate one (every "
+                            "process must share it)")
+        if self.debug:
+            problems.append(f"{env_name('debug')} is on: {production} never shows tracebacks")
+        if self.demo:
+            problems.append(f"{env_name('demo')} is on: {production} creates no demo tenant, people or token")
+        if urlsplit(self.public_url).scheme != "https":
+            problems.append(f"{env_name('public_url')}={self.public_url!r} is not https://: {production} "
+                            "serves over TLS only")
+        if self.allowed_hosts == type(self).model_fields["allowed_hosts"].default:
+            problems.append(f"{env_name('allowed_hosts')} is the development default "
+                            f"({','.join(self.allowed_hosts)}): {production} needs the host names clients use")
+        if self.crash_points:
+            problems.append(f"{env_name('crash_points')} is set: {production} never kills itself for a test")
+        return problems
 
 
 def _must_be_less(name: str, value: float, limit_name: str, limit: float, why: str) -> str:

@@ -83,7 +83,7 @@ def configure() -> None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     PsycopgInstrumentor().instrument(tracer_provider=provider, skip_dep_check=True)
-    DjangoInstrumentor().instrument(tracer_provider=provider, excluded_urls="healthz,metrics")
+    DjangoInstrumentor().instrument(tracer_provider=provider, excluded_urls="livez,readyz,healthz,metrics")
     _configured = True
 
 

@@ -1,4 +1,4 @@
-"""`make run`: migrate, create the demo, start every process, print where things are.
+"""`make run`: migrate, create the demo (IDEMOPS_DEMO), start every process, print where things are.
 
 Ctrl-C (or SIGTERM) stops every process this command started, and the
 embedded PostgreSQL server if that is what it ran on.
@@ -47,13 +47,13 @@ class Command(BaseCommand):
 
     def handle(self, host, port, web_workers, q_clusters, **options):
         call_command("migrate", interactive=False, verbosity=0)
-        demo = ensure_demo()
+        demo = ensure_demo() if conf().demo else None
         processes = [self.start(name, argv) for name, argv in self.process_specs(host, port, web_workers, q_clusters)]
         # Also when started in the background, where SIGINT arrives ignored.
         signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
         try:
-            self.wait_until_healthy(f"http://{host}:{port}/healthz", processes)
+            self.wait_until_healthy(f"http://{host}:{port}/readyz", processes)
             self.print_banner(f"http://{host}:{port}", demo)
             while all(p.poll() is None for _, p in processes):
                 time.sleep(0.5)
@@ -149,8 +149,10 @@ def _mcp_call(base: str, token: str, tool: str, arguments: str) -> str:
             f"\"method\":\"tools/call\",\"params\":{{\"name\":\"{tool}\",\"arguments\":{arguments}}}}}'")
 
 
-def banner(base: str, demo: dict) -> str:
+def banner(base: str, demo: dict | None) -> str:
     """What `make run` prints: enough for a new operator to reach every kind of work item."""
+    if demo is None:
+        return without_demo(base)
     token = demo.get("token", "(issued earlier; see var/demo-credentials.json)")
     order = _mcp_call(base, token, "create_order", '{"customer":"ACME","items":[{"sku":"BOLT-1","quantity":3,'
                       '"unit_price":"2.50"}],"currency":"EUR","idempotency_key":"demo-order-1"}')
@@ -171,7 +173,7 @@ idemops is running.
     {admin}   superuser; owns the demo agent, so cannot approve its requests
     {approver}   approver of tenant demo, emailed when the agent asks
   MCP       {base}/mcp      tenant demo, bearer token {token}
-  Health    {base}/healthz   Metrics {base}/metrics (Prometheus; from this machine)
+  Probes    {base}/livez  {base}/readyz   Metrics {base}/metrics (Prometheus; from this machine)
   Payment gateway (demo downstream)  http://127.0.0.1:8001   notification sink  http://127.0.0.1:8002/messages
             (approvers' emails land in the sink: open the link in one, log in as the approver, decide)
   Database  {'embedded PostgreSQL in ' + str(conf().pgdata) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}
@@ -183,6 +185,19 @@ Ask for a payment above 1,000 EUR: it waits in Pending approvals, and alice is e
 high-risk, so the server names it: prepare it, then pay with the operation_id it answers in place of OPERATION_ID:
   {prepare}
   {payment}
+
+Ctrl-C stops everything.
+"""
+
+
+def without_demo(base: str) -> str:
+    """The banner with the demo off (IDEMOPS_DEMO): no tenant, people or token were created."""
+    return f"""
+idemops is running (no demo: IDEMOPS_DEMO is off).
+  Console   {base}/admin/   a superuser first: python manage.py createsuperuser
+  MCP       {base}/mcp      a tenant and its agent's token: python manage.py create_tenant SLUG --owner USER
+  Probes    {base}/livez  {base}/readyz   Metrics {base}/metrics (Prometheus; from this machine)
+  Database  {'embedded PostgreSQL in ' + str(conf().pgdata) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}
 
 Ctrl-C stops everything.
 """
