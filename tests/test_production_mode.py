@@ -26,7 +26,8 @@ def production(db) -> dict[str, str]:
     """A complete production environment, on the test database (migrated; this test's own rows unseen)."""
     return {"IDEMOPS_ENV": "production", "DATABASE_URL": processes.test_database_url(),
             "IDEMOPS_SECRET_KEY": secrets.token_urlsafe(50), "IDEMOPS_PUBLIC_URL": f"https://{PUBLIC_HOST}",
-            "IDEMOPS_ALLOWED_HOSTS": f"{PUBLIC_HOST},127.0.0.1", "IDEMOPS_BEHIND_PROXY": "true"}
+            "IDEMOPS_ALLOWED_HOSTS": f"{PUBLIC_HOST},127.0.0.1", "IDEMOPS_MCP_ALLOWED_HOSTS": PUBLIC_HOST,
+            "IDEMOPS_BEHIND_PROXY": "true"}
 
 
 def without(env: typing.Mapping[str, str], name: str) -> dict[str, str]:
@@ -63,10 +64,13 @@ def test_the_same_environment_in_development_leaves_the_deployment_warnings_prod
     ({"IDEMOPS_ALLOWED_HOSTS": None},
      "IDEMOPS_ALLOWED_HOSTS is the development default (localhost,127.0.0.1,[::1]): IDEMOPS_ENV=production "
      "needs the host names clients use"),
+    ({"IDEMOPS_MCP_ALLOWED_HOSTS": None},
+     "IDEMOPS_MCP_ALLOWED_HOSTS is the development default (localhost:*,127.0.0.1:*,[::1]:*,localhost,127.0.0.1): "
+     "IDEMOPS_ENV=production needs the host names MCP clients use (any other Host header is refused)"),
     ({"IDEMOPS_CRASH_POINTS": "after_claim"},
      "IDEMOPS_CRASH_POINTS is set: IDEMOPS_ENV=production never kills itself for a test"),
 ], ids=["no-database-url", "embedded-database", "no-secret-key", "debug", "demo", "http-public-url",
-        "default-allowed-hosts", "crash-points"])
+        "default-allowed-hosts", "default-mcp-allowed-hosts", "crash-points"])
 def test_production_refuses_each_unsafe_default_naming_its_variable(production, change, line):
     env = dict(production)
     for name, value in change.items():
@@ -83,7 +87,7 @@ def test_production_lists_every_problem_at_once():
 
     assert [line.split(" ")[0].split("=")[0] for line in lines] == [
         "DATABASE_URL", "IDEMOPS_SECRET_KEY", "IDEMOPS_DEBUG", "IDEMOPS_DEMO", "IDEMOPS_PUBLIC_URL",
-        "IDEMOPS_ALLOWED_HOSTS"]
+        "IDEMOPS_ALLOWED_HOSTS", "IDEMOPS_MCP_ALLOWED_HOSTS"]
 
 
 def test_the_demo_is_off_by_default_in_production_and_on_in_development(production):

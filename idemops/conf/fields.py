@@ -524,6 +524,10 @@ class IdemopsSettings(BaseSettings):
         if self.allowed_hosts == type(self).model_fields["allowed_hosts"].default:
             problems.append(f"{env_name('allowed_hosts')} is the development default "
                             f"({','.join(self.allowed_hosts)}): {production} needs the host names clients use")
+        if self.mcp_allowed_hosts == type(self).model_fields["mcp_allowed_hosts"].default:
+            problems.append(f"{env_name('mcp_allowed_hosts')} is the development default "
+                            f"({','.join(self.mcp_allowed_hosts)}): {production} needs the host names MCP "
+                            "clients use (any other Host header is refused)")
         if self.crash_points:
             problems.append(f"{env_name('crash_points')} is set: {production} never kills itself for a test")
         return problems

@@ -73,6 +73,7 @@ def _production_env(database_url: str) -> dict[str, str]:
     return {"IDEMOPS_ENV": "production", "DATABASE_URL": database_url,
             "IDEMOPS_SECRET_KEY": "a-test-secret-that-is-long-enough-0123456789abcdefghij",
             "IDEMOPS_PUBLIC_URL": "https://tools.example.test", "IDEMOPS_ALLOWED_HOSTS": "tools.example.test",
+            "IDEMOPS_MCP_ALLOWED_HOSTS": "tools.example.test",
             "IDEMOPS_CSRF_TRUSTED_ORIGINS": "https://tools.example.test"}
 
 
