@@ -125,3 +125,15 @@ def _canonical_number(value: int | float | Decimal) -> str:
 
 def digest(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+# What a fingerprint covers, by version (a record keeps the version it was claimed under, and a later
+# call with its key is compared under that version: a deploy that changes how arguments are
+# fingerprinted changes nothing for keys already in use).
+# 1: the validated arguments with every default filled in (before versions): a deploy adding an
+#    optional argument changed the fingerprint of every live key.
+FINGERPRINT_FILLED = 1
+# 2: the arguments the caller sent, at every level, as validated (normalised values), without the
+#    defaults of what it left out. A tool's declared counted defaults are versions 3, 4, ... (one per
+#    fixed set: toolkit.registry.ToolSpec.counted_defaults).
+FINGERPRINT_AS_SENT = 2

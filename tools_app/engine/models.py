@@ -27,6 +27,9 @@ class IdempotencyRecord(models.Model):
     tool = models.CharField(max_length=100)
     key = models.CharField(max_length=255)
     fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the canonical business arguments.")
+    fingerprint_version = models.PositiveSmallIntegerField(
+        default=1, help_text="What the fingerprint covers (core.keys): 1, every default filled in; 2, what the caller "
+                             "sent; 3 and up, that plus the tool's declared defaults. A call is compared under it.")
     field_digests = models.JSONField(
         default=dict, help_text="Digest per top-level argument, to name what differs on a conflict."
     )
@@ -105,6 +108,7 @@ class PreparedOperation(models.Model):
     tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.PROTECT, db_index=False)
     tool = models.CharField(max_length=100, help_text="The tool the id may be used with.")
     fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the canonical business arguments.")
+    fingerprint_version = models.PositiveSmallIntegerField(default=1, help_text="As the record's.")
     field_digests = models.JSONField(default=dict, help_text="Digest per top-level argument, to name what differs.")
     record = models.ForeignKey(IdempotencyRecord, on_delete=models.PROTECT, related_name="prepared_operations",
                                help_text="The prepare_operation call that issued it.")

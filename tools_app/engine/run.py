@@ -105,7 +105,7 @@ def _claim_and_execute(op: Operation, execute: Executor) -> tuple[Outcome | None
 
 def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
     """Answer a caller that lost the claim. None means: try to claim again."""
-    if record.status == RecordStatus.SUCCEEDED and record.fingerprint == op.fingerprint and not is_expired(record):
+    if record.status == RecordStatus.SUCCEEDED and op.matches(record) and not is_expired(record):
         return Outcome(record, replayed=True)  # a replay: find_live read all it needs
     record = whole(record)
     if is_expired(record):
@@ -115,7 +115,7 @@ def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outc
                 "a person must check before it is used again"))
         retire(record, actor=op.actor)
         return None
-    if record.fingerprint != op.fingerprint:
+    if not op.matches(record):
         fields = op.differing_fields(record)
         return Outcome(record, error=Conflict(
             f"idempotency_key was already used with other arguments (differing: {', '.join(fields)}); "

@@ -18,7 +18,6 @@ in SQL, or compared with the database's time of the read (`read_at`, which `clai
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
 from functools import cache
@@ -28,12 +27,18 @@ from django.db import OperationalError, connection, transaction
 from django.db.models import F
 
 from idemops.conf import conf
-from tools_app.core import audit, backoff, clock, counters, db, leases, logs, redaction, tracing
+from tools_app.core import audit, backoff, clock, counters, db, leases, logs, tracing
 from tools_app.core.errors import RETRYABLE, ToolFailure, UnknownOutcome
-from tools_app.core.keys import canonical_json
 from tools_app.core.models import AuditEvent
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
-from tools_app.engine.operation import ClaimWaitExpired, LeaseLost, Operation, evidence_entry, operation_id_spent
+from tools_app.engine.operation import (
+    ClaimWaitExpired,
+    LeaseLost,
+    Operation,
+    evidence_entry,
+    operation_id_spent,
+    stored_form,
+)
 
 FINISHED = (RecordStatus.SUCCEEDED, RecordStatus.FAILED)
 
@@ -143,8 +148,8 @@ def new_record(op: Operation) -> IdempotencyRecord:
     operation_id = op.operation_id or uuid.uuid4()
     return IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
-        # What is kept to be read: URLs lose their query (tokens); the fingerprint covers the full arguments.
-        field_digests=op.field_digests, arguments=redaction.scrub_urls(json.loads(canonical_json(op.arguments))),
+        fingerprint_version=op.fingerprint_version, field_digests=op.field_digests,
+        arguments=stored_form(op.arguments),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=leases.new_owner(),
         lease_expires_at=leases.expiry(lease_seconds()),
         operation_id=operation_id, trace_id=op.trace_id, span_id=op.span_id, actor=op.actor,
@@ -236,8 +241,8 @@ def _claim_sql(record_sql: tuple[tuple[str, ...], tuple[str, ...]], audit_sql: t
 
 
 # What a replay reads and answers with; a follower that gets another answer loads the rest (`whole`).
-REPLAY_FIELDS = ("id", "tenant_id", "tool", "key", "fingerprint", "status", "result", "operation_id",
-                 "created_at", "expires_at")
+REPLAY_FIELDS = ("id", "tenant_id", "tool", "key", "fingerprint", "fingerprint_version", "status", "result",
+                 "operation_id", "created_at", "expires_at")
 
 
 def find_live(op: Operation) -> IdempotencyRecord | None:
@@ -342,7 +347,8 @@ def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | Non
     Guarded by the attempt count we saw, so of several racing retries one wins.
     """
     if not _transition(record, {
-        "status": RecordStatus.FAILED, "error_class__in": sorted(map(str, RETRYABLE)), "fingerprint": op.fingerprint,
+        "status": RecordStatus.FAILED, "error_class__in": sorted(map(str, RETRYABLE)),
+        "fingerprint": op.fingerprint_at(record.fingerprint_version), "fingerprint_version": record.fingerprint_version,
         "attempts": record.attempts,
     }, {
         "status": RecordStatus.PROCESSING, "attempts": record.attempts + 1, "lease_owner": leases.new_owner(),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.utils import timezone
@@ -21,6 +22,7 @@ from pydantic import BaseModel, Field, model_validator
 from idemops.conf import conf
 from tools_app import approvals, engine
 from tools_app.core.errors import ErrorClass, InvalidInput, NotFound, ToolFailure
+from tools_app.core.keys import FINGERPRINT_FILLED
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
 from tools_app.tasks import calls as task_calls
 from tools_app.tasks.models import Task
@@ -79,11 +81,13 @@ def check_prepare(args: PrepareOperationInput) -> None:
     target_call(args)
 
 
-def prepared_arguments(args: PrepareOperationInput) -> dict[str, Any]:
+def prepared_arguments(args: PrepareOperationInput, version: int) -> dict[str, Any]:
     """What a prepare call's fingerprint covers: the tool and its business arguments (a re-worded note
-    or another trace id asks for the same operation)."""
+    or another trace id asks for the same operation), as the tool's own fingerprint covers them (all
+    filled in under version 1, as before versions)."""
     spec, validated = target_call(args)
-    return {"tool": spec.name, "arguments": spec.business_arguments(validated)}
+    inner = FINGERPRINT_FILLED if version == FINGERPRINT_FILLED else spec.fingerprint_version
+    return {"tool": spec.name, "arguments": spec.business_arguments(validated, inner)}
 
 
 def id_ttl() -> timedelta:
@@ -103,8 +107,8 @@ def prepare_operation(ctx: ToolContext, args: PrepareOperationInput) -> Prepared
     other arguments with that key are a `conflict`. Use the id within expires_at; then call the tool with it, and
     on every retry of that call."""
     spec, validated = target_call(args)
-    prepared = engine.issue(ctx.record, tool=spec.name, arguments=spec.business_arguments(validated),
-                            actor=ctx.actor)
+    prepared = engine.issue(ctx.record, tool=spec.name, covered=partial(spec.business_arguments, validated),
+                            fingerprint_version=spec.fingerprint_version, actor=ctx.actor)
     return PreparedOutput(operation_id=str(prepared.operation_id), tool=spec.name,
                           expires_at=ctx.record.expires_at)
 

@@ -81,7 +81,7 @@ class TaskResult(BaseModel):
 
 
 @write_tool(name="start_task", title="Start a long task", input_model=StartTaskInput, output_model=TaskHandle,
-            check=task_calls.check_start,
+            check=task_calls.check_start, operation_arguments=task_calls.start_arguments,
             # The long tool's own arguments: any of them may be personal (a document's text); the
             # webhook to tell, as send_notification's recipient.
             personal_fields=frozenset({"arguments", "notify_url"}))
