@@ -170,3 +170,21 @@ def test_a_failed_task_resumed_binds_its_key_again_until_it_ends_again(transacti
     # then the key answers the resumed task
     assert (again.result["task_id"], again.replayed) == (str(task.pk), True)
     assert Task.objects.count() == 1
+
+
+def test_a_long_tool_called_directly_answers_its_paused_task_after_the_records_retention(transactional_db, caller,
+                                                                                        fast):
+    # given ingest_document called directly, its task paused, and two days gone by
+    first = call_tool(get_tool("ingest_document"), caller, {**ARGUMENTS, "idempotency_key": "d-1"})
+    assert first.error.error_class == "in_progress"
+    task = Task.objects.get()
+    paused_by_its_agent(task, caller)
+    hours_pass(48)
+
+    # when the agent calls it again with the same key
+    again = call_tool(get_tool("ingest_document"), caller, {**ARGUMENTS, "idempotency_key": "d-1"})
+
+    # then it is told about that same task, still paused, and no second task exists
+    assert again.error.error_class == "in_progress"
+    assert again.error.details == {"task_id": str(task.pk), "task_status": TaskStatus.PAUSED}
+    assert Task.objects.count() == 1
