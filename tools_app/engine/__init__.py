@@ -40,6 +40,7 @@ from tools_app.engine.transitions import (
     expire_lease,
     expire_leases,
     heartbeat_interval,
+    hold_while_ongoing,
     is_expired,
     lease_expired,
     lease_seconds,
@@ -55,6 +56,8 @@ from tools_app.engine.transitions import (
     reread,
     resolve_failed,
     resolve_succeeded,
+    retain_from_end,
+    retention_ends_at,
     retire,
     start_approved,
 )
@@ -68,4 +71,6 @@ __all__ = [
     "operation_id_of", "operation_id_spent", "reclaim", "records_with_key", "records_with_key_digest", "release",
     "renew_lease", "reread", "resolve_failed", "resolve_succeeded", "retire", "run", "start_approved", "valid_unused",
     "wait_for_outcome",
+    # Keys of operations that go on after their call (long tasks).
+    "hold_while_ongoing", "retain_from_end", "retention_ends_at",
 ]

@@ -52,6 +52,9 @@ class IdempotencyRecord(models.Model):
     updated_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(help_text="End of retention; what happens after is the tool's policy.")
+    ongoing = models.BooleanField(
+        default=False, help_text="The call finished but the operation it started (a long task) goes on: until it "
+                                 "ends, the key never expires; its end sets expires_at (engine.retain_from_end).")
     retired_at = models.DateTimeField(null=True, blank=True, help_text="Set when an expired key was reused.")
     purged_at = models.DateTimeField(null=True, blank=True, help_text="When its arguments and result were purged "
                                                                       "(past its retention; the row stays).")

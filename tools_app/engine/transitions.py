@@ -19,7 +19,7 @@ in SQL, or compared with the database's time of the read (`read_at`, which `clai
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
@@ -242,7 +242,7 @@ def _claim_sql(record_sql: tuple[tuple[str, ...], tuple[str, ...]], audit_sql: t
 
 # What a replay reads and answers with; a follower that gets another answer loads the rest (`whole`).
 REPLAY_FIELDS = ("id", "tenant_id", "tool", "key", "fingerprint", "fingerprint_version", "status", "result",
-                 "operation_id", "created_at", "expires_at")
+                 "operation_id", "created_at", "expires_at", "ongoing")
 
 
 def find_live(op: Operation) -> IdempotencyRecord | None:
@@ -362,8 +362,28 @@ def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | Non
 
 def retire(record: IdempotencyRecord, *, actor: str, reason: str = "retention ended; key reused") -> bool:
     """Free an expired finished record's key; the row stays for auditors."""
-    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": clock.NOW},
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "ongoing": False,
+                                "expires_at__lte": clock.NOW},
                        {"retired_at": clock.NOW}, action="record.retired", actor=actor, reason=reason)
+
+
+def hold_while_ongoing(record: IdempotencyRecord, *, actor: str, reason: str) -> bool:
+    """The operation `record` stands for goes on after its call answers (it started a long task):
+    until `retain_from_end`, its key cannot expire, be retired, released or purged, whatever the
+    record's age. Call in the transaction that starts (or restarts) what goes on."""
+    return _transition(record, {"retired_at__isnull": True, "ongoing": False}, {"ongoing": True},
+                       action="record.held_while_ongoing", actor=actor, reason=reason,
+                       before={"ongoing": False}, after={"ongoing": True})
+
+
+def retain_from_end(record: IdempotencyRecord, retention: timedelta, *, actor: str, reason: str) -> bool:
+    """What `record` started has ended: its key's retention (`retention`) counts from now. Call in
+    the transaction of the end, so no moment exists where the operation ended but the key is held
+    forever, or where it is unfinished but the key may expire."""
+    return _transition(record, {"ongoing": True}, {"ongoing": False, "expires_at": clock.later(retention)},
+                       action="record.retention_from_end", actor=actor, reason=reason,
+                       before={"ongoing": True}, after={"ongoing": False, "retention_seconds":
+                                                        retention.total_seconds()})
 
 
 def expire_lease(record: IdempotencyRecord, *, actor: str = SWEEPER, source: str = "sweep",
@@ -465,8 +485,15 @@ def close_unapproved(record: IdempotencyRecord, failure: ToolFailure, *, actor: 
 
 
 def is_expired(record: IdempotencyRecord, now: datetime | None = None) -> bool:
-    """Finished and past its retention, by the database's time of the read (or `now`)."""
-    return record.status in FINISHED and record.expires_at <= (now or clock.read_at(record))
+    """Finished, not `ongoing`, and past its retention, by the database's time of the read (or `now`)."""
+    return (record.status in FINISHED and not record.ongoing
+            and record.expires_at <= (now or clock.read_at(record)))
+
+
+def retention_ends_at(record: IdempotencyRecord) -> datetime | None:
+    """When the key's retention ends, as callers are told it: None while the operation the record
+    started goes on (`ongoing`: its end sets the time)."""
+    return None if record.ongoing else record.expires_at
 
 
 def lease_expired(record: IdempotencyRecord, now: datetime | None = None) -> bool:
@@ -487,7 +514,8 @@ def end_retention(record: IdempotencyRecord, *, actor: str, reason: str) -> bool
     """A finished record's retention ends now (an operator's force-expire): the key's expiry
     policy applies from the next call."""
     now = clock.read()
-    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__gt": now},
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "ongoing": False,
+                                "expires_at__gt": now},
                        {"expires_at": now}, action="record.force_expired", actor=actor, reason=reason,
                        before={"expires_at": record.expires_at.isoformat()}, after={"expires_at": now.isoformat()})
 
@@ -498,7 +526,8 @@ def release(record: IdempotencyRecord, *, actor: str, reason: str, checked: str,
     retired as `retire` does, with what was checked as evidence and in the audit event."""
     now = clock.read()
     facts = {"checked": checked, "downstream_reference": downstream_reference}
-    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": now},
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "ongoing": False,
+                                "expires_at__lte": now},
                        {"retired_at": now}, action="record.released", actor=actor, reason=reason,
                        evidence=evidence_entry("operator", actor=actor, reason=reason, **facts),
                        before={"status": record.status, "expires_at": record.expires_at.isoformat()},

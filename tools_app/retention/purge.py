@@ -121,8 +121,9 @@ def due(kind: str, now: datetime) -> Q:
 
 
 def _extra(kind: str, now: datetime) -> Q:
-    # A record is purged only once its key expired: until then a retry must replay its result.
-    return Q(expires_at__lte=now) if kind == "records" else Q()
+    # A record is purged only once its key expired: until then a retry must replay its result. A key
+    # bound to an unfinished task (`ongoing`) has not, whatever its expires_at says.
+    return Q(expires_at__lte=now, ongoing=False) if kind == "records" else Q()
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 from django.db import transaction
 
+from tools_app import engine
 from tools_app.access import Permit, authorize
 from tools_app.core import clock, db
 from tools_app.core.errors import AlreadyDone, InProgress, InvalidInput, NotFound, ToolFailure
@@ -87,7 +88,7 @@ def cancel(task: Task, who, *, reason: str = "") -> Task:
             "status": TaskStatus.CANCELLED, "finished_at": clock.NOW, "lease_owner": "",
             "lease_expires_at": None, "failure_class": "", "pause_requested": "",
             "failure_reason": f"cancelled by {actor}" + (f": {reason}" if reason else ""), "next_retry_at": None,
-        }, action="task.cancelled", actor=actor, reason=reason, step=task.current_step) and finished(task)
+        }, action="task.cancelled", actor=actor, reason=reason, step=task.current_step) and finished(task, actor)
 
     return _with_retries(task, attempt)
 
@@ -180,6 +181,9 @@ def resume(task: Task, who, *, answer: dict[str, Any] | None = None) -> Task:
         if not transition(task, {"status": before}, changes, action="task.resumed", actor=actor,
                            answered=sorted((answer or {}).keys())):
             return False
+        if before == TaskStatus.FAILED:
+            # Unfinished again: its key answers it again until it ends (the end set a retention).
+            engine.hold_while_ongoing(task.record, actor=actor, reason=f"task {task.pk} resumed")
         enqueue_run(task)
         return True
 

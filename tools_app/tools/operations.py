@@ -138,7 +138,8 @@ class OperationView(BaseModel):
                                                       "the key answers, without the idempotency block)")
     error: dict[str, Any] | None = Field(description="The error once FAILED; while waiting, what a call would be "
                                                      "told ({class, message, retry_after?, ...}); else null")
-    expires_at: datetime = Field(description="End of the key's retention")
+    expires_at: datetime | None = Field(description="End of the key's retention; null while the task a long tool's "
+                                                    "operation started is unfinished (its end starts the retention)")
     task_id: str | None = Field(None, description="The task a long tool's operation runs as")
 
 
@@ -183,7 +184,7 @@ def _view(record: IdempotencyRecord, *, as_long_tool: bool) -> OperationView:
         return _task_view(record, task)
     return OperationView(operation_id=str(record.operation_id), tool=record.tool, status=record.status,
                          result=record.result if record.status == RecordStatus.SUCCEEDED else None,
-                         error=_record_error(record), expires_at=record.expires_at)
+                         error=_record_error(record), expires_at=engine.retention_ends_at(record))
 
 
 def _record_error(record: IdempotencyRecord) -> dict[str, Any] | None:
@@ -209,8 +210,8 @@ def _task_view(record: IdempotencyRecord, task: Task) -> OperationView:
     else:
         status = RecordStatus.FAILED
     return OperationView(operation_id=str(record.operation_id), tool=task.tool, status=status, result=outcome.result,
-                         error=outcome.error.as_dict() if outcome.error else None, expires_at=record.expires_at,
-                         task_id=str(task.pk))
+                         error=outcome.error.as_dict() if outcome.error else None,
+                         expires_at=engine.retention_ends_at(record), task_id=str(task.pk))
 
 
 def _not_found(tenant_id: int, named: str) -> NotFound:
