@@ -310,9 +310,29 @@ def test_a_follower_of_a_local_call_running_past_the_follower_wait_hears_in_prog
         follower.join(20)
         assert not follower.is_alive()
 
-    # then it heard in_progress (there was no committed record to show), and the executor went on
-    assert answers[0].error.error_class == "in_progress" and answers[0].record is None
+    # then it heard in_progress naming the operation id the executor's record committed with (it
+    # could read no record: a stand-in, not saved), and the executor went on
+    assert answers[0].error.error_class == "in_progress" and answers[0].record.pk is None
     assert executor.outcome.error is None and Order.objects.count() == 1
+    assert answers[0].record.operation_id == IdempotencyRecord.objects.get().operation_id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_used_again_after_its_retention_is_a_new_operation_id_which_its_follower_names(tenant, settings):
+    override_conf(settings, follower_wait_seconds=0.3)
+    # given a key whose first operation was retired after its retention
+    first = engine.run(operation(tenant), make_order(tenant)).record
+    IdempotencyRecord.objects.filter(pk=first.pk).update(retired_at=timezone.now())
+    with HeldExecutor(tenant) as executor:
+        # when a follower gives up waiting for the key's second, uncommitted operation
+        follower, answers = in_thread(lambda: engine.run(operation(tenant), make_order(tenant)))
+        follower.join(20)
+
+    # then it names that second operation, which is not the first one
+    second = IdempotencyRecord.objects.get(retired_at__isnull=True)
+    assert executor.outcome.error is None and executor.outcome.record.pk == second.pk
+    assert answers[0].error.error_class == "in_progress"
+    assert answers[0].record.operation_id == second.operation_id != first.operation_id
 
 
 @pytest.mark.django_db(transaction=True)

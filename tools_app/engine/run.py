@@ -60,6 +60,7 @@ from tools_app.engine.transitions import (
     retire,
     retry_wait,
     start_approved,
+    uncommitted,
     whole,
 )
 
@@ -75,7 +76,8 @@ def run(op: Operation, execute: Executor) -> Outcome:
             try:
                 outcome, record = _claim_and_execute(op, execute)
             except ClaimWaitExpired:
-                return Outcome(None, error=_in_progress())
+                # Another call's claim is still uncommitted: answer its operation id all the same.
+                return Outcome(uncommitted(op), error=_in_progress())
             if outcome is not None:
                 return outcome
         outcome = _follow(record, op, execute)

@@ -135,7 +135,7 @@ def idempotency_info(result: CallResult) -> dict[str, Any] | None:
     if record is None:
         return None
     return IdempotencyInfo(status=record.status, replayed=result.replayed,
-                           expires_at=record.expires_at.isoformat(),
+                           expires_at=record.expires_at.isoformat() if record.expires_at else None,
                            operation_id=str(record.operation_id)).model_dump()
 
 
