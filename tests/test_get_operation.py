@@ -99,6 +99,34 @@ def test_an_in_progress_answer_names_the_uncommitted_first_call_which_get_operat
     assert (done["status"], done["result"]) == ("SUCCEEDED", answers[0].result) and Order.objects.count() == 1
 
 
+@pytest.mark.live
+def test_over_mcp_an_in_progress_answer_names_the_uncommitted_first_call_for_get_operation(web_server, token):
+    from tests.mcp_client import call_sync, error_of
+
+    def create():
+        return call_sync(web_server.mcp_url, token, "create_order", {**ORDER, "idempotency_key": "o-1"})
+
+    with HeldOrders() as orders:
+        # given the server's first create_order inside its transaction, its claim not committed
+        first, answers = in_thread(create)
+        wait_for_lock_waiters(1)
+        # when a second call with the key waits out the server's follower wait
+        follower = create()
+        handle = follower.structured_content["idempotency"]["operation_id"]
+        running = call_sync(web_server.mcp_url, token, "get_operation", {"operation_id": handle})
+        orders.release.set()
+    first.join(20)
+    done = call_sync(web_server.mcp_url, token, "get_operation", {"operation_id": handle})
+
+    # then the agent held a handle that answered PROCESSING, then the first call's result
+    assert error_of(follower)["class"] == "in_progress" and follower.structured_content["idempotency"]["status"] == (
+        "PROCESSING")
+    assert running.structured_content["status"] == "PROCESSING"
+    assert answers[0].structured_content["idempotency"]["operation_id"] == handle
+    assert done.structured_content["status"] == "SUCCEEDED"
+    assert done.structured_content["result"]["order_id"] == answers[0].structured_content["order_id"]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_follower_of_a_downstream_call_in_flight_hears_in_progress_with_its_operation_id(caller, tenant, settings):
     override_conf(settings, follower_wait_seconds=0.2)
