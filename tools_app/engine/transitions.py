@@ -163,9 +163,18 @@ def operation_id_for(tenant_id: int, tool: str, key: str, generation: int) -> uu
     A function of the key, not a random draw: a follower whose claim gave up waiting on another
     call's uncommitted claim can name the operation it waited for (claim_operation_id) before
     anyone can read its record. Keyed (KEY_DIGEST_SECRET), so nobody without the secret can
-    derive an operation's id, or the key sent downstream, from its idempotency key.
+    derive an operation's id, or the key sent downstream, from its idempotency key; and salted by
+    the database's birth, so a database built again from nothing under the same secret (its
+    tenant ids counting from 1 again) never presents a downstream system an earlier one's keys.
     """
-    return uuid.UUID(hex=keyed_hash(f"operation\n{tenant_id}\n{tool}\n{key}\n{generation}")[:32])
+    message = f"operation\n{_database_born()}\n{tenant_id}\n{tool}\n{key}\n{generation}"
+    return uuid.UUID(hex=keyed_hash(message)[:32])
+
+
+@cache
+def _database_born() -> str:
+    """When this database was first migrated (read once per process: it never changes)."""
+    return str(db.fetchone("SELECT min(applied) FROM django_migrations", [])[0])
 
 
 def claim_operation_id(tenant_id: int, tool: str, key: str) -> uuid.UUID:
