@@ -83,7 +83,8 @@ def run(op: Operation, execute: Executor) -> Outcome:
         outcome = _follow(record, op, execute)
         if outcome is not None:
             return outcome
-    raise _in_progress("the operation is changing hands; ask again")
+    # Named like any in_progress answer: the key's live record, or the claim of it not yet committed.
+    return Outcome(find_live(op) or uncommitted(op), error=_in_progress("the operation is changing hands; ask again"))
 
 
 def _claim_and_execute(op: Operation, execute: Executor) -> tuple[Outcome | None, IdempotencyRecord]:
