@@ -182,7 +182,8 @@ class IdemopsSettings(BaseSettings):
         [], "Old secret keys during a rotation: what they signed or sealed still opens.", section=SECRETS)
     key_digest_secret: SecretStr | None = setting(
         None, "Key of the HMAC-SHA256 digests that stand for idempotency keys outside the database (admin, "
-        "API, logs); the same on every process, and changing it changes every digest shown.",
+        "API, logs) and of the operation ids derived from them; the same on every process, and changing it "
+        "changes every digest shown and the ids of operations claimed from then on.",
         shown="derived from the secret key", section=SECRETS)
 
     # --- database ---

@@ -34,6 +34,8 @@ from tools_app.engine.transitions import (
     SWEEPER,
     await_approval,
     claim,
+    claim_operation_id,
+    claimed_in_flight,
     close_unapproved,
     downstream_key,
     end_retention,
@@ -64,7 +66,8 @@ from tools_app.engine.transitions import (
 
 __all__ = [
     "DEFAULT_RETENTION", "FINISHED", "OPERATION_ID_REQUIRED", "SWEEPER", "Executor", "ExpiryPolicy", "LeaseLost",
-    "Operation", "Outcome", "await_approval", "claim", "close_unapproved", "downstream_key", "end_retention",
+    "Operation", "Outcome", "await_approval", "claim", "claim_operation_id", "claimed_in_flight",
+    "close_unapproved", "downstream_key", "end_retention",
     "evidence_entry", "execute_approved", "expire_lease", "expire_leases", "gathering_evidence",
     "heartbeat_interval", "hooks", "is_expired", "issue", "issued_operation_id", "lease_expired", "lease_seconds",
     "mark_failed", "mark_succeeded", "mark_unknown", "new_record", "note_evidence", "note_unresolved",

@@ -168,7 +168,9 @@ def operation_id_spent(operation_id: uuid.UUID) -> InvalidInput:
 class Outcome:
     """What a call ended in: a result (first or replayed) or an error."""
 
-    record: IdempotencyRecord | None  # None: the key's record is not committed yet (in_progress)
+    # Not saved (no pk) when the key's record is not committed yet (in_progress): it holds what is
+    # known, the operation id that record has (engine.transitions.uncommitted).
+    record: IdempotencyRecord
     replayed: bool = False
     error: ToolFailure | None = None
     executed: bool = False  # this call ran the side effect (or tried to)

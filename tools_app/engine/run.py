@@ -60,6 +60,7 @@ from tools_app.engine.transitions import (
     retire,
     retry_wait,
     start_approved,
+    uncommitted,
     whole,
 )
 
@@ -75,13 +76,15 @@ def run(op: Operation, execute: Executor) -> Outcome:
             try:
                 outcome, record = _claim_and_execute(op, execute)
             except ClaimWaitExpired:
-                return Outcome(None, error=_in_progress())
+                # Another call's claim is still uncommitted: answer its operation id all the same.
+                return Outcome(uncommitted(op), error=_in_progress())
             if outcome is not None:
                 return outcome
         outcome = _follow(record, op, execute)
         if outcome is not None:
             return outcome
-    raise _in_progress("the operation is changing hands; ask again")
+    # Named like any in_progress answer: the key's live record, or the claim of it not yet committed.
+    return Outcome(find_live(op) or uncommitted(op), error=_in_progress("the operation is changing hands; ask again"))
 
 
 def _claim_and_execute(op: Operation, execute: Executor) -> tuple[Outcome | None, IdempotencyRecord]:

@@ -29,7 +29,9 @@ from django.db.models import F
 from idemops.conf import conf
 from tools_app.core import audit, backoff, clock, counters, db, leases, logs, tracing
 from tools_app.core.errors import RETRYABLE, ToolFailure, UnknownOutcome
+from tools_app.core.keys import keyed_hash
 from tools_app.core.models import AuditEvent
+from tools_app.engine.lookup import records_with_key
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.engine.operation import (
     ClaimWaitExpired,
@@ -103,8 +105,8 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
         return record, claimed
 
 
-def _claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
-    record = new_record(op)
+def _claim(op: Operation, operation_id: uuid.UUID | None = None) -> tuple[IdempotencyRecord, bool]:
+    record = new_record(op, operation_id)
     # The record has no id yet: the statement fills object_id from the inserted row.
     claimed_event = audit.new_event(action="record.claimed", obj=record, actor=op.actor, trace_id=op.trace_id,
                                     after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
@@ -131,7 +133,9 @@ def _claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
         # Not a lost race: an issued id whose record was retired meanwhile (retention ended, or an
         # operator released it) conflicts with that record's operation_id and never inserts.
         raise operation_id_spent(op.operation_id)
-    return _claim(op)  # and it is gone already (retired, or its transaction rolled back)
+    # It is gone already (retired, or its transaction rolled back), or the id we offered is a
+    # retired record's (the key's first id, and the key was used before): offer the key's next id.
+    return _claim(op, claim_operation_id(op.tenant_id, op.tool, op.key))
 
 
 def reread(record: IdempotencyRecord) -> IdempotencyRecord:
@@ -142,10 +146,10 @@ def reread(record: IdempotencyRecord) -> IdempotencyRecord:
     return record
 
 
-def new_record(op: Operation) -> IdempotencyRecord:
+def new_record(op: Operation, operation_id: uuid.UUID | None = None) -> IdempotencyRecord:
     """The PROCESSING record a claim of `op` inserts (not saved; its times are the database's,
-    computed by the INSERT)."""
-    operation_id = op.operation_id or uuid.uuid4()
+    computed by the INSERT), named `operation_id` (by default, its key's first: operation_id_for)."""
+    operation_id = op.operation_id or operation_id or operation_id_for(op.tenant_id, op.tool, op.key, 0)
     return IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
         fingerprint_version=op.fingerprint_version, field_digests=op.field_digests,
@@ -156,6 +160,72 @@ def new_record(op: Operation) -> IdempotencyRecord:
         downstream_key="" if op.transactional else downstream_key(operation_id),
         created_at=clock.NOW, updated_at=clock.NOW, expires_at=clock.later(op.retention),
     )
+
+
+def operation_id_for(tenant_id: int, tool: str, key: str, generation: int) -> uuid.UUID:
+    """The id of the `generation`-th operation of a key (0: its first; one more each time the key
+    is freed after its retention and used again).
+
+    A function of the key, not a random draw: a follower whose claim gave up waiting on another
+    call's uncommitted claim can name the operation it waited for (claim_operation_id) before
+    anyone can read its record. Keyed (KEY_DIGEST_SECRET), so nobody without the secret can
+    derive an operation's id, or the key sent downstream, from its idempotency key; and salted by
+    the database's birth, so a database built again from nothing under the same secret (its
+    tenant ids counting from 1 again) never presents a downstream system an earlier one's keys.
+    """
+    message = f"operation\n{_database_born()}\n{tenant_id}\n{tool}\n{key}\n{generation}"
+    return uuid.UUID(hex=keyed_hash(message)[:32])
+
+
+@cache
+def _database_born() -> str:
+    """When this database was first migrated (read once per process: it never changes)."""
+    return str(db.fetchone("SELECT min(applied) FROM django_migrations", [])[0])
+
+
+def claim_operation_id(tenant_id: int, tool: str, key: str) -> uuid.UUID:
+    """The id the key's next claim takes, which is also the id an uncommitted claim of it holds:
+    the first of the key's ids (operation_id_for) that no committed record of the key has.
+
+    (Records are never deleted, so a freed key's earlier ids stay taken and an id names one
+    operation only. Records from before ids were derived have random ones, which take none.)
+    """
+    taken = set(records_with_key(key, tenant_ids=[tenant_id], tools=[tool]).values_list("operation_id", flat=True))
+    generation = 0
+    while (operation_id := operation_id_for(tenant_id, tool, key, generation)) in taken:
+        generation += 1
+    return operation_id
+
+
+def uncommitted(op: Operation) -> IdempotencyRecord:
+    """The key's record as a follower can know it while another call's claim of it is uncommitted
+    (a local tool's, held in its transaction): not saved, PROCESSING, under the operation id that
+    claim took, so that the follower's in_progress answer names what it can ask about."""
+    return IdempotencyRecord(tenant_id=op.tenant_id, tool=op.tool, key=op.key, status=RecordStatus.PROCESSING,
+                             operation_id=op.operation_id or claim_operation_id(op.tenant_id, op.tool, op.key),
+                             expires_at=None)
+
+
+def claimed_in_flight(tenant_id: int, operation_id: uuid.UUID, tools: list[str]) -> str | None:
+    """Which of `tools` an uncommitted claim of `operation_id` in this tenant is for, if one is open.
+
+    Its record cannot be read before it commits; the claim statement also takes an advisory lock
+    named by (tenant, tool) and the id (`_claim_sql`), which pg_locks shows to every other
+    session until that transaction ends (our own session's claims we can read). 31 bits of the
+    id: another id matching is vanishingly rare (and needs a claim in flight at that moment).
+    """
+    names = {_lock_key(f"{tenant_id}\n{tool}"): tool for tool in tools}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT classid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 "
+                       "AND objid::bigint = %s AND pid <> pg_backend_pid() AND database = (SELECT oid FROM pg_database "
+                       "WHERE datname = current_database())", [_lock_key(operation_id.hex)])
+        return next((names[classid] for (classid,) in cursor.fetchall() if classid in names), None)
+
+
+def _lock_key(name: str) -> int:
+    """31 bits of a keyed hash of `name`: one half of the advisory lock a claim takes (positive, so
+    the int4 the lock is taken with and the oid pg_locks shows are the same number)."""
+    return int(keyed_hash(name)[:8], 16) & 0x7FFFFFFF
 
 
 DOWNSTREAM_KEY_PREFIX = "idemops-"
@@ -191,12 +261,17 @@ def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent, comput
     for itself (set_config(..., true) lasts to the end of the transaction) and,
     once its row is in, puts back the value it found, so the executor's own
     statements after the claim wait for locks as they always would.
+
+    The inserted claim also takes a shared advisory lock until its transaction ends (`announced`):
+    while a local tool's claim is uncommitted, that lock is how get_operation learns the
+    operation is running (claimed_in_flight).
     """
     wait_ms = f"{max(1, int(conf().follower_wait_seconds * 1000))}ms"
     sql = _claim_sql(db.insert_sql(record), db.insert_sql(claimed_event, CLAIMED_EVENT_ID),
                      tuple(field.column for field in computed))
     return db.fetchone(sql, [record.tenant_id, record.tool, record.key, *db.insert_params(record),
-                             wait_ms, *db.insert_params(claimed_event, CLAIMED_EVENT_ID)])
+                             wait_ms, *db.insert_params(claimed_event, CLAIMED_EVENT_ID),
+                             _lock_key(f"{record.tenant_id}\n{record.tool}"), _lock_key(record.operation_id.hex)])
 
 
 CLAIMED_EVENT_ID = {"object_id": "claimed.id::text"}
@@ -232,9 +307,11 @@ def _claim_sql(record_sql: tuple[tuple[str, ...], tuple[str, ...]], audit_sql: t
         ), audited AS (
             INSERT INTO {db.table(AuditEvent)} ({", ".join(audit_columns)})
             SELECT {", ".join(audit_values)} FROM claimed
+        ), announced AS MATERIALIZED (
+            SELECT pg_try_advisory_xact_lock_shared(%s, %s) FROM claimed
         )
         SELECT id{returned}, set_config('lock_timeout', (SELECT lock_timeout FROM prior), true) IS NOT NULL,
-               statement_timestamp() FROM claimed
+               statement_timestamp() FROM claimed, announced
         UNION ALL
         SELECT id{unknown}, false, statement_timestamp() FROM live
     """

@@ -138,8 +138,9 @@ class OperationView(BaseModel):
                                                       "the key answers, without the idempotency block)")
     error: dict[str, Any] | None = Field(description="The error once FAILED; while waiting, what a call would be "
                                                      "told ({class, message, retry_after?, ...}); else null")
-    expires_at: datetime | None = Field(description="End of the key's retention; null while the task a long tool's "
-                                                    "operation started is unfinished (its end starts the retention)")
+    expires_at: datetime | None = Field(description="End of the key's retention; null while the first call has "
+                                                    "not committed, and while the task a long tool's operation "
+                                                    "started is unfinished (its end starts the retention)")
     task_id: str | None = Field(None, description="The task a long tool's operation runs as")
 
 
@@ -152,7 +153,14 @@ def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
     ends, then the task's result). not_found: no such operation in this tenant, or its key was freed after its
     retention."""
     if args.operation_id is not None:
-        record = _live(ctx.tenant_id, operation_id=_uuid(args.operation_id))
+        operation_id = _uuid(args.operation_id)
+        record = _live(ctx.tenant_id, operation_id=operation_id)
+        if record is None:
+            if operation_id is not None and (tool := engine.claimed_in_flight(
+                    ctx.tenant_id, operation_id, [spec.name for spec in all_tools() if spec.writes])):
+                return _in_flight_view(operation_id, tool)
+            # Committed since we looked (its claim's lock is gone), or not there at all.
+            record = _live(ctx.tenant_id, operation_id=operation_id)
         if record is None:
             raise _not_found(ctx.tenant_id, args.operation_id)
         return _view(record, as_long_tool=record.tool == task_calls.START_TASK)
@@ -162,14 +170,37 @@ def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
         raise NotFound(f"tool: no tool {args.tool!r}") from None
     if spec.pipeline is not None:
         # A long tool called directly is the start_task operation for it (one key space, one task).
-        record = _live(ctx.tenant_id, tool=task_calls.START_TASK, key=args.idempotency_key)
+        record = _live_or_in_flight(ctx.tenant_id, task_calls.START_TASK, args.idempotency_key, shown_as=spec.name)
+        if isinstance(record, OperationView):
+            return record
         if record is None or record.arguments.get("tool") != spec.name:
             raise _not_found(ctx.tenant_id, args.idempotency_key)
         return _view(record, as_long_tool=True)
-    record = _live(ctx.tenant_id, tool=spec.name, key=args.idempotency_key)
+    record = _live_or_in_flight(ctx.tenant_id, spec.name, args.idempotency_key, shown_as=spec.name)
+    if isinstance(record, OperationView):
+        return record
     if record is None:
         raise _not_found(ctx.tenant_id, args.idempotency_key)
     return _view(record, as_long_tool=False)
+
+
+def _live_or_in_flight(tenant_id: int, tool: str, key: str, *, shown_as: str
+                       ) -> IdempotencyRecord | OperationView | None:
+    """The key's live record; else, while another call's claim of it is uncommitted (a local tool's
+    first call, still in its transaction), that operation as PROCESSING; else None."""
+    record = _live(tenant_id, tool=tool, key=key)
+    if record is not None:
+        return record
+    operation_id = engine.claim_operation_id(tenant_id, tool, key)
+    if engine.claimed_in_flight(tenant_id, operation_id, [tool]):
+        return _in_flight_view(operation_id, shown_as)
+    return _live(tenant_id, tool=tool, key=key)  # committed since we looked (its claim's lock is gone)
+
+
+def _in_flight_view(operation_id: uuid.UUID, tool: str) -> OperationView:
+    """An operation whose first call has claimed its key and not committed yet: all there is to say."""
+    return OperationView(operation_id=str(operation_id), tool=tool, status=RecordStatus.PROCESSING, result=None,
+                         error=None, expires_at=None)
 
 
 def _live(tenant_id: int, **lookup: Any) -> IdempotencyRecord | None:
