@@ -20,8 +20,9 @@ A webhook URL is checked against the allow-list again before each attempt
 
 A relay killed mid-batch leaves its events claimed until `claimed_until`; then
 another relay claims them and delivers them again (the killed one may have
-delivered some). Consumers deduplicate by the event id (email Message-ID,
-webhook X-Event-Id), so each effect happens once.
+delivered some). Consumers that deduplicate by the event id (email Message-ID,
+webhook `webhook-id`) act once. A webhook's tenant's signing secrets are read before
+the delivery threads start (access.signing_secrets), so those threads stay off the database.
 
 Each event keeps the trace of the call that wrote it; each delivery attempt is a span in that
 trace (its context goes to the consumer as `traceparent`) and one log line (`outbox.delivery`:
