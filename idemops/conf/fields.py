@@ -306,6 +306,9 @@ class IdemopsSettings(BaseSettings):
         ["http://127.0.0.1:8002/webhooks/"], "URL prefixes a webhook recipient must fall under "
         "(comma-separated).", section=DOWNSTREAM)
     webhook_timeout_seconds: Seconds = setting(5, "Timeout of one webhook delivery.", section=DOWNSTREAM)
+    webhook_secret_overlap_seconds: Seconds = setting(
+        86400, "After a tenant's webhook signing secret is rotated, how long webhooks are signed with the "
+        "previous one too (a second signature), so receivers can switch without rejecting one.", section=DOWNSTREAM)
     outbound_private_hosts: TextList = setting(
         [], "Host names on the URL allow-lists that may resolve to private, loopback or link-local "
         "addresses; any other name must resolve to public ones.", section=DOWNSTREAM)

@@ -24,7 +24,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "view_announcement", "view_customer",
         "view_unknownoutcome", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
         "view_task", "view_taskneedingattention", "manage_task", "view_document",
-        "view_tenantlimits", "set_tenant_limits",
+        "view_tenantlimits", "set_tenant_limits", "view_tenant", "rotate_webhooksecret",
         "view_retentionoverride", "manage_retention",
     ],
     # Decides on sensitive operations; sees what they would touch.

@@ -15,6 +15,9 @@ from django.db import models
 # The one rule for `unknown_outcome`: in every such message, the MCP server's instructions and the README.
 UNKNOWN_OUTCOME_ADVICE = ("do not retry with a new key; calling again with the same key is safe and answers the "
                           "reconciled outcome once it is known")
+# The one rule for `permission_denied`: the MCP server's instructions and the README say it.
+PERMISSION_DENIED_ADVICE = ("retrying as is gets the same answer: re-authorize (a token or role that allows it) "
+                            "or ask a person to allow it or to do it; a rejected approval is a person's decision")
 
 
 class ErrorClass(models.TextChoices):
