@@ -14,7 +14,7 @@ def hold_keys_of_unfinished_tasks(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tools_app', '0021_13_retention'),
+        ('tools_app', '0022_i27_fingerprint_version'),
     ]
 
     operations = [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tools_app', '0021_13_retention'),
+        ('tools_app', '0023_i27_record_ongoing'),
     ]
 
     operations = [
