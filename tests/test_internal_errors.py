@@ -163,7 +163,7 @@ def buggy_chunking(monkeypatch):
 
 
 def test_a_task_step_that_raises_a_key_error_fails_the_task_at_once_with_internal_error(
-        caller, fast, buggy_chunking):
+        transactional_db, caller, fast, buggy_chunking):
     task = start(caller, {"text": TEXT})
 
     outcome = task_jobs.run_task(str(task.pk))
@@ -180,7 +180,8 @@ def test_a_task_step_that_raises_a_key_error_fails_the_task_at_once_with_interna
 
 
 def test_resume_refuses_a_task_failed_by_a_bug_until_an_operator_marks_the_cause_fixed(
-        caller, fast, tenant, monkeypatch, buggy_chunking):
+        transactional_db, caller, fast, tenant, monkeypatch, buggy_chunking):
+    # (transactional: the step heartbeats renew the lease on their own connections)
     # given: a task failed by its chunk step's KeyError
     task = start(caller, {"text": TEXT})
     task_jobs.run_task(str(task.pk))
@@ -211,7 +212,8 @@ def test_resume_refuses_a_task_failed_by_a_bug_until_an_operator_marks_the_cause
     assert StepRun.objects.filter(task=task, step="receive").count() == 1  # before the bug: not run again
 
 
-def test_a_pipeline_that_declares_an_exception_type_transient_retries_it(caller, fast, monkeypatch):
+def test_a_pipeline_that_declares_an_exception_type_transient_retries_it(transactional_db, caller, fast,
+                                                                         monkeypatch):
     from tools_app import documents
     from tools_app.tools.documents import INGEST
 

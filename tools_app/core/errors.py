@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 from django.db import InterfaceError, OperationalError, models
+from django.db import InternalError as DatabaseInternalError
 
 # The one rule for `unknown_outcome`: in every such message, the MCP server's instructions and the README.
 UNKNOWN_OUTCOME_ADVICE = ("do not retry with a new key; calling again with the same key is safe and answers the "
@@ -164,13 +165,13 @@ class InternalError(ToolFailure):
 # The one rule for `internal_error`: in every such message, the MCP server's instructions and the README.
 INTERNAL_ERROR_ADVICE = "do not retry; report the reference to an operator"
 
-# What fails for reasons outside the code and may pass on another run: the database unavailable,
-# a connection reset, a timeout (psycopg's own errors, and Django's wrappers of them). A serialization
-# failure or a deadlock is an OperationalError too. A downstream 5xx or 429 is a Transient or
-# RateLimited its client raises.
+# What fails for reasons outside the code and may pass on another run: the database unavailable
+# or failing inside (PEP 249's OperationalError, InterfaceError, InternalError: psycopg's own, and
+# Django's wrappers of them), a connection reset, a timeout. A serialization failure or a deadlock
+# is an OperationalError too. A downstream 5xx or 429 is a Transient or RateLimited its client raises.
 INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
-    OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError, ConnectionError,
-    TimeoutError)
+    OperationalError, InterfaceError, DatabaseInternalError, psycopg.OperationalError, psycopg.InterfaceError,
+    psycopg.InternalError, ConnectionError, TimeoutError)
 
 
 def internal_error(exc: BaseException, reference: object, *, what: str = "nothing was committed") -> InternalError:
