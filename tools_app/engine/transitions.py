@@ -43,7 +43,7 @@ SWEEPER = "system:lease-sweep"
 # SQLSTATE of a lock wait that ran past lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
 
-# A transient failure of a write without a Retry-After of its own (a bug that rolled back, a
+# A transient failure of a write without a Retry-After of its own (the database failed and rolled back, a
 # downstream that could not be reached) may run again after backoff.delay(attempts, ...): the
 # agent is told so as `retry_after`, and a retry before then is answered the same.
 WRITE_RETRY_BASE_SECONDS = 1.0
