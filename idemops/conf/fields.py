@@ -269,6 +269,10 @@ class IdemopsSettings(BaseSettings):
     lease_sweep_seconds: float = setting(
         1, "How often each django-q2 worker process sweeps expired leases and runs due reconciliations; "
         "0 leaves them to the 1-minute schedule.", ge=0, section=WRITES)
+    max_attempts_per_key: int = setting(
+        10, "Runs of one key (the first, and each rerun after a transient failure or an expired lease) "
+        "before it goes to the operators' UNKNOWN queue, flagged 'needs a person', instead of running again.",
+        ge=1, section=WRITES)
     follower_wait_seconds: float = setting(
         2, "How long a second call with a running key waits before answering in_progress.", ge=0,
         section=WRITES)

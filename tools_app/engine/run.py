@@ -23,13 +23,16 @@ from idemops.conf import conf
 from tools_app.core import db, polling
 from tools_app.core.crashpoints import crash_point
 from tools_app.core.errors import (
+    INFRASTRUCTURE_ERRORS,
     UNKNOWN_OUTCOME_ADVICE,
     Conflict,
     Expired,
     InProgress,
+    InternalError,
     ToolFailure,
     Transient,
     UnknownOutcome,
+    internal_error,
     invalid_data,
 )
 from tools_app.core.keys import key_digest
@@ -47,6 +50,7 @@ from tools_app.engine.operation import (
 )
 from tools_app.engine.transitions import (
     claim,
+    escalate_retries,
     expire_lease,
     find_live,
     heartbeat,
@@ -159,8 +163,15 @@ def _take_over(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord:
 
 def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
     failure = ToolFailure.from_dict({"class": record.error_class, "message": record.error_message})
+    if isinstance(failure, InternalError):
+        failure.details["reference"] = str(record.operation_id)
     if not failure.retryable:
         return Outcome(record, replayed=True, error=failure)
+    if record.attempts >= conf().max_attempts_per_key:
+        # Every run of this key failed: another is unlikely to fare better, and each may cost a
+        # downstream call. A person decides (the UNKNOWN queue, flagged as needing one).
+        escalate_retries(record, actor=op.actor, cap=conf().max_attempts_per_key)
+        return None  # follow what it is now: UNKNOWN (or whatever a racing caller made it)
     wait = retry_wait(record)
     if wait > 0:
         return Outcome(record, replayed=True, error=ToolFailure.from_dict(
@@ -220,11 +231,15 @@ def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) 
     if isinstance(exc, DataError):
         # A value the database refuses (out of range, too long): running again fails the same way.
         failure = invalid_data(exc)
-        return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
-    # A bug or a database error: the transaction rolled back, so nothing
-    # of the side effect committed and the same key may run again (after
-    # the backoff of this attempt: mark_failed).
-    failure = Transient("internal error, nothing was committed; retry with the same key")
+    elif isinstance(exc, INFRASTRUCTURE_ERRORS):
+        # The database or the network failed, not the code: the transaction rolled back, so
+        # nothing of the side effect committed and the same key may run again (after the
+        # backoff of this attempt: mark_failed).
+        failure = Transient(f"the server's infrastructure failed ({type(exc).__name__}); nothing was committed; "
+                            "retry with the same key")
+    else:
+        # A bug: it rolled back too, but another run fails the same way. Final for this key.
+        failure = internal_error(exc, record.operation_id)
     return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
 
 

@@ -50,7 +50,7 @@ SWEEPER = "system:lease-sweep"
 # SQLSTATE of a lock wait that ran past lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
 
-# A transient failure of a write without a Retry-After of its own (a bug that rolled back, a
+# A transient failure of a write without a Retry-After of its own (the database failed and rolled back, a
 # downstream that could not be reached) may run again after backoff.delay(attempts, ...): the
 # agent is told so as `retry_after`, and a retry before then is answered the same.
 WRITE_RETRY_BASE_SECONDS = 1.0
@@ -437,6 +437,26 @@ def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | Non
     return record
 
 
+def escalate_retries(record: IdempotencyRecord, *, actor: str, cap: int) -> bool:
+    """FAILED(transient or rate_limited) -> UNKNOWN, flagged for a person, instead of a reclaim once
+    the key has run `cap` times (IDEMOPS_MAX_ATTEMPTS_PER_KEY: reruns after a transient failure or
+    after a lease expiry alike, since each is a reclaim that counts).
+
+    The UNKNOWN queue is where operators already settle what the engine cannot: not retried by
+    the reconciler (escalated), and callers hear `unknown_outcome` meanwhile. Guarded by the
+    attempt count, as a reclaim is.
+    """
+    last = f"{record.error_class}: {record.error_message}"
+    return _transition(record, {
+        "status": RecordStatus.FAILED, "error_class__in": sorted(map(str, RETRYABLE)), "attempts": record.attempts,
+    }, {
+        "status": RecordStatus.UNKNOWN, "error_class": "unknown_outcome",
+        "error_message": f"gave up after {record.attempts} runs of this key (the last failed with {last})"[:2000],
+        "retry_not_before": None, "finished_at": None, "next_reconcile_at": None, "escalated_at": clock.NOW,
+    }, action="record.escalated", actor=actor, reason=f"attempts per key reached {cap}; a person must decide",
+        evidence=evidence_entry("engine", note=f"{record.attempts} runs, each failed; the last: {last}"[:2000]))
+
+
 def retire(record: IdempotencyRecord, *, actor: str, reason: str = "retention ended; key reused") -> bool:
     """Free an expired finished record's key; the row stays for auditors."""
     return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "ongoing": False,
@@ -504,11 +524,13 @@ def resolve_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, acto
 
 
 def resolve_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str, reason: str,
-                   evidence: dict[str, Any]) -> bool:
-    """UNKNOWN -> FAILED: definitely not done. A transient failure lets the same key run again."""
+                   evidence: dict[str, Any], fresh_attempts: bool = False) -> bool:
+    """UNKNOWN -> FAILED: definitely not done. A transient failure lets the same key run again;
+    `fresh_attempts` (a person's decision) gives it a new budget of IDEMOPS_MAX_ATTEMPTS_PER_KEY runs."""
     return _transition(record, {"status": RecordStatus.UNKNOWN}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
         "retry_not_before": clock.NOW if failure.retryable else None, "next_reconcile_at": None, **_finished(),
+        **({"attempts": 0} if fresh_attempts else {}),
     }, action="record.reconciled", actor=actor, reason=reason, evidence=evidence)
 
 

@@ -19,7 +19,15 @@ from pydantic import BaseModel, Field
 from idemops.conf import conf
 from tools_app import access
 from tools_app.core import clock, db, keys, polling, redaction, url_allowlist
-from tools_app.core.errors import AlreadyDone, ErrorClass, InProgress, InvalidInput, NotFound, ToolFailure
+from tools_app.core.errors import (
+    AlreadyDone,
+    ErrorClass,
+    InProgress,
+    InternalError,
+    InvalidInput,
+    NotFound,
+    ToolFailure,
+)
 from tools_app.core.keys import FINGERPRINT_FILLED
 from tools_app.tasks import state
 from tools_app.tasks.models import Task, TaskStatus
@@ -98,6 +106,9 @@ def next_action(task: Task) -> str:
         case TaskStatus.FAILED if state.resumable(task):
             return (f"Failed after retries: {task.failure_reason}. resume_task runs it again from its last "
                     "checkpoint.")
+        case TaskStatus.FAILED if task.failure_class == ErrorClass.INTERNAL_ERROR:
+            return (f"Failed: {task.failure_reason}. resume_task runs it again once an operator marks the cause "
+                    "fixed.")
         case TaskStatus.FAILED:
             return (f"Failed ({task.failure_class}): {task.failure_reason}. Another run would fail the same way: "
                     "fix the input and start a new task with a new idempotency_key.")
@@ -227,7 +238,7 @@ def unfinished(task: Task) -> ToolFailure:
     if task.status == TaskStatus.FAILED:
         failure = ToolFailure.from_dict({"class": task.failure_class or ErrorClass.TRANSIENT, "message": (
             f"task {task.pk} failed: {task.failure_reason}. {next_action(task)}")})
-        failure.details = details
+        failure.details = {**details, "reference": str(task.pk)} if isinstance(failure, InternalError) else details
         return failure
     if task.status == TaskStatus.CANCELLED:
         return AlreadyDone(f"task {task.pk} was cancelled ({task.failure_reason})", details=details)

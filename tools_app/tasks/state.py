@@ -401,6 +401,9 @@ def resumable(task: Task, now: datetime | None = None) -> bool:
     task's lease is compared with `now`, else the database's time of the read."""
     return (task.status in (TaskStatus.PAUSED, TaskStatus.RETRYING)
             or (task.status == TaskStatus.FAILED and task.failure_class == ErrorClass.TRANSIENT)
+            # A bug fails the same way on every run: only once an operator says it is fixed.
+            or (task.status == TaskStatus.FAILED and task.failure_class == ErrorClass.INTERNAL_ERROR
+                and task.cause_fixed_at is not None)
             or (task.status == TaskStatus.RUNNING and task.lease_expires_at is not None
                 and task.lease_expires_at < (now or clock.read_at(task))))
 
