@@ -15,11 +15,11 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.utils import timezone
 from pydantic import BaseModel, Field, model_validator
 
 from idemops.conf import conf
 from tools_app import approvals, engine
+from tools_app.core import clock
 from tools_app.core.errors import ErrorClass, InvalidInput, NotFound, ToolFailure
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
 from tools_app.tasks import calls as task_calls
@@ -170,7 +170,9 @@ def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
 def _live(tenant_id: int, **lookup: Any) -> IdempotencyRecord | None:
     if "operation_id" in lookup and lookup["operation_id"] is None:
         return None  # not an id at all
-    return IdempotencyRecord.objects.filter(tenant_id=tenant_id, retired_at__isnull=True, **lookup).first()
+    # With the database's time of the read: a retry_after counted from this host's clock would be off by its skew.
+    return (IdempotencyRecord.objects.filter(tenant_id=tenant_id, retired_at__isnull=True, **lookup)
+            .annotate(read_at=clock.NOW).first())
 
 
 def _view(record: IdempotencyRecord, *, as_long_tool: bool) -> OperationView:
@@ -188,7 +190,7 @@ def _record_error(record: IdempotencyRecord) -> dict[str, Any] | None:
         case RecordStatus.FAILED | RecordStatus.UNKNOWN:
             failure = ToolFailure.from_dict({"class": record.error_class, "message": record.error_message})
             if failure.retryable and record.retry_not_before is not None:
-                failure.retry_after = max(0.0, (record.retry_not_before - timezone.now()).total_seconds())
+                failure.retry_after = max(0.0, (record.retry_not_before - clock.read_at(record)).total_seconds())
             return failure.as_dict()
         case RecordStatus.AWAITING_APPROVAL:
             return approvals.follow(record).error.as_dict()
