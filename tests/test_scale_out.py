@@ -31,9 +31,6 @@ from tests.operators import PASSWORD, login_for_the_web_server, make_operator
 from tests.processes import WebServer, Worker, downstream_env, faketime_env, manage
 from tests.task_stack import wait_until
 from tools_app.access.roles import APPROVER
-from tools_app.retention import kept_for
-from tools_app.toolkit.calls import call_tool
-from tools_app.toolkit.registry import get_tool
 from tools_app.models import (
     Announcement,
     ApprovalRequest,
@@ -44,6 +41,9 @@ from tools_app.models import (
     TaskStatus,
     Tenant,
 )
+from tools_app.retention import kept_for
+from tools_app.toolkit.calls import call_tool
+from tools_app.toolkit.registry import get_tool
 
 pytestmark = pytest.mark.live
 

@@ -12,8 +12,10 @@ relay delivers each at least once (the receiver deduplicates by event id). Who i
   webhook allow-list by the relay before each attempt);
 - on escalation, also the tenant's `escalation_email`, if set.
 
-Messages carry the operation's summary and a link (under IDEMOPS_PUBLIC_URL) to the request's page
-in the operators' console, never the call's arguments (they may carry personal data).
+Messages carry the operation's summary without the values of the tool's declared personal arguments
+(`public_summary`: "Pay 42.00 EUR to [personal]") and a link (under IDEMOPS_PUBLIC_URL) to the
+request's page in the operators' console, where an approver reads the rest; never the call's
+arguments. Delivered messages do not outlive the call's retention either (retention.purge).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from idemops.conf import conf
 from tools_app import outbox
 from tools_app.approvals.execution import SWEEPER
 from tools_app.approvals.models import ApprovalRequest, ApprovalSettings, ApprovalStatus
-from tools_app.core import clock, db
+from tools_app.core import clock, db, redaction
+from tools_app.toolkit import registry
 
 REQUESTED, ESCALATED = "approval.requested", "approval.escalated"
 # The console's page for one request, whatever its state (the admin site routes it).
@@ -41,6 +44,14 @@ ESCALATION_BATCH = 200
 
 def link(request: ApprovalRequest) -> str:
     return conf().public_url.rstrip("/") + reverse(LINK_URL_NAME, args=[request.pk])
+
+
+def public_summary(request: ApprovalRequest) -> str:
+    """The request's summary without the values of its tool's personal arguments (a tool this code no
+    longer declares: without any argument any tool declares personal)."""
+    spec = next((spec for spec in registry.all_tools() if spec.name == request.tool), None)
+    personal = spec.personal_fields or () if spec is not None else redaction.personal_fields()
+    return redaction.without_personal(request.summary, request.arguments, personal)
 
 
 def approvers_of(request: ApprovalRequest) -> list:
@@ -76,16 +87,16 @@ def _send(request: ApprovalRequest, event: str, *, extra_emails: list[str], now:
 
 
 def _message(request: ApprovalRequest, event: str, now: datetime | None) -> tuple[str, str]:
-    tenant = request.tenant.slug
+    tenant, summary = request.tenant.slug, public_summary(request)
     if event == ESCALATED:
         waited = _duration((now or clock.read()) - request.created_at)
-        subject = f"[idemops] ESCALATED: still waiting after {waited}: {request.summary}"
+        subject = f"[idemops] ESCALATED: still waiting after {waited}: {summary}"
         opening = (f"A request of tenant {tenant} has waited {waited} for approval and is escalated. "
                    "It needs a decision before it expires.")
     else:
-        subject = f"[idemops] Approval needed: {request.summary}"
+        subject = f"[idemops] Approval needed: {summary}"
         opening = f"An agent of tenant {tenant} asks to run {request.tool}. Nothing has been done yet."
-    lines = [opening, "", f"  {request.summary}"]
+    lines = [opening, "", f"  {summary}"]
     if request.amount is not None:
         lines.append(f"  Amount:    {request.amount:.2f} {request.currency}")
     lines += [f"  Asked by:  {request.requested_by}",
@@ -98,7 +109,7 @@ def _message(request: ApprovalRequest, event: str, now: datetime | None) -> tupl
 
 def _data(request: ApprovalRequest, event: str) -> dict:
     return {"event": event, "request_id": request.pk, "tenant": request.tenant.slug, "tool": request.tool,
-            "summary": request.summary, "amount": None if request.amount is None else f"{request.amount:.2f}",
+            "summary": public_summary(request), "amount": None if request.amount is None else f"{request.amount:.2f}",
             "currency": request.currency or None, "requested_by": request.requested_by,
             "approvals_required": request.required_approvals, "approvals_given": request.approvals,
             "created_at": request.created_at.isoformat(), "expires_at": request.expires_at.isoformat(),

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from tools_app.core import clock
+from tools_app.core import clock, keys
 from tools_app.core.errors import Conflict, InvalidInput
 from tools_app.core.keys import digest
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation
@@ -43,7 +43,7 @@ def issue(record: IdempotencyRecord, *, tool: str, arguments: dict[str, Any], ac
     fingerprint = digest(arguments)
     earlier = (PreparedOperation.objects
                .filter(tenant_id=record.tenant_id, tool=tool, fingerprint=fingerprint, record__tool=record.tool,
-                       record__key=record.key)
+                       record__key__in=keys.stored_forms(record.key))
                .order_by("-created_at").first())
     if earlier is not None and _live_operation(earlier.operation_id) is not None:
         return earlier
