@@ -129,6 +129,11 @@ def test_after_retention_no_table_holds_a_personal_value_or_a_raw_key_and_the_ch
     assert list(keys.with_key_digest(IdempotencyRecord.objects.all(), keys.key_digest(f"order-{CANARY}"))) \
         == [order_record]
 
+    # and get_operation still finds the operation by its key
+    found = call_tool(get_tool("get_operation"), caller, {"tool": "create_order",
+                                                          "idempotency_key": f"order-{CANARY}"})
+    assert found.error is None and found.result["operation_id"] == str(order_record.operation_id), found.error
+
     # and the key, though purged, still follows its tool's expiry policy (create_order: runs again)
     again = call_tool(get_tool("create_order"), caller, {
         "customer": "ACME", "currency": "EUR", "items": [{"sku": "BOLT-1", "quantity": 1, "unit_price": "2.50"}],

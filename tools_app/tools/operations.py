@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from idemops.conf import conf
 from tools_app import approvals, engine
-from tools_app.core import clock
+from tools_app.core import clock, keys
 from tools_app.core.errors import ErrorClass, InvalidInput, NotFound, ToolFailure
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
 from tools_app.tasks import calls as task_calls
@@ -157,11 +157,11 @@ def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
         raise NotFound(f"tool: no tool {args.tool!r}") from None
     if spec.pipeline is not None:
         # A long tool called directly is the start_task operation for it (one key space, one task).
-        record = _live(ctx.tenant_id, tool=task_calls.START_TASK, key=args.idempotency_key)
+        record = _live(ctx.tenant_id, tool=task_calls.START_TASK, key__in=keys.stored_forms(args.idempotency_key))
         if record is None or record.arguments.get("tool") != spec.name:
             raise _not_found(ctx.tenant_id, args.idempotency_key)
         return _view(record, as_long_tool=True)
-    record = _live(ctx.tenant_id, tool=spec.name, key=args.idempotency_key)
+    record = _live(ctx.tenant_id, tool=spec.name, key__in=keys.stored_forms(args.idempotency_key))
     if record is None:
         raise _not_found(ctx.tenant_id, args.idempotency_key)
     return _view(record, as_long_tool=False)
