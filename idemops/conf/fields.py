@@ -182,8 +182,9 @@ class IdemopsSettings(BaseSettings):
         [], "Old secret keys during a rotation: what they signed or sealed still opens.", section=SECRETS)
     key_digest_secret: SecretStr | None = setting(
         None, "Key of the HMAC-SHA256 digests that stand for idempotency keys outside the database (admin, "
-        "API, logs) and of the operation ids derived from them; the same on every process, and changing it "
-        "changes every digest shown and the ids of operations claimed from then on.",
+        "API, logs), of the operation ids derived from them, and that purged records keep instead of the key; "
+        "the same on every process, and changing it changes every digest shown, the ids of operations claimed "
+        "from then on, and makes purged keys unrecognisable (a held one would run as new).",
         shown="derived from the secret key", section=SECRETS)
 
     # --- database ---

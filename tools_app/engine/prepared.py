@@ -24,7 +24,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from tools_app.core import clock
+from tools_app.core import clock, keys
 from tools_app.core.errors import Conflict, InvalidInput
 from tools_app.core.keys import digest
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation
@@ -45,7 +45,8 @@ def issue(record: IdempotencyRecord, *, tool: str, covered: Callable[[int], dict
     """
     arguments = covered(fingerprint_version)
     issued = (PreparedOperation.objects
-              .filter(tenant_id=record.tenant_id, tool=tool, record__tool=record.tool, record__key=record.key)
+              .filter(tenant_id=record.tenant_id, tool=tool, record__tool=record.tool,
+                      record__key__in=keys.stored_forms(record.key))
               .order_by("-created_at"))
     earlier = next((prepared for prepared in issued
                     if prepared.fingerprint == digest(covered(prepared.fingerprint_version))), None)

@@ -27,7 +27,7 @@ from django.db import OperationalError, connection, transaction
 from django.db.models import F
 
 from idemops.conf import conf
-from tools_app.core import audit, backoff, clock, counters, db, leases, logs, tracing
+from tools_app.core import audit, backoff, clock, counters, db, keys, leases, logs, tracing
 from tools_app.core.errors import RETRYABLE, ToolFailure, UnknownOutcome
 from tools_app.core.keys import keyed_hash
 from tools_app.core.models import AuditEvent
@@ -269,7 +269,7 @@ def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent, comput
     wait_ms = f"{max(1, int(conf().follower_wait_seconds * 1000))}ms"
     sql = _claim_sql(db.insert_sql(record), db.insert_sql(claimed_event, CLAIMED_EVENT_ID),
                      tuple(field.column for field in computed))
-    return db.fetchone(sql, [record.tenant_id, record.tool, record.key, *db.insert_params(record),
+    return db.fetchone(sql, [record.tenant_id, record.tool, *keys.stored_forms(record.key), *db.insert_params(record),
                              wait_ms, *db.insert_params(claimed_event, CLAIMED_EVENT_ID),
                              _lock_key(f"{record.tenant_id}\n{record.tool}"), _lock_key(record.operation_id.hex)])
 
@@ -297,7 +297,7 @@ def _claim_sql(record_sql: tuple[tuple[str, ...], tuple[str, ...]], audit_sql: t
             SELECT current_setting('lock_timeout') AS lock_timeout
         ), live AS (
             SELECT id FROM {records}
-            WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL
+            WHERE tenant_id = %s AND tool = %s AND key IN (%s, %s) AND retired_at IS NULL
         ), claimed AS (
             INSERT INTO {records} ({", ".join(columns)}) SELECT {", ".join(values)}
             WHERE NOT EXISTS (SELECT FROM live)
@@ -325,7 +325,7 @@ REPLAY_FIELDS = ("id", "tenant_id", "tool", "key", "fingerprint", "fingerprint_v
 def find_live(op: Operation) -> IdempotencyRecord | None:
     """The live record of `op`'s key, if any: one indexed read of what a replay needs, with the
     database's time of the read (`read_at`)."""
-    row = db.fetchone(_find_live_sql(), (op.tenant_id, op.tool, op.key))
+    row = db.fetchone(_find_live_sql(), (op.tenant_id, op.tool, *keys.stored_forms(op.key)))
     if row is None:
         return None
     record = db.from_row(IdempotencyRecord, row[:-1], fields=REPLAY_FIELDS)
@@ -337,7 +337,7 @@ def find_live(op: Operation) -> IdempotencyRecord | None:
 def _find_live_sql() -> str:
     _, select_list = db.select_columns(IdempotencyRecord, fields=REPLAY_FIELDS)
     return (f"SELECT {select_list}, statement_timestamp() FROM {db.table(IdempotencyRecord)} "
-            "WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL")
+            "WHERE tenant_id = %s AND tool = %s AND key IN (%s, %s) AND retired_at IS NULL")
 
 
 def whole(record: IdempotencyRecord) -> IdempotencyRecord:

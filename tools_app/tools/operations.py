@@ -16,11 +16,11 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from django.utils import timezone
 from pydantic import BaseModel, Field, model_validator
 
 from idemops.conf import conf
 from tools_app import approvals, engine
+from tools_app.core import clock, keys
 from tools_app.core.errors import ErrorClass, InvalidInput, NotFound, ToolFailure
 from tools_app.core.keys import FINGERPRINT_FILLED
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
@@ -188,13 +188,14 @@ def _live_or_in_flight(tenant_id: int, tool: str, key: str, *, shown_as: str
                        ) -> IdempotencyRecord | OperationView | None:
     """The key's live record; else, while another call's claim of it is uncommitted (a local tool's
     first call, still in its transaction), that operation as PROCESSING; else None."""
-    record = _live(tenant_id, tool=tool, key=key)
+    record = _live(tenant_id, tool=tool, key__in=keys.stored_forms(key))
     if record is not None:
         return record
     operation_id = engine.claim_operation_id(tenant_id, tool, key)
     if engine.claimed_in_flight(tenant_id, operation_id, [tool]):
         return _in_flight_view(operation_id, shown_as)
-    return _live(tenant_id, tool=tool, key=key)  # committed since we looked (its claim's lock is gone)
+    # Committed since we looked (its claim's lock is gone).
+    return _live(tenant_id, tool=tool, key__in=keys.stored_forms(key))
 
 
 def _in_flight_view(operation_id: uuid.UUID, tool: str) -> OperationView:
@@ -206,7 +207,9 @@ def _in_flight_view(operation_id: uuid.UUID, tool: str) -> OperationView:
 def _live(tenant_id: int, **lookup: Any) -> IdempotencyRecord | None:
     if "operation_id" in lookup and lookup["operation_id"] is None:
         return None  # not an id at all
-    return IdempotencyRecord.objects.filter(tenant_id=tenant_id, retired_at__isnull=True, **lookup).first()
+    # With the database's time of the read: a retry_after counted from this host's clock would be off by its skew.
+    return (IdempotencyRecord.objects.filter(tenant_id=tenant_id, retired_at__isnull=True, **lookup)
+            .annotate(read_at=clock.NOW).first())
 
 
 def _view(record: IdempotencyRecord, *, as_long_tool: bool) -> OperationView:
@@ -224,7 +227,7 @@ def _record_error(record: IdempotencyRecord) -> dict[str, Any] | None:
         case RecordStatus.FAILED | RecordStatus.UNKNOWN:
             failure = ToolFailure.from_dict({"class": record.error_class, "message": record.error_message})
             if failure.retryable and record.retry_not_before is not None:
-                failure.retry_after = max(0.0, (record.retry_not_before - timezone.now()).total_seconds())
+                failure.retry_after = max(0.0, (record.retry_not_before - clock.read_at(record)).total_seconds())
             return failure.as_dict()
         case RecordStatus.AWAITING_APPROVAL:
             return approvals.follow(record).error.as_dict()
