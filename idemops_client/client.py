@@ -306,6 +306,8 @@ class IdempotentClient:
         operation_id = answer.idempotency.get("operation_id")
         if operation_id:
             entry.operation_id = str(operation_id)
+        if answer.from_server:
+            self.store.follow_server_expiry(entry, answer.idempotency)
         if answer.ok:
             entry.state = State.DONE
             entry.result = answer.structured
@@ -370,7 +372,8 @@ class IdempotentClient:
     # --- looking operations up ------------------------------------------------------------------
 
     async def refresh(self) -> list[Entry]:
-        """Ask the server (get_operation) about this session's unfinished entries, without re-sending them.
+        """Ask the server (get_operation) about this session's unfinished entries, and the finished ones
+        held for a task the server said was unfinished (has it ended?), without re-sending them.
 
         Returns the entries it updated; an empty list if the server has no get_operation.
         """
@@ -378,7 +381,7 @@ class IdempotentClient:
             return []
         updated = []
         for entry in self.ledger.entries():
-            if entry.state.finished:
+            if entry.state.finished and not entry.held:
                 continue
             lookup = ({"operation_id": entry.operation_id} if entry.operation_id
                       else {"tool": entry.tool, "idempotency_key": entry.key})
@@ -388,6 +391,13 @@ class IdempotentClient:
                 if error.error_class == "not_found":
                     continue  # never arrived (or long expired): the entry stands
                 raise
+            if entry.state.finished:
+                # start_task's own answer (the task handle) stands; only whether its task ended is news.
+                self.store.follow_server_expiry(entry, found.structured)
+                self.store.save(entry)
+                updated.append(entry)
+                continue
+            self.store.follow_server_expiry(entry, found.structured)
             state, _ = _OPERATION_STATUS.get(str(found.get("status")), (None, None))
             error = found.get("error") if isinstance(found.get("error"), dict) else None
             if state == State.FAILED and error and is_retryable(str(error.get("class")), error.get("retry_after")):

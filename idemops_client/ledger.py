@@ -10,7 +10,11 @@ same key, instead of a blank that invites a second operation.
 `sqlite3`, WAL, one short transaction per change, so asyncio tasks in one
 process and several processes on one file can share it); `MemoryLedger`
 keeps them in a dict. Entries expire (`ttl`, 24 hours by default, the
-server's default retention); expired entries are ignored and purged.
+server's default retention); expired entries are ignored and purged. An
+entry whose key the server says is bound to an unfinished task (its answer's
+`idempotency.expires_at` is null: start_task, fork_task, a long tool's own
+call) does not expire (`expires_at` is HELD) until an answer or a refresh
+says the task ended; its `ttl` then counts from then (`follow_server_expiry`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_TTL_SECONDS = 24 * 3600
+# The expiry of an entry whose key is bound to a task still unfinished: never, until it ends.
+HELD = float("inf")
 
 
 class State(enum.StrEnum):
@@ -60,6 +66,11 @@ class Entry:
 
     def expired(self, now: float | None = None) -> bool:
         return self.expires_at <= (time.time() if now is None else now)
+
+    @property
+    def held(self) -> bool:
+        """Its key answers a task the server says is unfinished: the entry is kept until it ends."""
+        return self.expires_at == HELD
 
 
 class LedgerStore(ABC):
@@ -98,6 +109,17 @@ class LedgerStore(ABC):
     def new_entry(self, **fields: Any) -> Entry:
         now = time.time()
         return Entry(created_at=now, updated_at=now, expires_at=now + self.ttl, **fields)
+
+    def follow_server_expiry(self, entry: Entry, idempotency: dict[str, Any]) -> None:
+        """The server's word on the key's expiry (an answer's `idempotency` block, or get_operation's):
+        null while the task the key started is unfinished (the entry is HELD); a time once it ended
+        (a held entry is then kept `ttl` from now). Without the word, the expiry stands."""
+        if "expires_at" not in idempotency:
+            return
+        if idempotency["expires_at"] is None:
+            entry.expires_at = HELD
+        elif entry.held:
+            entry.expires_at = time.time() + self.ttl
 
     def summary_for_model(self, session_id: str, limit: int = 20) -> str:
         from idemops_client.summary import render

@@ -203,6 +203,14 @@ class NotificationSink(DownstreamService):
     def traceparents(self) -> dict[str, str]:
         """Event id → the traceparent its first delivery carried."""
         return dict(self.sql("SELECT event_id, traceparent FROM messages"))
+    def require_signatures(self, name: str, secret: str) -> None:
+        """From now on a webhook to /webhooks/<name> is stored only if signed with `secret`; 401 otherwise."""
+        self.put(f"/secrets/webhooks/{name}", {"secret": secret})
+
+    def signatures(self) -> dict[str, str]:
+        """Event id → whether its signature was checked: "verified" or "unchecked" (no secret configured)."""
+        return dict(self.sql("SELECT event_id, signature FROM messages"))
+
     def poison(self, name: str, mode: str, seconds: float | None = None) -> None:
         """Every webhook to /webhooks/<name> hangs (`seconds`) or fails from now on."""
         self.put(f"/faults/webhooks/{name}", {"mode": mode, "seconds": seconds})
@@ -216,7 +224,7 @@ class NotificationSink(DownstreamService):
         return self.sql("SELECT method, path FROM stray_requests ORDER BY id")
 
     def reset(self) -> None:
-        self.sql("TRUNCATE messages, stray_requests, webhook_faults, webhook_attempts")
+        self.sql("TRUNCATE messages, stray_requests, webhook_faults, webhook_attempts, webhook_secrets")
         self.set_faults()
 
 

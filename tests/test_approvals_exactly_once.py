@@ -104,7 +104,8 @@ def test_a_transient_failure_after_approval_runs_again_with_the_key_without_a_ne
 
 
 class refusing_inserts:
-    """A real fault: a trigger that makes PostgreSQL refuse INSERTs into a table."""
+    """A real fault: a trigger that makes PostgreSQL refuse INSERTs into a table, as a serialization
+    failure under contention does (an infrastructure failure: `transient`, where a bug is not)."""
 
     def __init__(self, table):
         self.table = table
@@ -112,7 +113,7 @@ class refusing_inserts:
     def __enter__(self):
         with connection.cursor() as cursor:
             cursor.execute("CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
-                           "$$ BEGIN RAISE EXCEPTION 'injected fault'; END $$")
+                           "$$ BEGIN RAISE EXCEPTION 'injected fault' USING ERRCODE = 'serialization_failure'; END $$")
             cursor.execute(f"CREATE TRIGGER test_refuse BEFORE INSERT ON {self.table} "
                            "FOR EACH ROW EXECUTE FUNCTION test_refuse()")
 

@@ -8,7 +8,12 @@ import pytest
 from idemops.conf import conf
 from tests.api_support import make_task
 from tools_app import engine
-from tools_app.core.errors import UNKNOWN_OUTCOME_ADVICE, UnknownOutcome
+from tools_app.core.errors import (
+    INTERNAL_ERROR_ADVICE,
+    PERMISSION_DENIED_ADVICE,
+    UNKNOWN_OUTCOME_ADVICE,
+    UnknownOutcome,
+)
 from tools_app.engine import Operation
 from tools_app.mcp.server import build_server
 from tools_app.models import RecordStatus
@@ -47,7 +52,8 @@ def test_unknown_outcome_has_one_rule_in_the_instructions_the_readme_and_every_a
         assert UNKNOWN_OUTCOME_ADVICE in outcome.error.message
     assert UNKNOWN_OUTCOME_ADVICE in build_server().instructions
     assert UNKNOWN_OUTCOME_ADVICE in readme_advice("unknown_outcome")
-    assert "do not retry" not in build_server().instructions.replace("do not retry with a new key", "")
+    assert "do not retry" not in build_server().instructions.replace("do not retry with a new key", "").replace(
+        INTERNAL_ERROR_ADVICE, "")
 
 
 def test_downstream_conflict_advice_is_the_same_in_the_instructions_and_the_readme():
@@ -55,6 +61,15 @@ def test_downstream_conflict_advice_is_the_same_in_the_instructions_and_the_read
 
     for words in ("operator", "new key"):
         assert words in advice and words in instructions
+
+
+def test_permission_denied_tells_the_agent_to_re_authorize_or_ask_a_person_in_the_instructions_and_the_readme():
+    instructions, advice = build_server().instructions, readme_advice("permission_denied")
+
+    assert PERMISSION_DENIED_ADVICE in instructions and PERMISSION_DENIED_ADVICE in advice
+    for words in ("re-authorize", "ask a person"):
+        assert words in PERMISSION_DENIED_ADVICE
+    assert advice != "do not retry"
 
 
 # --- wait_seconds --------------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 In-process against real PostgreSQL; long tasks run by calling their job in this process.
 """
 
+import threading
+
 import pytest
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from idemops.conf import override_conf
@@ -11,7 +14,9 @@ from idemops_demo.models import Order
 from tests.approvals_support import STAFF_NOTE
 from tests.issued_ids import call_labelled
 from tests.tasks_support import TEXT
+from tests.test_idempotency_engine import in_thread, wait_for_lock_waiters
 from tools_app import engine, reconciliation
+from tools_app.mcp.runtime import idempotency_info
 from tools_app.models import IdempotencyRecord, Task
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import Caller, call_tool, validate_arguments, write_operation
@@ -41,18 +46,129 @@ def test_a_finished_operation_answers_its_state_and_first_result_by_id_and_by_ke
     assert by_id["expires_at"] == first.record.expires_at.isoformat().replace("+00:00", "Z")
 
 
-def test_the_handle_an_in_progress_answer_gives_can_be_asked_about(caller, settings):
+class HeldOrders:
+    """A session holding a SHARE lock on the orders table: a create_order that has claimed its key
+    waits there to insert its order, its transaction (and its claim) open, until released."""
+
+    def __init__(self):
+        self.locked, self.release = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold)
+
+    def _hold(self):
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(f"LOCK TABLE {Order._meta.db_table} IN SHARE MODE")
+                self.locked.set()
+                self.release.wait(20)
+        finally:
+            connections.close_all()
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.locked.wait(10)
+        return self
+
+    def __exit__(self, *exc):
+        self.release.set()
+        self.thread.join(20)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_in_progress_answer_names_the_uncommitted_first_call_which_get_operation_follows_to_its_result(
+        caller, settings):
+    override_conf(settings, follower_wait_seconds=0.3)
+    with HeldOrders() as orders:
+        # given a first create_order that claimed its key and is inside its transaction, not committed
+        first, answers = in_thread(lambda: create_order(caller))
+        wait_for_lock_waiters(1)
+        # when a second call with the key gives up waiting for it
+        follower = create_order(caller)
+        handle = idempotency_info(follower)["operation_id"]
+        # then its in_progress answer names the operation, and get_operation says it is running
+        assert follower.error.error_class == "in_progress" and idempotency_info(follower)["status"] == "PROCESSING"
+        assert handle is not None
+        by_id = get_operation(caller, operation_id=handle).result
+        by_key = get_operation(caller, tool="create_order", idempotency_key="o-1").result
+        assert by_id == by_key and (by_id["operation_id"], by_id["tool"]) == (handle, "create_order")
+        assert (by_id["status"], by_id["result"], by_id["expires_at"]) == ("PROCESSING", None, None)
+        orders.release.set()
+    first.join(20)
+
+    # and once the first call commits, the same handle answers its result
+    done = get_operation(caller, operation_id=handle).result
+    assert answers[0].error is None and str(answers[0].record.operation_id) == handle
+    assert (done["status"], done["result"]) == ("SUCCEEDED", answers[0].result) and Order.objects.count() == 1
+
+
+@pytest.mark.live
+def test_over_mcp_an_in_progress_answer_names_the_uncommitted_first_call_for_get_operation(web_server, token):
+    from tests.mcp_client import call_sync, error_of
+
+    def create():
+        return call_sync(web_server.mcp_url, token, "create_order", {**ORDER, "idempotency_key": "o-1"})
+
+    with HeldOrders() as orders:
+        # given the server's first create_order inside its transaction, its claim not committed
+        first, answers = in_thread(create)
+        wait_for_lock_waiters(1)
+        # when a second call with the key waits out the server's follower wait
+        follower = create()
+        handle = follower.structured_content["idempotency"]["operation_id"]
+        running = call_sync(web_server.mcp_url, token, "get_operation", {"operation_id": handle})
+        orders.release.set()
+    first.join(20)
+    done = call_sync(web_server.mcp_url, token, "get_operation", {"operation_id": handle})
+
+    # then the agent held a handle that answered PROCESSING, then the first call's result
+    assert error_of(follower)["class"] == "in_progress" and follower.structured_content["idempotency"]["status"] == (
+        "PROCESSING")
+    assert running.structured_content["status"] == "PROCESSING"
+    assert answers[0].structured_content["idempotency"]["operation_id"] == handle
+    assert done.structured_content["status"] == "SUCCEEDED"
+    assert done.structured_content["result"]["order_id"] == answers[0].structured_content["order_id"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_follower_of_a_downstream_call_in_flight_hears_in_progress_with_its_operation_id(caller, tenant, settings):
+    override_conf(settings, follower_wait_seconds=0.2)
+    started, release = threading.Event(), threading.Event()
+
+    def call_downstream(record):
+        started.set()
+        release.wait(20)
+        return {"sent": True}
+
+    payment = engine.Operation(tenant_id=tenant.pk, tool="request_payment", key="pay-1", arguments={"amount": 5},
+                               transactional=False)
+    first, answers = in_thread(lambda: engine.run(payment, call_downstream))
+    try:
+        assert started.wait(10)
+        follower = engine.run(payment, call_downstream)
+        handle = str(follower.record.operation_id)
+        running = get_operation(caller, operation_id=handle).result
+    finally:
+        release.set()
+        first.join(20)
+
+    assert follower.error.error_class == "in_progress" and running["status"] == "PROCESSING"
+    assert handle == str(answers[0].record.operation_id)
+    assert get_operation(caller, operation_id=handle).result["result"] == {"sent": True}
+
+
+def test_a_retry_while_an_approved_call_executes_hears_in_progress_with_its_operation_id(caller, settings):
     override_conf(settings, follower_wait_seconds=0)
-    spec = get_tool("create_order")
-    operation, _ = write_operation(spec, caller, validate_arguments(spec, {**ORDER, "idempotency_key": "o-1"}))
-    engine.claim(operation)  # the first call is still running
+    waiting = call_labelled(caller, "publish_announcement", {**STAFF_NOTE, "idempotency_key": "a-1"})
+    record = IdempotencyRecord.objects.get(tool="publish_announcement")
+    # the approval's job has taken the record and is executing it
+    assert engine.start_approved(record, actor="system:approvals")
 
-    follower = create_order(caller)
-    handle = str(follower.record.operation_id)
+    retry = call_labelled(caller, "publish_announcement", {**STAFF_NOTE, "idempotency_key": "a-1"})
 
-    assert follower.error.error_class == "in_progress"
-    answer = get_operation(caller, operation_id=handle).result
-    assert (answer["status"], answer["result"], answer["error"]) == ("PROCESSING", None, None)
+    assert waiting.error.error_class == "pending_approval"
+    assert retry.error.error_class == "in_progress"
+    assert idempotency_info(retry)["operation_id"] == str(record.operation_id) == idempotency_info(waiting)[
+        "operation_id"]
+    assert get_operation(caller, operation_id=str(record.operation_id)).result["status"] == "PROCESSING"
 
 
 def test_a_deterministic_failure_answers_its_error(caller):
@@ -137,5 +253,5 @@ def test_a_long_tool_called_directly_is_processing_until_its_task_ends_then_answ
     assert (running["status"], running["tool"], running["task_id"]) == ("PROCESSING", "ingest_document", str(task.pk))
     assert running["error"]["class"] == "in_progress"
     assert (done["status"], done["result"]) == ("SUCCEEDED", Task.objects.get().result) and done["error"] is None
-    assert running["operation_id"] == str(task.operation_id) == str(direct.record.operation_id)
+    assert running["operation_id"] == str(task.operation_id) == idempotency_info(direct)["operation_id"]
     assert as_start_task["result"]["task_id"] == str(task.pk) and as_start_task["tool"] == "start_task"

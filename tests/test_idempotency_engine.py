@@ -5,12 +5,13 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, connections
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from idemops.conf import override_conf
 from idemops_demo.models import Order
 from tools_app import engine
-from tools_app.core.errors import InvalidInput
+from tools_app.core.errors import InvalidInput, Transient
 from tools_app.engine import ExpiryPolicy, Operation
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
 
@@ -67,12 +68,12 @@ def test_a_handler_that_raises_after_writing_leaves_nothing_behind(tenant):
 
     assert Order.objects.count() == 0
     record = IdempotencyRecord.objects.get()
-    assert (record.status, record.error_class) == (RecordStatus.FAILED, "transient")
-    assert outcome.error.error_class == "transient" and outcome.error.retry_after > 0
+    assert (record.status, record.error_class) == (RecordStatus.FAILED, "internal_error")
+    assert outcome.error.error_class == "internal_error" and "after the write" not in outcome.error.message
 
 
 def test_a_transient_failure_may_run_again_with_the_same_key(tenant):
-    engine.run(operation(tenant), lambda record: (_ for _ in ()).throw(RuntimeError("flaky")))
+    engine.run(operation(tenant), lambda record: (_ for _ in ()).throw(ConnectionError("reset")))
     IdempotencyRecord.objects.update(retry_not_before=timezone.now())
 
     outcome = engine.run(operation(tenant), make_order(tenant))
@@ -83,7 +84,7 @@ def test_a_transient_failure_may_run_again_with_the_same_key(tenant):
 
 
 def test_a_transient_failure_is_not_rerun_before_retry_after(tenant):
-    engine.run(operation(tenant), lambda record: (_ for _ in ()).throw(RuntimeError("flaky")))
+    engine.run(operation(tenant), lambda record: (_ for _ in ()).throw(ConnectionError("reset")))
 
     outcome = engine.run(operation(tenant), make_order(tenant))
 
@@ -311,9 +312,50 @@ def test_a_follower_of_a_local_call_running_past_the_follower_wait_hears_in_prog
         follower.join(20)
         assert not follower.is_alive()
 
-    # then it heard in_progress (there was no committed record to show), and the executor went on
-    assert answers[0].error.error_class == "in_progress" and answers[0].record is None
+    # then it heard in_progress naming the operation id the executor's record committed with (it
+    # could read no record: a stand-in, not saved), and the executor went on
+    assert answers[0].error.error_class == "in_progress" and answers[0].record.pk is None
     assert executor.outcome.error is None and Order.objects.count() == 1
+    assert answers[0].record.operation_id == IdempotencyRecord.objects.get().operation_id
+
+
+def test_a_call_that_keeps_losing_the_key_to_other_retries_hears_in_progress_naming_the_operation(tenant):
+    # given a key whose first run failed transiently and may run again now
+    def fail(record):
+        raise Transient("downstream busy")
+
+    failed = engine.run(operation(tenant), fail).record
+    IdempotencyRecord.objects.filter(pk=failed.pk).update(retry_not_before=Now())
+    with connection.cursor() as cursor:
+        # every reclaim of it loses, as to another retry that got there first
+        cursor.execute("CREATE FUNCTION test_lose_reclaim() RETURNS trigger LANGUAGE plpgsql AS "
+                       "$$ BEGIN RETURN NULL; END $$")
+        cursor.execute(f"CREATE TRIGGER test_lose_reclaim BEFORE UPDATE ON {IdempotencyRecord._meta.db_table} "
+                       "FOR EACH ROW WHEN (OLD.status = 'FAILED' AND NEW.status = 'PROCESSING') "
+                       "EXECUTE FUNCTION test_lose_reclaim()")
+
+    outcome = engine.run(operation(tenant), make_order(tenant))
+
+    assert outcome.error.error_class == "in_progress" and "changing hands" in outcome.error.message
+    assert outcome.record.operation_id == failed.operation_id and Order.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_used_again_after_its_retention_is_a_new_operation_id_which_its_follower_names(tenant, settings):
+    override_conf(settings, follower_wait_seconds=0.3)
+    # given a key whose first operation was retired after its retention
+    first = engine.run(operation(tenant), make_order(tenant)).record
+    IdempotencyRecord.objects.filter(pk=first.pk).update(retired_at=timezone.now())
+    with HeldExecutor(tenant) as executor:
+        # when a follower gives up waiting for the key's second, uncommitted operation
+        follower, answers = in_thread(lambda: engine.run(operation(tenant), make_order(tenant)))
+        follower.join(20)
+
+    # then it names that second operation, which is not the first one
+    second = IdempotencyRecord.objects.get(retired_at__isnull=True)
+    assert executor.outcome.error is None and executor.outcome.record.pk == second.pk
+    assert answers[0].error.error_class == "in_progress"
+    assert answers[0].record.operation_id == second.operation_id != first.operation_id
 
 
 @pytest.mark.django_db(transaction=True)

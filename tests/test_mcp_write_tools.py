@@ -49,14 +49,15 @@ def test_a_replay_reads_exactly_like_the_first_answer_and_is_marked(web_server, 
     assert first.structured_content["idempotency"]["expires_at"] == again.meta["io.idemops/expires-at"]
 
 
-def test_the_same_key_with_other_items_is_a_conflict_naming_items(web_server, token):
+def test_the_same_key_with_another_item_is_a_conflict_naming_the_items_fields(web_server, token):
     call_sync(web_server.mcp_url, token, "create_order", {**ORDER, "idempotency_key": "o-2"})
 
     result = call_sync(web_server.mcp_url, token, "create_order", {
         **ORDER, "items": [{"sku": "NUT-9", "quantity": 1, "unit_price": 1}], "idempotency_key": "o-2"})
 
     error = error_of(result)
-    assert error["class"] == "conflict" and error["differing_fields"] == ["items"]
+    assert error["class"] == "conflict"
+    assert error["differing_fields"] == ["items[0].quantity", "items[0].sku", "items[0].unit_price"]
     assert "NUT-9" not in json.dumps(result.structured_content)
     assert Order.objects.count() == 1
 

@@ -71,7 +71,8 @@ def test_a_task_and_its_audit_events_carry_the_operation_id_of_the_call_that_sta
 
     task = Task.objects.get()
     assert task.operation_id == started.record.operation_id
-    assert events_of(task.operation_id) == ["record.claimed", "task.created", "record.succeeded"]
+    assert events_of(task.operation_id) == ["record.claimed", "task.created", "record.held_while_ongoing",
+                                           "record.succeeded"]
 
 
 def test_an_approval_request_and_an_outbox_event_carry_their_operation_id(caller):
@@ -94,7 +95,8 @@ def test_the_auditors_api_lists_every_event_of_one_operation(caller, tenant, fas
     events = client.get("/api/v1/audit-events", {"operation_id": operation_id}).json()["results"]
     tasks = client.get("/api/v1/tasks", {"operation_id": operation_id}).json()["results"]
 
-    assert sorted(e["action"] for e in events) == ["record.claimed", "record.succeeded", "task.created"]
+    assert sorted(e["action"] for e in events) == ["record.claimed", "record.held_while_ongoing", "record.succeeded",
+                                                   "task.created"]
     assert {e["operation_id"] for e in events} == {operation_id}
     assert [t["operation_id"] for t in tasks] == [operation_id]
 

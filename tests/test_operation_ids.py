@@ -117,7 +117,7 @@ def test_preparing_again_with_the_same_key_answers_the_same_id_even_for_another_
     other = prepare(caller, arguments={**STAFF_NOTE, "body": "Down at 3am"})
 
     assert again.replayed and again.result["operation_id"] == first.result["operation_id"]
-    assert other.error.error_class == "conflict" and other.error.differing_fields == ["arguments"]
+    assert other.error.error_class == "conflict" and other.error.differing_fields == ["arguments.body"]
     assert PreparedOperation.objects.count() == 1
 
 

@@ -25,7 +25,7 @@ from tests.operators import PASSWORD, login_for_the_web_server, make_operator
 from tools_app import engine, outbox, reconciliation, tasks
 from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR, ROLE_PERMISSIONS
 from tools_app.admin.operator_actions import OperatorActionsAdmin
-from tools_app.core.errors import PermissionDenied, Transient
+from tools_app.core.errors import PermissionDenied, Transient, internal_error
 from tools_app.models import AuditEvent, IdempotencyRecord, OutboxEvent, RecordStatus, Task, Tenant
 from tools_app.reconciliation.models import UnknownOutcome
 from tools_app.toolkit.calls import Caller, call_tool, validate_arguments, write_operation
@@ -158,6 +158,16 @@ def a_retrying_task(request, caller, model) -> Scene:
                  made=lambda: list(Task.objects.filter(forked_from=task.pk).values_list("pk", flat=True)))
 
 
+def a_task_failed_by_a_bug(request, caller, model) -> Scene:
+    """A long task whose step raised a KeyError: failed with internal_error, its cause not yet marked fixed."""
+    started = call_tool(get_tool("start_task"), caller, {"tool": "ingest_document", "arguments": {"text": TEXT},
+                                                         "idempotency_key": "t-2"})
+    assert started.error is None, started.error
+    task = tasks.take(started.result["task_id"], "worker-a")
+    assert tasks.fail(task, "worker-a", internal_error(KeyError("chunks"), task.pk))
+    return Scene(model.objects.get(pk=task.pk))
+
+
 def a_pending_approval(request, caller, model) -> Scene:
     """An announcement waiting for an approver."""
     result = call_labelled(caller, "publish_announcement", {**NOTE, "idempotency_key": "a-1"})
@@ -173,6 +183,8 @@ def make_scene(request, model_admin, action, caller) -> Scene:
             return an_unknown_payment(request, caller, model)
         case "deadletter":
             return a_dead_letter(request, caller, model, request.getfixturevalue("settings"))
+        case "task" | "taskneedingattention" if action.name == "mark_cause_fixed":
+            return a_task_failed_by_a_bug(request, caller, model)
         case "task" | "taskneedingattention":
             return a_retrying_task(request, caller, model)
         case "pendingapproval":
@@ -204,7 +216,7 @@ def test_the_table_covers_every_operator_action():
         ("unknownoutcome", "reconcile"), ("unknownoutcome", "resolve_succeeded"), ("unknownoutcome", "resolve_failed"),
         ("deadletter", "redrive"), ("pendingapproval", "approve"), ("pendingapproval", "reject"),
         *((queue, name) for queue in ("task", "taskneedingattention")
-          for name in ("cancel", "resume", "pause", "fork")),
+          for name in ("cancel", "resume", "pause", "fork", "mark_cause_fixed")),
     }
 
 

@@ -23,6 +23,8 @@ from django.db import connection
 from django_q.models import OrmQ
 
 from idemops_demo.models import Announcement
+from tests.approvals_support import STAFF_NOTE, pending_request
+from tests.approvals_support import call as call_approval
 from tests.documents_fixtures import long_text, pdf_of_text
 from tests.issued_ids import labelled_arguments
 from tests.mcp_client import call, call_sync, error_of
@@ -30,7 +32,18 @@ from tests.operators import PASSWORD, login_for_the_web_server, make_operator
 from tests.processes import WebServer, Worker, downstream_env, faketime_env, manage
 from tests.task_stack import wait_until
 from tools_app.access.roles import APPROVER
-from tools_app.models import ApprovalRequest, AuditEvent, IdempotencyRecord, StepRun, Task, TaskStatus, Tenant
+from tools_app.models import (
+    ApprovalRequest,
+    AuditEvent,
+    IdempotencyRecord,
+    StepRun,
+    Task,
+    TaskStatus,
+    Tenant,
+)
+from tools_app.retention import kept_for
+from tools_app.toolkit.calls import call_tool
+from tools_app.toolkit.registry import get_tool
 
 pytestmark = pytest.mark.live
 
@@ -91,6 +104,9 @@ def test_web_b_runs_an_hour_ahead_of_the_database_and_web_a_does_not(webs, trans
     web_a, web_b = webs
     assert abs(clock_of(web_a) - database_now()) < timedelta(minutes=1)
     assert clock_of(web_b) - database_now() > timedelta(minutes=59)
+
+
+ORDER = {"customer": "ACME", "currency": "EUR", "items": [{"sku": "BOLT-1", "quantity": 3, "unit_price": "2.50"}]}
 
 
 def payment(key: str) -> dict:
@@ -259,3 +275,67 @@ def test_a_cluster_killed_mid_step_leaves_its_task_to_the_other_cluster(webs, cl
     # survivor would find its task finished), and the killed step run never finishes: no
     # settle_tasks here; the stale job is removed so that no worker takes it during the flush.
     OrmQ.objects.all().delete()
+
+
+# --- periodic jobs and answers on a host an hour ahead ------------------------------------------
+
+
+def run_an_hour_ahead(code: str) -> str:
+    """`code` in a Django process of its own whose clock is an hour ahead (a job cluster on that host)."""
+    return manage("shell", "-c", code, env=faketime_env(AHEAD)).stdout
+
+
+def test_an_escalation_sweep_an_hour_ahead_escalates_no_request_before_its_time(transactional_db, caller, tenant):
+    # given a request that has waited 40 of its tenant's 60 minutes (by the database's clock)
+    request = pending_request(call_approval(caller, "publish_announcement", idempotency_key="a-skew", **STAFF_NOTE))
+    ApprovalRequest.objects.filter(pk=request.pk).update(created_at=database_now() - timedelta(minutes=40))
+
+    # when the escalation sweep runs on a host whose clock is an hour ahead (by it, 100 minutes have passed)
+    escalated = run_an_hour_ahead("from tools_app import approvals; print('escalated:', approvals.escalate())")
+
+    # then nothing is escalated; twenty-one minutes later by the database's clock, it is, once
+    assert "escalated: 0" in escalated, escalated
+    assert ApprovalRequest.objects.get(pk=request.pk).escalated_at is None
+    ApprovalRequest.objects.filter(pk=request.pk).update(created_at=database_now() - timedelta(minutes=61))
+    assert "escalated: 1" in run_an_hour_ahead("from tools_app import approvals; print('escalated:', "
+                                               "approvals.escalate())")
+    request.refresh_from_db()
+    assert abs(request.escalated_at - database_now()) < timedelta(minutes=5)
+    assert AuditEvent.objects.get(action="approval.escalated").after == {"waited_minutes": 61}
+
+
+def test_a_purge_an_hour_ahead_purges_nothing_before_its_retention_ends(transactional_db, caller, tenant):
+    # given an order whose retention ends in half an hour by the database's clock
+    assert call_tool(get_tool("create_order"), caller, {**ORDER, "idempotency_key": "o-skew"}).error is None
+    retention = kept_for("records", tenant.pk, "create_order")
+    now = database_now()
+    IdempotencyRecord.objects.update(finished_at=now - retention + timedelta(minutes=30),
+                                     expires_at=now + timedelta(minutes=30))
+
+    # when the purge runs on a host whose clock is an hour ahead
+    purged = run_an_hour_ahead("from tools_app import retention; print('purged:', retention.purge().total)")
+
+    # then nothing is purged yet; an hour later by the database's clock, the record is
+    assert "purged: 0" in purged, purged
+    assert IdempotencyRecord.objects.get().purged_at is None
+    IdempotencyRecord.objects.update(finished_at=now - retention - timedelta(minutes=30),
+                                     expires_at=now - timedelta(minutes=30))
+    assert "purged: 1" in run_an_hour_ahead("from tools_app import retention; print('purged:', "
+                                            "retention.purge().total)")
+    assert abs(IdempotencyRecord.objects.get().purged_at - database_now()) < timedelta(minutes=5)
+
+
+def test_get_operation_on_a_web_process_an_hour_ahead_tells_the_databases_retry_after(webs, gateway, token):
+    # given a payment the gateway refused for an hour (the record may run again an hour from now)
+    gateway.set_fault("*", "unavailable-for-ages", times=1)
+    web_a, web_b = webs
+    arguments = labelled_arguments(web_a.mcp_url, token, "request_payment", payment("p-wait"))
+    assert error_of(call_sync(web_a.mcp_url, token, "request_payment", arguments))["retry_after"] == 3600
+
+    # when the agent asks get_operation through web B, whose clock is an hour ahead
+    answer = call_sync(web_b.mcp_url, token, "get_operation", {"tool": "request_payment",
+                                                                "idempotency_key": arguments["idempotency_key"]})
+
+    # then it is told the wait the database's clock leaves, not none
+    assert not answer.is_error, answer.structured_content
+    assert 3000 < answer.structured_content["error"]["retry_after"] <= 3600, answer.structured_content

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import DataError, transaction
+from django.db import DataError, OperationalError, transaction
 from django.utils import timezone
 
 from idemops.conf import override_conf
@@ -89,7 +89,7 @@ def test_a_failed_write_is_told_the_backoff_of_its_attempt_and_may_not_run_befor
     op = Operation(tenant_id=tenant.pk, tool="create_order", key="k-1", arguments={"n": 1}, actor="agent:acme/t")
 
     def flaky(record):
-        raise RuntimeError("a bug; the transaction rolls back")
+        raise OperationalError("the database went away; the transaction rolls back")
 
     random.seed(21)
     first = engine.run(op, flaky)

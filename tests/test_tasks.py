@@ -267,7 +267,7 @@ def test_errors_are_classified_by_the_pipeline():
 
     assert pipeline.classify(Broken("bad bytes")).error_class == "invalid_input"
     assert pipeline.classify(ConnectionError("reset")).error_class == "transient"
-    assert pipeline.classify(KeyError("a bug")).error_class == "transient"
+    assert pipeline.classify(KeyError("a bug"), "t-1").error_class == "internal_error"
     assert pipeline.classify(NotFound("gone")).error_class == "not_found"
     assert pipeline.classify(Transient("later", retry_after=3)).retry_after == 3
 

@@ -82,7 +82,7 @@ def test_the_same_key_with_other_arguments_is_a_conflict_and_starts_nothing(task
 
     result = start(task_web, token, {"text": "second"}, "k-conflict")
 
-    assert error_of(result)["class"] == "conflict" and error_of(result)["differing_fields"] == ["arguments"]
+    assert error_of(result)["class"] == "conflict" and error_of(result)["differing_fields"] == ["arguments.text"]
     assert list(Task.objects.values_list("pk", flat=True)) == [task.pk]
 
 

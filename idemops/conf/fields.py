@@ -208,7 +208,9 @@ class IdemopsSettings(BaseSettings):
         [], "Old secret keys during a rotation: what they signed or sealed still opens.", section=SECRETS)
     key_digest_secret: SecretStr | None = setting(
         None, "Key of the HMAC-SHA256 digests that stand for idempotency keys outside the database (admin, "
-        "API, logs); the same on every process, and changing it changes every digest shown.",
+        "API, logs), of the operation ids derived from them, and that purged records keep instead of the key; "
+        "the same on every process, and changing it changes every digest shown, the ids of operations claimed "
+        "from then on, and makes purged keys unrecognisable (a held one would run as new).",
         shown="derived from the secret key", section=SECRETS)
 
     # --- database ---
@@ -294,6 +296,10 @@ class IdemopsSettings(BaseSettings):
     lease_sweep_seconds: float = setting(
         1, "How often each django-q2 worker process sweeps expired leases and runs due reconciliations; "
         "0 leaves them to the 1-minute schedule.", ge=0, section=WRITES)
+    max_attempts_per_key: int = setting(
+        10, "Runs of one key (the first, and each rerun after a transient failure or an expired lease) "
+        "before it goes to the operators' UNKNOWN queue, flagged 'needs a person', instead of running again.",
+        ge=1, section=WRITES)
     follower_wait_seconds: float = setting(
         2, "How long a second call with a running key waits before answering in_progress.", ge=0,
         section=WRITES)
@@ -332,6 +338,9 @@ class IdemopsSettings(BaseSettings):
         ["http://127.0.0.1:8002/webhooks/"], "URL prefixes a webhook recipient must fall under "
         "(comma-separated).", section=DOWNSTREAM)
     webhook_timeout_seconds: Seconds = setting(5, "Timeout of one webhook delivery.", section=DOWNSTREAM)
+    webhook_secret_overlap_seconds: Seconds = setting(
+        86400, "After a tenant's webhook signing secret is rotated, how long webhooks are signed with the "
+        "previous one too (a second signature), so receivers can switch without rejecting one.", section=DOWNSTREAM)
     outbound_private_hosts: TextList = setting(
         [], "Host names on the URL allow-lists that may resolve to private, loopback or link-local "
         "addresses; any other name must resolve to public ones.", section=DOWNSTREAM)

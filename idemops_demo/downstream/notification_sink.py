@@ -6,12 +6,16 @@ counted, not stored again, so "the effect happens once" is checkable. The first 
 W3C `traceparent` (an email header, an HTTP header) is kept with the message.
 
     SMTP on --smtp-port                      (Message-ID: <event-id@...>)
-    POST /webhooks/<name>                    X-Event-Id: <event-id>   any JSON body
+    POST /webhooks/<name>                    webhook-id (or X-Event-Id): <event-id>   any JSON body
+    PUT  /secrets/webhooks/<name>  {"secret": "whsec_..."}   from now on a webhook to <name> must be
+                                 signed with it (Standard Webhooks, checked by the `standardwebhooks`
+                                 library): a missing or forged signature is refused (401, not stored)
     GET  /messages[?event_id=...]            what arrived, with a delivery count
     PUT  /faults  {"delay_seconds": s, "fail_times": n}   slow or refuse the next deliveries
     PUT  /faults/webhooks/<name>  {"mode": "hang" | "fail", "seconds": s?}   a poisoned recipient:
                                  every webhook to it hangs (`seconds`, default an hour) or fails (503)
-    GET  /attempts               every webhook request received: (event_id, name, outcome)
+    GET  /attempts               every webhook request received: (event_id, name, outcome: ...,
+                                 forged for a refused signature)
     GET  /healthz                            200 | 503 while its database is unreachable
     any other request                        404, and recorded in stray_requests (method, raw path)
 
@@ -27,6 +31,7 @@ from email.policy import default as default_policy
 
 import psycopg
 from aiosmtpd.controller import Controller
+from standardwebhooks import Webhook, WebhookVerificationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -64,6 +69,11 @@ CREATE TABLE IF NOT EXISTS webhook_attempts (
     outcome text NOT NULL,   -- received (still being answered), stored, failed, hung
     received_at timestamptz NOT NULL DEFAULT now()
 );
+CREATE TABLE IF NOT EXISTS webhook_secrets (
+    name text PRIMARY KEY,
+    secret text NOT NULL
+);
+ALTER TABLE messages ADD COLUMN IF NOT EXISTS signature text NOT NULL DEFAULT 'unchecked';  -- or verified
 CREATE TABLE IF NOT EXISTS stray_requests (
     id serial PRIMARY KEY,
     method text NOT NULL,
@@ -72,7 +82,8 @@ CREATE TABLE IF NOT EXISTS stray_requests (
 );
 """
 STORE = """
-INSERT INTO messages (event_id, channel, recipient, subject, body, traceparent) VALUES (%s, %s, %s, %s, %s, %s)
+INSERT INTO messages (event_id, channel, recipient, subject, body, traceparent, signature)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (event_id) DO UPDATE SET deliveries = messages.deliveries + 1, last_received_at = now()
 """
 # Used up one delivery at a time, so a test can fail or slow exactly the next n.
@@ -101,22 +112,35 @@ class SmtpHandler:
                     return "451 temporary failure (injected)"
                 body = message.get_body(("plain",))
                 conn.execute(STORE, [event_id, "email", ", ".join(envelope.rcpt_tos), message.get("Subject", ""),
-                                     body.get_content() if body else "", message.get("traceparent", "")])
+                                     body.get_content() if body else "", message.get("traceparent", ""),
+                                     "unchecked"])
         except psycopg.OperationalError:
             return "451 database unavailable, try again later"
         return "250 OK"
 
 
 async def receive_webhook(request: Request) -> Response:
-    event_id = request.headers.get("x-event-id")
+    event_id = request.headers.get("webhook-id") or request.headers.get("x-event-id")
     if not event_id:
-        return JSONResponse({"error": "X-Event-Id header is required"}, 400)
-    payload = await request.json()
+        return JSONResponse({"error": "a webhook-id (or X-Event-Id) header is required"}, 400)
+    raw = await request.body()  # verified as received: the signature covers these bytes
     name = request.path_params["name"]
     async with request.app.state.db.connection() as conn:
         attempt = (await (await conn.execute(
             "INSERT INTO webhook_attempts (event_id, name, outcome) VALUES (%s, %s, 'received') RETURNING id",
             [event_id, name])).fetchone())[0]
+        secret = await (await conn.execute("SELECT secret FROM webhook_secrets WHERE name = %s",
+                                           [name])).fetchone()
+        if secret is not None:
+            try:
+                Webhook(secret[0]).verify(raw, dict(request.headers), json_parse=False)
+            except (WebhookVerificationError, ValueError) as exc:  # ValueError: a malformed header
+                await conn.execute("UPDATE webhook_attempts SET outcome = 'forged' WHERE id = %s", [attempt])
+                return JSONResponse({"error": f"signature refused: {exc}"}, 401)
+        await conn.commit()
+    payload = json.loads(raw)
+    signature = "unchecked" if secret is None else "verified"
+    async with request.app.state.db.connection() as conn:
         poison = await (await conn.execute("SELECT mode, seconds FROM webhook_faults WHERE name = %s",
                                            [name])).fetchone()
         delay, fail = await (await conn.execute(TAKE_FAULT)).fetchone()
@@ -133,7 +157,7 @@ async def receive_webhook(request: Request) -> Response:
         return JSONResponse({"error": "temporary failure (injected)"}, 503)
     async with request.app.state.db.connection() as conn:
         await conn.execute(STORE, [event_id, "webhook", name, str(payload.get("subject", "")), json.dumps(payload),
-                                   request.headers.get("traceparent", "")])
+                                   request.headers.get("traceparent", ""), signature])
         await conn.execute("UPDATE webhook_attempts SET outcome = 'stored' WHERE id = %s", [attempt])
     return JSONResponse({"event_id": event_id}, 202)
 
@@ -141,6 +165,19 @@ async def receive_webhook(request: Request) -> Response:
 async def _note(request: Request, attempt: int, outcome: str) -> None:
     async with request.app.state.db.connection() as conn:
         await conn.execute("UPDATE webhook_attempts SET outcome = %s WHERE id = %s", [outcome, attempt])
+
+
+async def set_webhook_secret(request: Request) -> Response:
+    secret = (await request.json()).get("secret")
+    try:
+        Webhook(secret)
+    except Exception:
+        return JSONResponse({"error": "secret must be a Standard Webhooks secret (whsec_ and base64)"}, 422)
+    async with request.app.state.db.connection() as conn:
+        await conn.execute("INSERT INTO webhook_secrets (name, secret) VALUES (%s, %s) "
+                           "ON CONFLICT (name) DO UPDATE SET secret = excluded.secret",
+                           [request.path_params["name"], secret])
+    return JSONResponse({"name": request.path_params["name"]})
 
 
 async def poison_webhook(request: Request) -> Response:
@@ -194,6 +231,7 @@ def build_app(database_url: str) -> Starlette:
             Route("/messages", list_messages, methods=["GET"]),
             Route("/faults", set_faults, methods=["PUT"]),
             Route("/faults/webhooks/{name}", poison_webhook, methods=["PUT"]),
+            Route("/secrets/webhooks/{name}", set_webhook_secret, methods=["PUT"]),
             Route("/attempts", list_attempts, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/{path:path}", stray, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),

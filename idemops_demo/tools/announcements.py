@@ -48,7 +48,9 @@ def publishing_needs_approval(tenant: Tenant, args: PublishAnnouncementInput) ->
 
 @write_tool(name="publish_announcement", title="Publish an announcement", input_model=PublishAnnouncementInput,
             output_model=AnnouncementOutput, approval=publishing_needs_approval, requires_operation_id=True,
-            personal_fields=frozenset({"title", "body"}))
+            personal_fields=frozenset({"title", "body"}),
+            # Who reads it decides what it is: left out, it is staff, as if sent.
+            counted_defaults=({"audience": Announcement.Audience.STAFF},))
 def publish_announcement(ctx: ToolContext, args: PublishAnnouncementInput) -> AnnouncementOutput:
     """Publish an announcement to staff (one approver) or everyone (two approvers). Its idempotency_key must be
     an operation_id from prepare_operation. The first call answers

@@ -68,8 +68,9 @@ def notification_output(event: Message) -> NotificationOutput:
             output_model=NotificationOutput, open_world=True, check=check_recipient,
             non_business_fields=frozenset({"sent_at"}), personal_fields=frozenset({"recipient", "subject", "body"}))
 def send_notification(ctx: ToolContext, args: SendNotificationInput) -> NotificationOutput:
-    """Queue an email or webhook notification; it is delivered shortly, exactly once as far as the receiver
-    can tell. Requires idempotency_key: a retry with the same key queues nothing new."""
+    """Queue an email or webhook notification; it is delivered shortly, at least once; exactly once for
+    receivers that deduplicate by event id (notification_id: the email's Message-ID, the webhook's
+    webhook-id). Requires idempotency_key: a retry with the same key queues nothing new."""
     event = enqueue_message(tenant_id=ctx.tenant_id, record=ctx.record, kind=f"notification.{args.channel}",
                            payload={"recipient": args.recipient, "subject": args.subject, "body": args.body})
     return notification_output(event)

@@ -15,7 +15,8 @@ def test_answers_that_may_change_are_retried(error_class):
 
 
 @pytest.mark.parametrize("error_class", ["invalid_input", "permission_denied", "conflict", "not_found", "expired",
-                                         "already_done", "downstream_conflict", "unauthorized", "protocol_error"])
+                                         "already_done", "downstream_conflict", "internal_error", "unauthorized",
+                                         "protocol_error"])
 def test_deterministic_answers_are_never_retried_even_with_a_retry_after(error_class):
     assert not is_retryable(error_class, None)
     assert not is_retryable(error_class, 5.0)

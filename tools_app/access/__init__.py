@@ -8,6 +8,7 @@ one tenant filter of everything shown (`scope`).
 - `authorization.py`: Permit, Agent, `authorize`, `audit_refusal`, `visible_tenant_ids`, `scope`.
 - `roles.py`: the operators' roles (Django groups).
 - `limits.py`: per-tenant limits (calls per minute, unfinished tasks per agent), enforced in the database.
+- `webhook_secrets.py`: each tenant's webhook signing secret (sealed, shown once, rotated with an overlap).
 
 May import: core.
 """
@@ -16,7 +17,12 @@ from tools_app.access.authorization import Agent, Permit, audit_refusal, authori
 from tools_app.access.limits import CHANGE_LIMITS, CallLimits, admit_call, admit_task, call_limits, change_limits
 from tools_app.access.tenants import create_tenant
 from tools_app.access.tokens import authenticate_token, cached_token, issue_token, owner_id_of, revoke_token, set_owner
+from tools_app.access.webhook_secrets import ROTATE as ROTATE_WEBHOOK_SECRET
+from tools_app.access.webhook_secrets import rotate as rotate_webhook_secret
+from tools_app.access.webhook_secrets import signing_secrets
 
-__all__ = ["CHANGE_LIMITS", "Agent", "CallLimits", "Permit", "admit_call", "admit_task", "audit_refusal",
+__all__ = ["CHANGE_LIMITS", "ROTATE_WEBHOOK_SECRET", "Agent", "CallLimits", "Permit", "admit_call", "admit_task",
+           "audit_refusal",
            "authenticate_token", "authorize", "cached_token", "call_limits", "change_limits", "create_tenant",
-           "issue_token", "owner_id_of", "revoke_token", "scope", "set_owner", "visible_tenant_ids"]
+           "issue_token", "owner_id_of", "revoke_token", "rotate_webhook_secret", "scope", "set_owner",
+           "signing_secrets", "visible_tenant_ids"]

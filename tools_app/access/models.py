@@ -100,6 +100,27 @@ class AuditorKey(models.Model):
         return f"auditor:{self.name}"
 
 
+class WebhookSecret(models.Model):
+    """A tenant's webhook signing secret (Standard Webhooks), sealed: it must be read back to sign
+    (tools_app.access.webhook_secrets). Shown once, when it is created or rotated."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="webhook_secret")
+    # {"current": "whsec_…", "previous": "whsec_…"?} encrypted (core.redaction.seal); "" before the first.
+    sealed = models.TextField(blank=True, editable=False)
+    prefix = models.CharField(max_length=12, blank=True, editable=False,
+                              help_text="First characters of the current secret, to recognise it.")
+    rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
+    previous_valid_until = models.DateTimeField(
+        null=True, blank=True, editable=False,
+        help_text="Until then webhooks are signed with the previous secret too, so receivers can switch.")
+
+    class Meta:
+        permissions = [("rotate_webhooksecret", "Can create or rotate a tenant's webhook signing secret")]
+
+    def __str__(self) -> str:
+        return f"webhook secret of {self.tenant}" + (f" ({self.prefix}…)" if self.prefix else "")
+
+
 class TenantLimits(models.Model):
     """Per-tenant limits on what its agents may ask at once. A tenant without a row, or an empty
     field, uses the default setting (IDEMOPS_RATE_LIMIT_*, IDEMOPS_MAX_CONCURRENT_TASKS); 0 means no limit.

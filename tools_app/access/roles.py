@@ -28,7 +28,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "force_expire_idempotencyrecord", "release_held_key", "view_auditevent",
         "view_unknownoutcome", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
         "view_task", "view_taskneedingattention", "manage_task",
-        "view_tenantlimits", "set_tenant_limits",
+        "view_tenantlimits", "set_tenant_limits", "view_tenant", "rotate_webhooksecret",
         "view_retentionoverride", "manage_retention",
     ],
     # Decides on sensitive operations; sees what they would touch.

@@ -67,6 +67,11 @@ def resume(request, task, reason):
     return f"now {task.status}"
 
 
+def mark_cause_fixed(request, task, reason):
+    tasks.mark_cause_fixed(task, request.user, reason=reason)
+    return "its cause is marked fixed; Resume (or the agent's resume_task) runs it again"
+
+
 def pause(request, task, reason):
     task = tasks.pause(task, request.user, reason=reason)
     if task.status == TaskStatus.RUNNING:
@@ -92,10 +97,10 @@ class TaskPage:
 
     fields = ["tenant", "tool", "status", "current_step", "completed_steps", "steps_total", "progress_done",
               "progress_total", "progress_message", "attempts", "max_attempts", "lease_expiries", "failure_class",
-              "failure_reason", "pause_reason", "pause_requested", "input_request_display", "next_retry_at",
-              "lease_owner", "lease_expires_at", "version", "input_digest", "result_display", "forked_from",
-              "forked_at_step", "forks_display", "notify_url_display", "trace_id", "actor", "enqueued_at", "created_at",
-              "updated_at", "finished_at", "story"]
+              "failure_reason", "cause_fixed_at", "pause_reason", "pause_requested", "input_request_display",
+              "next_retry_at", "lease_owner", "lease_expires_at", "version", "input_digest", "result_display",
+              "forked_from", "forked_at_step", "forks_display", "notify_url_display", "trace_id", "actor",
+              "enqueued_at", "created_at", "updated_at", "finished_at", "story"]
     readonly_fields = fields
     inlines = [StepRunInline, CheckpointInline]
     list_select_related = ["tenant"]
@@ -105,7 +110,12 @@ class TaskPage:
                        style="danger", help_text="No further step starts; the task cannot be resumed."),
         OperatorAction("resume", "Resume", tasks.RESUME, resume, refused=(ToolFailure,),
                        help_text="Continues from the last valid checkpoint (paused, retrying, transiently "
-                                 "failed, or a dead worker's task)."),
+                                 "failed, failed with internal_error whose cause is marked fixed, or a dead "
+                                 "worker's task)."),
+        OperatorAction("mark_cause_fixed", "Mark cause fixed", tasks.MARK_CAUSE_FIXED, mark_cause_fixed,
+                       refused=(ToolFailure,), reason=REASON_REQUIRED,
+                       help_text="For a task failed with internal_error (a bug): what fixed it, e.g. the release. "
+                                 "Resume then runs it again from its last checkpoint."),
         OperatorAction("pause", "Pause", tasks.PAUSE, pause, refused=(ToolFailure,), reason=REASON_REQUIRED,
                        help_text="Why it must wait. A queued or retrying task pauses at once; a running one when "
                                  "its current step is done (the step is not cut short)."),

@@ -1,19 +1,51 @@
 """Tenants, their API tokens and who may see them. Changes go through tools_app.access and
 tools_app.access.roles, which audit them: tokens are issued by `manage.py create_tenant / issue_token`
-(shown once), access by `manage.py grant_role`."""
+(shown once), access by `manage.py grant_role`, webhook signing secrets by this page's action
+(shown once)."""
 
 from django.contrib import admin
+from django.core.exceptions import ObjectDoesNotExist
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.template.response import TemplateResponse
 
 from tools_app import access
 from tools_app.access.models import ApiToken, Tenant, TenantAccess
 from tools_app.admin.scoping import ReadOnlyAdmin
 from tools_app.core import audit
+from tools_app.core.errors import PermissionDenied
 
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "created_at"]
+    list_display = ["slug", "name", "created_at", "webhook_secret"]
     search_fields = ["slug", "name"]
+    actions = ["rotate_webhook_secret"]
+
+    def get_queryset(self, request):
+        return access.scope(super().get_queryset(request), request.user, "id")
+
+    @admin.display(description="webhook signing secret")
+    def webhook_secret(self, tenant: Tenant) -> str:
+        try:
+            row = tenant.webhook_secret
+        except ObjectDoesNotExist:
+            return "—"
+        return f"{row.prefix}… (rotated {row.rotated_at:%Y-%m-%d %H:%M})" if row.prefix else "—"
+
+    @admin.action(description="Create or rotate the webhook signing secret (shown once)",
+                  permissions=["rotate_webhook_secret"])
+    def rotate_webhook_secret(self, request, queryset):
+        try:
+            issued = [(tenant, access.rotate_webhook_secret(tenant, request.user)) for tenant in queryset]
+        except PermissionDenied as refused:
+            raise DjangoPermissionDenied(refused.message) from None
+        # The secrets exist only in this response: not logged, not put in a message cookie.
+        return TemplateResponse(request, "admin/tools_app/tenant/webhook_secret.html", {
+            **self.admin_site.each_context(request), "opts": self.opts, "issued": issued,
+            "title": "Webhook signing secrets"})
+
+    def has_rotate_webhook_secret_permission(self, request):
+        return request.user.has_perm(access.ROTATE_WEBHOOK_SECRET.permission)
 
     def save_model(self, request, obj, form, change):
         if change:

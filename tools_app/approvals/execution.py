@@ -49,7 +49,8 @@ def approved_operation(request: ApprovalRequest) -> tuple[engine.Operation, engi
     args = validate_arguments(spec, {**request.arguments, "idempotency_key": request.record.key})
     operation, execute = write_operation(spec, Caller(tenant_id=request.tenant_id, actor=request.requested_by),
                                          args)
-    if operation.fingerprint != request.fingerprint:
+    # Under the version the record was fingerprinted with: a deploy between request and approval changes nothing.
+    if request.fingerprint != operation.fingerprint_at(request.record.fingerprint_version):
         raise PermissionDenied("the arguments no longer match what was approved; nothing was executed")
     return operation, execute
 

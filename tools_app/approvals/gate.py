@@ -83,10 +83,16 @@ def gate(spec: registry.ToolSpec, tenant_id: int, actor: str, args: BaseModel
         if policy is None:
             return None
         request = request_approval(record, policy, tenant=tenant, actor=actor,
-                                   arguments=args.model_dump(mode="json", exclude={"idempotency_key"}))
+                                   arguments=sent_arguments(args))
         return Outcome(record, error=pending_error(request))
 
     return check
+
+
+def sent_arguments(args: BaseModel) -> dict[str, Any]:
+    """The call's arguments as the approved call is rebuilt from them: what the caller sent, so the
+    rebuilt call's fingerprint is the record's (defaults it left out are filled again when it runs)."""
+    return args.model_dump(mode="json", exclude={"idempotency_key"}, exclude_unset=True)
 
 
 @transaction.atomic

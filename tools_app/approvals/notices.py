@@ -12,8 +12,10 @@ relay delivers each at least once (the receiver deduplicates by event id). Who i
   webhook allow-list by the relay before each attempt);
 - on escalation, also the tenant's `escalation_email`, if set.
 
-Messages carry the operation's summary and a link (under IDEMOPS_PUBLIC_URL) to the request's page
-in the operators' console, never the call's arguments (they may carry personal data).
+Messages carry the operation's summary without the values of the tool's declared personal arguments
+(`public_summary`: "Pay 42.00 EUR to [personal]") and a link (under IDEMOPS_PUBLIC_URL) to the
+request's page in the operators' console, where an approver reads the rest; never the call's
+arguments. Delivered messages do not outlive the call's retention either (retention.purge).
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ from django.db import transaction
 from django.db.models import DateTimeField, ExpressionWrapper, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.urls import reverse
-from django.utils import timezone
 
 from idemops.conf import conf
 from tools_app import outbox
 from tools_app.approvals.execution import SWEEPER
 from tools_app.approvals.models import ApprovalRequest, ApprovalSettings, ApprovalStatus
-from tools_app.core import db
+from tools_app.core import clock, db, redaction
+from tools_app.toolkit import registry
 
 REQUESTED, ESCALATED = "approval.requested", "approval.escalated"
 # The console's page for one request, whatever its state (the admin site routes it).
@@ -42,6 +44,14 @@ ESCALATION_BATCH = 200
 
 def link(request: ApprovalRequest) -> str:
     return conf().public_url.rstrip("/") + reverse(LINK_URL_NAME, args=[request.pk])
+
+
+def public_summary(request: ApprovalRequest) -> str:
+    """The request's summary without the values of its tool's personal arguments (a tool this code no
+    longer declares: without any argument any tool declares personal)."""
+    spec = next((spec for spec in registry.all_tools() if spec.name == request.tool), None)
+    personal = spec.personal_fields or () if spec is not None else redaction.personal_fields()
+    return redaction.without_personal(request.summary, request.arguments, personal)
 
 
 def approvers_of(request: ApprovalRequest) -> list:
@@ -60,9 +70,9 @@ def announce(request: ApprovalRequest) -> int:
     return _send(request, REQUESTED, extra_emails=[])
 
 
-def _send(request: ApprovalRequest, event: str, *, extra_emails: list[str]) -> int:
+def _send(request: ApprovalRequest, event: str, *, extra_emails: list[str], now: datetime | None = None) -> int:
     config = ApprovalSettings.of(request.tenant)
-    subject, body = _message(request, event)
+    subject, body = _message(request, event, now)
     emails = [user.email for user in approvers_of(request)] + extra_emails
     for email in dict.fromkeys(emails):  # one message per address, in order
         outbox.enqueue(tenant_id=request.tenant_id, kind="notification.email", record=request.record,
@@ -76,17 +86,17 @@ def _send(request: ApprovalRequest, event: str, *, extra_emails: list[str]) -> i
     return sent
 
 
-def _message(request: ApprovalRequest, event: str) -> tuple[str, str]:
-    tenant = request.tenant.slug
+def _message(request: ApprovalRequest, event: str, now: datetime | None) -> tuple[str, str]:
+    tenant, summary = request.tenant.slug, public_summary(request)
     if event == ESCALATED:
-        waited = _duration(timezone.now() - request.created_at)
-        subject = f"[idemops] ESCALATED: still waiting after {waited}: {request.summary}"
+        waited = _duration((now or clock.read()) - request.created_at)
+        subject = f"[idemops] ESCALATED: still waiting after {waited}: {summary}"
         opening = (f"A request of tenant {tenant} has waited {waited} for approval and is escalated. "
                    "It needs a decision before it expires.")
     else:
-        subject = f"[idemops] Approval needed: {request.summary}"
+        subject = f"[idemops] Approval needed: {summary}"
         opening = f"An agent of tenant {tenant} asks to run {request.tool}. Nothing has been done yet."
-    lines = [opening, "", f"  {request.summary}"]
+    lines = [opening, "", f"  {summary}"]
     if request.amount is not None:
         lines.append(f"  Amount:    {request.amount:.2f} {request.currency}")
     lines += [f"  Asked by:  {request.requested_by}",
@@ -99,7 +109,7 @@ def _message(request: ApprovalRequest, event: str) -> tuple[str, str]:
 
 def _data(request: ApprovalRequest, event: str) -> dict:
     return {"event": event, "request_id": request.pk, "tenant": request.tenant.slug, "tool": request.tool,
-            "summary": request.summary, "amount": None if request.amount is None else f"{request.amount:.2f}",
+            "summary": public_summary(request), "amount": None if request.amount is None else f"{request.amount:.2f}",
             "currency": request.currency or None, "requested_by": request.requested_by,
             "approvals_required": request.required_approvals, "approvals_given": request.approvals,
             "created_at": request.created_at.isoformat(), "expires_at": request.expires_at.isoformat(),
@@ -114,33 +124,35 @@ def _duration(delta: timedelta) -> str:
 # --- escalation ----------------------------------------------------------------------------------
 
 
-def due_for_escalation(now: datetime) -> QuerySet:
-    """PENDING requests older than their tenant's `escalate_after_minutes` (0: never), not yet escalated."""
+def due_for_escalation(now: datetime | None = None) -> QuerySet:
+    """PENDING requests older than their tenant's `escalate_after_minutes` (0: never), not yet escalated,
+    at `now` (default: the database's time, compared in SQL: a host whose clock runs ahead would escalate early)."""
     default = ApprovalSettings._meta.get_field("escalate_after_minutes").default
     # A subquery, not a join: a tenant without settings (the default) must stay in the result.
     configured = ApprovalSettings.objects.filter(tenant_id=OuterRef("tenant_id")).values("escalate_after_minutes")
     after = Coalesce(Subquery(configured[:1]), Value(default))
-    since = ExpressionWrapper(Value(now) - after * Value(timedelta(minutes=1)), output_field=DateTimeField())
+    at = clock.NOW if now is None else Value(now, output_field=DateTimeField())
+    since = ExpressionWrapper(at - after * Value(timedelta(minutes=1)), output_field=DateTimeField())
     return (ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, escalated_at__isnull=True,
-                                           expires_at__gt=now)
+                                           expires_at__gt=at)
             .annotate(escalate_after=after).exclude(escalate_after=0).filter(created_at__lte=since))
 
 
 @transaction.atomic
 def escalate(request: ApprovalRequest) -> bool:
     """PENDING, not escalated -> escalated (escalated_at), with its audit event and its messages."""
-    now = timezone.now()
+    now = clock.read()  # the database's: what escalated_at and the wait are measured by everywhere
     waited = int((now - request.created_at).total_seconds() // 60)
     if not db.transition(request, {"status": ApprovalStatus.PENDING, "escalated_at": None},
                          {"escalated_at": now}, action=ESCALATED, actor=SWEEPER,
                          reason=f"still waiting after {waited} min", after={"waited_minutes": waited}):
         return False
     extra = [ApprovalSettings.of(request.tenant).escalation_email]
-    _send(request, ESCALATED, extra_emails=[email for email in extra if email])
+    _send(request, ESCALATED, extra_emails=[email for email in extra if email], now=now)
     return True
 
 
 def escalate_due(now: datetime | None = None) -> int:
     """Escalate every request that is due (the periodic job)."""
-    due = due_for_escalation(now or timezone.now()).select_related("tenant", "record").order_by("created_at")
+    due = due_for_escalation(now).select_related("tenant", "record").order_by("created_at")
     return sum(escalate(request) for request in due[:ESCALATION_BATCH])

@@ -4,17 +4,26 @@ Every failure a tool call can end in is a ToolFailure with an ErrorClass. The
 MCP layer renders it as an `isError` result whose structured content is
 `{"error": {"class", "message", "retry_after"?, "differing_fields"?}}`.
 Only `transient` and `rate_limited` are retryable with the same key (after `retry_after`).
+
+An exception that is no ToolFailure is either an infrastructure failure (INFRASTRUCTURE_ERRORS:
+`transient`) or a programming error (`internal_error`): never retried, since the same code
+fails the same way, and never described beyond its type (its text may hold personal data).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db import models
+import psycopg
+from django.db import InterfaceError, OperationalError, models
+from django.db import InternalError as DatabaseInternalError
 
 # The one rule for `unknown_outcome`: in every such message, the MCP server's instructions and the README.
 UNKNOWN_OUTCOME_ADVICE = ("do not retry with a new key; calling again with the same key is safe and answers the "
                           "reconciled outcome once it is known")
+# The one rule for `permission_denied`: the MCP server's instructions and the README say it.
+PERMISSION_DENIED_ADVICE = ("retrying as is gets the same answer: re-authorize (a token or role that allows it) "
+                            "or ask a person to allow it or to do it; a rejected approval is a person's decision")
 
 
 class ErrorClass(models.TextChoices):
@@ -33,6 +42,7 @@ class ErrorClass(models.TextChoices):
         "Outcome unknown, being reconciled: no new key; the same key answers the outcome once known")
     EXPIRED = "expired", "Key past retention: a person must check"
     ALREADY_DONE = "already_done", "Already done"
+    INTERNAL_ERROR = "internal_error", "A fault of the server: do not retry; report the reference to an operator"
     PENDING_APPROVAL = "pending_approval", "Waiting for a person's approval: ask again with the same key"
 
 
@@ -147,6 +157,33 @@ class PendingApproval(ToolFailure):
     error_class = ErrorClass.PENDING_APPROVAL
 
 
+class InternalError(ToolFailure):
+    """A programming error of the server, not of the call: a retry runs the same code and fails the
+    same way (seed 003 §7: never retry every failure). Final for the key; an operator finds the
+    record or task by the reference the message names."""
+
+    error_class = ErrorClass.INTERNAL_ERROR
+
+
+# The one rule for `internal_error`: in every such message, the MCP server's instructions and the README.
+INTERNAL_ERROR_ADVICE = "do not retry; report the reference to an operator"
+
+# What fails for reasons outside the code and may pass on another run: the database unavailable
+# or failing inside (PEP 249's OperationalError, InterfaceError, InternalError: psycopg's own, and
+# Django's wrappers of them), a connection reset, a timeout. A serialization failure or a deadlock
+# is an OperationalError too. A downstream 5xx or 429 is a Transient or RateLimited its client raises.
+INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
+    OperationalError, InterfaceError, DatabaseInternalError, psycopg.OperationalError, psycopg.InterfaceError,
+    psycopg.InternalError, ConnectionError, TimeoutError)
+
+
+def internal_error(exc: BaseException, reference: object, *, what: str = "nothing was committed") -> InternalError:
+    """`exc`, a programming error, as the agent hears it: its type (never its text) and the reference
+    (an operation or task id) an operator looks up in the console."""
+    return InternalError(f"internal error ({type(exc).__name__}); {what}. {INTERNAL_ERROR_ADVICE}: {reference}",
+                         details={"reference": str(reference)})
+
+
 def invalid_data(exc: Exception) -> InvalidInput:
     """A database data error (django.db.DataError: out of range, too long, unstorable) as the
     caller's error. Never transient: the same values fail the same way. Names the kind, not the value."""
@@ -158,7 +195,7 @@ def invalid_data(exc: Exception) -> InvalidInput:
 FAILURE_TYPES: dict[str, type[ToolFailure]] = {
     str(t.error_class): t
     for t in (InvalidInput, PermissionDenied, NotFound, Conflict, DownstreamConflict, InProgress, Transient,
-              RateLimited, UnknownOutcome, Expired, AlreadyDone, PendingApproval)
+              RateLimited, UnknownOutcome, Expired, AlreadyDone, PendingApproval, InternalError)
 }
 
 # The classes a retry with the same key may run again (after retry_after).

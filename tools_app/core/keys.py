@@ -18,8 +18,8 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import BinaryField, CharField, Func, QuerySet, Value
-from django.db.models.functions import Left
+from django.db.models import BinaryField, Case, CharField, Expression, Func, QuerySet, Value, When
+from django.db.models.functions import Concat, Left, Substr
 
 from idemops.conf import conf
 from tools_app.core.errors import InvalidInput
@@ -57,7 +57,33 @@ def keyed_hash(message: str) -> str:
 
 def key_digest(key: str) -> str:
     """How a key appears outside the database (admin, auditors' API, logs): never raw."""
+    if key.startswith(PURGED_KEY_PREFIX):
+        return key[len(PURGED_KEY_PREFIX):][:KEY_DIGEST_LENGTH]
     return keyed_hash(key)[:KEY_DIGEST_LENGTH]
+
+
+# A record past its retention keeps its key only as this keyed hash (retention.purge): a key is
+# often the caller's words (an e-mail address, an order number). "#" is outside KEY_PATTERN, so no
+# caller's key looks like a purged one; the engine looks a key up in both forms, so a purged key
+# still follows its tool's expiry policy. Changing KEY_DIGEST_SECRET forgets purged keys.
+PURGED_KEY_PREFIX = "#"
+
+
+def purged_key(key: str) -> str:
+    """The form a key is kept in once its record is purged."""
+    return key if key.startswith(PURGED_KEY_PREFIX) else PURGED_KEY_PREFIX + keyed_hash(key)
+
+
+def stored_forms(key: str) -> tuple[str, str]:
+    """Every form `key` may be stored in: raw (live) and purged."""
+    return key, purged_key(key)
+
+
+def purged_key_sql(column: str = "key") -> Expression:
+    """purged_key of a column, computed by the database (the raw key never reaches this process)."""
+    return Case(When(**{f"{column}__startswith": PURGED_KEY_PREFIX}, then=column),
+                default=Concat(Value(PURGED_KEY_PREFIX), HmacSha256Hex(column, key_digest_secret())),
+                output_field=CharField())
 
 
 class HmacSha256Hex(Func):
@@ -89,7 +115,10 @@ def with_key_digest(records: QuerySet, digest_: str) -> QuerySet:
     Computed per row of the (tenant-scoped, otherwise filtered) queryset: a scan, correct for any
     secret; an indexed digest column would need rewriting whenever the secret changes.
     """
-    computed = Left(HmacSha256Hex("key", key_digest_secret()), KEY_DIGEST_LENGTH)
+    computed = Case(When(key__startswith=PURGED_KEY_PREFIX,
+                         then=Substr("key", len(PURGED_KEY_PREFIX) + 1, KEY_DIGEST_LENGTH)),
+                    default=Left(HmacSha256Hex("key", key_digest_secret()), KEY_DIGEST_LENGTH),
+                    output_field=CharField())
     return records.annotate(_key_digest=computed).filter(_key_digest=digest_)
 
 
@@ -125,3 +154,15 @@ def _canonical_number(value: int | float | Decimal) -> str:
 
 def digest(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+# What a fingerprint covers, by version (a record keeps the version it was claimed under, and a later
+# call with its key is compared under that version: a deploy that changes how arguments are
+# fingerprinted changes nothing for keys already in use).
+# 1: the validated arguments with every default filled in (before versions): a deploy adding an
+#    optional argument changed the fingerprint of every live key.
+FINGERPRINT_FILLED = 1
+# 2: the arguments the caller sent, at every level, as validated (normalised values), without the
+#    defaults of what it left out. A tool's declared counted defaults are versions 3, 4, ... (one per
+#    fixed set: toolkit.registry.ToolSpec.counted_defaults).
+FINGERPRINT_AS_SENT = 2

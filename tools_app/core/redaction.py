@@ -228,3 +228,10 @@ def scrubbed_arguments(arguments: Any, personal: Iterable[str], key: str | None 
             values += [(text, PERSONAL) for text in strings(value)]
     # Longest first: a value that contains another is replaced whole.
     return sorted(values, key=lambda pair: -len(pair[0]))
+
+
+def without_personal(text: str, arguments: Any, personal: Iterable[str]) -> str:
+    """`text` written from a call's arguments (an approval's summary) without the values of its personal
+    arguments: what may travel to people and systems outside the console, and stay past retention."""
+    scrubbed = tuple(pair for pair in scrubbed_arguments(arguments, personal) if len(pair[0]) >= MIN_SCRUBBED_LENGTH)
+    return redact_text(text, scrubbed)

@@ -21,7 +21,8 @@ def records_with_key(key: str, *, tenant_ids: Iterable[int], tools: Iterable[str
     record_retired_key the retired ones; the raw key is only compared in the database, never
     kept (callers show `keys.key_digest(key)`).
     """
-    candidates = IdempotencyRecord.objects.filter(tenant_id__in=list(tenant_ids), tool__in=list(tools), key=key)
+    candidates = IdempotencyRecord.objects.filter(tenant_id__in=list(tenant_ids), tool__in=list(tools),
+                                                   key__in=keys.stored_forms(key))
     return candidates.filter(retired_at__isnull=True) | candidates.filter(retired_at__isnull=False)
 
 

@@ -27,6 +27,9 @@ class IdempotencyRecord(models.Model):
     tool = models.CharField(max_length=100)
     key = models.CharField(max_length=255)
     fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the canonical business arguments.")
+    fingerprint_version = models.PositiveSmallIntegerField(
+        default=1, help_text="What the fingerprint covers (core.keys): 1, every default filled in; 2, what the caller "
+                             "sent; 3 and up, that plus the tool's declared defaults. A call is compared under it.")
     field_digests = models.JSONField(
         default=dict, help_text="Digest per top-level argument, to name what differs on a conflict."
     )
@@ -49,6 +52,9 @@ class IdempotencyRecord(models.Model):
     updated_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(help_text="End of retention; what happens after is the tool's policy.")
+    ongoing = models.BooleanField(
+        default=False, help_text="The call finished but the operation it started (a long task) goes on: until it "
+                                 "ends, the key never expires; its end sets expires_at (engine.retain_from_end).")
     retired_at = models.DateTimeField(null=True, blank=True, help_text="Set when an expired key was reused.")
     purged_at = models.DateTimeField(null=True, blank=True, help_text="When its arguments and result were purged "
                                                                       "(past its retention; the row stays).")
@@ -105,6 +111,7 @@ class PreparedOperation(models.Model):
     tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.PROTECT, db_index=False)
     tool = models.CharField(max_length=100, help_text="The tool the id may be used with.")
     fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the canonical business arguments.")
+    fingerprint_version = models.PositiveSmallIntegerField(default=1, help_text="As the record's.")
     field_digests = models.JSONField(default=dict, help_text="Digest per top-level argument, to name what differs.")
     record = models.ForeignKey(IdempotencyRecord, on_delete=models.PROTECT, related_name="prepared_operations",
                                help_text="The prepare_operation call that issued it.")

@@ -5,6 +5,7 @@ arguments) and an Outcome, plus the evidence a handler gathers while it executes
 from __future__ import annotations
 
 import enum
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,8 +17,9 @@ from typing import Any
 
 from django.utils import timezone
 
+from tools_app.core import redaction
 from tools_app.core.errors import InvalidInput, ToolFailure
-from tools_app.core.keys import digest
+from tools_app.core.keys import FINGERPRINT_AS_SENT, canonical_json, digest
 from tools_app.engine.models import IdempotencyRecord
 
 DEFAULT_RETENTION = timedelta(hours=24)
@@ -63,18 +65,90 @@ class Operation:
     # for it takes this id as its operation_id. An id names one operation only, never a later one.
     operation_id: uuid.UUID | None = None
 
+    # The fingerprint version `arguments` are for (core.keys): a record is claimed under it and keeps it.
+    fingerprint_version: int = FINGERPRINT_AS_SENT
+    # The business arguments as another fingerprint version covers them, for a record claimed under
+    # that version (before a deploy); None: every version covers `arguments`.
+    arguments_at: Callable[[int], dict[str, Any]] | None = None
+
+    def covered(self, version: int) -> dict[str, Any]:
+        """What the fingerprint of `version` covers of this call."""
+        if version == self.fingerprint_version or self.arguments_at is None:
+            return self.arguments
+        return self._covered.setdefault(version, self.arguments_at(version))
+
+    @cached_property
+    def _covered(self) -> dict[int, dict[str, Any]]:
+        return {}
+
+    def fingerprint_at(self, version: int) -> str:
+        return self.fingerprint if version == self.fingerprint_version else digest(self.covered(version))
+
     @cached_property
     def fingerprint(self) -> str:
         return digest(self.arguments)
 
     @cached_property
     def field_digests(self) -> dict[str, str]:
-        return {name: digest(value) for name, value in self.arguments.items()}
+        return field_digests(self.arguments)
 
-    def differing_fields(self, record: IdempotencyRecord) -> list[str]:
-        stored = record.field_digests
-        return sorted(name for name in stored.keys() | self.field_digests.keys()
-                      if stored.get(name) != self.field_digests.get(name))
+    def matches(self, bound: Any) -> bool:
+        """Whether this call is the operation `bound` (a record, an issued operation id) was fingerprinted
+        for, under the version it was fingerprinted with."""
+        return bound.fingerprint == self.fingerprint_at(bound.fingerprint_version)
+
+    def differing_fields(self, bound: Any) -> list[str]:
+        """Where this call differs from the one `bound` holds: a path per difference (`items[2].quantity`,
+        `arguments.notes`, `items[3]` for an item only one has), from the stored arguments while they are
+        kept; the top-level field otherwise (purged, an issued id, a difference only in a URL's query)."""
+        ours = self.covered(bound.fingerprint_version)
+        theirs_digests = bound.field_digests
+        ours_digests = self.field_digests if ours is self.arguments else field_digests(ours)
+        fields = sorted(name for name in theirs_digests.keys() | ours_digests.keys()
+                        if theirs_digests.get(name) != ours_digests.get(name))
+        stored = getattr(bound, "arguments", None)
+        if not stored or getattr(bound, "purged_at", None) is not None:
+            return fields
+        ours_stored = stored_form(ours)
+        paths = []
+        for name in fields:
+            inner = (list(_differences(ours_stored[name], stored[name], name))
+                     if name in ours_stored and name in stored else [])
+            paths.extend(inner if 0 < len(inner) <= MAX_PATHS_PER_FIELD else [name])
+        return paths
+
+
+# More differences than this inside one top-level argument (a list shifted by one) name the argument.
+MAX_PATHS_PER_FIELD = 20
+
+
+def field_digests(arguments: dict[str, Any]) -> dict[str, str]:
+    """A digest per top-level argument, kept with the fingerprint to name what differs."""
+    return {name: digest(value) for name, value in arguments.items()}
+
+
+def stored_form(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The business arguments as a record keeps them to be read: canonical JSON, URLs without their
+    query (tokens); the fingerprint covers them in full."""
+    return redaction.scrub_urls(json.loads(canonical_json(arguments)))
+
+
+def _differences(ours: Any, theirs: Any, path: str) -> Iterator[str]:
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        for name in sorted(ours.keys() | theirs.keys()):
+            inner = f"{path}.{name}"
+            if name in ours and name in theirs:
+                yield from _differences(ours[name], theirs[name], inner)
+            else:
+                yield inner
+    elif isinstance(ours, list) and isinstance(theirs, list):
+        for index in range(max(len(ours), len(theirs))):
+            if index < len(ours) and index < len(theirs):
+                yield from _differences(ours[index], theirs[index], f"{path}[{index}]")
+            else:
+                yield f"{path}[{index}]"
+    elif canonical_json(ours) != canonical_json(theirs):  # canonical: True is not 1, 1.0 is
+        yield path
 
 
 # In the error object of a refused key: the tool takes only an operation id issued in advance, and
@@ -94,7 +168,9 @@ def operation_id_spent(operation_id: uuid.UUID) -> InvalidInput:
 class Outcome:
     """What a call ended in: a result (first or replayed) or an error."""
 
-    record: IdempotencyRecord | None  # None: the key's record is not committed yet (in_progress)
+    # Not saved (no pk) when the key's record is not committed yet (in_progress): it holds what is
+    # known, the operation id that record has (engine.transitions.uncommitted).
+    record: IdempotencyRecord
     replayed: bool = False
     error: ToolFailure | None = None
     executed: bool = False  # this call ran the side effect (or tried to)

@@ -19,37 +19,42 @@ Lifetime of an id:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.utils import timezone
 
-from tools_app.core import clock
+from tools_app.core import clock, keys
 from tools_app.core.errors import Conflict, InvalidInput
 from tools_app.core.keys import digest
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation
-from tools_app.engine.operation import OPERATION_ID_REQUIRED, Operation, operation_id_spent
+from tools_app.engine.operation import OPERATION_ID_REQUIRED, Operation, field_digests, operation_id_spent
 from tools_app.engine.transitions import is_expired
 
 
-def issue(record: IdempotencyRecord, *, tool: str, arguments: dict[str, Any], actor: str) -> PreparedOperation:
-    """The operation id for a call of `tool` with these business `arguments`, asked for by the call `record`.
+def issue(record: IdempotencyRecord, *, tool: str, covered: Callable[[int], dict[str, Any]], fingerprint_version: int,
+          actor: str) -> PreparedOperation:
+    """The operation id for a call of `tool` with these business arguments (`covered`: as each fingerprint
+    version covers them), asked for by the call `record`.
 
     Runs as the executor of `record` (a prepare_operation call), inside its transaction. If an
-    earlier call with the same key issued an id for the same arguments and that id's operation
-    is still within its retention, that id is answered again: the prepare record's retention is
-    short, and an agent that lost its ledger must not get a second id, so a second payment, for
-    an operation that already ran.
+    earlier call with the same key issued an id for the same arguments (compared under the version
+    that id was issued with) and that id's operation is still within its retention, that id is
+    answered again: the prepare record's retention is short, and an agent that lost its ledger must
+    not get a second id, so a second payment, for an operation that already ran.
     """
-    fingerprint = digest(arguments)
-    earlier = (PreparedOperation.objects
-               .filter(tenant_id=record.tenant_id, tool=tool, fingerprint=fingerprint, record__tool=record.tool,
-                       record__key=record.key)
-               .order_by("-created_at").first())
+    arguments = covered(fingerprint_version)
+    issued = (PreparedOperation.objects
+              .filter(tenant_id=record.tenant_id, tool=tool, record__tool=record.tool,
+                      record__key__in=keys.stored_forms(record.key))
+              .order_by("-created_at"))
+    earlier = next((prepared for prepared in issued
+                    if prepared.fingerprint == digest(covered(prepared.fingerprint_version))), None)
     if earlier is not None and _live_operation(earlier.operation_id) is not None:
         return earlier
     return PreparedOperation.objects.create(
-        operation_id=uuid.uuid4(), tenant_id=record.tenant_id, tool=tool, fingerprint=fingerprint,
-        field_digests={name: digest(value) for name, value in arguments.items()}, record=record, actor=actor,
+        operation_id=uuid.uuid4(), tenant_id=record.tenant_id, tool=tool, fingerprint=digest(arguments),
+        fingerprint_version=fingerprint_version, field_digests=field_digests(arguments), record=record, actor=actor,
         created_at=timezone.now())
 
 
@@ -71,9 +76,8 @@ def issued_operation_id(op: Operation) -> uuid.UUID:
         return prepared.operation_id
     if not valid_unused(prepared):
         raise not_issued(op.tool, f"operation id {prepared.operation_id} expired unused")
-    if prepared.fingerprint != op.fingerprint:
-        fields = sorted(name for name in prepared.field_digests.keys() | op.field_digests.keys()
-                        if prepared.field_digests.get(name) != op.field_digests.get(name))
+    if not op.matches(prepared):
+        fields = op.differing_fields(prepared)
         raise Conflict(f"operation id {prepared.operation_id} was issued for other arguments (differing: "
                        f"{', '.join(fields)}); prepare a new operation for these", differing_fields=fields)
     return prepared.operation_id

@@ -23,13 +23,16 @@ from idemops.conf import conf
 from tools_app.core import db, polling
 from tools_app.core.crashpoints import crash_point
 from tools_app.core.errors import (
+    INFRASTRUCTURE_ERRORS,
     UNKNOWN_OUTCOME_ADVICE,
     Conflict,
     Expired,
     InProgress,
+    InternalError,
     ToolFailure,
     Transient,
     UnknownOutcome,
+    internal_error,
     invalid_data,
 )
 from tools_app.core.keys import key_digest
@@ -47,6 +50,7 @@ from tools_app.engine.operation import (
 )
 from tools_app.engine.transitions import (
     claim,
+    escalate_retries,
     expire_lease,
     find_live,
     heartbeat,
@@ -60,6 +64,7 @@ from tools_app.engine.transitions import (
     retire,
     retry_wait,
     start_approved,
+    uncommitted,
     whole,
 )
 
@@ -75,13 +80,15 @@ def run(op: Operation, execute: Executor) -> Outcome:
             try:
                 outcome, record = _claim_and_execute(op, execute)
             except ClaimWaitExpired:
-                return Outcome(None, error=_in_progress())
+                # Another call's claim is still uncommitted: answer its operation id all the same.
+                return Outcome(uncommitted(op), error=_in_progress())
             if outcome is not None:
                 return outcome
         outcome = _follow(record, op, execute)
         if outcome is not None:
             return outcome
-    raise _in_progress("the operation is changing hands; ask again")
+    # Named like any in_progress answer: the key's live record, or the claim of it not yet committed.
+    return Outcome(find_live(op) or uncommitted(op), error=_in_progress("the operation is changing hands; ask again"))
 
 
 def _claim_and_execute(op: Operation, execute: Executor) -> tuple[Outcome | None, IdempotencyRecord]:
@@ -105,7 +112,7 @@ def _claim_and_execute(op: Operation, execute: Executor) -> tuple[Outcome | None
 
 def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
     """Answer a caller that lost the claim. None means: try to claim again."""
-    if record.status == RecordStatus.SUCCEEDED and record.fingerprint == op.fingerprint and not is_expired(record):
+    if record.status == RecordStatus.SUCCEEDED and op.matches(record) and not is_expired(record):
         return Outcome(record, replayed=True)  # a replay: find_live read all it needs
     record = whole(record)
     if is_expired(record):
@@ -115,7 +122,7 @@ def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outc
                 "a person must check before it is used again"))
         retire(record, actor=op.actor)
         return None
-    if record.fingerprint != op.fingerprint:
+    if not op.matches(record):
         fields = op.differing_fields(record)
         return Outcome(record, error=Conflict(
             f"idempotency_key was already used with other arguments (differing: {', '.join(fields)}); "
@@ -156,8 +163,15 @@ def _take_over(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord:
 
 def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
     failure = ToolFailure.from_dict({"class": record.error_class, "message": record.error_message})
+    if isinstance(failure, InternalError):
+        failure.details["reference"] = str(record.operation_id)
     if not failure.retryable:
         return Outcome(record, replayed=True, error=failure)
+    if record.attempts >= conf().max_attempts_per_key:
+        # Every run of this key failed: another is unlikely to fare better, and each may cost a
+        # downstream call. A person decides (the UNKNOWN queue, flagged as needing one).
+        escalate_retries(record, actor=op.actor, cap=conf().max_attempts_per_key)
+        return None  # follow what it is now: UNKNOWN (or whatever a racing caller made it)
     wait = retry_wait(record)
     if wait > 0:
         return Outcome(record, replayed=True, error=ToolFailure.from_dict(
@@ -217,11 +231,15 @@ def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) 
     if isinstance(exc, DataError):
         # A value the database refuses (out of range, too long): running again fails the same way.
         failure = invalid_data(exc)
-        return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
-    # A bug or a database error: the transaction rolled back, so nothing
-    # of the side effect committed and the same key may run again (after
-    # the backoff of this attempt: mark_failed).
-    failure = Transient("internal error, nothing was committed; retry with the same key")
+    elif isinstance(exc, INFRASTRUCTURE_ERRORS):
+        # The database or the network failed, not the code: the transaction rolled back, so
+        # nothing of the side effect committed and the same key may run again (after the
+        # backoff of this attempt: mark_failed).
+        failure = Transient(f"the server's infrastructure failed ({type(exc).__name__}); nothing was committed; "
+                            "retry with the same key")
+    else:
+        # A bug: it rolled back too, but another run fails the same way. Final for this key.
+        failure = internal_error(exc, record.operation_id)
     return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
 
 

@@ -18,9 +18,8 @@ in SQL, or compared with the database's time of the read (`read_at`, which `clai
 
 from __future__ import annotations
 
-import json
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
@@ -28,12 +27,20 @@ from django.db import OperationalError, connection, transaction
 from django.db.models import F
 
 from idemops.conf import conf
-from tools_app.core import audit, backoff, clock, counters, db, leases, logs, redaction, tracing
+from tools_app.core import audit, backoff, clock, counters, db, keys, leases, logs, tracing
 from tools_app.core.errors import RETRYABLE, ToolFailure, UnknownOutcome
-from tools_app.core.keys import canonical_json
+from tools_app.core.keys import keyed_hash
 from tools_app.core.models import AuditEvent
+from tools_app.engine.lookup import records_with_key
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
-from tools_app.engine.operation import ClaimWaitExpired, LeaseLost, Operation, evidence_entry, operation_id_spent
+from tools_app.engine.operation import (
+    ClaimWaitExpired,
+    LeaseLost,
+    Operation,
+    evidence_entry,
+    operation_id_spent,
+    stored_form,
+)
 
 FINISHED = (RecordStatus.SUCCEEDED, RecordStatus.FAILED)
 
@@ -43,7 +50,7 @@ SWEEPER = "system:lease-sweep"
 # SQLSTATE of a lock wait that ran past lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
 
-# A transient failure of a write without a Retry-After of its own (a bug that rolled back, a
+# A transient failure of a write without a Retry-After of its own (the database failed and rolled back, a
 # downstream that could not be reached) may run again after backoff.delay(attempts, ...): the
 # agent is told so as `retry_after`, and a retry before then is answered the same.
 WRITE_RETRY_BASE_SECONDS = 1.0
@@ -98,8 +105,8 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
         return record, claimed
 
 
-def _claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
-    record = new_record(op)
+def _claim(op: Operation, operation_id: uuid.UUID | None = None) -> tuple[IdempotencyRecord, bool]:
+    record = new_record(op, operation_id)
     # The record has no id yet: the statement fills object_id from the inserted row.
     claimed_event = audit.new_event(action="record.claimed", obj=record, actor=op.actor, trace_id=op.trace_id,
                                     after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
@@ -126,7 +133,9 @@ def _claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
         # Not a lost race: an issued id whose record was retired meanwhile (retention ended, or an
         # operator released it) conflicts with that record's operation_id and never inserts.
         raise operation_id_spent(op.operation_id)
-    return _claim(op)  # and it is gone already (retired, or its transaction rolled back)
+    # It is gone already (retired, or its transaction rolled back), or the id we offered is a
+    # retired record's (the key's first id, and the key was used before): offer the key's next id.
+    return _claim(op, claim_operation_id(op.tenant_id, op.tool, op.key))
 
 
 def reread(record: IdempotencyRecord) -> IdempotencyRecord:
@@ -137,20 +146,86 @@ def reread(record: IdempotencyRecord) -> IdempotencyRecord:
     return record
 
 
-def new_record(op: Operation) -> IdempotencyRecord:
+def new_record(op: Operation, operation_id: uuid.UUID | None = None) -> IdempotencyRecord:
     """The PROCESSING record a claim of `op` inserts (not saved; its times are the database's,
-    computed by the INSERT)."""
-    operation_id = op.operation_id or uuid.uuid4()
+    computed by the INSERT), named `operation_id` (by default, its key's first: operation_id_for)."""
+    operation_id = op.operation_id or operation_id or operation_id_for(op.tenant_id, op.tool, op.key, 0)
     return IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
-        # What is kept to be read: URLs lose their query (tokens); the fingerprint covers the full arguments.
-        field_digests=op.field_digests, arguments=redaction.scrub_urls(json.loads(canonical_json(op.arguments))),
+        fingerprint_version=op.fingerprint_version, field_digests=op.field_digests,
+        arguments=stored_form(op.arguments),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=leases.new_owner(),
         lease_expires_at=leases.expiry(lease_seconds()),
         operation_id=operation_id, trace_id=op.trace_id, span_id=op.span_id, actor=op.actor,
         downstream_key="" if op.transactional else downstream_key(operation_id),
         created_at=clock.NOW, updated_at=clock.NOW, expires_at=clock.later(op.retention),
     )
+
+
+def operation_id_for(tenant_id: int, tool: str, key: str, generation: int) -> uuid.UUID:
+    """The id of the `generation`-th operation of a key (0: its first; one more each time the key
+    is freed after its retention and used again).
+
+    A function of the key, not a random draw: a follower whose claim gave up waiting on another
+    call's uncommitted claim can name the operation it waited for (claim_operation_id) before
+    anyone can read its record. Keyed (KEY_DIGEST_SECRET), so nobody without the secret can
+    derive an operation's id, or the key sent downstream, from its idempotency key; and salted by
+    the database's birth, so a database built again from nothing under the same secret (its
+    tenant ids counting from 1 again) never presents a downstream system an earlier one's keys.
+    """
+    message = f"operation\n{_database_born()}\n{tenant_id}\n{tool}\n{key}\n{generation}"
+    return uuid.UUID(hex=keyed_hash(message)[:32])
+
+
+@cache
+def _database_born() -> str:
+    """When this database was first migrated (read once per process: it never changes)."""
+    return str(db.fetchone("SELECT min(applied) FROM django_migrations", [])[0])
+
+
+def claim_operation_id(tenant_id: int, tool: str, key: str) -> uuid.UUID:
+    """The id the key's next claim takes, which is also the id an uncommitted claim of it holds:
+    the first of the key's ids (operation_id_for) that no committed record of the key has.
+
+    (Records are never deleted, so a freed key's earlier ids stay taken and an id names one
+    operation only. Records from before ids were derived have random ones, which take none.)
+    """
+    taken = set(records_with_key(key, tenant_ids=[tenant_id], tools=[tool]).values_list("operation_id", flat=True))
+    generation = 0
+    while (operation_id := operation_id_for(tenant_id, tool, key, generation)) in taken:
+        generation += 1
+    return operation_id
+
+
+def uncommitted(op: Operation) -> IdempotencyRecord:
+    """The key's record as a follower can know it while another call's claim of it is uncommitted
+    (a local tool's, held in its transaction): not saved, PROCESSING, under the operation id that
+    claim took, so that the follower's in_progress answer names what it can ask about."""
+    return IdempotencyRecord(tenant_id=op.tenant_id, tool=op.tool, key=op.key, status=RecordStatus.PROCESSING,
+                             operation_id=op.operation_id or claim_operation_id(op.tenant_id, op.tool, op.key),
+                             expires_at=None)
+
+
+def claimed_in_flight(tenant_id: int, operation_id: uuid.UUID, tools: list[str]) -> str | None:
+    """Which of `tools` an uncommitted claim of `operation_id` in this tenant is for, if one is open.
+
+    Its record cannot be read before it commits; the claim statement also takes an advisory lock
+    named by (tenant, tool) and the id (`_claim_sql`), which pg_locks shows to every other
+    session until that transaction ends (our own session's claims we can read). 31 bits of the
+    id: another id matching is vanishingly rare (and needs a claim in flight at that moment).
+    """
+    names = {_lock_key(f"{tenant_id}\n{tool}"): tool for tool in tools}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT classid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 "
+                       "AND objid::bigint = %s AND pid <> pg_backend_pid() AND database = (SELECT oid FROM pg_database "
+                       "WHERE datname = current_database())", [_lock_key(operation_id.hex)])
+        return next((names[classid] for (classid,) in cursor.fetchall() if classid in names), None)
+
+
+def _lock_key(name: str) -> int:
+    """31 bits of a keyed hash of `name`: one half of the advisory lock a claim takes (positive, so
+    the int4 the lock is taken with and the oid pg_locks shows are the same number)."""
+    return int(keyed_hash(name)[:8], 16) & 0x7FFFFFFF
 
 
 DOWNSTREAM_KEY_PREFIX = "idemops-"
@@ -186,12 +261,17 @@ def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent, comput
     for itself (set_config(..., true) lasts to the end of the transaction) and,
     once its row is in, puts back the value it found, so the executor's own
     statements after the claim wait for locks as they always would.
+
+    The inserted claim also takes a shared advisory lock until its transaction ends (`announced`):
+    while a local tool's claim is uncommitted, that lock is how get_operation learns the
+    operation is running (claimed_in_flight).
     """
     wait_ms = f"{max(1, int(conf().follower_wait_seconds * 1000))}ms"
     sql = _claim_sql(db.insert_sql(record), db.insert_sql(claimed_event, CLAIMED_EVENT_ID),
                      tuple(field.column for field in computed))
-    return db.fetchone(sql, [record.tenant_id, record.tool, record.key, *db.insert_params(record),
-                             wait_ms, *db.insert_params(claimed_event, CLAIMED_EVENT_ID)])
+    return db.fetchone(sql, [record.tenant_id, record.tool, *keys.stored_forms(record.key), *db.insert_params(record),
+                             wait_ms, *db.insert_params(claimed_event, CLAIMED_EVENT_ID),
+                             _lock_key(f"{record.tenant_id}\n{record.tool}"), _lock_key(record.operation_id.hex)])
 
 
 CLAIMED_EVENT_ID = {"object_id": "claimed.id::text"}
@@ -217,7 +297,7 @@ def _claim_sql(record_sql: tuple[tuple[str, ...], tuple[str, ...]], audit_sql: t
             SELECT current_setting('lock_timeout') AS lock_timeout
         ), live AS (
             SELECT id FROM {records}
-            WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL
+            WHERE tenant_id = %s AND tool = %s AND key IN (%s, %s) AND retired_at IS NULL
         ), claimed AS (
             INSERT INTO {records} ({", ".join(columns)}) SELECT {", ".join(values)}
             WHERE NOT EXISTS (SELECT FROM live)
@@ -227,23 +307,25 @@ def _claim_sql(record_sql: tuple[tuple[str, ...], tuple[str, ...]], audit_sql: t
         ), audited AS (
             INSERT INTO {db.table(AuditEvent)} ({", ".join(audit_columns)})
             SELECT {", ".join(audit_values)} FROM claimed
+        ), announced AS MATERIALIZED (
+            SELECT pg_try_advisory_xact_lock_shared(%s, %s) FROM claimed
         )
         SELECT id{returned}, set_config('lock_timeout', (SELECT lock_timeout FROM prior), true) IS NOT NULL,
-               statement_timestamp() FROM claimed
+               statement_timestamp() FROM claimed, announced
         UNION ALL
         SELECT id{unknown}, false, statement_timestamp() FROM live
     """
 
 
 # What a replay reads and answers with; a follower that gets another answer loads the rest (`whole`).
-REPLAY_FIELDS = ("id", "tenant_id", "tool", "key", "fingerprint", "status", "result", "operation_id",
-                 "created_at", "expires_at")
+REPLAY_FIELDS = ("id", "tenant_id", "tool", "key", "fingerprint", "fingerprint_version", "status", "result",
+                 "operation_id", "created_at", "expires_at", "ongoing")
 
 
 def find_live(op: Operation) -> IdempotencyRecord | None:
     """The live record of `op`'s key, if any: one indexed read of what a replay needs, with the
     database's time of the read (`read_at`)."""
-    row = db.fetchone(_find_live_sql(), (op.tenant_id, op.tool, op.key))
+    row = db.fetchone(_find_live_sql(), (op.tenant_id, op.tool, *keys.stored_forms(op.key)))
     if row is None:
         return None
     record = db.from_row(IdempotencyRecord, row[:-1], fields=REPLAY_FIELDS)
@@ -255,7 +337,7 @@ def find_live(op: Operation) -> IdempotencyRecord | None:
 def _find_live_sql() -> str:
     _, select_list = db.select_columns(IdempotencyRecord, fields=REPLAY_FIELDS)
     return (f"SELECT {select_list}, statement_timestamp() FROM {db.table(IdempotencyRecord)} "
-            "WHERE tenant_id = %s AND tool = %s AND key = %s AND retired_at IS NULL")
+            "WHERE tenant_id = %s AND tool = %s AND key IN (%s, %s) AND retired_at IS NULL")
 
 
 def whole(record: IdempotencyRecord) -> IdempotencyRecord:
@@ -342,7 +424,8 @@ def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | Non
     Guarded by the attempt count we saw, so of several racing retries one wins.
     """
     if not _transition(record, {
-        "status": RecordStatus.FAILED, "error_class__in": sorted(map(str, RETRYABLE)), "fingerprint": op.fingerprint,
+        "status": RecordStatus.FAILED, "error_class__in": sorted(map(str, RETRYABLE)),
+        "fingerprint": op.fingerprint_at(record.fingerprint_version), "fingerprint_version": record.fingerprint_version,
         "attempts": record.attempts,
     }, {
         "status": RecordStatus.PROCESSING, "attempts": record.attempts + 1, "lease_owner": leases.new_owner(),
@@ -354,10 +437,50 @@ def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | Non
     return record
 
 
+def escalate_retries(record: IdempotencyRecord, *, actor: str, cap: int) -> bool:
+    """FAILED(transient or rate_limited) -> UNKNOWN, flagged for a person, instead of a reclaim once
+    the key has run `cap` times (IDEMOPS_MAX_ATTEMPTS_PER_KEY: reruns after a transient failure or
+    after a lease expiry alike, since each is a reclaim that counts).
+
+    The UNKNOWN queue is where operators already settle what the engine cannot: not retried by
+    the reconciler (escalated), and callers hear `unknown_outcome` meanwhile. Guarded by the
+    attempt count, as a reclaim is.
+    """
+    last = f"{record.error_class}: {record.error_message}"
+    return _transition(record, {
+        "status": RecordStatus.FAILED, "error_class__in": sorted(map(str, RETRYABLE)), "attempts": record.attempts,
+    }, {
+        "status": RecordStatus.UNKNOWN, "error_class": "unknown_outcome",
+        "error_message": f"gave up after {record.attempts} runs of this key (the last failed with {last})"[:2000],
+        "retry_not_before": None, "finished_at": None, "next_reconcile_at": None, "escalated_at": clock.NOW,
+    }, action="record.escalated", actor=actor, reason=f"attempts per key reached {cap}; a person must decide",
+        evidence=evidence_entry("engine", note=f"{record.attempts} runs, each failed; the last: {last}"[:2000]))
+
+
 def retire(record: IdempotencyRecord, *, actor: str, reason: str = "retention ended; key reused") -> bool:
     """Free an expired finished record's key; the row stays for auditors."""
-    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": clock.NOW},
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "ongoing": False,
+                                "expires_at__lte": clock.NOW},
                        {"retired_at": clock.NOW}, action="record.retired", actor=actor, reason=reason)
+
+
+def hold_while_ongoing(record: IdempotencyRecord, *, actor: str, reason: str) -> bool:
+    """The operation `record` stands for goes on after its call answers (it started a long task):
+    until `retain_from_end`, its key cannot expire, be retired, released or purged, whatever the
+    record's age. Call in the transaction that starts (or restarts) what goes on."""
+    return _transition(record, {"retired_at__isnull": True, "ongoing": False}, {"ongoing": True},
+                       action="record.held_while_ongoing", actor=actor, reason=reason,
+                       before={"ongoing": False}, after={"ongoing": True})
+
+
+def retain_from_end(record: IdempotencyRecord, retention: timedelta, *, actor: str, reason: str) -> bool:
+    """What `record` started has ended: its key's retention (`retention`) counts from now. Call in
+    the transaction of the end, so no moment exists where the operation ended but the key is held
+    forever, or where it is unfinished but the key may expire."""
+    return _transition(record, {"ongoing": True}, {"ongoing": False, "expires_at": clock.later(retention)},
+                       action="record.retention_from_end", actor=actor, reason=reason,
+                       before={"ongoing": True}, after={"ongoing": False, "retention_seconds":
+                                                        retention.total_seconds()})
 
 
 def expire_lease(record: IdempotencyRecord, *, actor: str = SWEEPER, source: str = "sweep",
@@ -401,11 +524,13 @@ def resolve_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, acto
 
 
 def resolve_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str, reason: str,
-                   evidence: dict[str, Any]) -> bool:
-    """UNKNOWN -> FAILED: definitely not done. A transient failure lets the same key run again."""
+                   evidence: dict[str, Any], fresh_attempts: bool = False) -> bool:
+    """UNKNOWN -> FAILED: definitely not done. A transient failure lets the same key run again;
+    `fresh_attempts` (a person's decision) gives it a new budget of IDEMOPS_MAX_ATTEMPTS_PER_KEY runs."""
     return _transition(record, {"status": RecordStatus.UNKNOWN}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
         "retry_not_before": clock.NOW if failure.retryable else None, "next_reconcile_at": None, **_finished(),
+        **({"attempts": 0} if fresh_attempts else {}),
     }, action="record.reconciled", actor=actor, reason=reason, evidence=evidence)
 
 
@@ -459,8 +584,15 @@ def close_unapproved(record: IdempotencyRecord, failure: ToolFailure, *, actor: 
 
 
 def is_expired(record: IdempotencyRecord, now: datetime | None = None) -> bool:
-    """Finished and past its retention, by the database's time of the read (or `now`)."""
-    return record.status in FINISHED and record.expires_at <= (now or clock.read_at(record))
+    """Finished, not `ongoing`, and past its retention, by the database's time of the read (or `now`)."""
+    return (record.status in FINISHED and not record.ongoing
+            and record.expires_at <= (now or clock.read_at(record)))
+
+
+def retention_ends_at(record: IdempotencyRecord) -> datetime | None:
+    """When the key's retention ends, as callers are told it: None while the operation the record
+    started goes on (`ongoing`: its end sets the time)."""
+    return None if record.ongoing else record.expires_at
 
 
 def lease_expired(record: IdempotencyRecord, now: datetime | None = None) -> bool:
@@ -481,7 +613,8 @@ def end_retention(record: IdempotencyRecord, *, actor: str, reason: str) -> bool
     """A finished record's retention ends now (an operator's force-expire): the key's expiry
     policy applies from the next call."""
     now = clock.read()
-    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__gt": now},
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "ongoing": False,
+                                "expires_at__gt": now},
                        {"expires_at": now}, action="record.force_expired", actor=actor, reason=reason,
                        before={"expires_at": record.expires_at.isoformat()}, after={"expires_at": now.isoformat()})
 
@@ -492,7 +625,8 @@ def release(record: IdempotencyRecord, *, actor: str, reason: str, checked: str,
     retired as `retire` does, with what was checked as evidence and in the audit event."""
     now = clock.read()
     facts = {"checked": checked, "downstream_reference": downstream_reference}
-    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "expires_at__lte": now},
+    return _transition(record, {"retired_at__isnull": True, "status__in": FINISHED, "ongoing": False,
+                                "expires_at__lte": now},
                        {"retired_at": now}, action="record.released", actor=actor, reason=reason,
                        evidence=evidence_entry("operator", actor=actor, reason=reason, **facts),
                        before={"status": record.status, "expires_at": record.expires_at.isoformat()},

@@ -23,7 +23,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
 from idemops.conf import conf
-from tools_app import access
+from tools_app import access, engine
 from tools_app.core import counters, keys, logs, outage, polling
 from tools_app.core.errors import RateLimited
 from tools_app.toolkit.calls import Caller, CallResult
@@ -126,7 +126,8 @@ class IdempotencyInfo(BaseModel):
 
     status: str = Field(description="SUCCEEDED, FAILED, PROCESSING, UNKNOWN or AWAITING_APPROVAL")
     replayed: bool = Field(description="True when this is the stored result of an earlier call with the key")
-    expires_at: str | None = Field(description="When this key's record may be reused or reviewed")
+    expires_at: str | None = Field(description="When this key's record may be reused or reviewed; null while the "
+                                               "task it started is unfinished (the key answers that task until then)")
     operation_id: str | None = None
 
 
@@ -134,8 +135,9 @@ def idempotency_info(result: CallResult) -> dict[str, Any] | None:
     record = result.record
     if record is None:
         return None
+    ends = engine.retention_ends_at(record)
     return IdempotencyInfo(status=record.status, replayed=result.replayed,
-                           expires_at=record.expires_at.isoformat(),
+                           expires_at=ends.isoformat() if ends is not None else None,
                            operation_id=str(record.operation_id)).model_dump()
 
 

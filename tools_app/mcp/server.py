@@ -39,7 +39,7 @@ from starlette.middleware import Middleware
 
 from idemops.conf import conf
 from tools_app.core import keys, outage, polling
-from tools_app.core.errors import UNKNOWN_OUTCOME_ADVICE, NotFound
+from tools_app.core.errors import INTERNAL_ERROR_ADVICE, PERMISSION_DENIED_ADVICE, UNKNOWN_OUTCOME_ADVICE, NotFound
 from tools_app.mcp.guards import DatabaseGuard, RequestIdGuard
 from tools_app.mcp.runtime import (
     DatabaseUnavailable,
@@ -147,7 +147,9 @@ def build_server() -> MCPServer:
                      f"same key; `unknown_outcome`: {UNKNOWN_OUTCOME_ADVICE}; `conflict`: the key was used with "
                      "other arguments (a new operation needs a new key); `downstream_conflict`: the downstream "
                      "system holds the key for another request, so neither retry it nor pick a new key: an "
-                     "operator must check. High-risk tools (_meta io.idemops/requires-operation-id) take as their "
+                     f"operator must check; `permission_denied`: {PERMISSION_DENIED_ADVICE}; `internal_error`: a "
+                     f"fault of the server, {INTERNAL_ERROR_ADVICE} (error.reference). High-risk tools "
+                     "(_meta io.idemops/requires-operation-id) take as their "
                      "key only an operation_id from prepare_operation; get_operation answers what became of an "
                      "operation.",
         tools=[sdk_tool(spec) for spec in all_tools()],

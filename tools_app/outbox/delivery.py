@@ -1,6 +1,12 @@
 """Delivering one outbox event to its consumer: email over SMTP, or a webhook POST to an address
 on the allow-list (checked again here: stored data is not trusted). Consumers deduplicate by the
-event id (email Message-ID, webhook X-Event-Id and Idempotency-Key). Both also carry the
+event id (email Message-ID; webhook `webhook-id`, also sent as X-Event-Id and Idempotency-Key).
+
+A webhook is signed the Standard Webhooks way (the `standardwebhooks` library, so a receiver
+verifies it with any of that spec's libraries): `webhook-id` (the event id: the same on every
+redelivery), `webhook-timestamp` (when this attempt was sent), and `webhook-signature`, one `v1,`
+HMAC-SHA256 of `id.timestamp.body` per secret of the tenant (tools_app.access.webhook_secrets:
+two while a rotation overlaps). The body sent is exactly the bytes signed. Both also carry the
 operation that wrote the event (X-Operation-Id), as the payment gateway's requests do, and the
 trace context of the delivery (`traceparent`: an email header, an HTTP header).
 
@@ -10,9 +16,15 @@ Kinds: `notification.email` and `notification.webhook` (send_notification: subje
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
 import httpx2
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
+from standardwebhooks import Webhook
 
 from idemops.conf import conf
 from tools_app.core import tracing, url_allowlist
@@ -32,15 +44,21 @@ class DeliveryRefused(DeliveryFailed):
     final = True
 
 
-def deliver(event: OutboxEvent) -> None:
+WEBHOOK_KINDS = frozenset({"notification.webhook", "task.webhook"})
+
+
+def deliver(event: OutboxEvent, signing_secrets: Sequence[str] = ()) -> None:
+    """Deliver `event`; a webhook is signed with each of `signing_secrets` (its tenant's, read by
+    the relay beforehand: delivery threads do no database work)."""
     if event.kind == "notification.email":
         _send_email(event)
     elif event.kind == "notification.webhook":
         # `data`: what a machine reads (e.g. an approval request's id, state and link), when the writer gave it.
         _post_webhook(event, {"subject": event.payload["subject"], "body": event.payload["body"],
-                              **({"data": event.payload["data"]} if "data" in event.payload else {})})
+                              **({"data": event.payload["data"]} if "data" in event.payload else {})},
+                      signing_secrets)
     elif event.kind == "task.webhook":
-        _post_webhook(event, event.payload["json"])
+        _post_webhook(event, event.payload["json"], signing_secrets)
     else:
         raise DeliveryFailed(f"no delivery for kind {event.kind!r}")
 
@@ -62,7 +80,18 @@ def _send_email(event: OutboxEvent) -> None:
         raise DeliveryFailed(f"{type(exc).__name__}: {exc}"[:300]) from exc
 
 
-def _post_webhook(event: OutboxEvent, body: dict) -> None:
+def signature_headers(event_id: str, body: str, signing_secrets: Sequence[str]) -> dict[str, str]:
+    """The Standard Webhooks headers of one attempt to send `body` (a str: the exact bytes sent)."""
+    if not signing_secrets:
+        # Never sent unsigned: the tenant's secret cannot be opened (IDEMOPS_SECRET_KEY changed).
+        raise DeliveryFailed("no usable webhook signing secret for this tenant: rotate it in the console")
+    sent_at = int(time.time())  # the receiver compares it with its own clock (5 minutes' tolerance)
+    when = datetime.fromtimestamp(sent_at, tz=UTC)
+    return {"webhook-id": event_id, "webhook-timestamp": str(sent_at),
+            "webhook-signature": " ".join(Webhook(secret).sign(event_id, when, body) for secret in signing_secrets)}
+
+
+def _post_webhook(event: OutboxEvent, body: dict, signing_secrets: Sequence[str]) -> None:
     payload = event.payload
     # The stored URL is checked again, against today's allow-list, and the
     # request goes to the address that check resolved (no second DNS answer).
@@ -73,10 +102,13 @@ def _post_webhook(event: OutboxEvent, body: dict) -> None:
         raise DeliveryRefused(exc.message) from exc
     except Transient as exc:
         raise DeliveryFailed(exc.message) from exc
+    content = json.dumps(body)
+    signed = signature_headers(str(event.id), content, signing_secrets)
     try:
         with httpx2.Client(timeout=conf().webhook_timeout_seconds) as client:
-            response = target.send(client, "POST", json=body,
-                                   headers={"X-Event-Id": str(event.id), "Idempotency-Key": str(event.id),
+            response = target.send(client, "POST", content=content.encode(),
+                                   headers={"Content-Type": "application/json", **signed,
+                                            "X-Event-Id": str(event.id), "Idempotency-Key": str(event.id),
                                             **operation_header(event)})
     except httpx2.TransportError as exc:
         raise DeliveryFailed(type(exc).__name__) from exc

@@ -20,8 +20,9 @@ A webhook URL is checked against the allow-list again before each attempt
 
 A relay killed mid-batch leaves its events claimed until `claimed_until`; then
 another relay claims them and delivers them again (the killed one may have
-delivered some). Consumers deduplicate by the event id (email Message-ID,
-webhook X-Event-Id), so each effect happens once.
+delivered some). Consumers that deduplicate by the event id (email Message-ID,
+webhook `webhook-id`) act once. A webhook's tenant's signing secrets are read before
+the delivery threads start (access.signing_secrets), so those threads stay off the database.
 
 Each event keeps the trace of the call that wrote it; each delivery attempt is a span in that
 trace (its context goes to the consumer as `traceparent`) and one log line (`outbox.delivery`:
@@ -42,7 +43,7 @@ from django.db import connection, connections, transaction
 from idemops.conf import conf
 from tools_app import access
 from tools_app.core import backoff, clock, counters, db, jobs, leases, logs, redaction, tracing
-from tools_app.outbox.delivery import DeliveryFailed, deliver
+from tools_app.outbox.delivery import WEBHOOK_KINDS, DeliveryFailed, deliver
 from tools_app.outbox.models import OutboxEvent, OutboxStatus
 
 logger = logging.getLogger(__name__)
@@ -126,9 +127,11 @@ def relay_batch(limit: int | None = None) -> RelayReport:
     batch = claim_batch(leases.new_owner(), limit or conf().outbox_batch_size)
     if not batch:
         return report
+    keys = _signing_secrets(batch)
     with ThreadPoolExecutor(max_workers=min(len(batch), conf().outbox_delivery_threads),
                             thread_name_prefix="outbox-delivery") as pool:
-        deliveries = {pool.submit(_delivery_thread, event): event for event in batch}
+        deliveries = {pool.submit(_delivery_thread, event, keys.get(event.tenant_id, [])): event
+                      for event in batch}
         for done in as_completed(deliveries):
             outcome = _record(deliveries[done], *done.result())
             setattr(report, outcome, getattr(report, outcome) + 1)
@@ -140,19 +143,24 @@ def relay_one(event_id) -> RelayReport:
     how its message fared drives its delivery itself, instead of waiting for a free worker)."""
     report = RelayReport()
     for event in claim_batch(leases.new_owner(), 1, event_id=event_id):
-        outcome = _record(event, *_deliver(event))
+        outcome = _record(event, *_deliver(event, _signing_secrets([event]).get(event.tenant_id, [])))
         setattr(report, outcome, getattr(report, outcome) + 1)
     return report
 
 
-def _delivery_thread(event: OutboxEvent) -> tuple[DeliveryFailed | None, float, Any]:
+def _signing_secrets(batch: list[OutboxEvent]) -> dict[int, list[str]]:
+    """The secrets each webhook's tenant signs with, read before delivery (one query for the batch)."""
+    return access.signing_secrets({event.tenant_id for event in batch if event.kind in WEBHOOK_KINDS})
+
+
+def _delivery_thread(event: OutboxEvent, signing_secrets: list[str]) -> tuple[DeliveryFailed | None, float, Any]:
     try:
-        return _deliver(event)
+        return _deliver(event, signing_secrets)
     finally:
         connections.close_all()  # this thread's, if anything in the delivery opened one
 
 
-def _deliver(event: OutboxEvent) -> tuple[DeliveryFailed | None, float, Any]:
+def _deliver(event: OutboxEvent, signing_secrets: list[str]) -> tuple[DeliveryFailed | None, float, Any]:
     """Deliver one event inside its span, in the trace of the call that wrote it (the consumer gets
     its `traceparent`): (the failure or None, seconds taken, the span)."""
     # The payload is the caller's (an address, a message): no line may show it, an SMTP error included.
@@ -162,7 +170,7 @@ def _deliver(event: OutboxEvent) -> tuple[DeliveryFailed | None, float, Any]:
             "idemops.outbox_event": str(event.id), "idemops.kind": event.kind, "idemops.attempt": event.attempts + 1}
                            ) as span, logs.scrubbing(scrubbed):
         try:
-            deliver(event)
+            deliver(event, signing_secrets)
         except DeliveryFailed as exc:
             failure = exc
         except Exception as exc:  # a bug in a delivery must not stop the others: it counts as a failed attempt

@@ -71,7 +71,9 @@ def resolve_by_operator(record: IdempotencyRecord, user, *, succeeded: bool, rea
         done = engine.resolve_succeeded(record, result, actor=actor, reason=reason, evidence=evidence)
     else:
         failure = Transient(f"an operator found the first call did not take effect: {reason}", retry_after=0)
-        done = engine.resolve_failed(record, failure, actor=actor, reason=reason, evidence=evidence)
+        # A person checked: the key may run again, with a new budget of runs (escalate_retries).
+        done = engine.resolve_failed(record, failure, actor=actor, reason=reason, evidence=evidence,
+                                     fresh_attempts=True)
     if not done:
         raise InvalidInput("this record is no longer UNKNOWN; reload it")
     observed(record, "succeeded" if succeeded else "failed", actor=actor)

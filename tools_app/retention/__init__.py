@@ -10,12 +10,14 @@ first to last: the tenant's RetentionOverride for the tool, the tenant's overrid
 
 `purge.py` removes what is past it, in batches taken with SELECT ... FOR UPDATE
 SKIP LOCKED, each batch with one audit event per purged object in its
-transaction; rows that are evidence (records, tasks) stay, emptied. Audit events
+transaction; rows that are evidence (records, tasks) stay, emptied, and with a
+record go the copies of its call's words: its raw key, its evidence's bodies,
+its approval request's arguments and personal summary, its outbox payloads. Audit events
 are never purged, so the hash chain still verifies. `jobs.py` is the django-q2
 entry point, scheduled in tools_app/schedules.py; `manage.py purge_expired`
 runs it now.
 
-May import: core, access, engine, toolkit, tasks.
+May import: core, access, engine, toolkit, outbox, approvals, tasks.
 """
 
 from tools_app.retention.models import RetentionOverride

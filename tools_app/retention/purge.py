@@ -6,10 +6,15 @@ workers running the schedule) never take the same rows, and a row another
 transaction holds (a replay reading a record, a worker finishing a task) is
 left for the next round instead of waited for. What stays:
 
-- records: the row (key, status, fingerprint, digests, evidence, times): a
-  call with the key still follows the tool's expiry policy (`reexecute` frees
-  the key, `hold` answers `expired`), since only keys already past their
-  retention are purged; `arguments` becomes {} and `result` null;
+- records: the row (status, fingerprint, digests, times): `arguments` becomes
+  {} and `result` null, each piece of `evidence` keeps only when and by whom
+  it was gathered, and the raw `key` is replaced by its keyed hash
+  (core.keys.purged_key): a call with the key still finds the record and
+  follows the tool's expiry policy (`reexecute` frees the key, `hold` answers
+  `expired`), since only keys already past their retention are purged. The
+  record's approval request loses its `arguments` and its `summary` the values
+  of the tool's personal arguments; its outbox events (approvers' messages,
+  notifications) lose their payload, and one still pending is dead-lettered;
 - tasks: the row and its step history; `arguments`, `sealed_arguments`,
   `result`, `input_request` and `resume_input` are emptied;
 - artifacts: checkpoints, step batches and artifacts are deleted (resuming a
@@ -28,13 +33,15 @@ from datetime import datetime, timedelta
 
 from django.db import models, transaction
 from django.db.models import Count, Q
-from django.utils import timezone
+from django.db.models.expressions import RawSQL
 
 from idemops.conf import conf
-from tools_app.core import audit
+from tools_app.approvals import purge as approvals_purge
+from tools_app.core import audit, clock, keys
 from tools_app.core.models import AuditEvent
 from tools_app.engine import FINISHED
 from tools_app.engine.models import IdempotencyRecord
+from tools_app.outbox import purge as outbox_purge
 from tools_app.retention.policy import KINDS, default_for, kept_for, load_overrides
 from tools_app.tasks.models import Checkpoint, StepBatch, Task, TaskArtifact, TaskStatus
 from tools_app.toolkit.registry import all_tools
@@ -53,9 +60,21 @@ class Kind:
     action: str
 
 
+# Each piece of evidence keeps when it was gathered and by whom; what was asked and answered
+# (downstream bodies: payees, addresses) goes.
+EVIDENCE_OUTLINE = RawSQL("COALESCE((SELECT jsonb_agg(jsonb_build_object('at', e->'at', 'source', e->'source')) "
+                          "FROM jsonb_array_elements(evidence) AS e), '[]'::jsonb)", ())
+RECORD_FIELDS = ["arguments", "result", "evidence", "key", "approval_request", "outbox_events"]
+
+
 def _purge_records(rows: list[IdempotencyRecord], now: datetime) -> dict:
-    IdempotencyRecord.objects.filter(pk__in=[r.pk for r in rows]).update(arguments={}, result=None, purged_at=now)
-    return {r.pk: {"purged": ["arguments", "result"]} for r in rows}
+    ids = [r.pk for r in rows]
+    IdempotencyRecord.objects.filter(pk__in=ids).update(
+        arguments={}, result=None, evidence=EVIDENCE_OUTLINE, key=keys.purged_key_sql(), purged_at=now)
+    # Every copy of the call's words goes with it: its approval request's and its messages'.
+    approvals_purge.forget_arguments(ids)
+    outbox_purge.forget_payloads(ids)
+    return {r.pk: {"purged": RECORD_FIELDS} for r in rows}
 
 
 def _purge_tasks(rows: list[Task], now: datetime) -> dict:
@@ -124,8 +143,9 @@ def due(kind: str, now: datetime) -> Q:
 
 
 def _extra(kind: str, now: datetime) -> Q:
-    # A record is purged only once its key expired: until then a retry must replay its result.
-    return Q(expires_at__lte=now) if kind == "records" else Q()
+    # A record is purged only once its key expired: until then a retry must replay its result. A key
+    # bound to an unfinished task (`ongoing`) has not, whatever its expires_at says.
+    return Q(expires_at__lte=now, ongoing=False) if kind == "records" else Q()
 
 
 @dataclass
@@ -144,7 +164,8 @@ def purge_kind(kind: str, *, now: datetime | None = None, batch: int | None = No
     spec = KIND_SPECS.get(kind)
     if spec is None:
         return 0, 0  # no installed app keeps objects of this kind (documents without the demo)
-    now = now or timezone.now()
+    # The database's time: a host whose clock runs ahead would purge early.
+    now = now or clock.read()
     size = batch or conf().retention_purge_batch
     selection = spec.pending & due(kind, now) & _extra(kind, now)
     purged = batches = 0

@@ -16,10 +16,12 @@ from tools_app.tasks.calls import call_task_tool, describe, next_action, outcome
 from tools_app.tasks.control import (
     CANCEL,
     MANAGE_PERMISSION,
+    MARK_CAUSE_FIXED,
     PAUSE,
     RESUME,
     cancel,
     get_for_tenant,
+    mark_cause_fixed,
     pause,
     resume,
 )
@@ -50,10 +52,11 @@ from tools_app.tasks.state import (
 )
 
 __all__ = [
-    "ACTIVE", "CANCEL", "CHANGES_CHANNEL", "FORK", "FORK_OPERATION", "MANAGE_PERMISSION", "PAUSE", "RESUME",
+    "ACTIVE", "CANCEL", "CHANGES_CHANNEL", "FORK", "FORK_OPERATION", "MANAGE_PERMISSION", "MARK_CAUSE_FIXED", "PAUSE",
+    "RESUME",
     "RUNNABLE", "SWEEPER", "WEBHOOK_KIND", "ForkHandle", "begin_step", "call_task_tool", "cancel", "complete_step",
     "create_task", "describe", "expire_lease", "fail", "finish_step_run", "fork", "fork_operation",
-    "get_for_tenant", "hand_on", "hooks", "lease_seconds", "next_action", "outcome", "pause",
+    "get_for_tenant", "hand_on", "hooks", "lease_seconds", "mark_cause_fixed", "next_action", "outcome", "pause",
     "pause_for_input", "renew_lease", "requeue", "resumable", "resume", "retry_later", "run_task", "succeed",
     "sweep", "take", "unfinished", "wait_for",
 ]

@@ -19,7 +19,16 @@ from pydantic import BaseModel, Field
 from idemops.conf import conf
 from tools_app import access
 from tools_app.core import clock, db, keys, polling, redaction, url_allowlist
-from tools_app.core.errors import AlreadyDone, ErrorClass, InProgress, InvalidInput, NotFound, ToolFailure
+from tools_app.core.errors import (
+    AlreadyDone,
+    ErrorClass,
+    InProgress,
+    InternalError,
+    InvalidInput,
+    NotFound,
+    ToolFailure,
+)
+from tools_app.core.keys import FINGERPRINT_FILLED
 from tools_app.tasks import state
 from tools_app.tasks.models import Task, TaskStatus
 from tools_app.toolkit.calls import Caller, CallResult, call_tool, validate_arguments, with_idempotency_key
@@ -97,6 +106,9 @@ def next_action(task: Task) -> str:
         case TaskStatus.FAILED if state.resumable(task):
             return (f"Failed after retries: {task.failure_reason}. resume_task runs it again from its last "
                     "checkpoint.")
+        case TaskStatus.FAILED if task.failure_class == ErrorClass.INTERNAL_ERROR:
+            return (f"Failed: {task.failure_reason}. resume_task runs it again once an operator marks the cause "
+                    "fixed.")
         case TaskStatus.FAILED:
             return (f"Failed ({task.failure_class}): {task.failure_reason}. Another run would fail the same way: "
                     "fix the input and start a new task with a new idempotency_key.")
@@ -152,6 +164,18 @@ def check_start(args: Any) -> None:
         spec.pipeline.validate(validated)
     if getattr(args, "notify_url", None) is not None:
         url_allowlist.check(args.notify_url, conf().webhook_allowed_prefixes, field="notify_url")
+
+
+def start_arguments(args: Any, version: int) -> dict[str, Any]:
+    """What start_task's fingerprint covers: the tool, the webhook, and the long tool's arguments as
+    that tool's own fingerprint covers them (values normalised, its non-business fields left out, no
+    default it did not send), so a conflict names the inner field (`arguments.title`). Under
+    version 1 (before versions) the inner arguments as they came."""
+    own = get_tool(START_TASK).sent_arguments(args, version)
+    if version == FINGERPRINT_FILLED:
+        return own
+    spec, validated = inner_call(args.tool, args.arguments, args.idempotency_key)
+    return {**own, "arguments": spec.business_arguments(validated)}
 
 
 def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str, notify_url: str | None = None
@@ -214,7 +238,7 @@ def unfinished(task: Task) -> ToolFailure:
     if task.status == TaskStatus.FAILED:
         failure = ToolFailure.from_dict({"class": task.failure_class or ErrorClass.TRANSIENT, "message": (
             f"task {task.pk} failed: {task.failure_reason}. {next_action(task)}")})
-        failure.details = details
+        failure.details = {**details, "reference": str(task.pk)} if isinstance(failure, InternalError) else details
         return failure
     if task.status == TaskStatus.CANCELLED:
         return AlreadyDone(f"task {task.pk} was cancelled ({task.failure_reason})", details=details)

@@ -14,9 +14,19 @@ from typing import Any
 import jsonschema
 from django.db import transaction
 
+from tools_app import engine
 from tools_app.access import Permit, authorize
 from tools_app.core import clock, db
-from tools_app.core.errors import AlreadyDone, InProgress, InvalidInput, NotFound, ToolFailure
+from tools_app.core.errors import (
+    INTERNAL_ERROR_ADVICE,
+    AlreadyDone,
+    ErrorClass,
+    InProgress,
+    InternalError,
+    InvalidInput,
+    NotFound,
+    ToolFailure,
+)
 from tools_app.tasks.models import Task, TaskStatus
 from tools_app.tasks.state import (
     ACTIVE,
@@ -69,6 +79,10 @@ PAUSE = Permit(MANAGE_PERMISSION, "pause", "manage tasks", "task.pause_refused",
 RESUME = Permit(MANAGE_PERMISSION, "resume", "manage tasks", "task.resume_refused", agents=True)
 
 
+# Operators only: the agent that met the bug cannot know it was fixed.
+MARK_CAUSE_FIXED = Permit(MANAGE_PERMISSION, "mark_cause_fixed", "manage tasks", "task.mark_cause_fixed_refused")
+
+
 def cancel(task: Task, who, *, reason: str = "") -> Task:
     """created|running|paused|retrying -> cancelled, at once, by an operator or the tenant's agent.
 
@@ -87,7 +101,7 @@ def cancel(task: Task, who, *, reason: str = "") -> Task:
             "status": TaskStatus.CANCELLED, "finished_at": clock.NOW, "lease_owner": "",
             "lease_expires_at": None, "failure_class": "", "pause_requested": "",
             "failure_reason": f"cancelled by {actor}" + (f": {reason}" if reason else ""), "next_retry_at": None,
-        }, action="task.cancelled", actor=actor, reason=reason, step=task.current_step) and finished(task)
+        }, action="task.cancelled", actor=actor, reason=reason, step=task.current_step) and finished(task, actor)
 
     return _with_retries(task, attempt)
 
@@ -133,7 +147,8 @@ def resume(task: Task, who, *, answer: dict[str, Any] | None = None) -> Task:
     """Continue a task from its last valid checkpoint, where that makes sense:
 
     paused -> created (with the answer to its input request); retrying -> due now;
-    failed with a transient class -> created, attempts reset; running whose
+    failed with a transient class, or with internal_error once an operator marked its cause
+    fixed (mark_cause_fixed) -> created, attempts reset; running whose
     worker died -> expire_lease. A queued or healthy running task is left as
     is. Refused: succeeded and cancelled tasks, and deterministic failures
     (with the reason: the input must change, which is a new task). By an
@@ -152,6 +167,13 @@ def resume(task: Task, who, *, answer: dict[str, Any] | None = None) -> Task:
                 raise AlreadyDone(f"task {task.pk} was cancelled ({task.failure_reason}); a cancelled task does "
                                   "not resume: start a new task with a new idempotency_key",
                                   details={"task_status": task.status})
+            case TaskStatus.FAILED if task.failure_class == ErrorClass.INTERNAL_ERROR and not resumable(task, now):
+                raise InternalError(
+                    f"task {task.pk} failed with an internal error of the server, which another run would repeat "
+                    f"until it is fixed: {INTERNAL_ERROR_ADVICE}: {task.pk}. resume_task runs it again once an "
+                    "operator marks the cause fixed.",
+                    details={"task_status": task.status, "failure_reason": task.failure_reason,
+                             "reference": str(task.pk)})
             case TaskStatus.FAILED if not resumable(task, now):
                 failure = ToolFailure.from_dict({"class": task.failure_class, "message": (
                     f"task {task.pk} failed with a {task.failure_class} error that another run would repeat: "
@@ -160,7 +182,7 @@ def resume(task: Task, who, *, answer: dict[str, Any] | None = None) -> Task:
                 raise failure
             case TaskStatus.FAILED:
                 changes = {"status": TaskStatus.CREATED, "attempts": 1, "lease_expiries": 0, "failure_class": "",
-                           "failure_reason": "", "finished_at": None, "enqueued_at": now}
+                           "failure_reason": "", "finished_at": None, "enqueued_at": now, "cause_fixed_at": None}
             case TaskStatus.PAUSED:
                 changes = {"status": TaskStatus.CREATED, "resume_input": _checked_answer(task, answer),
                            "pause_reason": "", "pause_requested": "", "enqueued_at": now}
@@ -180,8 +202,32 @@ def resume(task: Task, who, *, answer: dict[str, Any] | None = None) -> Task:
         if not transition(task, {"status": before}, changes, action="task.resumed", actor=actor,
                            answered=sorted((answer or {}).keys())):
             return False
+        if before == TaskStatus.FAILED:
+            # Unfinished again: its key answers it again until it ends (the end set a retention).
+            engine.hold_while_ongoing(task.record, actor=actor, reason=f"task {task.pk} resumed")
         enqueue_run(task)
         return True
+
+    return _with_retries(task, attempt)
+
+
+def mark_cause_fixed(task: Task, who, *, reason: str) -> Task:
+    """failed with internal_error -> the same, marked fixed: resume_task may then run it again (once:
+    resuming clears the mark). By an operator, saying what was fixed (e.g. the release)."""
+    actor = authorize(who, MARK_CAUSE_FIXED, task)
+    if not reason.strip():
+        raise InvalidInput("reason: say what was fixed (e.g. the release that fixes it)")
+
+    def attempt(task: Task) -> bool:
+        if task.status != TaskStatus.FAILED or task.failure_class != ErrorClass.INTERNAL_ERROR:
+            raise InvalidInput(f"task {task.pk} is {task.status}"
+                               + (f" ({task.failure_class})" if task.failure_class else "")
+                               + "; only a task failed with internal_error has a cause to mark fixed")
+        if task.cause_fixed_at is not None:
+            return True
+        return transition(task, {"status": TaskStatus.FAILED, "failure_class": ErrorClass.INTERNAL_ERROR,
+                                 "cause_fixed_at__isnull": True},
+                          {"cause_fixed_at": clock.NOW}, action="task.cause_fixed", actor=actor, reason=reason)
 
     return _with_retries(task, attempt)
 

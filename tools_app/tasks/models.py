@@ -52,6 +52,9 @@ class Task(models.Model):
     lease_expiries = models.PositiveIntegerField(default=0, help_text="Times a worker died holding the lease.")
     failure_class = models.CharField(max_length=32, blank=True)
     failure_reason = models.TextField(blank=True)
+    cause_fixed_at = models.DateTimeField(
+        null=True, blank=True, help_text="An operator marked the cause of its internal_error fixed: it may be "
+                                         "resumed once.")
     pause_reason = models.TextField(blank=True)
     pause_requested = models.TextField(
         blank=True, help_text="Set while a running task is asked to pause (the reason): its worker pauses it at the "

@@ -207,7 +207,7 @@ class Runner:
 
     def _final_failure(self, exc: Exception) -> ToolFailure | None:
         """The failure `exc` stands for if it ends the task's forward run (no retry left), else None."""
-        failure = self.pipeline.classify(exc)
+        failure = self.pipeline.classify(exc, self.task.pk)
         if failure.retryable and self.task.attempts < self.task.max_attempts:
             return None
         if failure.retryable:
@@ -226,7 +226,7 @@ class Runner:
     def _failed(self, run: StepRun | None, exc: Exception, *, compensating: bool = False
                 ) -> tuple[str, float | None]:
         task = self.task
-        failure = self.pipeline.classify(exc)
+        failure = self.pipeline.classify(exc, self.task.pk)
         if compensating and not failure.retryable:
             # An undo that cannot be done: a person must finish it (the task's checkpoints say how far it got).
             failure.message = (f"compensation step {task.current_step} failed: {failure.message}; "

@@ -42,13 +42,15 @@ from django.db import connection, transaction
 from django.db.models import Q
 
 from idemops.conf import conf
+from tools_app import engine
 from tools_app.core import audit, clock, counters, db, jobs, leases
-from tools_app.core.errors import ErrorClass, ToolFailure
+from tools_app.core.errors import ErrorClass, NotFound, ToolFailure
 from tools_app.engine.models import IdempotencyRecord
 from tools_app.tasks import checkpoints
 from tools_app.tasks.hooks import hooks
 from tools_app.tasks.models import StepOutcome, StepRun, Task, TaskStatus
 from tools_app.toolkit.pipelines import Step
+from tools_app.toolkit.registry import get_tool
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +106,9 @@ def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, An
         **more)
     audit.record_event(action="task.created", obj=task, actor=actor, trace_id=trace_id,
                        after={"status": task.status, "tool": tool, **({"notify_url": True} if notify_url else {})})
+    # The call answers at once, but its key must answer this task until the task ends, however long
+    # that takes (a paused task may wait for days): a key that expired meanwhile would start a second.
+    engine.hold_while_ongoing(record, actor=actor, reason=f"task {task.pk} started")
     enqueue_run(task)
     return task
 
@@ -229,7 +234,7 @@ def succeed(task: Task, owner: str, result: dict[str, Any]) -> bool:
         "lease_owner": "", "lease_expires_at": None, "failure_class": "", "failure_reason": "",
         "progress_done": task.steps_total, "progress_total": task.steps_total, "progress_message": "done",
         "pause_requested": "",
-    }, action="task.succeeded", actor=owner) and finished(task)
+    }, action="task.succeeded", actor=owner) and finished(task, owner)
 
 
 @transaction.atomic
@@ -240,7 +245,7 @@ def fail(task: Task, owner: str, failure: ToolFailure, run: StepRun | None = Non
         "finished_at": clock.NOW, "lease_owner": "", "lease_expires_at": None, "pause_requested": "",
     }, action="task.failed", actor=owner, failure_class=str(failure.error_class)):
         return False
-    finished(task)
+    finished(task, owner)
     if run is not None:
         finish_step_run(run, StepOutcome.FAILED, failure.message)
     return True
@@ -326,7 +331,8 @@ def expire_lease(task: Task, actor: str = SWEEPER) -> bool:
             "status": TaskStatus.FAILED, "lease_expiries": deaths, "failure_class": ErrorClass.TRANSIENT,
             "failure_reason": reason, "finished_at": now, "lease_owner": "", "lease_expires_at": None,
             "pause_requested": "",
-        }, action="task.failed", actor=actor, reason=reason, failure_class=ErrorClass.TRANSIENT) and finished(task)
+        }, action="task.failed", actor=actor, reason=reason,
+            failure_class=ErrorClass.TRANSIENT) and finished(task, actor)
     else:
         expired = transition(task, expected, {
             "status": TaskStatus.CREATED, "lease_expiries": deaths, "lease_owner": "", "lease_expires_at": None,
@@ -360,14 +366,26 @@ def requeue(task: Task, actor: str = SWEEPER) -> bool:
     return True
 
 
-def finished(task: Task) -> bool:
-    """What follows a transition to succeeded, failed or cancelled, in its transaction: the
-    webhook the caller asked for (`notify_url`), through the outbox, which delivers it at
-    least once with the event id (X-Event-Id) for the receiver to deduplicate by."""
+def finished(task: Task, actor: str) -> bool:
+    """What follows a transition to succeeded, failed or cancelled, in its transaction: the key
+    that started the task is kept for the long tool's retention from now (not from the start:
+    engine.retain_from_end), and the webhook the caller asked for (`notify_url`), through the
+    outbox, which delivers it at least once with the event id (X-Event-Id) for the receiver to
+    deduplicate by."""
+    engine.retain_from_end(task.record, key_retention(task.tool), actor=actor, reason=f"task {task.pk} {task.status}")
     if task.notify_url:
         hooks.enqueue_event(tenant_id=task.tenant_id, kind=WEBHOOK_KIND, record=task.record,
                             payload={"recipient": task.notify_url, "json": webhook_body(task)})
     return True
+
+
+def key_retention(tool: str) -> timedelta:
+    """How long the key of a task of `tool` answers its task once the task has ended: the long
+    tool's own retention (a tool no longer declared: the engine's default)."""
+    try:
+        return get_tool(tool).retention_now()
+    except NotFound:
+        return engine.DEFAULT_RETENTION
 
 
 def webhook_body(task: Task) -> dict[str, Any]:
@@ -383,6 +401,9 @@ def resumable(task: Task, now: datetime | None = None) -> bool:
     task's lease is compared with `now`, else the database's time of the read."""
     return (task.status in (TaskStatus.PAUSED, TaskStatus.RETRYING)
             or (task.status == TaskStatus.FAILED and task.failure_class == ErrorClass.TRANSIENT)
+            # A bug fails the same way on every run: only once an operator says it is fixed.
+            or (task.status == TaskStatus.FAILED and task.failure_class == ErrorClass.INTERNAL_ERROR
+                and task.cause_fixed_at is not None)
             or (task.status == TaskStatus.RUNNING and task.lease_expires_at is not None
                 and task.lease_expires_at < (now or clock.read_at(task))))
 

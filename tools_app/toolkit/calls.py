@@ -150,6 +150,8 @@ def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel) -> tuple[en
     trace_id, span_id = tracing.ids()
     operation = engine.Operation(
         tenant_id=caller.tenant_id, tool=spec.name, key=args.idempotency_key, arguments=spec.business_arguments(args),
+        fingerprint_version=spec.fingerprint_version,
+        arguments_at=lambda version: spec.business_arguments(args, version),
         actor=caller.actor, trace_id=trace_id, span_id=span_id, retention=spec.retention_now(),
         on_expiry=spec.on_expiry,
         transactional=spec.transactional,

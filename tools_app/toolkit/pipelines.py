@@ -8,11 +8,13 @@ checkpointed. The output of the last step is the tool's result.
 The pipeline also says what to do when a step raises:
 - a ToolFailure carries its own class: `transient` is retried, any other class
   is final (the task fails, and resume_task refuses with the reason);
-- exceptions listed in `transient` (network, database) are retried with
-  exponential backoff and equal jitter (core.backoff), up to `max_attempts` runs of the task;
+- exceptions listed in `transient` (by default core.errors.INFRASTRUCTURE_ERRORS: the database
+  or the network failed) are retried with exponential backoff and equal jitter (core.backoff),
+  up to `max_attempts` runs of the task;
 - exceptions listed in `final` fail the task as `invalid_input`;
-- anything else is a bug or an unforeseen condition: retried like a
-  transient error (steps are idempotent, so a retry is safe) and logged.
+- anything else is a bug: logged, and the task fails at once as `internal_error` (another run
+  would fail the same way). resume_task runs it again only once an operator marks the cause
+  fixed; a pipeline that knows an exception type passes lists it in `transient`.
 A step that must wait for a person or a dependency raises WaitFor: the task
 is paused until resume_task (or the tasks extension's tasks/update) supplies
 the answer.
@@ -39,12 +41,19 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.db import DatabaseError, DataError
+from django.db import DataError
 from pydantic import BaseModel
 
 from idemops.conf import conf
 from tools_app.core import backoff
-from tools_app.core.errors import InvalidInput, ToolFailure, Transient, invalid_data
+from tools_app.core.errors import (
+    INFRASTRUCTURE_ERRORS,
+    InvalidInput,
+    ToolFailure,
+    Transient,
+    internal_error,
+    invalid_data,
+)
 from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
 from tools_app.toolkit.policies import KEEP_DEFAULTS, KeepFor
 from tools_app.toolkit.registry import ApprovalRule, ToolContext, ToolSpec, WriteInput, register
@@ -146,7 +155,9 @@ class RetryPolicy:
 class Pipeline:
     steps: tuple[Step, ...]
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    transient: tuple[type[BaseException], ...] = (DatabaseError, ConnectionError, TimeoutError)
+    # What a step may raise that another run may get past; anything else not a ToolFailure is a
+    # programming error (internal_error): the task fails at once instead of retrying it.
+    transient: tuple[type[BaseException], ...] = INFRASTRUCTURE_ERRORS
     final: tuple[type[BaseException], ...] = ()
     # Checks beyond the input model that must hold before a task is created
     # (allow-lists, decodability): a bad call fails at once, not as a task.
@@ -176,15 +187,18 @@ class Pipeline:
         return (*self.steps[:failed_at], Step(f"{FAILED_PREFIX}{failed.name}", _failure_marker, failed.version),
                 *undo)
 
-    def classify(self, exc: BaseException) -> ToolFailure:
-        """The failure a step's exception stands for; `.retryable` says whether to retry."""
+    def classify(self, exc: BaseException, reference: object = "") -> ToolFailure:
+        """The failure a step's exception stands for; `.retryable` says whether to retry. `reference`
+        (the task's id) is what an internal_error tells the agent to report."""
         if isinstance(exc, ToolFailure):
             return exc
         if isinstance(exc, DataError):  # a DatabaseError, but the same values fail the same way
             return invalid_data(exc)
         if isinstance(exc, self.final):
             return InvalidInput(str(exc) or type(exc).__name__)
-        return Transient(f"{type(exc).__name__}: {exc}"[:500])
+        if isinstance(exc, self.transient):
+            return Transient(f"{type(exc).__name__}: {exc}"[:500])
+        return internal_error(exc, reference, what="the task stopped at its last checkpoint")
 
 
 def _runs_as_task(ctx: ToolContext, args: Any) -> dict[str, Any]:
@@ -198,7 +212,8 @@ def task_tool(*, name: str, title: str, description: str, input_model: type[Writ
               retention: timedelta | Callable[[], timedelta] = DEFAULT_RETENTION,
               on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE, keep: KeepFor = KEEP_DEFAULTS,
               destructive: bool = False, open_world: bool = False, approval: ApprovalRule | None = None,
-              operation_arguments: Callable[[Any], dict[str, Any]] | None = None) -> ToolSpec:
+              operation_arguments: Callable[[Any, int], dict[str, Any]] | None = None,
+              counted_defaults: tuple[dict[str, Any], ...] = ()) -> ToolSpec:
     """Declare a long tool: calling it starts (or rejoins) a task running `pipeline`, checkpointed step by
     step; its answer is the task's handle until the task ends, then its result."""
     return register(ToolSpec(
@@ -206,4 +221,4 @@ def task_tool(*, name: str, title: str, description: str, input_model: type[Writ
         handler=_runs_as_task, writes=True, pipeline=pipeline, personal_fields=personal_fields,
         non_business_fields=non_business_fields, retention=retention, on_expiry=on_expiry, keep=keep,
         destructive=destructive, open_world=open_world, approval=approval,
-        operation_arguments=operation_arguments))
+        operation_arguments=operation_arguments, counted_defaults=counted_defaults))

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tools_app.access.models import Tenant
 from tools_app.core import redaction
 from tools_app.core.errors import NotFound
-from tools_app.core.keys import KEY_RULE
+from tools_app.core.keys import FINGERPRINT_AS_SENT, FINGERPRINT_FILLED, KEY_RULE
 from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
 from tools_app.toolkit.policies import KEEP_DEFAULTS, ApprovalPolicy, KeepFor
 
@@ -203,19 +203,44 @@ class ToolSpec:
     # A high-risk write: its key must be an operation id issued by prepare_operation (engine.prepared),
     # never one the model made up. Advertised in tools/list `_meta` (io.idemops/requires-operation-id).
     requires_operation_id: bool = False
-    # What the fingerprint covers, when it is not simply the validated arguments without the
-    # excluded fields: (validated arguments) -> business arguments.
-    operation_arguments: Callable[[Any], dict[str, Any]] | None = None
+    # Defaults that decide what the operation is (a currency): filled into the fingerprint when the
+    # caller leaves the field out, so sending the default and leaving it out are one operation. Each
+    # set is fixed once deployed: a change appends a new set (fingerprint version 3, 4, ...), and keys
+    # claimed under an earlier set are compared under it. Any other default is left out of the
+    # fingerprint (version 2): a deploy adding an optional argument changes nothing for live keys.
+    counted_defaults: tuple[dict[str, Any], ...] = ()
+    # What the fingerprint covers, when it is not simply the arguments sent without the excluded
+    # fields: (validated arguments, fingerprint version) -> business arguments.
+    operation_arguments: Callable[[Any, int], dict[str, Any]] | None = None
 
     @property
     def excluded_from_fingerprint(self) -> frozenset[str]:
         return ENGINE_FIELDS | self.non_business_fields
 
-    def business_arguments(self, args: BaseModel) -> dict[str, Any]:
-        """The arguments that make the operation what it is: what its fingerprint covers."""
+    @property
+    def fingerprint_version(self) -> int:
+        """The version new calls are fingerprinted under (core.keys)."""
+        return FINGERPRINT_AS_SENT + len(self.counted_defaults)
+
+    def business_arguments(self, args: BaseModel, version: int | None = None) -> dict[str, Any]:
+        """The arguments that make the operation what it is: what its fingerprint (of `version`, by
+        default the current one) covers."""
+        version = self.fingerprint_version if version is None else version
         if self.operation_arguments is not None:
-            return self.operation_arguments(args)
-        return args.model_dump(mode="python", exclude=set(self.excluded_from_fingerprint))
+            return self.operation_arguments(args, version)
+        return self.sent_arguments(args, version)
+
+    def sent_arguments(self, args: BaseModel, version: int) -> dict[str, Any]:
+        """The validated arguments without the excluded fields, as fingerprint `version` covers them."""
+        excluded = set(self.excluded_from_fingerprint)
+        if version == FINGERPRINT_FILLED:
+            return args.model_dump(mode="python", exclude=excluded)
+        # Only what the caller sent (at every level): a default is the server's word, and may change.
+        sent = args.model_dump(mode="python", exclude=excluded, exclude_unset=True)
+        counted = version - FINGERPRINT_AS_SENT
+        if 0 < counted <= len(self.counted_defaults):
+            return {**self.counted_defaults[counted - 1], **sent}
+        return sent
 
     def retention_now(self) -> timedelta:
         return self.retention() if callable(self.retention) else self.retention
@@ -259,6 +284,9 @@ def _check(spec: ToolSpec) -> None:
         raise TypeError(f"tool {spec.name!r}: only a short write tool can require an issued operation id")
     if unknown := spec.non_business_fields - spec.input_model.model_fields.keys():
         raise TypeError(f"tool {spec.name!r} declares non-business fields it does not take: {sorted(unknown)}")
+    counted = {name for defaults in spec.counted_defaults for name in defaults}
+    if unknown := counted - spec.input_model.model_fields.keys():
+        raise TypeError(f"tool {spec.name!r} declares counted defaults for fields it does not take: {sorted(unknown)}")
 
 
 def _declare(writes: bool, **declaration: Any) -> Callable[[Handler], Handler]:
@@ -280,7 +308,8 @@ def write_tool(*, name: str, title: str, input_model: type[WriteInput], output_m
                result_for_reference: Callable[[Any, str], dict[str, Any]] | None = None,
                approval: ApprovalRule | None = None, check: Callable[[Any], None] | None = None,
                requires_operation_id: bool = False,
-               operation_arguments: Callable[[Any], dict[str, Any]] | None = None,
+               operation_arguments: Callable[[Any, int], dict[str, Any]] | None = None,
+               counted_defaults: tuple[dict[str, Any], ...] = (),
                ) -> Callable[[Handler], Handler]:
     """Declare a tool with side effects, on its handler `(ctx: ToolContext, args) -> output model`: it runs
     under the idempotency engine (see ToolSpec for what each part means). The description defaults to the
@@ -291,7 +320,7 @@ def write_tool(*, name: str, title: str, input_model: type[WriteInput], output_m
                     destructive=destructive, open_world=open_world, transactional=transactional,
                     reconciler=reconciler, result_for_reference=result_for_reference, approval=approval,
                     check=check, requires_operation_id=requires_operation_id,
-                    operation_arguments=operation_arguments)
+                    operation_arguments=operation_arguments, counted_defaults=counted_defaults)
 
 
 def read_tool(*, name: str, title: str, input_model: type[ToolInput], output_model: type[BaseModel],

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
-from django.utils import timezone
 from pydantic import BaseModel, Field, model_validator
 
 from idemops.conf import conf
 from tools_app import approvals, engine
+from tools_app.core import clock, keys
 from tools_app.core.errors import ErrorClass, InvalidInput, NotFound, ToolFailure
+from tools_app.core.keys import FINGERPRINT_FILLED
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
 from tools_app.tasks import calls as task_calls
 from tools_app.tasks.models import Task
@@ -79,11 +81,13 @@ def check_prepare(args: PrepareOperationInput) -> None:
     target_call(args)
 
 
-def prepared_arguments(args: PrepareOperationInput) -> dict[str, Any]:
+def prepared_arguments(args: PrepareOperationInput, version: int) -> dict[str, Any]:
     """What a prepare call's fingerprint covers: the tool and its business arguments (a re-worded note
-    or another trace id asks for the same operation)."""
+    or another trace id asks for the same operation), as the tool's own fingerprint covers them (all
+    filled in under version 1, as before versions)."""
     spec, validated = target_call(args)
-    return {"tool": spec.name, "arguments": spec.business_arguments(validated)}
+    inner = FINGERPRINT_FILLED if version == FINGERPRINT_FILLED else spec.fingerprint_version
+    return {"tool": spec.name, "arguments": spec.business_arguments(validated, inner)}
 
 
 def id_ttl() -> timedelta:
@@ -103,8 +107,8 @@ def prepare_operation(ctx: ToolContext, args: PrepareOperationInput) -> Prepared
     other arguments with that key are a `conflict`. Use the id within expires_at; then call the tool with it, and
     on every retry of that call."""
     spec, validated = target_call(args)
-    prepared = engine.issue(ctx.record, tool=spec.name, arguments=spec.business_arguments(validated),
-                            actor=ctx.actor)
+    prepared = engine.issue(ctx.record, tool=spec.name, covered=partial(spec.business_arguments, validated),
+                            fingerprint_version=spec.fingerprint_version, actor=ctx.actor)
     return PreparedOutput(operation_id=str(prepared.operation_id), tool=spec.name,
                           expires_at=ctx.record.expires_at)
 
@@ -134,7 +138,9 @@ class OperationView(BaseModel):
                                                       "the key answers, without the idempotency block)")
     error: dict[str, Any] | None = Field(description="The error once FAILED; while waiting, what a call would be "
                                                      "told ({class, message, retry_after?, ...}); else null")
-    expires_at: datetime = Field(description="End of the key's retention")
+    expires_at: datetime | None = Field(description="End of the key's retention; null while the first call has "
+                                                    "not committed, and while the task a long tool's operation "
+                                                    "started is unfinished (its end starts the retention)")
     task_id: str | None = Field(None, description="The task a long tool's operation runs as")
 
 
@@ -147,7 +153,14 @@ def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
     ends, then the task's result). not_found: no such operation in this tenant, or its key was freed after its
     retention."""
     if args.operation_id is not None:
-        record = _live(ctx.tenant_id, operation_id=_uuid(args.operation_id))
+        operation_id = _uuid(args.operation_id)
+        record = _live(ctx.tenant_id, operation_id=operation_id)
+        if record is None:
+            if operation_id is not None and (tool := engine.claimed_in_flight(
+                    ctx.tenant_id, operation_id, [spec.name for spec in all_tools() if spec.writes])):
+                return _in_flight_view(operation_id, tool)
+            # Committed since we looked (its claim's lock is gone), or not there at all.
+            record = _live(ctx.tenant_id, operation_id=operation_id)
         if record is None:
             raise _not_found(ctx.tenant_id, args.operation_id)
         return _view(record, as_long_tool=record.tool == task_calls.START_TASK)
@@ -157,20 +170,46 @@ def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
         raise NotFound(f"tool: no tool {args.tool!r}") from None
     if spec.pipeline is not None:
         # A long tool called directly is the start_task operation for it (one key space, one task).
-        record = _live(ctx.tenant_id, tool=task_calls.START_TASK, key=args.idempotency_key)
+        record = _live_or_in_flight(ctx.tenant_id, task_calls.START_TASK, args.idempotency_key, shown_as=spec.name)
+        if isinstance(record, OperationView):
+            return record
         if record is None or record.arguments.get("tool") != spec.name:
             raise _not_found(ctx.tenant_id, args.idempotency_key)
         return _view(record, as_long_tool=True)
-    record = _live(ctx.tenant_id, tool=spec.name, key=args.idempotency_key)
+    record = _live_or_in_flight(ctx.tenant_id, spec.name, args.idempotency_key, shown_as=spec.name)
+    if isinstance(record, OperationView):
+        return record
     if record is None:
         raise _not_found(ctx.tenant_id, args.idempotency_key)
     return _view(record, as_long_tool=False)
 
 
+def _live_or_in_flight(tenant_id: int, tool: str, key: str, *, shown_as: str
+                       ) -> IdempotencyRecord | OperationView | None:
+    """The key's live record; else, while another call's claim of it is uncommitted (a local tool's
+    first call, still in its transaction), that operation as PROCESSING; else None."""
+    record = _live(tenant_id, tool=tool, key__in=keys.stored_forms(key))
+    if record is not None:
+        return record
+    operation_id = engine.claim_operation_id(tenant_id, tool, key)
+    if engine.claimed_in_flight(tenant_id, operation_id, [tool]):
+        return _in_flight_view(operation_id, shown_as)
+    # Committed since we looked (its claim's lock is gone).
+    return _live(tenant_id, tool=tool, key__in=keys.stored_forms(key))
+
+
+def _in_flight_view(operation_id: uuid.UUID, tool: str) -> OperationView:
+    """An operation whose first call has claimed its key and not committed yet: all there is to say."""
+    return OperationView(operation_id=str(operation_id), tool=tool, status=RecordStatus.PROCESSING, result=None,
+                         error=None, expires_at=None)
+
+
 def _live(tenant_id: int, **lookup: Any) -> IdempotencyRecord | None:
     if "operation_id" in lookup and lookup["operation_id"] is None:
         return None  # not an id at all
-    return IdempotencyRecord.objects.filter(tenant_id=tenant_id, retired_at__isnull=True, **lookup).first()
+    # With the database's time of the read: a retry_after counted from this host's clock would be off by its skew.
+    return (IdempotencyRecord.objects.filter(tenant_id=tenant_id, retired_at__isnull=True, **lookup)
+            .annotate(read_at=clock.NOW).first())
 
 
 def _view(record: IdempotencyRecord, *, as_long_tool: bool) -> OperationView:
@@ -179,7 +218,7 @@ def _view(record: IdempotencyRecord, *, as_long_tool: bool) -> OperationView:
         return _task_view(record, task)
     return OperationView(operation_id=str(record.operation_id), tool=record.tool, status=record.status,
                          result=record.result if record.status == RecordStatus.SUCCEEDED else None,
-                         error=_record_error(record), expires_at=record.expires_at)
+                         error=_record_error(record), expires_at=engine.retention_ends_at(record))
 
 
 def _record_error(record: IdempotencyRecord) -> dict[str, Any] | None:
@@ -188,7 +227,7 @@ def _record_error(record: IdempotencyRecord) -> dict[str, Any] | None:
         case RecordStatus.FAILED | RecordStatus.UNKNOWN:
             failure = ToolFailure.from_dict({"class": record.error_class, "message": record.error_message})
             if failure.retryable and record.retry_not_before is not None:
-                failure.retry_after = max(0.0, (record.retry_not_before - timezone.now()).total_seconds())
+                failure.retry_after = max(0.0, (record.retry_not_before - clock.read_at(record)).total_seconds())
             return failure.as_dict()
         case RecordStatus.AWAITING_APPROVAL:
             return approvals.follow(record).error.as_dict()
@@ -205,8 +244,8 @@ def _task_view(record: IdempotencyRecord, task: Task) -> OperationView:
     else:
         status = RecordStatus.FAILED
     return OperationView(operation_id=str(record.operation_id), tool=task.tool, status=status, result=outcome.result,
-                         error=outcome.error.as_dict() if outcome.error else None, expires_at=record.expires_at,
-                         task_id=str(task.pk))
+                         error=outcome.error.as_dict() if outcome.error else None,
+                         expires_at=engine.retention_ends_at(record), task_id=str(task.pk))
 
 
 def _not_found(tenant_id: int, named: str) -> NotFound:

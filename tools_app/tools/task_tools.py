@@ -81,15 +81,16 @@ class TaskResult(BaseModel):
 
 
 @write_tool(name="start_task", title="Start a long task", input_model=StartTaskInput, output_model=TaskHandle,
-            check=task_calls.check_start,
+            check=task_calls.check_start, operation_arguments=task_calls.start_arguments,
             # The long tool's own arguments: any of them may be personal (a document's text); the
             # webhook to tell, as send_notification's recipient.
             personal_fields=frozenset({"arguments", "notify_url"}))
 def start_task(ctx: ToolContext, args: StartTaskInput) -> TaskHandle:
     """Start a long tool (ingest_document) as a durable task and return its task_id at once. The task survives
     disconnects and worker restarts and resumes from its last checkpoint. Requires idempotency_key: a retry with
-    the same key returns the same task_id (never a second task); the same key with other arguments is a
-    conflict. notify_url: a webhook told when the task finishes."""
+    the same key returns the same task_id (never a second task) for as long as the task is unfinished, and for
+    the long tool's retention (24 h by default) after it ends; only then may the key start a new task. The same
+    key with other arguments is a conflict. notify_url: a webhook told when the task finishes."""
     return task_calls.start(ctx, args.tool, args.arguments, args.idempotency_key, args.notify_url)
 
 
@@ -148,7 +149,8 @@ def pause_task(ctx: ToolContext, args: PauseTaskInput) -> TaskStatusView:
 def fork_task(ctx: ToolContext, args: ForkTaskInput) -> ForkHandle:
     """Re-run a task from one of its steps, in a new task: the steps before it are reused from the original's
     verified checkpoints, from_step and the steps after it run again (with their effects). The original is left
-    as it is. Requires idempotency_key: a retry with the same key returns the same new task."""
+    as it is. Requires idempotency_key: a retry with the same key returns the same new task for as long as it is
+    unfinished, and for its tool's retention (24 h by default) after it ends."""
     task = tasks.get_for_tenant(ctx.tenant_id, args.task_id)
     return task_forks.handle(tasks.fork(task, Agent(ctx.tenant_id, ctx.actor), from_step=args.from_step,
                                          reason=args.reason, record=ctx.record))
