@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import Service, child_env, free_port
+from tests.processes import LOG_DIR, Service, child_env, free_port
 from tests.task_stack import wait_until
 
 pytestmark = pytest.mark.live
@@ -70,3 +70,22 @@ def serving(port: int) -> dict[int, str]:
         if f"--port {port} " in argv:
             found[int(cmdline.parent.name)] = argv
     return found
+
+
+def test_a_service_that_never_answers_is_stopped_with_what_it_started_before_its_error_is_raised():
+    # given a process, and a child of it in its session, that never serve HTTP
+    (LOG_DIR / "never-ready.log").unlink(missing_ok=True)  # only this run's lines
+    never = Service("never-ready", [sys.executable, "-c", (
+        "import subprocess, sys, time; "
+        "print(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']).pid, flush=True); "
+        "time.sleep(600)")], child_env())
+    wait_until(lambda: never.log_path.read_text().strip(), what="the child's pid")
+    child = int(never.log_path.read_text().split()[-1])
+
+    # when its start-up is given up
+    with pytest.raises(RuntimeError, match="not ready"):
+        never.wait_http(f"http://127.0.0.1:{free_port()}/healthz", timeout=1)
+
+    # then neither is left running to load the machine for the tests after (a fixture whose set-up
+    # raised is never torn down)
+    wait_until(lambda: not alive(never.process.pid) and not alive(child), timeout=10, what="both to be gone")
