@@ -53,17 +53,25 @@ class Service:
         self.process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
 
-    def wait_http(self, url: str, timeout: float = 30) -> None:
+    def wait_http(self, url: str, timeout: float = 90) -> None:
+        """Wait until `url` answers. A bound, not a pace: on a loaded machine a process of granian
+        workers, each importing Django, took over 30 s. One that never answers is stopped before the
+        error is raised: its caller (a fixture's set-up) will not stop it, and what it left running
+        would load the machine for every test after."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.log_tail()}")
+                failure = f"{self.name} exited: {self.log_tail()}"
+                break
             try:
                 with urllib.request.urlopen(url, timeout=2):
                     return
             except OSError:
                 time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not ready at {url}: {self.log_tail()}")
+        else:
+            failure = f"{self.name} not ready at {url}: {self.log_tail()}"
+        self.stop()
+        raise RuntimeError(failure)
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -14,6 +14,7 @@ from tests.operators import make_operator
 from tests.processes import ROOT, child_env, manage
 from tools_app import outbox
 from tools_app.access.roles import OPERATOR
+from tools_app.core import clock
 from tools_app.models import AuditEvent, OutboxEvent, OutboxStatus
 from tools_app.toolkit.calls import Caller, call_tool
 from tools_app.toolkit.registry import get_tool
@@ -141,16 +142,22 @@ def idle_in_transaction() -> list[tuple]:
 
 def test_an_event_that_always_fails_is_dead_lettered_while_the_others_are_delivered(
         tenant, downstreams, sink, settings):
-    override_conf(settings, outbox_max_attempts=2, outbox_backoff_seconds=0.01)
+    # A backoff far longer than a relay pass, so what a pass does is decided by the database's
+    # clock, not by how fast this machine is: with a backoff of milliseconds the second attempt
+    # came due within the pass on a fast run and after it on a slow one.
+    override_conf(settings, outbox_max_attempts=2, outbox_backoff_seconds=60)
     sink.poison("broken", "fail")
     poison_id = webhook(tenant, "b-1", sink, "broken").result["notification_id"]
     healthy = {webhook(tenant, f"ok-{i}", sink, "ops").result["notification_id"] for i in range(4)}
 
-    report = outbox.relay_pending()
+    assert outbox.relay_pending() == {"delivered": 4, "retried": 1, "dead": 0, "lost": 0}
+    assert outbox.relay_pending() == {"delivered": 0, "retried": 0, "dead": 0, "lost": 0}  # not due yet
+    OutboxEvent.objects.filter(pk=poison_id).update(next_attempt_at=clock.NOW)  # its backoff is over
+    assert outbox.relay_pending() == {"delivered": 0, "retried": 0, "dead": 1, "lost": 0}
 
-    assert report == {"delivered": 4, "retried": 1, "dead": 1, "lost": 0}
     poison = OutboxEvent.objects.get(pk=poison_id)
-    assert poison.status == OutboxStatus.DEAD and "HTTP 503" in poison.last_error
+    assert (poison.status, poison.attempts) == (OutboxStatus.DEAD, 2) and "HTTP 503" in poison.last_error
+    assert [outcome for event_id, name, outcome in sink.webhook_attempts() if name == "broken"] == ["failed"] * 2
     assert {event_id: count for event_id, count in sink.messages().items()} == dict.fromkeys(healthy, 1)
 
 
@@ -165,7 +172,7 @@ def test_failed_deliveries_back_off_then_dead_letter_then_redrive(tenant, downst
     assert (event.status, event.attempts) == (OutboxStatus.PENDING, 1)
     assert event.next_attempt_at > timezone.now()  # backed off: not due yet
     assert outbox.relay_batch().handled == 0
-    OutboxEvent.objects.update(next_attempt_at=timezone.now())
+    OutboxEvent.objects.update(next_attempt_at=clock.NOW)
 
     assert outbox.relay_batch().dead == 1
     event.refresh_from_db()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import Service, child_env, free_port
+from tests.processes import LOG_DIR, Service, child_env, free_port
 from tests.task_stack import wait_until
 
 pytestmark = pytest.mark.live
@@ -45,7 +45,7 @@ def test_serve_starts_two_web_workers_and_two_job_clusters_and_stops_them_all(tr
         serve.wait_http(f"http://127.0.0.1:{port}/healthz", timeout=120)
 
         started = children(serve.process.pid)
-        clusters = [pid for pid, argv in started.items() if argv.endswith("manage.py qcluster ")]
+        clusters = [pid for pid, argv in started.items() if argv.endswith("-m idemops qcluster ")]
         [web] = [pid for pid, argv in started.items() if "granian" in argv]
         assert len(clusters) == 2, started
         assert "--workers 2" in started[web]
@@ -85,8 +85,27 @@ def test_serve_with_the_demo_off_creates_no_demo_tenant_and_starts_no_demo_downs
 
         started = children(serve.process.pid).values()
         assert not [argv for argv in started if "downstream." in argv], started
-        assert any(argv.endswith("manage.py qcluster ") for argv in started)
+        assert any(argv.endswith("-m idemops qcluster ") for argv in started)
         assert not Tenant.objects.filter(slug="demo").exists()
         assert not (tmp_path / "demo-credentials.json").exists()
     finally:
         serve.stop(grace=30)
+
+
+def test_a_service_that_never_answers_is_stopped_with_what_it_started_before_its_error_is_raised():
+    # given a process, and a child of it in its session, that never serve HTTP
+    (LOG_DIR / "never-ready.log").unlink(missing_ok=True)  # only this run's lines
+    never = Service("never-ready", [sys.executable, "-c", (
+        "import subprocess, sys, time; "
+        "print(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']).pid, flush=True); "
+        "time.sleep(600)")], child_env())
+    wait_until(lambda: never.log_path.read_text().strip(), what="the child's pid")
+    child = int(never.log_path.read_text().split()[-1])
+
+    # when its start-up is given up
+    with pytest.raises(RuntimeError, match="not ready"):
+        never.wait_http(f"http://127.0.0.1:{free_port()}/healthz", timeout=1)
+
+    # then neither is left running to load the machine for the tests after (a fixture whose set-up
+    # raised is never torn down)
+    wait_until(lambda: not alive(never.process.pid) and not alive(child), timeout=10, what="both to be gone")

@@ -41,7 +41,10 @@ def test_the_web_process_of_make_run_serves_mcp_calls_the_admin_and_health(serve
     assert httpx2.get(f"{served}/healthz").status_code == 200
     assert httpx2.get(f"{served}/admin/login/?next=/admin/").status_code == 200
 
-    web.stop()  # its last lines written
+    # Stopped as `make run` stops it: SIGTERM to granian's master only, which stops its workers
+    # and waits for them, so each writes its last lines. (A SIGTERM to the whole group reached the
+    # workers twice, directly and from their master, and an access line was sometimes missing.)
+    Command().stop([("web", web.process)])
     lines = [json.loads(line) for line in web.log_path.read_text().splitlines() if line.startswith("{")]
     requests = [line for line in lines if line.get("event") == "http.request"]
     assert {"method": "POST", "url_path": "/mcp", "status": 200} in [
