@@ -25,10 +25,11 @@ FILL = """
 INSERT INTO tools_app_idempotencyrecord
     (tenant_id, tool, key, fingerprint, field_digests, arguments, status, result, error_class, error_message,
      attempts, lease_owner, operation_id, trace_id, actor, created_at, updated_at, finished_at, expires_at,
-     downstream_key, evidence, reconcile_attempts, span_id)
+     downstream_key, evidence, reconcile_attempts, span_id, fingerprint_version, ongoing)
 SELECT %(tenant)s, 'create_order', 'key-' || g, %(fingerprint)s, %(digests)s::jsonb, %(arguments)s::jsonb,
        'SUCCEEDED', jsonb_build_object('order_id', g), '', '', 1, '', gen_random_uuid(), '', 'agent:bench/bot',
-       now() - g * interval '1 second', now(), now(), now() + interval '30 days', '', '[]'::jsonb, 0, ''
+       now() - g * interval '1 second', now(), now(), now() + interval '30 days', '', '[]'::jsonb, 0, '',
+       %(version)s, false
 FROM generate_series(1, %(rows)s) AS g
 """
 
@@ -53,7 +54,8 @@ def run(quick: bool = False) -> Section:
         tenant = access.create_tenant(f"bench-scale-{label}-{uuid.uuid4().hex[:6]}")
         with connection.cursor() as cursor:
             cursor.execute(FILL, {"tenant": tenant.pk, "rows": rows, "fingerprint": sample.fingerprint,
-                                  "digests": json.dumps(sample.field_digests), "arguments": json.dumps(ARGUMENTS)})
+                                  "digests": json.dumps(sample.field_digests), "arguments": json.dumps(ARGUMENTS),
+                                  "version": sample.fingerprint_version})
         tenants[label] = (tenant.pk, rows)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE tools_app_idempotencyrecord")

@@ -10,6 +10,7 @@ import pytest
 from idemops_demo.models import Order
 from tests.mcp_client import call_sync
 from tests.processes import LOG_DIR, Service, child_env, free_port
+from tests.task_stack import wait_until
 from tools_app.management.commands.serve import Command
 
 pytestmark = pytest.mark.live
@@ -41,12 +42,14 @@ def test_the_web_process_of_make_run_serves_mcp_calls_the_admin_and_health(serve
     assert httpx2.get(f"{served}/healthz").status_code == 200
     assert httpx2.get(f"{served}/admin/login/?next=/admin/").status_code == 200
 
-    # Stopped as `make run` stops it: SIGTERM to granian's master only, which stops its workers
-    # and waits for them, so each writes its last lines. (A SIGTERM to the whole group reached the
-    # workers twice, directly and from their master, and an access line was sometimes missing.)
+    # A worker writes a request's access line after its answer is sent: wait for the lines (a
+    # bounded wait for the condition, not a race with the worker), then stop as `make run` does.
+    def requests():
+        lines = [json.loads(line) for line in web.log_path.read_text().splitlines() if line.startswith("{")]
+        return [line for line in lines if line.get("event") == "http.request"]
+
+    wait_until(lambda: any(line["url_path"] == "/admin/login/" for line in requests()), timeout=30,
+               what="the admin request's access line")  # the query is not logged
     Command().stop([("web", web.process)])
-    lines = [json.loads(line) for line in web.log_path.read_text().splitlines() if line.startswith("{")]
-    requests = [line for line in lines if line.get("event") == "http.request"]
     assert {"method": "POST", "url_path": "/mcp", "status": 200} in [
-        {key: line.get(key) for key in ("method", "url_path", "status")} for line in requests]
-    assert any(line["url_path"] == "/admin/login/" for line in requests)  # the query is not logged
+        {key: line.get(key) for key in ("method", "url_path", "status")} for line in requests()]
