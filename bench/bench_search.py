@@ -24,8 +24,9 @@ def run(quick: bool = False) -> str:
     from django.utils import timezone
 
     from idemops.conf import conf
+    from idemops_demo import documents
     from tests.documents_fixtures import long_text
-    from tools_app import access, documents
+    from tools_app import access
     from tools_app.engine.models import IdempotencyRecord
     from tools_app.tasks.models import Task
 

@@ -9,6 +9,7 @@ from django.urls import reverse
 
 from idemops.conf import override_conf
 from idemops_demo.models import Order
+from idemops_demo.tools import orders
 from tests.operators import make_operator
 from tests.tasks_support import TEXT, agent, start
 from tools_app import engine, reconciliation, tasks
@@ -20,7 +21,6 @@ from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus, StepRu
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.registry import get_tool
-from tools_app.tools import orders
 
 ORDER = {"customer": "Jane Roe", "currency": "EUR", "items": [{"sku": "BOLT-1", "quantity": 1, "unit_price": "2.50"}]}
 
@@ -151,7 +151,7 @@ def test_a_key_that_keeps_failing_transiently_goes_to_the_operators_queue_after_
 @pytest.fixture
 def buggy_chunking(monkeypatch):
     """The ingest pipeline's chunk step has a bug: it raises KeyError."""
-    from tools_app import documents
+    from idemops_demo import documents
 
     runs = []
 
@@ -215,8 +215,8 @@ def test_resume_refuses_a_task_failed_by_a_bug_until_an_operator_marks_the_cause
 
 def test_a_pipeline_that_declares_an_exception_type_transient_retries_it(transactional_db, caller, fast,
                                                                          monkeypatch):
+    from idemops_demo import documents
     from idemops_demo.tools.documents import INGEST
-    from tools_app import documents
 
     class GlitchError(Exception):
         pass

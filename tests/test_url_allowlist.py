@@ -15,9 +15,10 @@ import pytest
 from django.utils import timezone
 
 from idemops.conf import conf, override_conf
+from idemops_demo import documents
 from tests.mcp_client import raw_call, raw_error_of
 from tests.processes import free_port, manage
-from tools_app import access, documents, outbox
+from tools_app import access, outbox
 from tools_app.core import url_allowlist
 from tools_app.core.errors import InvalidInput, Transient
 from tools_app.models import IdempotencyRecord, OutboxEvent, OutboxStatus

@@ -10,6 +10,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.platform.public_api_surface import surface
 
 SURFACE = Path(__file__).with_name("public_api_surface.txt")
@@ -52,3 +54,20 @@ def test_docs_tools_api_names_every_name_of_the_api():
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "tools-api.md").read_text()
     assert [name for name in tools.__all__ if f"`{name}" not in page] == []
+
+
+def test_a_declaration_the_registry_refuses_names_the_module_it_came_from():
+    # given: an adopter's write tool that acts downstream without a reconciler
+    from idemops.tools import ToolContext, WriteInput, write_tool
+    from tools_app.toolkit.registry import _TOOLS
+
+    class RefundInput(WriteInput):
+        amount: int
+
+    # when / then
+    with pytest.raises(TypeError, match=r"must declare a reconciler \(declared in tests\.platform\.test_public_api\)"):
+        @write_tool(name="adopters_refund", title="Refund", input_model=RefundInput, output_model=RefundInput,
+                    personal_fields=frozenset(), transactional=False)
+        def adopters_refund(ctx: ToolContext, args: RefundInput) -> RefundInput:
+            return args
+    assert "adopters_refund" not in _TOOLS
