@@ -88,7 +88,7 @@ def test_a_transient_failure_after_approval_runs_again_with_the_key_without_a_ne
     caller = Caller(tenant_id=tenant.pk, actor="agent:acme/test")
     request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
     approvals.approve(request, make_operator("bob", APPROVER, tenant))
-    with refusing_inserts("tools_app_announcement"):  # the database fails the approved run
+    with refusing_inserts("idemops_demo_announcement"):  # the database fails the approved run
         run_queued_jobs()
     record = IdempotencyRecord.objects.get(tool="publish_announcement")
     assert (record.status, record.error_class) == (RecordStatus.FAILED, "transient")

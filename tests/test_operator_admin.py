@@ -319,8 +319,8 @@ def test_business_objects_are_shown_but_a_crafted_change_is_refused(client, call
     clerk.user_permissions.add(Permission.objects.get(codename="change_order"))
     client.force_login(clerk)
 
-    shown = client.get(reverse("admin:tools_app_order_change", args=[order.pk]))
-    response = client.post(reverse("admin:tools_app_order_change", args=[order.pk]),
+    shown = client.get(reverse("admin:idemops_demo_order_change", args=[order.pk]))
+    response = client.post(reverse("admin:idemops_demo_order_change", args=[order.pk]),
                            {"tenant": tenant.pk, "customer": "EVIL", "total": "0", "currency": "EUR"})
 
     assert shown.status_code == 200
@@ -336,7 +336,11 @@ def test_the_roles_exist_with_least_permissions(db):
     def perms(role):
         return set(Group.objects.get(name=role).permissions.values_list("codename", flat=True))
 
-    assert perms(APPROVER) == set(ROLE_PERMISSIONS[APPROVER])
+    # The platform's own, and what an installed app adds to the role (the demo: what a payment would touch).
+    from django.apps import apps
+    assert perms(APPROVER) == set(ROLE_PERMISSIONS[APPROVER]) | set(
+        apps.get_app_config("idemops_demo").idemops_role_permissions[APPROVER])
+    assert "view_order" in perms(APPROVER) and "view_document" not in perms(APPROVER)
     assert "decide_approvalrequest" in perms(APPROVER) and "decide_approvalrequest" not in perms(OPERATOR)
     assert "force_expire_idempotencyrecord" in perms(OPERATOR) and "force_expire_idempotencyrecord" not in perms(
         APPROVER)

@@ -228,7 +228,7 @@ def test_a_url_token_is_used_for_the_fetch_and_stored_shown_or_exported_nowhere(
     admin = superuser_client()
     for page in (reverse("admin:tools_app_idempotencyrecord_change", args=[record.pk]),
                  reverse("admin:tools_app_task_change", args=[task.pk]),
-                 reverse("admin:tools_app_document_change", args=[Document.objects.get().pk])):
+                 reverse("admin:idemops_demo_document_change", args=[Document.objects.get().pk])):
         response = admin.get(page)
         assert response.status_code == 200 and "SECRET-7f3a" not in response.content.decode(), page
 

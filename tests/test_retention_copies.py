@@ -29,7 +29,7 @@ PUBLIC_URL = "https://ops.example.com"
 # The effects the calls made, not copies of them: the business rows are the system of record.
 ANNOUNCEMENT = {"title": f"Visit of {CANARY}", "body": f"Dear {CANARY}, welcome", "audience": "staff",
                 "idempotency_key": "ann-1"}
-EFFECTS = {"tools_app_announcement", "tools_app_order"}
+EFFECTS = {"idemops_demo_announcement", "idemops_demo_order"}
 
 
 def tables_holding(text: str) -> dict[str, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,26 @@ def run(args, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
     if check:
         assert completed.returncode == 0, f"{args}:\n{completed.stdout}\n{completed.stderr}"
     return completed
+
+
+def database_url(name: str) -> str:
+    """A postgresql:// URL (what DATABASE_URL takes) of database `name` on the test server."""
+    from django.db import connection
+
+    settings = connection.settings_dict
+    return (f"postgresql://{settings['USER']}:{settings['PASSWORD'] or ''}@/{name}?host={settings['HOST']}"
+            + (f"&port={settings['PORT']}" if settings["PORT"] else ""))
+
+
+def interpreter(version: str) -> str | None:
+    """A working `python<version>`: on PATH, or (pyenv's shims answer only for the selected versions)
+    one of pyenv's installed versions; None if this machine has none."""
+    candidates = [shutil.which(f"python{version}"),
+                  *sorted(str(path) for path in Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))]
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "-c", "import venv"], capture_output=True).returncode == 0:
+            return candidate
+    return None
 
 
 @pytest.fixture(scope="session")

