@@ -64,7 +64,7 @@ class Adopter:
         self.own = {"DATABASE_URL": database_url, "IDEMOPS_PUBLIC_URL": f"https://127.0.0.1:{self.port}",
                     "IDEMOPS_ALLOWED_HOSTS": "127.0.0.1", "IDEMOPS_MCP_ALLOWED_HOSTS": "127.0.0.1:*",
                     "IDEMOPS_CSRF_TRUSTED_ORIGINS": f"https://127.0.0.1:{self.port}",
-                    "ACME_REFUNDS_API": self.api, "IDEMOPS_PORT": str(self.port)}
+                    "ACME_REFUNDS_API": self.api}
         self.env: dict[str, str] = {}
         self.background: list[subprocess.Popen] = []
         self.outputs: dict[str, str] = {}
@@ -85,8 +85,10 @@ class Adopter:
         if command.endswith(" &") or command == "idemops serve":
             command = command.removesuffix(" &").replace(" 9000", f" {self.api_port}")
             log = open(self.home / f"{len(self.background)}.log", "ab")
+            # `idemops serve` on this test's free port (the page leaves it at IDEMOPS_PORT's default).
+            port = {"IDEMOPS_PORT": str(self.port)} if command == "idemops serve" else {}
             self.background.append(subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=self.home,
-                                                    env={**self.base_env(), **self.env}, stdout=log,
+                                                    env={**self.base_env(), **self.env, **port}, stdout=log,
                                                     stderr=subprocess.STDOUT, start_new_session=True))
             return
         self.outputs[command] = run(["bash", "-c", command], cwd=self.home, env={**self.env, **self.own_path()},

@@ -194,8 +194,8 @@ def without_demo(base: str) -> str:
     """The banner with the demo off (IDEMOPS_DEMO): no tenant, people or token were created."""
     return f"""
 idemops is running (no demo: IDEMOPS_DEMO is off).
-  Console   {base}/admin/   a superuser first: python manage.py createsuperuser
-  MCP       {base}/mcp      a tenant and its agent's token: python manage.py create_tenant SLUG --owner USER
+  Console   {base}/admin/   a superuser first: idemops createsuperuser
+  MCP       {base}/mcp      a tenant and its agent's token: idemops create_tenant SLUG --owner USER
   Probes    {base}/livez  {base}/readyz   Metrics {base}/metrics (Prometheus; from this machine)
   Database  {'embedded PostgreSQL in ' + str(conf().pgdata) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}
 
