@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.contrib import admin
 from django.db.models import Model, Q
 from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
@@ -30,7 +31,6 @@ from tools_app.outbox.models import OutboxEvent
 from tools_app.tasks.models import Checkpoint, StepRun, Task
 
 # What a tool's result names, and the admin page of that business object.
-CREATED = {"order_id": "order", "ticket_id": "ticket", "announcement_id": "announcement"}
 KINDS = {"idempotencyrecord": "record", "approvalrequest": "approval", "task": "task", "outboxevent": "outbox"}
 
 
@@ -99,9 +99,7 @@ def links(record: IdempotencyRecord, *, shown: Model | None = None) -> list[Link
                           f"{task.status}, {len(task.completed_steps)} of {task.steps_total} steps checkpointed"))
     for event in OutboxEvent.objects.filter(record=record).order_by("created_at"):
         found.append(Link(f"Outbox event {event.kind}", _url("outboxevent", event.pk), event.status))
-    for name, value in (record.result or {}).items():
-        if name in CREATED and (url := _url(CREATED[name], value)):
-            found.append(Link(f"{CREATED[name].capitalize()} #{value}", url, "what it created"))
+    found += created_by(record)
     others = engine.records_with_key(record.key, tenant_ids=[record.tenant_id], tools=[record.tool]).exclude(
         pk=record.pk).order_by("created_at")
     for other in others:
@@ -117,6 +115,20 @@ def _same(link: Link, shown: Model | None) -> bool:
     names = {IdempotencyRecord: "Idempotency record #", ApprovalRequest: "Approval request #", Task: "Task "}
     label = names.get(shown._meta.concrete_model)
     return label is not None and link.label == f"{label}{shown.pk}"
+
+
+def created_by(record: IdempotencyRecord) -> list[Link]:
+    """What the operation created in an installed app (the demo's order, an adopter's object): the rows of
+    every other app's model that points at the record and has a console page."""
+    found = []
+    for relation in IdempotencyRecord._meta.related_objects:
+        model = relation.related_model
+        if model._meta.app_label == "tools_app" or not admin.site.is_registered(model):
+            continue
+        for obj in model._default_manager.filter(**{relation.field.name: record}).only("pk"):
+            url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_change", args=[obj.pk])
+            found.append(Link(f"{str(model._meta.verbose_name).capitalize()} #{obj.pk}", url, "what it created"))
+    return found
 
 
 def _url(model_name: str, pk: Any) -> str:
