@@ -40,13 +40,13 @@ test: $(DEV) $(INTEROP)
 
 # The console's browser tests, writing the pictures docs/operators-admin.md shows into docs/images/.
 screenshots: $(DEV)
-	DOC_SCREENSHOTS=1 $(PY) -m pytest tests/test_console_browser.py -q
+	DOC_SCREENSHOTS=1 $(PY) -m pytest tests/console/test_console_browser.py -q
 
 # Every benchmark, full sizes: writes docs/benchmarks.md and docs/benchmarks.json (P1 … P9 by name).
 bench: $(DEV)
 	$(PY) bench/run.py
 
-# The same code at small sizes (under 3 minutes), into var/bench-quick/; tests/test_bench_quick.py runs it.
+# The same code at small sizes (under 3 minutes), into var/bench-quick/; tests/deploy/test_bench_quick.py runs it.
 bench-quick: $(DEV)
 	$(PY) bench/run.py --quick
 
@@ -55,7 +55,7 @@ lint: $(DEV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-# docs/settings.md is generated from idemops/conf/fields.py (tests/test_settings.py fails when it is stale).
+# docs/settings.md is generated from idemops/conf/fields.py (tests/deploy/test_settings.py fails when it is stale).
 settings-doc: $(RUNTIME)
 	$(PY) -m idemops.conf > docs/settings.md
 

@@ -1,12 +1,14 @@
 import pytest
 
 from idemops.conf import override_conf
-from tests.observability_support import observed  # noqa: F401  (web and cluster with their own logs)
 from tests.operators import agent_owner, make_operator
-from tests.task_stack import doc_dir, doc_server, settle_tasks, task_web, task_workers  # noqa: F401  (long tasks)
 from tools_app import access
 from tools_app.access.roles import APPROVER
 from tools_app.toolkit.calls import Caller
+
+# Fixtures kept beside the helpers they start: the long-task stack (doc_dir, doc_server, task_web,
+# task_workers, settle_tasks) and the web and cluster with their own logs (observed).
+pytest_plugins = ["tests.task_stack", "tests.observability_support"]
 
 
 @pytest.fixture(scope="session", autouse=True)

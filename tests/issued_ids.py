@@ -7,8 +7,8 @@ first use of a label prepares an id for the call's arguments, and every later us
 replay, and a retry with other arguments is the tool's `conflict`, as for any key. Tools that
 take any key get the label itself.
 
-The behaviour of issued ids itself is tested with explicit calls in tests/test_operation_ids.py
-and tests/test_get_operation.py.
+The behaviour of issued ids itself is tested with explicit calls in tests/engine/test_operation_ids.py
+and tests/engine/test_get_operation.py.
 """
 
 from __future__ import annotations

@@ -102,8 +102,8 @@ def markdown() -> str:
     lines = [
         "# Settings",
         "",
-        "<!-- Generated from idemops/conf/fields.py by `make settings-doc`; tests/test_settings.py fails when it "
-        "is out of date. -->",
+        "<!-- Generated from idemops/conf/fields.py by `make settings-doc`; "
+        "tests/deploy/test_settings.py fails when it is out of date. -->",
         "",
         "Every setting is an environment variable, read once at start-up into one typed, frozen object",
         "(`idemops/conf/fields.py`); the code reads `conf().<name>`. Every idemops variable starts with",

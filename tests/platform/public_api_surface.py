@@ -1,5 +1,5 @@
 """The public tool API's surface, as text: one line per name, with its signature (functions and
-classes), its fields (models and dataclasses) or its members (enums). tests/test_public_api.py compares
+classes), its fields (models and dataclasses) or its members (enums). tests/platform/test_public_api.py compares
 it with public_api_surface.txt; `python -m tests.platform.public_api_surface` prints it anew."""
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from idemops.conf import override_conf
 from idemops_demo.models import Order
+from tests.race import in_thread, race, wait_for_lock_waiters
 from tools_app import engine
 from tools_app.core.errors import InvalidInput, Transient
 from tools_app.engine import ExpiryPolicy, Operation
@@ -178,34 +179,12 @@ def test_two_claims_interleaved_at_the_insert_make_one_executor(tenant):
     assert IdempotencyRecord.objects.count() == 1
 
 
-def wait_for_lock_waiters(count, timeout=10):
-    import time
-    deadline = time.monotonic() + timeout
-    with connection.cursor() as cursor:
-        while time.monotonic() < deadline:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                           "AND datname = current_database()")
-            if cursor.fetchone()[0] >= count:
-                return
-            time.sleep(0.02)
-    raise AssertionError("no claim is waiting on the unique index")
-
-
 @pytest.mark.django_db(transaction=True)
 def test_many_concurrent_identical_calls_execute_once(tenant):
-    outcomes, barrier = [], threading.Barrier(16)
+    calls = race(*[lambda: engine.run(operation(tenant), make_order(tenant))] * 16, timeout=30)
+    outcomes = calls.results
 
-    def call():
-        barrier.wait()
-        outcomes.append(engine.run(operation(tenant), make_order(tenant)))
-        connections.close_all()
-
-    threads = [threading.Thread(target=call) for _ in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-
+    assert calls.answered(16) and not calls.errors
     assert Order.objects.count() == 1
     assert {o.result["order_id"] for o in outcomes if o.error is None} == {Order.objects.get().pk}
     assert sum(not o.replayed for o in outcomes if o.error is None) == 1
@@ -270,20 +249,6 @@ class HeldExecutor:
     def __exit__(self, *exc):
         self.release.set()
         self.thread.join(20)
-
-
-def in_thread(fn):
-    results = []
-
-    def target():
-        try:
-            results.append(fn())
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, results
 
 
 @pytest.mark.django_db(transaction=True)

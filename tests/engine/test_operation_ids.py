@@ -2,7 +2,7 @@
 
 In-process against real PostgreSQL, through toolkit.calls.call_tool (the MCP server's path).
 publish_announcement stands for the high-risk tools (it needs no downstream process); the
-payment's own path is in tests/test_operation_id_downstream.py.
+payment's own path is in tests/engine/test_operation_id_everywhere.py.
 """
 
 from datetime import datetime, timedelta

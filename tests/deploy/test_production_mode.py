@@ -15,8 +15,8 @@ import httpx2
 import pytest
 
 from tests import processes
+from tests.deploy.test_settings import problems, start
 from tests.processes import Service, free_port
-from tests.test_settings import problems, start
 
 PUBLIC_HOST = "idemops.example.com"
 

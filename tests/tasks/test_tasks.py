@@ -5,15 +5,15 @@ in the test process; the live tests run them on real clusters.
 """
 
 import random
-import threading
 
 import pytest
-from django.db import connections, transaction
+from django.db import transaction
 from django.urls import reverse
 
 from idemops.conf import override_conf
 from idemops_demo.tools.documents import INGEST
 from tests.operators import make_operator
+from tests.race import race
 from tests.task_stack import DocServer
 from tests.tasks_support import TEXT, agent, queued_jobs, start
 from tools_app import tasks
@@ -114,23 +114,10 @@ def test_a_job_for_a_task_another_worker_holds_ends_without_running_anything(tra
 
 def test_of_two_workers_racing_for_a_task_exactly_one_takes_it(transactional_db, caller, fast):
     task = start(caller, {"text": TEXT})
-    barrier = threading.Barrier(8)
-    taken = []
+    workers = race(*[lambda name=f"worker-{n}": tasks.take(str(task.pk), name) for n in range(8)])
 
-    def race(name):
-        barrier.wait()
-        try:
-            taken.append(tasks.take(str(task.pk), name))
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=race, args=(f"worker-{n}",)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-    winners = [t for t in taken if t is not None]
+    assert workers.answered(8) and not workers.errors
+    winners = [t for t in workers.results if t is not None]
     assert len(winners) == 1
     task.refresh_from_db()
     assert task.status == TaskStatus.RUNNING and task.lease_owner == winners[0].lease_owner

@@ -4,17 +4,15 @@ held in the database so they hold across processes, refused with `rate_limited` 
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connections
 from django.urls import reverse
 from django.utils import timezone
 
 from tests.mcp_client import call_sync, error_of
 from tests.operators import make_operator
 from tests.processes import WebServer
+from tests.race import race
 from tools_app import access
 from tools_app.access import CallLimits
 from tools_app.access.roles import APPROVER, OPERATOR
@@ -156,22 +154,10 @@ def test_an_agent_over_its_unfinished_tasks_is_refused_and_the_same_key_starts_o
 def test_two_starts_racing_for_the_last_place_start_one_task(tenant, fast):
     TenantLimits.objects.create(tenant=tenant, concurrent_tasks_per_agent=1)
     caller = Caller(tenant_id=tenant.pk, actor="agent:acme/racer")
-    barrier, results = threading.Barrier(4), []
+    starts = race(*[lambda n=n: start(caller, f"race-{n}") for n in range(4)])
 
-    def racer(n):
-        try:
-            barrier.wait()
-            results.append(start(caller, f"race-{n}"))
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=racer, args=(n,)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-
-    assert sorted(r.error.error_class if r.error else "started" for r in results) == \
+    assert starts.answered(4) and not starts.errors
+    assert sorted(r.error.error_class if r.error else "started" for r in starts.results) == \
         ["rate_limited"] * 3 + ["started"]
     assert Task.objects.count() == 1
 

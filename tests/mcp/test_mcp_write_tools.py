@@ -152,7 +152,8 @@ def test_tools_are_listed_with_truthful_annotations_and_the_key_required(web_ser
 
     create, read = tools["create_order"], tools["get_order"]
     assert "idempotency_key" in create.input_schema["required"]
-    assert "idempotency_key" in create.output_schema["required"] or "idempotency" in create.output_schema["required"]
+    assert "idempotency" in create.output_schema["required"]
+    assert "idempotency" not in read.output_schema["properties"]
     assert (create.annotations.read_only_hint, create.annotations.idempotent_hint) == (False, True)
     assert create.annotations.destructive_hint is False
     assert read.annotations.read_only_hint is True

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from idemops import conf as conf_module
 from idemops.conf import RENAMED, IdemopsSettings, conf, environment_names, override_conf
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Never reached: `manage.py check` and a refused start-up do not connect.
 UNREACHABLE_DATABASE = "postgresql://idemops@127.0.0.1:1/never"
 

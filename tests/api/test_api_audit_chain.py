@@ -3,7 +3,7 @@
 import pytest
 
 from tests.api_support import key_client, make_event
-from tests.test_audit_chain import sql, trigger_disabled
+from tests.core.test_audit_chain import sql, trigger_disabled
 from tools_app.core import audit
 
 pytestmark = pytest.mark.django_db

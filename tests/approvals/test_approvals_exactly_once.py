@@ -1,9 +1,8 @@
 """Approvals execute exactly once: concurrent approvers, repeated jobs racing retries, transient failures."""
 
-import threading
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.utils import timezone
 from django_q.models import OrmQ
 
@@ -11,6 +10,7 @@ from idemops_demo.models import Announcement
 from tests.approvals_support import STAFF_NOTE, call, pending_request
 from tests.jobs import run_queued_jobs
 from tests.operators import make_operator
+from tests.race import race
 from tools_app import approvals
 from tools_app.access.roles import APPROVER
 from tools_app.approvals import ApprovalRefused
@@ -20,34 +20,16 @@ from tools_app.toolkit.calls import Caller
 # --- exactly once --------------------------------------------------------------------------
 
 
-def in_threads(*targets):
-    errors, barrier = [], threading.Barrier(len(targets))
-
-    def run(target):
-        try:
-            barrier.wait()
-            target()
-        except Exception as exc:  # collected, asserted by the caller
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=(t,)) for t in targets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return errors
-
-
 @pytest.mark.django_db(transaction=True)
 def test_two_people_approving_at_once_queue_one_execution(tenant):
     caller = Caller(tenant_id=tenant.pk, actor="agent:acme/test")
     bob, carol = make_operator("bob", APPROVER, tenant), make_operator("carol", APPROVER, tenant)
     request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
 
-    errors = in_threads(lambda: approvals.approve(request, bob), lambda: approvals.approve(request, carol))
+    approving = race(lambda: approvals.approve(request, bob), lambda: approvals.approve(request, carol))
+    errors = approving.errors
 
+    assert approving.answered(2) and len(approving.results) == 1
     assert len(errors) == 1 and isinstance(errors[0], ApprovalRefused) and "no longer pending" in str(errors[0])
     assert OrmQ.objects.count() == 1
     run_queued_jobs()
@@ -68,7 +50,10 @@ def test_repeated_jobs_racing_the_agents_retries_execute_once(tenant):
         answers.append(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
 
     # when: three deliveries of the job and five agent retries start together
-    errors = in_threads(*[lambda: approvals.run_approved(request.pk)] * 3, *[retry] * 5)
+    racing = race(*[lambda: approvals.run_approved(request.pk)] * 3, *[retry] * 5)
+    errors = racing.errors
+
+    assert racing.answered(8) and len(answers) == 5
 
     # then
     assert errors == []

@@ -21,7 +21,7 @@ from django.urls import Resolver404, resolve
 
 from tools_app.core.errors import ErrorClass
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CODE_DIRS = ("idemops", "tools_app", "idemops_demo", "bench")
 TOP_LEVEL = ("idemops", "tools_app", "idemops_demo", "tests", "bench", "docs", "templates", ".ci", "deploy")
@@ -91,7 +91,8 @@ def permission_names() -> set[str]:
 
 def test_names_permissions_and_test_functions_the_docs_cite_exist():
     """`tools_app.x.y` is a module attribute or a permission; `test_…` names are tests in tests/."""
-    tests_source = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
+    tests_source = "\n".join(p.read_text() for pattern in ("test_*.py", "*/test_*.py")
+                             for p in (ROOT / "tests").glob(pattern))
     permissions = permission_names()
     problems = []
     for doc in DOCS:

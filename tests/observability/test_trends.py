@@ -11,9 +11,10 @@ from tests.api_support import make_event, make_record
 from tests.operators import make_operator
 from tools_app import engine
 from tools_app.access.roles import OPERATOR
-from tools_app.core import counters
+from tools_app.core import counters, logs
 from tools_app.metrics import trends
 from tools_app.models import IdempotencyRecord, MetricMinute, RecordStatus
+from tools_app.toolkit import downstream
 
 NOW = timezone.now().replace(second=30, microsecond=0)
 
@@ -101,6 +102,22 @@ def test_downstream_duplicates_per_minute(tenant, olga):
     trend = trends.trend(olga, "hour", now=NOW)
 
     assert [point(trend, m).downstream_duplicates for m in (8, 7, 6)] == [0, 2, 0]
+
+
+def test_a_payment_the_real_gateway_replays_is_counted_as_a_downstream_duplicate(
+        tenant, olga, gateway, django_capture_on_commit_callbacks):
+    # given a payment sent to the gateway process, then sent again with its key (a retry after a lost answer)
+    payment = {"amount": "12.50", "currency": "EUR", "payee": "ACME", "reference": "inv-7"}
+    with logs.bound(tool="request_payment", tenant_id=tenant.pk), \
+            django_capture_on_commit_callbacks(execute=True):  # counts are taken once the change commits
+        for _ in range(2):
+            downstream.request("POST", f"{gateway.url}/payments", timeout=5, json=payment,
+                               headers={"Idempotency-Key": "pay-dup-1"})
+    counters.flush()
+
+    # then the gateway paid once, and the hour's trend counts the one replay it answered
+    assert len(gateway.payments()) == 1
+    assert sum(p.downstream_duplicates for p in trends.trend(olga, "hour").points) == 1
 
 
 def test_windows_of_a_day_and_a_week_bucket_the_same_calls(tenant, olga):

@@ -13,8 +13,8 @@ from idemops.conf import override_conf
 from idemops_demo.models import Order
 from tests.approvals_support import STAFF_NOTE
 from tests.issued_ids import call_labelled
+from tests.race import in_thread, wait_for_lock_waiters
 from tests.tasks_support import TEXT
-from tests.test_idempotency_engine import in_thread, wait_for_lock_waiters
 from tools_app import engine, reconciliation
 from tools_app.mcp.runtime import idempotency_info
 from tools_app.models import IdempotencyRecord, Task

@@ -20,7 +20,7 @@ from tools_app.models import RecordStatus
 from tools_app.toolkit.calls import Caller, call_tool
 from tools_app.toolkit.registry import get_tool
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
 def readme_advice(error_class: str) -> str:

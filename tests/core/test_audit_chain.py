@@ -7,6 +7,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, connections, transaction
 
+from tests.race import race
 from tools_app import access
 from tools_app.core import audit
 from tools_app.models import AuditEvent, AuditSeal
@@ -116,19 +117,10 @@ def test_an_event_committed_after_a_later_one_is_sealed_in_the_next_seal():
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_sealers_seal_each_event_once():
     some_events(50)
-    barrier = threading.Barrier(3)
+    sealers = race(*[audit.seal] * 3, timeout=30)
 
-    def sealer():
-        barrier.wait()
-        audit.seal()
-        connections.close_all()
-
-    threads = [threading.Thread(target=sealer) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-
+    assert sealers.answered(3) and not sealers.errors
+    assert sum(seal.sealed for seal in sealers.results) == 50
     assert sorted(AuditEvent.objects.values_list("seq", flat=True)) == list(range(1, 51))
     assert audit.verify_chain().ok
 
