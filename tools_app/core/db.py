@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from functools import cache, lru_cache
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models.sql import Query
 
 from tools_app.core import audit
+
+_M = TypeVar("_M", bound=models.Model)
 
 
 @cache
@@ -151,7 +153,7 @@ def _converters(model: type[models.Model], fields: tuple[str, ...] | None = None
                  if fields is None or f.attname in fields)
 
 
-def from_row(model: type[models.Model], row: tuple[Any, ...], fields: tuple[str, ...] | None = None) -> models.Model:
+def from_row(model: type[_M], row: tuple[Any, ...], fields: tuple[str, ...] | None = None) -> _M:
     """Build an instance from a row selected with `select_columns` (with the same `fields`), converting
     values as the ORM would."""
     attnames, _ = select_columns(model, fields=fields)
