@@ -62,7 +62,8 @@ def _text(period: timedelta | None) -> str | None:
     return None if period is None else str(period)
 
 
-def save_override(who: User | AnonymousUser, override: RetentionOverride, before: RetentionOverride | None = None) -> RetentionOverride:
+def save_override(who: User | AnonymousUser, override: RetentionOverride,
+                  before: RetentionOverride | None = None) -> RetentionOverride:
     """Create or change a tenant's override (whoever asks must hold CHANGE_RETENTION on the tenant);
     the audit event, with the periods before and after, commits with the change."""
     actor = access.authorize(who, CHANGE_RETENTION, override)
