@@ -79,7 +79,8 @@ class WaitFor(Exception):  # noqa: N818  (a signal, not an error)
 class StepContext:
     """What a running step sees. Built by the runner (tools_app.tasks.runner)."""
 
-    def __init__(self, *, task, arguments: BaseModel, outputs: Mapping[str, Any],
+    # `task`: a tools_app.tasks Task (a layer above the toolkit, so not named here).
+    def __init__(self, *, task: Any, arguments: BaseModel, outputs: Mapping[str, Any],
                  progress: Callable[[float, float | None, str], None],
                  batches: Callable[..., list[Any]] | None = None):
         self.task = task
