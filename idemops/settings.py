@@ -169,7 +169,7 @@ def _database_url() -> str:
     return url
 
 
-def _database_settings(url: str) -> dict:
+def _database_settings(url: str) -> dj_database_url.DBConfig:
     config = dj_database_url.parse(url, conn_max_age=_environment.db_conn_max_age_seconds, conn_health_checks=True)
     config.setdefault("OPTIONS", {})
     config["OPTIONS"].setdefault("server_side_binding", _environment.db_server_side_binding)

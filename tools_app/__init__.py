@@ -14,6 +14,7 @@ import contract in `make lint` keeps it so.
 """
 
 import importlib
+from types import ModuleType
 
 # Paths that django-q2 jobs queued (or schedules saved) before the packages moved
 # may still hold: `tools_app.task_runner.run_task` and `tools_app.audit.seal_periodically`
@@ -23,7 +24,7 @@ import importlib
 _MOVED_MODULES = {"task_runner": "tools_app.tasks.jobs", "audit": "tools_app.core.jobs"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> ModuleType:
     if name in _MOVED_MODULES:
         return importlib.import_module(_MOVED_MODULES[name])
     raise AttributeError(f"module 'tools_app' has no attribute {name!r}")

@@ -76,7 +76,7 @@ LOOP_JOBS: list[LoopJob] = [
 ]
 
 
-def start_loops(**kwargs) -> list[threading.Thread]:
+def start_loops(**kwargs: object) -> list[threading.Thread]:
     """django-q2 `post_spawn` receiver: start this worker process's loops (daemon threads:
     they end with the process, which django-q2 replaces, loops and all)."""
     threads = [threading.Thread(target=_loop, args=(job,), name=job.name, daemon=True)
@@ -101,7 +101,7 @@ def _loop(job: LoopJob) -> None:
             logger.exception("%s failed; it runs again in %ss", job.name, job.seconds)
 
 
-def ensure_schedules(**kwargs) -> None:
+def ensure_schedules(**kwargs: object) -> None:
     for job in PERIODIC_JOBS:
         Schedule.objects.update_or_create(
             name=job.name,

@@ -29,12 +29,14 @@ __all__ = ["PREFIX", "RENAMED", "CrashPoint", "IdemopsSettings", "SettingsError"
 
 def conf() -> IdemopsSettings:
     """The settings of this process (Django's settings.IDEMOPS, built once by idemops/settings.py)."""
-    return django_settings.IDEMOPS
+    settings: IdemopsSettings = django_settings.IDEMOPS
+    return settings
 
 
 def override_conf(settings: Any, **changes: Any) -> IdemopsSettings:
     """Replace settings.IDEMOPS by a validated copy with `changes` (field names), for tests: with
     pytest-django's `settings` fixture the original comes back after the test."""
     current = settings.IDEMOPS
-    settings.IDEMOPS = type(current).model_validate({**current.model_dump(), **changes})
-    return settings.IDEMOPS
+    changed: IdemopsSettings = type(current).model_validate({**current.model_dump(), **changes})
+    settings.IDEMOPS = changed
+    return changed

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import dj_database_url
-from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError, PydanticUndefined
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -471,10 +471,11 @@ class IdemopsSettings(BaseSettings):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _from_environment(cls, value: Any, info) -> Any:
+    def _from_environment(cls, value: Any, info: ValidationInfo) -> Any:
         """Comma-separated lists; an empty optional value is unset; log levels in any case."""
         if not isinstance(value, str):
             return value
+        assert info.field_name is not None, "a field validator always validates a field"
         field = cls.model_fields[info.field_name]
         if NoDecode in field.metadata:
             return [item.strip() for item in value.split(",") if item.strip()]

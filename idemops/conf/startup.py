@@ -12,6 +12,7 @@ import os
 import typing
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from idemops.conf.fields import PREFIX, RENAMED, IdemopsSettings, env_name, environment_names
 from idemops.conf.words import expected
@@ -38,6 +39,7 @@ def load() -> IdemopsSettings:
         loaded = None
     if problems:
         raise SettingsError(problems)
+    assert loaded is not None, "every validation error is described as a problem"
     return loaded
 
 
@@ -57,12 +59,13 @@ def _unknown_names(environ: typing.Mapping[str, str]) -> list[str]:
     return problems
 
 
-def _describe(detail: dict) -> list[str]:
+def _describe(detail: ErrorDetails) -> list[str]:
     if detail["type"] == "default_factory_not_called":
         return []  # a consequence of another field's error, reported on its own line
     if not detail["loc"]:
         return detail["msg"].split("\n")
-    name = environment_names().get(detail["loc"][0], detail["loc"][0])  # an alias (DATABASE_URL) or a name
+    first = str(detail["loc"][0])  # a setting's name: a top-level location is never a list index
+    name = environment_names().get(first, first)  # an alias (DATABASE_URL) or a name
     field = IdemopsSettings.model_fields.get(name)
     if field is None:
         return [f"{name}: {detail['msg']}"]

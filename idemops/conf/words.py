@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -30,7 +31,7 @@ def _unit(name: str) -> str:
     return next((unit for suffix, unit in UNITS.items() if name.endswith(suffix)), "")
 
 
-def _bounds(metadata: list) -> str:
+def _bounds(metadata: Sequence[Any]) -> str:
     words = []
     for item in metadata:
         for kind, symbol in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
@@ -39,11 +40,11 @@ def _bounds(metadata: list) -> str:
     return " and ".join(words)
 
 
-def _is_url(metadata: list) -> bool:
+def _is_url(metadata: Sequence[Any]) -> bool:
     return any(isinstance(item, AfterValidator) and item.func is check_http_url for item in metadata)
 
 
-def _kind(annotation: Any, metadata: list = ()) -> str:
+def _kind(annotation: Any, metadata: Sequence[Any] = ()) -> str:
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if _is_url(metadata):
         return "an http(s) URL"
@@ -77,10 +78,16 @@ def expected(name: str) -> str:
     return f"{kind} {bounds}".strip()
 
 
+def _extra(name: str) -> dict[str, Any]:
+    """What `setting()` said of a field beyond pydantic's own (its section, how its default is shown)."""
+    extra = IdemopsSettings.model_fields[name].json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
 def _shown_default(name: str) -> str:
     field = IdemopsSettings.model_fields[name]
-    if shown := (field.json_schema_extra or {}).get("shown"):
-        return shown
+    if shown := _extra(name).get("shown"):
+        return str(shown)
     default = field.default
     if default is None:
         return "unset"
@@ -119,8 +126,8 @@ def markdown() -> str:
         "Lists are comma-separated. Booleans are `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`).",
     ]
     sections: dict[str, list[str]] = {}
-    for name, field in IdemopsSettings.model_fields.items():
-        sections.setdefault(field.json_schema_extra["section"], []).append(name)
+    for name in IdemopsSettings.model_fields:
+        sections.setdefault(str(_extra(name)["section"]), []).append(name)
     for section, names in sections.items():
         lines += ["", f"## {section}", "", "| Variable | Default | Type | What it does |", "| --- | --- | --- | --- |"]
         for name in names:

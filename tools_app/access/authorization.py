@@ -15,15 +15,20 @@ auditor key only those granted to the key.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 
 from tools_app.access.auditors import KeyAuditor
 from tools_app.access.models import TenantAccess
 from tools_app.core import audit
 from tools_app.core.errors import PermissionDenied
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
+
+_M = TypeVar("_M", bound=Model)
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ class Agent:
     actor: str
 
 
-def authorize(who, permit: Permit, obj) -> str:
+def authorize(who: Agent | User | AnonymousUser, permit: Permit, obj: Any) -> str:  # obj: a tenant's row
     """The actor name of `who` (an operator's user, or an Agent) if it may do `permit`'s operation on `obj`.
 
     A person needs the permission and `obj`'s tenant among those they may
@@ -79,7 +84,7 @@ def authorize(who, permit: Permit, obj) -> str:
     raise PermissionDenied(refusal)
 
 
-def audit_refusal(permit: Permit, obj, actor: str, refusal: str) -> None:
+def audit_refusal(permit: Permit, obj: Model | type[Model], actor: str, refusal: str) -> None:
     """The audit event of a refused attempt (also for a concept's own rules, e.g. no self-approval).
     `obj` may be a model class when the attempt named no single row (an action on "all of them")."""
     with transaction.atomic():
@@ -96,7 +101,7 @@ def visible_tenant_ids(who: Any) -> set[int] | None:
     return set(TenantAccess.objects.filter(user=who).values_list("tenant_id", flat=True))
 
 
-def scope(queryset: QuerySet, who: Any, field: str = "tenant_id") -> QuerySet:
+def scope(queryset: QuerySet[_M], who: Any, field: str = "tenant_id") -> QuerySet[_M]:
     """`queryset` narrowed to the tenants `who` (a user or an auditor key) may see.
 
     `field` is the lookup path to the tenant id, e.g. "task__tenant_id" for a

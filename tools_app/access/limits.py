@@ -17,16 +17,21 @@ means no limit.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import connection, transaction
 
 from idemops.conf import conf
 from tools_app.access.authorization import Permit, authorize
-from tools_app.access.models import RateBucket, Tenant, TenantLimits
+from tools_app.access.models import ApiToken, RateBucket, Tenant, TenantLimits
 from tools_app.core import audit, db
 from tools_app.core.errors import InvalidInput, RateLimited
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
 
 # How soon to ask again when the agent's task places are all taken: tasks take seconds to minutes.
 TASKS_RETRY_AFTER_SECONDS = 5.0
@@ -75,7 +80,7 @@ class CallLimits:
         return cls(*claims)
 
 
-def call_limits(token) -> CallLimits:
+def call_limits(token: ApiToken) -> CallLimits:
     """The limits of an authenticated ApiToken (its tenant and limits loaded with it)."""
     limits = effective(token.tenant)
     return CallLimits(tenant_id=token.tenant_id, token_id=token.pk, tenant_per_minute=limits["calls_per_minute"],
@@ -120,16 +125,17 @@ RETURNING b.scope, verdict.admitted, current.level, current.rate
 """
 
 
-def _columns(buckets: list[tuple[str, int]]) -> list[list]:
+def _columns(buckets: list[tuple[str, int]]) -> list[list[Any]]:
     return [[scope for scope, _ in buckets], [per_minute / 60 for _, per_minute in buckets],
             [float(per_minute) for _, per_minute in buckets]]
 
 
-def _draw(buckets: list[tuple[str, int]]) -> list[tuple]:
+def _draw(buckets: list[tuple[str, int]]) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
         columns = _columns(buckets)
         cursor.execute(_DRAW.format(table=db.table(RateBucket)), [*columns, columns[0]])
-        return cursor.fetchall()
+        drawn: list[tuple[Any, ...]] = cursor.fetchall()
+        return drawn
 
 
 def _create(buckets: list[tuple[str, int]]) -> None:
@@ -147,7 +153,7 @@ def concurrent_tasks_limit(tenant_id: int) -> int:
     return effective(Tenant.objects.select_related("limits").get(pk=tenant_id))["concurrent_tasks_per_agent"]
 
 
-def admit_task(tenant_id: int, actor: str, unfinished) -> None:
+def admit_task(tenant_id: int, actor: str, unfinished: Callable[[], int]) -> None:
     """Before a task of `actor` is created, in its transaction: raise RateLimited if the agent has
     its limit of unfinished tasks already (`unfinished()` counts them). The advisory lock
     serialises the agent's starts until this transaction ends."""
@@ -165,7 +171,7 @@ def admit_task(tenant_id: int, actor: str, unfinished) -> None:
 # --- the operators' side ------------------------------------------------------------------------------------
 
 
-def change_limits(tenant: Tenant, who, changes: dict[str, int | None]) -> TenantLimits:
+def change_limits(tenant: Tenant, who: User | AnonymousUser, changes: dict[str, int | None]) -> TenantLimits:
     """An operator sets a tenant's limits (None: back to the default). Audited, before and after."""
     unknown = sorted(set(changes) - set(LIMIT_FIELDS))
     if unknown:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.apps import apps
 from django.contrib.auth.management import create_permissions
-from django.contrib.auth.models import Group, Permission
+from django.contrib.auth.models import Group, Permission, User
 from django.db import transaction
 
 from tools_app.access.models import Tenant, TenantAccess
@@ -44,7 +44,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
 }
 
 
-def ensure_roles(**kwargs) -> None:
+def ensure_roles(**kwargs: object) -> None:
     wanted = {role: {"tools_app": codenames} for role, codenames in ROLE_PERMISSIONS.items()}
     for config in apps.get_app_configs():
         for role, codenames in getattr(config, ROLE_ATTRIBUTE, {}).items():
@@ -66,7 +66,7 @@ def ensure_roles(**kwargs) -> None:
 
 
 @transaction.atomic
-def grant(user, role: str, tenant_slugs: list[str], *, actor: str) -> None:
+def grant(user: User, role: str, tenant_slugs: list[str], *, actor: str) -> None:
     """Make `user` a staff member with `role` on the given tenants (all tenants needs a superuser)."""
     if role not in ROLE_PERMISSIONS:
         raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLE_PERMISSIONS)}")

@@ -19,11 +19,17 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING, TypeVar
 
 from django.db import models
 from django.utils import timezone
 
 from tools_app.core import db
+
+if TYPE_CHECKING:
+    from tools_app.access.models import ApiToken, AuditorKey
+
+_Secret = TypeVar("_Secret", "ApiToken", "AuditorKey")
 
 RANDOM_BYTES = 32
 SHOWN_CHARACTERS = 12
@@ -48,7 +54,7 @@ def new(kind_prefix: str) -> Issued:
     return Issued(raw=raw, digest=digest(raw), prefix=raw[:SHOWN_CHARACTERS])
 
 
-def find(rows: models.QuerySet, raw: str, kind_prefix: str) -> models.Model | None:
+def find(rows: models.QuerySet[_Secret], raw: str, kind_prefix: str) -> _Secret | None:
     """The live row among `rows` that `raw` stands for (and note its use), or None."""
     if not raw.startswith(kind_prefix):
         return None

@@ -13,6 +13,7 @@ another process refuses it once its entry is older than that period.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 
@@ -21,11 +22,14 @@ from tools_app.access import secrets
 from tools_app.access.models import AGENT, ApiToken, Tenant
 from tools_app.core import audit, db
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
 TOKEN_PREFIX = "idm_"
 
 
 @transaction.atomic
-def issue_token(tenant: Tenant, name: str, *, owner, actor: str = audit.SYSTEM) -> tuple[ApiToken, str]:
+def issue_token(tenant: Tenant, name: str, *, owner: User | None, actor: str = audit.SYSTEM) -> tuple[ApiToken, str]:
     """Create a token owned by `owner` (a user); the raw value is returned here and never again."""
     if owner is None or owner.pk is None:
         raise ValueError("an agent token needs an owner: the person responsible for the agent")
@@ -37,12 +41,12 @@ def issue_token(tenant: Tenant, name: str, *, owner, actor: str = audit.SYSTEM) 
     return token, issued.raw
 
 
-def set_owner(token: ApiToken, owner, *, actor: str, reason: str = "") -> bool:
+def set_owner(token: ApiToken, owner: User, *, actor: str, reason: str = "") -> bool:
     """Hand the agent to another person (or give a token from before owners existed its first one).
     False: `owner` owns it already."""
     if token.owner_id == owner.pk:
         return False
-    before = token.owner.get_username() if token.owner_id else None
+    before = token.owner.get_username() if token.owner is not None else None
     return db.transition(token, {"owner_id": token.owner_id}, {"owner_id": owner.pk}, action="token.owner_changed",
                          actor=actor, reason=reason, before={"owner": before}, after={"owner": owner.get_username()})
 

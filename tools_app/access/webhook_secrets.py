@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import base64
 import secrets as random
+from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 
@@ -25,6 +27,9 @@ from tools_app.access.authorization import Permit, authorize
 from tools_app.access.models import Tenant, WebhookSecret
 from tools_app.core import clock, db, redaction
 from tools_app.core.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
 
 PREFIX = "whsec_"
 RANDOM_BYTES = 32
@@ -42,7 +47,7 @@ def new_secret() -> str:
     return PREFIX + base64.b64encode(random.token_bytes(RANDOM_BYTES)).decode()
 
 
-def rotate(tenant: Tenant, who) -> str:
+def rotate(tenant: Tenant, who: User | AnonymousUser) -> str:
     """An operator creates the tenant's signing secret, or replaces it (the previous one keeps
     signing for the overlap). Returns the new secret: show it now, it is never shown again."""
     # The row exists before the check, so a refusal names it (as access.limits does).
@@ -50,13 +55,13 @@ def rotate(tenant: Tenant, who) -> str:
     return _rotate(row, authorize(who, ROTATE, row))
 
 
-def signing_secrets(tenant_ids) -> dict[int, list[str]]:
+def signing_secrets(tenant_ids: Collection[int]) -> dict[int, list[str]]:
     """Tenant id -> the secrets its webhooks are signed with now (the current one, and the
     previous one during the overlap). A tenant without a secret gets one here; one whose secret
     cannot be opened (IDEMOPS_SECRET_KEY changed, the old key dropped) gets none: its webhooks wait."""
     now = clock.read()
     rows = {row.tenant_id: row for row in WebhookSecret.objects.filter(tenant_id__in=set(tenant_ids))}
-    result = {}
+    result: dict[int, list[str]] = {}
     for tenant_id in set(tenant_ids):
         row = rows.get(tenant_id) or WebhookSecret.objects.get_or_create(tenant_id=tenant_id)[0]
         if not row.sealed:

@@ -9,6 +9,9 @@ every refused attempt is an audit event. Row order when both change: the request
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -22,6 +25,9 @@ from tools_app.approvals.models import (
 )
 from tools_app.core import clock, db
 from tools_app.core.errors import PermissionDenied
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 DECIDE_PERMISSION = "tools_app.decide_approvalrequest"
 
@@ -40,17 +46,18 @@ class _Refusal(Exception):
     pass
 
 
-def approve(request: ApprovalRequest, user, *, reason: str = "") -> ApprovalRequest:
+def approve(request: ApprovalRequest, user: User, *, reason: str = "") -> ApprovalRequest:
     """Count `user`'s approval; the last one needed approves the request and queues its execution."""
     return _decide(request, user, APPROVE, reason, _count_approval)
 
 
-def reject(request: ApprovalRequest, user, *, reason: str) -> ApprovalRequest:
+def reject(request: ApprovalRequest, user: User, *, reason: str) -> ApprovalRequest:
     """Reject the request (a reason is required); the operation will never run."""
     return _decide(request, user, REJECT, reason, _reject)
 
 
-def _decide(request, user, permit: access.Permit, reason, take) -> ApprovalRequest:
+def _decide(request: ApprovalRequest, user: User, permit: access.Permit, reason: str,
+            take: Callable[[ApprovalRequest, str, str], None]) -> ApprovalRequest:
     try:
         actor = access.authorize(user, permit, request)
     except PermissionDenied as denied:  # already audited
@@ -68,7 +75,7 @@ def _decide(request, user, permit: access.Permit, reason, take) -> ApprovalReque
     return request
 
 
-def _check_decision(request: ApprovalRequest, user, actor: str, permit: access.Permit, reason: str) -> None:
+def _check_decision(request: ApprovalRequest, user: User, actor: str, permit: access.Permit, reason: str) -> None:
     """The rules of deciding, for someone who may decide on this tenant's requests."""
     if actor == request.requested_by:
         raise _Refusal("self-approval: the requester cannot decide on its own request")
@@ -79,7 +86,7 @@ def _check_decision(request: ApprovalRequest, user, actor: str, permit: access.P
         raise _Refusal("a rejection needs a reason")
 
 
-def _record_decision(request: ApprovalRequest, user, verdict: str, reason: str) -> None:
+def _record_decision(request: ApprovalRequest, user: User, verdict: str, reason: str) -> None:
     # The unique (request, user) constraint is what makes N approvals N people.
     try:
         with transaction.atomic():
@@ -102,7 +109,7 @@ def _count_approval(request: ApprovalRequest, actor: str, reason: str) -> None:
     locked = ApprovalRequest.objects.select_for_update(no_key=True).get(pk=request.pk)
     counted = locked.approvals + 1
     last = counted >= locked.required_approvals
-    changes = {"approvals": counted}
+    changes: dict[str, Any] = {"approvals": counted}
     if last:
         changes.update(status=ApprovalStatus.APPROVED, decided_at=now, decided_by=actor, dispatched_at=now)
     if not db.transition(locked, {"status": ApprovalStatus.PENDING, "approvals": locked.approvals,
@@ -130,6 +137,7 @@ def _reject(request: ApprovalRequest, actor: str, reason: str) -> None:
 
 def _not_pending(request: ApprovalRequest) -> str:
     current = ApprovalRequest.objects.filter(pk=request.pk).values_list("status", "expires_at", clock.NOW).first()
+    assert current is not None, "the request's row is never deleted"
     status, expires_at, now = current
     if status == ApprovalStatus.PENDING and expires_at <= now:
         return "the request has expired"

@@ -68,6 +68,8 @@ def amount_policy(tenant: Tenant, amount: Decimal, currency: str, *, summary: st
 def gate(spec: registry.ToolSpec, tenant_id: int, actor: str, args: BaseModel
          ) -> Callable[[IdempotencyRecord], Outcome | None]:
     """The check the engine runs before executing a sensitive call (Operation.approval)."""
+    approval = spec.approval
+    assert approval is not None, f"{spec.name} is not a sensitive tool: it has no approval rule"
 
     def check(record: IdempotencyRecord) -> Outcome | None:
         existing = ApprovalRequest.objects.filter(record=record).first()
@@ -79,7 +81,7 @@ def gate(spec: registry.ToolSpec, tenant_id: int, actor: str, args: BaseModel
             raise PermissionDenied(f"approval request {existing.pk} is {existing.status.lower()}; "
                                    "this operation may not run")
         tenant = Tenant.objects.get(pk=tenant_id)
-        policy = spec.approval(tenant, args)
+        policy = approval(tenant, args)
         if policy is None:
             return None
         request = request_approval(record, policy, tenant=tenant, actor=actor,

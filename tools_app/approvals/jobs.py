@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import Q
+from django.db.models import Expression, Q
 
 from tools_app import engine
 from tools_app.approvals.execution import (
@@ -57,15 +57,15 @@ def run_approved(request_id: int) -> str:
 def sweep(now: datetime | None = None) -> dict[str, int]:
     """Expire overdue requests, settle finished ones, re-queue stalled approved ones (by the
     database's clock, unless a test gives `now`)."""
-    now = now or clock.NOW
-    overdue = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=now)
+    at: datetime | Expression = now or clock.NOW
+    overdue = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=at)
     approved = ApprovalRequest.objects.filter(status=ApprovalStatus.APPROVED)
     finished = approved.filter(Q(record__status=RecordStatus.SUCCEEDED)
                                | (Q(record__status=RecordStatus.FAILED) & ~Q(record__error_class=ErrorClass.TRANSIENT)))
     stalled = approved.filter(Q(record__status=RecordStatus.AWAITING_APPROVAL)
                               | Q(record__status=RecordStatus.FAILED, record__error_class=ErrorClass.TRANSIENT,
-                                  record__retry_not_before__lte=now),
-                              dispatched_at__lte=now - REDRIVE_AFTER)
+                                  record__retry_not_before__lte=at),
+                              dispatched_at__lte=at - REDRIVE_AFTER)
     return {
         "expired": sum(expire(r) for r in overdue.order_by("expires_at")[:SWEEP_BATCH]),
         "settled": sum(settle(r) is not None for r in finished.order_by("pk")[:SWEEP_BATCH]),

@@ -7,6 +7,8 @@ UPDATE in tools_app.approvals.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -15,6 +17,9 @@ from django.db.models import F, Q
 from idemops.conf import conf
 from tools_app.core import url_allowlist
 from tools_app.core.errors import ToolFailure
+
+if TYPE_CHECKING:
+    from tools_app.access.models import Tenant
 
 
 class ApprovalStatus(models.TextChoices):
@@ -140,9 +145,10 @@ class ApprovalSettings(models.Model):
                 raise ValidationError({"notify_webhook_url": refused.message}) from None
 
     @classmethod
-    def of(cls, tenant) -> ApprovalSettings:
+    def of(cls, tenant: Tenant) -> ApprovalSettings:
         """The tenant's settings, or the defaults if it has none."""
         try:
-            return tenant.approval_settings
+            settings_: ApprovalSettings = tenant.approval_settings  # the reverse one-to-one
+            return settings_
         except cls.DoesNotExist:
             return cls(tenant=tenant)

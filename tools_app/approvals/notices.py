@@ -21,6 +21,7 @@ arguments. Delivered messages do not outlive the call's retention either (retent
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
@@ -35,6 +36,9 @@ from tools_app.approvals.execution import SWEEPER
 from tools_app.approvals.models import ApprovalRequest, ApprovalSettings, ApprovalStatus
 from tools_app.core import clock, db, redaction
 from tools_app.toolkit import registry
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 REQUESTED, ESCALATED = "approval.requested", "approval.escalated"
 # The console's page for one request, whatever its state (the admin site routes it).
@@ -54,7 +58,7 @@ def public_summary(request: ApprovalRequest) -> str:
     return redaction.without_personal(request.summary, request.arguments, personal)
 
 
-def approvers_of(request: ApprovalRequest) -> list:
+def approvers_of(request: ApprovalRequest) -> list[User]:
     """Who may approve `request` and can be emailed: see the module docstring."""
     decide = Permission.objects.filter(content_type__app_label="tools_app", codename="decide_approvalrequest")
     may_decide = Q(is_superuser=True) | Q(user_permissions__in=decide) | Q(groups__permissions__in=decide)
@@ -107,7 +111,7 @@ def _message(request: ApprovalRequest, event: str, now: datetime | None) -> tupl
     return subject[:200], "\n".join(lines)
 
 
-def _data(request: ApprovalRequest, event: str) -> dict:
+def _data(request: ApprovalRequest, event: str) -> dict[str, Any]:
     return {"event": event, "request_id": request.pk, "tenant": request.tenant.slug, "tool": request.tool,
             "summary": public_summary(request), "amount": None if request.amount is None else f"{request.amount:.2f}",
             "currency": request.currency or None, "requested_by": request.requested_by,
@@ -124,7 +128,7 @@ def _duration(delta: timedelta) -> str:
 # --- escalation ----------------------------------------------------------------------------------
 
 
-def due_for_escalation(now: datetime | None = None) -> QuerySet:
+def due_for_escalation(now: datetime | None = None) -> QuerySet[ApprovalRequest]:
     """PENDING requests older than their tenant's `escalate_after_minutes` (0: never), not yet escalated,
     at `now` (default: the database's time, compared in SQL: a host whose clock runs ahead would escalate early)."""
     default = ApprovalSettings._meta.get_field("escalate_after_minutes").default

@@ -8,11 +8,16 @@ audited in the transaction that saves it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.db import transaction
 
 from tools_app import access
 from tools_app.approvals.models import ApprovalSettings
 from tools_app.core import audit
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
 
 CHANGE_SETTINGS = access.Permit("tools_app.change_approvalsettings", "change_settings",
                                 "change approval settings", "approval_settings.change_refused")
@@ -20,7 +25,8 @@ AUDITED = ("request_ttl_minutes", "payment_threshold", "payment_second_threshold
            "escalate_after_minutes", "notify_webhook_url", "escalation_email")
 
 
-def save_settings(row: ApprovalSettings, user, *, before: dict[str, str] | None) -> ApprovalSettings:
+def save_settings(row: ApprovalSettings, user: User | AnonymousUser, *,
+                  before: dict[str, str] | None) -> ApprovalSettings:
     """Save `row` (new or changed) for `user`, who needs CHANGE_SETTINGS on its tenant; `before` is what
     the audited fields held (None for a new row)."""
     actor = access.authorize(user, CHANGE_SETTINGS, row)

@@ -25,7 +25,7 @@ import json
 import sys
 from dataclasses import dataclass
 from datetime import UTC
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection, models, transaction
 from django.utils import timezone
@@ -34,6 +34,10 @@ from tools_app.core import logs
 from tools_app.core.models import AuditEvent, AuditSeal
 from tools_app.core.redaction import PERSON_PREFIX
 
+if TYPE_CHECKING:
+    from django.contrib.auth.base_user import AbstractBaseUser
+    from django.contrib.auth.models import AnonymousUser
+
 SYSTEM = "system"
 GENESIS_HASH = "0" * 64
 # pg_advisory_xact_lock key of the sealer: any fixed 64-bit number unique in this database.
@@ -41,7 +45,7 @@ SEAL_LOCK_KEY = 0x1DE0_A0D1_7C4A_1200
 SEAL_BATCH = 1000
 
 
-def user_actor(user) -> str:
+def user_actor(user: AbstractBaseUser | AnonymousUser) -> str:
     """How a person appears in audit events and on decisions."""
     return f"user:{user.get_username()}"
 
@@ -82,12 +86,14 @@ def new_event(
     of them", refused): its object id is then `*`.
     """
     about_a_row = not isinstance(obj, type)
+    # A queue's proxy (UNKNOWN outcome, dead letter) is the row itself: name the real model.
+    concrete = obj._meta.concrete_model
+    assert concrete is not None and concrete._meta.model_name is not None, "only installed models are audited"
     return AuditEvent(
         tenant_id=tenant_id if tenant_id is not None else (getattr(obj, "tenant_id", None) if about_a_row else None),
         actor=actor,
         action=action,
-        # A queue's proxy (UNKNOWN outcome, dead letter) is the row itself: name the real model.
-        object_type=obj._meta.concrete_model._meta.model_name,
+        object_type=concrete._meta.model_name,
         object_id=str(obj.pk) if about_a_row else "*",
         before=before,
         after=after,
@@ -179,7 +185,8 @@ def _take_seal_lock(wait: bool) -> bool:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SEAL_LOCK_KEY])
             return True
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [SEAL_LOCK_KEY])
-        return cursor.fetchone()[0]
+        locked: bool = cursor.fetchone()[0]
+        return locked
 
 
 def chain_head() -> tuple[int, str]:
@@ -227,16 +234,18 @@ def verify_chain(from_seq: int = 1, to_seq: int | None = None) -> ChainReport:
     seals = dict(AuditSeal.objects.values_list("last_seq", "last_hash"))
     prev_hash = GENESIS_HASH if from_seq <= 1 else _hash_before(from_seq)
     expected_seq, verified, broken = max(from_seq, 1), 0, None
-    if prev_hash is None:
-        broken = BrokenLink(from_seq - 1, None, f"event {from_seq - 1}, the start of the range, is missing")
     events = AuditEvent.objects.filter(seq__gte=expected_seq).order_by("seq")
     if to_seq is not None:
         events = events.filter(seq__lte=to_seq)
-    for event in ([] if broken else events.iterator(chunk_size=2000)):
-        broken = _check_link(event, expected_seq, prev_hash, seals)
-        if broken is not None:
-            break
-        expected_seq, prev_hash, verified = event.seq + 1, event.hash, verified + 1
+    if prev_hash is None:
+        broken = BrokenLink(from_seq - 1, None, f"event {from_seq - 1}, the start of the range, is missing")
+    else:
+        for event in events.iterator(chunk_size=2000):
+            broken = _check_link(event, expected_seq, prev_hash, seals)
+            if broken is not None:
+                break
+            # _check_link found the event at expected_seq
+            expected_seq, prev_hash, verified = expected_seq + 1, event.hash, verified + 1
     last_sealed = min(max(seals, default=0), to_seq or sys.maxsize)
     if broken is None and expected_seq <= last_sealed:
         broken = BrokenLink(expected_seq, None, f"events {expected_seq}..{last_sealed} are missing: the chain ends "
@@ -250,6 +259,7 @@ def _hash_before(seq: int) -> str | None:
 
 
 def _check_link(event: AuditEvent, expected_seq: int, prev_hash: str, seals: dict[int, str]) -> BrokenLink | None:
+    assert event.seq is not None, "verify_chain reads sealed events only (seq >= 1)"
     if event.seq != expected_seq:
         return BrokenLink(expected_seq, None, f"events {expected_seq}..{event.seq - 1} are missing (deleted)")
     if event.prev_hash != prev_hash:

@@ -46,9 +46,10 @@ def read() -> datetime:
     """The database's current time (one round trip)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement_timestamp()")
-        return cursor.fetchone()[0]
+        now: datetime = cursor.fetchone()[0]
+        return now
 
 
-def read_at(obj) -> datetime:
+def read_at(obj: object) -> datetime:
     """The database's time when `obj` was read, if the read asked for it (`read_at`); else now."""
     return getattr(obj, "read_at", None) or read()

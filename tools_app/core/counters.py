@@ -25,6 +25,7 @@ import time
 from bisect import bisect_left
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from django.db import close_old_connections, connection, transaction
 
@@ -65,7 +66,9 @@ METRICS = {metric.name: metric for metric in (TOOL_CALL, PROCESSING_TIMEOUT, DOW
 
 # (minute as epoch seconds, tenant id, tool, metric, label) -> [count, sum, buckets]
 _Key = tuple[int, int, str, str, str]
-_pending: dict[_Key, list] = {}
+# [count: int, sum: float, buckets: list[int] | None], added to in place under _lock.
+_Row = list[Any]
+_pending: dict[_Key, _Row] = {}
 _lock = threading.Lock()
 _flusher: threading.Thread | None = None
 
@@ -80,7 +83,8 @@ def observe(metric: Metric, seconds: float, *, tool: str = "", tenant_id: int | 
     _after_commit(metric, tool, tenant_id, label, 1, seconds)
 
 
-def _after_commit(metric: Metric, tool: str, tenant_id: int | None, label: str, n: int, seconds: float | None):
+def _after_commit(metric: Metric, tool: str, tenant_id: int | None, label: str, n: int, seconds: float | None
+                  ) -> None:
     if connection.in_atomic_block:
         transaction.on_commit(lambda: _add(metric, tool, tenant_id, label, n, seconds))
     else:
@@ -92,11 +96,11 @@ def _add(metric: Metric, tool: str, tenant_id: int | None, label: str, n: int, s
     with _lock:
         row = _pending.get(key)
         if row is None:
-            row = _pending[key] = [0, 0.0, [0] * (len(metric.buckets) + 1) if metric.histogram else None]
+            row = _pending[key] = [0, 0.0, [0] * (len(metric.buckets) + 1) if metric.buckets is not None else None]
         row[0] += n
         if seconds is not None:
             row[1] += seconds
-            if row[2] is not None:
+            if row[2] is not None and metric.buckets is not None:
                 row[2][bisect_left(metric.buckets, seconds)] += 1
     _ensure_flusher()
 
@@ -129,7 +133,7 @@ def _array(values: list[int] | None) -> str | None:
     return None if values is None else "{" + ",".join(map(str, values)) + "}"
 
 
-def _write(rows: list[tuple[_Key, list]]) -> None:
+def _write(rows: list[tuple[_Key, _Row]]) -> None:
     """One statement: add each row to its minute and to its total (a new row, or added to the one there).
 
     Rows are sorted, so two processes flushing at once lock rows in the same order and never
@@ -137,20 +141,21 @@ def _write(rows: list[tuple[_Key, list]]) -> None:
     the two tables in the other order it would deadlock; it gives up instead, and the counts wait
     for the next flush.
     """
-    totals: dict[tuple[int, str, str, str], list] = {}
+    totals: dict[tuple[int, str, str, str], _Row] = {}
     for (_, tenant, tool, metric, label), (n, seconds, buckets) in rows:
         total = totals.setdefault((tenant, tool, metric, label), [0, 0.0, None])
         total[0] += n
         total[1] += seconds
         if buckets is not None:
             total[2] = buckets if total[2] is None else [a + b for a, b in zip(total[2], buckets, strict=True)]
-    minutes = [[datetime.fromtimestamp(key[0], UTC) for key, _ in rows], [key[1] for key, _ in rows],
+    minutes: list[list[Any]] = [[datetime.fromtimestamp(key[0], UTC) for key, _ in rows], [key[1] for key, _ in rows],
                [key[2] for key, _ in rows], [key[3] for key, _ in rows], [key[4] for key, _ in rows],
                [row[0] for _, row in rows], [row[1] for _, row in rows], [_array(row[2]) for _, row in rows]]
     ordered = sorted(totals.items())
-    summed = [[key[0] for key, _ in ordered], [key[1] for key, _ in ordered], [key[2] for key, _ in ordered],
-              [key[3] for key, _ in ordered], [row[0] for _, row in ordered], [row[1] for _, row in ordered],
-              [_array(row[2]) for _, row in ordered]]
+    summed: list[list[Any]] = [
+        [key[0] for key, _ in ordered], [key[1] for key, _ in ordered], [key[2] for key, _ in ordered],
+        [key[3] for key, _ in ordered], [row[0] for _, row in ordered], [row[1] for _, row in ordered],
+        [_array(row[2]) for _, row in ordered]]
     added = ("count = t.count + EXCLUDED.count, sum = t.sum + EXCLUDED.sum, buckets = CASE WHEN t.buckets IS NULL "
              "THEN EXCLUDED.buckets ELSE ARRAY(SELECT x + y FROM unnest(t.buckets, EXCLUDED.buckets) WITH ORDINALITY "
              "AS u(x, y, i) ORDER BY i) END")

@@ -10,24 +10,26 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from functools import cache, lru_cache
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models.sql import Query
 
 from tools_app.core import audit
 
+_M = TypeVar("_M", bound=models.Model)
+
 
 @cache
-def _columns(model: type[models.Model]) -> tuple[tuple[models.Field, ...], tuple[str, ...], tuple[bool, ...]]:
+def _columns(model: type[models.Model]) -> tuple[tuple[models.Field[Any, Any], ...], tuple[str, ...], tuple[bool, ...]]:
     """Fields, quoted columns, and whether each value needs Django's preparation
     (JSON does; psycopg adapts strings, numbers, times and UUIDs itself)."""
     fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
-    return (fields, tuple(connection.ops.quote_name(f.column) for f in fields),
+    return (fields, tuple(connection.ops.quote_name(_column(f)) for f in fields),
             tuple(isinstance(f, models.JSONField) for f in fields))
 
 
-def fetchone(sql: str, params: Sequence[Any]) -> tuple | None:
+def fetchone(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
     """Run one statement and return its first row, on the psycopg connection under Django's.
 
     For the engine's hot path: the same connection, transaction and error classes as
@@ -40,7 +42,8 @@ def fetchone(sql: str, params: Sequence[Any]) -> tuple | None:
     wrapper.close_if_health_check_failed()
     wrapper.ensure_connection()
     with wrapper.wrap_database_errors:
-        return wrapper.connection.execute(sql, params).fetchone()
+        # The raw psycopg connection is untyped in django-stubs (`Any`); its rows are tuples.
+        return cast("tuple[Any, ...] | None", wrapper.connection.execute(sql, params).fetchone())
 
 
 def table(model: type[models.Model]) -> str:
@@ -82,7 +85,7 @@ def _insert_sql(model: type[models.Model], expressions: tuple[tuple[str, str], .
 def insert_params(instance: models.Model, expressions: dict[str, str] | None = None) -> list[Any]:
     """The params of `insert_parts(instance, expressions=...)` alone."""
     fields, _, needs_prep = _columns(type(instance))
-    params = []
+    params: list[Any] = []
     for field, prep in zip(fields, needs_prep, strict=True):
         if expressions and field.attname in expressions:
             continue
@@ -92,6 +95,20 @@ def insert_params(instance: models.Model, expressions: dict[str, str] | None = N
             continue
         params.append(field.get_db_prep_save(value, connection) if prep else value)
     return params
+
+
+def _field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
+    """The concrete field `name` of `model` (the stubs' `get_field` also admits reverse relations,
+    which no transition names)."""
+    field = model._meta.get_field(name)
+    assert isinstance(field, models.Field), f"{model.__name__}.{name} is not a concrete field"
+    return field
+
+
+def _column(field: models.Field[Any, Any]) -> str:
+    """A concrete field's column (the stubs type it optional: only non-concrete fields lack one)."""
+    assert field.column is not None, f"{field} has no column"
+    return field.column
 
 
 def is_expression(value: Any) -> bool:
@@ -127,16 +144,16 @@ def select_columns(model: type[models.Model], alias: str = "", fields: tuple[str
     the attribute names in `fields`: the others are deferred, loaded by Django if ever read)."""
     prefix = f"{alias}." if alias else ""
     chosen = [f for f in model._meta.concrete_fields if fields is None or f.attname in fields]
-    return tuple(f.attname for f in chosen), ", ".join(prefix + connection.ops.quote_name(f.column) for f in chosen)
+    return tuple(f.attname for f in chosen), ", ".join(prefix + connection.ops.quote_name(_column(f)) for f in chosen)
 
 
 @cache
-def _converters(model: type[models.Model], fields: tuple[str, ...] | None = None) -> tuple[tuple, ...]:
+def _converters(model: type[models.Model], fields: tuple[str, ...] | None = None) -> tuple[tuple[Any, ...], ...]:
     return tuple(tuple(f.get_db_converters(connection)) for f in model._meta.concrete_fields
                  if fields is None or f.attname in fields)
 
 
-def from_row(model: type[models.Model], row: tuple, fields: tuple[str, ...] | None = None) -> models.Model:
+def from_row(model: type[_M], row: tuple[Any, ...], fields: tuple[str, ...] | None = None) -> _M:
     """Build an instance from a row selected with `select_columns` (with the same `fields`), converting
     values as the ORM would."""
     attnames, _ = select_columns(model, fields=fields)
@@ -153,7 +170,7 @@ _COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "gt": "> %s", "gte": "
 
 def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, Any], *, action: str, actor: str,
                reason: str = "", trace_id: str | None = None, before: dict[str, Any] | None = None,
-               after: dict[str, Any] | None = None, append: dict[str, list] | None = None,
+               after: dict[str, Any] | None = None, append: dict[str, list[Any]] | None = None,
                notify: str | None = None) -> bool:
     """Move `obj`'s row from the state `expected` to `changes`, and write the audit event of the move.
 
@@ -190,12 +207,12 @@ def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, A
 
 
 def _conditional_update(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any],
-                        event: models.Model, append: dict[str, list],
+                        event: models.Model, append: dict[str, list[Any]],
                         notify: str | None = None) -> dict[str, Any] | None:
     """None if the row did not match; else the values the database computed (expressions), by field."""
     model = type(instance)
     params: list[Any] = []
-    change_shape = []
+    change_shape: list[tuple[str, str | None]] = []
     for name, value in changes.items():
         if is_expression(value):
             sql, expression_params = expression_sql(model, value)
@@ -203,10 +220,10 @@ def _conditional_update(instance: models.Model, expected: dict[str, Any], change
             params.extend(expression_params)
         else:
             change_shape.append((name, None))
-            params.append(model._meta.get_field(name).get_db_prep_save(value, connection))
+            params.append(_field(model, name).get_db_prep_save(value, connection))
     params += [json.dumps(items, default=str) for items in append.values()]
     params.append(instance.pk)
-    expected_shape = []
+    expected_shape: list[tuple[str, str | None]] = []
     for key, value in expected.items():
         lookup = key.partition("__")[2]
         if lookup == "isnull" or (lookup == "" and value is None):  # written into the SQL
@@ -234,30 +251,31 @@ def _conditional_update(instance: models.Model, expected: dict[str, Any], change
 def _update_sql(model: type[models.Model], changes: tuple[tuple[str, str | None], ...],
                 expected: tuple[tuple[str, str | None], ...], append_names: tuple[str, ...],
                 event_model: type[models.Model], event_columns: tuple[str, ...], event_values: tuple[str, ...],
-                notify: bool) -> tuple[str, tuple[models.Field, ...]]:
+                notify: bool) -> tuple[str, tuple[models.Field[Any, Any], ...]]:
     """The statement of a transition of this shape, and the fields whose new value the database
     computes (returned after the id, in this order)."""
     quote = connection.ops.quote_name
-    sets, computed = [], []
+    sets: list[str] = []
+    computed: list[models.Field[Any, Any]] = []
     for name, expression in changes:
-        field = model._meta.get_field(name)
-        sets.append(f"{quote(field.column)} = {expression or '%s'}")
+        field = _field(model, name)
+        sets.append(f"{quote(_column(field))} = {expression or '%s'}")
         if expression:
             computed.append(field)
     for name in append_names:
-        column = quote(model._meta.get_field(name).column)
+        column = quote(_column(_field(model, name)))
         sets.append(f"{column} = {column} || %s::jsonb")
     conditions = ["id = %s"]
     for key, how in expected:
         name, _, lookup = key.partition("__")
-        column = quote(model._meta.get_field(name).column)
+        column = quote(_column(_field(model, name)))
         if how in ("null", "not null"):  # `= NULL` would match nothing
             conditions.append(f"{column} IS {how.upper()}")
         elif how is not None:
             conditions.append(f"{column} {_COMPARISONS[lookup].replace('%s', how)}")
         else:
             conditions.append(f"{column} {_COMPARISONS[lookup]}")
-    returned = "".join(f", {quote(field.column)}" for field in computed)
+    returned = "".join(f", {quote(_column(field))}" for field in computed)
     sql = (f"WITH changed AS (UPDATE {table(model)} SET {', '.join(sets)} "
            f"WHERE {' AND '.join(conditions)} RETURNING id{returned}), "
            f"audited AS (INSERT INTO {table(event_model)} ({', '.join(event_columns)}) "
@@ -271,7 +289,7 @@ def _update_sql(model: type[models.Model], changes: tuple[tuple[str, str | None]
     return sql, tuple(computed)
 
 
-def converted(field: models.Field, value: Any) -> Any:
+def converted(field: models.Field[Any, Any], value: Any) -> Any:
     for converter in field.get_db_converters(connection):
         value = converter(value, None, connection)
     return value

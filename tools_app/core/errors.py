@@ -57,7 +57,7 @@ class ToolFailure(Exception):
         differing_fields: list[str] | None = None,
         details: dict[str, Any] | None = None,
         evidence: dict[str, Any] | None = None,
-    ):
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after

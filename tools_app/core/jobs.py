@@ -19,10 +19,12 @@ join the trace of the call that wrote the row (core.tracing.continued).
 
 from __future__ import annotations
 
+from contextvars import Token
 from typing import Any
 
 from django_q.tasks import async_task
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from tools_app.core import audit, tracing
 
@@ -43,34 +45,35 @@ JOBS: dict[str, str] = {
 
 def enqueue(name: str, *args: Any, **options: Any) -> str:
     """Queue the job `name` (a key of JOBS) with `args`; `options` are django-q2's (task_name, group, save)."""
-    return async_task(JOBS[name], *args, **options)
+    task_id: str = async_task(JOBS[name], *args, **options)
+    return task_id
 
 
 TRACE_KEY = "trace"  # where a job's payload holds its W3C trace context
 _NAMES = {path: name for name, path in JOBS.items()}
-_open_spans: dict[str, tuple[Any, object]] = {}  # job id -> (span, context token), in a worker process
+_open_spans: dict[str, tuple[Span, Token[Context]]] = {}  # job id -> (span, context token), in a worker process
 
 
-def carry_trace(sender: Any = None, task: dict | None = None, **kwargs: Any) -> None:
+def carry_trace(sender: Any = None, task: dict[str, Any] | None = None, **kwargs: Any) -> None:
     """pre_enqueue: the current trace context goes into the job's payload."""
     if task is not None and (context := tracing.carrier()):
         task[TRACE_KEY] = context
 
 
-def open_job_span(sender: Any = None, func: Any = None, task: dict | None = None, **kwargs: Any) -> None:
+def open_job_span(sender: Any = None, func: Any = None, task: dict[str, Any] | None = None, **kwargs: Any) -> None:
     """pre_execute (in the worker): the job runs in a span of the trace it was queued in (a new one if none)."""
     if task is None:
         return
-    path = task.get("func") if isinstance(task.get("func"), str) else getattr(func, "__qualname__", "job")
+    queued = task.get("func")
+    path: str = queued if isinstance(queued, str) else getattr(func, "__qualname__", "job")
     span = tracing.tracer.start_span(f"job {_NAMES.get(path, path)}", context=tracing.context_from(
         task.get(TRACE_KEY)), kind=SpanKind.CONSUMER, attributes={"idemops.job": _NAMES.get(path, path)})
     _open_spans[task["id"]] = (span, tracing.attach(tracing.set_span(span)))
 
 
-def close_job_span(sender: Any = None, func: Any = None, task: dict | None = None, **kwargs: Any) -> None:
+def close_job_span(sender: Any = None, func: Any = None, task: dict[str, Any] | None = None, **kwargs: Any) -> None:
     """post_execute_in_worker: end the job's span (an error if the job raised)."""
-    opened = _open_spans.pop(task["id"], None) if task is not None else None
-    if opened is None:
+    if task is None or (opened := _open_spans.pop(task["id"], None)) is None:
         return
     span, token = opened
     if task.get("success") is False:

@@ -16,13 +16,19 @@ import uuid
 from collections.abc import Mapping
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from django.db.models import BinaryField, Case, CharField, Expression, Func, QuerySet, Value, When
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import BinaryField, Case, CharField, Expression, Func, Model, QuerySet, Value, When
 from django.db.models.functions import Concat, Left, Substr
 
 from idemops.conf import conf
 from tools_app.core.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from django.db.models.sql.compiler import SQLCompiler
+
+_M = TypeVar("_M", bound=Model)
 
 KEY_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,255}")
 
@@ -43,7 +49,9 @@ KEY_DIGEST_LENGTH = 16
 
 
 def key_digest_secret() -> bytes:
-    return conf().key_digest_secret.get_secret_value().encode()
+    secret = conf().key_digest_secret
+    assert secret is not None, "idemops.settings derives KEY_DIGEST_SECRET when it is unset"
+    return secret.get_secret_value().encode()
 
 
 def keyed_hash(message: str) -> str:
@@ -96,20 +104,22 @@ class HmacSha256Hex(Func):
 
     output_field = CharField()
 
-    def __init__(self, expression, secret: bytes):
+    def __init__(self, expression: str | Expression, secret: bytes) -> None:
         block = hashlib.sha256().block_size
         key = (hashlib.sha256(secret).digest() if len(secret) > block else secret).ljust(block, b"\0")
         pads = (bytes(b ^ 0x5C for b in key), bytes(b ^ 0x36 for b in key))
         super().__init__(*(Value(pad, output_field=BinaryField()) for pad in pads), expression)
 
-    def as_sql(self, compiler, connection, **extra_context):
+    def as_sql(self, compiler: SQLCompiler, connection: BaseDatabaseWrapper, function: str | None = None,
+               template: str | None = None, arg_joiner: str | None = None,
+               **extra_context: Any) -> tuple[str, tuple[Any, ...]]:
         (outer, outer_params), (inner, inner_params), (text, text_params) = (
             compiler.compile(e) for e in self.get_source_expressions())
         sql = f"ENCODE(SHA256({outer}::bytea || SHA256({inner}::bytea || CONVERT_TO({text}, 'UTF8'))), 'hex')"
         return sql, (*outer_params, *inner_params, *text_params)
 
 
-def with_key_digest(records: QuerySet, digest_: str) -> QuerySet:
+def with_key_digest(records: QuerySet[_M], digest_: str) -> QuerySet[_M]:
     """The records among `records` whose key has the digest `digest_` (as key_digest shows it).
 
     Computed per row of the (tenant-scoped, otherwise filtered) queryset: a scan, correct for any
@@ -119,7 +129,8 @@ def with_key_digest(records: QuerySet, digest_: str) -> QuerySet:
                          then=Substr("key", len(PURGED_KEY_PREFIX) + 1, KEY_DIGEST_LENGTH)),
                     default=Left(HmacSha256Hex("key", key_digest_secret()), KEY_DIGEST_LENGTH),
                     output_field=CharField())
-    return records.annotate(_key_digest=computed).filter(_key_digest=digest_)
+    # django-stubs' plugin loses the model of an annotated queryset whose model is a type variable.
+    return cast("QuerySet[_M]", records.annotate(_key_digest=computed).filter(_key_digest=digest_))
 
 
 def canonical_json(value: Any) -> str:

@@ -78,7 +78,7 @@ class Heartbeat:
         _keeper().hold(self)
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._stopped = True
         _keeper().release(self)
         with self._renewing:

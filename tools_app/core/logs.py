@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import structlog
 from opentelemetry import trace
+from structlog.typing import EventDict, Processor
 
 from tools_app.core import redaction
 
@@ -74,7 +75,7 @@ def scrubbed_values() -> tuple[tuple[str, str], ...]:
 # --- processors ------------------------------------------------------------------------------------
 
 
-def add_trace_ids(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+def add_trace_ids(logger: Any, method: str, event: EventDict) -> EventDict:
     """The current OpenTelemetry span's trace and span ids, so a line can be found from a trace."""
     context = trace.get_current_span().get_span_context()
     if context.is_valid:
@@ -86,7 +87,7 @@ def add_trace_ids(logger: Any, method: str, event: dict[str, Any]) -> dict[str, 
 _ACCESS = re.compile(r'(?P<client>\S+) - "(?P<method>\S+) (?P<path>\S+) HTTP/(?P<version>[^"]+)" (?P<status>\d+)')
 
 
-def access_line(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+def access_line(logger: Any, method: str, event: EventDict) -> EventDict:
     """uvicorn's or granian's access log as fields; the path without its query (it may carry a signed token)."""
     record = event.get("_record")
     if record is None or record.name not in ("uvicorn.access", "granian.access"):
@@ -99,16 +100,16 @@ def access_line(logger: Any, method: str, event: dict[str, Any]) -> dict[str, An
     return event
 
 
-def drop_empty(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+def drop_empty(logger: Any, method: str, event: EventDict) -> EventDict:
     """Fields with no value are left out of the line."""
     return {key: value for key, value in event.items() if value is not None}
 
 
-def scrub_context_values(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+def scrub_context_values(logger: Any, method: str, event: EventDict) -> EventDict:
     return redaction.redact_log_line(event, _scrubbed.get())
 
 
-def _shared() -> list:
+def _shared() -> list[Processor]:
     return [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 from django.db import InterfaceError, OperationalError
 
@@ -49,7 +50,7 @@ def transient() -> Transient:
     return Transient(MESSAGE, retry_after=retry_after())
 
 
-def error_body() -> dict:
+def error_body() -> dict[str, Any]:
     """The `error` object of a JSON answer, shaped like a tool call's error."""
     return {"class": "transient", "message": MESSAGE, "retry_after": retry_after()}
 

@@ -74,7 +74,7 @@ def until(stop: Callable[[], bool], *, seconds: float, pause: float, max_pause: 
 class _Call:
     """One call run by `run_async`: the deadline of each of its waits, and what it carries over."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.deadlines: dict[str, float] = {}
         self.carried: dict[str, Any] = {}
 
@@ -120,7 +120,7 @@ class WaitElsewhere(Exception):  # noqa: N818  (not an error: a request to the c
 
 
 class _Waiter:
-    def __init__(self):
+    def __init__(self) -> None:
         self.seen: object = _UNSEEN
         self.changed = asyncio.Event()
 
@@ -145,7 +145,7 @@ class Watcher:
     def __init__(self, in_thread: Callable[..., Awaitable[Any]]):
         self.in_thread = in_thread
         self.watched: dict[tuple[str, str], dict[Any, list[_Waiter]]] = {}
-        self.running: asyncio.Task | None = None
+        self.running: asyncio.Task[None] | None = None
 
     async def wait(self, watch: Watch, check: Callable[[], bool], deadline: float) -> None:
         """Until `check` holds (asked once first, then after each change of the row) or the deadline."""
@@ -225,7 +225,8 @@ def carried(name: str, first: Callable[[], T]) -> T:
         return first()
     if name not in call.carried:
         call.carried[name] = first()
-    return call.carried[name]
+    value: T = call.carried[name]  # what `first()` made for this name
+    return value
 
 
 async def run_async(in_thread: Callable[..., Awaitable[Any]], fn: Callable[..., T], /, *args: Any,
@@ -243,6 +244,7 @@ async def run_async(in_thread: Callable[..., Awaitable[Any]], fn: Callable[..., 
 
     while True:
         try:
-            return await in_thread(attempt)
+            result: T = await in_thread(attempt)
+            return result
         except WaitElsewhere as elsewhere:
             await elsewhere.wait(in_thread)

@@ -28,7 +28,7 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -113,7 +113,8 @@ def unseal(token: str) -> dict[str, Any]:
     if not token:
         return {}
     try:
-        return json.loads(_fernet().decrypt(token.encode()))
+        values: dict[str, Any] = json.loads(_fernet().decrypt(token.encode()))
+        return values
     except InvalidToken:
         raise InvalidInput("the task's sealed arguments cannot be opened (IDEMOPS_SECRET_KEY changed and the old "
                            "key is not in IDEMOPS_SECRET_KEY_FALLBACKS); start a new task with a new idempotency_key"
@@ -153,7 +154,7 @@ def personal_fields() -> frozenset[str]:
     return frozenset(_personal_fields)
 
 
-def _url_without_secrets(match: re.Match) -> str:
+def _url_without_secrets(match: re.Match[str]) -> str:
     url = match.group(0)
     try:
         parts = urlsplit(url)
@@ -200,7 +201,7 @@ def _redact(name: str, value: Any, scrubbed: tuple[tuple[str, str], ...]) -> Any
     return redact_text(value if isinstance(value, str) else str(value), scrubbed)
 
 
-def redact_log_line(event: dict[str, Any], scrubbed: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+def redact_log_line(event: Mapping[str, Any], scrubbed: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
     """`event` (a log line's fields) as it may be written."""
     return {key: _redact(key, value, scrubbed) for key, value in event.items()}
 

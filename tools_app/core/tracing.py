@@ -27,7 +27,8 @@ import os
 import random
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import Token
 from typing import Any
 
 import httpx2
@@ -38,7 +39,7 @@ from opentelemetry.instrumentation.django import DjangoInstrumentor
 from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -87,7 +88,7 @@ def configure() -> None:
     _configured = True
 
 
-def exporters() -> list:
+def exporters() -> list[SpanExporter]:
     """The span exporters OTEL_TRACES_EXPORTER names; unset, OTLP when an OTLP endpoint is set and
     none otherwise (traces still exist: their ids are in the database and the logs). The OTLP
     exporter reads its endpoint, headers and timeout from the OTEL_EXPORTER_OTLP_* variables itself."""
@@ -102,7 +103,8 @@ def exporters() -> list:
 # --- spans and ids ---------------------------------------------------------------------------------
 
 
-def span(name: str, *, kind: SpanKind = SpanKind.INTERNAL, **attributes: Any):
+# `kind` is positional-only so that attributes given as `**{"idemops.x": ...}` are never taken for it.
+def span(name: str, kind: SpanKind = SpanKind.INTERNAL, /, **attributes: Any) -> AbstractContextManager[trace.Span]:
     """A span of ours around a piece of work, current inside (attributes with None are left out)."""
     return tracer.start_as_current_span(name, kind=kind,
                                         attributes={k: v for k, v in attributes.items() if v is not None})
@@ -130,7 +132,7 @@ def remote_parent(trace_id: str, span_id: str = "") -> otel_context.Context | No
 
 
 @contextmanager
-def continued(trace_id: str, span_id: str, name: str, *, kind: SpanKind = SpanKind.INTERNAL,
+def continued(trace_id: str, span_id: str, name: str, kind: SpanKind = SpanKind.INTERNAL, /,
               **attributes: Any) -> Iterator[trace.Span]:
     """A span `name` in the trace stored with a row (see `remote_parent`); in the current trace if none."""
     with tracer.start_as_current_span(name, context=remote_parent(trace_id, span_id), kind=kind,
@@ -157,11 +159,11 @@ def set_span(current: trace.Span) -> otel_context.Context:
     return trace.set_span_in_context(current)
 
 
-def attach(context: otel_context.Context) -> object:
+def attach(context: otel_context.Context) -> Token[otel_context.Context]:
     return otel_context.attach(context)
 
 
-def detach(token: object) -> None:
+def detach(token: Token[otel_context.Context]) -> None:
     otel_context.detach(token)
 
 

@@ -106,7 +106,7 @@ def resolve(host: str, port: int) -> list[Address]:
     """The host's addresses from the system resolver (the seam tests use to play DNS)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     # An IPv6 link-local answer carries its zone (fe80::1%eth0).
-    return list(dict.fromkeys(ip_address(info[4][0].split("%")[0]) for info in infos))
+    return list(dict.fromkeys(ip_address(str(info[4][0]).split("%")[0]) for info in infos))
 
 
 # --- parsing ---------------------------------------------------------------------------------

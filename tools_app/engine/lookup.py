@@ -14,7 +14,7 @@ from tools_app.core import keys
 from tools_app.engine.models import IdempotencyRecord
 
 
-def records_with_key(key: str, *, tenant_ids: Iterable[int], tools: Iterable[str]) -> QuerySet:
+def records_with_key(key: str, *, tenant_ids: Iterable[int], tools: Iterable[str]) -> QuerySet[IdempotencyRecord]:
     """The records (live and retired) of `key` under each candidate tenant and tool.
 
     The unique index on (tenant, tool, key) answers the live record of each pair, and
@@ -26,6 +26,7 @@ def records_with_key(key: str, *, tenant_ids: Iterable[int], tools: Iterable[str
     return candidates.filter(retired_at__isnull=True) | candidates.filter(retired_at__isnull=False)
 
 
-def records_with_key_digest(digest: str, records: QuerySet | None = None) -> QuerySet:
+def records_with_key_digest(digest: str, records: QuerySet[IdempotencyRecord] | None = None
+                            ) -> QuerySet[IdempotencyRecord]:
     """The records whose key has this digest (a scan of `records`: narrow it by tenant or tool first)."""
     return keys.with_key_digest(IdempotencyRecord.objects.all() if records is None else records, digest)

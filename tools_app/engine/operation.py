@@ -95,7 +95,8 @@ class Operation:
     def matches(self, bound: Any) -> bool:
         """Whether this call is the operation `bound` (a record, an issued operation id) was fingerprinted
         for, under the version it was fingerprinted with."""
-        return bound.fingerprint == self.fingerprint_at(bound.fingerprint_version)
+        same: bool = bound.fingerprint == self.fingerprint_at(bound.fingerprint_version)
+        return same
 
     def differing_fields(self, bound: Any) -> list[str]:
         """Where this call differs from the one `bound` holds: a path per difference (`items[2].quantity`,
@@ -110,7 +111,7 @@ class Operation:
         if not stored or getattr(bound, "purged_at", None) is not None:
             return fields
         ours_stored = stored_form(ours)
-        paths = []
+        paths: list[str] = []
         for name in fields:
             inner = (list(_differences(ours_stored[name], stored[name], name))
                      if name in ours_stored and name in stored else [])
@@ -130,7 +131,8 @@ def field_digests(arguments: dict[str, Any]) -> dict[str, str]:
 def stored_form(arguments: dict[str, Any]) -> dict[str, Any]:
     """The business arguments as a record keeps them to be read: canonical JSON, URLs without their
     query (tokens); the fingerprint covers them in full."""
-    return redaction.scrub_urls(json.loads(canonical_json(arguments)))
+    stored: dict[str, Any] = redaction.scrub_urls(json.loads(canonical_json(arguments)))
+    return stored
 
 
 def _differences(ours: Any, theirs: Any, path: str) -> Iterator[str]:

@@ -228,6 +228,7 @@ def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) 
                                  f"it is being reconciled: {UNKNOWN_OUTCOME_ADVICE}",
                                  evidence=evidence_entry("executor", error=type(exc).__name__))
         return Outcome(mark_unknown(record, unknown, actor=op.actor), error=unknown, executed=True)
+    failure: ToolFailure
     if isinstance(exc, DataError):
         # A value the database refuses (out of range, too long): running again fails the same way.
         failure = invalid_data(exc)

@@ -23,8 +23,8 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
-from django.db import OperationalError, connection, transaction
-from django.db.models import F
+from django.db import OperationalError, connection, models, transaction
+from django.db.models import Expression, F
 
 from idemops.conf import conf
 from tools_app.core import audit, backoff, clock, counters, db, keys, leases, logs, tracing
@@ -123,7 +123,7 @@ def _claim(op: Operation, operation_id: uuid.UUID | None = None) -> tuple[Idempo
         record._state.adding, record._state.db = False, connection.alias
         for field, value in zip(computed, row[1:-2], strict=True):
             setattr(record, field.attname, db.converted(field, value))
-        record.read_at = row[-1]
+        record.__dict__["read_at"] = row[-1]  # as annotate(read_at=NOW) would: not a declared attribute
         return record, True
     # A live record holds the key (committed since run() looked), or we lost a race to a claim
     # our statement's snapshot could not see: read it now.
@@ -180,7 +180,9 @@ def operation_id_for(tenant_id: int, tool: str, key: str, generation: int) -> uu
 @cache
 def _database_born() -> str:
     """When this database was first migrated (read once per process: it never changes)."""
-    return str(db.fetchone("SELECT min(applied) FROM django_migrations", [])[0])
+    row = db.fetchone("SELECT min(applied) FROM django_migrations", [])
+    assert row is not None  # an aggregate without GROUP BY always returns a row
+    return str(row[0])
 
 
 def claim_operation_id(tenant_id: int, tool: str, key: str) -> uuid.UUID:
@@ -202,8 +204,7 @@ def uncommitted(op: Operation) -> IdempotencyRecord:
     (a local tool's, held in its transaction): not saved, PROCESSING, under the operation id that
     claim took, so that the follower's in_progress answer names what it can ask about."""
     return IdempotencyRecord(tenant_id=op.tenant_id, tool=op.tool, key=op.key, status=RecordStatus.PROCESSING,
-                             operation_id=op.operation_id or claim_operation_id(op.tenant_id, op.tool, op.key),
-                             expires_at=None)
+                             operation_id=op.operation_id or claim_operation_id(op.tenant_id, op.tool, op.key))
 
 
 def claimed_in_flight(tenant_id: int, operation_id: uuid.UUID, tools: list[str]) -> str | None:
@@ -247,7 +248,8 @@ def operation_id_of(key: str) -> uuid.UUID | None:
         return None
 
 
-def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent, computed: list) -> tuple | None:
+def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent, computed: list[models.Field[Any, Any]]
+                    ) -> tuple[Any, ...] | None:
     """One statement: INSERT the record and its audit event, unless a live record holds the key:
     (the live or inserted record's id, the `computed` fields' values, whether this call inserted it,
     the statement's time), or None.
@@ -277,7 +279,7 @@ def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent, comput
 CLAIMED_EVENT_ID = {"object_id": "claimed.id::text"}
 
 
-def _computed_fields(record: IdempotencyRecord) -> list:
+def _computed_fields(record: IdempotencyRecord) -> list[models.Field[Any, Any]]:
     """The fields of a new record whose value the database computes (its clock)."""
     return [field for field in IdempotencyRecord._meta.concrete_fields if db.is_expression(getattr(record,
                                                                                                   field.attname))]
@@ -329,7 +331,7 @@ def find_live(op: Operation) -> IdempotencyRecord | None:
     if row is None:
         return None
     record = db.from_row(IdempotencyRecord, row[:-1], fields=REPLAY_FIELDS)
-    record.read_at = row[-1]
+    record.__dict__["read_at"] = row[-1]  # as annotate(read_at=NOW) would: not a declared attribute
     return record
 
 
@@ -393,7 +395,8 @@ def mark_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str) 
     """
     if failure.retryable and failure.retry_after is None:
         failure.retry_after = write_retry_after(record.attempts)
-    retry_not_before = clock.later(failure.retry_after) if failure.retryable else None
+    retry_not_before = clock.later(failure.retry_after) if failure.retryable and failure.retry_after is not None \
+        else None
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
         "retry_not_before": retry_not_before, "lease_owner": "", "lease_expires_at": None, **_finished(),
@@ -493,12 +496,13 @@ def expire_lease(record: IdempotencyRecord, *, actor: str = SWEEPER, source: str
     sweep, and by a follower that finds the lease expired (`source` says which). `now` (a
     test's) replaces the database's time in the guard.
     """
-    now = now or clock.NOW
+    guard_now: datetime | Expression = now or clock.NOW
     expired = _transition(
-        record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner, "lease_expires_at__lt": now},
+        record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner,
+                 "lease_expires_at__lt": guard_now},
         {"status": RecordStatus.UNKNOWN, "error_class": "unknown_outcome",
          "error_message": "the executor's lease expired before it recorded an outcome",
-         "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": now},
+         "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": guard_now},
         action="record.unknown", actor=actor, reason="lease expired",
         evidence=evidence_entry(source, note=f"lease of {record.lease_owner} expired"))
     if expired:
@@ -541,7 +545,7 @@ def note_unresolved(record: IdempotencyRecord, *, evidence: dict[str, Any], next
     escalate = next_attempt_in is None
     return _transition(record, {"status": RecordStatus.UNKNOWN, "reconcile_attempts": record.reconcile_attempts}, {
         "reconcile_attempts": record.reconcile_attempts + 1,
-        "next_reconcile_at": None if escalate else clock.later(next_attempt_in),
+        "next_reconcile_at": None if next_attempt_in is None else clock.later(next_attempt_in),
         **({"escalated_at": clock.NOW} if escalate else {}),
     }, action="record.escalated" if escalate else "record.reconcile_attempted", actor=actor,
         reason="automatic reconciliation gave up; a person must decide" if escalate else "", evidence=evidence)

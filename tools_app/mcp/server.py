@@ -162,7 +162,7 @@ def build_server() -> MCPServer:
     )
 
 
-def build_app():
+def build_app() -> OpenTelemetryMiddleware:
     """The Starlette app serving /mcp (its lifespan runs the session manager)."""
     app = build_server().streamable_http_app(
         streamable_http_path="/mcp",

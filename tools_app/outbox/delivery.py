@@ -20,6 +20,7 @@ import json
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx2
 from django.conf import settings
@@ -91,7 +92,7 @@ def signature_headers(event_id: str, body: str, signing_secrets: Sequence[str]) 
             "webhook-signature": " ".join(Webhook(secret).sign(event_id, when, body) for secret in signing_secrets)}
 
 
-def _post_webhook(event: OutboxEvent, body: dict, signing_secrets: Sequence[str]) -> None:
+def _post_webhook(event: OutboxEvent, body: dict[str, Any], signing_secrets: Sequence[str]) -> None:
     payload = event.payload
     # The stored URL is checked again, against today's allow-list, and the
     # request goes to the address that check resolved (no second DNS answer).

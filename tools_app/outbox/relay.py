@@ -36,7 +36,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection, connections, transaction
 
@@ -46,11 +46,17 @@ from tools_app.core import backoff, clock, counters, db, jobs, leases, logs, red
 from tools_app.outbox.delivery import WEBHOOK_KINDS, DeliveryFailed, deliver
 from tools_app.outbox.models import OutboxEvent, OutboxStatus
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
+
+    from tools_app.engine.models import IdempotencyRecord
+
 logger = logging.getLogger(__name__)
 RELAY_ACTOR = "system:outbox-relay"
 
 
-def enqueue(*, tenant_id: int, kind: str, payload: dict[str, Any], record=None, event_id=None) -> OutboxEvent:
+def enqueue(*, tenant_id: int, kind: str, payload: dict[str, Any], record: IdempotencyRecord | None = None,
+            event_id: uuid.UUID | None = None) -> OutboxEvent:
     """Write an event in the current transaction and wake the relay when it commits.
 
     With `event_id` (a step that may run again after a crash derives it from its task), an event
@@ -97,7 +103,7 @@ class RelayReport:
         return self.delivered + self.retried + self.dead + self.lost
 
 
-def claim_batch(owner: str, limit: int, *, event_id=None) -> list[OutboxEvent]:
+def claim_batch(owner: str, limit: int, *, event_id: uuid.UUID | None = None) -> list[OutboxEvent]:
     """Claim up to `limit` due events (only `event_id`, if given) for `owner`, until the claim runs
     out; committed at once."""
     _, columns = db.select_columns(OutboxEvent)
@@ -138,7 +144,7 @@ def relay_batch(limit: int | None = None) -> RelayReport:
     return report
 
 
-def relay_one(event_id) -> RelayReport:
+def relay_one(event_id: uuid.UUID) -> RelayReport:
     """Deliver one event now if it is due and no relay holds it (a long task's step that must know
     how its message fared drives its delivery itself, instead of waiting for a free worker)."""
     report = RelayReport()
@@ -191,7 +197,7 @@ def _record(event: OutboxEvent, failure: DeliveryFailed | None, seconds: float, 
             attempt = event.attempts + 1
             if failure is None:
                 outcome = "delivered" if mark_delivered(event) else "lost"
-                if outcome == "delivered":
+                if outcome == "delivered" and event.delivered_at is not None:  # mark_delivered set it
                     counters.observe(counters.OUTBOX_DELIVERY,
                                      (event.delivered_at - event.created_at).total_seconds(), tenant_id=event.tenant_id)
             else:
@@ -252,7 +258,7 @@ REDRIVE = access.Permit("tools_app.redrive_outboxevent", "redrive", "re-drive de
                         "outbox.redrive_refused")
 
 
-def redrive(event: OutboxEvent, user, *, reason: str = "") -> bool:
+def redrive(event: OutboxEvent, user: User | AnonymousUser, *, reason: str = "") -> bool:
     """dead -> pending, attempts reset: an operator sends it again."""
     actor = access.authorize(user, REDRIVE, event)
     with transaction.atomic():

@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tools_app import access, engine
 from tools_app.core.errors import InvalidInput, Transient
 from tools_app.engine import evidence_entry
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.reconciliation.reconcile import observed, reconcile_record
 from tools_app.toolkit.registry import get_tool
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
 
 RESOLVE_PERMISSION = "tools_app.resolve_unknown"
 RECONCILE = access.Permit(RESOLVE_PERMISSION, "reconcile", "reconcile UNKNOWN outcomes", "record.reconcile_refused")
@@ -19,7 +24,7 @@ RELEASE_HELD_KEY = access.Permit("tools_app.release_held_key", "release_held_key
                                   "release held idempotency keys", "record.release_refused")
 
 
-def force_expire(record: IdempotencyRecord, user, *, reason: str) -> bool:
+def force_expire(record: IdempotencyRecord, user: User | AnonymousUser, *, reason: str) -> bool:
     """An operator ends a finished record's retention now: the key's expiry policy applies from the next call."""
     actor = access.authorize(user, FORCE_EXPIRE, record)
     if not reason.strip():
@@ -27,7 +32,7 @@ def force_expire(record: IdempotencyRecord, user, *, reason: str) -> bool:
     return engine.end_retention(record, actor=actor, reason=reason)
 
 
-def release_held_key(record: IdempotencyRecord, user, *, reason: str, checked: str,
+def release_held_key(record: IdempotencyRecord, user: User | AnonymousUser, *, reason: str, checked: str,
                      downstream_reference: str = "") -> bool:
     """An operator frees a key held past its retention (ExpiryPolicy.HOLD), after checking downstream.
 
@@ -45,7 +50,7 @@ def release_held_key(record: IdempotencyRecord, user, *, reason: str, checked: s
                           downstream_reference=downstream_reference)
 
 
-def reconcile(record: IdempotencyRecord, user) -> str:
+def reconcile(record: IdempotencyRecord, user: User | AnonymousUser) -> str:
     """An operator's "reconcile now": ask the downstream system at once, due or not."""
     actor = access.authorize(user, RECONCILE, record)
     record.refresh_from_db()
@@ -56,7 +61,7 @@ def reconcile(record: IdempotencyRecord, user) -> str:
     return reconcile_record(record, actor=actor)
 
 
-def resolve_by_operator(record: IdempotencyRecord, user, *, succeeded: bool, reason: str,
+def resolve_by_operator(record: IdempotencyRecord, user: User | AnonymousUser, *, succeeded: bool, reason: str,
                         downstream_reference: str = "") -> None:
     """An operator's decision on an UNKNOWN record, with evidence. Refusals are audited too."""
     actor = access.authorize(user, RESOLVE, record)

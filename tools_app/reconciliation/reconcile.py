@@ -26,7 +26,9 @@ answers, the same guarded transitions, so a late or duplicate report changes not
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from enum import StrEnum
+from typing import Any
 
 from idemops.conf import conf
 from tools_app import engine
@@ -41,7 +43,7 @@ logger = logging.getLogger(__name__)
 SWEEP_ACTOR = "system:reconciler"
 
 
-def reconciler_for(spec: ToolSpec):
+def reconciler_for(spec: ToolSpec) -> Callable[[IdempotencyRecord], Any]:
     return spec.reconciler or nothing_committed
 
 
@@ -154,7 +156,8 @@ def settle_by_callback(downstream_key: str, answer: Found | NotDone, *, actor: s
 
 def _ask(record: IdempotencyRecord) -> Answer:
     try:
-        return reconciler_for(get_tool(record.tool))(record)
+        answer: Answer = reconciler_for(get_tool(record.tool))(record)  # what a reconciler returns (registry)
+        return answer
     except Exception as exc:  # a reconciler that fails tells us nothing new
         logger.warning("reconciler for %s raised %s", record.tool, type(exc).__name__)
         return StillUnknown(evidence_entry("reconciler", error=type(exc).__name__))

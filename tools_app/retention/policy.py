@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 
@@ -11,6 +12,9 @@ from tools_app import access
 from tools_app.core import audit
 from tools_app.retention.models import RetentionOverride
 from tools_app.toolkit.registry import ToolSpec, all_tools
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
 
 KINDS = ("records", "tasks", "artifacts", "documents")
 
@@ -27,7 +31,11 @@ def default_for(kind: str, spec: ToolSpec | None) -> timedelta:
     return period
 
 
-def kept_for(kind: str, tenant_id: int, tool: str, overrides: dict | None = None) -> timedelta:
+# (tenant id, tool or "") -> period
+Overrides = dict[tuple[int, str], timedelta]
+
+
+def kept_for(kind: str, tenant_id: int, tool: str, overrides: Overrides | None = None) -> timedelta:
     """How long `kind` of `tool`'s calls is kept for this tenant (an override, the tool's, the setting's)."""
     if overrides is None:
         overrides = load_overrides(kind)
@@ -40,7 +48,7 @@ def kept_for(kind: str, tenant_id: int, tool: str, overrides: dict | None = None
     return chosen
 
 
-def load_overrides(kind: str) -> dict[tuple[int, str], timedelta]:
+def load_overrides(kind: str) -> Overrides:
     """(tenant id, tool or "") -> period, for the overrides that set `kind`."""
     return {(tenant_id, tool): period for tenant_id, tool, period in
             RetentionOverride.objects.filter(**{f"{kind}__isnull": False}).values_list("tenant_id", "tool", kind)}
@@ -54,7 +62,8 @@ def _text(period: timedelta | None) -> str | None:
     return None if period is None else str(period)
 
 
-def save_override(who, override: RetentionOverride, before: RetentionOverride | None = None) -> RetentionOverride:
+def save_override(who: User | AnonymousUser, override: RetentionOverride,
+                  before: RetentionOverride | None = None) -> RetentionOverride:
     """Create or change a tenant's override (whoever asks must hold CHANGE_RETENTION on the tenant);
     the audit event, with the periods before and after, commits with the change."""
     actor = access.authorize(who, CHANGE_RETENTION, override)
@@ -65,7 +74,7 @@ def save_override(who, override: RetentionOverride, before: RetentionOverride | 
     return override
 
 
-def delete_override(who, override: RetentionOverride) -> None:
+def delete_override(who: User | AnonymousUser, override: RetentionOverride) -> None:
     actor = access.authorize(who, CHANGE_RETENTION, override)
     with transaction.atomic():
         audit.record_event(action="retention.override_deleted", obj=override, actor=actor, before=_state(override))

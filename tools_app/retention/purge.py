@@ -27,9 +27,10 @@ left for the next round instead of waited for. What stays:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import models, transaction
 from django.db.models import Count, Q
@@ -50,13 +51,17 @@ PURGER = "system:retention"
 TASK_FINISHED = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED)
 
 
+# Purges rows (of one model) at a time; returns what each row's audit event says, by primary key.
+Purger = Callable[[list[Any], datetime], Mapping[Any, Mapping[str, Any]]]
+
+
 @dataclass(frozen=True)
 class Kind:
     model: type[models.Model]
     tool: str  # lookup of the tool's name
     since: str  # the field the period counts from
     pending: Q  # rows not purged yet that may be
-    purge: Callable[[list, datetime], dict[int | str, dict]]  # purge these rows; what each audit event says
+    purge: Purger  # purge these rows; what each audit event says
     action: str
 
 
@@ -67,7 +72,7 @@ EVIDENCE_OUTLINE = RawSQL("COALESCE((SELECT jsonb_agg(jsonb_build_object('at', e
 RECORD_FIELDS = ["arguments", "result", "evidence", "key", "approval_request", "outbox_events"]
 
 
-def _purge_records(rows: list[IdempotencyRecord], now: datetime) -> dict:
+def _purge_records(rows: list[IdempotencyRecord], now: datetime) -> dict[Any, dict[str, Any]]:
     ids = [r.pk for r in rows]
     IdempotencyRecord.objects.filter(pk__in=ids).update(
         arguments={}, result=None, evidence=EVIDENCE_OUTLINE, key=keys.purged_key_sql(), purged_at=now)
@@ -77,14 +82,14 @@ def _purge_records(rows: list[IdempotencyRecord], now: datetime) -> dict:
     return {r.pk: {"purged": RECORD_FIELDS} for r in rows}
 
 
-def _purge_tasks(rows: list[Task], now: datetime) -> dict:
+def _purge_tasks(rows: list[Task], now: datetime) -> dict[Any, dict[str, Any]]:
     Task.objects.filter(pk__in=[t.pk for t in rows]).update(
         arguments={}, sealed_arguments="", result=None, input_request=None, resume_input=None, purged_at=now)
     return {t.pk: {"purged": ["arguments", "sealed_arguments", "result", "input_request", "resume_input"]}
             for t in rows}
 
 
-def _purge_artifacts(rows: list[Task], now: datetime) -> dict:
+def _purge_artifacts(rows: list[Task], now: datetime) -> dict[Any, dict[str, Any]]:
     ids = [t.pk for t in rows]
     counted = {name: dict(model.objects.filter(task_id__in=ids).values_list("task_id").annotate(n=Count("pk")))
                for name, model in (("checkpoints", Checkpoint), ("step_batches", StepBatch),
@@ -109,7 +114,7 @@ KIND_SPECS: dict[str, Kind] = {
 
 
 def register_retained(kind: str, *, model: type[models.Model], tool: str, since: str,
-                      purge: Callable[[list, datetime], dict[int | str, dict]], action: str,
+                      purge: Purger, action: str,
                       pending: Q | None = None) -> None:
     """An app's own objects that `kind`'s retention removes (the demo's documents): `tool` is the lookup
     of the tool that made each row, `since` the field the period counts from, `purge(rows, now)` removes
@@ -171,7 +176,7 @@ def purge_kind(kind: str, *, now: datetime | None = None, batch: int | None = No
     purged = batches = 0
     while max_batches is None or batches < max_batches:
         with transaction.atomic():
-            rows = list(spec.model.objects.select_for_update(skip_locked=True, of=("self",)).filter(selection)
+            rows = list(spec.model._default_manager.select_for_update(skip_locked=True, of=("self",)).filter(selection)
                         .order_by(spec.since, "pk")[:size])
             if not rows:
                 break

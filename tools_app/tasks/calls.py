@@ -11,6 +11,7 @@ the same key waits again).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -211,6 +212,7 @@ def start_through_engine(spec: ToolSpec, caller: Caller, arguments: dict[str, An
     started = call_tool(get_tool(START_TASK), caller, {**start_arguments, "arguments": arguments})
     if started.error is not None:
         return CallResult(spec, error=started.error, record=started.record, replayed=started.replayed), None
+    assert started.result is not None, "a call without an error has a result"
     return started, Task.objects.select_related("record").get(pk=started.result["task_id"])
 
 
@@ -250,7 +252,8 @@ def unfinished(task: Task) -> ToolFailure:
 # --- waiting ------------------------------------------------------------------------------------
 
 
-def wait_for(task: Task, seconds: float, report_progress=None) -> Task:
+def wait_for(task: Task, seconds: float,
+             report_progress: Callable[[float, float | None, str | None], None] | None = None) -> Task:
     """Poll until the task finishes or pauses, or `seconds` pass, reporting progress as it moves.
 
     Progress is steps done plus the fraction of the current step, out of the

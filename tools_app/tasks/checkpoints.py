@@ -84,12 +84,15 @@ def write(task: Task, prepared: Prepared) -> None:
         [Checkpoint(task=task, sequence=prepared.sequence, **fields)],
         update_conflicts=True, unique_fields=["task", "sequence"], update_fields=list(fields))
     # The artifact of an output this one replaced (an invalid checkpoint) is nobody's now.
-    TaskArtifact.objects.filter(task=task, checkpoint__isnull=True).exclude(pk=getattr(artifact, "pk", None)).delete()
+    orphans = TaskArtifact.objects.filter(task=task, checkpoint__isnull=True)
+    if artifact is not None:
+        orphans = orphans.exclude(pk=artifact.pk)
+    orphans.delete()
 
 
 def stored_bytes(checkpoint: Checkpoint) -> bytes:
-    if checkpoint.artifact_id is not None:
-        return bytes(checkpoint.artifact.data)
+    if (artifact := checkpoint.artifact) is not None:
+        return bytes(artifact.data)
     return checkpoint.output_inline.encode()
 
 

@@ -9,7 +9,8 @@ between the read and the UPDATE (`_with_retries`).
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 from django.db import transaction
@@ -40,6 +41,11 @@ from tools_app.tasks.state import (
 )
 from tools_app.toolkit.registry import unstorable_at
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
+
+    from tools_app.access import Agent
+
 MANAGE_PERMISSION = "tools_app.manage_task"
 
 
@@ -60,7 +66,7 @@ def get_for_tenant(tenant_id: int, task_id: Any) -> Task:
     return task
 
 
-def _with_retries(task: Task, attempt) -> Task:
+def _with_retries(task: Task, attempt: Callable[[Task], bool]) -> Task:
     """Read-decide-UPDATE with the version guard; re-read when a worker moved the task meanwhile."""
     for _ in range(OPTIMISTIC_ROUNDS):
         with transaction.atomic():
@@ -83,7 +89,7 @@ RESUME = Permit(MANAGE_PERMISSION, "resume", "manage tasks", "task.resume_refuse
 MARK_CAUSE_FIXED = Permit(MANAGE_PERMISSION, "mark_cause_fixed", "manage tasks", "task.mark_cause_fixed_refused")
 
 
-def cancel(task: Task, who, *, reason: str = "") -> Task:
+def cancel(task: Task, who: Agent | User | AnonymousUser, *, reason: str = "") -> Task:
     """created|running|paused|retrying -> cancelled, at once, by an operator or the tenant's agent.
 
     A step still running finds out at its next heartbeat or checkpoint (both
@@ -106,7 +112,7 @@ def cancel(task: Task, who, *, reason: str = "") -> Task:
     return _with_retries(task, attempt)
 
 
-def pause(task: Task, who, *, reason: str) -> Task:
+def pause(task: Task, who: Agent | User | AnonymousUser, *, reason: str) -> Task:
     """created|retrying -> paused at once; running -> paused at its next step boundary.
 
     A running task's worker is in the middle of a step and only it knows when
@@ -143,7 +149,7 @@ def pause(task: Task, who, *, reason: str) -> Task:
     return _with_retries(task, attempt)
 
 
-def resume(task: Task, who, *, answer: dict[str, Any] | None = None) -> Task:
+def resume(task: Task, who: Agent | User | AnonymousUser, *, answer: dict[str, Any] | None = None) -> Task:
     """Continue a task from its last valid checkpoint, where that makes sense:
 
     paused -> created (with the answer to its input request); retrying -> due now;
@@ -211,7 +217,7 @@ def resume(task: Task, who, *, answer: dict[str, Any] | None = None) -> Task:
     return _with_retries(task, attempt)
 
 
-def mark_cause_fixed(task: Task, who, *, reason: str) -> Task:
+def mark_cause_fixed(task: Task, who: Agent | User | AnonymousUser, *, reason: str) -> Task:
     """failed with internal_error -> the same, marked fixed: resume_task may then run it again (once:
     resuming clears the mark). By an operator, saying what was fixed (e.g. the release)."""
     actor = authorize(who, MARK_CAUSE_FIXED, task)

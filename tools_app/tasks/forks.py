@@ -18,6 +18,7 @@ Either way `fork` checks FORK first and audits the fork on both tasks.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.utils import timezone
@@ -33,12 +34,18 @@ from tools_app.tasks.control import MANAGE_PERMISSION
 from tools_app.tasks.models import Checkpoint, Task, TaskArtifact
 from tools_app.toolkit.registry import get_tool
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
+
+    from tools_app.access import Agent
+
 FORK_OPERATION = "fork_task"
 
 FORK = Permit(MANAGE_PERMISSION, "fork", "manage tasks", "task.fork_refused", agents=True)
 
 
-def fork(task: Task, who, *, from_step: str, reason: str, record: IdempotencyRecord) -> Task:
+def fork(task: Task, who: Agent | User | AnonymousUser, *, from_step: str, reason: str,
+         record: IdempotencyRecord) -> Task:
     """A new task re-running `task` from `from_step`, created inside the fork operation's
     transaction (`record`, whose one task it is), and queued."""
     actor = authorize(who, FORK, task)
@@ -87,9 +94,8 @@ def _copy_checkpoints(original: Task, new: Task, before: int) -> None:
     now = timezone.now()
     for checkpoint in Checkpoint.objects.filter(task=original, sequence__lt=before).select_related("artifact"):
         artifact = None
-        if checkpoint.artifact_id is not None:
-            artifact = TaskArtifact.objects.create(task=new, sha256=checkpoint.artifact.sha256,
-                                                   size=checkpoint.artifact.size, data=checkpoint.artifact.data,
+        if (stored := checkpoint.artifact) is not None:
+            artifact = TaskArtifact.objects.create(task=new, sha256=stored.sha256, size=stored.size, data=stored.data,
                                                    created_at=now)
         Checkpoint.objects.create(task=new, step=checkpoint.step, sequence=checkpoint.sequence,
                                   input_digest=checkpoint.input_digest, output_inline=checkpoint.output_inline,
@@ -114,7 +120,7 @@ def handle(task: Task) -> ForkHandle:
                                   "Retrying with the same idempotency_key returns this same fork.")
 
 
-def fork_operation(task: Task, who, *, from_step: str, reason: str, key: str) -> Task:
+def fork_operation(task: Task, who: Agent | User | AnonymousUser, *, from_step: str, reason: str, key: str) -> Task:
     """An operator's fork: the fork_task operation under `key`, outside a tool call (the admin)."""
     actor = authorize(who, FORK, task)  # a refusal is audited before any key is claimed
     step_index(task, from_step)
@@ -125,4 +131,5 @@ def fork_operation(task: Task, who, *, from_step: str, reason: str, key: str) ->
         task, who, from_step=from_step, reason=reason, record=record)).model_dump(mode="json"))
     if outcome.error is not None:
         raise outcome.error
+    assert outcome.result is not None, "a call without an error has a result"
     return Task.objects.get(pk=outcome.result["task_id"])

@@ -23,9 +23,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -55,7 +56,7 @@ class Heartbeat(leases.Heartbeat):
     """The task's lease heartbeat (tools_app.core.leases): also carries the step's progress,
     and lets the step notice a cancel (a cancel clears the lease, so renewal fails)."""
 
-    def __init__(self, task_id, owner: str):
+    def __init__(self, task_id: uuid.UUID, owner: str):
         self._progress: tuple[float | None, float | None, str] | None = None
         self._announced: tuple[float | None, float | None, str] | None = None
         super().__init__(lambda: state.renew_lease(task_id, owner, self._progress, self._announce()),
@@ -91,7 +92,7 @@ class Runner:
         with observed(self.spec, task.tenant_id, task.arguments, key=task.record.key, task_id=str(task.pk)):
             return self._run()
 
-    def _run(self) -> tuple[str, datetime | None]:
+    def _run(self) -> tuple[str, float | None]:
         task = self.task
         try:
             arguments = parse_arguments(self.spec.input_model, {
@@ -102,7 +103,7 @@ class Runner:
         outputs, checksums = dict(resumption.outputs), list(resumption.checksums)
         plan, failed_at = resumption.plan, resumption.failed_at
         index = resumption.next_index
-        run = None
+        run: StepRun | None = None
         while index < len(plan):
             step = plan[index]
             if run is None:
@@ -138,10 +139,11 @@ class Runner:
                     # A saga's step failed for good: undo the steps before it, each a checkpointed step.
                     plan, failed_at = self.pipeline.plan(index), index
                     marker = checkpoints.prepare(task, plan[index], index, failure.as_dict(), checksums)
-                    run = state.begin_compensation(task, self.owner, marker, run, failure,
-                                                   (plan[index + 1], index + 1), steps_total=len(plan))
-                    if run is False:
+                    compensation = state.begin_compensation(task, self.owner, marker, run, failure,
+                                                            (plan[index + 1], index + 1), steps_total=len(plan))
+                    if compensation is False:
                         return f"interrupted after step {step.name} failed", None
+                    run = compensation
                     seen["outcome"] = "compensating"
                     outputs[marker.step.name] = json.loads(marker.data)
                     checksums.append(marker.checksum)
@@ -166,7 +168,7 @@ class Runner:
                 if pause:
                     return self._pause(pause, plan[index + 1])
                 return ("handed on to a new job" if state.hand_on(task, self.owner) else "interrupted"), None
-            run = advanced if then is not None else None
+            run = advanced if isinstance(advanced, StepRun) else None  # a StepRun exactly when `then` was given
             index += 1
         if failed_at is not None:
             return self._compensated(plan, failed_at, outputs)
@@ -190,7 +192,7 @@ class Runner:
                 logs.get(__name__).info("task.step", outcome=seen["outcome"], sequence=index, attempt=task.attempts,
                                         duration_ms=round(seconds * 1000, 3))
 
-    def _pause(self, reason: str, next_step) -> tuple[str, float | None]:
+    def _pause(self, reason: str, next_step: Step) -> tuple[str, float | None]:
         if state.pause_at_boundary(self.task, self.owner, reason, next_step):
             return f"paused before step {next_step.name}, as asked", None
         return "interrupted", None
@@ -198,7 +200,7 @@ class Runner:
     def _slice_used(self) -> bool:
         return time.monotonic() > self.slice_ends
 
-    def _succeed(self, final_output) -> tuple[str, float | None]:
+    def _succeed(self, final_output: Any) -> tuple[str, float | None]:
         try:
             result = self.spec.output_model.model_validate(final_output).model_dump(mode="json")
         except ValidationError as exc:
@@ -214,7 +216,7 @@ class Runner:
             return Transient(f"{failure.message} (gave up after {self.task.attempts} attempts)")
         return failure
 
-    def _compensated(self, plan, failed_at: int, outputs: dict) -> tuple[str, float | None]:
+    def _compensated(self, plan: tuple[Step, ...], failed_at: int, outputs: dict[str, Any]) -> tuple[str, float | None]:
         """Every compensation ran: the task fails with the error that started them."""
         marker = plan[failed_at]
         failure = ToolFailure.from_dict(outputs[marker.name])

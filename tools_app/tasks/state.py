@@ -35,8 +35,9 @@ that last transition (`finished`).
 from __future__ import annotations
 
 import logging
+import uuid
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from django.db import connection, transaction
 from django.db.models import Q
@@ -154,7 +155,7 @@ def _step_run(task: Task, owner: str, step: Step, sequence: int) -> StepRun:
                                   worker=owner, started_at=clock.NOW, trace_id=task.trace_id)
 
 
-def renew_lease(task_id, owner: str, progress: tuple[float | None, float | None, str] | None = None,
+def renew_lease(task_id: uuid.UUID, owner: str, progress: tuple[float | None, float | None, str] | None = None,
                 announce: bool = False) -> bool:
     """Extend our lease (and record progress). False: cancelled, or the lease is no longer ours.
 
@@ -199,7 +200,7 @@ def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: S
 
 @transaction.atomic
 def begin_compensation(task: Task, owner: str, marker: checkpoints.Prepared, run: StepRun, failure: ToolFailure,
-                       then: tuple[Step, int], steps_total: int) -> StepRun | bool:
+                       then: tuple[Step, int], steps_total: int) -> StepRun | Literal[False]:
     """running: a saga's step failed for good -> its compensations start (the task stays running).
 
     One transaction: the failure marker's checkpoint (so a resumed task goes on
@@ -285,7 +286,7 @@ def pause_for_input(task: Task, owner: str, reason: str, input_request: dict[str
     return True
 
 
-def pause_request(task_id) -> str:
+def pause_request(task_id: uuid.UUID) -> str:
     """The reason a running task was asked to pause with, or "" (read at each step boundary)."""
     return Task.objects.filter(pk=task_id).values_list("pause_requested", flat=True).first() or ""
 

@@ -22,7 +22,7 @@ from tools_app.core import keys, logs, redaction, tracing
 from tools_app.core.errors import InvalidInput, ToolFailure, invalid_data
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.toolkit.hooks import hooks
-from tools_app.toolkit.registry import ToolContext, ToolSpec, _no_progress, parse_arguments
+from tools_app.toolkit.registry import ToolContext, ToolSpec, WriteInput, _no_progress, parse_arguments
 
 
 class CallOutcome(models.TextChoices):
@@ -111,7 +111,8 @@ def _call(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: s
     try:
         if spec.pipeline is not None:
             # A long tool runs as a task: its call is start_task for it (one key space, one task).
-            return hooks.run_long_tool(spec, caller, arguments, meta_key)
+            started: CallResult = hooks.run_long_tool(spec, caller, arguments, meta_key)
+            return started
         if spec.writes:
             return _call_write(spec, caller, arguments, meta_key)
         args = checked_arguments(spec, arguments)
@@ -146,6 +147,7 @@ def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel) -> tuple[en
     Also used to run an approved call later (tools_app.approvals), with the
     requester as the caller.
     """
+    assert isinstance(args, WriteInput), "register() holds every write tool to a WriteInput model"
     # The trace of the call now running (an approved call runs later, in the trace of the call that asked).
     trace_id, span_id = tracing.ids()
     operation = engine.Operation(

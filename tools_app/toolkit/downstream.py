@@ -27,6 +27,7 @@ from tools_app.core.errors import (
     DownstreamConflict,
     InvalidInput,
     PermissionDenied,
+    ToolFailure,
     Transient,
     UnknownOutcome,
 )
@@ -63,7 +64,7 @@ def request(method: str, url: str, *, timeout: float, json: Any = None, headers:
     raise classify(response, asked)
 
 
-def classify(response: httpx2.Response, asked: dict[str, Any]):
+def classify(response: httpx2.Response, asked: dict[str, Any]) -> ToolFailure:
     status = response.status_code
     answer = {"status": status, "body": response.text[:500]}
     evidence = evidence_entry("executor", asked=asked, answer=answer)

@@ -14,17 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
+
+from pydantic import BaseModel
 
 from tools_app.core.errors import PermissionDenied
 from tools_app.core.hooks import Hooks
+from tools_app.toolkit.registry import ToolSpec
 
 
-def _no_approvals(spec, tenant_id: int, actor: str, args) -> Callable[[Any], None]:
+def _no_approvals(spec: ToolSpec, tenant_id: int, actor: str, args: BaseModel) -> NoReturn:
     raise PermissionDenied(f"{spec.name} needs a person's approval and approvals are not installed")
 
 
-def _no_tasks(spec, caller, arguments, meta_key):
+# `caller` is a toolkit.calls.Caller (calls imports this module, so its types cannot be named here).
+def _no_tasks(spec: ToolSpec, caller: Any, arguments: dict[str, Any], meta_key: str | None) -> NoReturn:
     raise LookupError(f"{spec.name} runs as a task, but no tasks package registered its hook")
 
 

@@ -70,7 +70,7 @@ class WaitFor(Exception):  # noqa: N818  (a signal, not an error)
     answer}; the answer arrives as StepContext.resume_input[key].
     """
 
-    def __init__(self, reason: str, input_request: dict[str, Any] | None = None):
+    def __init__(self, reason: str, input_request: dict[str, Any] | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.input_request = input_request
@@ -79,9 +79,10 @@ class WaitFor(Exception):  # noqa: N818  (a signal, not an error)
 class StepContext:
     """What a running step sees. Built by the runner (tools_app.tasks.runner)."""
 
-    def __init__(self, *, task, arguments: BaseModel, outputs: Mapping[str, Any],
+    # `task`: a tools_app.tasks Task (a layer above the toolkit, so not named here).
+    def __init__(self, *, task: Any, arguments: BaseModel, outputs: Mapping[str, Any],
                  progress: Callable[[float, float | None, str], None],
-                 batches: Callable[..., list[Any]] | None = None):
+                 batches: Callable[..., list[Any]] | None = None) -> None:
         self.task = task
         self.task_id = task.pk
         self.tenant_id = task.tenant_id

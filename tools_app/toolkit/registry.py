@@ -13,6 +13,7 @@ annotations, the engine's policy) is derived from it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated, Any
@@ -136,7 +137,9 @@ class ToolContext:
     actor: str
     trace_id: str = ""  # the call's W3C trace id (tools_app.core.tracing)
     span_id: str = ""  # the call's span, under which later work (a task's steps, a delivery) is traced
-    record: Any = None  # the IdempotencyRecord of a write call
+    # The IdempotencyRecord of a write call (None for a read). Kept `Any` for now: handlers pass it on
+    # unchecked (tools_app.tools, the demo); typing it optional means narrowing it at each of them.
+    record: Any = None
     # Sends an MCP progress notification if the caller asked for them
     # (a progressToken); a no-op otherwise. Callable from the handler's thread.
     report_progress: Callable[[float, float | None, str | None], None] = _no_progress
@@ -145,7 +148,8 @@ class ToolContext:
     def downstream_key(self) -> str:
         """The key a write sends to the system that acts (its Idempotency-Key): stable across every retry
         of this operation, and what a reconciler asks that system about (`record.downstream_key`)."""
-        return self.record.downstream_key
+        key: str = self.record.downstream_key
+        return key
 
     @property
     def operation_id(self) -> str:
@@ -277,7 +281,7 @@ def _check(spec: ToolSpec) -> None:
         raise TypeError(f"tool {spec.name!r} acts downstream and must declare a reconciler")
     if spec.personal_fields is None:
         raise TypeError(f"tool {spec.name!r} must declare its personal_fields (frozenset() if it takes none)")
-    unknown = spec.personal_fields - spec.input_model.model_fields.keys()
+    unknown: AbstractSet[str] = spec.personal_fields - spec.input_model.model_fields.keys()
     if unknown:
         raise TypeError(f"tool {spec.name!r} declares personal fields it does not take: {sorted(unknown)}")
     if spec.requires_operation_id and (not spec.writes or spec.pipeline is not None):
