@@ -72,8 +72,9 @@ class FindForm(forms.Form):
 
     def __init__(self, *args: Any, user: User | AnonymousUser, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        cast(forms.ModelChoiceField[Tenant], self.fields["tenant"]).queryset = access.scope(Tenant.objects.all(), user,
-                                                                                           "id")
+        # The fields declared above (a form's `fields` are typed as any Field).
+        tenants = cast("forms.ModelChoiceField[Tenant]", self.fields["tenant"])
+        tenants.queryset = access.scope(Tenant.objects.all(), user, "id")
         cast(forms.ChoiceField, self.fields["tool"]).choices = tool_choices()
 
 
