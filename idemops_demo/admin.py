@@ -11,25 +11,25 @@ from idemops_demo.models import Announcement, Customer, Document, Order, Ticket
 
 
 @admin.register(Order)
-class OrderAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+class OrderAdmin(TenantScopedAdmin[Order], ReadOnlyAdmin[Order]):
     list_display = ["id", "tenant", "customer", "total", "currency", "created_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter)]
 
 
 @admin.register(Ticket)
-class TicketAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+class TicketAdmin(TenantScopedAdmin[Ticket], ReadOnlyAdmin[Ticket]):
     list_display = ["id", "tenant", "subject", "priority", "status", "assignee", "created_at"]
     list_filter = ["priority", "status", ("tenant", admin.RelatedOnlyFieldListFilter)]
 
 
 @admin.register(Announcement)
-class AnnouncementAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+class AnnouncementAdmin(TenantScopedAdmin[Announcement], ReadOnlyAdmin[Announcement]):
     list_display = ["id", "tenant", "title", "audience", "published_at"]
     list_filter = ["audience", ("tenant", admin.RelatedOnlyFieldListFilter)]
 
 
 @admin.register(Customer)
-class CustomerAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+class CustomerAdmin(TenantScopedAdmin[Customer], ReadOnlyAdmin[Customer]):
     """Customers onboard_customer made; a closed one was undone by its saga (see its task)."""
 
     list_display = ["id", "tenant", "name", "email", "status", "mandate_id", "created_at", "closed_at"]
@@ -38,7 +38,7 @@ class CustomerAdmin(TenantScopedAdmin, ReadOnlyAdmin):
 
 
 @admin.register(Document)
-class DocumentAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+class DocumentAdmin(TenantScopedAdmin[Document], ReadOnlyAdmin[Document]):
     list_display = ["id", "tenant", "title", "format", "characters", "chunk_count", "created_at", "ready_at"]
     list_filter = ["format", ("tenant", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["title"]

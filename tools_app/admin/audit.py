@@ -5,7 +5,7 @@ from tools_app.core.models import AuditEvent, AuditSeal
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+class AuditEventAdmin(TenantScopedAdmin[AuditEvent], ReadOnlyAdmin[AuditEvent]):
     """Append-only: nobody adds, edits or deletes events here (the database refuses it too)."""
 
     list_display = ["id", "created_at", "tenant", "actor", "action", "object_type", "object_id", "reason", "seq"]
@@ -17,5 +17,5 @@ class AuditEventAdmin(TenantScopedAdmin, ReadOnlyAdmin):
 
 
 @admin.register(AuditSeal)
-class AuditSealAdmin(ReadOnlyAdmin):
+class AuditSealAdmin(ReadOnlyAdmin[AuditSeal]):
     list_display = ["last_seq", "first_seq", "events", "last_hash", "sealed_at"]

@@ -4,7 +4,7 @@ dashboard template. No JavaScript and no external assets; each point carries a <
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tools_app.metrics import trends
@@ -47,7 +47,7 @@ class Chart:
 Getter = Callable[[trends.Point], float | None]
 
 
-def _scale(values: list[float | None], fixed_peak: float | None) -> float:
+def _scale(values: Sequence[float | None], fixed_peak: float | None) -> float:
     return fixed_peak or max([v for v in values if v is not None] + [1.0])
 
 
@@ -70,7 +70,9 @@ def line_chart(chart_id: str, title: str, unit: str, trend: trends.Trend,
     peak = _scale([v for vs in values.values() for v in vs], fixed_peak)
     chart = Chart(chart_id, title, unit, peak, latest=_latest(values[series[0][0]], unit))
     for label, color, _ in series:
-        segments, run, dots = [], [], []
+        segments: list[str] = []
+        run: list[str] = []
+        dots: list[tuple[float, float, str]] = []
         for i, value in enumerate(values[label]):
             if value is None:
                 if run:

@@ -9,11 +9,13 @@ SVG: no JavaScript and no CDN.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import URLPattern, path
 
 from tools_app import access
 from tools_app.access.models import Tenant
@@ -58,7 +60,7 @@ def timeline_rects(snapshot: dashboard.Snapshot) -> tuple[list[Rect], int]:
     slot = (CHART_WIDTH - AXIS) / max(len(snapshot.timeline), 1)
     rects = []
     for i, (at, outcomes) in enumerate(snapshot.timeline):
-        y = CHART_HEIGHT
+        y: float = CHART_HEIGHT
         for outcome, color in SERIES:
             n = outcomes.get(outcome, 0)
             if n:
@@ -77,13 +79,13 @@ def tool_bars(stats: dashboard.ToolStats) -> list[tuple[float, str, str]]:
 
 
 @admin.register(Dashboard)
-class DashboardAdmin(ReadOnlyAdmin):
-    def get_urls(self):
+class DashboardAdmin(ReadOnlyAdmin[Dashboard]):
+    def get_urls(self) -> list[URLPattern]:
         # The dashboard page only: no change or history pages of single call events (they are not tenant-scoped).
         return [path("", self.admin_site.admin_view(self.changelist_view),
                      name=f"{self.opts.app_label}_{self.opts.model_name}_changelist")]
 
-    def changelist_view(self, request, extra_context=None):
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> TemplateResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
         window = request.GET.get("window", "hour")
@@ -91,9 +93,9 @@ class DashboardAdmin(ReadOnlyAdmin):
         tenant = next((t for t in tenants if str(t.pk) == request.GET.get("tenant")), None)
         tools = sorted(spec.name for spec in registry.all_tools())
         tool = request.GET.get("tool") if request.GET.get("tool") in tools else None
-        narrowed = {"tenant_id": tenant.pk if tenant else None, "tool": tool}
         snap = dashboard.snapshot(request.user, window)
-        trend = trends.trend(request.user, snap.window.name, now=snap.now, **narrowed)
+        trend = trends.trend(request.user, snap.window.name, now=snap.now, tenant_id=tenant.pk if tenant else None,
+                             tool=tool)
         rects, peak = timeline_rects(snap)
         context = {
             **self.admin_site.each_context(request),

@@ -15,19 +15,23 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, cast
 
 from django import forms
+from django.contrib.admin import AdminSite
+from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Model, QuerySet
-from django.http import HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.views.decorators.debug import sensitive_post_parameters
 
 from tools_app import access, engine
 from tools_app.access.models import Tenant
+from tools_app.admin.generic import ModelT
 from tools_app.approvals.models import ApprovalRequest
 from tools_app.core import keys
 from tools_app.engine.models import IdempotencyRecord
@@ -38,6 +42,8 @@ from tools_app.toolkit import registry
 DIGEST = re.compile(rf"[0-9a-f]{{{keys.KEY_DIGEST_LENGTH}}}")
 NUMBER = re.compile(r"#?(\d{1,18})")
 TRACE_ID_MAX = 100
+# What a search finds.
+Found = IdempotencyRecord | ApprovalRequest | Task | OutboxEvent
 
 
 @dataclass
@@ -64,13 +70,15 @@ class FindForm(forms.Form):
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.none(), required=False, empty_label="any tenant")
     tool = forms.ChoiceField(required=False)
 
-    def __init__(self, *args, user, **kwargs):
+    def __init__(self, *args: Any, user: User | AnonymousUser, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["tenant"].queryset = access.scope(Tenant.objects.all(), user, "id")
-        self.fields["tool"].choices = tool_choices()
+        # The fields declared above (a form's `fields` are typed as any Field).
+        tenants = cast("forms.ModelChoiceField[Tenant]", self.fields["tenant"])
+        tenants.queryset = access.scope(Tenant.objects.all(), user, "id")
+        cast(forms.ChoiceField, self.fields["tool"]).choices = tool_choices()
 
 
-def find(user, text: str, *, tenant: Tenant | None = None, tool: str = "") -> list[Match]:
+def find(user: User | AnonymousUser, text: str, *, tenant: Tenant | None = None, tool: str = "") -> list[Match]:
     """What `text` names, among the rows `user` may see (and of `tenant` / `tool` when given)."""
     text = text.strip()
     if not text:
@@ -84,10 +92,11 @@ def find(user, text: str, *, tenant: Tenant | None = None, tool: str = "") -> li
     return sorted(found.values(), key=lambda m: m.created_at, reverse=True)
 
 
-def _readings(user, text: str, tenant: Tenant | None, tool: str):
+def _readings(user: User | AnonymousUser, text: str, tenant: Tenant | None, tool: str,
+              ) -> Iterator[tuple[str, str, QuerySet[Found]]]:
     """(kind, how, queryset) for every reading of `text` that can match something `user` may see."""
-    def visible(model: type[Model], tool_field: str | None = "tool") -> QuerySet:
-        rows = access.scope(model.objects.all(), user)
+    def visible(model: type[ModelT], tool_field: str | None = "tool") -> QuerySet[ModelT]:
+        rows = access.scope(model._default_manager.all(), user)
         if tenant is not None:
             rows = rows.filter(tenant=tenant)
         if tool and tool_field:
@@ -139,27 +148,27 @@ def _uuid(text: str) -> uuid.UUID | None:
         return None
 
 
-def _match(kind: str, obj) -> Match:
+def _match(kind: str, obj: Found) -> Match:
     tenant = Tenant.objects.filter(pk=obj.tenant_id).values_list("slug", flat=True).first() or ""
-    if kind == "idempotency record":
+    if isinstance(obj, IdempotencyRecord):  # kind "idempotency record", and so on
         return Match(kind, obj, reverse("admin:tools_app_idempotencyrecord_change", args=[obj.pk]),
                      f"{obj.tool} #{obj.pk} · key digest {keys.key_digest(obj.key)}", obj.status, tenant,
                      obj.created_at)
-    if kind == "approval request":
+    if isinstance(obj, ApprovalRequest):
         return Match(kind, obj, reverse("admin:approval_link", args=[obj.pk]), f"#{obj.pk} {obj.summary}",
                      obj.status, tenant, obj.created_at)
-    if kind == "task":
+    if isinstance(obj, Task):
         return Match(kind, obj, reverse("admin:tools_app_task_change", args=[obj.pk]), f"{obj.tool} task {obj.pk}",
                      obj.status, tenant, obj.created_at)
     return Match(kind, obj, reverse("admin:tools_app_outboxevent_change", args=[obj.pk]), f"{obj.kind} {obj.pk}",
                  obj.status, tenant, obj.created_at)
 
 
-def find_view(site):
+def find_view(site: AdminSite) -> Callable[[HttpRequest], HttpResponse]:
     """The console's find page (GET: the form; POST: search), for the admin site `site`."""
 
     @sensitive_post_parameters("q")
-    def view(request):
+    def view(request: HttpRequest) -> HttpResponse:
         form = FindForm(request.POST if request.method == "POST" else None, user=request.user)
         matches, searched = None, ""
         if form.is_bound and form.is_valid():

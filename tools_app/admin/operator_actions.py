@@ -25,28 +25,32 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.http import Http404, HttpResponseRedirect
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from tools_app import access
+from tools_app.admin.generic import ModelAdmin, ModelT
 from tools_app.admin.queues import LiveQueue
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.core import audit, errors
 
 REASON_REQUIRED, REASON_OPTIONAL = "required", "optional"
+# A list action, as Django calls it: (model admin, request, the selected rows) -> a page to show, or None.
+BulkAction = Callable[[ModelAdmin[ModelT], HttpRequest, QuerySet[ModelT]], HttpResponse | None]
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class OperatorAction:
 class ActionForm(forms.Form):
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), required=False)
 
-    def __init__(self, *args, action: OperatorAction, **kwargs):
+    def __init__(self, *args: Any, action: OperatorAction, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["reason"].required = action.reason == REASON_REQUIRED
         self.fields["reason"].help_text = action.help_text
@@ -78,7 +82,7 @@ class ActionForm(forms.Form):
         return {name: value for name, value in self.cleaned_data.items() if name != "reason"}
 
 
-class OperatorActionsAdmin(admin.ModelAdmin):
+class OperatorActionsAdmin(ModelAdmin[ModelT]):
     """Admin with `operator_actions`, each on the object page and on the list."""
 
     operator_actions: list[OperatorAction] = []
@@ -86,7 +90,7 @@ class OperatorActionsAdmin(admin.ModelAdmin):
 
     # --- wiring -------------------------------------------------------------------
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         return [
             path("<path:object_id>/act/<str:action_name>/", self.admin_site.admin_view(self.action_view),
                  name=self._url_name("act")),
@@ -95,15 +99,16 @@ class OperatorActionsAdmin(admin.ModelAdmin):
     def _url_name(self, view: str) -> str:
         return f"{self.opts.app_label}_{self.opts.model_name}_{view}"
 
-    def get_actions(self, request):
+    def get_actions(self, request: HttpRequest) -> dict[str, tuple[Callable[..., str], str, str] | None]:
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)
         for action in self.operator_actions:
             if self._allowed(request, action):
-                actions[action.name] = (self._bulk(action), action.name, f"{action.label} selected")
+                # The stubs type an action as returning str; Django's return a response or None.
+                actions[action.name] = (self._bulk(action), action.name, f"{action.label} selected")  # type: ignore[assignment]
         return actions
 
-    def _allowed(self, request, action: OperatorAction) -> bool:
+    def _allowed(self, request: HttpRequest, action: OperatorAction) -> bool:
         """Whether to offer the action at all (the tenant is checked per object, by `_authorize`)."""
         return request.user.has_perm(action.permit.permission)
 
@@ -113,9 +118,9 @@ class OperatorActionsAdmin(admin.ModelAdmin):
                 return action
         raise PermissionDenied
 
-    def _authorize(self, request, action: OperatorAction, objects) -> None:
+    def _authorize(self, request: HttpRequest, action: OperatorAction, objects: Iterable[ModelT]) -> None:
         """Refuse (403) unless the user may do `action` on every one of `objects`; each refusal is audited."""
-        refusals = []
+        refusals: list[str] = []
         for obj in objects:
             try:
                 access.authorize(request.user, action.permit, obj)
@@ -128,23 +133,24 @@ class OperatorActionsAdmin(admin.ModelAdmin):
         if refusals:
             raise PermissionDenied("; ".join(refusals))
 
-    def _target(self, object_id):
+    def _target(self, object_id: str) -> ModelT | None:
         """The object by id, whatever its tenant: another tenant's object is refused, not hidden."""
         try:
             return self.model._default_manager.filter(pk=object_id).first()
         except (ValueError, ValidationError):  # not an id of this model (e.g. a task's UUID)
             return None
 
-    def render_change_form(self, request, context, *args, obj=None, **kwargs):
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any], add: bool = False, change: bool = False,
+                           form_url: str = "", obj: ModelT | None = None) -> HttpResponse:
         context["operator_actions"] = [
             (action, reverse(f"admin:{self._url_name('act')}", args=[obj.pk, action.name]))
             for action in self.operator_actions if obj is not None and self._allowed(request, action)
         ]
-        return super().render_change_form(request, context, *args, obj=obj, **kwargs)
+        return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
     # --- one object: /<pk>/act/<name>/ ----------------------------------------------
 
-    def action_view(self, request, object_id, action_name):
+    def action_view(self, request: HttpRequest, object_id: str, action_name: str) -> HttpResponse:
         action = self._action(action_name)
         target = self._target(object_id)
         if target is None:
@@ -160,7 +166,7 @@ class OperatorActionsAdmin(admin.ModelAdmin):
 
     # --- several objects: a list action with the same confirmation form ------------------
 
-    def changelist_view(self, request, extra_context=None):
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         # Before Django's own checks, which refuse a user who may not view the
         # list or drop an action not offered to them, without an audit event.
         if request.method == "POST" and (action := self._posted_action(request)) is not None:
@@ -172,7 +178,7 @@ class OperatorActionsAdmin(admin.ModelAdmin):
             self._authorize(request, action, objects)
         return super().changelist_view(request, extra_context)
 
-    def _posted_action(self, request) -> OperatorAction | None:
+    def _posted_action(self, request: HttpRequest) -> OperatorAction | None:
         """The operator action a changelist POST asks for, read as ModelAdmin.response_action reads it."""
         try:
             index = int(request.POST.get("index", 0))
@@ -184,8 +190,9 @@ class OperatorActionsAdmin(admin.ModelAdmin):
         name = names[index]
         return next((action for action in self.operator_actions if action.name == name), None)
 
-    def _bulk(self, action: OperatorAction):
-        def run(modeladmin, request, queryset):
+    def _bulk(self, action: OperatorAction) -> BulkAction[ModelT]:
+        def run(modeladmin: ModelAdmin[ModelT], request: HttpRequest,
+                queryset: QuerySet[ModelT]) -> HttpResponse | None:
             form = ActionForm(request.POST if request.POST.get("confirm") else None, action=action)
             if form.is_bound and form.is_valid():
                 for obj in queryset:
@@ -196,18 +203,20 @@ class OperatorActionsAdmin(admin.ModelAdmin):
         run.__name__ = action.name
         return run
 
-    def _perform(self, request, action: OperatorAction, obj, reason: str, extras: dict[str, Any]) -> None:
+    def _perform(self, request: HttpRequest, action: OperatorAction, obj: ModelT, reason: str,
+                 extras: dict[str, Any]) -> None:
         try:
             message = action.perform(request, obj, reason, **extras)
             self.message_user(request, f"{self._label(obj)}: {message}", messages.SUCCESS)
         except action.refused as refused:
             self.message_user(request, f"{self._label(obj)}: not done: {refused}", messages.ERROR)
 
-    def _label(self, obj) -> str:
+    def _label(self, obj: ModelT) -> str:
         # Not str(obj): it may show the state from before the action.
         return f"{self.opts.verbose_name} #{obj.pk}"
 
-    def _confirmation(self, request, action, objects, form, bulk=False):
+    def _confirmation(self, request: HttpRequest, action: OperatorAction, objects: list[ModelT], form: ActionForm,
+                      bulk: bool = False) -> TemplateResponse:
         context = {
             **self.admin_site.each_context(request),
             "title": f"{action.label}: confirm",
@@ -218,7 +227,7 @@ class OperatorActionsAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/tools_app/operator_action.html", context)
 
 
-class QueueAdmin(LiveQueue, OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
+class QueueAdmin(LiveQueue[ModelT], OperatorActionsAdmin[ModelT], TenantScopedAdmin[ModelT], ReadOnlyAdmin[ModelT]):
     """A work queue: the rows matching `queue_filter`, oldest first, scoped to the user's tenants; on the
     console's home with its count, and refreshing itself (tools_app.admin.queues)."""
 
@@ -226,11 +235,11 @@ class QueueAdmin(LiveQueue, OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdm
     ordering = ["created_at", "pk"]
     list_per_page = 50
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ModelT]:
         return super().get_queryset(request).filter(**self.queue_filter)
 
-    def changelist_view(self, request, extra_context=None):
-        title = f"{self.opts.verbose_name_plural.capitalize()}, oldest first"
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        title = f"{str(self.opts.verbose_name_plural).capitalize()}, oldest first"
         return super().changelist_view(request, {"title": title, **(extra_context or {})})
 
 

@@ -1,6 +1,7 @@
 """Outbox events, and the dead-letter queue with its re-drive action."""
 
 from django.contrib import admin
+from django.http import HttpRequest
 
 from tools_app import outbox
 from tools_app.admin.operator_actions import OperatorAction, QueueAdmin, age
@@ -9,7 +10,7 @@ from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 
 
 @admin.register(OutboxEvent)
-class OutboxEventAdmin(TenantScopedAdmin, ReadOnlyAdmin):
+class OutboxEventAdmin(TenantScopedAdmin[OutboxEvent], ReadOnlyAdmin[OutboxEvent]):
     list_display = ["id", "tenant", "kind", "status", "attempts", "next_attempt_at", "created_at", "delivered_at"]
     list_filter = ["status", "kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant"]
@@ -17,14 +18,14 @@ class OutboxEventAdmin(TenantScopedAdmin, ReadOnlyAdmin):
     ordering = ["-created_at"]
 
 
-def redrive(request, event, reason):
+def redrive(request: HttpRequest, event: DeadLetter, reason: str) -> str:
     if not outbox.redrive(event, request.user, reason=reason):
         raise outbox.DeliveryFailed("it is no longer dead-lettered")
     return "sent back to the relay"
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(QueueAdmin):
+class DeadLetterAdmin(QueueAdmin[DeadLetter]):
     queue_filter = {"status": OutboxStatus.DEAD}
     what_to_do = ("Outbox messages (notification email and webhooks, approvers' messages) the relay gave up on "
                   "after its attempts. Read the last error and fix its cause (the receiver, the address, the "
@@ -37,5 +38,5 @@ class DeadLetterAdmin(QueueAdmin):
                                        help_text="Deliver again; the consumer deduplicates by event id.")]
 
     @admin.display(description="waiting", ordering="created_at")
-    def waiting(self, event):
+    def waiting(self, event: DeadLetter) -> str:
         return age(event.created_at)

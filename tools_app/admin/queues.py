@@ -16,20 +16,22 @@ import hashlib
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import BooleanField, Count, ExpressionWrapper, Min, Q, Value
-from django.http import HttpResponse
+from django.db.models import BooleanField, Count, ExpressionWrapper, Min, Q, QuerySet, Value
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.text import capfirst
 from django_htmx.http import HttpResponseClientRefresh
 
 from idemops.conf import conf
+from tools_app.admin.generic import ModelAdmin, ModelT
 
 # Query parameters of the poll that are not the change list's own.
 VERSION, DRAWN, IDLE = "_version", "_drawn", "_idle"
@@ -55,7 +57,7 @@ class QueueSummary:
         return self.what_to_do.split(". ")[0].rstrip(".") + "." if self.what_to_do else ""
 
 
-class LiveQueue:
+class LiveQueue(ModelAdmin[ModelT]):
     """Mixin for a queue's ModelAdmin (QueueAdmin): summary, standing out, refreshing itself."""
 
     age_field = "created_at"  # the queue's "oldest" is the smallest value of this field
@@ -67,35 +69,36 @@ class LiveQueue:
         """The rows that need attention first (None: none do)."""
         return None
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ModelT]:
         queryset = super().get_queryset(request)
         flagged = self.standing_out()
-        return queryset.annotate(
-            stands_out=ExpressionWrapper(flagged if flagged is not None else Value(False), output_field=BooleanField()))
+        # The same rows with one more attribute: the plugin cannot say so of a model that is a type variable.
+        stands_out = ExpressionWrapper(flagged if flagged is not None else Value(False), output_field=BooleanField())
+        return cast(QuerySet[ModelT], queryset.annotate(stands_out=stands_out))
 
     @admin.display(description="", empty_value="")
-    def flag(self, obj) -> str:
+    def flag(self, obj: ModelT) -> str:
         if not getattr(obj, "stands_out", False):
             return ""
         return format_html('<span class="stands-out">{}</span>', self.stands_out_label)
 
-    def summary(self, request) -> QueueSummary:
+    def summary(self, request: HttpRequest) -> QueueSummary:
         flagged = self.standing_out()
         figures = self.get_queryset(request).aggregate(
             count=Count("pk"), oldest=Min(self.age_field),
             **({"stands_out": Count("pk", filter=flagged)} if flagged is not None else {}))
-        return QueueSummary(name=capfirst(self.opts.verbose_name_plural),
+        return QueueSummary(name=str(capfirst(self.opts.verbose_name_plural)),
                             url=reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist"),
                             count=figures["count"], oldest=figures["oldest"], stands_out=figures.get("stands_out", 0),
                             stands_out_label=self.stands_out_label, what_to_do=self.what_to_do)
 
     # --- refreshing ----------------------------------------------------------------------------
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         return [path("poll/", self.admin_site.admin_view(self.poll_view),
                      name=f"{self.opts.app_label}_{self.opts.model_name}_poll")] + super().get_urls()
 
-    def changelist_view(self, request, extra_context=None):
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         response = super().changelist_view(request, {
             "what_to_do": self.what_to_do, "refresh_seconds": conf().console_refresh_seconds,
             "poll_url": reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_poll"),
@@ -107,7 +110,7 @@ class LiveQueue:
             context["poll_query"] = query.urlencode()
         return response
 
-    def poll_view(self, request):
+    def poll_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
         seen, idle = request.GET.get(VERSION, ""), request.GET.get(IDLE) == "1"
@@ -115,9 +118,12 @@ class LiveQueue:
             drawn = int(request.GET.get(DRAWN, "0"))
         except ValueError:
             drawn = 0
-        request.GET = request.GET.copy()
+        query = request.GET.copy()
         for name in (VERSION, DRAWN, IDLE):
-            request.GET.pop(name, None)
+            query.pop(name, None)
+        # The change list reads its filters from request.GET: without the poll's own parameters.
+        # (The stubs declare request.GET read-only; Django lets a view replace it.)
+        request.GET = query  # type: ignore[assignment]
         try:
             changelist = self.get_changelist_instance(request)
         except IncorrectLookupParameters:
@@ -131,7 +137,7 @@ class LiveQueue:
             "count": changelist.result_count, "reload_url": f"?{request.GET.urlencode()}"})
 
 
-def version(changelist) -> str:
+def version(changelist: ChangeList) -> str:
     """What a queue page shows, as a short digest: its rows (every field, and whether each stands out)
     and how many match its filters (rows its filters leave out do not count)."""
     fields = changelist.model._meta.concrete_fields

@@ -3,6 +3,7 @@ release a held key (audited)."""
 
 from django import forms
 from django.contrib import admin
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -25,13 +26,14 @@ class NotExpirable(Exception):
     pass
 
 
-def force_expire(request, record, reason: str) -> str:
+def force_expire(request: HttpRequest, record: IdempotencyRecord, reason: str) -> str:
     if not reconciliation.force_expire(record, request.user, reason=reason):
         raise NotExpirable("only a finished record within its retention can be expired")
     return "retention ended now; the tool's expiry policy applies to the next call with this key"
 
 
-def release_held_key(request, record, reason: str, checked: str, downstream_reference: str = "") -> str:
+def release_held_key(request: HttpRequest, record: IdempotencyRecord, reason: str, checked: str,
+                     downstream_reference: str = "") -> str:
     if not reconciliation.release_held_key(record, request.user, reason=reason, checked=checked,
                                         downstream_reference=downstream_reference):
         raise NotExpirable("only a finished record past its retention (a held key) can be released")
@@ -39,17 +41,19 @@ def release_held_key(request, record, reason: str, checked: str, downstream_refe
 
 
 @admin.register(IdempotencyRecord)
-class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
+class IdempotencyRecordAdmin(OperatorActionsAdmin[IdempotencyRecord], TenantScopedAdmin[IdempotencyRecord],
+                             ReadOnlyAdmin[IdempotencyRecord]):
     list_display = ["id", "tenant", "tool", "key_digest", "status", "attempts", "created_at", "expires_at"]
     list_filter = ["status", "error_class", "tool", ("tenant", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["=operation_id", "=trace_id"]
     date_hierarchy = "created_at"
     list_select_related = ["tenant"]
-    fields = ["tenant", "tool", "key_digest", "status", "fingerprint", "field_digests_display", "arguments_display",
-              "result_display", "error_class", "error_message", "retry_not_before", "attempts", "lease_owner",
-              "lease_expires_at", "operation_id", "downstream_key", "trace_id", "actor", "created_at", "updated_at",
-              "finished_at", "expires_at", "retired_at", "evidence_display", "approval_link", "story"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "tenant", "tool", "key_digest", "status", "fingerprint", "field_digests_display", "arguments_display",
+        "result_display", "error_class", "error_message", "retry_not_before", "attempts", "lease_owner",
+        "lease_expires_at", "operation_id", "downstream_key", "trace_id", "actor", "created_at", "updated_at",
+        "finished_at", "expires_at", "retired_at", "evidence_display", "approval_link", "story",
+    )
     operator_actions = [
         OperatorAction("force_expire", "Force-expire key", reconciliation.FORCE_EXPIRE, force_expire,
                        refused=(NotExpirable, ToolFailure), reason=REASON_REQUIRED, style="danger",
@@ -69,29 +73,29 @@ class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAd
     ]
 
     @admin.display(description="key (digest)")
-    def key_digest(self, obj):
+    def key_digest(self, obj: IdempotencyRecord) -> str:
         # Keys may carry the caller's data; operators match them by digest, as in the logs.
         return keys.key_digest(obj.key)
 
     @admin.display(description="field digests")
-    def field_digests_display(self, obj):
+    def field_digests_display(self, obj: IdempotencyRecord) -> str:
         return pretty_json(obj.field_digests)
 
     @admin.display(description="arguments")
-    def arguments_display(self, obj):
+    def arguments_display(self, obj: IdempotencyRecord) -> str:
         return pretty_json(obj.arguments)
 
     @admin.display(description="stored result")
-    def result_display(self, obj):
+    def result_display(self, obj: IdempotencyRecord) -> str:
         return pretty_json(obj.result) if obj.result is not None else "—"
 
     @admin.display(description="evidence")
-    def evidence_display(self, obj):
+    def evidence_display(self, obj: IdempotencyRecord) -> str:
         # What was asked downstream and what came back; an operator's release or resolution adds what they checked.
         return pretty_json(obj.evidence) if obj.evidence else "—"
 
     @admin.display(description="approval request")
-    def approval_link(self, obj):
+    def approval_link(self, obj: IdempotencyRecord) -> str:
         request = ApprovalRequest.objects.filter(record=obj).first()
         if request is None:
             return "—"
@@ -99,7 +103,7 @@ class IdempotencyRecordAdmin(OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAd
         return format_html('<a href="{}">#{} ({})</a>', url, request.pk, request.status)
 
     @admin.display(description="story")
-    def story(self, obj):
+    def story(self, obj: IdempotencyRecord) -> str:
         # Its parts (approval, task, outbox events, what it created, the key's other operations) and
         # everything that happened to them, evidence included, in order.
         return stories.render(obj)

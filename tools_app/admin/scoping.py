@@ -6,34 +6,42 @@ pages and actions, which look objects up through it; a form's tenant field
 offers only those tenants.
 """
 
-from django.contrib import admin
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import ForeignKey, QuerySet
+from django.forms import ModelChoiceField
+from django.http import HttpRequest
 
 from tools_app import access
 from tools_app.access.models import Tenant
+from tools_app.admin.generic import ModelAdmin, ModelT
 
 
-class TenantScopedAdmin:
+class TenantScopedAdmin(ModelAdmin[ModelT]):
     """Mixin for ModelAdmins of models with a tenant (put it before the ModelAdmin base)."""
 
     tenant_field = "tenant_id"  # the lookup path to the tenant id, e.g. "request__tenant_id"
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ModelT]:
         return access.scope(super().get_queryset(request), request.user, self.tenant_field)
 
-    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+    def formfield_for_foreignkey(self, db_field: ForeignKey[Any, Any], request: HttpRequest,
+                                 **kwargs: Any) -> ModelChoiceField[Any] | None:
         if db_field.name == "tenant":  # a form names no tenant this user may not see
             kwargs["queryset"] = access.scope(Tenant.objects.all(), request.user, "pk")
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(ModelAdmin[ModelT]):
     """Evidence is shown, never edited: no add, change or delete, whoever asks."""
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: ModelT | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: ModelT | None = None) -> bool:
         return False

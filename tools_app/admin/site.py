@@ -14,13 +14,18 @@ of them registers.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
-from django.http import Http404, HttpResponseRedirect
-from django.urls import path, reverse
+from django.db.models import Model
+from django.http import Http404, HttpRequest, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, URLResolver, path, reverse
 
 from tools_app import access
 from tools_app.admin.find import FindForm, find_view
 from tools_app.admin.operator_actions import QueueAdmin, age
+from tools_app.admin.queues import QueueSummary
 from tools_app.approvals.models import ApprovalRequest, ApprovalStatus
 from tools_app.metrics import dashboard
 
@@ -42,7 +47,7 @@ class ConsoleSite(admin.AdminSite):
     index_template = "admin/tools_app/console.html"
     site_url = None  # no public site: the console is the whole web UI
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLResolver | URLPattern]:
         return [
             path("find/", self.admin_view(find_view(self)), name="find"),
             path("approval/<int:request_id>/", self.admin_view(self.approval_link), name="approval_link"),
@@ -50,17 +55,17 @@ class ConsoleSite(admin.AdminSite):
 
     # --- navigation ------------------------------------------------------------------------------
 
-    def get_app_list(self, request, app_label=None):
+    def get_app_list(self, request: HttpRequest, app_label: str | None = None) -> list[dict[str, Any]]:
         apps = super().get_app_list(request, app_label)
         if app_label is not None:
             return apps
         models = {m["model"]._meta.model_name: m for app in apps if app["app_label"] == "tools_app"
                   for m in app["models"]}
-        sections = []
+        sections: list[dict[str, Any]] = []
         summaries = self.queue_summaries(request)
         for name, label, model_names in SECTIONS:
             if label == "queues":  # every QueueAdmin, listed ones first
-                model_names = [model._meta.model_name for model in summaries]
+                model_names = [str(model._meta.model_name) for model in summaries]
             listed = [models.pop(model_name) for model_name in model_names if model_name in models]
             for entry in listed:
                 entry["queue"] = summaries.get(entry["model"])
@@ -75,23 +80,26 @@ class ConsoleSite(admin.AdminSite):
 
     # --- the home page ---------------------------------------------------------------------------
 
-    def index(self, request, extra_context=None):
+    def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> TemplateResponse:
         apps = self.get_app_list(request)
         return super().index(request, {
             "queues": [(queue, age(queue.oldest)) for queue in self.queue_summaries(request).values()],
             "app_list": [app for app in apps if app["app_label"] != "queues"],
             "glance": self._glance(request), "find_form": FindForm(user=request.user), **(extra_context or {})})
 
-    def queue_summaries(self, request) -> dict:
+    def queue_summaries(self, request: HttpRequest) -> dict[type[Model], QueueSummary]:
         """model -> QueueSummary of each work queue the user may see, in the console's order (once per request)."""
-        if not hasattr(request, "_console_queues"):
-            by_name = {model._meta.model_name: model for model, model_admin in self._registry.items()
+        cached: dict[type[Model], QueueSummary] | None = getattr(request, "_console_queues", None)
+        if cached is None:
+            by_name = {model._meta.model_name: model_admin for model, model_admin in self._registry.items()
                        if isinstance(model_admin, QueueAdmin) and model_admin.has_view_permission(request)}
             ordered = [by_name.pop(name) for name in QUEUES if name in by_name] + list(by_name.values())
-            request._console_queues = {model: self._registry[model].summary(request) for model in ordered}
-        return request._console_queues
+            cached = {queue.model: queue.summary(request) for queue in ordered}
+            # A cache for this request only (HttpRequest declares no such attribute).
+            request._console_queues = cached  # type: ignore[attr-defined]
+        return cached
 
-    def _glance(self, request) -> dict | None:
+    def _glance(self, request: HttpRequest) -> dict[str, Any] | None:
         """The dashboard's headline figures over the last hour, if the user may see the dashboard."""
         if not request.user.has_perm("tools_app.view_dashboard"):
             return None
@@ -108,7 +116,7 @@ class ConsoleSite(admin.AdminSite):
 
     # --- links in approvers' messages ------------------------------------------------------------
 
-    def approval_link(self, request, request_id: int):
+    def approval_link(self, request: HttpRequest, request_id: int) -> HttpResponseRedirect:
         """One request's page, whatever became of it: the queue's page while it waits, its history after."""
         approval = access.scope(ApprovalRequest.objects.all(), request.user).filter(pk=request_id).first()
         if approval is None:

@@ -74,7 +74,7 @@ def entries(record: IdempotencyRecord) -> list[Entry]:
     objects: list[Model] = [record, *(o for o in (approval, task) if o is not None), *events]
     about = Q(pk__in=[])
     for obj in objects:
-        about |= Q(object_type=obj._meta.concrete_model._meta.model_name, object_id=str(obj.pk))
+        about |= Q(object_type=_concrete(obj)._meta.model_name, object_id=str(obj.pk))
     found = [_audited(event) for event in AuditEvent.objects.filter(about).order_by("created_at", "pk")]
     found += [_evidence(item) for item in record.evidence or [] if parse_datetime(str(item.get("at", "")))]
     if task is not None:
@@ -113,7 +113,7 @@ def _same(link: Link, shown: Model | None) -> bool:
     if shown is None:
         return False
     names = {IdempotencyRecord: "Idempotency record #", ApprovalRequest: "Approval request #", Task: "Task "}
-    label = names.get(shown._meta.concrete_model)
+    label = names.get(_concrete(shown))
     return label is not None and link.label == f"{label}{shown.pk}"
 
 
@@ -129,6 +129,13 @@ def created_by(record: IdempotencyRecord) -> list[Link]:
             url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_change", args=[obj.pk])
             found.append(Link(f"{str(model._meta.verbose_name).capitalize()} #{obj.pk}", url, "what it created"))
     return found
+
+
+def _concrete(obj: Model) -> type[Model]:
+    """The model whose table holds `obj` (a proxy's row is its concrete model's)."""
+    concrete = obj._meta.concrete_model
+    assert concrete is not None  # only an abstract model has none, and it has no rows
+    return concrete
 
 
 def _url(model_name: str, pk: Any) -> str:
@@ -148,7 +155,9 @@ def _audited(event: AuditEvent) -> Entry:
 
 def _evidence(item: dict[str, Any]) -> Entry:
     facts = {name: value for name, value in item.items() if name not in ("at", "source", "actor")}
-    return Entry(parse_datetime(item["at"]), "evidence", f"evidence from the {item.get('source', '?')}",
+    at = parse_datetime(item["at"])
+    assert at is not None  # entries() passes only evidence with a time
+    return Entry(at, "evidence", f"evidence from the {item.get('source', '?')}",
                  item.get("actor", ""), json.dumps(facts, sort_keys=True, default=str))
 
 

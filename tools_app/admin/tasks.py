@@ -5,14 +5,19 @@ Each action goes through tools_app.tasks (guarded, audited like an agent's),
 which checks the manage_task permission and the tenant itself.
 """
 
+from __future__ import annotations
+
 import uuid
+from typing import TypeVar
 
 from django import forms
 from django.contrib import admin
-from django.db.models import Q
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest
 
 from tools_app import tasks
 from tools_app.admin import story as stories
+from tools_app.admin.generic import ModelAdmin, ModelT, TabularInline
 from tools_app.admin.operator_actions import (
     REASON_OPTIONAL,
     REASON_REQUIRED,
@@ -28,80 +33,81 @@ from tools_app.core.errors import ToolFailure
 from tools_app.tasks.models import Checkpoint, StepRun, Task, TaskNeedingAttention, TaskStatus
 from tools_app.toolkit.registry import all_tools
 
+TaskT = TypeVar("TaskT", bound=Task)  # a task page shows every task, or the queue's (a proxy)
 
-class ReadOnlyInline(admin.TabularInline):
+
+class ReadOnlyInline(TabularInline[ModelT, Task]):
     extra = 0
     can_delete = False
     show_change_link = False
 
-    def has_add_permission(self, request, obj=None):
+    def has_add_permission(self, request: HttpRequest, obj: Task | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Task | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Task | None = None) -> bool:
         return False
 
 
-class StepRunInline(ReadOnlyInline):
+class StepRunInline(ReadOnlyInline[StepRun]):
     model = StepRun
     verbose_name_plural = "step runs (one row per start of a step)"
-    fields = ["step", "attempt", "worker", "outcome", "error", "started_at", "finished_at"]
-    readonly_fields = fields
+    fields = readonly_fields = ("step", "attempt", "worker", "outcome", "error", "started_at", "finished_at")
 
 
-class CheckpointInline(ReadOnlyInline):
+class CheckpointInline(ReadOnlyInline[Checkpoint]):
     model = Checkpoint
-    fields = ["sequence", "step", "checksum", "input_digest", "artifact", "finished_at"]
-    readonly_fields = fields
+    fields = readonly_fields = ("sequence", "step", "checksum", "input_digest", "artifact", "finished_at")
 
 
-def cancel(request, task, reason):
+def cancel(request: HttpRequest, task: Task, reason: str) -> str:
     tasks.cancel(task, request.user, reason=reason)
     return "cancelled; a step still running stops at its next heartbeat"
 
 
-def resume(request, task, reason):
+def resume(request: HttpRequest, task: Task, reason: str) -> str:
     task = tasks.resume(task, request.user)
     return f"now {task.status}"
 
 
-def mark_cause_fixed(request, task, reason):
+def mark_cause_fixed(request: HttpRequest, task: Task, reason: str) -> str:
     tasks.mark_cause_fixed(task, request.user, reason=reason)
     return "its cause is marked fixed; Resume (or the agent's resume_task) runs it again"
 
 
-def pause(request, task, reason):
+def pause(request: HttpRequest, task: Task, reason: str) -> str:
     task = tasks.pause(task, request.user, reason=reason)
     if task.status == TaskStatus.RUNNING:
         return "asked to pause: it pauses when its current step is done; resume it to go on"
     return "paused; resume it to queue it again"
 
 
-def fork(request, task, reason, from_step, form_key):
+def fork(request: HttpRequest, task: Task, reason: str, from_step: str, form_key: str) -> str:
     # One key per form and task: the same form sent twice forks once.
     new = tasks.fork_operation(task, request.user, from_step=from_step, reason=reason,
                                key=f"admin-fork:{form_key}:{task.pk}")
     return f"forked as task {new.pk}, running again from step {from_step!r}"
 
 
-def step_choices() -> list[tuple[str, str]]:
-    """Every long tool's steps, in order (the task's own tool is checked when forking)."""
+def step_choices() -> list[tuple[str, list[tuple[str, str]]]]:
+    """Every long tool's steps, grouped by tool, in order (the task's own tool is checked when forking)."""
     return [(spec.name, [(step.name, step.name) for step in spec.pipeline.steps])
             for spec in all_tools() if spec.pipeline is not None]
 
 
-class TaskPage:
+class TaskPage(ModelAdmin[TaskT]):
     """What both task pages show and do: the record of a task and the operator actions on it."""
 
-    fields = ["tenant", "tool", "status", "current_step", "completed_steps", "steps_total", "progress_done",
-              "progress_total", "progress_message", "attempts", "max_attempts", "lease_expiries", "failure_class",
-              "failure_reason", "cause_fixed_at", "pause_reason", "pause_requested", "input_request_display",
-              "next_retry_at", "lease_owner", "lease_expires_at", "version", "input_digest", "result_display",
-              "forked_from", "forked_at_step", "forks_display", "notify_url_display", "trace_id", "actor",
-              "enqueued_at", "created_at", "updated_at", "finished_at", "story"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "tenant", "tool", "status", "current_step", "completed_steps", "steps_total", "progress_done", "progress_total",
+        "progress_message", "attempts", "max_attempts", "lease_expiries", "failure_class", "failure_reason",
+        "cause_fixed_at", "pause_reason", "pause_requested", "input_request_display", "next_retry_at", "lease_owner",
+        "lease_expires_at", "version", "input_digest", "result_display", "forked_from", "forked_at_step",
+        "forks_display", "notify_url_display", "trace_id", "actor", "enqueued_at", "created_at", "updated_at",
+        "finished_at", "story",
+    )
     inlines = [StepRunInline, CheckpointInline]
     list_select_related = ["tenant"]
     search_fields = ["=id", "=trace_id"]
@@ -132,39 +138,39 @@ class TaskPage:
     ]
 
     @admin.display(description="steps")
-    def steps(self, task):
+    def steps(self, task: TaskT) -> str:
         return f"{len(task.completed_steps)}/{task.steps_total}"
 
     @admin.display(description="last update", ordering="updated_at")
-    def last_update(self, task):
+    def last_update(self, task: TaskT) -> str:
         return f"{age(task.updated_at)} ago"
 
     @admin.display(description="input request")
-    def input_request_display(self, task):
+    def input_request_display(self, task: TaskT) -> str:
         return pretty_json(task.input_request) if task.input_request else "—"
 
     @admin.display(description="result")
-    def result_display(self, task):
+    def result_display(self, task: TaskT) -> str:
         return pretty_json(task.result) if task.result is not None else "—"
 
     @admin.display(description="notify url")
-    def notify_url_display(self, task):
+    def notify_url_display(self, task: TaskT) -> str:
         # Without its query: a webhook's token is for the relay, not for the screen.
         return redaction.public_url(task.notify_url) if task.notify_url else "—"
 
     @admin.display(description="forks (re-runs of this task)")
-    def forks_display(self, task):
+    def forks_display(self, task: TaskT) -> str:
         forks = list(task.forks.order_by("created_at").values_list("pk", "forked_at_step", "status"))
         return "; ".join(f"{pk} from {step} ({status})" for pk, step, status in forks) or "—"
 
     @admin.display(description="story")
-    def story(self, task):
+    def story(self, task: TaskT) -> str:
         # The operation that started it (its record, approval) and every step, checkpoint and audit event.
         return stories.render(task)
 
 
 @admin.register(Task)
-class TaskAdmin(TaskPage, OperatorActionsAdmin, TenantScopedAdmin, ReadOnlyAdmin):
+class TaskAdmin(TaskPage[Task], OperatorActionsAdmin[Task], TenantScopedAdmin[Task], ReadOnlyAdmin[Task]):
     """Every task, any status."""
 
     list_display = ["id", "tenant", "tool", "status", "current_step", "steps", "attempts", "lease_expiries",
@@ -180,7 +186,7 @@ def needs_attention() -> Q:
 
 
 @admin.register(TaskNeedingAttention)
-class TaskQueueAdmin(TaskPage, QueueAdmin):
+class TaskQueueAdmin(TaskPage[TaskNeedingAttention], QueueAdmin[TaskNeedingAttention]):
     """The queue of tasks a person may need to look at, longest untouched first."""
 
     list_display = ["id", "flag", "tenant", "tool", "status", "current_step", "steps", "attempts", "lease_expiries",
@@ -194,12 +200,12 @@ class TaskQueueAdmin(TaskPage, QueueAdmin):
                   "from the last valid checkpoint (finished steps do not run again); Pause holds a queued or "
                   "retrying task; Cancel stops it for good.")
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TaskNeedingAttention]:
         return super().get_queryset(request).filter(needs_attention())
 
-    def standing_out(self):
+    def standing_out(self) -> Q:
         return Q(status=TaskStatus.FAILED) | Q(status=TaskStatus.RUNNING, lease_expires_at__lt=clock.NOW)
 
     @admin.display(description="since last update", ordering="updated_at")
-    def waiting(self, task):
+    def waiting(self, task: TaskNeedingAttention) -> str:
         return age(task.updated_at)

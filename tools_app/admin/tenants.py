@@ -3,25 +3,32 @@ tools_app.access.roles, which audit them: tokens are issued by `manage.py create
 (shown once), access by `manage.py grant_role`, webhook signing secrets by this page's action
 (shown once)."""
 
+from __future__ import annotations
+
+from typing import Any
+
 from django.contrib import admin
 from django.core.exceptions import ObjectDoesNotExist
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
 from tools_app import access
 from tools_app.access.models import ApiToken, Tenant, TenantAccess
+from tools_app.admin.generic import ModelAdmin
 from tools_app.admin.scoping import ReadOnlyAdmin
 from tools_app.core import audit
 from tools_app.core.errors import PermissionDenied
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(ModelAdmin[Tenant]):
     list_display = ["slug", "name", "created_at", "webhook_secret"]
     search_fields = ["slug", "name"]
     actions = ["rotate_webhook_secret"]
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Tenant]:
         return access.scope(super().get_queryset(request), request.user, "id")
 
     @admin.display(description="webhook signing secret")
@@ -34,7 +41,7 @@ class TenantAdmin(admin.ModelAdmin):
 
     @admin.action(description="Create or rotate the webhook signing secret (shown once)",
                   permissions=["rotate_webhook_secret"])
-    def rotate_webhook_secret(self, request, queryset):
+    def rotate_webhook_secret(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> TemplateResponse:
         try:
             issued = [(tenant, access.rotate_webhook_secret(tenant, request.user)) for tenant in queryset]
         except PermissionDenied as refused:
@@ -44,10 +51,10 @@ class TenantAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request), "opts": self.opts, "issued": issued,
             "title": "Webhook signing secrets"})
 
-    def has_rotate_webhook_secret_permission(self, request):
+    def has_rotate_webhook_secret_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(access.ROTATE_WEBHOOK_SECRET.permission)
 
-    def save_model(self, request, obj, form, change):
+    def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
         if change:
             super().save_model(request, obj, form, change)
             return
@@ -56,7 +63,7 @@ class TenantAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(ReadOnlyAdmin):
+class ApiTokenAdmin(ReadOnlyAdmin[ApiToken]):
     # The owner: the person responsible for the agent, who cannot approve what it asks for (four eyes).
     list_display = ["tenant", "name", "owner", "prefix", "created_at", "last_used_at", "revoked_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), ("owner", admin.RelatedOnlyFieldListFilter),
@@ -66,17 +73,17 @@ class ApiTokenAdmin(ReadOnlyAdmin):
     actions = ["revoke"]
 
     @admin.action(description="Revoke the selected tokens", permissions=["revoke"])
-    def revoke(self, request, queryset):
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
         actor = audit.user_actor(request.user)
         revoked = sum(access.revoke_token(token, actor=actor, reason="revoked in the admin") for token in queryset)
         self.message_user(request, f"{revoked} token(s) revoked")
 
-    def has_revoke_permission(self, request):
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
         return request.user.is_superuser
 
 
 @admin.register(TenantAccess)
-class TenantAccessAdmin(ReadOnlyAdmin):
+class TenantAccessAdmin(ReadOnlyAdmin[TenantAccess]):
     list_display = ["user", "tenant", "granted_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["user", "tenant"]

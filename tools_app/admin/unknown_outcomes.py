@@ -3,6 +3,7 @@
 from django import forms
 from django.contrib import admin
 from django.db.models import Q
+from django.http import HttpRequest
 from django.utils.html import format_html
 
 from tools_app import reconciliation
@@ -14,23 +15,23 @@ from tools_app.engine.models import RecordStatus
 from tools_app.reconciliation.models import UnknownOutcome
 
 
-def reconcile_now(request, record, reason):
+def reconcile_now(request: HttpRequest, record: UnknownOutcome, reason: str) -> str:
     return f"now {reconciliation.reconcile(record, request.user)}"
 
 
-def resolve_succeeded(request, record, reason, downstream_reference=""):
+def resolve_succeeded(request: HttpRequest, record: UnknownOutcome, reason: str, downstream_reference: str = "") -> str:
     reconciliation.resolve_by_operator(record, request.user, succeeded=True, reason=reason,
                                        downstream_reference=downstream_reference)
     return "resolved as succeeded"
 
 
-def resolve_failed(request, record, reason):
+def resolve_failed(request: HttpRequest, record: UnknownOutcome, reason: str) -> str:
     reconciliation.resolve_by_operator(record, request.user, succeeded=False, reason=reason)
     return "resolved as failed (the agent may retry with the same key)"
 
 
 @admin.register(UnknownOutcome)
-class UnknownOutcomeAdmin(QueueAdmin):
+class UnknownOutcomeAdmin(QueueAdmin[UnknownOutcome]):
     queue_filter = {"status": RecordStatus.UNKNOWN}
     stands_out_label = "needs a person"
     what_to_do = ("Writes whose downstream outcome is not known (the answer never came, or the executor died); "
@@ -43,9 +44,10 @@ class UnknownOutcomeAdmin(QueueAdmin):
     list_filter = ["tool", ("tenant", admin.RelatedOnlyFieldListFilter), ("escalated_at", admin.EmptyFieldListFilter)]
     list_select_related = ["tenant"]
     search_fields = ["=operation_id", "=downstream_key", "=trace_id"]
-    fields = ["tenant", "tool", "key_digest", "operation_id", "downstream_key", "actor", "created_at",
-              "reconcile_attempts", "next_reconcile_at", "escalated_at", "error_message", "evidence_json", "story"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "tenant", "tool", "key_digest", "operation_id", "downstream_key", "actor", "created_at", "reconcile_attempts",
+        "next_reconcile_at", "escalated_at", "error_message", "evidence_json", "story",
+    )
     operator_actions = [
         OperatorAction("reconcile", "Reconcile now", reconciliation.RECONCILE, reconcile_now,
                        refused=(ToolFailure,), help_text="Asks the downstream system by the key we sent."),
@@ -58,23 +60,23 @@ class UnknownOutcomeAdmin(QueueAdmin):
                        help_text="Definitely not done: what you checked. The agent may then retry with the same key."),
     ]
 
-    def standing_out(self):
+    def standing_out(self) -> Q:
         return Q(escalated_at__isnull=False)
 
     @admin.display(description="key (digest)")
-    def key_digest(self, record):
+    def key_digest(self, record: UnknownOutcome) -> str:
         return keys.key_digest(record.key)
 
     @admin.display(description="waiting", ordering="created_at")
-    def waiting(self, record):
+    def waiting(self, record: UnknownOutcome) -> str:
         return age(record.created_at)
 
     @admin.display(description="needs a person", boolean=True)
-    def needs_person(self, record):
+    def needs_person(self, record: UnknownOutcome) -> bool:
         return record.escalated_at is not None
 
     @admin.display(description="last evidence")
-    def last_evidence(self, record):
+    def last_evidence(self, record: UnknownOutcome) -> str:
         if not record.evidence:
             return "—"
         last = record.evidence[-1]
@@ -82,9 +84,9 @@ class UnknownOutcomeAdmin(QueueAdmin):
         return format_html("<code>{}</code> {}", last.get("source", ""), str(summary)[:120])
 
     @admin.display(description="evidence")
-    def evidence_json(self, record):
+    def evidence_json(self, record: UnknownOutcome) -> str:
         return pretty_json(record.evidence)
 
     @admin.display(description="story")
-    def story(self, record):
+    def story(self, record: UnknownOutcome) -> str:
         return stories.render(record)

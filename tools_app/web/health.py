@@ -10,33 +10,43 @@
 
 from __future__ import annotations
 
+from typing import NotRequired, TypedDict
+
 from django.db import connection
-from django.http import JsonResponse
+from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 from django_q.brokers import get_broker
 
 from tools_app.core import outage
 
 
-def check_database() -> dict:
+class Check(TypedDict):
+    """One check's line in /readyz's answer."""
+
+    ok: bool
+    queued: NotRequired[int]
+    error: NotRequired[str]
+
+
+def check_database() -> Check:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return {"ok": True}
 
 
-def check_queue() -> dict:
+def check_queue() -> Check:
     # The ORM broker's ping() answers True without asking anything: counting its table is the check.
     return {"ok": True, "queued": get_broker().queue_size()}
 
 
 @require_GET
-def livez(request):
+def livez(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
 @require_GET
-def readyz(request):
-    checks = {}
+def readyz(request: HttpRequest) -> JsonResponse:
+    checks: dict[str, Check] = {}
     for name, check in (("database", check_database), ("queue", check_queue)):
         try:
             checks[name] = check()

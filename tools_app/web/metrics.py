@@ -11,19 +11,19 @@ from __future__ import annotations
 import hmac
 import ipaddress
 
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from idemops.conf import conf
 from tools_app.metrics import prometheus
 
 
-def _bearer(request) -> str | None:
+def _bearer(request: HttpRequest) -> str | None:
     scheme, _, value = request.headers.get("Authorization", "").partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
-def _from_allowed_network(request) -> bool:
+def _from_allowed_network(request: HttpRequest) -> bool:
     try:
         address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
     except ValueError:
@@ -31,7 +31,7 @@ def _from_allowed_network(request) -> bool:
     return any(address in ipaddress.ip_network(network) for network in conf().metrics_allowed_networks)
 
 
-def refusal(request) -> JsonResponse | None:
+def refusal(request: HttpRequest) -> JsonResponse | None:
     """None if `request` may scrape; else the answer saying why not."""
     presented, token = _bearer(request), conf().metrics_token
     if presented is not None:
@@ -47,7 +47,7 @@ def refusal(request) -> JsonResponse | None:
 
 
 @require_GET
-def metrics(request):
+def metrics(request: HttpRequest) -> HttpResponse:
     if (refused := refusal(request)) is not None:
         return refused
     body, content_type = prometheus.exposition(request.headers.get("Accept", ""))

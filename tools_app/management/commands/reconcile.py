@@ -1,7 +1,8 @@
 import json
+from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tools_app import reconciliation
 from tools_app.core.errors import ToolFailure
@@ -12,12 +13,12 @@ class Command(BaseCommand):
     help = ("Expire dead executors' leases (PROCESSING → UNKNOWN) and reconcile UNKNOWN records that are due: "
             "what the periodic job does, on demand. With --record, an operator reconciles one record now.")
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--record", type=int, help="Reconcile this UNKNOWN record now, due or not (needs --user).")
         parser.add_argument("--user", help="The operator reconciling --record: needs the resolve_unknown "
                                            "permission on the record's tenant, like the admin's button.")
 
-    def handle(self, record=None, user=None, **options):
+    def handle(self, record: int | None = None, user: str | None = None, **options: Any) -> None:
         if record is None:
             self.stdout.write(json.dumps(reconciliation.run_periodic()))
             return

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tools_app.access import auditors
 from tools_app.access.models import AuditorKey
@@ -7,11 +9,11 @@ from tools_app.access.models import AuditorKey
 class Command(BaseCommand):
     help = "Revoke an auditor key by name; it answers 401 from then on."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name")
         parser.add_argument("--reason", default="")
 
-    def handle(self, name, reason, **options):
+    def handle(self, name: str, reason: str, **options: Any) -> None:
         try:
             key = AuditorKey.objects.get(name=name)
         except AuditorKey.DoesNotExist:

@@ -14,11 +14,13 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from django.apps import apps
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from idemops import embedded_pg
 from idemops.conf import conf
@@ -29,15 +31,18 @@ STOP_GRACE_SECONDS = 5
 # granian's access line in uvicorn's shape (its path carries no query string).
 ACCESS_LOG_FORMAT = '%(addr)s - "%(method)s %(path)s %(protocol)s" %(status)d'
 
+ProcessSpec = tuple[str, list[str]]  # (name, argv)
+Process = tuple[str, subprocess.Popen[bytes]]  # (name, the running child)
 
-def _interrupt(signum, frame):
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
 class Command(BaseCommand):
     help = "Run the whole platform in the foreground: web (admin, API, /mcp) and the job clusters."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default=conf().host, help=f"default: IDEMOPS_HOST ({conf().host})")
         parser.add_argument("--port", type=int, default=conf().port, help=f"default: IDEMOPS_PORT ({conf().port})")
         parser.add_argument("--web-workers", type=int, default=conf().web_workers,
@@ -45,7 +50,7 @@ class Command(BaseCommand):
         parser.add_argument("--q-clusters", type=int, default=conf().q_clusters,
                             help=f"default: IDEMOPS_Q_CLUSTERS ({conf().q_clusters})")
 
-    def handle(self, host, port, web_workers, q_clusters, **options):
+    def handle(self, host: str, port: int, web_workers: int, q_clusters: int, **options: Any) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         demo = ensure_demo() if conf().demo else None
         processes = [self.start(name, argv) for name, argv in self.process_specs(host, port, web_workers, q_clusters)]
@@ -65,12 +70,12 @@ class Command(BaseCommand):
             if settings.EMBEDDED_DATABASE:
                 embedded_pg.stop(conf().pgdata.resolve())
 
-    def process_specs(self, host, port, web_workers, q_clusters=1):
+    def process_specs(self, host: str, port: int, web_workers: int, q_clusters: int = 1) -> list[ProcessSpec]:
         """The web server (granian with `web_workers` processes) and `q_clusters` job clusters, each
         an `idemops qcluster` of IDEMOPS_Q_WORKERS workers: they share the one queue (django-q2's ORM
         broker) and need no coordination of their own."""
         python = sys.executable
-        specs = [
+        specs: list[ProcessSpec] = [
             # Its access log follows IDEMOPS_ACCESS_LOG (LOGGING in idemops/settings.py), like every log line.
             ("web", self.web_argv(host, port, web_workers)),
         ]
@@ -84,7 +89,7 @@ class Command(BaseCommand):
         return specs
 
     @staticmethod
-    def web_argv(host, port, web_workers):
+    def web_argv(host: str, port: int, web_workers: int) -> list[str]:
         """granian (a Rust ASGI server) rather than uvicorn: side by side it serves /mcp calls
         faster (docs/benchmarks.md, P4); any ASGI server can serve idemops.asgi:application."""
         granian = str(Path(sys.executable).parent / "granian")
@@ -93,24 +98,25 @@ class Command(BaseCommand):
         return [granian, "--interface", "asgi", "--host", host, "--port", str(port), "--workers", str(web_workers),
                 *access, "idemops.asgi:application"]
 
-    def start(self, name, argv):
+    def start(self, name: str, argv: list[str]) -> Process:
         # Own session, so Ctrl-C reaches us first and we stop children in order.
         return name, subprocess.Popen(argv, start_new_session=True, env=os.environ.copy())
 
-    def wait_until_healthy(self, url, processes, timeout=30):
-        def healthy():
+    def wait_until_healthy(self, url: str, processes: list[Process], timeout: float = 30) -> None:
+        def healthy() -> bool:
             if any(p.poll() is not None for _, p in processes):
                 raise SystemExit("a process exited during start-up; see its output above")
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
-                    return response.status == 200
+                    status: int = response.status
+                    return status == 200
             except OSError:
                 return False
 
         if not polling.until(healthy, seconds=timeout, pause=0.3):
             raise SystemExit(f"{url} did not become healthy within {timeout}s")
 
-    def stop(self, processes):
+    def stop(self, processes: list[Process]) -> None:
         for _, process in processes:
             if process.poll() is None:
                 process.terminate()
@@ -127,7 +133,7 @@ class Command(BaseCommand):
         for _, process in processes:
             reap_session(process.pid)
 
-    def print_banner(self, base, demo):
+    def print_banner(self, base: str, demo: dict[str, str] | None) -> None:
         self.stdout.write(banner(base, demo))
 
 
@@ -149,7 +155,7 @@ def _mcp_call(base: str, token: str, tool: str, arguments: str) -> str:
             f"\"method\":\"tools/call\",\"params\":{{\"name\":\"{tool}\",\"arguments\":{arguments}}}}}'")
 
 
-def banner(base: str, demo: dict | None) -> str:
+def banner(base: str, demo: dict[str, str] | None) -> str:
     """What `make run` prints: enough for a new operator to reach every kind of work item."""
     if demo is None:
         return without_demo(base)

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tools_app import access
 from tools_app.access.models import ApiToken
@@ -9,13 +11,13 @@ class Command(BaseCommand):
     help = ("Make a person the owner of an agent token (a token from before owners existed, or an agent "
             "handed to someone else). Audited.")
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("tenant")
         parser.add_argument("name", help="The token's name (the agent identity).")
         parser.add_argument("owner", help="Username of the person now responsible for the agent.")
         parser.add_argument("--reason", default="")
 
-    def handle(self, tenant, name, owner, reason, **options):
+    def handle(self, tenant: str, name: str, owner: str, reason: str, **options: Any) -> None:
         token = ApiToken.objects.select_related("tenant", "owner").filter(tenant__slug=tenant, name=name).first()
         if token is None:
             raise CommandError(f"no token {name!r} in tenant {tenant!r}")

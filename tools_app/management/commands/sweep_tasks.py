@@ -1,5 +1,7 @@
 """`manage.py sweep_tasks`: run the long-task sweep now (it also runs every minute on the cluster)."""
 
+from typing import Any
+
 from django.core.management.base import BaseCommand
 
 from tools_app import tasks
@@ -8,6 +10,6 @@ from tools_app import tasks
 class Command(BaseCommand):
     help = "Revive tasks whose worker died (lease expired) and queue due retries and lost jobs."
 
-    def handle(self, **options):
+    def handle(self, **options: Any) -> None:
         counts = tasks.sweep()
         self.stdout.write(f"expired leases: {counts['expired']}, requeued: {counts['requeued']}")

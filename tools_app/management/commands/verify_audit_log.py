@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tools_app.core import audit
 
@@ -7,10 +9,10 @@ class Command(BaseCommand):
     help = ("Recompute the audit log's hash chain and report the first broken link (an edited or deleted event). "
             "Exits with status 1 if the chain is broken.")
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--seal", action="store_true", help="Seal committed events first, so they are checked too.")
 
-    def handle(self, seal, **options):
+    def handle(self, seal: bool, **options: Any) -> None:
         if seal:
             sealed = audit.seal()
             self.stdout.write(f"sealed {sealed.sealed} new events")
