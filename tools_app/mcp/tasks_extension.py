@@ -71,7 +71,8 @@ PROTOCOL_VERSIONS = frozenset({MODERN})
 BOTH_VERSIONS = frozenset({LEGACY, MODERN})
 RELATED_TASK = "io.modelcontextprotocol/related-task"
 WORKING: dict[str, str] = {TaskStatus.CREATED: "working", TaskStatus.RUNNING: "working", TaskStatus.RETRYING: "working",
-           TaskStatus.SUCCEEDED: "completed", TaskStatus.FAILED: "completed", TaskStatus.CANCELLED: "cancelled"}
+                           TaskStatus.SUCCEEDED: "completed", TaskStatus.FAILED: "completed",
+                           TaskStatus.CANCELLED: "cancelled"}
 # tasks/list (2025-11-25) answers this many tasks a page.
 LIST_PAGE_SIZE = 50
 
