@@ -13,13 +13,14 @@ from __future__ import annotations
 import django_filters
 from rest_framework import serializers
 
+from tools_app.access.models import Tenant
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
 from tools_app.approvals.models import ApprovalRequest, ApprovalStatus
 from tools_app.core import redaction
 
 
 class ApprovalRequestSerializer(AuditorSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     reason = serializers.SerializerMethodField(
         help_text=f"A rejection's reason; `{redaction.WITHHELD}` for the failure text of a request that failed "
                   "or expired.")
@@ -36,7 +37,7 @@ class ApprovalRequestSerializer(AuditorSerializer):
         return request.reason if request.status == ApprovalStatus.REJECTED else redaction.failure_text(request.reason)
 
 
-class ApprovalRequestFilter(django_filters.FilterSet):
+class ApprovalRequestFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filter ships no types
     tenant = tenant_filter()
     tool = django_filters.CharFilter(help_text="Tool name, exactly (e.g. `request_payment`).")
     status = django_filters.MultipleChoiceFilter(choices=ApprovalStatus.choices,

@@ -16,14 +16,15 @@ from __future__ import annotations
 import django_filters
 from rest_framework import serializers
 
+from tools_app.access.models import Tenant
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
 from tools_app.core import redaction
 from tools_app.core.models import AuditEvent
 
 
 class AuditEventSerializer(AuditorSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True,
-                                          help_text="Tenant slug; null for system-wide events.")
+    tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True, help_text="Tenant slug; null for system-wide events.")
     reason = serializers.SerializerMethodField(
         help_text=f"Why, in a person's own words; `{redaction.WITHHELD}` for text the system or an agent wrote "
                   "(failure messages may quote the caller's data; operators read it in the admin).")
@@ -40,7 +41,7 @@ class AuditEventSerializer(AuditorSerializer):
         return redaction.event_reason(event.actor, event.reason)
 
 
-class AuditEventFilter(django_filters.FilterSet):
+class AuditEventFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filter ships no types
     tenant = tenant_filter()
     actor = django_filters.CharFilter(help_text="Who acted, exactly (`agent:<tenant>/<name>`, `user:<name>`, ...).")
     action = django_filters.CharFilter(help_text="Event action, exactly (e.g. `record.succeeded`).")

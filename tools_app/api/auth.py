@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.views import APIView
 
 from tools_app.access import auditors
+from tools_app.access.auditors import KeyAuditor
+from tools_app.access.models import AuditorKey
 
 REALM = "idemops-audit"
 
@@ -16,7 +22,7 @@ class AuditorKeyAuthentication(BaseAuthentication):
     """`Authorization: Bearer ida_...`. Listed first, so a request without
     credentials is answered 401 with a `WWW-Authenticate` challenge."""
 
-    def authenticate(self, request):
+    def authenticate(self, request: Request) -> tuple[KeyAuditor, AuditorKey] | None:
         parts = get_authorization_header(request).split()
         if not parts or parts[0].lower() != b"bearer":
             return None
@@ -31,22 +37,23 @@ class AuditorKeyAuthentication(BaseAuthentication):
             raise AuthenticationFailed("unknown or revoked auditor key")
         return auditor, auditor.key
 
-    def authenticate_header(self, request):
+    def authenticate_header(self, request: Request) -> str:
         return f'Bearer realm="{REALM}"'
 
 
 class IsAuditor(BasePermission):
     message = "this account may not use the auditors' API: it needs the tools_app.use_auditor_api permission"
 
-    def has_permission(self, request, view):
+    def has_permission(self, request: Request, view: APIView) -> bool:
         return auditors.may_use_api(request.user)
 
 
-class AuditorKeyScheme(OpenApiAuthenticationExtension):
+# drf-spectacular's extension base registers subclasses in an unannotated __init_subclass__.
+class AuditorKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
     target_class = AuditorKeyAuthentication
     name = "auditorKey"
 
-    def get_security_definition(self, auto_schema):
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
         return {
             "type": "http",
             "scheme": "bearer",

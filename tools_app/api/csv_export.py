@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Iterable, Sequence
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -34,17 +34,17 @@ def cell(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
-        value = ";".join(cell(v) for v in value)
+        text = ";".join(cell(v) for v in value)
     elif isinstance(value, dict):
-        value = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     else:
-        value = str(value)
-    if value.startswith(FORMULA_STARTS):
-        return "'" + value
-    return value
+        text = str(value)
+    if text.startswith(FORMULA_STARTS):
+        return "'" + text
+    return text
 
 
-def csv_chunks(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Iterator[bytes]:
+def csv_chunks(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Generator[bytes]:
     """The header line, then the rows, as UTF-8 chunks of about CHUNK_BYTES."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)  # RFC 4180: CRLF line ends, quotes only where needed
@@ -58,23 +58,23 @@ def csv_chunks(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Iterator
     yield buffer.getvalue().encode()
 
 
-async def _in_request_thread(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+async def _in_request_thread(chunks: Generator[bytes]) -> AsyncIterator[bytes]:
     """Pull each chunk in the request's sync thread: the cursor and its connection live there."""
-    take = sync_to_async(next, thread_sensitive=True)
+    take = sync_to_async(lambda: next(chunks, None), thread_sensitive=True)
     try:
-        while (chunk := await take(chunks, None)) is not None:
+        while (chunk := await take()) is not None:
             yield chunk
     finally:
         # The client may leave mid-export: close the server-side cursor in its own thread.
         await sync_to_async(chunks.close, thread_sensitive=True)()
 
 
-def _primed(chunks: Iterator[bytes]) -> Iterator[bytes]:
+def _primed(chunks: Generator[bytes]) -> Generator[bytes]:
     """Compute the first chunk now: it runs the query, so a query that fails is an
     ordinary error response instead of a 200 cut short after its headers."""
     first = next(chunks)
 
-    def rest() -> Iterator[bytes]:
+    def rest() -> Generator[bytes]:
         try:
             yield first
             yield from chunks

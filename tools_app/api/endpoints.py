@@ -17,12 +17,15 @@ filtered list at `<prefix>/export.csv`, and its errors in the OpenAPI schema.
 
 from __future__ import annotations
 
-from datetime import UTC
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import django_filters
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import QuerySet
+from django.http import StreamingHttpResponse
 from django_filters.fields import IsoDateTimeField
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.openapi import AutoSchema
@@ -32,8 +35,11 @@ from rest_framework import serializers, viewsets
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action
 from rest_framework.filters import OrderingFilter
+from rest_framework.generics import GenericAPIView
 from rest_framework.pagination import CursorPagination
 from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
+from rest_framework.request import Request
+from rest_framework.views import APIView
 
 from tools_app import access
 from tools_app.access import auditors
@@ -61,13 +67,17 @@ class TimeOrdering(OrderingFilter):
     on two pages.
     """
 
-    def get_ordering(self, request, queryset, view):
-        first = super().get_ordering(request, queryset, view)[0]
+    def get_ordering(self, request: Request, queryset: QuerySet[Any], view: APIView) -> Sequence[str] | None:
+        ordering = super().get_ordering(request, queryset, view)
+        if not ordering:  # a view without a default ordering: nothing to break ties in
+            return ordering
+        first = ordering[0]
         if first.lstrip("-") == "id":
             return (first,)
         return (first, "-id" if first.startswith("-") else "id")
 
-    def get_schema_operation_parameters(self, view):
+    def get_schema_operation_parameters(self, view: APIView) -> list[dict[str, Any]]:
+        assert isinstance(view, AuditorViewSet)  # the only views ordered by time
         choices = [choice for field in view.ordering_fields for choice in (field, f"-{field}")]
         description = (f"Sort order: a field for ascending, `-field` for descending; default `{view.ordering[0]}`. "
                        "Rows with equal values come in id order.")
@@ -87,21 +97,22 @@ def tenant_filter(field_name: str = "tenant__slug") -> django_filters.CharFilter
         help_text="Tenant slug. Only tenants granted to you ever match: another tenant's slug returns no rows.")
 
 
-class UtcIsoDateTimeField(IsoDateTimeField):
+# django-filter ships no types, so its classes are Any to the checker.
+class UtcIsoDateTimeField(IsoDateTimeField):  # type: ignore[misc]
     """An ISO 8601 time, converted to UTC: PostgreSQL refuses UTC offsets beyond
     ±15:59 that Python accepts, and a time near year 1 or 9999 may not convert."""
 
-    def to_python(self, value):
-        value = super().to_python(value)
-        if value is None:
+    def to_python(self, value: Any) -> datetime | None:
+        moment: datetime | None = super().to_python(value)
+        if moment is None:
             return None
         try:
-            return value.astimezone(UTC)
+            return moment.astimezone(UTC)
         except OverflowError:
             raise ValidationError("time out of range once converted to UTC", code="invalid") from None
 
 
-class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
+class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):  # type: ignore[misc]  # django-filter: no types
     field_class = UtcIsoDateTimeField
 
 
@@ -124,13 +135,14 @@ class UtcDateTimeField(serializers.DateTimeField):
     """ISO 8601 in UTC with a `Z`, as DRF writes it here, without DRF's per-value
     time zone lookup: it was half the serializing time of a CSV export."""
 
-    def to_representation(self, value):
+    # DRF's stub says datetime -> str; this one also answers a missing time with None.
+    def to_representation(self, value: datetime | None) -> str | None:  # type: ignore[override]
         if not value:
             return None
         return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-class AuditorSerializer(serializers.ModelSerializer):
+class AuditorSerializer(serializers.ModelSerializer[models.Model]):
     """Base of every endpoint's serializer: read-only, times in UTC."""
 
     serializer_field_mapping = {**serializers.ModelSerializer.serializer_field_mapping,
@@ -140,7 +152,7 @@ class AuditorSerializer(serializers.ModelSerializer):
 # --- errors, as the schema shows them -------------------------------------------------
 
 
-class ErrorSerializer(serializers.Serializer):
+class ErrorSerializer(serializers.Serializer[dict[str, str]]):
     detail = serializers.CharField(help_text="What went wrong.")
 
 
@@ -159,31 +171,33 @@ FILTER_ERROR_RESPONSE = {
 class AuditorSchema(AutoSchema):
     """Filters on the CSV export too, and the error answers on every operation."""
 
-    def get_filter_backends(self):
-        if getattr(self.view, "action", None) in ("list", "export"):
-            return self.view.filter_backends
+    def get_filter_backends(self) -> list[Any]:
+        if getattr(self.view, "action", None) in ("list", "export") and isinstance(self.view, GenericAPIView):
+            return list(self.view.filter_backends)
         return super().get_filter_backends()
 
-    def get_response_serializers(self):
-        responses = super().get_response_serializers()
-        if not isinstance(responses, dict):
-            responses = {200: responses}
+    # drf-spectacular annotates one serializer, but also takes a dict of them by status (as extend_schema's
+    # `responses` does).
+    def get_response_serializers(self) -> dict[Any, Any]:  # type: ignore[override]
+        declared: Any = super().get_response_serializers()
+        responses = declared if isinstance(declared, dict) else {200: declared}
         extra = dict(ERROR_RESPONSES)
         if getattr(self.view, "action", None) in ("list", "export"):
             extra.update(FILTER_ERROR_RESPONSE)
         return {**responses, **extra}
 
-    def _resolve_path_parameters(self, variables):
+    def _resolve_path_parameters(self, variables: list[str]) -> list[dict[str, Any]]:
         # The id's type comes from the model (integer or UUID); what it means is the same everywhere.
-        parameters = super()._resolve_path_parameters(variables)
+        parameters: list[dict[str, Any]] = super()._resolve_path_parameters(  # type: ignore[no-untyped-call]
+            variables)  # drf-spectacular leaves this one unannotated
         for parameter in parameters:
             if parameter["name"] == "id" and not parameter.get("description"):
                 parameter["description"] = ("The row's id. A row of a tenant you may not see answers 404, "
                                             "like one that does not exist.")
         return parameters
 
-    def get_operation_id(self):
-        if getattr(self.view, "action", None) == "export":
+    def get_operation_id(self) -> str:
+        if getattr(self.view, "action", None) == "export" and isinstance(self.view, AuditorViewSet):
             return f"{self.view.export_name.replace('-', '_')}_export_csv"
         return super().get_operation_id()
 
@@ -198,7 +212,8 @@ class CSVRenderer(BaseRenderer):
     format = "csv"
     charset = "utf-8"
 
-    def render(self, data, accepted_media_type=None, renderer_context=None):
+    def render(self, data: Any, accepted_media_type: str | None = None,
+               renderer_context: Mapping[str, Any] | None = None) -> bytes:
         if not isinstance(data, dict):
             data = {"detail": data}
         return b"".join(csv_export.csv_chunks(list(data), [list(data.values())]))
@@ -207,7 +222,7 @@ class CSVRenderer(BaseRenderer):
 # --- the base viewset -------------------------------------------------------------------
 
 
-class AuditorViewSet(viewsets.ReadOnlyModelViewSet):
+class AuditorViewSet(viewsets.ReadOnlyModelViewSet[models.Model]):
     """Read-only, tenant-scoped, filterable, paginated and exportable.
 
     Subclasses set `queryset`, `serializer_class`, `filterset_class`,
@@ -231,13 +246,17 @@ class AuditorViewSet(viewsets.ReadOnlyModelViewSet):
     ordering = ["-created_at"]
     schema = AuditorSchema()
 
-    def get_queryset(self) -> QuerySet:
+    def get_queryset(self) -> QuerySet[models.Model]:
         # Scoping is part of the queryset itself, so a detail view of another
         # tenant's row is a 404 and no filter or export can reach past it.
         return access.scope(super().get_queryset(), self.request.user, self.tenant_field)
 
     def get_csv_fields(self) -> list[str]:
-        return self.csv_fields or list(self.get_serializer().fields)
+        if self.csv_fields:
+            return self.csv_fields
+        serializer = self.get_serializer()
+        assert isinstance(serializer, serializers.Serializer)  # an AuditorSerializer
+        return list(serializer.fields)
 
     @extend_schema(
         summary="Export the filtered list as CSV",
@@ -252,7 +271,7 @@ class AuditorViewSet(viewsets.ReadOnlyModelViewSet):
     )
     @action(detail=False, url_path="export.csv", renderer_classes=[JSONRenderer, CSVRenderer],
             pagination_class=None)
-    def export(self, request, *args, **kwargs):
+    def export(self, request: Request, *args: Any, **kwargs: Any) -> StreamingHttpResponse:
         queryset = self.filter_queryset(self.get_queryset())
         columns = self.get_csv_fields()
         serializer = self.get_serializer()
@@ -262,9 +281,9 @@ class AuditorViewSet(viewsets.ReadOnlyModelViewSet):
         return csv_export.streaming_csv_response(request._request, columns, rows, f"{self.export_name}.csv")
 
 
-def _row(data: dict, columns: list[str]) -> list:
+def _row(data: dict[str, Any], columns: list[str]) -> list[Any]:
     return [data.get(column) for column in columns]
 
 
-def _filters_of(request) -> dict[str, str]:
+def _filters_of(request: Request) -> dict[str, str]:
     return {name: ",".join(request.query_params.getlist(name)) for name in sorted(request.query_params)}

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import django_filters
 from django.core.validators import RegexValidator
+from django.db.models import QuerySet
 from rest_framework import serializers
 
+from tools_app.access.models import Tenant
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
 from tools_app.core import keys, redaction
 from tools_app.core.errors import ErrorClass
@@ -29,7 +31,7 @@ KEY_DIGEST_LENGTH = keys.KEY_DIGEST_LENGTH
 
 
 class IdempotencyRecordSerializer(AuditorSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     key_digest = serializers.SerializerMethodField(
         help_text="First 16 hex digits of HMAC-SHA256(server secret, idempotency key), as the admin and the "
                   "logs show it: the key itself is never exported.")
@@ -62,7 +64,7 @@ class IdempotencyRecordSerializer(AuditorSerializer):
         return redaction.failure_text(record.error_message)
 
 
-class IdempotencyRecordFilter(django_filters.FilterSet):
+class IdempotencyRecordFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filter ships no types
     tenant = tenant_filter()
     tool = django_filters.CharFilter(help_text="Tool name, exactly (e.g. `create_order`).")
     status = django_filters.MultipleChoiceFilter(
@@ -84,7 +86,8 @@ class IdempotencyRecordFilter(django_filters.FilterSet):
         model = IdempotencyRecord
         fields: list[str] = []
 
-    def filter_key_digest(self, queryset, name, value):
+    def filter_key_digest(self, queryset: QuerySet[IdempotencyRecord], name: str, value: str
+                          ) -> QuerySet[IdempotencyRecord]:
         return keys.with_key_digest(queryset, value)
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import django_filters
 from rest_framework import serializers
 
+from tools_app.access.models import Tenant
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
 from tools_app.outbox.models import OutboxEvent, OutboxStatus
 
 
 class OutboxEventSerializer(AuditorSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
 
     class Meta:
         model = OutboxEvent
@@ -24,7 +25,7 @@ class OutboxEventSerializer(AuditorSerializer):
         read_only_fields = fields
 
 
-class OutboxEventFilter(django_filters.FilterSet):
+class OutboxEventFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filter ships no types
     tenant = tenant_filter()
     kind = django_filters.CharFilter(help_text="Event kind, exactly (e.g. `notification.email`).")
     status = django_filters.MultipleChoiceFilter(choices=OutboxStatus.choices,

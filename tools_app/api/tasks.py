@@ -14,6 +14,7 @@ import django_filters
 from django.db.models import Prefetch
 from rest_framework import serializers
 
+from tools_app.access.models import Tenant
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter, time_range
 from tools_app.core.errors import ErrorClass
 from tools_app.tasks.models import Checkpoint, Task, TaskStatus
@@ -31,7 +32,7 @@ class CheckpointSerializer(AuditorSerializer):
 
 
 class TaskSerializer(AuditorSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     failure_class = serializers.ChoiceField(choices=ErrorClass.choices, allow_blank=True, read_only=True,
                                             help_text="What an agent could do about the failure; empty unless failed.")
     checkpoints = CheckpointSerializer(many=True, read_only=True)
@@ -45,7 +46,7 @@ class TaskSerializer(AuditorSerializer):
         read_only_fields = fields
 
 
-class TaskFilter(django_filters.FilterSet):
+class TaskFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filter ships no types
     tenant = tenant_filter()
     tool = django_filters.CharFilter(help_text="Tool name, exactly (e.g. `ingest_document`).")
     status = django_filters.MultipleChoiceFilter(choices=TaskStatus.choices,
@@ -76,7 +77,7 @@ class TaskViewSet(AuditorViewSet):
 
 
 
-class CheckpointFilter(django_filters.FilterSet):
+class CheckpointFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filter ships no types
     tenant = tenant_filter("task__tenant__slug")
     task = django_filters.UUIDFilter(help_text="Task id: that task's checkpoints.")
     finished_after, finished_before = time_range("finished_at", "finished")

@@ -14,7 +14,7 @@ from tools_app.api.idempotency_records import IdempotencyRecordViewSet
 from tools_app.api.outbox_events import OutboxEventViewSet
 from tools_app.api.tasks import CheckpointViewSet, TaskViewSet
 
-router = SimpleRouter(trailing_slash="")
+router = SimpleRouter(trailing_slash=False)
 router.register("idempotency-records", IdempotencyRecordViewSet, basename="idempotency-record")
 router.register("audit-events", AuditEventViewSet, basename="audit-event")
 router.register("approval-requests", ApprovalRequestViewSet, basename="approval-request")

@@ -11,7 +11,7 @@ import functools
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
 from django.db import close_old_connections
@@ -41,15 +41,18 @@ DATABASE_UNAVAILABLE_CODE = -32000
 
 _db_limiter: anyio.CapacityLimiter | None = None
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 
 class DatabaseUnavailable(MCPError):
     """The database could not be reached: a JSON-RPC error of class `transient`, with `retry_after`."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(DATABASE_UNAVAILABLE_CODE, outage.MESSAGE, data=outage.error_body())
 
 
-async def in_db_thread(fn, /, *args, **kwargs):
+async def in_db_thread(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
     """Run sync ORM code in a worker thread (not Django's single shared thread)."""
     global _db_limiter
     if _db_limiter is None:
@@ -62,7 +65,7 @@ async def in_db_thread(fn, /, *args, **kwargs):
         raise DatabaseUnavailable() from exc
 
 
-def _with_fresh_connection(fn, *args, **kwargs):
+def _with_fresh_connection(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     # Threads are pooled and keep their persistent connection; drop it if it
     # broke or aged out, as Django does around each HTTP request.
     close_old_connections()
@@ -87,17 +90,23 @@ class TenantTokenVerifier:
         )
 
 
-def authenticated_caller() -> Caller:
-    """The tenant and agent of the verified bearer token (the SDK's middleware ran first)."""
+def _verified_claims() -> tuple[str, dict[str, Any]]:
+    """The client id and claims of the verified bearer token (the SDK's middleware ran first)."""
     verified = get_access_token()
     if verified is None or not verified.claims:  # a guard: /mcp never runs a tool unauthenticated
         raise PermissionError("no authenticated tenant")
-    return Caller(tenant_id=verified.claims["tenant_id"], actor=verified.client_id)
+    return verified.client_id, verified.claims
+
+
+def authenticated_caller() -> Caller:
+    """The tenant and agent of the verified bearer token."""
+    client_id, claims = _verified_claims()
+    return Caller(tenant_id=claims["tenant_id"], actor=client_id)
 
 
 def caller_limits() -> access.CallLimits:
     """The rate limits of the verified bearer token."""
-    return access.CallLimits.from_claims(get_access_token().claims["limits"])
+    return access.CallLimits.from_claims(_verified_claims()[1]["limits"])
 
 
 def admitted(spec: ToolSpec, limits: access.CallLimits, call: Callable[[], CallResult]) -> CallResult:

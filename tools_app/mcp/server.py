@@ -24,6 +24,7 @@ cannot be checked HTTP 503 with Retry-After (`DatabaseGuard`).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from mcp.server.auth.settings import AuthSettings
@@ -32,7 +33,7 @@ from mcp.server.mcpserver.tools.base import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, CallToolResult, ToolAnnotations
+from mcp_types import INVALID_PARAMS, CallToolResult, InputRequiredResult, ToolAnnotations
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from pydantic import BaseModel, ConfigDict, create_model
 from starlette.middleware import Middleware
@@ -77,7 +78,7 @@ def output_model(spec: ToolSpec) -> type[BaseModel]:
                         idempotency=(IdempotencyInfo, ...))
 
 
-def annotations(spec: ToolSpec) -> ToolAnnotations:
+def tool_annotations(spec: ToolSpec) -> ToolAnnotations:
     return ToolAnnotations(
         title=spec.title, read_only_hint=not spec.writes,
         # With the same idempotency key, repeating a write has no further effect.
@@ -105,7 +106,8 @@ def sdk_tool(spec: ToolSpec) -> Tool:
         started = time.perf_counter()
         caller = current_caller(ctx)
         limits = caller_limits()
-        meta = ctx.request_context.meta or {}
+        # _meta is the client's JSON: a key that is not a string is refused by keys.validate_key.
+        meta: Mapping[str, Any] = ctx.request_context.meta or {}
         try:
             # A call that waits (a follower, a task wait) waits holding no database thread (core.polling).
             result = await polling.run_async(in_db_thread, admitted, spec, limits, lambda: call_tool(
@@ -122,12 +124,13 @@ def sdk_tool(spec: ToolSpec) -> Tool:
         fn=handle, name=spec.name, title=spec.title, description=spec.description,
         parameters=spec.input_model.model_json_schema(), is_async=True, context_kwarg="ctx",
         fn_metadata=FuncMetadata(arg_model=_RawArguments, output_model=out),
-        annotations=annotations(spec), meta=tool_meta(spec),
+        annotations=tool_annotations(spec), meta=tool_meta(spec),
     )
 
 
 class IdemopsServer(MCPServer):
-    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None):
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None
+                        ) -> CallToolResult | InputRequiredResult:
         # The MCP spec makes an unknown tool a protocol error (-32602), not a tool result (the SDK
         # answers one with unclassified text); its data carries our error class.
         try:
@@ -157,8 +160,9 @@ def build_server() -> MCPServer:
         middleware=[task_protocols],
         token_verifier=TenantTokenVerifier(),
         # Our tokens are opaque per-tenant API keys, not audience-bound JWTs.
-        auth=AuthSettings(issuer_url=public_url, resource_server_url=f"{public_url}/mcp", required_scopes=["tools"],
-                          validate_token_resource=False),
+        # Validated from strings, so the model's url_preserve_empty_path keeps the issuer's canonical form.
+        auth=AuthSettings.model_validate({"issuer_url": public_url, "resource_server_url": f"{public_url}/mcp",
+                                          "required_scopes": ["tools"], "validate_token_resource": False}),
     )
 
 

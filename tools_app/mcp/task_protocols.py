@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from contextlib import aclosing
 from typing import Any
 
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver.server import require_client_extension
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
@@ -57,13 +59,13 @@ from tools_app.tasks.models import Task
 from tools_app.toolkit.calls import Caller
 from tools_app.toolkit.registry import get_tool
 
-TASKS_CAPABILITY = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+TASKS_CAPABILITY: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
 IMMEDIATE_RESPONSE = "io.modelcontextprotocol/model-immediate-response"
 # One listen follows at most this many tasks.
 MAX_LISTEN_TASKS = 100
 
 
-async def task_protocols(ctx, call_next):
+async def task_protocols(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
     params = ctx.params or {}
     if ctx.method == "tools/call" and ctx.protocol_version == LEGACY and params.get("task") is not None:
         return await _call_as_task(ctx, params)
@@ -85,7 +87,7 @@ async def task_protocols(ctx, call_next):
 # --- 2025-11-25: tools/call with `task` ---------------------------------------------------------------
 
 
-async def _call_as_task(ctx, params: dict[str, Any]) -> dict[str, Any]:
+async def _call_as_task(ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]) -> dict[str, Any]:
     name, arguments, task = params.get("name"), params.get("arguments") or {}, params.get("task")
     if not isinstance(name, str):
         raise MCPError(code=INVALID_PARAMS, message="Invalid request parameters: name must be a string")
@@ -101,7 +103,7 @@ async def _call_as_task(ctx, params: dict[str, Any]) -> dict[str, Any]:
         raise MCPError(code=INVALID_PARAMS, message="Invalid request parameters: arguments and task must be objects")
     began = time.perf_counter()
     caller = authenticated_caller()
-    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    meta = raw_meta if isinstance(raw_meta := params.get("_meta"), dict) else {}
     started, handle = await in_db_thread(start_task_for, name, caller_limits(), caller, arguments,
                                          meta.get(keys.META_KEY), legacy_task)
     count_call(caller, name, started, began)
@@ -130,7 +132,7 @@ def _is_uuid(value: str) -> bool:
     return True
 
 
-async def _listen(ctx, task_ids: Any) -> dict[str, Any]:
+async def _listen(ctx: ServerRequestContext[Any, Any], task_ids: Any) -> dict[str, Any]:
     require_client_extension(ctx, EXTENSION)
     if (not isinstance(task_ids, list) or not all(isinstance(task_id, str) for task_id in task_ids)
             or len(task_ids) > MAX_LISTEN_TASKS):
@@ -140,15 +142,19 @@ async def _listen(ctx, task_ids: Any) -> dict[str, Any]:
     caller = authenticated_caller()
     meta = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
     honoured = await in_db_thread(_own_task_ids, caller, task_ids)
+    # taskIds is the tasks extension's key, which SubscriptionFilter keeps as an extra field.
+    honoured_filter = SubscriptionFilter.model_validate({"taskIds": honoured})
     await ctx.session.send_notification(SubscriptionsAcknowledgedNotification(
-        params=SubscriptionsAcknowledgedNotificationParams(notifications=SubscriptionFilter(taskIds=honoured),
-                                                           _meta=meta)), related_request_id=ctx.request_id)
+        params=SubscriptionsAcknowledgedNotificationParams(notifications=honoured_filter, _meta=meta)),
+        related_request_id=ctx.request_id)
     changes = task_watch.follow(caller, honoured, detailed_task, until=lambda task: task.finished,
                                 max_seconds=conf().task_listen_max_seconds)
     async with aclosing(changes):
         async for changed in changes:
             for _, shape in changed:
-                await ctx.session.send_notification(Raw(method="notifications/tasks", params={**shape, "_meta": meta}),
-                                                    related_request_id=ctx.request_id)
+                # The SDK's signature names its typed notifications; it sends any model with a method and
+                # params, and Raw keeps `ttl: null` (see tasks_extension.Raw).
+                await ctx.session.send_notification(Raw(  # type: ignore[arg-type]
+                    method="notifications/tasks", params={**shape, "_meta": meta}), related_request_id=ctx.request_id)
     # This middleware answered the request itself, so it writes the envelope 2026-07-28 needs.
     return {"resultType": "complete", "_meta": meta}

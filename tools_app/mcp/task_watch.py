@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any
 
 import anyio
@@ -66,7 +66,7 @@ class TaskWatch:
     def __init__(self, channel: str):
         self.channel = channel
         self._waiters: dict[str, set[Waiter]] = defaultdict(set)
-        self._listener: asyncio.Task | None = None
+        self._listener: asyncio.Task[None] | None = None
         self.listening = False
 
     def waiter(self, task_ids: Iterable[str]) -> Waiter:
@@ -132,16 +132,21 @@ watch = TaskWatch(tasks.CHANGES_CHANNEL)
 # --- following tasks: what a waiting request sees ---------------------------------------------------
 
 
-def change_key(task: Task) -> tuple:
+# What change_key reads: version, progress done and total, progress message, pause requested.
+ChangeKey = tuple[int, float | None, float | None, str, str]
+
+
+def change_key(task: Task) -> ChangeKey:
     """What a client would notice: a transition (version) or progress inside a step."""
     return (task.version, task.progress_done, task.progress_total, task.progress_message, task.pause_requested)
 
 
-def _read(caller: Caller, task_ids: list[str], seen: dict[str, tuple], shape: Callable[[Task], Any]
+def _read(caller: Caller, task_ids: list[str], seen: dict[str, ChangeKey], shape: Callable[[Task], Any]
           ) -> tuple[list[tuple[Task, Any]], list[str]]:
     """The tasks that changed since `seen` (with their shape, computed here, in the database thread),
     and the ids still followed (gone or other tenants' ids drop out)."""
-    changed, present = [], []
+    changed: list[tuple[Task, Any]] = []
+    present: list[str] = []
     for task in Task.objects.filter(tenant_id=caller.tenant_id, pk__in=task_ids).select_related("record"):
         task_id = str(task.pk)
         present.append(task_id)
@@ -154,11 +159,11 @@ def _read(caller: Caller, task_ids: list[str], seen: dict[str, tuple], shape: Ca
 
 async def follow(caller: Caller, task_ids: list[str], shape: Callable[[Task], Any], *,
                  until: Callable[[Task], bool], max_seconds: float | None = None
-                 ) -> AsyncIterator[list[tuple[Task, Any]]]:
+                 ) -> AsyncGenerator[list[tuple[Task, Any]], None]:
     """Yield the caller's tasks among `task_ids` each time some of them change (first: as they are),
     until every one satisfies `until` (or is gone), or `max_seconds` pass."""
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
-    seen: dict[str, tuple] = {}
+    seen: dict[str, ChangeKey] = {}
     done: set[str] = set()
     waiter = watch.waiter(task_ids)
     try:

@@ -41,10 +41,12 @@ import binascii
 import json
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from contextlib import aclosing
 from datetime import datetime
 from typing import Any
 
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver.server import require_client_extension
 from mcp.shared.exceptions import MCPError
@@ -53,14 +55,14 @@ from pydantic import BaseModel, Field
 
 from idemops.conf import conf
 from tools_app import tasks
-from tools_app.access import Agent
+from tools_app.access import Agent, CallLimits
 from tools_app.core import keys
 from tools_app.core.errors import NotFound, ToolFailure
 from tools_app.mcp import task_watch
 from tools_app.mcp.runtime import admitted, authenticated_caller, caller_limits, count_call, in_db_thread, render
 from tools_app.tasks import calls as task_calls
 from tools_app.tasks.models import Task, TaskStatus
-from tools_app.toolkit.calls import Caller
+from tools_app.toolkit.calls import Caller, CallResult
 from tools_app.toolkit.registry import get_tool
 
 EXTENSION = "io.modelcontextprotocol/tasks"
@@ -68,8 +70,9 @@ LEGACY, MODERN = "2025-11-25", "2026-07-28"
 PROTOCOL_VERSIONS = frozenset({MODERN})
 BOTH_VERSIONS = frozenset({LEGACY, MODERN})
 RELATED_TASK = "io.modelcontextprotocol/related-task"
-WORKING = {TaskStatus.CREATED: "working", TaskStatus.RUNNING: "working", TaskStatus.RETRYING: "working",
-           TaskStatus.SUCCEEDED: "completed", TaskStatus.FAILED: "completed", TaskStatus.CANCELLED: "cancelled"}
+WORKING: dict[str, str] = {TaskStatus.CREATED: "working", TaskStatus.RUNNING: "working", TaskStatus.RETRYING: "working",
+                           TaskStatus.SUCCEEDED: "completed", TaskStatus.FAILED: "completed",
+                           TaskStatus.CANCELLED: "cancelled"}
 # tasks/list (2025-11-25) answers this many tasks a page.
 LIST_PAGE_SIZE = 50
 
@@ -90,16 +93,16 @@ class UpdateTaskParams(TaskIdParams):
     input_responses: dict[str, Any] = Field(default_factory=dict)
 
 
-def declares_extension(ctx) -> bool:
+def declares_extension(ctx: ServerRequestContext[Any, Any]) -> bool:
     capabilities = ctx.session.client_capabilities
     return (ctx.protocol_version in PROTOCOL_VERSIONS and capabilities is not None
-            and bool(capabilities.extensions) and EXTENSION in capabilities.extensions)
+            and EXTENSION in (capabilities.extensions or {}))
 
 
 # --- the wire shapes --------------------------------------------------------------------------
 
 
-def _iso(moment) -> str:
+def _iso(moment: datetime) -> str:
     return moment.isoformat().replace("+00:00", "Z")
 
 
@@ -130,7 +133,8 @@ def detailed_task(task: Task) -> dict[str, Any]:
     if shape["status"] == "completed":
         shape["result"] = call_result(task)
     elif shape["status"] == "input_required":
-        shape["inputRequests"] = {key: _elicitation(name, task.input_request[name])
+        requests = task.input_request or {}  # set: status_of said input_required
+        shape["inputRequests"] = {key: _elicitation(name, requests[name])
                                   for key, name in input_request_keys(task).items()}
     return shape
 
@@ -252,20 +256,21 @@ def _result_view(task: Task) -> dict[str, Any]:
             "result": call_result(task) if task.finished else None}
 
 
-def start_task_for(name: str, limits, caller: Caller, arguments: dict[str, Any], meta_key: str | None,
-                   shape=task_shape):
+def start_task_for(name: str, limits: CallLimits, caller: Caller, arguments: dict[str, Any], meta_key: str | None,
+                   shape: Callable[[Task], dict[str, Any]] = task_shape) -> tuple[CallResult, dict[str, Any] | None]:
     """A long tool's call as the start_task operation for it, once the caller's rate limits admit
     it: (the call's result, the task's `shape`, or None when it was refused before a task existed)."""
     spec = get_tool(name)
-    outcome: dict[str, Any] = {"task": None}
+    outcome: dict[str, Task | None] = {"task": None}
 
-    def start():
+    def start() -> CallResult:
         started, task = task_calls.start_through_engine(spec, caller, arguments, meta_key)
         outcome["task"] = task
         return started
 
     started = admitted(spec, limits, start)
-    return started, (shape(outcome["task"]) if outcome["task"] is not None else None)
+    task = outcome["task"]
+    return started, (shape(task) if task is not None else None)
 
 
 # --- the extension -------------------------------------------------------------------------------
@@ -284,12 +289,14 @@ class TasksExtension(Extension):
             MethodBinding("tasks/list", PaginatedRequestParams, self.list, protocol_versions=legacy),
         ]
 
-    async def intercept_tool_call(self, params: CallToolRequestParams, ctx, call_next):
+    async def intercept_tool_call(self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any],
+                                  call_next: CallNext) -> HandlerResult:
         if not declares_extension(ctx) or not _is_long_tool(params.name):
             return await call_next(ctx)
         began = time.perf_counter()
         caller = authenticated_caller()
-        meta = ctx.meta or {}
+        # _meta is the client's JSON: a key that is not a string is refused by keys.validate_key.
+        meta: Mapping[str, Any] = ctx.meta or {}
         started, handle = await in_db_thread(start_task_for, params.name, caller_limits(), caller,
                                              dict(params.arguments or {}), meta.get(keys.META_KEY))
         count_call(caller, params.name, started, began)
@@ -297,43 +304,48 @@ class TasksExtension(Extension):
             return render(started)  # refused before a task existed: an ordinary tool error
         return {"resultType": "task", **handle}
 
-    async def get(self, ctx, params: TaskIdParams) -> dict[str, Any]:
+    async def get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         if ctx.protocol_version != LEGACY:  # a 2025-11-25 client declares no extensions: tasks are core there
             require_client_extension(ctx, EXTENSION)
         return await in_db_thread(_get, authenticated_caller(), params.task_id, ctx.protocol_version)
 
-    async def update(self, ctx, params: UpdateTaskParams) -> dict[str, Any]:
+    async def update(self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams) -> dict[str, Any]:
         require_client_extension(ctx, EXTENSION)
         return await in_db_thread(_update, authenticated_caller(), params.task_id, params.input_responses)
 
-    async def cancel(self, ctx, params: TaskIdParams) -> dict[str, Any]:
+    async def cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         if ctx.protocol_version != LEGACY:
             require_client_extension(ctx, EXTENSION)
         return await in_db_thread(_cancel, authenticated_caller(), params.task_id, ctx.protocol_version)
 
-    async def list(self, ctx, params: PaginatedRequestParams) -> dict[str, Any]:
+    async def list(self, ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams) -> dict[str, Any]:
         return await in_db_thread(_list, authenticated_caller(), params.cursor)
 
-    async def result(self, ctx, params: TaskIdParams) -> dict[str, Any]:
+    async def result(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         """2025-11-25 tasks/result: the task's CallToolResult once it is done; until then the request
         stays open (holding no database thread), and each change of the task is pushed on its stream:
         `notifications/tasks/status`, and `notifications/progress` if the request has a progressToken."""
         caller = authenticated_caller()
         task_id = str((await in_db_thread(_task, caller, params.task_id)).pk)
-        token = (ctx.meta or {}).get("progress_token")
+        token = ctx.meta.get("progress_token") if ctx.meta else None
         reported, final = -1.0, None
         changes = task_watch.follow(caller, [task_id], _result_view, until=lambda task: task.finished)
         async with aclosing(changes):
             async for changed in changes:
                 for _, view in changed:
                     await ctx.session.send_notification(
-                        Raw(method="notifications/tasks/status", params=related(task_id, view["status"])),
+                        # The SDK's signature names its typed notifications; it sends any model with a method
+                        # and params, and Raw keeps `ttl: null` (see Raw).
+                        Raw(method="notifications/tasks/status",  # type: ignore[arg-type]
+                            params=related(task_id, view["status"])),
                         related_request_id=ctx.request_id)
                     if token is not None and view["progress"] > reported:
                         reported = view["progress"]
                         await ctx.session.send_progress_notification(
                             token, view["progress"], view["total"], view["message"],
-                            related_request_id=ctx.request_id)
+                            # The SDK's stub says str; it passes the id on to send_notification, which takes
+                            # any JSON-RPC request id (str or int).
+                            related_request_id=ctx.request_id)  # type: ignore[arg-type]
                     final = view["result"] or final
         if final is None:  # the task is gone (removed past its retention)
             raise MCPError(code=INVALID_PARAMS, message="Failed to retrieve task: Task not found")

@@ -94,7 +94,7 @@ class Snapshot:
     oldest_pending_age: timedelta | None
 
 
-def snapshot(viewer, window: str = "hour", now: datetime | None = None) -> Snapshot:
+def snapshot(viewer: object | None, window: str = "hour", now: datetime | None = None) -> Snapshot:
     """The figures of the tenants `viewer` may see (access.scope)."""
     now = now or timezone.now()
     win = WINDOWS.get(window, WINDOWS["hour"])
@@ -139,15 +139,16 @@ def snapshot(viewer, window: str = "hour", now: datetime | None = None) -> Snaps
     )
 
 
-def _timeline(viewer, writes: dict[str, bool], since: datetime, now: datetime, bucket: timedelta
+def _timeline(viewer: object | None, writes: dict[str, bool], since: datetime, now: datetime, bucket: timedelta
               ) -> list[tuple[datetime, dict[str, int]]]:
     """Write calls per bucket and outcome, oldest bucket first, empty buckets included."""
     count = int((now - since) / bucket)
     start = now - count * bucket
     buckets: list[tuple[datetime, dict[str, int]]] = [(start + i * bucket, defaultdict(int)) for i in range(count)]
     for point in rollup.series(viewer, counters.TOOL_CALL, since=since, until=now):
-        if not writes.get(point.tool, True):
+        tool, label = point.tool or "", point.label or ""  # grouped by both: never None
+        if not writes.get(tool, True):
             continue
         index = min(max(int((point.at - start) / bucket), 0), count - 1)
-        buckets[index][1][point.label] += point.count
+        buckets[index][1][label] += point.count
     return [(at, dict(outcomes)) for at, outcomes in buckets]

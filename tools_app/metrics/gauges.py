@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 
-from django.db.models import Count, Min, QuerySet
+from django.db.models import Count, Min, Model, QuerySet
 from django.utils import timezone
 
 from tools_app import access
@@ -37,11 +38,14 @@ class Now:
         return None if moment is None else max(0.0, (self.at - moment).total_seconds())
 
 
-def _scoped(queryset: QuerySet, viewer) -> QuerySet:
+M = TypeVar("M", bound=Model)
+
+
+def _scoped(queryset: QuerySet[M], viewer: object | None) -> QuerySet[M]:
     return queryset if viewer is None else access.scope(queryset, viewer)
 
 
-def now(viewer=None, at: datetime | None = None) -> Now:
+def now(viewer: object | None = None, at: datetime | None = None) -> Now:
     """The figures of the tenants `viewer` may see (None: all of them, for /metrics)."""
     at = at or timezone.now()
     figures = Now(at=at)

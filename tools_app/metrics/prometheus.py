@@ -17,23 +17,27 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric as MetricFamily
 
 from tools_app.core import counters
 from tools_app.core.counters import Metric
 from tools_app.core.models import MetricTotal
 from tools_app.metrics import gauges
-from tools_app.toolkit.registry import all_tools
+from tools_app.toolkit.registry import ToolSpec, all_tools
 
 RECONCILIATION_RESULTS = ("succeeded", "failed", "unknown")
+# [count, sum, buckets]: what a (tool, label) summed to.
+Row = list[Any]
 
 
-def _totals() -> dict[str, dict[tuple[str, str], list]]:
+def _totals() -> dict[str, dict[tuple[str, str], Row]]:
     """metric -> (tool, label) -> [count, sum, buckets], summed over tenants."""
-    summed: dict[str, dict[tuple[str, str], list]] = defaultdict(dict)
+    summed: dict[str, dict[tuple[str, str], Row]] = defaultdict(dict)
     for metric, tool, label, count, total, buckets in MetricTotal.objects.values_list(
             "metric", "tool", "label", "count", "sum", "buckets"):
         row = summed[metric].setdefault((tool, label), [0, 0.0, None])
@@ -45,9 +49,11 @@ def _totals() -> dict[str, dict[tuple[str, str], list]]:
 
 
 def _histogram_buckets(metric: Metric, counts: list[int] | None) -> list[tuple[str, float]]:
-    counts = counts or [0] * (len(metric.buckets) + 1)
-    cumulative, running = [], 0
-    for bound, n in zip([*map(_bound, metric.buckets), "+Inf"], counts, strict=True):
+    bounds = metric.buckets or ()  # a histogram's: it has them
+    counts = counts or [0] * (len(bounds) + 1)
+    cumulative: list[tuple[str, float]] = []
+    running = 0
+    for bound, n in zip([*map(_bound, bounds), "+Inf"], counts, strict=True):
         running += n
         cumulative.append((bound, running))
     return cumulative
@@ -57,7 +63,8 @@ def _bound(value: float) -> str:
     return format(value, "g")
 
 
-def _counter(name: str, doc: str, labels: list[str], rows: Iterable[tuple[tuple[str, ...], float]]):
+def _counter(name: str, doc: str, labels: list[str], rows: Iterable[tuple[tuple[str, ...], float]]
+             ) -> CounterMetricFamily:
     family = CounterMetricFamily(name, doc, labels=labels)
     for values, value in rows:
         family.add_metric(list(values), value)
@@ -67,14 +74,14 @@ def _counter(name: str, doc: str, labels: list[str], rows: Iterable[tuple[tuple[
 class Collector:
     """Reads the database when scraped (prometheus_client calls `collect`)."""
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[MetricFamily]:
         totals = _totals()
         tools = all_tools()
         writes = [spec.name for spec in tools if spec.writes]
         downstream = [spec.name for spec in tools if spec.writes and not spec.transactional]
         long_tools = [spec for spec in tools if spec.pipeline is not None]
 
-        def per(metric: Metric, zero: Iterable[tuple[str, str]] = ()) -> dict[tuple[str, str], list]:
+        def per(metric: Metric, zero: Iterable[tuple[str, str]] = ()) -> dict[tuple[str, str], Row]:
             rows = {key: [0, 0.0, None] for key in zero}
             rows.update(totals.get(metric.name, {}))
             return rows
@@ -117,7 +124,8 @@ class Collector:
         yield lag
         yield from self._gauges(writes, long_tools, [spec.name for spec in tools if spec.approval is not None])
 
-    def _gauges(self, writes: list[str], long_tools: list, approval_tools: list[str]) -> Iterator:
+    def _gauges(self, writes: list[str], long_tools: list[ToolSpec], approval_tools: list[str]
+                ) -> Iterator[MetricFamily]:
         now = gauges.now()
         unknown = GaugeMetricFamily("idemops_unknown_records", "Records in UNKNOWN now, being reconciled or "
                                     "waiting for a person.", labels=["tool"])
@@ -151,8 +159,8 @@ class Collector:
         yield oldest
 
 
-def _summed_buckets(rows: Iterable[list]) -> list[int] | None:
-    summed = None
+def _summed_buckets(rows: Iterable[Row]) -> list[int] | None:
+    summed: list[int] | None = None
     for _, _, buckets in rows:
         if buckets is not None:
             summed = list(buckets) if summed is None else [a + b for a, b in zip(summed, buckets, strict=True)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -48,8 +49,8 @@ class Totals:
     buckets: list[int] | None = field(default=None)
 
 
-def _rows(viewer, metric: Metric, since: datetime, until: datetime, *, tenant_id: int | None = None,
-          tool: str | None = None, label: str | None = None) -> QuerySet:
+def _rows(viewer: object | None, metric: Metric, since: datetime, until: datetime, *, tenant_id: int | None = None,
+          tool: str | None = None, label: str | None = None) -> QuerySet[MetricMinute]:
     rows = MetricMinute.objects.filter(metric=metric.name, minute__gte=since, minute__lt=until)
     if viewer is not None:
         rows = access.scope(rows, viewer)
@@ -75,7 +76,7 @@ def step_start(moment: datetime, step: timedelta) -> datetime:
     return moment - (moment - EPOCH) % step
 
 
-def series(viewer, metric: Metric | str, *, since: datetime, until: datetime | None = None,
+def series(viewer: object | None, metric: Metric | str, *, since: datetime, until: datetime | None = None,
            step: timedelta = timedelta(minutes=1), by: Sequence[str] = ("tool", "label"),
            tenant_id: int | None = None, tool: str | None = None, label: str | None = None) -> list[Point]:
     """What `metric` counted from `since` to `until` (default: now), in steps of `step` (a whole
@@ -89,7 +90,7 @@ def series(viewer, metric: Metric | str, *, since: datetime, until: datetime | N
     if step < timedelta(minutes=1) or step % timedelta(minutes=1):
         raise ValueError("a series' step is a whole number of minutes")
     until = until or timezone.now()
-    points: dict[tuple, Point] = {}
+    points: dict[tuple[Any, ...], Point] = {}
     rows = _rows(viewer, metric, since, until, tenant_id=tenant_id, tool=tool, label=label)
     for minute, *group, count, total, buckets in rows.values_list("minute", *by, "count", "sum", "buckets"):
         at = step_start(minute, step)
@@ -100,11 +101,11 @@ def series(viewer, metric: Metric | str, *, since: datetime, until: datetime | N
     return sorted(points.values(), key=lambda p: (p.at, p.tenant_id or 0, p.tool or "", p.label or ""))
 
 
-def totals(viewer, metric: Metric, *, since: datetime, until: datetime | None = None,
-           by: Iterable[str] = ("tool", "label")) -> dict[tuple, Totals]:
+def totals(viewer: object | None, metric: Metric, *, since: datetime, until: datetime | None = None,
+           by: Iterable[str] = ("tool", "label")) -> dict[tuple[Any, ...], Totals]:
     """What `metric` counted in the window, per group (the tuple of the `by` values)."""
     by = tuple(by)
-    summed: dict[tuple, Totals] = {}
+    summed: dict[tuple[Any, ...], Totals] = {}
     for *group, count, total, buckets in _rows(viewer, metric, since, until or timezone.now()).values_list(
             *by, "count", "sum", "buckets"):
         _add(summed.setdefault(tuple(group), Totals()), count, total, buckets)

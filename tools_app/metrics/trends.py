@@ -16,9 +16,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypedDict
 
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import BigIntegerField, Count, Exists, Func, IntegerField, OuterRef, QuerySet, Value
 from django.db.models.functions import Cast
+from django.db.models.sql.compiler import SQLCompiler
 from django.utils import timezone
 
 from tools_app import access
@@ -29,6 +32,15 @@ from tools_app.metrics import rollup
 from tools_app.metrics.dashboard import Window
 from tools_app.toolkit.calls import CallOutcome
 from tools_app.toolkit.registry import all_tools
+
+if TYPE_CHECKING:  # a development dependency (django-stubs), for the checker only
+    from django_stubs_ext import WithAnnotations
+
+
+class Bucketed(TypedDict):
+    """The column bucketed() adds to audit events: their BucketIndex."""
+
+    bucket: int
 
 # The dashboard's windows (dashboard.Window), with the finer steps a chart needs.
 WINDOWS = {
@@ -82,17 +94,19 @@ class BucketIndex(Func):
 
     output_field = IntegerField()
 
-    def __init__(self, expression, start: datetime, seconds: float):
+    def __init__(self, expression: str, start: datetime, seconds: float) -> None:
         super().__init__(expression, Value(start), Value(seconds))
 
-    def as_sql(self, compiler, connection, **extra_context):
+    def as_sql(self, compiler: SQLCompiler, connection: BaseDatabaseWrapper, function: str | None = None,
+               template: str | None = None, arg_joiner: str | None = None, **extra_context: Any
+               ) -> tuple[str, tuple[Any, ...]]:
         (column, column_params), (start, start_params), (seconds, seconds_params) = (
             compiler.compile(e) for e in self.get_source_expressions())
         return (f"FLOOR(EXTRACT(EPOCH FROM ({column} - {start})) / {seconds})::integer",
                 (*column_params, *start_params, *seconds_params))
 
 
-def trend(viewer, window: str = "hour", *, tenant_id: int | None = None, tool: str | None = None,
+def trend(viewer: object | None, window: str = "hour", *, tenant_id: int | None = None, tool: str | None = None,
           now: datetime | None = None) -> Trend:
     """The seed metrics per bucket of `window`, over the tenants `viewer` may see (access.scope),
     narrowed to `tenant_id` and `tool` when given."""
@@ -112,10 +126,11 @@ def trend(viewer, window: str = "hour", *, tenant_id: int | None = None, tool: s
     writes = {spec.name: spec.writes for spec in all_tools()}
     replayed: dict[datetime, list[int]] = {}
     for step in series(counters.TOOL_CALL, ("tool", "label")):
-        if not writes.get(step.tool, True):  # a read tool's calls: the rates are of writes
+        tool_name, label = step.tool or "", step.label or ""  # grouped by both: never None
+        if not writes.get(tool_name, True):  # a read tool's calls: the rates are of writes
             continue
         point = at[step.at]
-        point.outcomes[step.label] = point.outcomes.get(step.label, 0) + step.count
+        point.outcomes[label] = point.outcomes.get(label, 0) + step.count
         if step.label == CallOutcome.REPLAYED and step.buckets is not None:  # several tools: add their histograms
             seen = replayed.get(step.at)
             replayed[step.at] = step.buckets if seen is None else [a + b for a, b in zip(seen, step.buckets,
@@ -129,7 +144,7 @@ def trend(viewer, window: str = "hour", *, tenant_id: int | None = None, tool: s
         at[step.at].downstream_duplicates = step.count
 
     # UNKNOWN at each bucket's end: the count now, walked back through the moves in and out of it.
-    def bucketed(rows: QuerySet, column: str) -> QuerySet:
+    def bucketed(rows: QuerySet[AuditEvent], column: str) -> QuerySet[WithAnnotations[AuditEvent, Bucketed]]:
         return rows.annotate(bucket=BucketIndex(column, start, seconds)).filter(bucket__gte=0, bucket__lt=count)
 
     events = _record_events(viewer, tenant_id, tool).filter(created_at__gte=start, created_at__lte=now)
@@ -149,7 +164,8 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
 
 
-def _narrow(rows: QuerySet, tenant_id: int | None, tool: str | None) -> QuerySet:
+def _narrow(rows: QuerySet[IdempotencyRecord], tenant_id: int | None, tool: str | None
+            ) -> QuerySet[IdempotencyRecord]:
     if tenant_id is not None:
         rows = rows.filter(tenant_id=tenant_id)
     if tool:
@@ -157,7 +173,7 @@ def _narrow(rows: QuerySet, tenant_id: int | None, tool: str | None) -> QuerySet
     return rows
 
 
-def _record_events(viewer, tenant_id: int | None, tool: str | None) -> QuerySet:
+def _record_events(viewer: object | None, tenant_id: int | None, tool: str | None) -> QuerySet[AuditEvent]:
     """Audit events about records, scoped like the records (an event names its record by id)."""
     events = access.scope(AuditEvent.objects.filter(object_type="idempotencyrecord"), viewer)
     if tenant_id is not None:

@@ -141,7 +141,7 @@ class OperationView(BaseModel):
     expires_at: datetime | None = Field(description="End of the key's retention; null while the first call has "
                                                     "not committed, and while the task a long tool's operation "
                                                     "started is unfinished (its end starts the retention)")
-    task_id: str | None = Field(None, description="The task a long tool's operation runs as")
+    task_id: str | None = Field(default=None, description="The task a long tool's operation runs as")
 
 
 @read_tool(name="get_operation", title="Get an operation's state", input_model=GetOperationInput,
@@ -164,24 +164,25 @@ def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
         if record is None:
             raise _not_found(ctx.tenant_id, args.operation_id)
         return _view(record, as_long_tool=record.tool == task_calls.START_TASK)
+    assert args.tool is not None and args.idempotency_key is not None  # GetOperationInput._one_form
     try:
         spec = get_tool(args.tool)
     except NotFound:
         raise NotFound(f"tool: no tool {args.tool!r}") from None
     if spec.pipeline is not None:
         # A long tool called directly is the start_task operation for it (one key space, one task).
-        record = _live_or_in_flight(ctx.tenant_id, task_calls.START_TASK, args.idempotency_key, shown_as=spec.name)
-        if isinstance(record, OperationView):
-            return record
-        if record is None or record.arguments.get("tool") != spec.name:
+        found = _live_or_in_flight(ctx.tenant_id, task_calls.START_TASK, args.idempotency_key, shown_as=spec.name)
+        if isinstance(found, OperationView):
+            return found
+        if found is None or found.arguments.get("tool") != spec.name:
             raise _not_found(ctx.tenant_id, args.idempotency_key)
-        return _view(record, as_long_tool=True)
-    record = _live_or_in_flight(ctx.tenant_id, spec.name, args.idempotency_key, shown_as=spec.name)
-    if isinstance(record, OperationView):
-        return record
-    if record is None:
+        return _view(found, as_long_tool=True)
+    found = _live_or_in_flight(ctx.tenant_id, spec.name, args.idempotency_key, shown_as=spec.name)
+    if isinstance(found, OperationView):
+        return found
+    if found is None:
         raise _not_found(ctx.tenant_id, args.idempotency_key)
-    return _view(record, as_long_tool=False)
+    return _view(found, as_long_tool=False)
 
 
 def _live_or_in_flight(tenant_id: int, tool: str, key: str, *, shown_as: str
@@ -230,7 +231,9 @@ def _record_error(record: IdempotencyRecord) -> dict[str, Any] | None:
                 failure.retry_after = max(0.0, (record.retry_not_before - clock.read_at(record)).total_seconds())
             return failure.as_dict()
         case RecordStatus.AWAITING_APPROVAL:
-            return approvals.follow(record).error.as_dict()
+            pending = approvals.follow(record).error
+            assert pending is not None  # follow answers with the pending approval
+            return pending.as_dict()
     return None
 
 

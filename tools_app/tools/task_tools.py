@@ -113,6 +113,7 @@ def get_task_result(ctx: ToolContext, args: WaitingInput) -> TaskResult:
     task = task_calls.wait_for(task, args.wait_seconds, ctx.report_progress)
     if task.status != TaskStatus.SUCCEEDED:
         raise task_calls.unfinished(task)
+    assert task.result is not None  # a succeeded task keeps its result
     return TaskResult(task_id=str(task.pk), tool=task.tool, status=task.status, result=task.result)
 
 
