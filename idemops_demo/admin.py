@@ -7,7 +7,8 @@ They change only through their tools, under the idempotency engine and the audit
 from django.contrib import admin
 
 from idemops.tools import ReadOnlyAdmin, TenantScopedAdmin
-from idemops_demo.models import Announcement, Customer, Document, Order, Ticket
+from idemops_demo.documents.models import Document
+from idemops_demo.models import Announcement, Customer, Order, Ticket
 
 
 @admin.register(Order)
@@ -37,12 +38,14 @@ class CustomerAdmin(TenantScopedAdmin[Customer], ReadOnlyAdmin[Customer]):
     search_fields = ["name", "email", "mandate_id"]
 
 
+DOCUMENT_FIELDS = ("tenant", "task", "title", "format", "source", "content_sha256", "characters", "chunk_count",
+                   "summary", "created_at", "ready_at")
+
+
 @admin.register(Document)
 class DocumentAdmin(TenantScopedAdmin[Document], ReadOnlyAdmin[Document]):
     list_display = ["id", "tenant", "title", "format", "characters", "chunk_count", "created_at", "ready_at"]
     list_filter = ["format", ("tenant", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["title"]
     list_select_related = ["tenant"]
-    fields = ["tenant", "task", "title", "format", "source", "content_sha256", "characters", "chunk_count",
-              "summary", "created_at", "ready_at"]
-    readonly_fields = fields
+    fields = readonly_fields = DOCUMENT_FIELDS

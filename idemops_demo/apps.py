@@ -20,7 +20,10 @@ class DemoConfig(AppConfig):
 
         if not conf().run_demo_downstreams:
             return []
+        # idemops/settings.py sets it at start-up (to the embedded server's when DATABASE_URL is unset).
         url = conf().database_url
+        if url is None:
+            raise RuntimeError("the platform's database URL was not resolved at start-up")
         return [
             ("payment-gateway", [python, "-m", "idemops_demo.downstream.payment_gateway", "--port", "8001",
                                  "--database-url", make_conninfo(url, dbname="payment_gateway")]),

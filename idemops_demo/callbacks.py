@@ -14,7 +14,7 @@ body that is not a callback.
 
 from __future__ import annotations
 
-from django.http import JsonResponse
+from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
@@ -30,7 +30,7 @@ STATUS = {CallbackVerdict.SETTLED: 200, CallbackVerdict.ALREADY_FINAL: 200, Call
 
 @csrf_exempt  # a server-to-server call, authenticated by its signature
 @require_POST
-def payment_gateway_callback(request):
+def payment_gateway_callback(request: HttpRequest) -> JsonResponse:
     try:
         payload = payments.verify_callback(request.body, request.headers.get("Gateway-Signature", ""))
         key, answer = payments.callback_answer(payload)

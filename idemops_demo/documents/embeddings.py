@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 MODEL_NAME = "wordllama/l2_supercat-256"
 DIMENSIONS = 256
 
 _lock = threading.Lock()
-_model = None
+# A wordllama.WordLlama once loaded (the package ships no types).
+_model: Any = None
 
 
-def _load():
+def _load() -> Any:
     global _model
     with _lock:
         if _model is None:
@@ -44,7 +46,8 @@ def embed(texts: list[str]) -> list[list[float]]:
     """One unit-length vector per text (cosine similarity = dot product)."""
     if not texts:
         return []
-    return _load().embed(texts, norm=True).astype("float32").tolist()
+    vectors: list[list[float]] = _load().embed(texts, norm=True).astype("float32").tolist()
+    return vectors
 
 
 def embed_one(text: str) -> list[float]:

@@ -105,7 +105,8 @@ def extract_pdf(data: bytes, progress: Progress = no_progress) -> tuple[str, str
         for number, page in enumerate(reader.pages, start=1):
             texts.append(page.extract_text() or "")
             progress(number, pages, f"page {number}/{pages}")
-        title = str((reader.metadata or {}).get("/Title") or "").strip()
+        metadata = reader.metadata
+        title = str(metadata.get("/Title") or "").strip() if metadata else ""
     except PyPdfError as exc:
         raise InvalidInput(f"not a readable PDF: {exc}") from None
     text = tidy("\n\n".join(texts))
@@ -119,7 +120,7 @@ class _TextFromHTML(HTMLParser):
     BLOCKS = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section", "article", "header",
               "footer", "pre", "blockquote", "table", "ul", "ol", "hr", "dt", "dd"}
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
         self.title_parts: list[str] = []
@@ -128,7 +129,7 @@ class _TextFromHTML(HTMLParser):
         self._in_title = False
         self._in_h1 = False
 
-    def handle_starttag(self, tag, attrs):
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "title":
             self._in_title = True
         elif tag in self.SKIP:
@@ -138,7 +139,7 @@ class _TextFromHTML(HTMLParser):
         if tag == "h1":
             self._in_h1 = True
 
-    def handle_endtag(self, tag):
+    def handle_endtag(self, tag: str) -> None:
         if tag == "title":
             self._in_title = False
         elif tag in self.SKIP:
@@ -148,7 +149,7 @@ class _TextFromHTML(HTMLParser):
         if tag == "h1":
             self._in_h1 = False
 
-    def handle_data(self, data):
+    def handle_data(self, data: str) -> None:
         if self._in_title:
             self.title_parts.append(data)
         elif not self._skipping:

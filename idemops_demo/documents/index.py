@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import re
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Count
@@ -42,7 +45,7 @@ def chunk(text: str, size: int) -> list[str]:
     return chunks
 
 
-def _pieces(text: str, size: int):
+def _pieces(text: str, size: int) -> Iterator[str]:
     for paragraph in re.split(r"\n\s*\n", text):
         paragraph = paragraph.strip()
         if not paragraph:
@@ -60,7 +63,7 @@ def _pieces(text: str, size: int):
                 yield sentence
 
 
-def index(*, tenant_id: int, task_id, title: str, fmt: str, source: str, content_sha256: str, text: str,
+def index(*, tenant_id: int, task_id: uuid.UUID, title: str, fmt: str, source: str, content_sha256: str, text: str,
           chunks: list[str], progress: Progress = no_progress) -> Document:
     """Create the task's document and (re)write its chunks; full-text vectors are a generated column.
 
@@ -169,7 +172,7 @@ def text_of(document: Document, max_chars: int) -> tuple[str, bool]:
     return joined[:max_chars], truncated or len(joined) > max_chars
 
 
-def purge_documents(rows: list[Document], now: datetime) -> dict:
+def purge_documents(rows: list[Document], now: datetime) -> dict[int | str, dict[str, Any]]:
     """Retention's purge of documents past their time (registered in apps.py): each with its chunks and
     vectors; what each document's audit event records."""
     ids = [d.pk for d in rows]

@@ -13,11 +13,11 @@ chunk's opening words when it matched by meaning only) and which rankings found 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypedDict
 
 from django.contrib.postgres.search import SearchHeadline, SearchQuery, SearchRank
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 from pgvector.django import CosineDistance
 
 from idemops.conf import conf
@@ -26,9 +26,20 @@ from idemops_demo.documents.models import SEARCH_CONFIG, DocumentChunk
 
 Mode = Literal["keyword", "semantic", "hybrid"]
 MODES: tuple[str, ...] = ("keyword", "semantic", "hybrid")
+# The rankings a hit can come from.
+Ranking = Literal["keyword", "semantic"]
 
 
-def _ready_chunks(tenant_id: int):
+class Hit(TypedDict):
+    document_id: int
+    title: str
+    chunk: int
+    rank: float
+    matched_by: list[Ranking]
+    snippet: str
+
+
+def _ready_chunks(tenant_id: int) -> QuerySet[DocumentChunk]:
     return DocumentChunk.objects.filter(document__tenant_id=tenant_id, document__ready_at__isnull=False)
 
 
@@ -54,10 +65,10 @@ def semantic_ranking(tenant_id: int, query: str, limit: int) -> list[tuple[int, 
     return [(pk, 1.0 - distance) for pk, distance in rows]
 
 
-def fuse(rankings: dict[str, list[tuple[int, float]]], k: int) -> list[tuple[int, float, list[str]]]:
+def fuse(rankings: dict[Ranking, list[tuple[int, float]]], k: int) -> list[tuple[int, float, list[Ranking]]]:
     """Reciprocal-rank fusion: (chunk id, score, the rankings that found it), best first."""
     scores: dict[int, float] = {}
-    found_by: dict[int, list[str]] = {}
+    found_by: dict[int, list[Ranking]] = {}
     for name, ranking in rankings.items():
         for position, (pk, _) in enumerate(ranking, start=1):
             scores[pk] = scores.get(pk, 0.0) + 1.0 / (k + position)
@@ -68,8 +79,9 @@ def fuse(rankings: dict[str, list[tuple[int, float]]], k: int) -> list[tuple[int
     return [(pk, scores[pk], found_by[pk]) for pk in ranked]
 
 
-def search(tenant_id: int, query: str, limit: int, mode: Mode = "hybrid") -> list[dict]:
+def search(tenant_id: int, query: str, limit: int, mode: Mode = "hybrid") -> list[Hit]:
     """Ranked chunks of this tenant's ready documents for `query`, at most `limit`."""
+    ranked: list[tuple[int, float, list[Ranking]]]
     if mode == "keyword":
         ranked = [(pk, score, ["keyword"]) for pk, score in keyword_ranking(tenant_id, query, limit)]
     elif mode == "semantic":

@@ -108,7 +108,7 @@ def fetch_url(raw: str, progress: Progress = no_progress) -> bytes:
         raise Transient(f"fetching the document failed: {type(exc).__name__}") from None
 
 
-def _check_status(response) -> None:
+def _check_status(response: httpx2.Response) -> None:
     status = response.status_code
     if status == 429 or status >= 500:
         raise Transient(f"the document server answered {status}",

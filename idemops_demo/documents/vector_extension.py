@@ -8,8 +8,12 @@ failing later on `type "vector" does not exist`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from django.core import checks
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 EXTENSION = "vector"
 
@@ -18,7 +22,7 @@ class MissingExtension(RuntimeError):
     pass
 
 
-def problem(connection, extension: str = EXTENSION) -> str:
+def problem(connection: BaseDatabaseWrapper, extension: str = EXTENSION) -> str:
     """Why this database cannot hold vectors, or "" if it can (the extension is installed or installable)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM pg_available_extensions WHERE name = %s", [extension])
@@ -33,16 +37,16 @@ def problem(connection, extension: str = EXTENSION) -> str:
             f"server, used when DATABASE_URL is unset, ships it)")
 
 
-def require(connection, extension: str = EXTENSION) -> None:
+def require(connection: BaseDatabaseWrapper, extension: str = EXTENSION) -> None:
     """Raise MissingExtension with `problem`'s message (the migration that creates the extension calls it)."""
     message = problem(connection, extension)
     if message:
         raise MissingExtension(message)
 
 
-def check_pgvector(databases=None, **kwargs) -> list[checks.CheckMessage]:
+def check_pgvector(databases: Sequence[str] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """A Django system check (tag `database`: `migrate` and `check --database default` run it)."""
-    errors = []
+    errors: list[checks.CheckMessage] = []
     for alias in databases or ():
         message = problem(connections[alias])
         if message:

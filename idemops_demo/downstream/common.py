@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import TupleRow
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -42,16 +45,16 @@ class Connections:
         self.url = url
 
     @asynccontextmanager
-    async def connection(self):
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
         async with await psycopg.AsyncConnection.connect(self.url, connect_timeout=CONNECT_TIMEOUT_SECONDS) as conn:
             yield conn
 
 
-def service_lifespan(url: str, schema: str):
+def service_lifespan(url: str, schema: str) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
     """Starlette lifespan: create the database and schema; requests use `app.state.db`."""
 
     @asynccontextmanager
-    async def lifespan(app):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         ensure_database(url)
         app.state.db = Connections(url)
         async with app.state.db.connection() as conn:

@@ -31,6 +31,7 @@ from email.policy import default as default_policy
 
 import psycopg
 from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP, Envelope, Session
 from standardwebhooks import Webhook, WebhookVerificationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -98,15 +99,17 @@ class SmtpHandler:
     def __init__(self, database_url: str):
         self.database_url = database_url
 
-    async def handle_DATA(self, server, session, envelope):
-        message = message_from_bytes(envelope.content, policy=default_policy)
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        # The DATA as received (`content` is the same bytes: the controller decodes nothing).
+        message = message_from_bytes(envelope.original_content or b"", policy=default_policy)
         event_id = (message.get("Message-ID") or "").strip("<>").split("@")[0]
         if not event_id:
             return "550 Message-ID required: it is the event id we deduplicate by"
         try:
             # A connection per message: nothing to go stale across a database restart.
             with psycopg.connect(self.database_url, autocommit=True, connect_timeout=2) as conn:
-                delay, fail = conn.execute(TAKE_FAULT).fetchone()
+                row = conn.execute(TAKE_FAULT).fetchone()
+                delay, fail = row if row is not None else (0.0, False)  # no faults row: nothing armed
                 await asyncio.sleep(delay)
                 if fail:
                     return "451 temporary failure (injected)"

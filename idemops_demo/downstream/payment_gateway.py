@@ -64,12 +64,16 @@ import re
 import secrets
 import time
 from decimal import Decimal, InvalidOperation
+from typing import Any, TypedDict
 
 import httpx2
+import psycopg
+from psycopg.rows import TupleRow
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from idemops_demo.downstream.common import (
     EXCEPTION_HANDLERS,
@@ -131,16 +135,26 @@ logger = logging.getLogger("payment_gateway")
 COLUMNS = "id, idempotency_key, request_digest, amount, currency, payee, reference, status, created_at, operation_id"
 
 
-def payment_json(row) -> dict:
+class Payment(TypedDict):
+    """A valid payment request."""
+
+    amount: Decimal
+    currency: str
+    payee: str
+    reference: str
+
+
+def payment_json(row: TupleRow) -> dict[str, Any]:
     id_, key, _, amount, currency, payee, reference, status, created_at, operation_id = row
     return {"payment_id": id_, "status": status, "amount": f"{amount:.2f}", "currency": currency, "payee": payee,
             "reference": reference, "created_at": created_at.isoformat(), "operation_id": operation_id}
 
 
-def validate(body: dict) -> tuple[dict | None, str | None]:
+def validate(body: dict[str, Any]) -> tuple[Payment | None, str | None]:
     try:
         amount = Decimal(str(body["amount"]))
-        if amount <= 0 or amount.as_tuple().exponent < -2:
+        exponent = amount.as_tuple().exponent  # a letter for NaN and Infinity
+        if not isinstance(exponent, int) or amount <= 0 or exponent < -2:
             return None, "amount must be positive with at most 2 decimals"
         currency, payee, reference = str(body["currency"]), str(body["payee"]), str(body.get("reference", ""))
     except (KeyError, TypeError, InvalidOperation):
@@ -150,7 +164,7 @@ def validate(body: dict) -> tuple[dict | None, str | None]:
     return {"amount": amount, "currency": currency, "payee": payee, "reference": reference}, None
 
 
-async def take_fault(conn, key: str) -> tuple[str | None, float | None]:
+async def take_fault(conn: psycopg.AsyncConnection[TupleRow], key: str) -> tuple[str | None, float | None]:
     """The fault armed for this key (else for every key) and its seconds, one use taken if it has a count."""
     row = await (await conn.execute(
         "WITH armed AS (SELECT key FROM faults WHERE key = ANY(%s) AND (remaining IS NULL OR remaining > 0) "
@@ -181,7 +195,7 @@ async def create_payment(request: Request) -> Response:
     except json.JSONDecodeError:
         return JSONResponse({"error": "body must be JSON"}, 400)
     payment, problem = validate(body if isinstance(body, dict) else {})
-    if problem:
+    if payment is None:
         return JSONResponse({"error": problem}, 422)
     fault, seconds = request.headers.get("x-fault"), None
     if not fault:
@@ -224,7 +238,7 @@ class _ResetAnswer(Response):
     """Starts a 201 and drops the connection before its body is complete: the client sees the
     connection break mid-answer, after the payment committed."""
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 201,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")]})
         await send({"type": "http.response.body", "body": b'{"payment_id": "pay_', "more_body": True})
@@ -252,7 +266,8 @@ async def _never_answer() -> Response:
     return JSONResponse({"error": "gave up hanging"}, 504)
 
 
-async def insert_once(conn, key: str, digest: str, payment: dict, operation_id: str | None) -> tuple[tuple, bool]:
+async def insert_once(conn: psycopg.AsyncConnection[TupleRow], key: str, digest: str, payment: Payment,
+                      operation_id: str | None) -> tuple[TupleRow, bool]:
     """One payment per Idempotency-Key, guarded by the unique constraint."""
     row = await (await conn.execute(
         "INSERT INTO payments (id, idempotency_key, request_digest, amount, currency, payee, reference, operation_id) "
@@ -264,6 +279,8 @@ async def insert_once(conn, key: str, digest: str, payment: dict, operation_id: 
         row = await (await conn.execute(f"SELECT {COLUMNS} FROM payments WHERE idempotency_key = %s",
                                         [key])).fetchone()
     await conn.commit()
+    if row is None:  # the payment that took the key is gone (only a test's reset deletes payments)
+        raise RuntimeError(f"the payment holding Idempotency-Key {key!r} disappeared")
     return row, created
 
 
@@ -271,12 +288,12 @@ async def find_payments(request: Request) -> Response:
     key = request.query_params.get("idempotency_key")
     await note_request(request, key or "")
     operation_id = request.query_params.get("operation_id")
-    if bool(key) == bool(operation_id):
-        return JSONResponse({"error": "give idempotency_key or operation_id"}, 400)
-    if key:
+    if key and not operation_id:
         return await _one(request, f"SELECT {COLUMNS} FROM payments WHERE idempotency_key = %s", key)
-    return await _one(request, f"SELECT {COLUMNS} FROM payments WHERE operation_id = %s ORDER BY created_at LIMIT 1",
-                      operation_id)
+    if operation_id and not key:
+        return await _one(request, f"SELECT {COLUMNS} FROM payments WHERE operation_id = %s ORDER BY created_at "
+                                   "LIMIT 1", operation_id)
+    return JSONResponse({"error": "give idempotency_key or operation_id"}, 400)
 
 
 async def get_payment(request: Request) -> Response:
@@ -321,24 +338,27 @@ class Callbacks:
     def __init__(self, url: str | None, secret: str):
         self.url = url
         self.secret = secret
-        self.pending: set[asyncio.Task] = set()
+        self.pending: set[asyncio.Task[int | None]] = set()
 
-    def report(self, key: str, payment: dict) -> None:
+    def report(self, key: str, payment: dict[str, Any]) -> None:
         if not self.url:
             return
         task = asyncio.get_running_loop().create_task(self.send(key, payment))
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
 
-    async def send(self, key: str, payment: dict, attempts: int = CALLBACK_ATTEMPTS) -> int | None:
-        """POST the callback; the last status it got (None: no answer at all)."""
+    async def send(self, key: str, payment: dict[str, Any], attempts: int = CALLBACK_ATTEMPTS) -> int | None:
+        """POST the callback; the last status it got (None: no answer at all, or no callback URL)."""
+        url = self.url
+        if not url:
+            return None
         body = json.dumps({"event": f"payment.{payment['status']}", "idempotency_key": key,
                            "payment": payment}).encode()
         status, pause = None, 0.5
         async with httpx2.AsyncClient(timeout=10) as client:
             for _ in range(attempts):
                 try:
-                    response = await client.post(self.url, content=body, headers={
+                    response = await client.post(url, content=body, headers={
                         "Content-Type": "application/json", "Gateway-Signature": sign(self.secret, body)})
                     status = response.status_code
                     if response.is_success:
@@ -373,7 +393,7 @@ async def clear_fault(request: Request) -> Response:
 IBAN = re.compile(r"^[A-Z]{2}[0-9]{2}[A-Z0-9]{10,30}$")
 
 
-def mandate_json(row) -> dict:
+def mandate_json(row: TupleRow) -> dict[str, Any]:
     id_, _, _, customer, iban, status, created_at, cancelled_at = row
     return {"mandate_id": id_, "status": status, "customer": customer, "iban_last4": iban[-4:],
             "created_at": created_at.isoformat(), "cancelled_at": cancelled_at.isoformat() if cancelled_at else None}

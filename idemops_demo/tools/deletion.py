@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from django.db import models
 from pydantic import BaseModel, Field
 
 from idemops.tools import ApprovalPolicy, NotFound, ObjectId, Tenant, ToolContext, WriteInput, write_tool
 from idemops_demo.models import Order, Ticket
 
-DELETABLE: dict[str, type[models.Model]] = {"order": Order, "ticket": Ticket}
+DELETABLE: dict[str, type[Order] | type[Ticket]] = {"order": Order, "ticket": Ticket}
 
 
 class DeleteRecordInput(WriteInput):
@@ -26,14 +25,14 @@ class DeleteRecordOutput(BaseModel):
     description: str = Field(description="What was deleted.")
 
 
-def find(tenant_id: int, kind: str, object_id: int) -> models.Model:
+def find(tenant_id: int, kind: str, object_id: int) -> Order | Ticket:
     target = DELETABLE[kind].objects.filter(tenant_id=tenant_id, pk=object_id).first()
     if target is None:
         raise NotFound(f"no {kind} {object_id} in this tenant")
     return target
 
 
-def describe(target: models.Model) -> str:
+def describe(target: Order | Ticket) -> str:
     if isinstance(target, Order):
         lines = target.lines.count()
         return (f"order #{target.pk} of {target.customer}, {target.total:.2f} {target.currency}, "

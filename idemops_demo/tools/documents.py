@@ -79,28 +79,30 @@ def check_source(args: IngestDocumentInput) -> None:
         documents.decode_base64(args.content_base64)
     elif args.path is not None:
         documents.allowed_path(args.path)
-    else:
+    elif args.url is not None:  # one of the four, always (one_source)
         documents.allowed_url(args.url)
 
 
 # --- the steps ------------------------------------------------------------------------------
 
 
-def receive(ctx: StepContext) -> dict[str, Any]:
-    args: IngestDocumentInput = ctx.arguments
+def receive(ctx: StepContext[IngestDocumentInput]) -> dict[str, Any]:
+    args = ctx.arguments
     if args.text is not None:
         data, source = args.text.encode(), "upload"
     elif args.content_base64 is not None:
         data, source = documents.decode_base64(args.content_base64), "upload"
     elif args.path is not None:
         data, source = documents.read_path(args.path, ctx.progress), str(documents.allowed_path(args.path))
-    else:
+    elif args.url is not None:
         data, source = documents.fetch_url(args.url, ctx.progress), public_url(args.url)
+    else:
+        raise AssertionError("one_source lets through only arguments with exactly one source")
     return {"data_base64": base64.b64encode(data).decode(), "size": len(data), "sha256": documents.sha256(data),
             "source": source}
 
 
-def _data(ctx: StepContext) -> bytes:
+def _data(ctx: StepContext[IngestDocumentInput]) -> bytes:
     return base64.b64decode(ctx.outputs["receive"]["data_base64"])
 
 
@@ -114,12 +116,12 @@ def _filename(args: IngestDocumentInput) -> str:
     return ""
 
 
-def detect_format(ctx: StepContext) -> dict[str, Any]:
+def detect_format(ctx: StepContext[IngestDocumentInput]) -> dict[str, Any]:
     return {"format": documents.detect_format(_data(ctx), _filename(ctx.arguments), ctx.arguments.format)}
 
 
-def extract_text(ctx: StepContext) -> dict[str, Any]:
-    args: IngestDocumentInput = ctx.arguments
+def extract_text(ctx: StepContext[IngestDocumentInput]) -> dict[str, Any]:
+    args = ctx.arguments
     try:
         title, text = documents.extract(_data(ctx), ctx.outputs["detect_format"]["format"], ctx.progress)
     except documents.NoTextLayer as exc:
@@ -134,11 +136,11 @@ def extract_text(ctx: StepContext) -> dict[str, Any]:
     return {"title": title[:documents.TITLE_MAX], "text": text}
 
 
-def chunk(ctx: StepContext) -> dict[str, Any]:
+def chunk(ctx: StepContext[IngestDocumentInput]) -> dict[str, Any]:
     return {"chunks": documents.chunk(ctx.outputs["extract_text"]["text"], conf().document_chunk_chars)}
 
 
-def index(ctx: StepContext) -> dict[str, Any]:
+def index(ctx: StepContext[IngestDocumentInput]) -> dict[str, Any]:
     received, extracted = ctx.outputs["receive"], ctx.outputs["extract_text"]
     chunks = ctx.outputs["chunk"]["chunks"]
     document = documents.index(
@@ -148,7 +150,7 @@ def index(ctx: StepContext) -> dict[str, Any]:
     return {"document_id": document.pk, "chunks": len(chunks)}
 
 
-def embed(ctx: StepContext) -> dict[str, Any]:
+def embed(ctx: StepContext[IngestDocumentInput]) -> dict[str, Any]:
     # The vectors go to the chunk rows, a batch per transaction, not into this step's output: a
     # resumed step embeds only the chunks still without one (documents.embed_chunks).
     document_id = ctx.outputs["index"]["document_id"]
@@ -156,7 +158,7 @@ def embed(ctx: StepContext) -> dict[str, Any]:
     return {"document_id": document_id, "embedded": total, "model": documents.EMBEDDING_MODEL}
 
 
-def summarize(ctx: StepContext) -> dict[str, Any]:
+def summarize(ctx: StepContext[IngestDocumentInput]) -> dict[str, Any]:
     extracted, indexed = ctx.outputs["extract_text"], ctx.outputs["index"]
     summary = documents.summarize(extracted["text"], progress=ctx.progress)
     documents.mark_ready(indexed["document_id"], summary)
@@ -250,7 +252,8 @@ class DocumentOutput(BaseModel):
 def search_documents(ctx: ToolContext, args: SearchDocumentsInput) -> SearchDocumentsOutput:
     """Search this tenant's ingested documents by words, by meaning, or both (mode, default hybrid); best
     matches first, with a snippet each."""
-    return SearchDocumentsOutput(hits=documents.search(ctx.tenant_id, args.query, args.limit, args.mode))
+    return SearchDocumentsOutput(
+        hits=[SearchHit(**hit) for hit in documents.search(ctx.tenant_id, args.query, args.limit, args.mode)])
 
 
 @read_tool(name="get_document", title="Get a document", input_model=GetDocumentInput, output_model=DocumentOutput,

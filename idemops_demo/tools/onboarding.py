@@ -74,7 +74,7 @@ def check_email(args: OnboardCustomerInput) -> None:
         raise InvalidInput("email: must be an email address") from None
 
 
-def _mandate_key(ctx: StepContext) -> str:
+def _mandate_key(ctx: StepContext[OnboardCustomerInput]) -> str:
     return f"{ctx.task.record.downstream_key}.mandate"
 
 
@@ -91,22 +91,22 @@ def _gateway(method: str, path: str, **kwargs: Any) -> httpx2.Response:
 # --- the steps and their compensations -------------------------------------------------------------
 
 
-def create_customer(ctx: StepContext) -> dict[str, Any]:
-    args: OnboardCustomerInput = ctx.arguments
+def create_customer(ctx: StepContext[OnboardCustomerInput]) -> dict[str, Any]:
+    args = ctx.arguments
     customer, _ = Customer.objects.get_or_create(task_id=ctx.task_id, defaults=dict(
         tenant_id=ctx.tenant_id, name=args.name, email=args.email, created_at=timezone.now()))
     return {"customer_id": customer.pk}
 
 
-def close_customer(ctx: StepContext) -> dict[str, Any]:
+def close_customer(ctx: StepContext[OnboardCustomerInput]) -> dict[str, Any]:
     customer_id = ctx.outputs["create_customer"]["customer_id"]
     Customer.objects.filter(pk=customer_id, status=Customer.Status.ACTIVE).update(
         status=Customer.Status.CLOSED, closed_at=timezone.now())
     return {"customer_id": customer_id, "status": Customer.Status.CLOSED}
 
 
-def request_mandate(ctx: StepContext) -> dict[str, Any]:
-    args: OnboardCustomerInput = ctx.arguments
+def request_mandate(ctx: StepContext[OnboardCustomerInput]) -> dict[str, Any]:
+    args = ctx.arguments
     customer_id = ctx.outputs["create_customer"]["customer_id"]
     key = _mandate_key(ctx)
     response = _gateway("POST", "/mandates", json={"customer": f"{ctx.tenant_id}:{customer_id}", "iban": args.iban},
@@ -116,7 +116,7 @@ def request_mandate(ctx: StepContext) -> dict[str, Any]:
     return {"mandate_id": mandate["mandate_id"], "status": mandate["status"]}
 
 
-def cancel_mandate(ctx: StepContext) -> dict[str, Any]:
+def cancel_mandate(ctx: StepContext[OnboardCustomerInput]) -> dict[str, Any]:
     mandate_id = ctx.outputs["request_mandate"]["mandate_id"]
     try:
         response = _gateway("POST", f"/mandates/{mandate_id}/cancel")
@@ -126,8 +126,8 @@ def cancel_mandate(ctx: StepContext) -> dict[str, Any]:
     return {"mandate_id": mandate_id, "status": response.json()["status"]}
 
 
-def send_welcome_email(ctx: StepContext) -> dict[str, Any]:
-    args: OnboardCustomerInput = ctx.arguments
+def send_welcome_email(ctx: StepContext[OnboardCustomerInput]) -> dict[str, Any]:
+    args = ctx.arguments
     event_id = uuid.uuid5(WELCOME_NAMESPACE, str(ctx.task_id))
     with transaction.atomic():
         event = enqueue_message(tenant_id=ctx.tenant_id, record=ctx.task.record, kind="notification.email",

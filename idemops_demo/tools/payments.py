@@ -16,7 +16,7 @@ import json
 import time
 from datetime import timedelta
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import httpx2
 from pydantic import BaseModel, Field
@@ -31,6 +31,7 @@ from idemops.tools import (
     NotDone,
     PermissionDenied,
     StillUnknown,
+    Tenant,
     ToolContext,
     WriteInput,
     amount_policy,
@@ -71,7 +72,14 @@ def _timeout() -> float:
     return conf().payment_gateway_timeout_seconds
 
 
-def reconcile_payment(record) -> Found | NotDone | StillUnknown:
+class SentPayment(Protocol):
+    """What the reconciler reads of the call's idempotency record: the key the gateway was sent."""
+
+    @property
+    def downstream_key(self) -> str: ...
+
+
+def reconcile_payment(record: SentPayment) -> Found | NotDone | StillUnknown:
     """Ask the gateway whether a payment exists for the key we sent."""
     url = gateway_url("/payments")
     asked = {"method": "GET", "url": url, "idempotency_key": record.downstream_key}
@@ -89,7 +97,7 @@ def reconcile_payment(record) -> Found | NotDone | StillUnknown:
     return StillUnknown(evidence_entry("reconciler", asked=asked, answer=answer))
 
 
-def payment_for_reference(record, payment_id: str) -> dict:
+def payment_for_reference(record: SentPayment, payment_id: str) -> dict[str, Any]:
     """What an operator's "succeeded, payment <id>" resolves to: the gateway's own record of it."""
     response = traced_request("GET", gateway_url(f"/payments/{payment_id}"), timeout=_timeout())
     if response.status_code != 200:
@@ -139,7 +147,7 @@ def callback_answer(payload: dict[str, Any]) -> tuple[str, Found | NotDone]:
     return payload["idempotency_key"], NotDone(f"the gateway reports the payment {payment.status}", evidence)
 
 
-def payment_needs_approval(tenant, args: RequestPaymentInput) -> ApprovalPolicy | None:
+def payment_needs_approval(tenant: Tenant, args: RequestPaymentInput) -> ApprovalPolicy | None:
     """Above the tenant's payment threshold a person confirms (two people above the second one)."""
     return amount_policy(tenant, args.amount, args.currency,
                          summary=f"Pay {args.amount} {args.currency} to {args.payee}"

@@ -10,6 +10,7 @@ savepoint of its own: a ticket that cannot take the action fails alone.
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
@@ -89,7 +90,7 @@ class TicketBatchResult(BaseModel):
     items: list[TicketOutcome] = Field(description="One outcome per ticket, in the order given.")
 
 
-def _act(ticket: Ticket, action: AssignAction | SetPriorityAction | CloseAction, task_id) -> bool:
+def _act(ticket: Ticket, action: AssignAction | SetPriorityAction | CloseAction, task_id: uuid.UUID) -> bool:
     """Apply the action to one locked ticket; False if it already had that state."""
     if isinstance(action, CloseAction):
         if ticket.status == "closed":
@@ -109,8 +110,8 @@ def _act(ticket: Ticket, action: AssignAction | SetPriorityAction | CloseAction,
     return True
 
 
-def apply_action(ctx: StepContext) -> dict[str, Any]:
-    args: ProcessTicketBatchInput = ctx.arguments
+def apply_action(ctx: StepContext[ProcessTicketBatchInput]) -> dict[str, Any]:
+    args = ctx.arguments
 
     def apply(chunk: list[int]) -> list[dict[str, Any]]:
         # Locked in id order, like every multi-row lock here, so two batches over the same tickets

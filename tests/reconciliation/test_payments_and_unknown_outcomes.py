@@ -2,6 +2,7 @@
 
 from datetime import timedelta
 
+import httpx2
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
@@ -34,6 +35,18 @@ def pay(web_server, token, label, **overrides):
 def payment_record() -> IdempotencyRecord:
     """The test's one payment operation."""
     return IdempotencyRecord.objects.get(tool="request_payment")
+
+
+@pytest.mark.parametrize("amount", ["Infinity", "NaN", "0", "1.005"])
+def test_the_gateway_refuses_an_amount_that_is_not_a_positive_sum_of_cents_saying_so(gateway, amount):
+    # when: a request with such an amount reaches the gateway
+    response = httpx2.post(f"{gateway.url}/payments", json={**PAYMENT, "amount": amount},
+                           headers={"Idempotency-Key": f"bad-amount-{amount}"}, timeout=10)
+
+    # then: refused for what it is, and nothing paid
+    assert (response.status_code, response.json()) == (
+        422, {"error": "amount must be positive with at most 2 decimals"})
+    assert gateway.payments() == []
 
 
 def test_a_payment_is_made_once_and_replayed(web_server, token, downstreams, gateway):

@@ -39,7 +39,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from django.db import DataError
 from pydantic import BaseModel
@@ -76,11 +76,15 @@ class WaitFor(Exception):  # noqa: N818  (a signal, not an error)
         self.input_request = input_request
 
 
-class StepContext:
+# The tool's input model: a step declared `fn(ctx: StepContext[MyInput])` sees `ctx.arguments` as a MyInput.
+ArgumentsT = TypeVar("ArgumentsT", bound=BaseModel)
+
+
+class StepContext(Generic[ArgumentsT]):
     """What a running step sees. Built by the runner (tools_app.tasks.runner)."""
 
     # `task`: a tools_app.tasks Task (a layer above the toolkit, so not named here).
-    def __init__(self, *, task: Any, arguments: BaseModel, outputs: Mapping[str, Any],
+    def __init__(self, *, task: Any, arguments: ArgumentsT, outputs: Mapping[str, Any],
                  progress: Callable[[float, float | None, str], None],
                  batches: Callable[..., list[Any]] | None = None) -> None:
         self.task = task
@@ -112,7 +116,7 @@ class StepContext:
         return self._batches(items, size, apply, self.progress)
 
 
-StepFunction = Callable[[StepContext], Any]
+StepFunction = Callable[[StepContext[Any]], Any]
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ FAILED_PREFIX = "failed:"
 COMPENSATE_PREFIX = "compensate:"
 
 
-def _failure_marker(ctx: StepContext) -> Any:
+def _failure_marker(ctx: StepContext[Any]) -> Any:
     raise AssertionError("a failure marker is written by the runner, never run")
 
 
@@ -161,8 +165,9 @@ class Pipeline:
     transient: tuple[type[BaseException], ...] = INFRASTRUCTURE_ERRORS
     final: tuple[type[BaseException], ...] = ()
     # Checks beyond the input model that must hold before a task is created
-    # (allow-lists, decodability): a bad call fails at once, not as a task.
-    validate: Callable[[BaseModel], None] | None = None
+    # (allow-lists, decodability): a bad call fails at once, not as a task. Given the validated
+    # arguments (an instance of the tool's input model, as ToolSpec.check is).
+    validate: Callable[[Any], None] | None = None
 
     def __post_init__(self) -> None:
         names = [step.name for step in self.steps]
