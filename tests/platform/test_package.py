@@ -3,6 +3,7 @@ and starts, on every Python it supports; requirements.txt is a lock of the range
 
 from __future__ import annotations
 
+import os
 import tomllib
 import zipfile
 
@@ -82,7 +83,10 @@ def test_the_wheel_installs_and_starts_in_a_fresh_virtualenv(version, wheel, tmp
     # given: a Python the package supports, and a database of its own
     python = interpreter(version)
     if python is None:
-        pytest.skip(f"python{version} is not installed here (.ci/run's machine has 3.11, 3.12 and 3.13)")
+        missing = f"python{version} is not installed here (this kind of machine has 3.11, 3.12 and 3.13 through pyenv)"
+        if os.environ.get("CI"):
+            pytest.fail(missing)  # CI never skips it: .ci/run checks the three Pythons are there
+        pytest.skip(missing)
     database = f"package_{version.replace('.', '_')}"
     drop_database(database)
     with psycopg.connect(service_database_url("postgres"), autocommit=True) as conn:
