@@ -133,4 +133,4 @@ def _not_pending(request: ApprovalRequest) -> str:
     status, expires_at, now = current
     if status == ApprovalStatus.PENDING and expires_at <= now:
         return "the request has expired"
-    return f"the request is no longer pending (it is {status.lower()})"
+    return f"the request is no longer pending (it is {status})"

@@ -86,7 +86,7 @@ def settle(request: ApprovalRequest) -> ApprovalStatus | None:
         return None
     if not db.transition(request, {"status": ApprovalStatus.APPROVED}, {
         "status": status, "finished_at": clock.NOW,
-    }, action=f"approval.{status.lower()}", actor=SWEEPER, before={"status": ApprovalStatus.APPROVED},
+    }, action=f"approval.{status}", actor=SWEEPER, before={"status": ApprovalStatus.APPROVED},
             after={"status": status}):
         return None
     return status

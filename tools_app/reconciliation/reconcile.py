@@ -121,7 +121,7 @@ def apply_answer(record: IdempotencyRecord, answer: Answer, *, actor: str, reaso
         observed(record, word, actor=actor)
         return word
     record.refresh_from_db()
-    word = record.status.lower()
+    word = record.status
     observed(record, word, actor=actor, counted=False)
     return word
 

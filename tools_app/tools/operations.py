@@ -133,8 +133,8 @@ class GetOperationInput(ToolInput):
 class OperationView(BaseModel):
     operation_id: str
     tool: str
-    status: str = Field(description="SUCCEEDED, FAILED, PROCESSING, UNKNOWN or AWAITING_APPROVAL")
-    result: dict[str, Any] | None = Field(description="The first call's result once SUCCEEDED (what a retry with "
+    status: str = Field(description="succeeded, failed, processing, unknown or awaiting_approval")
+    result: dict[str, Any] | None = Field(description="The first call's result once succeeded (what a retry with "
                                                       "the key answers, without the idempotency block)")
     error: dict[str, Any] | None = Field(description="The error once FAILED; while waiting, what a call would be "
                                                      "told ({class, message, retry_after?, ...}); else null")
@@ -149,7 +149,7 @@ class OperationView(BaseModel):
 def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
     """What became of an operation, without calling its tool again: by operation_id (every write answer carries
     it in `idempotency.operation_id`, also an in_progress answer), or by tool and idempotency_key. Answers its
-    status and, once SUCCEEDED, its result (for a long tool such as ingest_document: PROCESSING until its task
+    status and, once succeeded, its result (for a long tool such as ingest_document: processing until its task
     ends, then the task's result). not_found: no such operation in this tenant, or its key was freed after its
     retention."""
     if args.operation_id is not None:
