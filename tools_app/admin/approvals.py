@@ -112,9 +112,9 @@ class PendingApprovalAdmin(ApprovalColumns, QueueAdmin):
     fields = DETAIL_FIELDS
     readonly_fields = DETAIL_FIELDS
     operator_actions = [
-        OperatorAction("approve", "Approve", approvals.APPROVE, approve, refused=(approvals.ApprovalRefused,),
+        OperatorAction("approve", "Approve", approvals.APPROVE, approve, refused=(errors.Refused,),
                        help_text="Optional note for the audit log."),
-        OperatorAction("reject", "Reject", approvals.REJECT, reject, refused=(approvals.ApprovalRefused,),
+        OperatorAction("reject", "Reject", approvals.REJECT, reject, refused=(errors.Refused,),
                        reason=REASON_REQUIRED, help_text="Required: the agent and the audit log get it.",
                        style="danger"),
     ]

@@ -5,6 +5,7 @@ from django.contrib import admin
 from tools_app import outbox
 from tools_app.admin.operator_actions import OperatorAction, QueueAdmin, age
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.core.errors import Refused
 from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 
 
@@ -19,7 +20,7 @@ class OutboxEventAdmin(TenantScopedAdmin, ReadOnlyAdmin):
 
 def redrive(request, event, reason):
     if not outbox.redrive(event, request.user, reason=reason):
-        raise outbox.DeliveryFailed("it is no longer dead-lettered")
+        raise Refused("it is no longer dead-lettered")
     return "sent back to the relay"
 
 
@@ -33,7 +34,7 @@ class DeadLetterAdmin(QueueAdmin):
     list_display = ["id", "tenant", "kind", "waiting", "attempts", "last_error"]
     list_filter = ["kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant"]
-    operator_actions = [OperatorAction("redrive", "Re-drive", outbox.REDRIVE, redrive, refused=(outbox.DeliveryFailed,),
+    operator_actions = [OperatorAction("redrive", "Re-drive", outbox.REDRIVE, redrive, refused=(Refused,),
                                        help_text="Deliver again; the consumer deduplicates by event id.")]
 
     @admin.display(description="waiting", ordering="created_at")

@@ -15,7 +15,7 @@ approvals only through the hooks registered in tools_app.apps.
 May import: core, access, engine, toolkit, outbox.
 """
 
-from tools_app.approvals.decisions import APPROVE, DECIDE_PERMISSION, REJECT, ApprovalRefused, approve, reject
+from tools_app.approvals.decisions import APPROVE, DECIDE_PERMISSION, REJECT, approve, reject
 from tools_app.approvals.execution import (
     REDRIVE_AFTER,
     SWEEPER,
@@ -44,7 +44,7 @@ from tools_app.approvals.settings import CHANGE_SETTINGS, save_settings
 
 __all__ = [
     "APPROVE", "APPROVED_RETRY_AFTER", "CHANGE_SETTINGS", "DECIDE_PERMISSION", "PENDING_RETRY_AFTER", "REDRIVE_AFTER",
-    "REJECT", "SWEEPER", "ApprovalRefused", "abandon", "amount_policy", "announce", "approval_info", "approve",
+    "REJECT", "SWEEPER", "abandon", "amount_policy", "announce", "approval_info", "approve",
     "approved_operation", "approvers_of", "dispatch", "due_for_escalation", "escalate", "escalate_due", "expire",
     "follow", "gate", "link", "pending_error", "redrive", "reject", "request_approval", "run_approved",
     "save_settings", "settle", "status_for_agent", "sweep", "tenant_settings",

@@ -93,6 +93,17 @@ class ToolFailure(Exception):
         )
 
 
+class Refused(Exception):
+    """An operator's action not taken: `reason` is what the console shows (and the audit event says).
+
+    `subject` is the object it was refused on, for a caller that audits the refusal later.
+    """
+
+    def __init__(self, reason: str, subject: object = None):
+        super().__init__(reason)
+        self.reason, self.subject = reason, subject
+
+
 class InvalidInput(ToolFailure):
     error_class = ErrorClass.INVALID_INPUT
 
