@@ -388,11 +388,8 @@ def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: 
 def mark_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str) -> IdempotencyRecord:
     """PROCESSING -> FAILED, by the lease holder; a transient failure may be reclaimed later.
 
-    A transient failure without a `retry_after` of its own (a downstream's Retry-After) gets
-    the shared backoff for this attempt, and the agent hears it.
+    `failure` is `backed_off` already, so the agent hears the retry_after stored here.
     """
-    if failure.retryable and failure.retry_after is None:
-        failure.retry_after = write_retry_after(record.attempts)
     retry_not_before = clock.later(failure.retry_after) if failure.retryable else None
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
@@ -400,6 +397,14 @@ def mark_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str) 
     }, action="record.failed", actor=actor, reason=failure.message, evidence=failure.evidence):
         record.refresh_from_db()
     return record
+
+
+def backed_off(failure: ToolFailure, attempts: int) -> ToolFailure:
+    """A transient failure without a `retry_after` of its own (a downstream's Retry-After) gets
+    the shared backoff for its `attempts`-th run."""
+    if failure.retryable and failure.retry_after is None:
+        return failure.replaced(retry_after=write_retry_after(attempts))
+    return failure
 
 
 def write_retry_after(attempts: int) -> float:

@@ -219,8 +219,8 @@ class Runner:
         marker = plan[failed_at]
         failure = ToolFailure.from_dict(outputs[marker.name])
         undone = [step.name.removeprefix(COMPENSATE_PREFIX) for step in plan[failed_at + 1:]]
-        failure.message = (f"step {marker.name.removeprefix(FAILED_PREFIX)} failed: {failure.message}; "
-                           f"undone, in this order: {', '.join(undone)}")
+        failure = failure.replaced(message=f"step {marker.name.removeprefix(FAILED_PREFIX)} failed: "
+                                           f"{failure.message}; undone, in this order: {', '.join(undone)}")
         return ("failed" if state.fail(self.task, self.owner, failure) else "interrupted"), None
 
     def _failed(self, run: StepRun | None, exc: Exception, *, compensating: bool = False
@@ -229,8 +229,8 @@ class Runner:
         failure = self.pipeline.classify(exc, self.task.pk)
         if compensating and not failure.retryable:
             # An undo that cannot be done: a person must finish it (the task's checkpoints say how far it got).
-            failure.message = (f"compensation step {task.current_step} failed: {failure.message}; "
-                               f"{task.failure_reason}")
+            failure = failure.replaced(message=f"compensation step {task.current_step} failed: {failure.message}; "
+                                               f"{task.failure_reason}")
         if not isinstance(exc, ToolFailure):
             logger.exception("task %s: step %s raised; treated as %s", task.pk, task.current_step,
                              failure.error_class)

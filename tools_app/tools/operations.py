@@ -227,7 +227,8 @@ def _record_error(record: IdempotencyRecord) -> dict[str, Any] | None:
         case RecordStatus.FAILED | RecordStatus.UNKNOWN:
             failure = ToolFailure.from_dict({"class": record.error_class, "message": record.error_message})
             if failure.retryable and record.retry_not_before is not None:
-                failure.retry_after = max(0.0, (record.retry_not_before - clock.read_at(record)).total_seconds())
+                failure = failure.replaced(
+                    retry_after=max(0.0, (record.retry_not_before - clock.read_at(record)).total_seconds()))
             return failure.as_dict()
         case RecordStatus.AWAITING_APPROVAL:
             return approvals.follow(record).error.as_dict()
