@@ -145,7 +145,7 @@ def test_a_finished_steps_own_progress_is_not_counted_again_once_it_is_completed
 
     # when the step completes and the job's slice ends there (no next step started in this job)
     prepared = checkpoints.prepare(mine, INGEST.steps[0], 0, {"data_base64": ""}, [])
-    assert tasks.complete_step(mine, "worker-a", prepared, run) is True
+    assert tasks.complete_step(mine, "worker-a", prepared, run) == tasks.Advanced(moved=True, next_run=None)
 
     # then a caller waiting for it sees one step done, not one and a half
     task.refresh_from_db()
@@ -161,7 +161,7 @@ def test_a_cancel_takes_the_lease_away_so_the_running_worker_writes_nothing_more
 
     prepared = checkpoints.prepare(mine, INGEST.steps[0], 0, {"data_base64": ""}, [])
     assert tasks.renew_lease(task.pk, "worker-a") is False
-    assert tasks.complete_step(mine, "worker-a", prepared, run) is False
+    assert tasks.complete_step(mine, "worker-a", prepared, run) == tasks.Advanced(moved=False)
     assert tasks.begin_step(mine, "worker-a", INGEST.steps[1], 1, completed=[]) is None
     assert not Checkpoint.objects.exists()
     task.refresh_from_db()

@@ -138,10 +138,11 @@ class Runner:
                     # A saga's step failed for good: undo the steps before it, each a checkpointed step.
                     plan, failed_at = self.pipeline.plan(index), index
                     marker = checkpoints.prepare(task, plan[index], index, failure.as_dict(), checksums)
-                    run = state.begin_compensation(task, self.owner, marker, run, failure,
-                                                   (plan[index + 1], index + 1), steps_total=len(plan))
-                    if run is False:
+                    compensating = state.begin_compensation(task, self.owner, marker, run, failure,
+                                                            (plan[index + 1], index + 1), steps_total=len(plan))
+                    if not compensating.moved:
                         return f"interrupted after step {step.name} failed", None
+                    run = compensating.next_run
                     seen["outcome"] = "compensating"
                     outputs[marker.step.name] = json.loads(marker.data)
                     checksums.append(marker.checksum)
@@ -154,7 +155,7 @@ class Runner:
                 go_on = following and not pause and not self._slice_used()
                 then = (plan[index + 1], index + 1) if go_on else None
                 advanced = state.complete_step(task, self.owner, prepared, run, then)
-                if advanced is False:
+                if not advanced.moved:
                     state.finish_step_run(run, StepOutcome.INTERRUPTED)
                     return f"interrupted after step {step.name}", None
                 seen["outcome"] = "succeeded"
@@ -166,7 +167,7 @@ class Runner:
                 if pause:
                     return self._pause(pause, plan[index + 1])
                 return ("handed on to a new job" if state.hand_on(task, self.owner) else "interrupted"), None
-            run = advanced if then is not None else None
+            run = advanced.next_run
             index += 1
         if failed_at is not None:
             return self._compensated(plan, failed_at, outputs)

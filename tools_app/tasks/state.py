@@ -35,6 +35,7 @@ that last transition (`finished`).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -172,14 +173,21 @@ def renew_lease(task_id, owner: str, progress: tuple[float | None, float | None,
     return renewed
 
 
+@dataclass(frozen=True)
+class Advanced:
+    """What moving a running task to its next step answers."""
+
+    moved: bool  # False: the lease is gone (cancelled, or taken), nothing was written
+    next_run: StepRun | None = None  # the StepRun of the step it moved to; None when no step follows
+
+
 @transaction.atomic
 def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: StepRun,
-                  then: tuple[Step, int] | None = None) -> StepRun | bool:
+                  then: tuple[Step, int] | None = None) -> Advanced:
     """Advance past a finished step: its checkpoint, and the start of step `then`, in one transaction.
 
     Guarded by the lease: a task cancelled while the step was finishing keeps
-    no output from it, and its next step never starts. Returns the next
-    step's StepRun (or True when no step follows), False when the lease is gone.
+    no output from it, and its next step never starts.
     """
     completed = [name for name in task.completed_steps if name != prepared.step.name] + [prepared.step.name]
     # The finished step's own progress goes with it: left behind, it would count that step a second
@@ -191,20 +199,20 @@ def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: S
     if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, changes,
                        action="task.step_completed", actor=owner, step=prepared.step.name,
                        checksum=prepared.checksum, next_step=then[0].name if then else None):
-        return False
+        return Advanced(moved=False)
     checkpoints.write(task, prepared)
     finish_step_run(run, StepOutcome.SUCCEEDED)
-    return _step_run(task, owner, *then) if then is not None else True
+    return Advanced(moved=True, next_run=_step_run(task, owner, *then) if then is not None else None)
 
 
 @transaction.atomic
 def begin_compensation(task: Task, owner: str, marker: checkpoints.Prepared, run: StepRun, failure: ToolFailure,
-                       then: tuple[Step, int], steps_total: int) -> StepRun | bool:
+                       then: tuple[Step, int], steps_total: int) -> Advanced:
     """running: a saga's step failed for good -> its compensations start (the task stays running).
 
     One transaction: the failure marker's checkpoint (so a resumed task goes on
     compensating, never forward), the failed StepRun, and the first compensation's
-    start; guarded by the lease like complete_step. False when the lease is gone.
+    start; guarded by the lease like complete_step.
     """
     completed = [*task.completed_steps, marker.step.name]
     changes = {"completed_steps": completed, "lease_expires_at": leases.expiry(lease_seconds()),
@@ -215,10 +223,10 @@ def begin_compensation(task: Task, owner: str, marker: checkpoints.Prepared, run
                        action="task.compensating", actor=owner, reason=failure.message,
                        failed_step=task.current_step, failure_class=str(failure.error_class),
                        next_step=then[0].name):
-        return False
+        return Advanced(moved=False)
     checkpoints.write(task, marker)
     finish_step_run(run, StepOutcome.FAILED, failure.message)
-    return _step_run(task, owner, *then)
+    return Advanced(moved=True, next_run=_step_run(task, owner, *then))
 
 
 def finish_step_run(run: StepRun, outcome: StepOutcome, error: str = "") -> None:
