@@ -189,7 +189,7 @@ def test_an_unanswered_request_expires_on_the_sweep(caller):
     request.refresh_from_db()
     assert request.status == ApprovalStatus.EXPIRED
     assert Announcement.objects.count() == 0
-    assert AuditEvent.objects.get(action="approval.expired").actor == "system:approvals"
+    assert AuditEvent.objects.get(action="approval.expired").actor == "system:approval-sweep"
 
 
 def test_an_expired_request_can_no_longer_be_approved(caller, approver):

@@ -17,8 +17,8 @@ May import: core, access, engine, toolkit, outbox.
 
 from tools_app.approvals.decisions import APPROVE, DECIDE_PERMISSION, REJECT, approve, reject
 from tools_app.approvals.execution import (
+    APPROVAL_SWEEPER,
     REDRIVE_AFTER,
-    SWEEPER,
     abandon,
     approved_operation,
     dispatch,
@@ -44,7 +44,7 @@ from tools_app.approvals.settings import CHANGE_SETTINGS, save_settings
 
 __all__ = [
     "APPROVE", "APPROVED_RETRY_AFTER", "CHANGE_SETTINGS", "DECIDE_PERMISSION", "PENDING_RETRY_AFTER", "REDRIVE_AFTER",
-    "REJECT", "SWEEPER", "abandon", "amount_policy", "announce", "approval_info", "approve",
+    "REJECT", "APPROVAL_SWEEPER", "abandon", "amount_policy", "announce", "approval_info", "approve",
     "approved_operation", "approvers_of", "dispatch", "due_for_escalation", "escalate", "escalate_due", "expire",
     "follow", "gate", "link", "pending_error", "redrive", "reject", "request_approval", "run_approved",
     "save_settings", "settle", "status_for_agent", "sweep", "tenant_settings",

@@ -45,7 +45,7 @@ from tools_app.engine.operation import (
 FINISHED = (RecordStatus.SUCCEEDED, RecordStatus.FAILED)
 
 
-SWEEPER = "system:lease-sweep"
+LEASE_SWEEPER = "system:lease-sweep"
 
 # SQLSTATE of a lock wait that ran past lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
@@ -488,7 +488,7 @@ def retain_from_end(record: IdempotencyRecord, retention: timedelta, *, actor: s
                                                         retention.total_seconds()})
 
 
-def expire_lease(record: IdempotencyRecord, *, actor: str = SWEEPER, source: str = "sweep",
+def expire_lease(record: IdempotencyRecord, *, actor: str = LEASE_SWEEPER, source: str = "sweep",
                  now: datetime | None = None) -> bool:
     """PROCESSING -> UNKNOWN: the executor's lease ran out (it died, hung, or lost its database).
 

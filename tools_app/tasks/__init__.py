@@ -32,7 +32,7 @@ from tools_app.tasks.state import (
     ACTIVE,
     CHANGES_CHANNEL,
     RUNNABLE,
-    SWEEPER,
+    TASK_SWEEPER,
     WEBHOOK_KIND,
     Advanced,
     begin_step,
@@ -55,7 +55,7 @@ from tools_app.tasks.state import (
 __all__ = [
     "ACTIVE", "CANCEL", "CHANGES_CHANNEL", "FORK", "FORK_OPERATION", "MANAGE_PERMISSION", "MARK_CAUSE_FIXED", "PAUSE",
     "RESUME",
-    "RUNNABLE", "SWEEPER", "WEBHOOK_KIND", "Advanced",
+    "RUNNABLE", "TASK_SWEEPER", "WEBHOOK_KIND", "Advanced",
     "ForkHandle", "begin_step", "call_task_tool", "cancel", "complete_step",
     "create_task", "describe", "expire_lease", "fail", "finish_step_run", "fork", "fork_operation",
     "get_for_tenant", "hand_on", "hooks", "lease_seconds", "mark_cause_fixed", "next_action", "outcome", "pause",

@@ -55,7 +55,7 @@ from tools_app.toolkit.registry import get_tool
 
 logger = logging.getLogger(__name__)
 
-SWEEPER = "system:task-sweep"
+TASK_SWEEPER = "system:task-sweep"
 ACTIVE = (TaskStatus.CREATED, TaskStatus.RUNNING, TaskStatus.PAUSED, TaskStatus.RETRYING)
 RUNNABLE = (TaskStatus.CREATED, TaskStatus.RETRYING)
 # The PostgreSQL channel that hears a task's id whenever it changes.
@@ -324,7 +324,7 @@ def hand_on(task: Task, owner: str) -> bool:
 
 
 @transaction.atomic
-def expire_lease(task: Task, actor: str = SWEEPER) -> bool:
+def expire_lease(task: Task, actor: str = TASK_SWEEPER) -> bool:
     """running with an expired lease -> created and queued (or failed after too many deaths).
 
     Guarded by the expired lease itself (by the database's clock): a worker that renewed in time keeps it.
@@ -364,7 +364,7 @@ def waiting_for_a_job() -> Q:
 
 
 @transaction.atomic
-def requeue(task: Task, actor: str = SWEEPER) -> bool:
+def requeue(task: Task, actor: str = TASK_SWEEPER) -> bool:
     """A runnable task that no job will take (as the sweep read it): queue it again.
 
     The version guard is enough: any change since the read bumped it."""
