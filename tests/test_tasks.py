@@ -23,7 +23,7 @@ from tools_app.core.jobs import JOBS
 from tools_app.models import AuditEvent, Checkpoint, StepOutcome, StepRun, Task, TaskArtifact, TaskStatus
 from tools_app.tasks import checkpoints
 from tools_app.tasks import jobs as task_jobs
-from tools_app.tasks.calls import overall_progress
+from tools_app.tasks.agent_view import overall_progress
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.pipelines import Pipeline, RetryPolicy, Step
 from tools_app.toolkit.registry import get_tool

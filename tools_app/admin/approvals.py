@@ -18,7 +18,7 @@ from tools_app.admin.operator_actions import (
     time_left,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
-from tools_app.approvals import settings as approval_settings
+from tools_app.approvals import thresholds
 from tools_app.approvals.models import (
     ApprovalDecision,
     ApprovalRequest,
@@ -155,8 +155,8 @@ class ApprovalSettingsAdmin(TenantScopedAdmin, admin.ModelAdmin):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
     def save_model(self, request, obj, form, change):
-        before = {name: str(form.initial.get(name)) for name in approval_settings.AUDITED} if change else None
+        before = {name: str(form.initial.get(name)) for name in thresholds.AUDITED} if change else None
         try:
-            approval_settings.save_settings(obj, request.user, before=before)
+            thresholds.save_settings(obj, request.user, before=before)
         except errors.PermissionDenied as refused:  # audited by the concept function
             raise DjangoPermissionDenied(refused.message) from None

@@ -8,7 +8,7 @@ bound to its idempotency record and answers the callers while it waits;
 owner of the agent that asked); `notices.py` tells the approvers (through the
 outbox) and escalates requests that wait too long; `execution.py` runs an
 approved operation through the same record (so it runs once), and ends
-requests that expired; `jobs.py` the django-q2 entry points; `settings.py` a
+requests that expired; `jobs.py` the django-q2 entry points; `thresholds.py` a
 tenant's thresholds, changed behind their own Permit. The engine learns of
 approvals only through the hooks registered in tools_app.apps.
 
@@ -40,7 +40,7 @@ from tools_app.approvals.gate import (
 )
 from tools_app.approvals.jobs import escalate, run_approved, sweep
 from tools_app.approvals.notices import announce, approvers_of, due_for_escalation, escalate_due, link
-from tools_app.approvals.settings import CHANGE_SETTINGS, save_settings
+from tools_app.approvals.thresholds import CHANGE_SETTINGS, save_settings
 
 __all__ = [
     "APPROVE", "APPROVED_RETRY_AFTER", "CHANGE_SETTINGS", "DECIDE_PERMISSION", "PENDING_RETRY_AFTER", "REDRIVE_AFTER",

@@ -191,7 +191,7 @@ def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: S
     """
     completed = [name for name in task.completed_steps if name != prepared.step.name] + [prepared.step.name]
     # The finished step's own progress goes with it: left behind, it would count that step a second
-    # time (tasks.calls.overall_progress) until the next step starts or the task ends.
+    # time (tasks.agent_view.overall_progress) until the next step starts or the task ends.
     changes = {"completed_steps": completed, "lease_expires_at": leases.expiry(lease_seconds()),
                "progress_done": None, "progress_total": None, "progress_message": ""}
     if then is not None:

@@ -24,7 +24,7 @@ from tools_app.core import clock, keys
 from tools_app.core.errors import ErrorClass, InvalidInput, NotFound, ToolFailure
 from tools_app.core.keys import FINGERPRINT_FILLED
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
-from tools_app.tasks import calls as task_calls
+from tools_app.tasks import agent_view
 from tools_app.tasks.models import Task
 from tools_app.toolkit.calls import checked_arguments
 from tools_app.toolkit.registry import (
@@ -163,14 +163,14 @@ def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
             record = _live(ctx.tenant_id, operation_id=operation_id)
         if record is None:
             raise _not_found(ctx.tenant_id, args.operation_id)
-        return _view(record, as_long_tool=record.tool == task_calls.START_TASK)
+        return _view(record, as_long_tool=record.tool == agent_view.START_TASK)
     try:
         spec = get_tool(args.tool)
     except NotFound:
         raise NotFound(f"tool: no tool {args.tool!r}") from None
     if spec.pipeline is not None:
         # A long tool called directly is the start_task operation for it (one key space, one task).
-        record = _live_or_in_flight(ctx.tenant_id, task_calls.START_TASK, args.idempotency_key, shown_as=spec.name)
+        record = _live_or_in_flight(ctx.tenant_id, agent_view.START_TASK, args.idempotency_key, shown_as=spec.name)
         if isinstance(record, OperationView):
             return record
         if record is None or record.arguments.get("tool") != spec.name:
@@ -237,7 +237,7 @@ def _record_error(record: IdempotencyRecord) -> dict[str, Any] | None:
 
 def _task_view(record: IdempotencyRecord, task: Task) -> OperationView:
     """A long tool's operation is its task's: PROCESSING until the task ends, then its result or failure."""
-    outcome = task_calls.outcome(get_tool(task.tool), task)
+    outcome = agent_view.outcome(get_tool(task.tool), task)
     if outcome.error is None:
         status = RecordStatus.SUCCEEDED
     elif outcome.error.error_class == ErrorClass.IN_PROGRESS:
