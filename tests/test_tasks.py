@@ -289,8 +289,22 @@ def test_the_sweep_is_a_periodic_django_q2_schedule(db):
     ensure_schedules()
     ensure_schedules()
 
-    schedule = Schedule.objects.get(name="idemops: task sweep")
+    schedule = Schedule.objects.get(name="tasks.sweep")
     assert (schedule.func, schedule.schedule_type, schedule.minutes) == (JOBS["tasks.sweep"], "I", 1)
+
+
+def test_a_schedule_of_ours_under_an_old_name_is_removed_so_its_job_does_not_run_twice(db):
+    from django_q.models import Schedule
+
+    from tools_app.schedules import PERIODIC_JOBS, ensure_schedules
+
+    Schedule.objects.create(name="idemops: task sweep", func=JOBS["tasks.sweep"], schedule_type=Schedule.MINUTES)
+    Schedule.objects.create(name="an adopter's own", func="myapp.jobs.nightly", schedule_type=Schedule.DAILY)
+
+    ensure_schedules()
+
+    assert sorted(Schedule.objects.values_list("name", flat=True)) == sorted(
+        [job.name for job in PERIODIC_JOBS] + ["an adopter's own"])
 
 
 def running_task(caller) -> Task:
