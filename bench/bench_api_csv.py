@@ -35,7 +35,7 @@ INSERT INTO tools_app_idempotencyrecord
 SELECT %(tenant)s, 'create_order', 'order-' || g, md5(g::text) || md5((g + 1)::text),
        '{"currency": "x", "customer": "y", "items": "z"}'::jsonb,
        jsonb_build_object('customer', 'Customer ' || g, 'currency', 'EUR'),
-       CASE WHEN g %% 10 = 0 THEN 'FAILED' ELSE 'SUCCEEDED' END, '{"order_id": 1}'::jsonb,
+       CASE WHEN g %% 10 = 0 THEN 'failed' ELSE 'succeeded' END, '{"order_id": 1}'::jsonb,
        CASE WHEN g %% 10 = 0 THEN 'transient' ELSE '' END, '', 1, '', gen_random_uuid(), 'trace-' || g,
        'agent:bench/bot', now() - g * interval '1 second', now(), now(), now() + interval '1 day',
        '', '[]'::jsonb, 0, '', 2, false

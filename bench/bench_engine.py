@@ -57,10 +57,10 @@ def run(quick: bool = False) -> Section:
 
     def raw_claim(key: str) -> None:
         rid = raw.execute("INSERT INTO bench_raw_claims (tenant_id, tool, key, fingerprint, status) "
-                          "VALUES (%s, 'bench', %s, %s, 'PROCESSING') ON CONFLICT DO NOTHING RETURNING id",
+                          "VALUES (%s, 'bench', %s, %s, 'processing') ON CONFLICT DO NOTHING RETURNING id",
                           [tenant.pk, key, "f" * 64]).fetchone()[0]
-        raw.execute("UPDATE bench_raw_claims SET status = 'SUCCEEDED', result = %s WHERE id = %s "
-                    "AND status = 'PROCESSING'", ['{"ok": true}', rid])
+        raw.execute("UPDATE bench_raw_claims SET status = 'succeeded', result = %s WHERE id = %s "
+                    "AND status = 'processing'", ['{"ok": true}', rid])
 
     full_rows: dict[str, tuple[list[str], list[str], list]] = {}
     table = db.table(IdempotencyRecord)
@@ -69,9 +69,9 @@ def run(quick: bool = False) -> Section:
         columns, values, params = full_rows[key]
         rid = raw.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(values)}) "
                           "ON CONFLICT DO NOTHING RETURNING id", params).fetchone()[0]
-        raw.execute(f"UPDATE {table} SET status = 'SUCCEEDED', result = %s, lease_owner = '', "
+        raw.execute(f"UPDATE {table} SET status = 'succeeded', result = %s, lease_owner = '', "
                     "lease_expires_at = NULL, finished_at = now(), updated_at = now() "
-                    "WHERE id = %s AND status = 'PROCESSING'", ['{"ok": true}', rid])
+                    "WHERE id = %s AND status = 'processing'", ['{"ok": true}', rid])
 
     def engine_replay(key: str) -> None:
         outcome = engine.run(operation(key), lambda record: {"ok": True})

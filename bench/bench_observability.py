@@ -16,7 +16,7 @@ import time
 
 CALL_FIELDS = {"tenant_id": 1, "actor": "agent:bench/a", "tool": "create_order", "outcome": "replayed",
                "duration_ms": 4.2, "replayed": True, "operation_id": "2d787cd1-38ab-4baa-bf27-1dc304ee1224",
-               "key_digest": "238b9c6461aa1dc5", "record_status": "SUCCEEDED"}
+               "key_digest": "238b9c6461aa1dc5", "record_status": "succeeded"}
 
 
 def _per_call_us(fn, n: int) -> float:

@@ -27,7 +27,7 @@ INSERT INTO tools_app_idempotencyrecord
      attempts, lease_owner, operation_id, trace_id, actor, created_at, updated_at, finished_at, expires_at,
      downstream_key, evidence, reconcile_attempts, span_id, fingerprint_version, ongoing)
 SELECT %(tenant)s, 'create_order', 'key-' || g, %(fingerprint)s, %(digests)s::jsonb, %(arguments)s::jsonb,
-       'SUCCEEDED', jsonb_build_object('order_id', g), '', '', 1, '', gen_random_uuid(), '', 'agent:bench/bot',
+       'succeeded', jsonb_build_object('order_id', g), '', '', 1, '', gen_random_uuid(), '', 'agent:bench/bot',
        now() - g * interval '1 second', now(), now(), now() + interval '30 days', '', '[]'::jsonb, 0, '',
        %(version)s, false
 FROM generate_series(1, %(rows)s) AS g

@@ -43,7 +43,7 @@ PAYMENT = {"amount": "10.00", "currency": "EUR", "payee": "Bob", "reference": "s
 AGENT_MAX_PAUSE = 0.5
 OUTAGE_SECONDS = 2
 RECORDS = IdempotencyRecord._meta.db_table
-FINAL = ("SUCCEEDED", "FAILED")
+FINAL = ("succeeded", "failed")
 
 
 @dataclass
@@ -147,7 +147,7 @@ def in_flight(stack: Stack, keys: list[Key]) -> bool:
     inside its transaction (a local tool's claim commits with its effect, so nobody sees it yet)."""
     payments = [k.key for k in keys if k.tool == "request_payment"]
     claimed = stack.sql(f'SELECT count(*) FROM "{RECORDS}" WHERE status = %s AND key = ANY(%s)',
-                        ["PROCESSING", payments])[0][0]
+                        ["processing", payments])[0][0]
     waiting = stack.sql("SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
                         [Order._meta.db_table])[0][0]
     return claimed == len(payments) and waiting == len(keys) - len(payments)

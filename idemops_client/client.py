@@ -71,12 +71,17 @@ _STATE_OF_CLASS = {
 }
 # get_operation's status values, as ledger states and answer classes.
 _OPERATION_STATUS = {
-    "SUCCEEDED": (State.DONE, None),
-    "FAILED": (State.FAILED, None),
-    "PROCESSING": (State.IN_PROGRESS, "in_progress"),
-    "UNKNOWN": (State.UNKNOWN, "unknown_outcome"),
-    "AWAITING_APPROVAL": (State.PENDING_APPROVAL, "pending_approval"),
+    "succeeded": (State.DONE, None),
+    "failed": (State.FAILED, None),
+    "processing": (State.IN_PROGRESS, "in_progress"),
+    "unknown": (State.UNKNOWN, "unknown_outcome"),
+    "awaiting_approval": (State.PENDING_APPROVAL, "pending_approval"),
 }
+
+
+def operation_status(value: object) -> str:
+    """A status from a server's answer, lowercase: a server not yet upgraded answers records UPPERCASE."""
+    return str(value).lower()
 
 @dataclass(frozen=True)
 class ToolInfo:
@@ -398,7 +403,7 @@ class IdempotentClient:
                 updated.append(entry)
                 continue
             self.store.follow_server_expiry(entry, found.structured)
-            state, _ = _OPERATION_STATUS.get(str(found.get("status")), (None, None))
+            state, _ = _OPERATION_STATUS.get(operation_status(found.get("status")), (None, None))
             error = found.get("error") if isinstance(found.get("error"), dict) else None
             if state == State.FAILED and error and is_retryable(str(error.get("class")), error.get("retry_after")):
                 # Failed in a way that did nothing (transient): the same key may run it again.

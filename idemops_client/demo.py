@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from idemops_client.canonical import business_arguments, canonical_json
-from idemops_client.client import CallResult, IdempotentClient
+from idemops_client.client import CallResult, IdempotentClient, operation_status
 from idemops_client.errors import ToolCallError
 from idemops_client.faults import FaultProxy
 from idemops_client.ledger import Ledger
@@ -225,10 +225,10 @@ async def verify(client: IdempotentClient, proxy: FaultProxy, report: Report, ta
     payment_duplicates = 0
     if report.payment is not None:
         found = await client.call("get_operation", {"operation_id": report.payment.key})
-        same = (found["status"], (found["result"] or {}).get("payment_id")) == ("SUCCEEDED",
-                                                                                 report.payment["payment_id"])
+        status = operation_status(found["status"])
+        same = (status, (found["result"] or {}).get("payment_id")) == ("succeeded", report.payment["payment_id"])
         payment_duplicates = 0 if same else 1
-        report.say(f"- get_operation: payment operation {found['status']}, payment "
+        report.say(f"- get_operation: payment operation {status}, payment "
                    f"{(found['result'] or {}).get('payment_id')}; duplicates {payment_duplicates}")
     hits = await client.call("search_documents", {"query": f'"idemops demo {tag}"', "limit": 50})
     documents = {hit["document_id"] for hit in hits["hits"]}

@@ -51,7 +51,7 @@ def make_event(tenant: Tenant | None, *, action: str = "record.succeeded", actor
                created_at: datetime | None = None, reason: str = "", object_id: str = "1") -> AuditEvent:
     return AuditEvent.objects.create(
         tenant=tenant, actor=actor, action=action, object_type="idempotencyrecord", object_id=object_id,
-        before={"status": "PROCESSING"}, after={"status": "SUCCEEDED"}, reason=reason,
+        before={"status": "processing"}, after={"status": "succeeded"}, reason=reason,
         created_at=created_at or timezone.now())
 
 

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PeriodicJob:
-    name: str  # the Schedule row's name
+    name: str  # the Schedule row's name: its job's, so schedules, loops and jobs share one name
     job: str  # a job of core.jobs.JOBS taking no arguments
     minutes: int = 1
 
@@ -40,9 +40,9 @@ class PeriodicJob:
 PERIODIC_JOBS: list[PeriodicJob] = [
     # Dead executors' records → UNKNOWN, then ask downstream what happened. The
     # loop below runs it every second; this schedule is its backstop.
-    PeriodicJob("idemops: expire leases and reconcile", "reconciliation.run_periodic"),
+    PeriodicJob("reconciliation.run_periodic", "reconciliation.run_periodic"),
     # Events whose delivery is due (new ones also wake the relay directly).
-    PeriodicJob("idemops: outbox relay", "outbox.relay"),
+    PeriodicJob("outbox.relay", "outbox.relay"),
     # Expire overdue approval requests, settle finished ones, re-queue stalled ones.
     PeriodicJob("approvals.sweep", "approvals.sweep"),
     # Tell the approvers again about requests still waiting past their tenant's escalation time.
@@ -52,9 +52,9 @@ PERIODIC_JOBS: list[PeriodicJob] = [
     # Per-minute metric rows past IDEMOPS_METRICS_RETENTION_DAYS (the running totals stay).
     PeriodicJob("metrics.prune", "metrics.prune", minutes=60),
     # Revives long tasks whose worker died and queues due retries (tools_app.tasks.sweep).
-    PeriodicJob("idemops: task sweep", "tasks.sweep", minutes=conf().task_sweep_minutes),
+    PeriodicJob("tasks.sweep", "tasks.sweep", minutes=conf().task_sweep_minutes),
     # Arguments, results, checkpoints and documents past their retention (tools_app.retention).
-    PeriodicJob("idemops: retention purge", "retention.purge", minutes=conf().retention_purge_minutes),
+    PeriodicJob("retention.purge", "retention.purge", minutes=conf().retention_purge_minutes),
 ]
 
 
@@ -68,11 +68,11 @@ class LoopJob:
 LOOP_JOBS: list[LoopJob] = [
     # A dead executor's key settles within its lease plus this period, even
     # if no caller asks for it again (a caller that does settles it itself).
-    LoopJob("idemops: lease sweep and due reconciliations", "reconciliation.run_periodic",
+    LoopJob("reconciliation.run_periodic", "reconciliation.run_periodic",
             seconds=conf().lease_sweep_seconds),
     # A killed worker's task is handed on within its lease plus this period (the schedule below
     # is the backstop when no cluster runs loops).
-    LoopJob("idemops: task sweep", "tasks.sweep", seconds=conf().lease_sweep_seconds),
+    LoopJob("tasks.sweep", "tasks.sweep", seconds=conf().lease_sweep_seconds),
 ]
 
 
@@ -102,6 +102,9 @@ def _loop(job: LoopJob) -> None:
 
 
 def ensure_schedules(**kwargs: object) -> None:
+    # A schedule of ours under a name no job has any more (a rename) would run its job twice.
+    ours = {JOBS[job.job] for job in PERIODIC_JOBS}
+    Schedule.objects.filter(func__in=ours).exclude(name__in=[job.name for job in PERIODIC_JOBS]).delete()
     for job in PERIODIC_JOBS:
         Schedule.objects.update_or_create(
             name=job.name,

@@ -75,7 +75,7 @@ def test_a_write_with_a_valid_key_is_refused(endpoint, method, tenant):
     client = key_client(tenant)
     path = f"/api/v1/{endpoint}" if method == "post" else f"/api/v1/{endpoint}/{row.pk}"
 
-    response = getattr(client, method)(path, {"status": "SUCCEEDED"}, format="json")
+    response = getattr(client, method)(path, {"status": "succeeded"}, format="json")
 
     assert response.status_code == 405
     assert type(row).objects.filter(pk=row.pk).exists()

@@ -43,14 +43,14 @@ def test_it_streams_the_filtered_rows_in_the_requested_order(tenant):
         make_record(tenant, created_at=at(i))
     client = key_client(tenant)
 
-    response = client.get("/api/v1/idempotency-records/export.csv", {"status": "FAILED", "ordering": "created_at"})
+    response = client.get("/api/v1/idempotency-records/export.csv", {"status": "failed", "ordering": "created_at"})
 
     assert response.status_code == 200 and response.streaming
     assert response["Content-Type"] == "text/csv; charset=utf-8"
     assert response["Content-Disposition"] == 'attachment; filename="idempotency-records.csv"'
     rows = csv_rows(response)
     assert [int(row["id"]) for row in rows] == failed
-    assert {(row["status"], row["error_class"], row["tenant"]) for row in rows} == {("FAILED", "transient", "acme")}
+    assert {(row["status"], row["error_class"], row["tenant"]) for row in rows} == {("failed", "transient", "acme")}
 
 
 @pytest.mark.django_db
@@ -84,7 +84,7 @@ def test_lists_and_objects_are_flattened_and_formulas_defused(tenant):
     assert record["actor"] == "'=HYPERLINK(\"http://x\")"
     assert record["finished_at"] and record["retired_at"] == ""
     assert event[0]["reason"] == "'@SUM(A1)"
-    assert json.loads(event[0]["after"]) == {"status": "SUCCEEDED"}
+    assert json.loads(event[0]["after"]) == {"status": "succeeded"}
 
 
 @pytest.mark.django_db

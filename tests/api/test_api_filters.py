@@ -41,12 +41,12 @@ def listed(client, url, params):
 @pytest.mark.parametrize(("params", "expected"), [
     ({}, {"order_ok", "order_failed", "ticket_transient", "ticket_unknown", "order_processing"}),
     ({"tool": "create_ticket"}, {"ticket_transient", "ticket_unknown"}),
-    ({"status": "FAILED"}, {"order_failed", "ticket_transient"}),
-    ({"status": ["UNKNOWN", "PROCESSING"]}, {"ticket_unknown", "order_processing"}),
+    ({"status": "failed"}, {"order_failed", "ticket_transient"}),
+    ({"status": ["unknown", "processing"]}, {"ticket_unknown", "order_processing"}),
     ({"error_class": "transient"}, {"ticket_transient"}),
     ({"error_class": ["transient", "conflict"]}, {"ticket_transient", "order_failed"}),
     ({"actor": "agent:acme/b"}, {"order_failed", "ticket_unknown"}),
-    ({"tenant": "acme", "tool": "create_order", "status": "SUCCEEDED"}, {"order_ok"}),
+    ({"tenant": "acme", "tool": "create_order", "status": "succeeded"}, {"order_ok"}),
     ({"created_after": at(10).isoformat()}, {"order_failed", "ticket_transient", "ticket_unknown",
                                              "order_processing"}),
     ({"created_before": at(10).isoformat()}, {"order_ok"}),
@@ -134,7 +134,7 @@ def test_filters_hold_on_every_page(tenant):
         make_record(tenant, created_at=at(i))
     client = key_client(tenant)
 
-    served = all_pages(client, RECORDS, {"page_size": 4, "status": "FAILED", "ordering": "created_at"})
+    served = all_pages(client, RECORDS, {"page_size": 4, "status": "failed", "ordering": "created_at"})
 
     assert served == failed
 

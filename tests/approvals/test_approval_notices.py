@@ -123,7 +123,7 @@ def test_a_request_still_waiting_past_the_escalation_time_is_escalated_once(call
     request.refresh_from_db()
     assert request.escalated_at is not None and request.status == ApprovalStatus.PENDING
     event = AuditEvent.objects.get(action="approval.escalated")
-    assert event.actor == approvals.SWEEPER and event.after == {"waited_minutes": 31}
+    assert event.actor == approvals.APPROVAL_SWEEPER and event.after == {"waited_minutes": 31}
     escalations = [m for m in emails() if "ESCALATED" in m["subject"]]
     assert sorted(m["recipient"] for m in escalations) == ["alice@example.invalid", "lead@example.invalid"]
     assert "31 min" in escalations[0]["subject"]

@@ -13,7 +13,7 @@ from tests.jobs import queued_jobs, run_queued_jobs
 from tests.operators import make_operator
 from tools_app import approvals, engine
 from tools_app.access.roles import APPROVER, OPERATOR
-from tools_app.approvals import ApprovalRefused
+from tools_app.core.errors import Refused
 from tools_app.core.jobs import JOBS
 from tools_app.models import (
     ApprovalRequest,
@@ -163,7 +163,7 @@ def test_a_rejection_needs_a_reason_and_then_fails_the_call_for_good(caller, app
     args = {"kind": "order", "id": order["order_id"], "reason": "duplicate"}
     request = pending_request(call(caller, "delete_record", idempotency_key="d-1", **args))
 
-    with pytest.raises(ApprovalRefused, match="needs a reason"):
+    with pytest.raises(Refused, match="needs a reason"):
         approvals.reject(request, approver, reason="  ")
     approvals.reject(request, approver, reason="the customer still needs it")
     retry = call(caller, "delete_record", idempotency_key="d-1", **args)
@@ -189,14 +189,14 @@ def test_an_unanswered_request_expires_on_the_sweep(caller):
     request.refresh_from_db()
     assert request.status == ApprovalStatus.EXPIRED
     assert Announcement.objects.count() == 0
-    assert AuditEvent.objects.get(action="approval.expired").actor == "system:approvals"
+    assert AuditEvent.objects.get(action="approval.expired").actor == "system:approval-sweep"
 
 
 def test_an_expired_request_can_no_longer_be_approved(caller, approver):
     request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
     ApprovalRequest.objects.filter(pk=request.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
 
-    with pytest.raises(ApprovalRefused, match="expired"):
+    with pytest.raises(Refused, match="expired"):
         approvals.approve(request, approver)
     assert queued_jobs() == []
 
@@ -214,7 +214,7 @@ def test_the_requester_cannot_approve_its_own_request_and_the_attempt_is_audited
     as_alice = Caller(tenant_id=tenant.pk, actor="user:alice")
     request = pending_request(call(as_alice, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
 
-    with pytest.raises(ApprovalRefused, match="self-approval"):
+    with pytest.raises(Refused, match="self-approval"):
         approvals.approve(request, alice)
 
     request.refresh_from_db()
@@ -229,9 +229,9 @@ def test_a_user_without_the_approve_permission_is_refused_and_audited(caller, te
     operator = make_operator("olga", OPERATOR, tenant)
     request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
 
-    with pytest.raises(ApprovalRefused, match="missing permission"):
+    with pytest.raises(Refused, match="missing permission"):
         approvals.approve(request, operator)
-    with pytest.raises(ApprovalRefused, match="missing permission"):
+    with pytest.raises(Refused, match="missing permission"):
         approvals.reject(request, operator, reason="no")
 
     assert ApprovalRequest.objects.get().status == ApprovalStatus.PENDING
@@ -243,7 +243,7 @@ def test_an_approver_of_another_tenant_is_refused(caller, other_tenant):
     stranger = make_operator("gus", APPROVER, other_tenant)
     request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
 
-    with pytest.raises(ApprovalRefused, match="tenant you may not see"):
+    with pytest.raises(Refused, match="tenant you may not see"):
         approvals.approve(request, stranger)
     assert ApprovalRequest.objects.get().status == ApprovalStatus.PENDING
 
@@ -254,7 +254,7 @@ def test_publishing_to_everyone_takes_two_different_people(caller, approver, sec
     assert request.required_approvals == 2
 
     assert approvals.approve(request, approver).status == ApprovalStatus.PENDING
-    with pytest.raises(ApprovalRefused, match="already decided"):
+    with pytest.raises(Refused, match="already decided"):
         approvals.approve(request, approver)
     assert queued_jobs() == []
     assert approvals.approve(request, second_approver).status == ApprovalStatus.APPROVED

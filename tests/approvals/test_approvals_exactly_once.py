@@ -13,7 +13,7 @@ from tests.operators import make_operator
 from tests.race import race
 from tools_app import approvals
 from tools_app.access.roles import APPROVER
-from tools_app.approvals import ApprovalRefused
+from tools_app.core.errors import Refused
 from tools_app.models import ApprovalRequest, ApprovalStatus, AuditEvent, IdempotencyRecord, RecordStatus
 from tools_app.toolkit.calls import Caller
 
@@ -30,7 +30,7 @@ def test_two_people_approving_at_once_queue_one_execution(tenant):
     errors = approving.errors
 
     assert approving.answered(2) and len(approving.results) == 1
-    assert len(errors) == 1 and isinstance(errors[0], ApprovalRefused) and "no longer pending" in str(errors[0])
+    assert len(errors) == 1 and isinstance(errors[0], Refused) and "no longer pending" in str(errors[0])
     assert OrmQ.objects.count() == 1
     run_queued_jobs()
     assert Announcement.objects.count() == 1

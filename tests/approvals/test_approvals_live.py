@@ -54,7 +54,7 @@ def test_request_pending_approve_in_the_admin_executed_once_and_the_retry_return
     request_id = pending["approval"]["request_id"]
     assert pending["class"] == "pending_approval" and pending["approval"]["status"] == "pending"
     assert pending["approval"]["summary"] == "Publish to staff: “Maintenance” (11 characters)"
-    assert first.structured_content["idempotency"]["status"] == "AWAITING_APPROVAL"
+    assert first.structured_content["idempotency"]["status"] == "awaiting_approval"
     # the same call again: the same request; other arguments: conflict
     again = call_labelled_sync(url, token, "publish_announcement", args)
     assert error_of(again)["approval"]["request_id"] == request_id and again.meta["io.idemops/replayed"] is True

@@ -14,6 +14,7 @@ from tests.mcp_client import error_of
 from tests.operators import make_operator
 from tools_app import access, approvals
 from tools_app.access.roles import APPROVER
+from tools_app.core.errors import Refused
 from tools_app.models import ApprovalRequest, ApprovalStatus, AuditEvent
 
 NOTE = {"title": "Maintenance", "body": "Down at 2am", "audience": "staff", "idempotency_key": "ann-1"}
@@ -92,6 +93,6 @@ def test_handing_the_agent_to_another_person_does_not_change_who_may_approve_wha
     access.set_owner(token, bob, actor="user:root", reason="olivia moved teams")
 
     # the request keeps the owner from when it was made: olivia still may not, bob now may
-    with pytest.raises(approvals.ApprovalRefused, match="four eyes"):
+    with pytest.raises(Refused, match="four eyes"):
         approvals.approve(request, olivia)
     assert approvals.approve(request, bob).status == ApprovalStatus.APPROVED

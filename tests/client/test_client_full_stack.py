@@ -27,7 +27,7 @@ def test_the_demo_ends_with_duplicates_0_and_exits_0(full_stack, token):
     assert lines[-1].startswith("demo: ") and lines[-1].endswith("duplicates 0")
     assert "1 answered from the ledger" in lines[-1] and "1 deterministic error not retried" in lines[-1]
     assert "1 high-risk call under a server-issued operation id" in lines[-1]
-    assert any(line.startswith("- get_operation: payment operation SUCCEEDED") for line in lines)
+    assert any(line.startswith("- get_operation: payment operation succeeded") for line in lines)
     assert token not in demo.stdout
 
 

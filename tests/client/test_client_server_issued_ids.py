@@ -217,7 +217,7 @@ def test_get_operation_is_a_read_for_the_client_though_it_takes_an_idempotency_k
 
     order, found, entries, requests = asyncio.run(scenario())
 
-    assert (found["status"], found["result"]["order_id"]) == ("SUCCEEDED", order["order_id"])
+    assert (found["status"], found["result"]["order_id"]) == ("succeeded", order["order_id"])
     assert [e.tool for e in entries] == ["create_order"] and found.key is None
     assert requests[0].arguments == {"tool": "create_order", "idempotency_key": order.key}
 

@@ -289,7 +289,7 @@ def test_the_dashboard_charts_the_seed_metrics_per_tenant_and_tool(web_server, t
     olga = person("olga", OPERATOR)
     acme = Tenant.objects.get(slug="acme")
     trend = trends.trend(olga, "hour", tenant_id=acme.pk, tool="create_order")
-    latest = [p.hit_rate for p in trend.points if p.hit_rate is not None]
+    latest = [p.hit_rate_percent for p in trend.points if p.hit_rate_percent is not None]
 
     with browser_page() as page:
         log_in(page, web_server.base_url, "olga", "/admin/tools_app/dashboard/")

@@ -217,7 +217,7 @@ def test_a_record_page_shows_fingerprint_stored_result_attempts_and_history(call
     record = IdempotencyRecord.objects.get()
 
     page = client.get(reverse("admin:tools_app_idempotencyrecord_change", args=[record.pk]))
-    edit = client.post(reverse("admin:tools_app_idempotencyrecord_change", args=[record.pk]), {"status": "FAILED"})
+    edit = client.post(reverse("admin:tools_app_idempotencyrecord_change", args=[record.pk]), {"status": "failed"})
 
     body = page.content.decode()
     assert page.status_code == 200

@@ -263,7 +263,7 @@ def refuse_success_once(transactional_db):
             CREATE SEQUENCE fault_refusals;
             CREATE FUNCTION fault_refuse_success() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN
-                IF NEW.status = 'SUCCEEDED' AND OLD.status = 'PROCESSING'
+                IF NEW.status = 'succeeded' AND OLD.status = 'processing'
                    AND EXISTS (SELECT FROM fault_refuse_success WHERE key = NEW.key)
                    AND nextval('fault_refusals') = 1 THEN
                     RAISE EXCEPTION 'could not serialize access (injected)' USING ERRCODE = 'serialization_failure';

@@ -41,7 +41,7 @@ def test_a_finished_operation_answers_its_state_and_first_result_by_id_and_by_ke
     by_key = get_operation(caller, tool="create_order", idempotency_key="o-1").result
 
     assert by_id == by_key
-    assert (by_id["operation_id"], by_id["tool"], by_id["status"]) == (operation_id, "create_order", "SUCCEEDED")
+    assert (by_id["operation_id"], by_id["tool"], by_id["status"]) == (operation_id, "create_order", "succeeded")
     assert by_id["result"] == first.result and by_id["error"] is None
     assert by_id["expires_at"] == first.record.expires_at.isoformat().replace("+00:00", "Z")
 
@@ -85,19 +85,19 @@ def test_an_in_progress_answer_names_the_uncommitted_first_call_which_get_operat
         follower = create_order(caller)
         handle = idempotency_info(follower)["operation_id"]
         # then its in_progress answer names the operation, and get_operation says it is running
-        assert follower.error.error_class == "in_progress" and idempotency_info(follower)["status"] == "PROCESSING"
+        assert follower.error.error_class == "in_progress" and idempotency_info(follower)["status"] == "processing"
         assert handle is not None
         by_id = get_operation(caller, operation_id=handle).result
         by_key = get_operation(caller, tool="create_order", idempotency_key="o-1").result
         assert by_id == by_key and (by_id["operation_id"], by_id["tool"]) == (handle, "create_order")
-        assert (by_id["status"], by_id["result"], by_id["expires_at"]) == ("PROCESSING", None, None)
+        assert (by_id["status"], by_id["result"], by_id["expires_at"]) == ("processing", None, None)
         orders.release.set()
     first.join(20)
 
     # and once the first call commits, the same handle answers its result
     done = get_operation(caller, operation_id=handle).result
     assert answers[0].error is None and str(answers[0].record.operation_id) == handle
-    assert (done["status"], done["result"]) == ("SUCCEEDED", answers[0].result) and Order.objects.count() == 1
+    assert (done["status"], done["result"]) == ("succeeded", answers[0].result) and Order.objects.count() == 1
 
 
 @pytest.mark.live
@@ -121,10 +121,10 @@ def test_over_mcp_an_in_progress_answer_names_the_uncommitted_first_call_for_get
 
     # then the agent held a handle that answered PROCESSING, then the first call's result
     assert error_of(follower)["class"] == "in_progress" and follower.structured_content["idempotency"]["status"] == (
-        "PROCESSING")
-    assert running.structured_content["status"] == "PROCESSING"
+        "processing")
+    assert running.structured_content["status"] == "processing"
     assert answers[0].structured_content["idempotency"]["operation_id"] == handle
-    assert done.structured_content["status"] == "SUCCEEDED"
+    assert done.structured_content["status"] == "succeeded"
     assert done.structured_content["result"]["order_id"] == answers[0].structured_content["order_id"]
 
 
@@ -150,7 +150,7 @@ def test_a_follower_of_a_downstream_call_in_flight_hears_in_progress_with_its_op
         release.set()
         first.join(20)
 
-    assert follower.error.error_class == "in_progress" and running["status"] == "PROCESSING"
+    assert follower.error.error_class == "in_progress" and running["status"] == "processing"
     assert handle == str(answers[0].record.operation_id)
     assert get_operation(caller, operation_id=handle).result["result"] == {"sent": True}
 
@@ -168,7 +168,7 @@ def test_a_retry_while_an_approved_call_executes_hears_in_progress_with_its_oper
     assert retry.error.error_class == "in_progress"
     assert idempotency_info(retry)["operation_id"] == str(record.operation_id) == idempotency_info(waiting)[
         "operation_id"]
-    assert get_operation(caller, operation_id=str(record.operation_id)).result["status"] == "PROCESSING"
+    assert get_operation(caller, operation_id=str(record.operation_id)).result["status"] == "processing"
 
 
 def test_a_deterministic_failure_answers_its_error(caller):
@@ -177,7 +177,7 @@ def test_a_deterministic_failure_answers_its_error(caller):
 
     answer = get_operation(caller, operation_id=str(failed.record.operation_id)).result
 
-    assert answer["status"] == "FAILED" and answer["result"] is None
+    assert answer["status"] == "failed" and answer["result"] is None
     assert answer["error"]["class"] == "not_found" and "no order 999999" in answer["error"]["message"]
 
 
@@ -186,7 +186,7 @@ def test_an_operation_waiting_for_a_person_answers_what_a_retry_would_be_told(ca
 
     answer = get_operation(caller, tool="publish_announcement", idempotency_key=waiting.record.key).result
 
-    assert answer["status"] == "AWAITING_APPROVAL"
+    assert answer["status"] == "awaiting_approval"
     assert answer["error"] == waiting.error.as_dict() and answer["error"]["class"] == "pending_approval"
 
 
@@ -199,9 +199,9 @@ def test_an_unknown_outcome_answers_unknown_with_the_reconciliation_advice(calle
 
     answer = get_operation(caller, operation_id=str(record.operation_id)).result
 
-    assert answer["status"] == "UNKNOWN" and answer["error"]["class"] == "unknown_outcome"
+    assert answer["status"] == "unknown" and answer["error"]["class"] == "unknown_outcome"
     reconciliation.run_periodic()  # a local write that never committed: settled as not done
-    assert get_operation(caller, operation_id=str(record.operation_id)).result["status"] == "FAILED"
+    assert get_operation(caller, operation_id=str(record.operation_id)).result["status"] == "failed"
 
 
 def test_another_tenants_operation_is_not_found_like_one_that_does_not_exist(caller, other_tenant):
@@ -250,8 +250,8 @@ def test_a_long_tool_called_directly_is_processing_until_its_task_ends_then_answ
     as_start_task = get_operation(caller, tool="start_task", idempotency_key="doc-1").result
 
     assert direct.error.error_class == "in_progress"
-    assert (running["status"], running["tool"], running["task_id"]) == ("PROCESSING", "ingest_document", str(task.pk))
+    assert (running["status"], running["tool"], running["task_id"]) == ("processing", "ingest_document", str(task.pk))
     assert running["error"]["class"] == "in_progress"
-    assert (done["status"], done["result"]) == ("SUCCEEDED", Task.objects.get().result) and done["error"] is None
+    assert (done["status"], done["result"]) == ("succeeded", Task.objects.get().result) and done["error"] is None
     assert running["operation_id"] == str(task.operation_id) == idempotency_info(direct)["operation_id"]
     assert as_start_task["result"]["task_id"] == str(task.pk) and as_start_task["tool"] == "start_task"

@@ -296,7 +296,7 @@ def test_a_call_that_keeps_losing_the_key_to_other_retries_hears_in_progress_nam
         cursor.execute("CREATE FUNCTION test_lose_reclaim() RETURNS trigger LANGUAGE plpgsql AS "
                        "$$ BEGIN RETURN NULL; END $$")
         cursor.execute(f"CREATE TRIGGER test_lose_reclaim BEFORE UPDATE ON {IdempotencyRecord._meta.db_table} "
-                       "FOR EACH ROW WHEN (OLD.status = 'FAILED' AND NEW.status = 'PROCESSING') "
+                       "FOR EACH ROW WHEN (OLD.status = 'failed' AND NEW.status = 'processing') "
                        "EXECUTE FUNCTION test_lose_reclaim()")
 
     outcome = engine.run(operation(tenant), make_order(tenant))

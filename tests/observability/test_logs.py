@@ -16,6 +16,7 @@ from tests.approvals_support import call, pending_request
 from tools_app import approvals, reconciliation
 from tools_app.access.roles import OPERATOR
 from tools_app.core import keys, logs, redaction, tracing
+from tools_app.core.errors import Refused
 from tools_app.models import RecordStatus
 from tools_app.toolkit.calls import observed
 from tools_app.toolkit.registry import get_tool
@@ -172,7 +173,7 @@ def test_an_operators_decision_and_a_refusal_are_each_one_line_once_committed(
     outsider = make_operator("olga", OPERATOR, tenant)
     with django_capture_on_commit_callbacks(execute=True):
         approvals.approve(request, approver)
-        with pytest.raises(approvals.ApprovalRefused):
+        with pytest.raises(Refused):
             approvals.reject(request, outsider, reason="no")
 
     actions = [(line["action"], line["actor"]) for line in captured.events("operator.action")]

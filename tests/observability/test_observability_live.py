@@ -333,10 +333,10 @@ def test_no_token_key_password_or_personal_value_sent_through_any_tool_reaches_a
     # a person approves the deletion and the announcement: the cluster runs them
     tenant = Tenant.objects.get(slug="acme")
     bob = make_operator("bob", APPROVER, tenant)
-    for request in ApprovalRequest.objects.filter(status="PENDING"):
+    for request in ApprovalRequest.objects.filter(status="pending"):
         approvals.approve(request, bob)
     use("get_approval_status", {"request_id": ApprovalRequest.objects.get(tool="publish_announcement").pk})
-    wait_until(lambda: ApprovalRequest.objects.filter(status="EXECUTED").count() == 2, what="the approved calls")
+    wait_until(lambda: ApprovalRequest.objects.filter(status="executed").count() == 2, what="the approved calls")
     # the email, the webhook and the onboarding's welcome email
     wait_until(lambda: OutboxEvent.objects.filter(status="delivered").count() == 3, what="the deliveries")
     # an auditor exports, a forged token and a wrong admin password are refused

@@ -59,11 +59,11 @@ def test_hit_and_conflict_rates_and_replay_latency_per_minute(tenant, olga):
 
     five, one, quiet = point(trend, 5), point(trend, 1), point(trend, 3)
     assert len(trend.points) == 60
-    assert (five.writes, five.hit_rate, five.conflict_rate) == (10, 50.0, 30.0)
+    assert (five.writes, five.hit_rate_percent, five.conflict_rate_percent) == (10, 50.0, 30.0)
     # from the replayed calls' histogram (buckets of 5 and 10 ms here), interpolated as Prometheus does
     assert 5.0 < five.replay_p50_ms < five.replay_p95_ms <= 10.0
-    assert (one.writes, one.hit_rate, one.replay_p50_ms) == (1, 0.0, None)  # reads are not writes
-    assert (quiet.writes, quiet.hit_rate) == (0, None)
+    assert (one.writes, one.hit_rate_percent, one.replay_p50_ms) == (1, 0.0, None)  # reads are not writes
+    assert (quiet.writes, quiet.hit_rate_percent) == (0, None)
 
 
 def test_processing_timeouts_and_unknown_records_over_time(tenant, olga):
@@ -127,7 +127,7 @@ def test_windows_of_a_day_and_a_week_bucket_the_same_calls(tenant, olga):
 
     assert (len(day.points), len(week.points)) == (96, 84)
     assert sum(p.writes for p in day.points) == sum(p.writes for p in week.points) == 4
-    assert max(p.hit_rate or 0 for p in week.points) == 75.0
+    assert max(p.hit_rate_percent or 0 for p in week.points) == 75.0
 
 
 def test_trends_show_only_the_viewers_tenants_and_narrow_to_one_tenant_and_tool(tenant, other_tenant, olga,

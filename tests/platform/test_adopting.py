@@ -278,7 +278,7 @@ def test_the_tutorial_serves_the_adopters_own_tools_with_the_promise_kept(adopte
 
     # the records, the audit events and the metrics are there
     assert sql(adopter, "SELECT count(*) FROM tools_app_idempotencyrecord WHERE tool = 'issue_refund' "
-                        "AND status = 'SUCCEEDED'")[0][0] == 4
+                        "AND status = 'succeeded'")[0][0] == 4
     assert sql(adopter, "SELECT count(*) FROM tools_app_auditevent WHERE action = 'record.claimed'")[0][0] >= 4
     metrics = httpx2.get(f"{adopter.base}/metrics", headers=PROXY, timeout=10).text
     assert re.search(r'idemops_tool_calls_total\{[^}]*tool="issue_refund"', metrics)

@@ -182,7 +182,7 @@ def test_the_purge_is_scheduled_and_runs_as_a_command(transactional_db, caller):
     from tools_app.schedules import ensure_schedules
 
     ensure_schedules()
-    assert Schedule.objects.get(name="idemops: retention purge").func == "tools_app.retention.jobs.purge_expired"
+    assert Schedule.objects.get(name="retention.purge").func == "tools_app.retention.jobs.purge_expired"
     order(caller, "cmd")
     age(IdempotencyRecord, 40)
 

@@ -23,7 +23,7 @@ from tools_app.core.jobs import JOBS
 from tools_app.models import AuditEvent, Checkpoint, StepOutcome, StepRun, Task, TaskArtifact, TaskStatus
 from tools_app.tasks import checkpoints
 from tools_app.tasks import jobs as task_jobs
-from tools_app.tasks.calls import overall_progress
+from tools_app.tasks.agent_view import overall_progress
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.pipelines import Pipeline, RetryPolicy, Step
 from tools_app.toolkit.registry import get_tool
@@ -132,7 +132,7 @@ def test_a_finished_steps_own_progress_is_not_counted_again_once_it_is_completed
 
     # when the step completes and the job's slice ends there (no next step started in this job)
     prepared = checkpoints.prepare(mine, INGEST.steps[0], 0, {"data_base64": ""}, [])
-    assert tasks.complete_step(mine, "worker-a", prepared, run) is True
+    assert tasks.complete_step(mine, "worker-a", prepared, run) == tasks.Advanced(moved=True, next_run=None)
 
     # then a caller waiting for it sees one step done, not one and a half
     task.refresh_from_db()
@@ -148,7 +148,7 @@ def test_a_cancel_takes_the_lease_away_so_the_running_worker_writes_nothing_more
 
     prepared = checkpoints.prepare(mine, INGEST.steps[0], 0, {"data_base64": ""}, [])
     assert tasks.renew_lease(task.pk, "worker-a") is False
-    assert tasks.complete_step(mine, "worker-a", prepared, run) is False
+    assert tasks.complete_step(mine, "worker-a", prepared, run) == tasks.Advanced(moved=False)
     assert tasks.begin_step(mine, "worker-a", INGEST.steps[1], 1, completed=[]) is None
     assert not Checkpoint.objects.exists()
     task.refresh_from_db()
@@ -276,8 +276,22 @@ def test_the_sweep_is_a_periodic_django_q2_schedule(db):
     ensure_schedules()
     ensure_schedules()
 
-    schedule = Schedule.objects.get(name="idemops: task sweep")
+    schedule = Schedule.objects.get(name="tasks.sweep")
     assert (schedule.func, schedule.schedule_type, schedule.minutes) == (JOBS["tasks.sweep"], "I", 1)
+
+
+def test_a_schedule_of_ours_under_an_old_name_is_removed_so_its_job_does_not_run_twice(db):
+    from django_q.models import Schedule
+
+    from tools_app.schedules import PERIODIC_JOBS, ensure_schedules
+
+    Schedule.objects.create(name="idemops: task sweep", func=JOBS["tasks.sweep"], schedule_type=Schedule.MINUTES)
+    Schedule.objects.create(name="an adopter's own", func="myapp.jobs.nightly", schedule_type=Schedule.DAILY)
+
+    ensure_schedules()
+
+    assert sorted(Schedule.objects.values_list("name", flat=True)) == sorted(
+        [job.name for job in PERIODIC_JOBS] + ["an adopter's own"])
 
 
 def running_task(caller) -> Task:

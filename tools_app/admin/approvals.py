@@ -25,7 +25,7 @@ from tools_app.admin.operator_actions import (
     time_left,
 )
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
-from tools_app.approvals import settings as approval_settings
+from tools_app.approvals import thresholds
 from tools_app.approvals.models import (
     ApprovalDecision,
     ApprovalRequest,
@@ -120,9 +120,9 @@ class PendingApprovalAdmin(ApprovalColumns, QueueAdmin[PendingApproval]):
     fields = DETAIL_FIELDS
     readonly_fields = DETAIL_FIELDS
     operator_actions = [
-        OperatorAction("approve", "Approve", approvals.APPROVE, approve, refused=(approvals.ApprovalRefused,),
+        OperatorAction("approve", "Approve", approvals.APPROVE, approve, refused=(errors.Refused,),
                        help_text="Optional note for the audit log."),
-        OperatorAction("reject", "Reject", approvals.REJECT, reject, refused=(approvals.ApprovalRefused,),
+        OperatorAction("reject", "Reject", approvals.REJECT, reject, refused=(errors.Refused,),
                        reason=REASON_REQUIRED, help_text="Required: the agent and the audit log get it.",
                        style="danger"),
     ]
@@ -164,8 +164,8 @@ class ApprovalSettingsAdmin(TenantScopedAdmin[ApprovalSettings], ModelAdmin[Appr
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
     def save_model(self, request: HttpRequest, obj: ApprovalSettings, form: Any, change: bool) -> None:
-        before = {name: str(form.initial.get(name)) for name in approval_settings.AUDITED} if change else None
+        before = {name: str(form.initial.get(name)) for name in thresholds.AUDITED} if change else None
         try:
-            approval_settings.save_settings(obj, request.user, before=before)
+            thresholds.save_settings(obj, request.user, before=before)
         except errors.PermissionDenied as refused:  # audited by the concept function
             raise DjangoPermissionDenied(refused.message) from None

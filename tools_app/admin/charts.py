@@ -111,9 +111,9 @@ def seed_charts(trend: trends.Trend) -> list[Chart]:
     """The seed metrics, one chart each."""
     return [
         line_chart("trend-hit-rate", "Idempotency hit rate", "%", trend,
-                   [("hit rate", "#417690", lambda p: p.hit_rate)], fixed_peak=100),
+                   [("hit rate", "#417690", lambda p: p.hit_rate_percent)], fixed_peak=100),
         line_chart("trend-conflict-rate", "Key conflict rate", "%", trend,
-                   [("conflict rate", "#ba2121", lambda p: p.conflict_rate)]),
+                   [("conflict rate", "#ba2121", lambda p: p.conflict_rate_percent)]),
         bar_chart("trend-timeouts", "Processing timeouts (write leases expired)", trend,
                   lambda p: p.processing_timeouts, "#e08e0b"),
         line_chart("trend-unknown", "UNKNOWN records", "", trend, [("UNKNOWN", "#6f42c1", lambda p: p.unknown)]),

@@ -6,6 +6,7 @@ from django.http import HttpRequest
 from tools_app import outbox
 from tools_app.admin.operator_actions import OperatorAction, QueueAdmin, age
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.core.errors import Refused
 from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 
 
@@ -20,7 +21,7 @@ class OutboxEventAdmin(TenantScopedAdmin[OutboxEvent], ReadOnlyAdmin[OutboxEvent
 
 def redrive(request: HttpRequest, event: DeadLetter, reason: str) -> str:
     if not outbox.redrive(event, request.user, reason=reason):
-        raise outbox.DeliveryFailed("it is no longer dead-lettered")
+        raise Refused("it is no longer dead-lettered")
     return "sent back to the relay"
 
 
@@ -34,7 +35,7 @@ class DeadLetterAdmin(QueueAdmin[DeadLetter]):
     list_display = ["id", "tenant", "kind", "waiting", "attempts", "last_error"]
     list_filter = ["kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant"]
-    operator_actions = [OperatorAction("redrive", "Re-drive", outbox.REDRIVE, redrive, refused=(outbox.DeliveryFailed,),
+    operator_actions = [OperatorAction("redrive", "Re-drive", outbox.REDRIVE, redrive, refused=(Refused,),
                                        help_text="Deliver again; the consumer deduplicates by event id.")]
 
     @admin.display(description="waiting", ordering="created_at")

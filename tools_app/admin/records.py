@@ -18,17 +18,13 @@ from tools_app.admin.operator_actions import (
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.approvals.models import ApprovalRequest
 from tools_app.core import keys
-from tools_app.core.errors import ToolFailure
+from tools_app.core.errors import Refused, ToolFailure
 from tools_app.engine.models import IdempotencyRecord
-
-
-class NotExpirable(Exception):
-    pass
 
 
 def force_expire(request: HttpRequest, record: IdempotencyRecord, reason: str) -> str:
     if not reconciliation.force_expire(record, request.user, reason=reason):
-        raise NotExpirable("only a finished record within its retention can be expired")
+        raise Refused("only a finished record within its retention can be expired")
     return "retention ended now; the tool's expiry policy applies to the next call with this key"
 
 
@@ -36,7 +32,7 @@ def release_held_key(request: HttpRequest, record: IdempotencyRecord, reason: st
                      downstream_reference: str = "") -> str:
     if not reconciliation.release_held_key(record, request.user, reason=reason, checked=checked,
                                         downstream_reference=downstream_reference):
-        raise NotExpirable("only a finished record past its retention (a held key) can be released")
+        raise Refused("only a finished record past its retention (a held key) can be released")
     return "released; the next call with this key runs as a new operation"
 
 
@@ -56,10 +52,10 @@ class IdempotencyRecordAdmin(OperatorActionsAdmin[IdempotencyRecord], TenantScop
     )
     operator_actions = [
         OperatorAction("force_expire", "Force-expire key", reconciliation.FORCE_EXPIRE, force_expire,
-                       refused=(NotExpirable, ToolFailure), reason=REASON_REQUIRED, style="danger",
+                       refused=(Refused, ToolFailure), reason=REASON_REQUIRED, style="danger",
                        help_text="Required: why this key's stored result must no longer be replayed."),
         OperatorAction("release_held_key", "Release held key", reconciliation.RELEASE_HELD_KEY, release_held_key,
-                       refused=(NotExpirable, ToolFailure), reason=REASON_REQUIRED, style="danger",
+                       refused=(Refused, ToolFailure), reason=REASON_REQUIRED, style="danger",
                        help_text="Required: why the key may run again. Check the downstream system first: "
                                  "the next call with this key runs as a new operation.",
                        extra_fields={

@@ -14,14 +14,8 @@ from tools_app import access, retention
 from tools_app.admin.generic import ModelAdmin
 from tools_app.admin.scoping import TenantScopedAdmin
 from tools_app.core import audit
-from tools_app.core.errors import PermissionDenied
+from tools_app.core.errors import PermissionDenied, Refused
 from tools_app.retention.models import RetentionOverride
-
-
-class _Refused(Exception):
-    def __init__(self, obj: RetentionOverride, reason: str) -> None:
-        super().__init__(reason)
-        self.obj, self.reason = obj, reason
 
 
 @admin.register(RetentionOverride)
@@ -50,13 +44,13 @@ class RetentionOverrideAdmin(TenantScopedAdmin[RetentionOverride], ModelAdmin[Re
         try:
             retention.save_override(request.user, obj, before)
         except PermissionDenied as exc:
-            raise _Refused(obj, exc.message) from None
+            raise Refused(exc.message, obj) from None
 
     def delete_model(self, request: HttpRequest, obj: RetentionOverride) -> None:
         try:
             retention.delete_override(request.user, obj)
         except PermissionDenied as exc:
-            raise _Refused(obj, exc.message) from None
+            raise Refused(exc.message, obj) from None
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[RetentionOverride]) -> None:
         for obj in queryset:
@@ -67,21 +61,22 @@ class RetentionOverrideAdmin(TenantScopedAdmin[RetentionOverride], ModelAdmin[Re
     def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         try:
             return super().changeform_view(request, *args, **kwargs)
-        except _Refused as refused:
+        except Refused as refused:
             self._refuse(request, refused)
 
     def delete_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         try:
             return super().delete_view(request, *args, **kwargs)
-        except _Refused as refused:
+        except Refused as refused:
             self._refuse(request, refused)
 
     def changelist_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         try:
             return super().changelist_view(request, *args, **kwargs)
-        except _Refused as refused:
+        except Refused as refused:
             self._refuse(request, refused)
 
-    def _refuse(self, request: HttpRequest, refused: _Refused) -> NoReturn:
-        access.audit_refusal(retention.CHANGE_RETENTION, refused.obj, audit.user_actor(request.user), refused.reason)
+    def _refuse(self, request: HttpRequest, refused: Refused) -> NoReturn:
+        access.audit_refusal(retention.CHANGE_RETENTION, refused.subject, audit.user_actor(request.user),
+                             refused.reason)
         raise DjangoPermissionDenied(refused.reason)

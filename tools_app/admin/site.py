@@ -107,8 +107,8 @@ class ConsoleSite(admin.AdminSite):
         writes = sum(s.writes for s in snap.tools)
         return {
             "calls": sum(s.calls for s in snap.tools), "writes": writes,
-            "hit_rate": _percent(sum(s.count("replayed") for s in snap.tools), writes),
-            "conflict_rate": _percent(sum(s.count("conflict") for s in snap.tools), writes),
+            "hit_rate_percent": _percent(sum(s.count("replayed") for s in snap.tools), writes),
+            "conflict_rate_percent": _percent(sum(s.count("conflict") for s in snap.tools), writes),
             "unknown": sum(s.unknown for s in snap.tools), "overrun": sum(s.overrun_leases for s in snap.tools),
             "approvals_waiting": sum(s.approvals_waiting for s in snap.tools),
             "url": reverse("admin:tools_app_dashboard_changelist"),

@@ -24,7 +24,7 @@ from tools_app.approvals.models import (
     ApprovalVerdict,
 )
 from tools_app.core import clock, db
-from tools_app.core.errors import PermissionDenied
+from tools_app.core.errors import PermissionDenied, Refused
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -32,18 +32,10 @@ if TYPE_CHECKING:
 DECIDE_PERMISSION = "tools_app.decide_approvalrequest"
 
 
-class ApprovalRefused(Exception):
-    """A decision that was not taken (and was audited): the message says why."""
-
-
 APPROVE = access.Permit(DECIDE_PERMISSION, ApprovalVerdict.APPROVE, "approve or reject requests", "approval.refused")
 
 
 REJECT = access.Permit(DECIDE_PERMISSION, ApprovalVerdict.REJECT, "approve or reject requests", "approval.refused")
-
-
-class _Refusal(Exception):
-    pass
 
 
 def approve(request: ApprovalRequest, user: User, *, reason: str = "") -> ApprovalRequest:
@@ -61,16 +53,16 @@ def _decide(request: ApprovalRequest, user: User, permit: access.Permit, reason:
     try:
         actor = access.authorize(user, permit, request)
     except PermissionDenied as denied:  # already audited
-        raise ApprovalRefused(denied.message) from None
+        raise Refused(denied.message) from None
     reason = (reason or "").strip()
     try:
         _check_decision(request, user, actor, permit, reason)
         with transaction.atomic():
             _record_decision(request, user, permit.attempted, reason)
             take(request, actor, reason)
-    except _Refusal as refusal:
-        access.audit_refusal(permit, request, actor, str(refusal))
-        raise ApprovalRefused(str(refusal)) from None
+    except Refused as refusal:
+        access.audit_refusal(permit, request, actor, refusal.reason)
+        raise
     request.refresh_from_db()
     return request
 
@@ -78,12 +70,12 @@ def _decide(request: ApprovalRequest, user: User, permit: access.Permit, reason:
 def _check_decision(request: ApprovalRequest, user: User, actor: str, permit: access.Permit, reason: str) -> None:
     """The rules of deciding, for someone who may decide on this tenant's requests."""
     if actor == request.requested_by:
-        raise _Refusal("self-approval: the requester cannot decide on its own request")
+        raise Refused("self-approval: the requester cannot decide on its own request")
     if permit is APPROVE and request.requester_owner_id is not None and request.requester_owner_id == user.pk:
-        raise _Refusal(f"four eyes: you own the agent that asked ({request.requested_by}); another approver "
+        raise Refused(f"four eyes: you own the agent that asked ({request.requested_by}); another approver "
                        "must approve it (you may reject it)")
     if permit is REJECT and not reason:
-        raise _Refusal("a rejection needs a reason")
+        raise Refused("a rejection needs a reason")
 
 
 def _record_decision(request: ApprovalRequest, user: User, verdict: str, reason: str) -> None:
@@ -93,7 +85,7 @@ def _record_decision(request: ApprovalRequest, user: User, verdict: str, reason:
             ApprovalDecision.objects.create(request=request, user=user, verdict=verdict, reason=reason,
                                             created_at=timezone.now())
     except IntegrityError:
-        raise _Refusal("you have already decided on this request") from None
+        raise Refused("you have already decided on this request") from None
 
 
 def _count_approval(request: ApprovalRequest, actor: str, reason: str) -> None:
@@ -117,7 +109,7 @@ def _count_approval(request: ApprovalRequest, actor: str, reason: str) -> None:
                          action="approval.approved" if last else "approval.approval_counted", actor=actor,
                          reason=reason, before={"status": ApprovalStatus.PENDING, "approvals": locked.approvals},
                          after={"status": changes.get("status", ApprovalStatus.PENDING), "approvals": counted}):
-        raise _Refusal(_not_pending(request))
+        raise Refused(_not_pending(request))
     if last:
         execution.dispatch(locked)
 
@@ -129,7 +121,7 @@ def _reject(request: ApprovalRequest, actor: str, reason: str) -> None:
         "status": ApprovalStatus.REJECTED, "reason": reason, "decided_at": now, "decided_by": actor, "finished_at": now,
     }, action="approval.rejected", actor=actor, reason=reason, before={"status": ApprovalStatus.PENDING},
             after={"status": ApprovalStatus.REJECTED}):
-        raise _Refusal(_not_pending(request))
+        raise Refused(_not_pending(request))
     engine.close_unapproved(
         request.record, PermissionDenied(f"rejected by an approver: {reason}. Nothing was executed"),
         actor=actor, reason=reason)
@@ -141,4 +133,4 @@ def _not_pending(request: ApprovalRequest) -> str:
     status, expires_at, now = current
     if status == ApprovalStatus.PENDING and expires_at <= now:
         return "the request has expired"
-    return f"the request is no longer pending (it is {status.lower()})"
+    return f"the request is no longer pending (it is {status})"

@@ -27,7 +27,7 @@ from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.toolkit import registry
 from tools_app.toolkit.calls import Caller, validate_arguments, write_operation
 
-SWEEPER = "system:approvals"
+APPROVAL_SWEEPER = "system:approval-sweep"
 
 
 # An approved request whose job has not moved it for this long is queued again.
@@ -60,10 +60,10 @@ def abandon(request: ApprovalRequest, failure: ToolFailure) -> bool:
     """APPROVED -> FAILED when the approved call cannot even be rebuilt; its record fails with it."""
     if not db.transition(request, {"status": ApprovalStatus.APPROVED}, {
         "status": ApprovalStatus.FAILED, "finished_at": clock.NOW, "reason": failure.message,
-    }, action="approval.failed", actor=SWEEPER, reason=failure.message, before={"status": ApprovalStatus.APPROVED},
-            after={"status": ApprovalStatus.FAILED}):
+    }, action="approval.failed", actor=APPROVAL_SWEEPER, reason=failure.message,
+            before={"status": ApprovalStatus.APPROVED}, after={"status": ApprovalStatus.FAILED}):
         return False
-    engine.close_unapproved(request.record, failure, actor=SWEEPER, reason=failure.message)
+    engine.close_unapproved(request.record, failure, actor=APPROVAL_SWEEPER, reason=failure.message)
     return True
 
 
@@ -86,7 +86,7 @@ def settle(request: ApprovalRequest) -> ApprovalStatus | None:
         return None
     if not db.transition(request, {"status": ApprovalStatus.APPROVED}, {
         "status": status, "finished_at": clock.NOW,
-    }, action=f"approval.{status.lower()}", actor=SWEEPER, before={"status": ApprovalStatus.APPROVED},
+    }, action=f"approval.{status}", actor=APPROVAL_SWEEPER, before={"status": ApprovalStatus.APPROVED},
             after={"status": status}):
         return None
     return status
@@ -99,13 +99,13 @@ def expire(request: ApprovalRequest) -> bool:
     why = "no decision before the request expired"
     if not db.transition(request, {"status": ApprovalStatus.PENDING, "expires_at__lte": now}, {
         "status": ApprovalStatus.EXPIRED, "finished_at": now, "reason": why,
-    }, action="approval.expired", actor=SWEEPER, reason=why, before={"status": ApprovalStatus.PENDING},
+    }, action="approval.expired", actor=APPROVAL_SWEEPER, reason=why, before={"status": ApprovalStatus.PENDING},
             after={"status": ApprovalStatus.EXPIRED}):
         return False
     engine.close_unapproved(
         request.record, PermissionDenied("the approval request expired without a decision; nothing was executed. "
                                          "To ask again, call with a new idempotency_key"),
-        actor=SWEEPER, reason=why)
+        actor=APPROVAL_SWEEPER, reason=why)
     return True
 
 
@@ -113,7 +113,7 @@ def redrive(request: ApprovalRequest, *, seen: datetime | None) -> bool:
     """Queue an approved request's job again if nobody did since `seen` (its last dispatch)."""
     with transaction.atomic():
         if not db.transition(request, {"status": ApprovalStatus.APPROVED, "dispatched_at": seen},
-                             {"dispatched_at": clock.NOW}, action="approval.redriven", actor=SWEEPER):
+                             {"dispatched_at": clock.NOW}, action="approval.redriven", actor=APPROVAL_SWEEPER):
             return False
         dispatch(request)
     return True

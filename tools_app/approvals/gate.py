@@ -78,7 +78,7 @@ def gate(spec: registry.ToolSpec, tenant_id: int, actor: str, args: BaseModel
             # after a transient failure of that run).
             if existing.status == ApprovalStatus.APPROVED and existing.fingerprint == record.fingerprint:
                 return None
-            raise PermissionDenied(f"approval request {existing.pk} is {existing.status.lower()}; "
+            raise PermissionDenied(f"approval request {existing.pk} is {existing.status}; "
                                    "this operation may not run")
         tenant = Tenant.objects.get(pk=tenant_id)
         policy = approval(tenant, args)
@@ -141,7 +141,7 @@ def pending_error(request: ApprovalRequest) -> PendingApproval:
 
 def approval_info(request: ApprovalRequest) -> dict[str, Any]:
     return {
-        "request_id": request.pk, "status": request.status.lower(), "summary": request.summary,
+        "request_id": request.pk, "status": request.status, "summary": request.summary,
         "expires_at": request.expires_at.isoformat(), "approvals_required": request.required_approvals,
         "approvals_given": request.approvals,
     }

@@ -23,12 +23,12 @@ if TYPE_CHECKING:
 
 
 class ApprovalStatus(models.TextChoices):
-    PENDING = "PENDING", "Pending"
-    APPROVED = "APPROVED", "Approved (executing)"
-    EXECUTED = "EXECUTED", "Executed"
-    FAILED = "FAILED", "Failed after approval"
-    REJECTED = "REJECTED", "Rejected"
-    EXPIRED = "EXPIRED", "Expired"
+    PENDING = "pending", "Pending"
+    APPROVED = "approved", "Approved (executing)"
+    EXECUTED = "executed", "Executed"
+    FAILED = "failed", "Failed after approval"
+    REJECTED = "rejected", "Rejected"
+    EXPIRED = "expired", "Expired"
 
 
 class ApprovalRequest(models.Model):

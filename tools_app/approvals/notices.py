@@ -32,7 +32,7 @@ from django.urls import reverse
 
 from idemops.conf import conf
 from tools_app import outbox
-from tools_app.approvals.execution import SWEEPER
+from tools_app.approvals.execution import APPROVAL_SWEEPER
 from tools_app.approvals.models import ApprovalRequest, ApprovalSettings, ApprovalStatus
 from tools_app.core import clock, db, redaction
 from tools_app.toolkit import registry
@@ -148,7 +148,7 @@ def escalate(request: ApprovalRequest) -> bool:
     now = clock.read()  # the database's: what escalated_at and the wait are measured by everywhere
     waited = int((now - request.created_at).total_seconds() // 60)
     if not db.transition(request, {"status": ApprovalStatus.PENDING, "escalated_at": None},
-                         {"escalated_at": now}, action=ESCALATED, actor=SWEEPER,
+                         {"escalated_at": now}, action=ESCALATED, actor=APPROVAL_SWEEPER,
                          reason=f"still waiting after {waited} min", after={"waited_minutes": waited}):
         return False
     extra = [ApprovalSettings.of(request.tenant).escalation_email]

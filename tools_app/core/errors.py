@@ -66,6 +66,30 @@ class ToolFailure(Exception):
         # What was asked downstream and what came back; kept on the record,
         # never sent to the agent.
         self.evidence = evidence
+        self._built = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Immutable once built, so the error an agent hears is the one that was recorded; Python
+        # itself still sets the dunder attributes (__traceback__, __cause__, __notes__).
+        if getattr(self, "_built", False) and not name.startswith("__"):
+            raise AttributeError(f"a failure is immutable once built: {type(self).__name__}.replaced(...)")
+        super().__setattr__(name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickling rebuilds through __init__ (the default sets the attributes after it, which is refused).
+        return _rebuilt, (type(self), self.message, self.retry_after, self.differing_fields, self.details,
+                          self.evidence)
+
+    def replaced(self, *, message: str | None = None, retry_after: float | None = None,
+                 details: dict[str, Any] | None = None) -> ToolFailure:
+        """A new failure of the same class with these fields changed."""
+        return type(self)(
+            self.message if message is None else message,
+            retry_after=self.retry_after if retry_after is None else retry_after,
+            differing_fields=self.differing_fields,
+            details=self.details if details is None else details,
+            evidence=self.evidence,
+        )
 
     @property
     def retryable(self) -> bool:
@@ -91,6 +115,22 @@ class ToolFailure(Exception):
             differing_fields=error.get("differing_fields"),
             details={k: v for k, v in error.items() if k not in known},
         )
+
+
+def _rebuilt(cls: type[ToolFailure], message: str, retry_after: float | None, differing_fields: list[str] | None,
+             details: dict[str, Any], evidence: dict[str, Any] | None) -> ToolFailure:
+    return cls(message, retry_after=retry_after, differing_fields=differing_fields, details=details, evidence=evidence)
+
+
+class Refused(Exception):
+    """An operator's action not taken: `reason` is what the console shows (and the audit event says).
+
+    `subject` is the object it was refused on, for a caller that audits the refusal later.
+    """
+
+    def __init__(self, reason: str, subject: object = None):
+        super().__init__(reason)
+        self.reason, self.subject = reason, subject
 
 
 class InvalidInput(ToolFailure):

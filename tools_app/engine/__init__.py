@@ -31,7 +31,7 @@ from tools_app.engine.prepared import issue, issued_operation_id, valid_unused
 from tools_app.engine.run import execute_approved, run, wait_for_outcome
 from tools_app.engine.transitions import (
     FINISHED,
-    SWEEPER,
+    LEASE_SWEEPER,
     await_approval,
     claim,
     claim_operation_id,
@@ -65,7 +65,7 @@ from tools_app.engine.transitions import (
 )
 
 __all__ = [
-    "DEFAULT_RETENTION", "FINISHED", "OPERATION_ID_REQUIRED", "SWEEPER", "Executor", "ExpiryPolicy", "LeaseLost",
+    "DEFAULT_RETENTION", "FINISHED", "OPERATION_ID_REQUIRED", "LEASE_SWEEPER", "Executor", "ExpiryPolicy", "LeaseLost",
     "Operation", "Outcome", "await_approval", "claim", "claim_operation_id", "claimed_in_flight",
     "close_unapproved", "downstream_key", "end_retention",
     "evidence_entry", "execute_approved", "expire_lease", "expire_leases", "gathering_evidence",

@@ -5,11 +5,11 @@ from tools_app.core.errors import ErrorClass
 
 
 class RecordStatus(models.TextChoices):
-    PROCESSING = "PROCESSING", "Processing"
-    SUCCEEDED = "SUCCEEDED", "Succeeded"
-    FAILED = "FAILED", "Failed"
-    UNKNOWN = "UNKNOWN", "Unknown outcome"
-    AWAITING_APPROVAL = "AWAITING_APPROVAL", "Awaiting approval"
+    PROCESSING = "processing", "Processing"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    UNKNOWN = "unknown", "Unknown outcome"
+    AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
 
 
 class IdempotencyRecord(models.Model):
@@ -80,7 +80,7 @@ class IdempotencyRecord(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="record_status_lease"),
             models.Index(fields=["tenant", "created_at"], name="record_tenant_created"),
             models.Index(fields=["tool", "created_at"], name="record_tool_created"),
-            models.Index(fields=["next_reconcile_at"], condition=Q(status="UNKNOWN"), name="record_unknown_due"),
+            models.Index(fields=["next_reconcile_at"], condition=Q(status="unknown"), name="record_unknown_due"),
             # Finding a key's earlier operations (the console); written only when a record is retired.
             models.Index(fields=["tenant", "tool", "key"], condition=Q(retired_at__isnull=False),
                          name="record_retired_key"),

@@ -49,6 +49,7 @@ from tools_app.engine.operation import (
     gathering_evidence,
 )
 from tools_app.engine.transitions import (
+    backed_off,
     claim,
     escalate_retries,
     expire_lease,
@@ -164,7 +165,7 @@ def _take_over(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord:
 def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
     failure = ToolFailure.from_dict({"class": record.error_class, "message": record.error_message})
     if isinstance(failure, InternalError):
-        failure.details["reference"] = str(record.operation_id)
+        failure = failure.replaced(details={**failure.details, "reference": str(record.operation_id)})
     if not failure.retryable:
         return Outcome(record, replayed=True, error=failure)
     if record.attempts >= conf().max_attempts_per_key:
@@ -209,7 +210,8 @@ def _execute(record: IdempotencyRecord, op: Operation, execute: Executor, *, cla
             record = mark_succeeded(record, result, actor=op.actor, evidence=evidence)
     except UnknownOutcome as unknown:
         return Outcome(mark_unknown(record, unknown, actor=op.actor), error=unknown, executed=True)
-    except ToolFailure as failure:
+    except ToolFailure as raised:
+        failure = backed_off(raised, record.attempts)
         return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
     except LeaseLost:
         record.refresh_from_db()
@@ -241,6 +243,7 @@ def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) 
     else:
         # A bug: it rolled back too, but another run fails the same way. Final for this key.
         failure = internal_error(exc, record.operation_id)
+    failure = backed_off(failure, record.attempts)
     return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
 
 

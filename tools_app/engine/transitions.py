@@ -45,7 +45,7 @@ from tools_app.engine.operation import (
 FINISHED = (RecordStatus.SUCCEEDED, RecordStatus.FAILED)
 
 
-SWEEPER = "system:lease-sweep"
+LEASE_SWEEPER = "system:lease-sweep"
 
 # SQLSTATE of a lock wait that ran past lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
@@ -390,19 +390,23 @@ def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: 
 def mark_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str) -> IdempotencyRecord:
     """PROCESSING -> FAILED, by the lease holder; a transient failure may be reclaimed later.
 
-    A transient failure without a `retry_after` of its own (a downstream's Retry-After) gets
-    the shared backoff for this attempt, and the agent hears it.
+    `failure` is `backed_off` already, so the agent hears the retry_after stored here.
     """
-    if failure.retryable and failure.retry_after is None:
-        failure.retry_after = write_retry_after(record.attempts)
-    retry_not_before = clock.later(failure.retry_after) if failure.retryable and failure.retry_after is not None \
-        else None
+    retry_not_before = clock.later(failure.retry_after) if failure.retryable else None
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
         "retry_not_before": retry_not_before, "lease_owner": "", "lease_expires_at": None, **_finished(),
     }, action="record.failed", actor=actor, reason=failure.message, evidence=failure.evidence):
         record.refresh_from_db()
     return record
+
+
+def backed_off(failure: ToolFailure, attempts: int) -> ToolFailure:
+    """A transient failure without a `retry_after` of its own (a downstream's Retry-After) gets
+    the shared backoff for its `attempts`-th run."""
+    if failure.retryable and failure.retry_after is None:
+        return failure.replaced(retry_after=write_retry_after(attempts))
+    return failure
 
 
 def write_retry_after(attempts: int) -> float:
@@ -486,7 +490,7 @@ def retain_from_end(record: IdempotencyRecord, retention: timedelta, *, actor: s
                                                         retention.total_seconds()})
 
 
-def expire_lease(record: IdempotencyRecord, *, actor: str = SWEEPER, source: str = "sweep",
+def expire_lease(record: IdempotencyRecord, *, actor: str = LEASE_SWEEPER, source: str = "sweep",
                  now: datetime | None = None) -> bool:
     """PROCESSING -> UNKNOWN: the executor's lease ran out (it died, hung, or lost its database).
 

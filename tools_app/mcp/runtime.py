@@ -133,7 +133,7 @@ def current_caller(ctx: Context) -> Caller:
 class IdempotencyInfo(BaseModel):
     """Attached to every write tool response."""
 
-    status: str = Field(description="SUCCEEDED, FAILED, PROCESSING, UNKNOWN or AWAITING_APPROVAL")
+    status: str = Field(description="succeeded, failed, processing, unknown or awaiting_approval")
     replayed: bool = Field(description="True when this is the stored result of an earlier call with the key")
     expires_at: str | None = Field(description="When this key's record may be reused or reviewed; null while the "
                                                "task it started is unfinished (the key answers that task until then)")

@@ -54,7 +54,7 @@ from tools_app.mcp.tasks_extension import (
     legacy_task,
     start_task_for,
 )
-from tools_app.tasks import calls as task_calls
+from tools_app.tasks import agent_view
 from tools_app.tasks.models import Task
 from tools_app.toolkit.calls import Caller
 from tools_app.toolkit.registry import get_tool
@@ -77,7 +77,7 @@ async def task_protocols(ctx: ServerRequestContext[Any, Any], call_next: CallNex
     if ctx.method == "initialize" and isinstance(result, dict) and result.get("protocolVersion") == LEGACY:
         result.setdefault("capabilities", {})["tasks"] = TASKS_CAPABILITY
     elif ctx.method == "tools/list" and ctx.protocol_version == LEGACY and isinstance(result, dict):
-        long_tools = set(task_calls.long_tools())
+        long_tools = set(agent_view.long_tools())
         for tool in result.get("tools", []):
             if tool.get("name") in long_tools:
                 tool["execution"] = {"taskSupport": "optional"}
@@ -98,7 +98,7 @@ async def _call_as_task(ctx: ServerRequestContext[Any, Any], params: Mapping[str
     if spec.pipeline is None:
         raise MCPError(code=METHOD_NOT_FOUND, message=(
             f"Tool {name!r} does not support task-augmented execution; tools that do: "
-            f"{', '.join(task_calls.long_tools())}"))
+            f"{', '.join(agent_view.long_tools())}"))
     if not isinstance(arguments, dict) or not isinstance(task, dict):
         raise MCPError(code=INVALID_PARAMS, message="Invalid request parameters: arguments and task must be objects")
     began = time.perf_counter()

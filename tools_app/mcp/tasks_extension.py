@@ -60,7 +60,7 @@ from tools_app.core import keys
 from tools_app.core.errors import NotFound, ToolFailure
 from tools_app.mcp import task_watch
 from tools_app.mcp.runtime import admitted, authenticated_caller, caller_limits, count_call, in_db_thread, render
-from tools_app.tasks import calls as task_calls
+from tools_app.tasks import agent_view
 from tools_app.tasks.models import Task, TaskStatus
 from tools_app.toolkit.calls import Caller, CallResult
 from tools_app.toolkit.registry import get_tool
@@ -121,7 +121,7 @@ def status_of(task: Task, version: str = MODERN) -> str:
 
 def task_shape(task: Task) -> dict[str, Any]:
     """The SEP-2663 `Task` fields (no result): for the handle and for tasks/get."""
-    return {"taskId": str(task.pk), "status": status_of(task), "statusMessage": task_calls.next_action(task),
+    return {"taskId": str(task.pk), "status": status_of(task), "statusMessage": agent_view.next_action(task),
             "createdAt": _iso(task.created_at), "lastUpdatedAt": _iso(task.updated_at),
             # Tasks are kept, not purged: no time-to-live.
             "ttlMs": None, "pollIntervalMs": conf().task_poll_interval_ms}
@@ -141,7 +141,7 @@ def detailed_task(task: Task) -> dict[str, Any]:
 
 def legacy_task(task: Task) -> dict[str, Any]:
     """The 2025-11-25 `Task`. `ttl` must be present (null: no time-to-live), so this is a plain dict."""
-    return {"taskId": str(task.pk), "status": status_of(task, LEGACY), "statusMessage": task_calls.next_action(task),
+    return {"taskId": str(task.pk), "status": status_of(task, LEGACY), "statusMessage": agent_view.next_action(task),
             "createdAt": _iso(task.created_at), "lastUpdatedAt": _iso(task.updated_at), "ttl": None,
             "pollInterval": conf().task_poll_interval_ms}
 
@@ -149,7 +149,7 @@ def legacy_task(task: Task) -> dict[str, Any]:
 def call_result(task: Task) -> dict[str, Any]:
     """The CallToolResult the task stands for, as the wire carries it (the tool's result, or the error
     saying why there is none)."""
-    return render(task_calls.outcome(get_tool(task.tool), task)).model_dump(by_alias=True, mode="json",
+    return render(agent_view.outcome(get_tool(task.tool), task)).model_dump(by_alias=True, mode="json",
                                                                              exclude_none=True)
 
 
@@ -251,8 +251,8 @@ def _read_cursor(cursor: str) -> tuple[datetime, str]:
 
 def _result_view(task: Task) -> dict[str, Any]:
     """What a waiting tasks/result sends as the task changes (computed in the database thread)."""
-    return {"status": legacy_task(task), "progress": task_calls.overall_progress(task),
-            "total": float(task.steps_total), "message": task_calls.progress_message(task),
+    return {"status": legacy_task(task), "progress": agent_view.overall_progress(task),
+            "total": float(task.steps_total), "message": agent_view.progress_message(task),
             "result": call_result(task) if task.finished else None}
 
 
@@ -264,7 +264,7 @@ def start_task_for(name: str, limits: CallLimits, caller: Caller, arguments: dic
     outcome: dict[str, Task | None] = {"task": None}
 
     def start() -> CallResult:
-        started, task = task_calls.start_through_engine(spec, caller, arguments, meta_key)
+        started, task = agent_view.start_through_engine(spec, caller, arguments, meta_key)
         outcome["task"] = task
         return started
 

@@ -134,7 +134,7 @@ def snapshot(viewer: object | None, window: str = "hour", now: datetime | None =
     return Snapshot(
         window=win, now=now, tools=sorted(stats.values(), key=lambda s: s.tool),
         timeline=_timeline(viewer, writes, start, now, win.bucket),
-        approvals_decided={row["status"].lower(): row["n"] for row in decided},
+        approvals_decided={row["status"]: row["n"] for row in decided},
         oldest_pending_age=now - oldest if oldest else None,
     )
 

@@ -67,16 +67,16 @@ class Point:
     def writes(self) -> int:
         return sum(self.outcomes.values())
 
-    def rate(self, outcome: str) -> float | None:
+    def percent(self, outcome: str) -> float | None:
         return self.outcomes.get(outcome, 0) / self.writes * 100 if self.writes else None
 
     @property
-    def hit_rate(self) -> float | None:
-        return self.rate(CallOutcome.REPLAYED)
+    def hit_rate_percent(self) -> float | None:
+        return self.percent(CallOutcome.REPLAYED)
 
     @property
-    def conflict_rate(self) -> float | None:
-        return self.rate(CallOutcome.CONFLICT)
+    def conflict_rate_percent(self) -> float | None:
+        return self.percent(CallOutcome.CONFLICT)
 
 
 @dataclass

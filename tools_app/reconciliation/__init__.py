@@ -23,7 +23,7 @@ from tools_app.reconciliation.operators import (
     resolve_by_operator,
 )
 from tools_app.reconciliation.reconcile import (
-    SWEEP_ACTOR,
+    RECONCILE_SWEEPER,
     CallbackVerdict,
     apply_answer,
     next_attempt_in,
@@ -37,7 +37,8 @@ from tools_app.reconciliation.reconcile import (
 
 __all__ = [
     "CallbackVerdict", "apply_answer", "settle_by_callback",
-    "FORCE_EXPIRE", "RECONCILE", "RELEASE_HELD_KEY", "RESOLVE", "RESOLVE_PERMISSION", "SWEEP_ACTOR", "force_expire",
+    "FORCE_EXPIRE", "RECONCILE", "RELEASE_HELD_KEY", "RESOLVE", "RESOLVE_PERMISSION", "RECONCILE_SWEEPER",
+    "force_expire",
     "next_attempt_in", "reconcile", "reconcile_due", "reconcile_record", "reconcile_soon", "reconciler_for",
     "release_held_key", "resolve_by_operator", "run_periodic", "settle_expired", "take_turn",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from tools_app import engine
 from tools_app.core import clock
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
-from tools_app.reconciliation.reconcile import SWEEP_ACTOR, reconcile_record, take_turn
+from tools_app.reconciliation.reconcile import RECONCILE_SWEEPER, reconcile_record, take_turn
 
 
 def run_periodic() -> dict[str, int]:
@@ -22,5 +22,5 @@ def reconcile_due(limit: int = 100) -> dict[str, int]:
                                            next_reconcile_at__lte=clock.NOW).order_by("next_reconcile_at")
     for record in due[:limit]:
         if take_turn(record):
-            counts[reconcile_record(record, actor=SWEEP_ACTOR)] += 1
+            counts[reconcile_record(record, actor=RECONCILE_SWEEPER)] += 1
     return counts

@@ -40,7 +40,7 @@ from tools_app.toolkit.policies import Answer, Found, NotDone, StillUnknown, not
 from tools_app.toolkit.registry import ToolSpec, get_tool
 
 logger = logging.getLogger(__name__)
-SWEEP_ACTOR = "system:reconciler"
+RECONCILE_SWEEPER = "system:reconciler"
 
 
 def reconciler_for(spec: ToolSpec) -> Callable[[IdempotencyRecord], Any]:
@@ -66,7 +66,7 @@ def settle_expired(record: IdempotencyRecord) -> None:
     if reconciler_for(get_tool(record.tool)) is nothing_committed:
         record.refresh_from_db()
         if take_turn(record):
-            reconcile_record(record, actor=SWEEP_ACTOR)
+            reconcile_record(record, actor=RECONCILE_SWEEPER)
     else:
         reconcile_soon()
 
@@ -74,7 +74,7 @@ def settle_expired(record: IdempotencyRecord) -> None:
 # --- one record -----------------------------------------------------------------------
 
 
-def reconcile_record(record: IdempotencyRecord, *, actor: str = SWEEP_ACTOR) -> str:
+def reconcile_record(record: IdempotencyRecord, *, actor: str = RECONCILE_SWEEPER) -> str:
     """Ask the downstream system and apply its answer, as `actor` (the system unless an operator's
     checked call passes theirs). Returns the record's status word: the one this call set, or, if
     another reconciler moved the record first (the guarded transition did not match), what it is now."""
@@ -123,7 +123,7 @@ def apply_answer(record: IdempotencyRecord, answer: Answer, *, actor: str, reaso
         observed(record, word, actor=actor)
         return word
     record.refresh_from_db()
-    word = record.status.lower()
+    word = record.status
     observed(record, word, actor=actor, counted=False)
     return word
 

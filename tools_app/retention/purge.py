@@ -47,7 +47,7 @@ from tools_app.retention.policy import KINDS, default_for, kept_for, load_overri
 from tools_app.tasks.models import Checkpoint, StepBatch, Task, TaskArtifact, TaskStatus
 from tools_app.toolkit.registry import all_tools
 
-PURGER = "system:retention"
+PURGER = "system:retention-purge"
 TASK_FINISHED = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED)
 
 

@@ -4,7 +4,7 @@
 with its audit event); `runner.py` runs a pipeline's steps under a lease and a
 heartbeat; `checkpoints.py` writes and verifies each step's checkpoint;
 `control.py` is what agents and operators do (cancel, pause, resume);
-`forks.py` re-runs a task from step N in a new task (fork); `calls.py` is
+`forks.py` re-runs a task from step N in a new task (fork); `agent_view.py` is
 how an agent starts, watches and waits for a task (start_task, a direct call
 of a long tool); `hooks.py` what the outbox does for it (a finished task's
 webhook); `jobs.py` the django-q2 entry points.
@@ -12,7 +12,7 @@ webhook); `jobs.py` the django-q2 entry points.
 May import: core, access, engine, toolkit.
 """
 
-from tools_app.tasks.calls import call_task_tool, describe, next_action, outcome, unfinished, wait_for
+from tools_app.tasks.agent_view import call_task_tool, describe, next_action, outcome, unfinished, wait_for
 from tools_app.tasks.control import (
     CANCEL,
     MANAGE_PERMISSION,
@@ -32,8 +32,9 @@ from tools_app.tasks.state import (
     ACTIVE,
     CHANGES_CHANNEL,
     RUNNABLE,
-    SWEEPER,
+    TASK_SWEEPER,
     WEBHOOK_KIND,
+    Advanced,
     begin_step,
     complete_step,
     create_task,
@@ -54,7 +55,8 @@ from tools_app.tasks.state import (
 __all__ = [
     "ACTIVE", "CANCEL", "CHANGES_CHANNEL", "FORK", "FORK_OPERATION", "MANAGE_PERMISSION", "MARK_CAUSE_FIXED", "PAUSE",
     "RESUME",
-    "RUNNABLE", "SWEEPER", "WEBHOOK_KIND", "ForkHandle", "begin_step", "call_task_tool", "cancel", "complete_step",
+    "RUNNABLE", "TASK_SWEEPER", "WEBHOOK_KIND", "Advanced",
+    "ForkHandle", "begin_step", "call_task_tool", "cancel", "complete_step",
     "create_task", "describe", "expire_lease", "fail", "finish_step_run", "fork", "fork_operation",
     "get_for_tenant", "hand_on", "hooks", "lease_seconds", "mark_cause_fixed", "next_action", "outcome", "pause",
     "pause_for_input", "renew_lease", "requeue", "resumable", "resume", "retry_later", "run_task", "succeed",

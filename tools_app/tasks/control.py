@@ -184,8 +184,7 @@ def resume(task: Task, who: Agent | User | AnonymousUser, *, answer: dict[str, A
                 failure = ToolFailure.from_dict({"class": task.failure_class, "message": (
                     f"task {task.pk} failed with a {task.failure_class} error that another run would repeat: "
                     f"{task.failure_reason}. Fix the input and start a new task with a new idempotency_key.")})
-                failure.details = {"task_status": task.status, "failure_reason": task.failure_reason}
-                raise failure
+                raise failure.replaced(details={"task_status": task.status, "failure_reason": task.failure_reason})
             case TaskStatus.FAILED:
                 changes = {"status": TaskStatus.CREATED, "attempts": 1, "lease_expiries": 0, "failure_class": "",
                            "failure_reason": "", "finished_at": None, "enqueued_at": now, "cause_fixed_at": None}

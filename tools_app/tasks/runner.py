@@ -139,11 +139,11 @@ class Runner:
                     # A saga's step failed for good: undo the steps before it, each a checkpointed step.
                     plan, failed_at = self.pipeline.plan(index), index
                     marker = checkpoints.prepare(task, plan[index], index, failure.as_dict(), checksums)
-                    compensation = state.begin_compensation(task, self.owner, marker, run, failure,
+                    compensating = state.begin_compensation(task, self.owner, marker, run, failure,
                                                             (plan[index + 1], index + 1), steps_total=len(plan))
-                    if compensation is False:
+                    if not compensating.moved:
                         return f"interrupted after step {step.name} failed", None
-                    run = compensation
+                    run = compensating.next_run
                     seen["outcome"] = "compensating"
                     outputs[marker.step.name] = json.loads(marker.data)
                     checksums.append(marker.checksum)
@@ -156,7 +156,7 @@ class Runner:
                 go_on = following and not pause and not self._slice_used()
                 then = (plan[index + 1], index + 1) if go_on else None
                 advanced = state.complete_step(task, self.owner, prepared, run, then)
-                if advanced is False:
+                if not advanced.moved:
                     state.finish_step_run(run, StepOutcome.INTERRUPTED)
                     return f"interrupted after step {step.name}", None
                 seen["outcome"] = "succeeded"
@@ -168,7 +168,7 @@ class Runner:
                 if pause:
                     return self._pause(pause, plan[index + 1])
                 return ("handed on to a new job" if state.hand_on(task, self.owner) else "interrupted"), None
-            run = advanced if isinstance(advanced, StepRun) else None  # a StepRun exactly when `then` was given
+            run = advanced.next_run
             index += 1
         if failed_at is not None:
             return self._compensated(plan, failed_at, outputs)
@@ -221,8 +221,8 @@ class Runner:
         marker = plan[failed_at]
         failure = ToolFailure.from_dict(outputs[marker.name])
         undone = [step.name.removeprefix(COMPENSATE_PREFIX) for step in plan[failed_at + 1:]]
-        failure.message = (f"step {marker.name.removeprefix(FAILED_PREFIX)} failed: {failure.message}; "
-                           f"undone, in this order: {', '.join(undone)}")
+        failure = failure.replaced(message=f"step {marker.name.removeprefix(FAILED_PREFIX)} failed: "
+                                           f"{failure.message}; undone, in this order: {', '.join(undone)}")
         return ("failed" if state.fail(self.task, self.owner, failure) else "interrupted"), None
 
     def _failed(self, run: StepRun | None, exc: Exception, *, compensating: bool = False
@@ -231,8 +231,8 @@ class Runner:
         failure = self.pipeline.classify(exc, self.task.pk)
         if compensating and not failure.retryable:
             # An undo that cannot be done: a person must finish it (the task's checkpoints say how far it got).
-            failure.message = (f"compensation step {task.current_step} failed: {failure.message}; "
-                               f"{task.failure_reason}")
+            failure = failure.replaced(message=f"compensation step {task.current_step} failed: {failure.message}; "
+                                               f"{task.failure_reason}")
         if not isinstance(exc, ToolFailure):
             logger.exception("task %s: step %s raised; treated as %s", task.pk, task.current_step,
                              failure.error_class)

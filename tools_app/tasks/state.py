@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -55,7 +56,7 @@ from tools_app.toolkit.registry import get_tool
 
 logger = logging.getLogger(__name__)
 
-SWEEPER = "system:task-sweep"
+TASK_SWEEPER = "system:task-sweep"
 ACTIVE = (TaskStatus.CREATED, TaskStatus.RUNNING, TaskStatus.PAUSED, TaskStatus.RETRYING)
 RUNNABLE = (TaskStatus.CREATED, TaskStatus.RETRYING)
 # The PostgreSQL channel that hears a task's id whenever it changes.
@@ -173,18 +174,25 @@ def renew_lease(task_id: uuid.UUID, owner: str, progress: tuple[float | None, fl
     return renewed
 
 
+@dataclass(frozen=True)
+class Advanced:
+    """What moving a running task to its next step answers."""
+
+    moved: bool  # False: the lease is gone (cancelled, or taken), nothing was written
+    next_run: StepRun | None = None  # the StepRun of the step it moved to; None when no step follows
+
+
 @transaction.atomic
 def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: StepRun,
-                  then: tuple[Step, int] | None = None) -> StepRun | bool:
+                  then: tuple[Step, int] | None = None) -> Advanced:
     """Advance past a finished step: its checkpoint, and the start of step `then`, in one transaction.
 
     Guarded by the lease: a task cancelled while the step was finishing keeps
-    no output from it, and its next step never starts. Returns the next
-    step's StepRun (or True when no step follows), False when the lease is gone.
+    no output from it, and its next step never starts.
     """
     completed = [name for name in task.completed_steps if name != prepared.step.name] + [prepared.step.name]
     # The finished step's own progress goes with it: left behind, it would count that step a second
-    # time (tasks.calls.overall_progress) until the next step starts or the task ends.
+    # time (tasks.agent_view.overall_progress) until the next step starts or the task ends.
     changes = {"completed_steps": completed, "lease_expires_at": leases.expiry(lease_seconds()),
                "progress_done": None, "progress_total": None, "progress_message": ""}
     if then is not None:
@@ -192,20 +200,20 @@ def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: S
     if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, changes,
                        action="task.step_completed", actor=owner, step=prepared.step.name,
                        checksum=prepared.checksum, next_step=then[0].name if then else None):
-        return False
+        return Advanced(moved=False)
     checkpoints.write(task, prepared)
     finish_step_run(run, StepOutcome.SUCCEEDED)
-    return _step_run(task, owner, *then) if then is not None else True
+    return Advanced(moved=True, next_run=_step_run(task, owner, *then) if then is not None else None)
 
 
 @transaction.atomic
 def begin_compensation(task: Task, owner: str, marker: checkpoints.Prepared, run: StepRun, failure: ToolFailure,
-                       then: tuple[Step, int], steps_total: int) -> StepRun | Literal[False]:
+                       then: tuple[Step, int], steps_total: int) -> Advanced:
     """running: a saga's step failed for good -> its compensations start (the task stays running).
 
     One transaction: the failure marker's checkpoint (so a resumed task goes on
     compensating, never forward), the failed StepRun, and the first compensation's
-    start; guarded by the lease like complete_step. False when the lease is gone.
+    start; guarded by the lease like complete_step.
     """
     completed = [*task.completed_steps, marker.step.name]
     changes = {"completed_steps": completed, "lease_expires_at": leases.expiry(lease_seconds()),
@@ -216,10 +224,10 @@ def begin_compensation(task: Task, owner: str, marker: checkpoints.Prepared, run
                        action="task.compensating", actor=owner, reason=failure.message,
                        failed_step=task.current_step, failure_class=str(failure.error_class),
                        next_step=then[0].name):
-        return False
+        return Advanced(moved=False)
     checkpoints.write(task, marker)
     finish_step_run(run, StepOutcome.FAILED, failure.message)
-    return _step_run(task, owner, *then)
+    return Advanced(moved=True, next_run=_step_run(task, owner, *then))
 
 
 def finish_step_run(run: StepRun, outcome: StepOutcome, error: str = "") -> None:
@@ -317,7 +325,7 @@ def hand_on(task: Task, owner: str) -> bool:
 
 
 @transaction.atomic
-def expire_lease(task: Task, actor: str = SWEEPER) -> bool:
+def expire_lease(task: Task, actor: str = TASK_SWEEPER) -> bool:
     """running with an expired lease -> created and queued (or failed after too many deaths).
 
     Guarded by the expired lease itself (by the database's clock): a worker that renewed in time keeps it.
@@ -357,7 +365,7 @@ def waiting_for_a_job() -> Q:
 
 
 @transaction.atomic
-def requeue(task: Task, actor: str = SWEEPER) -> bool:
+def requeue(task: Task, actor: str = TASK_SWEEPER) -> bool:
     """A runnable task that no job will take (as the sweep read it): queue it again.
 
     The version guard is enough: any change since the read bumped it."""

@@ -30,7 +30,7 @@ after a crash), and then the task fails with the original error
 (`Pipeline.plan`).
 
 A long tool is declared with `task_tool(...)`: it is a write tool whose call
-starts (or rejoins) its task; see tools_app.tasks.calls.
+starts (or rejoins) its task; see tools_app.tasks.agent_view.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ class Pipeline:
 
 
 def _runs_as_task(ctx: ToolContext, args: Any) -> dict[str, Any]:
-    # calls.call_tool sends long tools to tools_app.tasks.calls before any handler runs.
+    # calls.call_tool sends long tools to tools_app.tasks.agent_view before any handler runs.
     raise AssertionError("a long tool's call starts its task; it has no direct handler")
 
 

@@ -24,7 +24,7 @@ from tools_app.core import clock, keys
 from tools_app.core.errors import ErrorClass, InvalidInput, NotFound, ToolFailure
 from tools_app.core.keys import FINGERPRINT_FILLED
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
-from tools_app.tasks import calls as task_calls
+from tools_app.tasks import agent_view
 from tools_app.tasks.models import Task
 from tools_app.toolkit.calls import checked_arguments
 from tools_app.toolkit.registry import (
@@ -133,8 +133,8 @@ class GetOperationInput(ToolInput):
 class OperationView(BaseModel):
     operation_id: str
     tool: str
-    status: str = Field(description="SUCCEEDED, FAILED, PROCESSING, UNKNOWN or AWAITING_APPROVAL")
-    result: dict[str, Any] | None = Field(description="The first call's result once SUCCEEDED (what a retry with "
+    status: str = Field(description="succeeded, failed, processing, unknown or awaiting_approval")
+    result: dict[str, Any] | None = Field(description="The first call's result once succeeded (what a retry with "
                                                       "the key answers, without the idempotency block)")
     error: dict[str, Any] | None = Field(description="The error once FAILED; while waiting, what a call would be "
                                                      "told ({class, message, retry_after?, ...}); else null")
@@ -149,7 +149,7 @@ class OperationView(BaseModel):
 def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
     """What became of an operation, without calling its tool again: by operation_id (every write answer carries
     it in `idempotency.operation_id`, also an in_progress answer), or by tool and idempotency_key. Answers its
-    status and, once SUCCEEDED, its result (for a long tool such as ingest_document: PROCESSING until its task
+    status and, once succeeded, its result (for a long tool such as ingest_document: processing until its task
     ends, then the task's result). not_found: no such operation in this tenant, or its key was freed after its
     retention."""
     if args.operation_id is not None:
@@ -163,7 +163,7 @@ def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
             record = _live(ctx.tenant_id, operation_id=operation_id)
         if record is None:
             raise _not_found(ctx.tenant_id, args.operation_id)
-        return _view(record, as_long_tool=record.tool == task_calls.START_TASK)
+        return _view(record, as_long_tool=record.tool == agent_view.START_TASK)
     assert args.tool is not None and args.idempotency_key is not None  # GetOperationInput._one_form
     try:
         spec = get_tool(args.tool)
@@ -171,7 +171,7 @@ def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
         raise NotFound(f"tool: no tool {args.tool!r}") from None
     if spec.pipeline is not None:
         # A long tool called directly is the start_task operation for it (one key space, one task).
-        found = _live_or_in_flight(ctx.tenant_id, task_calls.START_TASK, args.idempotency_key, shown_as=spec.name)
+        found = _live_or_in_flight(ctx.tenant_id, agent_view.START_TASK, args.idempotency_key, shown_as=spec.name)
         if isinstance(found, OperationView):
             return found
         if found is None or found.arguments.get("tool") != spec.name:
@@ -228,7 +228,8 @@ def _record_error(record: IdempotencyRecord) -> dict[str, Any] | None:
         case RecordStatus.FAILED | RecordStatus.UNKNOWN:
             failure = ToolFailure.from_dict({"class": record.error_class, "message": record.error_message})
             if failure.retryable and record.retry_not_before is not None:
-                failure.retry_after = max(0.0, (record.retry_not_before - clock.read_at(record)).total_seconds())
+                failure = failure.replaced(
+                    retry_after=max(0.0, (record.retry_not_before - clock.read_at(record)).total_seconds()))
             return failure.as_dict()
         case RecordStatus.AWAITING_APPROVAL:
             pending = approvals.follow(record).error
@@ -239,7 +240,7 @@ def _record_error(record: IdempotencyRecord) -> dict[str, Any] | None:
 
 def _task_view(record: IdempotencyRecord, task: Task) -> OperationView:
     """A long tool's operation is its task's: PROCESSING until the task ends, then its result or failure."""
-    outcome = task_calls.outcome(get_tool(task.tool), task)
+    outcome = agent_view.outcome(get_tool(task.tool), task)
     if outcome.error is None:
         status = RecordStatus.SUCCEEDED
     elif outcome.error.error_class == ErrorClass.IN_PROGRESS:

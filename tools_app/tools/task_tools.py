@@ -1,7 +1,7 @@
 """Task tools: start_task, get_task_status, get_task_result, resume_task, cancel_task, pause_task,
 fork_task.
 
-Thin declarations over tools_app.tasks.calls (what an agent sees) and
+Thin declarations over tools_app.tasks.agent_view (what an agent sees) and
 tools_app.tasks (the state machine). Task ids are bound to the tenant: another
 tenant's id is `not_found`, exactly like an id that does not exist.
 """
@@ -15,9 +15,9 @@ from pydantic import BaseModel, Field
 from idemops.conf import conf
 from tools_app import tasks
 from tools_app.access import Agent
-from tools_app.tasks import calls as task_calls
+from tools_app.tasks import agent_view
 from tools_app.tasks import forks as task_forks
-from tools_app.tasks.calls import TaskHandle, TaskStatusView
+from tools_app.tasks.agent_view import TaskHandle, TaskStatusView
 from tools_app.tasks.forks import ForkHandle
 from tools_app.tasks.models import TaskStatus
 from tools_app.toolkit.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
@@ -81,7 +81,7 @@ class TaskResult(BaseModel):
 
 
 @write_tool(name="start_task", title="Start a long task", input_model=StartTaskInput, output_model=TaskHandle,
-            check=task_calls.check_start, operation_arguments=task_calls.start_arguments,
+            check=agent_view.check_start, operation_arguments=agent_view.start_arguments,
             # The long tool's own arguments: any of them may be personal (a document's text); the
             # webhook to tell, as send_notification's recipient.
             personal_fields=frozenset({"arguments", "notify_url"}))
@@ -91,7 +91,7 @@ def start_task(ctx: ToolContext, args: StartTaskInput) -> TaskHandle:
     the same key returns the same task_id (never a second task) for as long as the task is unfinished, and for
     the long tool's retention (24 h by default) after it ends; only then may the key start a new task. The same
     key with other arguments is a conflict. notify_url: a webhook told when the task finishes."""
-    return task_calls.start(ctx, args.tool, args.arguments, args.idempotency_key, args.notify_url)
+    return agent_view.start(ctx, args.tool, args.arguments, args.idempotency_key, args.notify_url)
 
 
 @read_tool(name="get_task_status", title="Get a task's status", input_model=WaitingInput,
@@ -100,8 +100,8 @@ def get_task_status(ctx: ToolContext, args: WaitingInput) -> TaskStatusView:
     """Status of a task: current step, steps done/total, progress, failure class and reason, whether it can be
     cancelled or resumed, and what to do next. wait_seconds waits for it to finish, reporting progress."""
     task = tasks.get_for_tenant(ctx.tenant_id, args.task_id)
-    task = task_calls.wait_for(task, args.wait_seconds, ctx.report_progress)
-    return task_calls.describe(task)
+    task = agent_view.wait_for(task, args.wait_seconds, ctx.report_progress)
+    return agent_view.describe(task)
 
 
 @read_tool(name="get_task_result", title="Get a task's result", input_model=WaitingInput, output_model=TaskResult,
@@ -110,9 +110,9 @@ def get_task_result(ctx: ToolContext, args: WaitingInput) -> TaskResult:
     """The result of a succeeded task. Otherwise an error: in_progress (still working, with the task's status),
     the task's failure class and reason, or already_done for a cancelled task. wait_seconds waits for it."""
     task = tasks.get_for_tenant(ctx.tenant_id, args.task_id)
-    task = task_calls.wait_for(task, args.wait_seconds, ctx.report_progress)
+    task = agent_view.wait_for(task, args.wait_seconds, ctx.report_progress)
     if task.status != TaskStatus.SUCCEEDED:
-        raise task_calls.unfinished(task)
+        raise agent_view.unfinished(task)
     assert task.result is not None  # a succeeded task keeps its result
     return TaskResult(task_id=str(task.pk), tool=task.tool, status=task.status, result=task.result)
 
@@ -124,7 +124,7 @@ def resume_task(ctx: ToolContext, args: ResumeTaskInput) -> TaskStatusView:
     or revive one whose worker died; it restarts from its last valid checkpoint. Refused, with the reason, for
     tasks that succeeded, were cancelled, or failed in a way another run would repeat."""
     task = tasks.get_for_tenant(ctx.tenant_id, args.task_id)
-    return task_calls.describe(tasks.resume(task, Agent(ctx.tenant_id, ctx.actor), answer=args.input))
+    return agent_view.describe(tasks.resume(task, Agent(ctx.tenant_id, ctx.actor), answer=args.input))
 
 
 @write_tool(name="cancel_task", title="Cancel a task", input_model=CancelTaskInput, output_model=TaskStatusView,
@@ -133,7 +133,7 @@ def cancel_task(ctx: ToolContext, args: CancelTaskInput) -> TaskStatusView:
     """Cancel a task now: it is marked cancelled at once and no further step starts (a step in progress stops at
     its next check). Cancelling a cancelled task is a no-op; a finished task cannot be cancelled."""
     task = tasks.get_for_tenant(ctx.tenant_id, args.task_id)
-    return task_calls.describe(tasks.cancel(task, Agent(ctx.tenant_id, ctx.actor), reason=args.reason))
+    return agent_view.describe(tasks.cancel(task, Agent(ctx.tenant_id, ctx.actor), reason=args.reason))
 
 
 @write_tool(name="pause_task", title="Pause a task", input_model=PauseTaskInput, output_model=TaskStatusView,
@@ -142,7 +142,7 @@ def pause_task(ctx: ToolContext, args: PauseTaskInput) -> TaskStatusView:
     """Pause a task: a queued or backing-off task at once; a running one at its next step boundary (the step in
     progress finishes and is checkpointed, the next one does not start). resume_task continues it from there."""
     task = tasks.get_for_tenant(ctx.tenant_id, args.task_id)
-    return task_calls.describe(tasks.pause(task, Agent(ctx.tenant_id, ctx.actor), reason=args.reason))
+    return agent_view.describe(tasks.pause(task, Agent(ctx.tenant_id, ctx.actor), reason=args.reason))
 
 
 @write_tool(name=tasks.FORK_OPERATION, title="Re-run a task from a step", input_model=ForkTaskInput,

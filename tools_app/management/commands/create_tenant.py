@@ -20,8 +20,8 @@ class Command(BaseCommand):
         if Tenant.objects.filter(slug=slug).exists():
             raise CommandError(f"tenant {slug!r} exists; issue_token gives it another token")
         owner_user = existing_user(owner)
-        tenant = access.create_tenant(slug, name, actor="system:create_tenant")
-        _, raw = access.issue_token(tenant, token_name, owner=owner_user, actor="system:create_tenant")
+        tenant = access.create_tenant(slug, name, actor="system:create-tenant")
+        _, raw = access.issue_token(tenant, token_name, owner=owner_user, actor="system:create-tenant")
         self.stdout.write(f"Tenant {tenant.slug} created. API token for {token_name!r}, owned by {owner} "
                           "(shown once):")
         self.stdout.write(raw)

@@ -21,5 +21,5 @@ class Command(BaseCommand):
             raise CommandError(f"no user {username!r}; create it first (manage.py createsuperuser or the admin)")
         if unknown := set(tenant) - set(Tenant.objects.filter(slug__in=tenant).values_list("slug", flat=True)):
             raise CommandError(f"no tenant {', '.join(sorted(unknown))}")
-        roles.grant(user, role, tenant, actor="system:grant_role")
+        roles.grant(user, role, tenant, actor="system:grant-role")
         self.stdout.write(f"{username} is now {role} on {', '.join(tenant) or 'no tenant yet'}")

@@ -19,6 +19,6 @@ class Command(BaseCommand):
         missing = sorted(set(tenant_slugs) - {t.slug for t in found})
         if missing:
             raise CommandError(f"no tenant {', '.join(missing)}")
-        _, raw = auditors.issue_key(name, found, actor="system:issue_auditor_key")
+        _, raw = auditors.issue_key(name, found, actor="system:issue-auditor-key")
         self.stderr.write(f"Auditor key {name!r} for {', '.join(sorted(tenant_slugs))} (shown once):")
         self.stdout.write(raw)

@@ -20,5 +20,5 @@ class Command(BaseCommand):
             tenant_obj = Tenant.objects.get(slug=tenant)
         except Tenant.DoesNotExist:
             raise CommandError(f"no tenant {tenant!r}") from None
-        _, raw = access.issue_token(tenant_obj, name, owner=existing_user(owner), actor="system:issue_token")
+        _, raw = access.issue_token(tenant_obj, name, owner=existing_user(owner), actor="system:issue-token")
         self.stdout.write(raw)

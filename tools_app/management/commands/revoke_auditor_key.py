@@ -18,6 +18,6 @@ class Command(BaseCommand):
             key = AuditorKey.objects.get(name=name)
         except AuditorKey.DoesNotExist:
             raise CommandError(f"no auditor key {name!r}") from None
-        if not auditors.revoke_key(key, actor="system:revoke_auditor_key", reason=reason):
+        if not auditors.revoke_key(key, actor="system:revoke-auditor-key", reason=reason):
             raise CommandError(f"auditor key {name!r} was already revoked")
         self.stdout.write(f"Auditor key {name!r} revoked.")

@@ -21,7 +21,7 @@ class Command(BaseCommand):
         token = ApiToken.objects.select_related("tenant", "owner").filter(tenant__slug=tenant, name=name).first()
         if token is None:
             raise CommandError(f"no token {name!r} in tenant {tenant!r}")
-        if access.set_owner(token, existing_user(owner), actor="system:set_token_owner", reason=reason):
+        if access.set_owner(token, existing_user(owner), actor="system:set-token-owner", reason=reason):
             self.stdout.write(f"{token.tenant.slug}/{name} is now owned by {owner}")
         else:
             self.stdout.write(f"{token.tenant.slug}/{name} was already owned by {owner}")

@@ -240,8 +240,8 @@ def unfinished(task: Task) -> ToolFailure:
     if task.status == TaskStatus.FAILED:
         failure = ToolFailure.from_dict({"class": task.failure_class or ErrorClass.TRANSIENT, "message": (
             f"task {task.pk} failed: {task.failure_reason}. {next_action(task)}")})
-        failure.details = {**details, "reference": str(task.pk)} if isinstance(failure, InternalError) else details
-        return failure
+        return failure.replaced(
+            details={**details, "reference": str(task.pk)} if isinstance(failure, InternalError) else details)
     if task.status == TaskStatus.CANCELLED:
         return AlreadyDone(f"task {task.pk} was cancelled ({task.failure_reason})", details=details)
     return InProgress(f"{task.tool} runs as task {task.pk}, now {task.status}. {next_action(task)} "
