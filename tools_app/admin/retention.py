@@ -77,6 +77,6 @@ class RetentionOverrideAdmin(TenantScopedAdmin[RetentionOverride], ModelAdmin[Re
             self._refuse(request, refused)
 
     def _refuse(self, request: HttpRequest, refused: Refused) -> NoReturn:
-        access.audit_refusal(retention.CHANGE_RETENTION, refused.subject, audit.user_actor(request.user),
+        access.audit_refusal(retention.CHANGE_RETENTION, refused.subject or self.model, audit.user_actor(request.user),
                              refused.reason)
         raise DjangoPermissionDenied(refused.reason)

@@ -128,7 +128,7 @@ class Refused(Exception):
     `subject` is the object it was refused on, for a caller that audits the refusal later.
     """
 
-    def __init__(self, reason: str, subject: object = None):
+    def __init__(self, reason: str, subject: models.Model | None = None) -> None:
         super().__init__(reason)
         self.reason, self.subject = reason, subject
 

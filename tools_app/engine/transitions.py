@@ -392,7 +392,8 @@ def mark_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str) 
 
     `failure` is `backed_off` already, so the agent hears the retry_after stored here.
     """
-    retry_not_before = clock.later(failure.retry_after) if failure.retryable else None
+    retry_not_before = clock.later(failure.retry_after) \
+        if failure.retryable and failure.retry_after is not None else None
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
         "retry_not_before": retry_not_before, "lease_owner": "", "lease_expires_at": None, **_finished(),

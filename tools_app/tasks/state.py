@@ -38,7 +38,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Q
