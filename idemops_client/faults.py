@@ -66,6 +66,7 @@ class Exchange:
     tool: str | None
     key: str | None  # the idempotency key, from _meta or the arguments
     arguments: dict[str, Any] | None
+    meta: dict[str, Any] | None = None  # the request's params._meta (the key, traceparent)
     fault: str | None = None
     status: int | None = None  # the server's HTTP status (503 for `unavailable`)
     reply: dict[str, Any] | None = None  # the JSON-RPC response the server sent
@@ -285,7 +286,8 @@ def _describe(body: bytes) -> Exchange:
         return Exchange(method=method, tool=None, key=None, arguments=None)
     arguments = params.get("arguments") or {}
     key = (params.get("_meta") or {}).get(META_KEY) or arguments.get("idempotency_key")
-    return Exchange(method=method, tool=params.get("name"), key=key, arguments=arguments)
+    return Exchange(method=method, tool=params.get("name"), key=key, arguments=arguments,
+                    meta=params.get("_meta") or {})
 
 
 def _reply_of(response: httpx2.Response) -> dict[str, Any] | None:
