@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import anyio
 import httpx2
 from mcp import Client
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, ListToolsResult
 
 from idemops_client.canonical import business_arguments, derive_key, fingerprint
 from idemops_client.errors import DETERMINISTIC, ClientError, RetriesExhausted, ToolCallError, is_retryable
@@ -205,6 +205,12 @@ class IdempotentClient:
             self._dialer.listing = listed
             self._tools = {tool.name: tool_info(tool) for tool in listed.tools}
         return self._tools
+
+    async def listing(self) -> ListToolsResult:
+        """The server's tools/list, unchanged (every page as one listing), as the proxy offers it."""
+        await self.tools()
+        assert self._dialer is not None and self._dialer.listing is not None
+        return self._dialer.listing
 
     async def _tool(self, name: str) -> ToolInfo:
         tools = await self.tools()

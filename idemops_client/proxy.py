@@ -1,0 +1,153 @@
+"""A local stdio MCP server that any MCP host launches, forwarding to idemops through IdempotentClient.
+
+    idemops-client proxy --url https://idemops.example/mcp --token idm_...
+
+The host sees the remote tools unchanged (tools/list is the server's listing). Each
+tools/call goes through `IdempotentClient.call`: a write without a key gets the derived key
+(the session is the proxy's `--session`, so a restarted host derives the same keys), an
+identical call already done is answered from the ledger, a lost answer is asked again with
+the same key, and a high-risk tool gets its server-issued operation id. The ledger is offered
+to the model as the resource `idemops://ledger` and the prompt `idemops-ledger`; an answer that
+leaves an operation unknown, in progress or waiting for a person says so in words.
+
+Built on the SDK's low-level `Server` rather than `MCPServer`: the tools are the remote
+server's, listed with their own schemas, not functions of this process.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import mcp_types as types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.stdio import stdio_server
+
+from idemops_client.client import META_KEY, CallResult, IdempotentClient
+from idemops_client.errors import RetriesExhausted, ToolCallError
+from idemops_client.summary import ledger_report, render
+
+LEDGER_URI = "idemops://ledger"
+LEDGER_PROMPT = "idemops-ledger"
+INSTRUCTIONS = (
+    "Tools of an idemops server, through a local proxy that makes retries safe. Calling a tool again with "
+    "identical arguments never repeats it: the proxy answers from its ledger, or asks the server about the "
+    f"same operation. Read the resource {LEDGER_URI} (or the prompt {LEDGER_PROMPT}) to see what was done, "
+    "what is unknown and what waits for a person before planning more writes."
+)
+
+# What the model is told when an operation has no final answer yet: what to do, in words.
+UNFINISHED = {
+    "unknown_outcome": (
+        "The outcome of this {tool} call is UNKNOWN: it may have happened. The server is checking it. Do not "
+        "make it again with other arguments or another key, and do not assume it failed. Call {tool} again "
+        "with exactly the same arguments later to learn the outcome (it will not run twice), or read "
+        f"{LEDGER_URI}."),
+    "transport": (
+        "No answer came back for this {tool} call (the connection to the server failed): it may have happened. "
+        "Call {tool} again with exactly the same arguments to learn the outcome; it will not run twice."),
+    "unavailable": (
+        "The idemops server is unavailable right now. Call {tool} again with exactly the same arguments "
+        "later; it will not run twice."),
+    "in_progress": (
+        "This {tool} call is still running on the server. Do not make it again with other arguments; call "
+        "{tool} again with exactly the same arguments later to get its result (it will not run twice)."),
+    "pending_approval": (
+        "This {tool} call WAITS FOR A PERSON to approve it; it has not been done yet. Tell the user that it "
+        "awaits approval. Do not make it again with other arguments or try to work around the approval; "
+        "calling {tool} again with exactly the same arguments later reports whether it was approved and done."),
+    "unauthorized": (
+        "The idemops server refused the proxy's token (expired or revoked?). Nothing was done. Ask the user "
+        "to issue a new token and restart the proxy with it."),
+}
+
+
+class Proxy:
+    """The MCP server side of the proxy, serving one IdempotentClient."""
+
+    def __init__(self, client: IdempotentClient):
+        self.client = client
+        self.server: Server[Any] = Server(
+            "idemops-client-proxy", version="0.2.0", instructions=INSTRUCTIONS,
+            on_list_tools=self._list_tools, on_call_tool=self._call_tool,
+            on_list_resources=self._list_resources, on_read_resource=self._read_resource,
+            on_list_prompts=self._list_prompts, on_get_prompt=self._get_prompt)
+
+    async def serve_stdio(self) -> None:
+        async with stdio_server() as (read_stream, write_stream):
+            await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
+
+    # --- tools --------------------------------------------------------------------------------
+
+    async def _list_tools(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+                          ) -> types.ListToolsResult:
+        return await self.client.listing()
+
+    async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+                         ) -> types.CallToolResult:
+        meta = dict(ctx.meta or {}) if ctx.meta is not None else {}
+        key = meta.get(META_KEY)
+        try:
+            result = await self.client.call(params.name, params.arguments or {},
+                                            key=key if isinstance(key, str) else None)
+        except ToolCallError as error:
+            return error_result(error)
+        return tool_result(result)
+
+    # --- the ledger, for the model ------------------------------------------------------------
+
+    async def _list_resources(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+                              ) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[types.Resource(
+            uri=LEDGER_URI, name="idemops-ledger", title="Tool calls of this session",
+            description="What was done, what is unknown, what waits for a person (the proxy's ledger).",
+            mime_type="text/markdown")])
+
+    async def _read_resource(self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+                             ) -> types.ReadResourceResult:
+        if str(params.uri) != LEDGER_URI:
+            raise ValueError(f"no resource {params.uri}; this proxy serves {LEDGER_URI}")
+        text = ledger_report(self.client.ledger.entries())
+        return types.ReadResourceResult(contents=[types.TextResourceContents(
+            uri=LEDGER_URI, mime_type="text/markdown", text=text)])
+
+    async def _list_prompts(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+                            ) -> types.ListPromptsResult:
+        return types.ListPromptsResult(prompts=[types.Prompt(
+            name=LEDGER_PROMPT, title="What this session's tool calls did",
+            description="The ledger of tool calls with side effects, and how to treat unfinished ones.")])
+
+    async def _get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
+                          ) -> types.GetPromptResult:
+        if params.name != LEDGER_PROMPT:
+            raise ValueError(f"no prompt {params.name!r}; this proxy serves {LEDGER_PROMPT!r}")
+        entries = self.client.ledger.entries()
+        text = ledger_report(entries) + "\n\n" + render(entries)
+        return types.GetPromptResult(description="The tool calls of this session", messages=[
+            types.PromptMessage(role="user", content=types.TextContent(type="text", text=text))])
+
+
+def tool_result(result: CallResult) -> types.CallToolResult:
+    """The server's own result when there was a round trip; the recorded one, said so, from the ledger."""
+    if result.raw is not None and not result.from_ledger:
+        return result.raw
+    note = (f"Answered from the ledger: this identical {result.tool} call was already done (key {result.key}); "
+            "it was not run again. The recorded result follows.")
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=note),
+                 types.TextContent(type="text", text=json.dumps(result.structured, ensure_ascii=False))],
+        structured_content=result.structured, meta={"io.idemops/replayed": True, "io.idemops/from-ledger": True})
+
+
+def error_result(error: ToolCallError) -> types.CallToolResult:
+    words = UNFINISHED.get(error.error_class)
+    if words is not None:
+        text = words.format(tool=error.tool)
+        if isinstance(error, RetriesExhausted):
+            text += f" (The proxy asked {error.attempts} times with the same key; last answer: {error.message})"
+    else:
+        text = (f"{error.tool} failed: {error.error_class}: {error.message}. This answer is final for these "
+                "arguments: calling again with the same arguments gives the same error.")
+    return types.CallToolResult(is_error=True, content=[types.TextContent(type="text", text=text)],
+                                structured_content={"error": error.error, "idempotency_key": error.key,
+                                                    "trace_id": error.trace_id})
