@@ -33,7 +33,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import httpx2
@@ -56,6 +56,9 @@ from idemops_client.transport import (
     observe,
     result_text,
 )
+
+if TYPE_CHECKING:
+    from idemops_client.sync import SyncClient
 
 T = TypeVar("T")
 # The operation (one call(), all its attempts) whose trace an attempt joins.
@@ -131,6 +134,13 @@ class IdempotentClient:
         self._dialer: Dialer | None = None
         self._tools: dict[str, ToolInfo] | None = None
         self._flights: dict[tuple[str, str], anyio.Lock] = {}
+
+    @classmethod
+    def sync(cls, url: str, token: str | None = None, **options: Any) -> SyncClient:
+        """The same client for code that is not async: `with IdempotentClient.sync(url, token) as c: c.call(...)`."""
+        from idemops_client.sync import SyncClient
+
+        return SyncClient(url, token, **options)
 
     @property
     def ledger(self) -> SessionLedger:

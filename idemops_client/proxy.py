@@ -24,10 +24,10 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 
 from idemops_client.client import META_KEY, CallResult, IdempotentClient
-from idemops_client.errors import RetriesExhausted, ToolCallError
+from idemops_client.errors import ToolCallError
 from idemops_client.summary import ledger_report, render
+from idemops_client.words import LEDGER_URI, error_text, from_ledger_note
 
-LEDGER_URI = "idemops://ledger"
 LEDGER_PROMPT = "idemops-ledger"
 INSTRUCTIONS = (
     "Tools of an idemops server, through a local proxy that makes retries safe. Calling a tool again with "
@@ -35,32 +35,6 @@ INSTRUCTIONS = (
     f"same operation. Read the resource {LEDGER_URI} (or the prompt {LEDGER_PROMPT}) to see what was done, "
     "what is unknown and what waits for a person before planning more writes."
 )
-
-# What the model is told when an operation has no final answer yet: what to do, in words.
-UNFINISHED = {
-    "unknown_outcome": (
-        "The outcome of this {tool} call is UNKNOWN: it may have happened. The server is checking it. Do not "
-        "make it again with other arguments or another key, and do not assume it failed. Call {tool} again "
-        "with exactly the same arguments later to learn the outcome (it will not run twice), or read "
-        f"{LEDGER_URI}."),
-    "transport": (
-        "No answer came back for this {tool} call (the connection to the server failed): it may have happened. "
-        "Call {tool} again with exactly the same arguments to learn the outcome; it will not run twice."),
-    "unavailable": (
-        "The idemops server is unavailable right now. Call {tool} again with exactly the same arguments "
-        "later; it will not run twice."),
-    "in_progress": (
-        "This {tool} call is still running on the server. Do not make it again with other arguments; call "
-        "{tool} again with exactly the same arguments later to get its result (it will not run twice)."),
-    "pending_approval": (
-        "This {tool} call WAITS FOR A PERSON to approve it; it has not been done yet. Tell the user that it "
-        "awaits approval. Do not make it again with other arguments or try to work around the approval; "
-        "calling {tool} again with exactly the same arguments later reports whether it was approved and done."),
-    "unauthorized": (
-        "The idemops server refused the proxy's token (expired or revoked?). Nothing was done. Ask the user "
-        "to issue a new token and restart the proxy with it."),
-}
-
 
 class Proxy:
     """The MCP server side of the proxy, serving one IdempotentClient."""
@@ -131,23 +105,13 @@ def tool_result(result: CallResult) -> types.CallToolResult:
     """The server's own result when there was a round trip; the recorded one, said so, from the ledger."""
     if result.raw is not None and not result.from_ledger:
         return result.raw
-    note = (f"Answered from the ledger: this identical {result.tool} call was already done (key {result.key}); "
-            "it was not run again. The recorded result follows.")
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=note),
+        content=[types.TextContent(type="text", text=from_ledger_note(result)),
                  types.TextContent(type="text", text=json.dumps(result.structured, ensure_ascii=False))],
         structured_content=result.structured, meta={"io.idemops/replayed": True, "io.idemops/from-ledger": True})
 
 
 def error_result(error: ToolCallError) -> types.CallToolResult:
-    words = UNFINISHED.get(error.error_class)
-    if words is not None:
-        text = words.format(tool=error.tool)
-        if isinstance(error, RetriesExhausted):
-            text += f" (The proxy asked {error.attempts} times with the same key; last answer: {error.message})"
-    else:
-        text = (f"{error.tool} failed: {error.error_class}: {error.message}. This answer is final for these "
-                "arguments: calling again with the same arguments gives the same error.")
-    return types.CallToolResult(is_error=True, content=[types.TextContent(type="text", text=text)],
+    return types.CallToolResult(is_error=True, content=[types.TextContent(type="text", text=error_text(error))],
                                 structured_content={"error": error.error, "idempotency_key": error.key,
                                                     "trace_id": error.trace_id})

@@ -24,7 +24,6 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, DiscoverResult, ListToolsResult, Tool
 from mcp_types.version import LATEST_MODERN_VERSION
 
-
 # HTTP answers seen by the current attempt. The SDK sends each request from a task
 # that inherits the sender's context, so an attempt sees its own responses' status
 # and Retry-After even though the SDK itself reports a 503 only as a generic error.
