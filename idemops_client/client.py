@@ -33,12 +33,12 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 import httpx2
 from mcp import Client
-from mcp_types import CallToolResult, ListToolsResult
+from mcp_types import CallToolResult, ListToolsResult, RequestParamsMeta
 
 from idemops_client.canonical import business_arguments, derive_key, fingerprint
 from idemops_client.errors import DETERMINISTIC, ClientError, RetriesExhausted, ToolCallError, is_retryable
@@ -379,7 +379,8 @@ class IdempotentClient:
             meta: dict[str, Any] = {**trace_meta, **({META_KEY: key} if key is not None else {})}
 
             async def request(client: Client) -> Answer:
-                return interpret(await client.call_tool(tool, arguments, read_timeout_seconds=timeout, meta=meta))
+                return interpret(await client.call_tool(tool, arguments, read_timeout_seconds=timeout,
+                                                        meta=cast("RequestParamsMeta", meta)))
 
             answer = await self._guarded(request, timeout)
         return answer
@@ -428,8 +429,9 @@ class IdempotentClient:
                 continue
             self.store.follow_server_expiry(entry, found.structured)
             state, _ = _OPERATION_STATUS.get(str(found.get("status")), (None, None))
-            error = found.get("error") if isinstance(found.get("error"), dict) else None
-            if state == State.FAILED and error and is_retryable(str(error.get("class")), error.get("retry_after")):
+            found_error = found.get("error") if isinstance(found.get("error"), dict) else None
+            if state == State.FAILED and found_error and is_retryable(str(found_error.get("class")),
+                                                                          found_error.get("retry_after")):
                 # Failed in a way that did nothing (transient): the same key may run it again.
                 state = State.SUBMITTED
             if state is None:

@@ -252,7 +252,7 @@ class Ledger(LedgerStore):
         with self._lock:
             self._db.close()
 
-    def _row(self, row: tuple | None) -> Entry | None:
+    def _row(self, row: tuple[Any, ...] | None) -> Entry | None:
         if row is None:
             return None
         values = dict(zip(_COLUMNS, row, strict=True))
@@ -261,7 +261,7 @@ class Ledger(LedgerStore):
         values["state"] = State(values["state"])
         return Entry(**values)
 
-    def _values(self, entry: Entry) -> tuple:
+    def _values(self, entry: Entry) -> tuple[Any, ...]:
         values = {name: getattr(entry, name) for name in _COLUMNS}
         for name in _JSON_COLUMNS:
             values[name] = json.dumps(values[name], ensure_ascii=False) if values[name] is not None else None
@@ -295,7 +295,9 @@ class Ledger(LedgerStore):
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-        return self._row(row)
+        stored = self._row(row)
+        assert stored is not None
+        return stored
 
     def save(self, entry: Entry) -> None:
         entry.updated_at = time.time()
@@ -310,7 +312,7 @@ class Ledger(LedgerStore):
             rows = self._db.execute(
                 f"SELECT {', '.join(_COLUMNS)} FROM calls WHERE session_id = ? AND expires_at > ? "
                 "ORDER BY created_at, rowid", (session_id, time.time())).fetchall()
-        return [self._row(row) for row in rows]
+        return [entry for row in rows if (entry := self._row(row)) is not None]
 
     def purge_expired(self) -> int:
         with self._lock, _explained(self.path, "purge it"):

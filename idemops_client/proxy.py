@@ -105,10 +105,12 @@ def tool_result(result: CallResult) -> types.CallToolResult:
     """The server's own result when there was a round trip; the recorded one, said so, from the ledger."""
     if result.raw is not None and not result.from_ledger:
         return result.raw
-    return types.CallToolResult(
+    answer = types.CallToolResult(
         content=[types.TextContent(type="text", text=from_ledger_note(result)),
                  types.TextContent(type="text", text=json.dumps(result.structured, ensure_ascii=False))],
-        structured_content=result.structured, meta={"io.idemops/replayed": True, "io.idemops/from-ledger": True})
+        structured_content=result.structured)
+    answer.meta = {"io.idemops/replayed": True, "io.idemops/from-ledger": True}
+    return answer
 
 
 def error_result(error: ToolCallError) -> types.CallToolResult:

@@ -23,7 +23,7 @@ try:
     from opentelemetry import trace as otel_trace
     from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 except ImportError:  # pragma: no cover (the mcp SDK depends on opentelemetry-api; kept optional here)
-    otel_trace = None
+    otel_trace = None  # type: ignore[assignment]
 
 TRACER_NAME = "idemops_client"
 
@@ -41,6 +41,8 @@ class OperationTrace:
         self.attempts = 0
         self._previous: Any = None  # the previous attempt's SpanContext, for the link
         self._span: Any = None
+        self.trace_id: str
+        self.span_id: str
         if otel_trace is None:
             self.trace_id, self.span_id = secrets.token_hex(16), secrets.token_hex(8)
             return

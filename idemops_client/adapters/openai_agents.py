@@ -39,7 +39,10 @@ def function_tool(client: IdempotentClient, name: str, description: str, schema:
                         strict_json_schema=False)
 
 
-def ledger_instructions(client: IdempotentClient, base: str = "") -> Callable[[RunContextWrapper[Any], Agent[Any]], str]:
+Instructions = Callable[[RunContextWrapper[Any], Agent[Any]], str]
+
+
+def ledger_instructions(client: IdempotentClient, base: str = "") -> Instructions:
     """Dynamic instructions: `base`, then the ledger's summary, read anew on every model turn."""
 
     def instructions(context: RunContextWrapper[Any], agent: Agent[Any]) -> str:
