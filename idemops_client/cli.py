@@ -38,7 +38,7 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="idemops-client", description="The agent's side of idemops.")
     commands = parser.add_subparsers(dest="command", required=True)
     proxy = commands.add_parser("proxy", help="a stdio MCP server for MCP hosts, forwarding to idemops safely")
-    proxy.add_argument("--url", default=os.environ.get(URL_ENV), help=f"the server's MCP URL (or {URL_ENV})")
+    proxy.add_argument("--url", default=os.environ.get("IDEMOPS_URL"), help=f"the server's MCP URL (or {URL_ENV})")
     auth = proxy.add_mutually_exclusive_group()
     auth.add_argument("--token", default=None, help=f"a bearer token (or {TOKEN_ENV}, which keeps it out of ps)")
     auth.add_argument("--oauth", action="store_true", help="OAuth sign-in: not yet supported by the server")
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.oauth:
         return fail(OAUTH_NOT_YET)
-    token = args.token or os.environ.get(TOKEN_ENV)
+    token = args.token or os.environ.get("IDEMOPS_TOKEN")
     if not args.url:
         return fail(f"no server: give --url https://HOST/mcp (or set {URL_ENV})")
     if not token:
