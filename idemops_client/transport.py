@@ -116,9 +116,10 @@ class Dialer:
                               read_timeout_seconds=self.timeout) as probe:
                 try:
                     raw = await probe.session.send_discover(LATEST_MODERN_VERSION)
-                except MCPError:
-                    if seen is not None and any(status >= 400 for status, _ in seen[before:]):
-                        raise
+                except MCPError as exc:
+                    if exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT) or (
+                            seen is not None and any(status >= 400 for status, _ in seen[before:])):
+                        raise  # the request's own failure (no answer, or an HTTP error), not the server's era
                     self.legacy = True
                     return
             self.discovered = DiscoverResult.model_validate(raw)
