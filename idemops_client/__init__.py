@@ -10,11 +10,13 @@
 from idemops_client.canonical import canonical_json, derive_key, fingerprint
 from idemops_client.client import CallResult, IdempotentClient, ToolInfo
 from idemops_client.errors import ClientError, RetriesExhausted, ToolCallError, is_retryable
-from idemops_client.ledger import Entry, Ledger, LedgerStore, MemoryLedger, SessionLedger, State
+from idemops_client.ledger import Entry, Ledger, LedgerError, LedgerStore, MemoryLedger, SessionLedger, State
 from idemops_client.retry import RetryPolicy
+from idemops_client.sync import SyncClient
 
 __all__ = [
-    "CallResult", "ClientError", "Entry", "IdempotentClient", "Ledger", "LedgerStore", "MemoryLedger",
-    "RetriesExhausted", "RetryPolicy", "SessionLedger", "State", "ToolCallError", "ToolInfo", "canonical_json",
+    "CallResult", "ClientError", "Entry", "IdempotentClient", "Ledger", "LedgerError", "LedgerStore", "MemoryLedger",
+    "RetriesExhausted", "RetryPolicy", "SessionLedger", "State", "SyncClient", "ToolCallError", "ToolInfo",
+    "canonical_json",
     "derive_key", "fingerprint", "is_retryable",
 ]

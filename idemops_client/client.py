@@ -28,24 +28,26 @@ in flight on it, and the next attempt opens a new one.
 
 from __future__ import annotations
 
+import contextvars
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 import httpx2
 from mcp import Client
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, ListToolsResult, RequestParamsMeta
 
 from idemops_client.canonical import business_arguments, derive_key, fingerprint
 from idemops_client.errors import DETERMINISTIC, ClientError, RetriesExhausted, ToolCallError, is_retryable
 from idemops_client.ledger import Entry, LedgerStore, MemoryLedger, SessionLedger, State
 from idemops_client.retry import RetryPolicy
+from idemops_client.tracing import OperationTrace
 from idemops_client.transport import (
     Answer,
-    Connection,
+    Dialer,
     failed_attempt,
     http_seen,
     interpret,
@@ -54,6 +56,13 @@ from idemops_client.transport import (
     observe,
     result_text,
 )
+
+if TYPE_CHECKING:
+    from idemops_client.sync import SyncClient
+
+T = TypeVar("T")
+# The operation (one call(), all its attempts) whose trace an attempt joins.
+_operation: contextvars.ContextVar[OperationTrace | None] = contextvars.ContextVar("idemops_operation", default=None)
 
 META_KEY = "io.idemops/idempotency-key"
 REPLAYED_META = "io.idemops/replayed"
@@ -104,6 +113,7 @@ class CallResult:
     from_ledger: bool = False  # answered from the ledger, without a round trip
     attempts: int = 0
     entry: Entry | None = None
+    trace_id: str | None = None  # the W3C trace id every attempt carried (tracing.py)
     raw: CallToolResult | None = field(default=None, repr=False)
 
     def __getitem__(self, name: str) -> Any:
@@ -126,11 +136,16 @@ class IdempotentClient:
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
         self._http: httpx2.AsyncClient | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._connection: Connection | None = None
-        self._connect_lock = anyio.Lock()
+        self._dialer: Dialer | None = None
         self._tools: dict[str, ToolInfo] | None = None
         self._flights: dict[tuple[str, str], anyio.Lock] = {}
+
+    @classmethod
+    def sync(cls, url: str, token: str | None = None, **options: Any) -> SyncClient:
+        """The same client for code that is not async: `with IdempotentClient.sync(url, token) as c: c.call(...)`."""
+        from idemops_client.sync import SyncClient
+
+        return SyncClient(url, token, **options)
 
     @property
     def ledger(self) -> SessionLedger:
@@ -142,47 +157,31 @@ class IdempotentClient:
     async def __aenter__(self) -> IdempotentClient:
         self._http = httpx2.AsyncClient(headers=self._headers, event_hooks={"response": [observe]},
                                         timeout=httpx2.Timeout(self.policy.attempt_timeout, connect=10))
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        self._dialer = Dialer(self.url, self._http, self.policy.attempt_timeout)
         self.store.purge_expired()
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> None:
-        if self._connection is not None:
-            self._connection.close()
-        assert self._tg is not None and self._http is not None
-        await self._tg.__aexit__(*exc_info)
-        await self._http.aclose()
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+        self._http = self._dialer = None
 
-    async def _open(self) -> Connection:
-        """The live connection, or a new one."""
-        async with self._connect_lock:
-            connection = self._connection
-            if connection is None or connection.dead or connection.client is None:
-                if self._tg is None or self._http is None:
-                    raise ClientError("use IdempotentClient in `async with`")
-                connection = Connection(self.url, self._http, self.policy.attempt_timeout)
-                self._connection = connection
-                await connection.start(self._tg)
-            return connection
-
-    async def _guarded(self, request: Callable[[Client], Awaitable[Any]], timeout: float) -> Any:
-        """Run one request on the connection; a failure comes back as an Answer (never raised)."""
+    async def _guarded(self, request: Callable[[Client], Awaitable[T]], timeout: float) -> T | Answer:
+        """Run one request on a session of its own; a failure comes back as an Answer (never raised)."""
+        if self._dialer is None:
+            raise ClientError("use IdempotentClient in `async with`")
         seen: list[tuple[int, str | None]] = []
         token = http_seen.set(seen)
-        connection = None
+        reached = False
         try:
             with anyio.fail_after(timeout + 5):  # a guard: the SDK's own read timeout comes first
-                connection = await self._open()
-                assert connection.client is not None
-                return await request(connection.client)
+                async with self._dialer.session() as client:
+                    reached = True
+                    return await request(client)
         except anyio.get_cancelled_exc_class():
             raise
         except BaseException as exc:  # noqa: BLE001 (classified; cancellation is re-raised above)
-            answer = failed_attempt(leaf(exc), seen, reached=connection is not None)
-            if answer.error_class == "transport" and connection is not None:
-                connection.close()  # the next attempt opens a new one
-            return answer
+            return failed_attempt(leaf(exc), seen, reached=reached)
         finally:
             http_seen.reset(token)
 
@@ -217,8 +216,16 @@ class IdempotentClient:
                 if not isinstance(listed, Answer):
                     break
                 await anyio.sleep(self._next_wait("tools/list", None, listed, attempt, started, self.policy))
-            self._tools = {tool.name: tool_info(tool) for tool in listed}
+            assert self._dialer is not None
+            self._dialer.listing = listed
+            self._tools = {tool.name: tool_info(tool) for tool in listed.tools}
         return self._tools
+
+    async def listing(self) -> ListToolsResult:
+        """The server's tools/list, unchanged (every page as one listing), as the proxy offers it."""
+        await self.tools()
+        assert self._dialer is not None and self._dialer.listing is not None
+        return self._dialer.listing
 
     async def _tool(self, name: str) -> ToolInfo:
         tools = await self.tools()
@@ -237,8 +244,24 @@ class IdempotentClient:
         Raises ToolCallError for a final error (its `error_class` says which), and
         RetriesExhausted when the budget ran out (its `error_class` is the last answer's).
         """
-        arguments = dict(arguments or {})
-        policy = policy or self.policy
+        trace = OperationTrace(tool, {"idemops.session": self.session_id})
+        scope = _operation.set(trace)
+        try:
+            result = await self._call(tool, dict(arguments or {}), key, policy or self.policy)
+        except ToolCallError as error:
+            error.trace_id = trace.trace_id
+            trace.end(error.error_class)
+            raise
+        except BaseException:
+            trace.end("error")
+            raise
+        finally:
+            _operation.reset(scope)
+        result.trace_id = trace.trace_id
+        trace.end()
+        return result
+
+    async def _call(self, tool: str, arguments: dict[str, Any], key: str | None, policy: RetryPolicy) -> CallResult:
         info = await self._tool(tool)
         if not info.writes:
             return await self._read(tool, arguments, policy)
@@ -353,12 +376,19 @@ class IdempotentClient:
             await anyio.sleep(self._next_wait(tool, None, answer, attempt, started, policy))
 
     async def _attempt(self, tool: str, arguments: dict[str, Any], key: str | None, timeout: float) -> Answer:
-        async def request(client: Client) -> Answer:
-            result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout,
-                                            meta={META_KEY: key} if key is not None else None)
-            return interpret(result)
+        trace = _operation.get()
+        if trace is None:  # a look-up outside call() (refresh): a trace of its own
+            trace = OperationTrace(tool)
+            trace.end()
+        with trace.attempt() as trace_meta:
+            meta: dict[str, Any] = {**trace_meta, **({META_KEY: key} if key is not None else {})}
 
-        return await self._guarded(request, timeout)
+            async def request(client: Client) -> Answer:
+                return interpret(await client.call_tool(tool, arguments, read_timeout_seconds=timeout,
+                                                        meta=cast("RequestParamsMeta", meta)))
+
+            answer = await self._guarded(request, timeout)
+        return answer
 
     async def _prepare(self, tool: str, arguments: dict[str, Any], call_id: str, policy: RetryPolicy) -> str | None:
         """A server-issued operation id for a high-risk tool, if the server offers prepare_operation.
@@ -404,8 +434,9 @@ class IdempotentClient:
                 continue
             self.store.follow_server_expiry(entry, found.structured)
             state, _ = _OPERATION_STATUS.get(operation_status(found.get("status")), (None, None))
-            error = found.get("error") if isinstance(found.get("error"), dict) else None
-            if state == State.FAILED and error and is_retryable(str(error.get("class")), error.get("retry_after")):
+            found_error = found.get("error") if isinstance(found.get("error"), dict) else None
+            if state == State.FAILED and found_error and is_retryable(str(found_error.get("class")),
+                                                                          found_error.get("retry_after")):
                 # Failed in a way that did nothing (transient): the same key may run it again.
                 state = State.SUBMITTED
             if state is None:

@@ -93,7 +93,7 @@ async def run(url: str, token: str, *, ledger_path: Path, session_id: str, tag: 
 
 async def step(report: Report, what: str, call: Any) -> CallResult | None:
     try:
-        result = await call
+        result: CallResult = await call
     except ToolCallError as error:
         report.problems.append(f"{what}: {error}")
         report.say(f"{what}: {error}")
@@ -137,7 +137,8 @@ async def other_writes(client: IdempotentClient, proxy: FaultProxy, report: Repo
         report.say(f"  its operation id {report.payment.key} was issued by the server (prepare_operation) and "
                    "carried verbatim on every attempt")
     elif report.payment is not None:
-        report.problems.append(f"the payment went out under {sorted(sent)}, not one id the server issued")
+        report.problems.append(f"the payment went out under {sorted(str(key) for key in sent)}, "
+                               "not one id the server issued")
     proxy.inject("disconnect", "send_notification", seconds=0.05)
     await step(report, "notification, connection cut", client.call("send_notification", {
         "channel": "email", "recipient": "ops@example.com", "subject": f"Orders placed ({tag})",
@@ -189,7 +190,8 @@ async def verify(client: IdempotentClient, proxy: FaultProxy, report: Report, ta
     report.say("Checking for duplicates:")
     # 1. The wire: per operation (tool + canonical business arguments), the resources the server's answers named,
     #    delivered or not. Two orders for one operation show up as two order ids.
-    keys, resources = defaultdict(set), defaultdict(set)
+    keys: defaultdict[tuple[str | None, str], set[str | None]] = defaultdict(set)
+    resources: defaultdict[tuple[str | None, str], set[tuple[str, Any]]] = defaultdict(set)
     for exchange in proxy.calls():
         if exchange.key is None or exchange.arguments is None or exchange.reply is None:
             continue  # a request the server never saw (a 503 from the proxy) did nothing
@@ -203,7 +205,7 @@ async def verify(client: IdempotentClient, proxy: FaultProxy, report: Report, ta
                f"keys and named {sum(len(v) for v in resources.values())} resources; duplicates {wire}")
     # 2. The read tools: every order of this run, by probing ids around the ones we got.
     ids = sorted(int(v) for op in resources.values() for k, v in op if k == "order_id")
-    customers = defaultdict(int)
+    customers: defaultdict[str, int] = defaultdict(int)
     if ids:
         for order_id in range(ids[0], min(ids[-1] + 6, ids[0] + ORDER_PROBE_LIMIT)):
             try:
@@ -237,10 +239,10 @@ async def verify(client: IdempotentClient, proxy: FaultProxy, report: Report, ta
                f"duplicates {document_duplicates}")
     if not documents:
         report.problems.append("the ingested document is not found")
-    return max(wire, order_duplicates + document_duplicates + payment_duplicates)
+    return int(max(wire, order_duplicates + document_duplicates + payment_duplicates))
 
 
-def wire_duplicates(resources: dict[Any, set]) -> int:
+def wire_duplicates(resources: dict[Any, set[Any]]) -> int:
     """Per operation, more than one resource of a kind (two order ids) is a duplicate."""
     total = 0
     for named in resources.values():

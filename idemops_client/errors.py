@@ -51,6 +51,7 @@ class ToolCallError(ClientError):
         self.retry_after = retry_after
         self.error = error or {"class": error_class, "message": message}
         self.attempts = attempts
+        self.trace_id: str | None = None  # the operation's W3C trace id (set by the client)
         super().__init__(self._text())
 
     @property

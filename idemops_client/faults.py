@@ -66,6 +66,7 @@ class Exchange:
     tool: str | None
     key: str | None  # the idempotency key, from _meta or the arguments
     arguments: dict[str, Any] | None
+    meta: dict[str, Any] | None = None  # the request's params._meta (the key, traceparent)
     fault: str | None = None
     status: int | None = None  # the server's HTTP status (503 for `unavailable`)
     reply: dict[str, Any] | None = None  # the JSON-RPC response the server sent
@@ -92,8 +93,8 @@ class FaultProxy:
         self.exchanges: list[Exchange] = []
         self._server: asyncio.Server | None = None
         self._http: httpx2.AsyncClient | None = None
-        self._background: set[asyncio.Task] = set()
-        self._connections: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._connections: set[asyncio.Task[Any]] = set()
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -140,7 +141,7 @@ class FaultProxy:
     def calls(self, tool: str | None = None) -> list[Exchange]:
         return [e for e in self.exchanges if e.method == "tools/call" and (tool is None or e.tool == tool)]
 
-    def counts(self) -> Counter:
+    def counts(self) -> Counter[tuple[str | None, str | None]]:
         """(JSON-RPC method, tool) → requests that reached the proxy."""
         return Counter((e.method, e.tool) for e in self.exchanges)
 
@@ -235,7 +236,8 @@ async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
         return None  # the client closed the connection between requests
     lines = head.decode("latin-1").split("\r\n")
     method, target, _ = lines[0].split(" ", 2)
-    headers = [tuple(part.strip() for part in line.split(":", 1)) for line in lines[1:] if ":" in line]
+    headers = [(name.strip(), value.strip()) for name, sep, value in (line.partition(":") for line in lines[1:])
+               if sep]
     fields = {k.lower(): v for k, v in headers}
     if "chunked" in fields.get("transfer-encoding", "").lower():
         body = await _read_chunked(reader)
@@ -285,7 +287,8 @@ def _describe(body: bytes) -> Exchange:
         return Exchange(method=method, tool=None, key=None, arguments=None)
     arguments = params.get("arguments") or {}
     key = (params.get("_meta") or {}).get(META_KEY) or arguments.get("idempotency_key")
-    return Exchange(method=method, tool=params.get("name"), key=key, arguments=arguments)
+    return Exchange(method=method, tool=params.get("name"), key=key, arguments=arguments,
+                    meta=params.get("_meta") or {})
 
 
 def _reply_of(response: httpx2.Response) -> dict[str, Any] | None:

@@ -19,15 +19,19 @@ says the task ended; its `ttl` then counts from then (`follow_server_expiry`).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from idemops_client.errors import ClientError
 
 DEFAULT_TTL_SECONDS = 24 * 3600
 # The expiry of an entry whose key is bound to a task still unfinished: never, until it ends.
@@ -193,8 +197,36 @@ _COLUMNS = ("session_id", "tool", "call_id", "key", "fingerprint", "arguments", 
 _JSON_COLUMNS = ("arguments", "result", "error")
 
 
+class LedgerError(ClientError):
+    """The ledger file cannot be used (corrupt, read-only, locked, missing directory). Raised before
+    anything is sent: a call that cannot be written down first is not made."""
+
+
+@contextlib.contextmanager
+def _explained(path: str, doing: str) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.Error as exc:
+        text = str(exc).lower()
+        if "not a database" in text or "malformed" in text:
+            why = "it is not a ledger (a corrupt or foreign file): move it aside, or point --ledger elsewhere"
+        elif "readonly" in text or "read-only" in text:
+            why = "it is read-only: make the file and its directory writable, or point --ledger elsewhere"
+        elif "locked" in text or "busy" in text:
+            why = ("it is locked by another process that holds a write transaction: wait for it to finish, "
+                   "or give this agent a ledger of its own")
+        elif "unable to open" in text:
+            why = "it cannot be opened: does its directory exist and is it writable?"
+        else:
+            why = str(exc)
+        raise LedgerError(f"ledger {path}: cannot {doing}: {why} ({type(exc).__name__}: {exc})") from exc
+
+
 class Ledger(LedgerStore):
-    """Entries in a SQLite file (or ":memory:"), shared by every task, thread and process that opens it."""
+    """Entries in a SQLite file (or ":memory:"), shared by every task, thread and process that opens it.
+
+    A file that cannot serve as a ledger raises LedgerError here, and so does any step later
+    (a lock held past `busy_timeout`): the message names the file and what to do."""
 
     def __init__(self, path: str | Path = "calls.sqlite", ttl: float = DEFAULT_TTL_SECONDS,
                  busy_timeout: float = 10.0):
@@ -203,19 +235,24 @@ class Ledger(LedgerStore):
         # One connection, one lock: each method is a single short transaction, and
         # sqlite3 objects must not be used by two threads at once.
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
-        if self.path != ":memory:":
-            # WAL: readers never block the writer, and a second process can work on the file at once.
-            self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL" if self.path != ":memory:" else "PRAGMA synchronous=OFF")
-        with self._lock:
-            self._db.executescript(_SCHEMA)
+        with _explained(self.path, "open it"):
+            self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None,
+                                       check_same_thread=False)
+            if self.path != ":memory:":
+                # WAL: readers never block the writer, and a second process can work on the file at once.
+                self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL" if self.path != ":memory:" else "PRAGMA synchronous=OFF")
+            with self._lock:
+                self._db.executescript(_SCHEMA)
+                # A read-only file opens and reads; say so now, not at the first call.
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute("ROLLBACK")
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    def _row(self, row: tuple | None) -> Entry | None:
+    def _row(self, row: tuple[Any, ...] | None) -> Entry | None:
         if row is None:
             return None
         values = dict(zip(_COLUMNS, row, strict=True))
@@ -224,7 +261,7 @@ class Ledger(LedgerStore):
         values["state"] = State(values["state"])
         return Entry(**values)
 
-    def _values(self, entry: Entry) -> tuple:
+    def _values(self, entry: Entry) -> tuple[Any, ...]:
         values = {name: getattr(entry, name) for name in _COLUMNS}
         for name in _JSON_COLUMNS:
             values[name] = json.dumps(values[name], ensure_ascii=False) if values[name] is not None else None
@@ -232,7 +269,7 @@ class Ledger(LedgerStore):
         return tuple(values[name] for name in _COLUMNS)
 
     def get(self, session_id: str, tool: str, call_id: str) -> Entry | None:
-        with self._lock:
+        with self._lock, _explained(self.path, "read it"):
             row = self._db.execute(
                 f"SELECT {', '.join(_COLUMNS)} FROM calls WHERE session_id = ? AND tool = ? AND call_id = ? "
                 "AND expires_at > ?", (session_id, tool, call_id, time.time())).fetchone()
@@ -240,10 +277,10 @@ class Ledger(LedgerStore):
 
     def add(self, entry: Entry) -> Entry:
         placeholders = ", ".join("?" for _ in _COLUMNS)
-        with self._lock:
+        with self._lock, _explained(self.path, "record the call (nothing was sent)"):
             # IMMEDIATE: take the write lock first, so a second process adding the
             # same call waits and then reads the winner's entry.
-            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("BEGIN IMMEDIATE")  # a lock held too long raises here, with nothing to roll back
             try:
                 # Only an expired entry is replaced; a live one wins.
                 self._db.execute(
@@ -258,25 +295,27 @@ class Ledger(LedgerStore):
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-        return self._row(row)
+        stored = self._row(row)
+        assert stored is not None
+        return stored
 
     def save(self, entry: Entry) -> None:
         entry.updated_at = time.time()
         assignments = ", ".join(f"{c} = ?" for c in _COLUMNS[3:])
         values = self._values(entry)
-        with self._lock:
+        with self._lock, _explained(self.path, "record the answer"):
             self._db.execute(f"UPDATE calls SET {assignments} WHERE session_id = ? AND tool = ? AND call_id = ?",
                              (*values[3:], *values[:3]))
 
     def entries(self, session_id: str) -> list[Entry]:
-        with self._lock:
+        with self._lock, _explained(self.path, "read it"):
             rows = self._db.execute(
                 f"SELECT {', '.join(_COLUMNS)} FROM calls WHERE session_id = ? AND expires_at > ? "
                 "ORDER BY created_at, rowid", (session_id, time.time())).fetchall()
-        return [self._row(row) for row in rows]
+        return [entry for row in rows if (entry := self._row(row)) is not None]
 
     def purge_expired(self) -> int:
-        with self._lock:
+        with self._lock, _explained(self.path, "purge it"):
             return self._db.execute("DELETE FROM calls WHERE expires_at <= ?", (time.time(),)).rowcount
 
 

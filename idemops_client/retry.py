@@ -30,8 +30,8 @@ class RetryPolicy:
 
     def delay(self, attempt: int, retry_after: float | None, rng: random.Random | None = None) -> float:
         """The wait after failed attempt number `attempt` (1-based)."""
-        rng = rng or random
-        backoff = rng.uniform(0, min(self.max_delay, self.base_delay * 2 ** (attempt - 1)))
+        uniform = rng.uniform if rng is not None else random.uniform
+        backoff = uniform(0, min(self.max_delay, self.base_delay * 2 ** (attempt - 1)))
         if retry_after is None:
             return backoff
-        return max(backoff, retry_after * rng.uniform(1.0, 1.1))
+        return max(backoff, retry_after * uniform(1.0, 1.1))

@@ -91,3 +91,25 @@ def result_ids(result: dict[str, Any]) -> str:
     if isinstance(result.get("status"), str):
         parts.append(f"status {result['status']}")
     return ", ".join(parts[:3])
+
+
+_SECTIONS = (
+    ("Done", (State.DONE,), "answered from the ledger if called again identically"),
+    ("Unknown: may have happened", (State.UNKNOWN, State.SUBMITTED),
+     "being checked; call again with exactly the same arguments to learn the outcome, never with new ones"),
+    ("In progress", (State.IN_PROGRESS,), "still running; call again identically later for the result"),
+    ("Waiting for a person", (State.PENDING_APPROVAL,), "needs approval; tell the user, do not work around it"),
+    ("Failed", (State.FAILED,), "final for these arguments"),
+)
+
+
+def ledger_report(entries: list[Entry]) -> str:
+    """The ledger grouped by what the model should do about each operation (the proxy's resource)."""
+    lines = ["# Tool calls with side effects in this session", ""]
+    if not entries:
+        return "\n".join([*lines, "None yet."])
+    for title, states, advice in _SECTIONS:
+        chosen = [entry for entry in entries if entry.state in states]
+        shown = [f"- {line(entry)}" for entry in chosen] or ["- none"]
+        lines += [f"## {title} ({len(chosen)}): {advice}", *shown, ""]
+    return "\n".join(lines).rstrip() + "\n"

@@ -8,9 +8,11 @@ server (`sent`), which decides whether a lost answer makes the ledger entry UNKN
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import email.utils
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +21,8 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult
-
-from idemops_client.errors import ClientError
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, DiscoverResult, ListToolsResult, Tool
+from mcp_types.version import LATEST_MODERN_VERSION
 
 # HTTP answers seen by the current attempt. The SDK sends each request from a task
 # that inherits the sender's context, so an attempt sees its own responses' status
@@ -59,47 +60,70 @@ class Answer:
         return info if isinstance(info, dict) else {}
 
 
-class Connection:
-    """One SDK session, entered and exited by a task of its own.
+class Dialer:
+    """Opens one SDK session per request, so a lost answer costs only its own request.
 
-    The SDK cancels the task that entered a session when its transport fails;
-    here that task only waits, so no caller is cancelled: requests in flight
-    fail with "connection closed" and the next attempt opens a new session.
+    Under the 2026-07-28 protocol a session is a stamp on each request, not a connection:
+    after the first session discovered the server (`server/discover`), every later one
+    adopts that result without a round trip, and a request is one HTTP POST on the shared
+    HTTP client's pool. A broken response stream then fails its own request only (one SDK
+    session serving every call failed them all together). A server that knows only the
+    initialize handshake gets one handshake per session instead.
     """
 
     def __init__(self, url: str, http: httpx2.AsyncClient, timeout: float):
         self.url = url
         self.http = http
         self.timeout = timeout
-        self.client: Client | None = None
-        self.dead = False
-        self.failure: BaseException | None = None
-        self._ready = anyio.Event()
-        self._close = anyio.Event()
+        self.discovered: DiscoverResult | None = None
+        self.legacy = False
+        self.protocol_version: str | None = None
+        self.opened = 0  # sessions opened: one per request
+        # The SDK session validates a tool's structured result against the listed output schema,
+        # listing the tools first if this session has not: the client's listing is handed to each
+        # new session instead (the step the SDK's own response cache takes on a hit).
+        self.listing: ListToolsResult | None = None
+        self._discovering = anyio.Lock()
 
-    async def start(self, tg: anyio.abc.TaskGroup) -> Client:
-        tg.start_soon(self._run)
-        await self._ready.wait()
-        if self.client is None:
-            raise self.failure or ClientError("connection closed before it opened")
-        return self.client
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[Client]:
+        if self.discovered is None and not self.legacy:
+            await self._discover()
+        mode = "legacy" if self.legacy else (self.protocol_version or LATEST_MODERN_VERSION)
+        self.opened += 1
+        async with Client(self._transport(), mode=mode, prior_discover=self.discovered,
+                          read_timeout_seconds=self.timeout, cache=None) as client:
+            absorb = getattr(client.session, "_absorb_tool_listing", None)
+            if self.listing is not None and absorb is not None:
+                absorb(self.listing.model_copy(deep=True), complete=True)
+            yield client
 
-    async def _run(self) -> None:
-        try:
-            async with Client(streamable_http_client(self.url, http_client=self.http), mode="legacy",
-                              read_timeout_seconds=self.timeout) as client:
-                self.client = client
-                self._ready.set()
-                await self._close.wait()
-        except Exception as exc:  # never into the task group: that would cancel the client's owner
-            self.failure = exc
-        finally:
-            self.dead = True
-            self._ready.set()  # a connection that never opened: start() raises its failure
+    def _transport(self) -> Any:
+        return streamable_http_client(self.url, http_client=self.http)
 
-    def close(self) -> None:
-        self.dead = True
-        self._close.set()
+    async def _discover(self) -> None:
+        """One `server/discover`, before the first request (concurrent first requests share it).
+
+        Not the SDK's `mode="auto"`: its fallback handshake would send a refused token twice.
+        An HTTP error (401, 503, ...) is the request's failure, raised; a JSON-RPC error from a
+        server that knows no discovery means the handshake era, one handshake per session."""
+        async with self._discovering:
+            if self.discovered is not None or self.legacy:
+                return
+            seen = http_seen.get()
+            before = len(seen) if seen is not None else 0
+            async with Client(self._transport(), mode=LATEST_MODERN_VERSION, cache=None,
+                              read_timeout_seconds=self.timeout) as probe:
+                try:
+                    raw = await probe.session.send_discover(LATEST_MODERN_VERSION)
+                except MCPError as exc:
+                    if exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT) or (
+                            seen is not None and any(status >= 400 for status, _ in seen[before:])):
+                        raise  # the request's own failure (no answer, or an HTTP error), not the server's era
+                    self.legacy = True
+                    return
+            self.discovered = DiscoverResult.model_validate(raw)
+            self.protocol_version = LATEST_MODERN_VERSION
 
 
 def result_text(result: CallToolResult | None) -> str:
@@ -165,14 +189,16 @@ def failed_attempt(exc: BaseException, seen: list[tuple[int, str | None]], reach
     return client_answer("protocol_error", f"{type(exc).__name__}: {exc}", None, sent=reached)
 
 
-async def list_tools(client: Client) -> list[Any]:
-    tools, cursor = [], None
+async def list_tools(client: Client) -> ListToolsResult:
+    """Every page of tools/list, as one listing."""
+    tools: list[Tool] = []
+    cursor = None
     while True:
         page = await client.list_tools(cursor=cursor)
         tools += page.tools
         cursor = page.next_cursor
         if cursor is None:
-            return tools
+            return ListToolsResult(tools=tools)
 
 
 def client_answer(error_class: str, message: str, retry_after: float | None, sent: bool = False) -> Answer:

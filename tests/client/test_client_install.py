@@ -4,7 +4,8 @@ A real install with pip as this machine is set up (it reaches the package
 registries), dependencies included, from a copy of the package directory
 (building in place would leave build/ and *.egg-info behind). Then, from
 outside the repository: the package imports from the venv, declares `mcp`
-as its only dependency, and the demo's entry point runs.
+as its only dependency (the framework adapters are extras), ships py.typed, and
+the `idemops-client` command (the proxy for MCP hosts) and the demo's entry point run.
 """
 
 import json
@@ -17,10 +18,13 @@ from pathlib import Path
 from tests.processes import ROOT
 
 CHECK = """
-import importlib.metadata, json
+import importlib.metadata, json, pathlib
 import idemops_client
 from idemops_client import IdempotentClient, Ledger
-print(json.dumps({"file": idemops_client.__file__, "requires": importlib.metadata.requires("idemops-client")}))
+requires = importlib.metadata.requires("idemops-client")
+print(json.dumps({"file": idemops_client.__file__, "requires": [r for r in requires if "extra ==" not in r],
+                  "extras": sorted(importlib.metadata.metadata("idemops-client").get_all("Provides-Extra")),
+                  "typed": (pathlib.Path(idemops_client.__file__).parent / "py.typed").is_file()}))
 """
 
 
@@ -45,6 +49,9 @@ def test_pip_installs_the_client_on_its_own_into_a_fresh_venv(tmp_path):
     found = json.loads(run([python, "-c", CHECK], cwd=tmp_path).stdout)
     assert Path(found["file"]).is_relative_to(venv)
     assert found["requires"] == ["mcp<3,>=2.3"]
+    assert found["extras"] == ["openai-agents", "pydantic-ai"] and found["typed"]
     run([python, "-m", "pip", "check"], cwd=tmp_path)
+    proxy_help = run([venv / "bin" / "idemops-client", "proxy", "--help"], cwd=tmp_path).stdout
+    assert "--url" in proxy_help and "--token" in proxy_help and "--ledger" in proxy_help
     demo_help = run([venv / "bin" / "idemops-client-demo", "--help"], cwd=tmp_path).stdout
     assert "--url" in demo_help and "--token" in demo_help

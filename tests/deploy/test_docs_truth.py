@@ -23,7 +23,7 @@ from tools_app.core.errors import ErrorClass
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-CODE_DIRS = ("idemops", "tools_app", "idemops_demo", "bench")
+CODE_DIRS = ("idemops", "tools_app", "idemops_demo", "idemops_client", "bench")
 TOP_LEVEL = ("idemops", "tools_app", "idemops_demo", "tests", "bench", "docs", "templates", ".ci", "deploy")
 
 

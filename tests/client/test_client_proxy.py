@@ -1,0 +1,153 @@
+"""The proxy for MCP hosts (issue 25 §1, §5), driven by real hosts' clients: the Python SDK's stdio
+client and the MCP Inspector CLI, each launching `python -m idemops_client proxy` as a host would.
+Orders are counted in the database; requests between proxy and server by the fault proxy."""
+
+import asyncio
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from idemops_client.faults import FaultProxy
+from idemops_client.ledger import Ledger, LedgerError
+from idemops_demo.models import Order
+from tests.processes import ROOT
+
+ORDER = {"customer": "ACME", "currency": "EUR", "items": [{"sku": "BOLT-1", "quantity": 3, "unit_price": "2.50"}]}
+INSPECTOR = ROOT / "tests" / "interop" / "node_modules" / ".bin" / "mcp-inspector"
+
+
+def proxy_command(url: str, ledger: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "idemops_client", "proxy", "--url", url, "--ledger", str(ledger),
+            "--session", "host-1", "--max-seconds", "20", *extra]
+
+
+def host(url: str, token: str, ledger: Path) -> Client:
+    command = proxy_command(url, ledger)
+    return Client(StdioServerParameters(command=command[0], args=command[1:], cwd=ROOT,
+                                        env={"IDEMOPS_TOKEN": token}))
+
+
+@pytest.mark.live
+def test_a_host_calling_create_order_twice_without_a_key_makes_one_order(web_server, token, tmp_path):
+    async def scenario():
+        async with host(web_server.mcp_url, token, tmp_path / "ledger.sqlite") as client:
+            tools = await client.list_tools()
+            first = await client.call_tool("create_order", ORDER)
+            second = await client.call_tool("create_order", ORDER)
+            resource = await client.read_resource("idemops://ledger")
+            prompt = await client.get_prompt("idemops-ledger")
+            return tools, first, second, resource, prompt
+
+    tools, first, second, resource, prompt = asyncio.run(scenario())
+
+    order = Order.objects.get()
+    names = {tool.name for tool in tools.tools}
+    assert {"create_order", "get_order", "prepare_operation"} <= names
+    create = next(tool for tool in tools.tools if tool.name == "create_order")
+    assert "idempotency_key" in create.input_schema["properties"]  # the server's schema, unchanged
+    assert not first.is_error and first.structured_content["order_id"] == order.pk
+    assert second.structured_content["order_id"] == order.pk and (second.meta or {})["io.idemops/from-ledger"]
+    assert "already done" in second.content[0].text
+    report = resource.contents[0].text
+    assert "## Done (1)" in report and f"order {order.pk}" in report and "## Waiting for a person (0)" in report
+    assert f"order {order.pk}" in prompt.messages[0].content.text
+
+
+@pytest.mark.live
+def test_a_lost_answer_between_proxy_and_server_makes_one_order_and_gives_the_first_result(web_server, token,
+                                                                                             tmp_path):
+    async def scenario():
+        async with FaultProxy(web_server.base_url) as faults:
+            faults.inject("drop_response", "create_order")
+            async with host(faults.url_for(web_server.mcp_url), token, tmp_path / "ledger.sqlite") as client:
+                result = await client.call_tool("create_order", ORDER)
+            return result, faults.calls("create_order")
+
+    result, requests = asyncio.run(scenario())
+
+    order = Order.objects.get()
+    assert [r.fault for r in requests] == ["drop_response", None] and requests[0].key == requests[1].key
+    assert requests[0].structured["order_id"] == order.pk == result.structured_content["order_id"]
+    assert result.structured_content["idempotency"]["replayed"] is True
+
+
+def inspector(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run([str(INSPECTOR), "--cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "CI": "true"})
+
+
+@pytest.mark.live
+def test_the_mcp_inspector_calling_create_order_twice_through_two_proxy_runs_makes_one_order(web_server, token,
+                                                                                            tmp_path):
+    command = proxy_command(web_server.mcp_url, tmp_path / "ledger.sqlite")
+    call = ["--method", "tools/call", "--tool-name", "create_order", "--tool-arg", "customer=ACME",
+            "currency=EUR", "items=" + json.dumps(ORDER["items"]), "-e", f"IDEMOPS_TOKEN={token}", "--", *command]
+
+    runs = [inspector(*call) for _ in range(2)]
+
+    for run in runs:
+        assert run.returncode == 0, run.stdout + run.stderr
+    first, second = (json.loads(run.stdout) for run in runs)
+    order = Order.objects.get()
+    assert first["structuredContent"]["order_id"] == order.pk == second["structuredContent"]["order_id"]
+    assert second["_meta"]["io.idemops/from-ledger"] is True
+
+
+# --- bad input: a clear message, nothing sent --------------------------------------------------
+
+
+def run_proxy(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.live
+def test_a_refused_token_ends_the_proxy_with_a_message_saying_so(web_server, tmp_path):
+    done = run_proxy(*proxy_command(web_server.mcp_url, tmp_path / "l.sqlite", "--token", "idm_revoked"))
+
+    assert done.returncode == 2 and "refused the token" in done.stderr and "issue_token" in done.stderr
+
+
+def test_a_wrong_url_ends_the_proxy_with_a_message_naming_it(tmp_path):
+    url = "http://127.0.0.1:9/mcp"  # the discard port: nothing listens
+    done = run_proxy(*proxy_command(url, tmp_path / "l.sqlite", "--token", "idm_x"))
+
+    assert done.returncode == 2 and f"cannot reach an idemops server at {url}" in done.stderr
+
+
+def test_oauth_is_refused_with_the_way_to_use_a_token(tmp_path):
+    done = run_proxy(*proxy_command("http://127.0.0.1:9/mcp", tmp_path / "l.sqlite", "--oauth"))
+
+    assert done.returncode == 2 and "OAuth: not yet supported by the idemops server" in done.stderr
+
+
+def test_a_corrupt_ledger_file_ends_the_proxy_before_anything_is_sent(tmp_path):
+    ledger = tmp_path / "ledger.sqlite"
+    ledger.write_bytes(b"this is not a SQLite database, just text " * 100)
+
+    done = run_proxy(*proxy_command("http://127.0.0.1:9/mcp", ledger, "--token", "idm_x"))
+
+    assert done.returncode == 2 and f"ledger {ledger}" in done.stderr and "not a ledger" in done.stderr
+    assert "cannot reach" not in done.stderr  # it stopped before trying the server
+
+
+def test_a_ledger_locked_by_another_process_says_so_and_records_nothing(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(path, busy_timeout=0.2)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(LedgerError, match="locked by another process"):
+            ledger.add(ledger.new_entry(session_id="s", tool="create_order", call_id="k", key="k",
+                                        fingerprint="f", arguments={}))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert ledger.entries("s") == []
