@@ -41,6 +41,7 @@ from mcp_types import CallToolResult
 
 from idemops_client.canonical import business_arguments, derive_key, fingerprint
 from idemops_client.errors import DETERMINISTIC, ClientError, RetriesExhausted, ToolCallError, is_retryable
+from idemops_client.extension import Advertisement, advertised_tools, declaration
 from idemops_client.ledger import Entry, LedgerStore, MemoryLedger, SessionLedger, State
 from idemops_client.retry import RetryPolicy
 from idemops_client.transport import (
@@ -50,7 +51,6 @@ from idemops_client.transport import (
     http_seen,
     interpret,
     leaf,
-    list_tools,
     observe,
     result_text,
 )
@@ -125,6 +125,7 @@ class IdempotentClient:
         self._connection: Connection | None = None
         self._connect_lock = anyio.Lock()
         self._tools: dict[str, ToolInfo] | None = None
+        self.advertisement: Advertisement | None = None  # the server's idempotency extension, once listed
         self._flights: dict[tuple[str, str], anyio.Lock] = {}
 
     @property
@@ -208,11 +209,12 @@ class IdempotentClient:
             started, attempt = time.monotonic(), 0
             while True:
                 attempt += 1
-                listed = await self._guarded(list_tools, self._timeout(self.policy, started))
+                listed = await self._guarded(advertised_tools, self._timeout(self.policy, started))
                 if not isinstance(listed, Answer):
                     break
                 await anyio.sleep(self._next_wait("tools/list", None, listed, attempt, started, self.policy))
-            self._tools = {tool.name: tool_info(tool) for tool in listed}
+            self.advertisement, tools = listed
+            self._tools = {tool.name: tool_info(tool, self.advertisement) for tool in tools}
         return self._tools
 
     async def _tool(self, name: str) -> ToolInfo:
@@ -419,7 +421,16 @@ class IdempotentClient:
 # --- reading answers -------------------------------------------------------------------------------
 
 
-def tool_info(tool: Any) -> ToolInfo:
+def tool_info(tool: Any, advertisement: Advertisement | None = None) -> ToolInfo:
+    """What the client must do with the tool: the extension's declaration (docs/extension/idempotency.md
+    section 3) from a server that advertises it; guessed from `_meta` and the input schema otherwise."""
+    if advertisement is not None:
+        declared = declaration(tool)
+        if declared is None:
+            return ToolInfo(name=tool.name, writes=False)
+        return ToolInfo(name=tool.name, writes=declared.key_required,
+                        requires_operation_id=declared.requires_operation_id,
+                        non_business_fields=declared.non_business_fields)
     meta = tool.meta or {}
     properties = (tool.input_schema or {}).get("properties") or {}
     read_only = tool.annotations.read_only_hint if tool.annotations is not None else None
