@@ -8,7 +8,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 DEV     := $(VENV)/.installed-dev
-# The TypeScript MCP client the interoperability tests drive (pinned in tests/interop/package-lock.json).
+# The third-party MCP clients the tests drive, pinned in tests/interop/package-lock.json: the TypeScript SDK,
+# the official conformance suite (@modelcontextprotocol/conformance) and the Inspector CLI.
 INTEROP := tests/interop/node_modules/.package-lock.json
 
 .PHONY: run test bench bench-quick install install-dev install-interop db-stop clean lint settings-doc screenshots

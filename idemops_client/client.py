@@ -42,6 +42,7 @@ from mcp_types import CallToolResult, ListToolsResult, RequestParamsMeta
 
 from idemops_client.canonical import business_arguments, derive_key, fingerprint
 from idemops_client.errors import DETERMINISTIC, ClientError, RetriesExhausted, ToolCallError, is_retryable
+from idemops_client.extension import Advertisement, advertised_tools, declaration
 from idemops_client.ledger import Entry, LedgerStore, MemoryLedger, SessionLedger, State
 from idemops_client.retry import RetryPolicy
 from idemops_client.tracing import OperationTrace
@@ -52,7 +53,6 @@ from idemops_client.transport import (
     http_seen,
     interpret,
     leaf,
-    list_tools,
     observe,
     result_text,
 )
@@ -138,6 +138,7 @@ class IdempotentClient:
         self._http: httpx2.AsyncClient | None = None
         self._dialer: Dialer | None = None
         self._tools: dict[str, ToolInfo] | None = None
+        self.advertisement: Advertisement | None = None  # the server's idempotency extension, once listed
         self._flights: dict[tuple[str, str], anyio.Lock] = {}
 
     @classmethod
@@ -212,13 +213,14 @@ class IdempotentClient:
             started, attempt = time.monotonic(), 0
             while True:
                 attempt += 1
-                listed = await self._guarded(list_tools, self._timeout(self.policy, started))
+                listed = await self._guarded(advertised_tools, self._timeout(self.policy, started))
                 if not isinstance(listed, Answer):
                     break
                 await anyio.sleep(self._next_wait("tools/list", None, listed, attempt, started, self.policy))
+            self.advertisement, listing = listed
             assert self._dialer is not None
-            self._dialer.listing = listed
-            self._tools = {tool.name: tool_info(tool) for tool in listed.tools}
+            self._dialer.listing = listing
+            self._tools = {tool.name: tool_info(tool, self.advertisement) for tool in listing.tools}
         return self._tools
 
     async def listing(self) -> ListToolsResult:
@@ -455,7 +457,16 @@ class IdempotentClient:
 # --- reading answers -------------------------------------------------------------------------------
 
 
-def tool_info(tool: Any) -> ToolInfo:
+def tool_info(tool: Any, advertisement: Advertisement | None = None) -> ToolInfo:
+    """What the client must do with the tool: the extension's declaration (docs/extension/idempotency.md
+    section 3) from a server that advertises it; guessed from `_meta` and the input schema otherwise."""
+    if advertisement is not None:
+        declared = declaration(tool)
+        if declared is None:
+            return ToolInfo(name=tool.name, writes=False)
+        return ToolInfo(name=tool.name, writes=declared.key_required,
+                        requires_operation_id=declared.requires_operation_id,
+                        non_business_fields=declared.non_business_fields)
     meta = tool.meta or {}
     properties = (tool.input_schema or {}).get("properties") or {}
     read_only = tool.annotations.read_only_hint if tool.annotations is not None else None

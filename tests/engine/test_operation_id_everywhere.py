@@ -36,10 +36,19 @@ def test_tools_list_marks_the_high_risk_tools_and_the_declared_non_business_fiel
 
     flagged = {name for name, tool in tools.items() if (tool.meta or {}).get("io.idemops/requires-operation-id")}
     assert flagged == {"request_payment", "delete_record", "publish_announcement"}
-    assert tools["create_order"].meta == {"io.idemops/non-business-fields": ["note"]}
-    assert tools["send_notification"].meta == {"io.idemops/non-business-fields": ["sent_at"]}
-    assert tools["get_operation"].annotations.read_only_hint is True
-    assert tools["prepare_operation"].annotations.read_only_hint is False and not tools["prepare_operation"].meta
+    # (and the idempotency extension's declaration says the same: docs/extension/idempotency.md section 3)
+    declared = {name: (tool.meta or {}).get("io.idemops/idempotency") for name, tool in tools.items()}
+    assert {name for name, declaration in declared.items() if declaration and declaration["requiresOperationId"]} == (
+        flagged)
+    assert tools["create_order"].meta == {"io.idemops/non-business-fields": ["note"], "io.idemops/idempotency": {
+        "key": "required", "requiresOperationId": False, "nonBusinessFields": ["note"], "retentionSeconds": 86400,
+        "afterRetention": "new_operation"}}
+    assert tools["send_notification"].meta["io.idemops/non-business-fields"] == ["sent_at"]
+    assert declared["send_notification"]["nonBusinessFields"] == ["sent_at"]
+    assert tools["get_operation"].annotations.read_only_hint is True and declared["get_operation"] is None
+    assert tools["prepare_operation"].annotations.read_only_hint is False
+    assert set(tools["prepare_operation"].meta) == {"io.idemops/idempotency"}
+    assert declared["prepare_operation"]["requiresOperationId"] is False
 
 
 @pytest.mark.live

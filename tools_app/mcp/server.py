@@ -42,6 +42,12 @@ from idemops.conf import conf
 from tools_app.core import keys, outage, polling
 from tools_app.core.errors import INTERNAL_ERROR_ADVICE, PERMISSION_DENIED_ADVICE, UNKNOWN_OUTCOME_ADVICE, NotFound
 from tools_app.mcp.guards import DatabaseGuard, RequestIdGuard
+from tools_app.mcp.idempotency_extension import (
+    IDENTIFIER,
+    IdempotencyExtension,
+    advertise_in_initialize,
+    tool_declaration,
+)
 from tools_app.mcp.runtime import (
     DatabaseUnavailable,
     IdempotencyInfo,
@@ -87,13 +93,16 @@ def tool_annotations(spec: ToolSpec) -> ToolAnnotations:
     )
 
 
-# What a client needs to know about a write tool to key it (idemops_client reads both).
+# What a client needs to know about a write tool to key it: the extension's declaration (its section 3),
+# and the two flat keys clients read before the extension was advertised.
 REQUIRES_OPERATION_ID_META = "io.idemops/requires-operation-id"
 NON_BUSINESS_META = "io.idemops/non-business-fields"
 
 
 def tool_meta(spec: ToolSpec) -> dict[str, Any] | None:
     meta: dict[str, Any] = {}
+    if (declaration := tool_declaration(spec)) is not None:
+        meta[IDENTIFIER] = declaration
     if spec.requires_operation_id:
         meta[REQUIRES_OPERATION_ID_META] = True
     if spec.non_business_fields:
@@ -156,8 +165,8 @@ def build_server() -> MCPServer:
                      "key only an operation_id from prepare_operation; get_operation answers what became of an "
                      "operation.",
         tools=[sdk_tool(spec) for spec in all_tools()],
-        extensions=[TasksExtension()],
-        middleware=[task_protocols],
+        extensions=[TasksExtension(), IdempotencyExtension()],
+        middleware=[task_protocols, advertise_in_initialize],
         token_verifier=TenantTokenVerifier(),
         # Our tokens are opaque per-tenant API keys, not audience-bound JWTs.
         # Validated from strings, so the model's url_preserve_empty_path keeps the issuer's canonical form.
