@@ -51,10 +51,12 @@ bench: $(DEV)
 bench-quick: $(DEV)
 	$(PY) bench/run.py --quick
 
-# ruff, and the import contract of pyproject.toml ([tool.importlinter]): layers import only downwards.
+# ruff, the import contracts of pyproject.toml ([tool.importlinter]: layers import only downwards) and mypy
+# in strict mode ([tool.mypy]: the platform, the public tool API, the demo and the client).
 lint: $(DEV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 # docs/settings.md is generated from idemops/conf/fields.py (tests/deploy/test_settings.py fails when it is stale).
 settings-doc: $(RUNTIME)

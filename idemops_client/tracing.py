@@ -22,8 +22,9 @@ try:
     from opentelemetry import context as otel_context
     from opentelemetry import trace as otel_trace
     from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
+    HAVE_OTEL = True
 except ImportError:  # pragma: no cover (the mcp SDK depends on opentelemetry-api; kept optional here)
-    otel_trace = None  # type: ignore[assignment]
+    HAVE_OTEL = False
 
 TRACER_NAME = "idemops_client"
 
@@ -43,7 +44,7 @@ class OperationTrace:
         self._span: Any = None
         self.trace_id: str
         self.span_id: str
-        if otel_trace is None:
+        if not HAVE_OTEL:
             self.trace_id, self.span_id = secrets.token_hex(16), secrets.token_hex(8)
             return
         tracer = otel_trace.get_tracer(TRACER_NAME)
@@ -63,7 +64,7 @@ class OperationTrace:
     def attempt(self) -> Iterator[dict[str, str]]:
         """A span for one attempt (linked to the one before), current while the request is sent."""
         self.attempts += 1
-        if otel_trace is None:
+        if not HAVE_OTEL:
             yield {"traceparent": traceparent(self.trace_id, secrets.token_hex(8))}
             return
         tracer = otel_trace.get_tracer(TRACER_NAME)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension
 
 from tools_app.core import keys
@@ -46,7 +47,7 @@ class IdempotencyExtension(Extension):
         }
 
 
-async def advertise_in_initialize(ctx, call_next):
+async def advertise_in_initialize(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
     result = await call_next(ctx)
     if ctx.method == "initialize" and isinstance(result, dict) and result.get("protocolVersion") in LEGACY_VERSIONS:
         capabilities = result.setdefault("capabilities", {})
