@@ -41,7 +41,10 @@ def surface() -> list[str]:
 
 
 if __name__ == "__main__":
+    import os
+
     import django
 
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "idemops.settings")
     django.setup()
     print("\n".join(surface()))
