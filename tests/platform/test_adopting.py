@@ -283,6 +283,17 @@ def test_the_tutorial_serves_the_adopters_own_tools_with_the_promise_kept(adopte
     metrics = httpx2.get(f"{adopter.base}/metrics", headers=PROXY, timeout=10).text
     assert re.search(r'idemops_tool_calls_total\{[^}]*tool="issue_refund"', metrics)
 
+    # the page's type check passed on its tool module; the same check catches a wrong declaration
+    assert "Success: no issues found" in adopter.outputs["mypy acme-refunds/acme_refunds"]
+    module = adopter.home / "acme-refunds" / "acme_refunds" / "idemops_tools.py"
+    wrong = adopter.home / "wrong_declaration.py"
+    wrong.write_text(module.read_text().replace("personal_fields=frozenset(),", 'personal_fields=["order_ref"],', 1))
+    assert wrong.read_text() != module.read_text()
+    checked = run(["bash", "-c", f"mypy {wrong}"], cwd=adopter.home, env={**adopter.env, **adopter.own_path()},
+                  timeout=600, check=False)
+    assert checked.returncode == 1, checked.stdout
+    assert 'Argument "personal_fields" to' in checked.stdout and 'expected "frozenset[str]"' in checked.stdout
+
 
 def refunds_for(adopter: Adopter, order_ref: str) -> list[dict]:
     return [r for r in refunds(adopter, "EUR") if r["order_ref"] == order_ref]
