@@ -52,7 +52,7 @@ bench-quick: $(DEV)
 	$(PY) bench/run.py --quick
 
 # ruff, the import contracts of pyproject.toml ([tool.importlinter]: layers import only downwards) and mypy
-# in strict mode ([tool.mypy]: the platform, the public tool API, the demo and the client).
+# in strict mode ([tool.mypy]: the platform, the public tool API, the demo, the client, the conformance suite).
 lint: $(DEV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports

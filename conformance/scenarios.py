@@ -129,6 +129,7 @@ async def advertised(o: Options) -> str:
     async with o.connect() as conn:
         settings = conn.advertisement()
         expect(settings is not None, f"the capabilities do not advertise {EXTENSION}: {conn.capabilities}")
+        assert settings is not None  # expect() has failed the scenario otherwise
         expect(conn.protocol == o.version, f"negotiated {conn.protocol}, not {o.version}")
         expect(bool(settings.get("version")), f"the advertisement has no version: {settings}")
         o.settings = settings
@@ -174,7 +175,7 @@ async def replay(o: Options) -> str:
         expect(replayed(second, o.settings) is True, f"second answer's replay marker: {second.get('_meta')}")
         expect(business(second) == business(first), f"second result differs: {brief(second)} vs {brief(first)}")
         handle = idempotency_of(second).get("operation_id")
-        expect(handle and handle == idempotency_of(first).get("operation_id"),
+        expect(bool(handle) and handle == idempotency_of(first).get("operation_id"),
                f"operation ids {idempotency_of(first)} / {idempotency_of(second)}")
         found = await get_operation(conn, o.settings, operation_id=handle)
         expect(found.get("status") == "SUCCEEDED" and found.get("result") == business(first),
@@ -228,15 +229,16 @@ async def in_progress(o: Options) -> str:
     key = o.key("in-progress")
     async with o.connect() as conn:
         first = await conn.call(o.slow_tool, o.slow_arguments, key)
-        if not error_of(first):
+        first_error = error_of(first)
+        if not first_error:
             raise Skip(f"{o.slow_tool} finished before a second call could see it running")
-        expect(error_of(first).get("class") == "in_progress", f"first call: {brief(first)}")
+        expect(first_error.get("class") == "in_progress", f"first call: {brief(first)}")
         again = await conn.call(o.slow_tool, o.slow_arguments, key)
         handle = idempotency_of(first).get("operation_id")
         expect((error_of(again) or {}).get("class") in ("in_progress", None), f"second call: {brief(again)}")
         expect(bool(handle) and idempotency_of(again).get("operation_id") == handle,
                f"handles {idempotency_of(first)} / {idempotency_of(again)}")
-        expect(isinstance(error_of(first).get("retry_after"), int | float), f"no retry_after: {error_of(first)}")
+        expect(isinstance(first_error.get("retry_after"), int | float), f"no retry_after: {first_error}")
         found = await get_operation(conn, o.settings, operation_id=handle)
         expect(found.get("operation_id") == handle and found.get("status") in ("PROCESSING", "SUCCEEDED"),
                f"get_operation({handle}) answered {found}")
@@ -320,6 +322,7 @@ async def high_risk(o: Options) -> str:
                                  o.key("prepare"))
         operation_id = (issued.get("structuredContent") or {}).get("operation_id")
         expect(not error_of(issued) and bool(operation_id), f"{prepare} answered {brief(issued)}")
+        assert isinstance(operation_id, str)  # expect() has failed the scenario otherwise
         first = await settle(conn, o.high_risk_tool, o.high_risk_arguments, operation_id, [])
         second = await conn.call(o.high_risk_tool, o.high_risk_arguments, operation_id)
     expect(not error_of(first) and idempotency_of(first).get("operation_id") == operation_id,

@@ -37,8 +37,10 @@ def parse_answer(response: httpx2.Response) -> dict[str, Any]:
     if response.headers.get("content-type", "").startswith("text/event-stream"):
         events = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
         events = [event for event in events if event]
-        return json.loads(events[-1])
-    return response.json()
+        answer: dict[str, Any] = json.loads(events[-1])
+        return answer
+    body: dict[str, Any] = response.json()
+    return body
 
 
 @dataclass
@@ -113,7 +115,8 @@ class Connection:
         answer = parse_answer(response)
         if "error" in answer:
             raise WireError(answer["error"])
-        return answer["result"]
+        result: dict[str, Any] = answer["result"]
+        return result
 
     async def abandon(self, message: dict[str, Any], after_bytes: int = 0) -> None:
         """Send a request and break its stream: close the connection having read at most `after_bytes`."""
@@ -138,7 +141,8 @@ class Connection:
         return await self.request("tools/call", params)
 
     async def tools(self) -> list[dict[str, Any]]:
-        tools, cursor = [], None
+        tools: list[dict[str, Any]] = []
+        cursor: str | None = None
         while True:
             page = await self.request("tools/list", {"cursor": cursor} if cursor else {})
             tools += page.get("tools") or []
