@@ -3,18 +3,18 @@
 from tools_app.access.models import ApiToken, AuditorKey, RateBucket, Tenant, TenantAccess, TenantLimits
 from tools_app.approvals.models import (
     ApprovalDecision,
+    ApprovalQueue,
     ApprovalRequest,
     ApprovalSettings,
     ApprovalStatus,
     ApprovalVerdict,
-    PendingApproval,
 )
 from tools_app.core.errors import ErrorClass
 from tools_app.core.models import AuditEvent, AuditSeal, MetricMinute, MetricTotal
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
 from tools_app.metrics.models import Dashboard
 from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
-from tools_app.reconciliation.models import UnknownOutcome
+from tools_app.reconciliation.models import UnknownOutcomeQueue
 from tools_app.retention.models import RetentionOverride
 from tools_app.tasks.models import (
     Checkpoint,
@@ -31,6 +31,7 @@ from tools_app.toolkit.calls import CallOutcome
 __all__ = [
     "ApiToken",
     "ApprovalDecision",
+    "ApprovalQueue",
     "ApprovalRequest",
     "ApprovalSettings",
     "ApprovalStatus",
@@ -48,7 +49,6 @@ __all__ = [
     "MetricTotal",
     "OutboxEvent",
     "OutboxStatus",
-    "PendingApproval",
     "PreparedOperation",
     "RateBucket",
     "RecordStatus",
@@ -63,5 +63,5 @@ __all__ = [
     "Tenant",
     "TenantAccess",
     "TenantLimits",
-    "UnknownOutcome",
+    "UnknownOutcomeQueue",
 ]

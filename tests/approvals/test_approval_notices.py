@@ -183,7 +183,7 @@ def test_the_approval_link_opens_the_queue_page_while_pending_and_the_history_af
     client.force_login(User.objects.get(username="gina"))  # another tenant's approver
     elsewhere = client.get(link)
 
-    assert pending.url == reverse("admin:tools_app_pendingapproval_change", args=[request.pk])
+    assert pending.url == reverse("admin:tools_app_approvalqueue_change", args=[request.pk])
     assert decided.url == reverse("admin:tools_app_approvalrequest_change", args=[request.pk])
     assert stranger.status_code == 302 and "/login/" in stranger.url
     assert elsewhere.status_code == 404

@@ -18,7 +18,7 @@ from tools_app.models import ApprovalRequest, ApprovalStatus, AuditEvent, Tenant
 
 pytestmark = pytest.mark.live
 
-QUEUE = reverse("admin:tools_app_pendingapproval_changelist")
+QUEUE = reverse("admin:tools_app_approvalqueue_changelist")
 NOTE = {"title": "Maintenance", "body": "Down at 2am", "audience": "staff"}
 
 
@@ -94,7 +94,7 @@ def test_a_rejected_deletion_deletes_nothing_and_the_retry_says_why(web_server, 
                                               "Reason: duplicate")
 
     client.force_login(bob)
-    act = reverse("admin:tools_app_pendingapproval_act", args=[pending["approval"]["request_id"], "reject"])
+    act = reverse("admin:tools_app_approvalqueue_act", args=[pending["approval"]["request_id"], "reject"])
     assert client.post(act, {"reason": ""}).status_code == 200  # the form again: a reason is required
     assert client.post(act, {"reason": "it is not a duplicate"}).status_code == 302
 

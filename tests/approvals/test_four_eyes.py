@@ -46,7 +46,7 @@ def ask(web_server, token) -> ApprovalRequest:
 
 def decide(client, user, request, action, reason):
     client.force_login(user)
-    response = client.post(reverse("admin:tools_app_pendingapproval_act", args=[request.pk, action]),
+    response = client.post(reverse("admin:tools_app_approvalqueue_act", args=[request.pk, action]),
                            {"reason": reason}, follow=True)
     return [str(m) for m in response.context["messages"]]
 

@@ -26,7 +26,7 @@ def test_an_approver_logs_in_approves_a_request_and_sees_it_leave_the_queue(web_
 
     with browser_page() as page:
         # when: bob logs in, opens the request from the queue and approves it
-        page.goto(f"{web_server.base_url}/admin/login/?next=/admin/tools_app/pendingapproval/")
+        page.goto(f"{web_server.base_url}/admin/login/?next=/admin/tools_app/approvalqueue/")
         page.fill("#id_username", "bob")
         page.fill("#id_password", PASSWORD)
         page.click("input[type=submit]")

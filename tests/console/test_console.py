@@ -18,8 +18,8 @@ from tools_app.models import ApprovalRequest, RecordStatus
 from tools_app.toolkit.calls import Caller
 
 HOME = reverse("admin:index")
-QUEUE = reverse("admin:tools_app_pendingapproval_changelist")
-POLL = reverse("admin:tools_app_pendingapproval_poll")
+QUEUE = reverse("admin:tools_app_approvalqueue_changelist")
+POLL = reverse("admin:tools_app_approvalqueue_poll")
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_every_page_shows_the_queues_first_in_its_navigation_with_their_counts(c
 
     sections = [app["name"] for app in page.context["available_apps"]]
     assert sections[:2] == ["Work queues", "Look into"]
-    assert '<span class="queue-badge busy" id="badge-pendingapproval" title="1 waiting">1</span>' in (
+    assert '<span class="queue-badge busy" id="badge-approvalqueue" title="1 waiting">1</span>' in (
         page.content.decode())
 
 

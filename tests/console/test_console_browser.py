@@ -109,7 +109,7 @@ def test_an_approver_follows_the_email_link_logs_in_and_approves(web_server, tok
         message = page.locator("ul.messagelist").inner_text()
 
     # then: the link led to the request, and the decision is hers
-    assert landed.endswith(f"/admin/tools_app/pendingapproval/{approval['request_id']}/change/")
+    assert landed.endswith(f"/admin/tools_app/approvalqueue/{approval['request_id']}/change/")
     assert "approved; it is being executed" in message
     request = ApprovalRequest.objects.get(pk=approval["request_id"])
     assert (request.status, request.decided_by) == (ApprovalStatus.APPROVED, "user:alice")
@@ -247,7 +247,7 @@ def test_a_queue_page_refreshes_itself_keeps_its_filters_and_waits_while_rows_ar
     rows = "#result_list tbody tr"
     try:
         with browser_page() as page:
-            filtered = f"/admin/tools_app/pendingapproval/?tenant__id__exact={acme.pk}"
+            filtered = f"/admin/tools_app/approvalqueue/?tenant__id__exact={acme.pk}"
             log_in(page, fast.base_url, "bea", filtered.replace("&", "%26").replace("?", "%3F"))
             page.wait_for_selector("#result_list")
             assert page.locator(rows).count() == 1

@@ -28,7 +28,7 @@ from tools_app.models import (
 from tools_app.toolkit.calls import Caller, CallOutcome, call_tool
 from tools_app.toolkit.registry import get_tool
 
-QUEUE = reverse("admin:tools_app_pendingapproval_changelist")
+QUEUE = reverse("admin:tools_app_approvalqueue_changelist")
 NOTE = {"title": "Maintenance", "body": "Down at 2am", "audience": "staff"}
 
 
@@ -38,7 +38,7 @@ def ask(caller, key="a-1", **overrides) -> ApprovalRequest:
 
 
 def act_url(request, action):
-    return reverse("admin:tools_app_pendingapproval_act", args=[request.pk, action])
+    return reverse("admin:tools_app_approvalqueue_act", args=[request.pk, action])
 
 
 def messages_of(response):
@@ -106,7 +106,7 @@ def test_an_approver_approves_from_the_list_and_the_request_leaves_the_queue(cal
 def test_an_approver_approves_from_the_request_page(caller, as_bob):
     request = ask(caller)
 
-    page = as_bob.get(reverse("admin:tools_app_pendingapproval_change", args=[request.pk]))
+    page = as_bob.get(reverse("admin:tools_app_approvalqueue_change", args=[request.pk]))
     form = as_bob.get(act_url(request, "approve"))
     done = as_bob.post(act_url(request, "approve"), {"reason": ""})
 
@@ -134,7 +134,7 @@ def test_an_operator_sees_no_decision_buttons_and_a_crafted_approval_is_refused_
     client.force_login(olga)
     request = ask(caller)
 
-    page = client.get(reverse("admin:tools_app_pendingapproval_change", args=[request.pk]))
+    page = client.get(reverse("admin:tools_app_approvalqueue_change", args=[request.pk]))
     queue = client.get(QUEUE)
     crafted = client.post(act_url(request, "approve"), {"reason": ""})
 
@@ -167,7 +167,7 @@ def test_an_approver_sees_and_decides_only_their_tenants_requests(caller, client
     queue = client.get(QUEUE)
 
     assert [r.pk for r in queue.context["cl"].result_list] == [theirs.pk]
-    assert client.get(reverse("admin:tools_app_pendingapproval_change", args=[mine_not.pk])).status_code == 302
+    assert client.get(reverse("admin:tools_app_approvalqueue_change", args=[mine_not.pk])).status_code == 302
     assert client.post(act_url(mine_not, "approve"), {"reason": ""}).status_code == 403
     records = client.get(reverse("admin:tools_app_idempotencyrecord_changelist"))
     assert {r.tenant_id for r in records.context["cl"].result_list} == {other_tenant.pk}

@@ -27,7 +27,7 @@ from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR, ROLE_PERMISSIONS
 from tools_app.admin.operator_actions import OperatorActionsAdmin
 from tools_app.core.errors import PermissionDenied, Transient, internal_error
 from tools_app.models import AuditEvent, IdempotencyRecord, OutboxEvent, RecordStatus, Task, Tenant
-from tools_app.reconciliation.models import UnknownOutcome
+from tools_app.reconciliation.models import UnknownOutcomeQueue
 from tools_app.toolkit.calls import Caller, call_tool, validate_arguments, write_operation
 from tools_app.toolkit.registry import get_tool
 
@@ -179,7 +179,7 @@ def make_scene(request, model_admin, action, caller) -> Scene:
     match model._meta.model_name:
         case "idempotencyrecord":
             return record_scene(request, caller, action)
-        case "unknownoutcome":
+        case "unknownoutcomequeue":
             return an_unknown_payment(request, caller, model)
         case "deadletter":
             return a_dead_letter(request, caller, model, request.getfixturevalue("settings"))
@@ -187,7 +187,7 @@ def make_scene(request, model_admin, action, caller) -> Scene:
             return a_task_failed_by_a_bug(request, caller, model)
         case "task" | "taskneedingattention":
             return a_retrying_task(request, caller, model)
-        case "pendingapproval":
+        case "approvalqueue":
             return a_pending_approval(request, caller, model)
     raise AssertionError(f"no scene for {model._meta.label}: add one so its actions are tested here")
 
@@ -213,8 +213,9 @@ def test_the_table_covers_every_operator_action():
 
     assert covered >= {
         ("idempotencyrecord", "force_expire"), ("idempotencyrecord", "release_held_key"),
-        ("unknownoutcome", "reconcile"), ("unknownoutcome", "resolve_succeeded"), ("unknownoutcome", "resolve_failed"),
-        ("deadletter", "redrive"), ("pendingapproval", "approve"), ("pendingapproval", "reject"),
+        ("unknownoutcomequeue", "reconcile"), ("unknownoutcomequeue", "resolve_succeeded"),
+        ("unknownoutcomequeue", "resolve_failed"),
+        ("deadletter", "redrive"), ("approvalqueue", "approve"), ("approvalqueue", "reject"),
         *((queue, name) for queue in ("task", "taskneedingattention")
           for name in ("cancel", "resume", "pause", "fork", "mark_cause_fixed")),
     }
@@ -323,7 +324,7 @@ def test_force_expire_called_directly_refuses_an_approver_and_audits_it(caller, 
 
 
 def test_the_reconcile_command_needs_an_operator_who_may_reconcile(request, caller, tenant):
-    scene = an_unknown_payment(request, caller, UnknownOutcome)
+    scene = an_unknown_payment(request, caller, UnknownOutcomeQueue)
     make_operator("ann", AUDITOR, tenant)
     make_operator("olga", OPERATOR, tenant)
 

@@ -14,7 +14,7 @@ from tools_app.models import AuditEvent, IdempotencyRecord, MetricTotal, RecordS
 from tools_app.toolkit.calls import Caller
 
 pytestmark = pytest.mark.live
-QUEUE = reverse("admin:tools_app_unknownoutcome_changelist")
+QUEUE = reverse("admin:tools_app_unknownoutcomequeue_changelist")
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def operator(username, tenant="acme"):
 def viewer(username):
     """A staff user who may look at the queue, granted acme, without the permission to resolve."""
     user = User.objects.create_user(username, password="pw", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="view_unknownoutcome"))
+    user.user_permissions.add(Permission.objects.get(codename="view_unknownoutcomequeue"))
     TenantAccess.objects.create(user=user, tenant=Tenant.objects.get(slug="acme"))
     return user
 

@@ -118,7 +118,7 @@ def test_the_same_key_in_two_tenants_shows_the_digest_the_server_computes_in_the
 def test_the_unknown_outcomes_page_shows_the_key_as_the_same_digest(tenant):
     record = make_record(tenant, key="jane.roe@example.com", status=RecordStatus.UNKNOWN)
 
-    page = superuser_client().get(reverse("admin:tools_app_unknownoutcome_change", args=[record.pk]))
+    page = superuser_client().get(reverse("admin:tools_app_unknownoutcomequeue_change", args=[record.pk]))
 
     assert page.status_code == 200
     assert keys.key_digest("jane.roe@example.com") in page.content.decode()

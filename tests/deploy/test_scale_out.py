@@ -197,7 +197,7 @@ def test_an_approval_requested_on_one_web_process_approved_on_the_other_runs_onc
 
     # bob approves it in web A's admin
     admin = admin_session(web_a, "bob")
-    queue = "/admin/tools_app/pendingapproval/"
+    queue = "/admin/tools_app/approvalqueue/"
     page = admin.get(queue)
     csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
     approved = admin.post(queue, data={"csrfmiddlewaretoken": csrf, "action": "approve",

@@ -206,7 +206,7 @@ def approve_in_the_console(adopter: Adopter, username: str, password: str, reque
     logged_in = send("POST", "/admin/login/", data={"username": username, "password": password,
                                                     "csrfmiddlewaretoken": csrf(login), "next": "/admin/"})
     assert logged_in.status_code == 302, logged_in.text[-2000:]
-    queue = "/admin/tools_app/pendingapproval/"
+    queue = "/admin/tools_app/approvalqueue/"
     listed = send("GET", queue)
     assert f'value="{request_id}"' in listed.text
     approved = send("POST", queue, data={"action": "approve", "_selected_action": str(request_id), "index": "0",

@@ -24,16 +24,16 @@ ROLE_ATTRIBUTE = "idemops_role_permissions"
 ROLE_PERMISSIONS: dict[str, list[str]] = {
     # Watches the queues and the dashboard, looks into records, frees stuck keys.
     OPERATOR: [
-        "view_dashboard", "view_pendingapproval", "view_approvalrequest", "view_idempotencyrecord",
+        "view_dashboard", "view_approvalqueue", "view_approvalrequest", "view_idempotencyrecord",
         "force_expire_idempotencyrecord", "release_held_key", "view_auditevent",
-        "view_unknownoutcome", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
+        "view_unknownoutcomequeue", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
         "view_task", "view_taskneedingattention", "manage_task",
         "view_tenantlimits", "set_tenant_limits", "view_tenant", "rotate_webhooksecret",
         "view_retentionoverride", "manage_retention",
     ],
     # Decides on sensitive operations; sees what they would touch.
     APPROVER: [
-        "view_dashboard", "view_pendingapproval", "view_approvalrequest", "decide_approvalrequest",
+        "view_dashboard", "view_approvalqueue", "view_approvalrequest", "decide_approvalrequest",
         "view_idempotencyrecord",
     ],
     # Reads everything that is evidence; changes nothing.

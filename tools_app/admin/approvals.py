@@ -29,10 +29,10 @@ from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.approvals import thresholds
 from tools_app.approvals.models import (
     ApprovalDecision,
+    ApprovalQueue,
     ApprovalRequest,
     ApprovalSettings,
     ApprovalStatus,
-    PendingApproval,
 )
 from tools_app.core import errors
 
@@ -43,14 +43,14 @@ def _approver(request: HttpRequest) -> User:
     return request.user
 
 
-def approve(request: HttpRequest, obj: PendingApproval, reason: str) -> str:
+def approve(request: HttpRequest, obj: ApprovalQueue, reason: str) -> str:
     decided = approvals.approve(obj, _approver(request), reason=reason)
     if decided.status == ApprovalStatus.APPROVED:
         return "approved; it is being executed"
     return f"approval counted ({decided.approvals} of {decided.required_approvals})"
 
 
-def reject(request: HttpRequest, obj: PendingApproval, reason: str) -> str:
+def reject(request: HttpRequest, obj: ApprovalQueue, reason: str) -> str:
     approvals.reject(obj, _approver(request), reason=reason)
     return "rejected; it will not run"
 
@@ -108,8 +108,8 @@ DETAIL_FIELDS = ("summary", "tool", "tenant", "amount_display", "who_asked", "st
                  "record_link", "trace_id", "decisions_display", "story")
 
 
-@admin.register(PendingApproval)
-class PendingApprovalAdmin(ApprovalColumns, QueueAdmin[PendingApproval]):
+@admin.register(ApprovalQueue)
+class ApprovalQueueAdmin(ApprovalColumns, QueueAdmin[ApprovalQueue]):
     queue_filter = {"status": ApprovalStatus.PENDING}
     stands_out_label = "escalated"
     what_to_do = ("Sensitive operations agents asked for; nothing has run yet. Open one, read what it would do "
@@ -138,7 +138,7 @@ class PendingApprovalAdmin(ApprovalColumns, QueueAdmin[PendingApproval]):
         return Q(escalated_at__isnull=False)
 
     def render_change_form(self, request: HttpRequest, context: dict[str, Any], add: bool = False, change: bool = False,
-                           form_url: str = "", obj: PendingApproval | None = None) -> HttpResponse:
+                           form_url: str = "", obj: ApprovalQueue | None = None) -> HttpResponse:
         if obj is not None and obj.requester_owner_id == request.user.pk:
             context["notice"] = (f"Four eyes: you own the agent that asked ({obj.requested_by}). You may reject it; "
                                  "another approver must approve it.")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
@@ -87,7 +87,7 @@ class DashboardAdmin(ReadOnlyAdmin[Dashboard]):
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> TemplateResponse:
         if not self.has_view_permission(request):
-            raise PermissionDenied
+            raise DjangoPermissionDenied
         window = request.GET.get("window", "hour")
         tenants = list(access.scope(Tenant.objects.all(), request.user, "id"))
         tenant = next((t for t in tenants if str(t.pk) == request.GET.get("tenant")), None)

@@ -33,7 +33,8 @@ from typing import Any
 from django import forms
 from django.contrib import messages
 from django.contrib.admin import helpers
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -116,7 +117,7 @@ class OperatorActionsAdmin(ModelAdmin[ModelT]):
         for action in self.operator_actions:
             if action.name == name:
                 return action
-        raise PermissionDenied
+        raise DjangoPermissionDenied
 
     def _authorize(self, request: HttpRequest, action: OperatorAction, objects: Iterable[ModelT]) -> None:
         """Refuse (403) unless the user may do `action` on every one of `objects`; each refusal is audited."""
@@ -131,7 +132,7 @@ class OperatorActionsAdmin(ModelAdmin[ModelT]):
             refusals.append(f"you may not {action.permit.what}")
             access.audit_refusal(action.permit, self.model, audit.user_actor(request.user), refusals[0])
         if refusals:
-            raise PermissionDenied("; ".join(refusals))
+            raise DjangoPermissionDenied("; ".join(refusals))
 
     def _target(self, object_id: str) -> ModelT | None:
         """The object by id, whatever its tenant: another tenant's object is refused, not hidden."""

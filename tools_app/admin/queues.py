@@ -21,7 +21,7 @@ from typing import Any, cast
 from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import BooleanField, Count, ExpressionWrapper, Min, Q, QuerySet, Value
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -112,7 +112,7 @@ class LiveQueue(ModelAdmin[ModelT]):
 
     def poll_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_or_change_permission(request):
-            raise PermissionDenied
+            raise DjangoPermissionDenied
         seen, idle = request.GET.get(VERSION, ""), request.GET.get(IDLE) == "1"
         try:
             drawn = int(request.GET.get(DRAWN, "0"))

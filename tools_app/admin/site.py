@@ -30,7 +30,7 @@ from tools_app.approvals.models import ApprovalRequest, ApprovalStatus
 from tools_app.metrics import dashboard
 
 # The console's sections, in order: (name, label, model names). Models not listed follow, by app.
-QUEUES = ["pendingapproval", "unknownoutcome", "taskneedingattention", "deadletter"]
+QUEUES = ["approvalqueue", "unknownoutcomequeue", "taskneedingattention", "deadletter"]
 SECTIONS = [
     ("Work queues", "queues", QUEUES),
     ("Look into", "evidence", ["dashboard", "idempotencyrecord", "approvalrequest", "approvaldecision", "task",
@@ -121,8 +121,8 @@ class ConsoleSite(admin.AdminSite):
         approval = access.scope(ApprovalRequest.objects.all(), request.user).filter(pk=request_id).first()
         if approval is None:
             raise Http404("no such approval request among the tenants you may see")
-        if approval.status == ApprovalStatus.PENDING and request.user.has_perm("tools_app.view_pendingapproval"):
-            return HttpResponseRedirect(reverse("admin:tools_app_pendingapproval_change", args=[approval.pk]))
+        if approval.status == ApprovalStatus.PENDING and request.user.has_perm("tools_app.view_approvalqueue"):
+            return HttpResponseRedirect(reverse("admin:tools_app_approvalqueue_change", args=[approval.pk]))
         return HttpResponseRedirect(reverse("admin:tools_app_approvalrequest_change", args=[approval.pk]))
 
 

@@ -12,26 +12,27 @@ from tools_app.admin.operator_actions import REASON_REQUIRED, OperatorAction, Qu
 from tools_app.core import keys
 from tools_app.core.errors import ToolFailure
 from tools_app.engine.models import RecordStatus
-from tools_app.reconciliation.models import UnknownOutcome
+from tools_app.reconciliation.models import UnknownOutcomeQueue
 
 
-def reconcile_now(request: HttpRequest, record: UnknownOutcome, reason: str) -> str:
+def reconcile_now(request: HttpRequest, record: UnknownOutcomeQueue, reason: str) -> str:
     return f"now {reconciliation.reconcile(record, request.user)}"
 
 
-def resolve_succeeded(request: HttpRequest, record: UnknownOutcome, reason: str, downstream_reference: str = "") -> str:
+def resolve_succeeded(request: HttpRequest, record: UnknownOutcomeQueue, reason: str,
+                      downstream_reference: str = "") -> str:
     reconciliation.resolve_by_operator(record, request.user, succeeded=True, reason=reason,
                                        downstream_reference=downstream_reference)
     return "resolved as succeeded"
 
 
-def resolve_failed(request: HttpRequest, record: UnknownOutcome, reason: str) -> str:
+def resolve_failed(request: HttpRequest, record: UnknownOutcomeQueue, reason: str) -> str:
     reconciliation.resolve_by_operator(record, request.user, succeeded=False, reason=reason)
     return "resolved as failed (the agent may retry with the same key)"
 
 
-@admin.register(UnknownOutcome)
-class UnknownOutcomeAdmin(QueueAdmin[UnknownOutcome]):
+@admin.register(UnknownOutcomeQueue)
+class UnknownOutcomeQueueAdmin(QueueAdmin[UnknownOutcomeQueue]):
     queue_filter = {"status": RecordStatus.UNKNOWN}
     stands_out_label = "needs a person"
     what_to_do = ("Writes whose downstream outcome is not known (the answer never came, or the executor died); "
@@ -64,19 +65,19 @@ class UnknownOutcomeAdmin(QueueAdmin[UnknownOutcome]):
         return Q(escalated_at__isnull=False)
 
     @admin.display(description="key (digest)")
-    def key_digest(self, record: UnknownOutcome) -> str:
+    def key_digest(self, record: UnknownOutcomeQueue) -> str:
         return keys.key_digest(record.key)
 
     @admin.display(description="waiting", ordering="created_at")
-    def waiting(self, record: UnknownOutcome) -> str:
+    def waiting(self, record: UnknownOutcomeQueue) -> str:
         return age(record.created_at)
 
     @admin.display(description="needs a person", boolean=True)
-    def needs_person(self, record: UnknownOutcome) -> bool:
+    def needs_person(self, record: UnknownOutcomeQueue) -> bool:
         return record.escalated_at is not None
 
     @admin.display(description="last evidence")
-    def last_evidence(self, record: UnknownOutcome) -> str:
+    def last_evidence(self, record: UnknownOutcomeQueue) -> str:
         if not record.evidence:
             return "—"
         last = record.evidence[-1]
@@ -84,9 +85,9 @@ class UnknownOutcomeAdmin(QueueAdmin[UnknownOutcome]):
         return format_html("<code>{}</code> {}", last.get("source", ""), str(summary)[:120])
 
     @admin.display(description="evidence")
-    def evidence_json(self, record: UnknownOutcome) -> str:
+    def evidence_json(self, record: UnknownOutcomeQueue) -> str:
         return pretty_json(record.evidence)
 
     @admin.display(description="story")
-    def story(self, record: UnknownOutcome) -> str:
+    def story(self, record: UnknownOutcomeQueue) -> str:
         return stories.render(record)

@@ -76,7 +76,7 @@ class ApprovalRequest(models.Model):
         return f"Approval #{self.pk} {self.tool} ({self.status})"
 
 
-class PendingApproval(ApprovalRequest):
+class ApprovalQueue(ApprovalRequest):
     """The operators' queue: pending requests only (see tools_app.admin.approvals)."""
 
     class Meta:

@@ -3,7 +3,7 @@
 from tools_app.engine.models import IdempotencyRecord
 
 
-class UnknownOutcome(IdempotencyRecord):
+class UnknownOutcomeQueue(IdempotencyRecord):
     """The operators' queue of UNKNOWN records (same table, its own admin page)."""
 
     class Meta:
