@@ -138,6 +138,28 @@ def test_a_corrupt_ledger_file_ends_the_proxy_before_anything_is_sent(tmp_path):
     assert "cannot reach" not in done.stderr  # it stopped before trying the server
 
 
+def test_a_read_only_ledger_ends_the_proxy_with_a_message_saying_so(tmp_path):
+    # File modes do not stop root (these tests' user), a read-only file system does: a tmpfs of its own.
+    mounted = tmp_path / "ro"
+    mounted.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mounted)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs to mount a tmpfs (root with CAP_SYS_ADMIN) to make a file system read-only")
+    try:
+        ledger = mounted / "ledger.sqlite"
+        made = Ledger(ledger)  # a valid ledger, made while it was writable
+        made.entries("host-1")
+        made.close()
+        subprocess.run(["mount", "-o", "remount,ro", str(mounted)], check=True)
+
+        done = run_proxy(*proxy_command("http://127.0.0.1:9/mcp", ledger, "--token", "idm_x"))
+
+        assert done.returncode == 2 and f"ledger {ledger}" in done.stderr and "read-only" in done.stderr
+        assert "cannot reach" not in done.stderr  # it stopped before trying the server
+    finally:
+        subprocess.run(["umount", str(mounted)], check=False)
+
+
 def test_a_ledger_locked_by_another_process_says_so_and_records_nothing(tmp_path):
     path = tmp_path / "ledger.sqlite"
     ledger = Ledger(path, busy_timeout=0.2)
