@@ -178,9 +178,9 @@ async def replay(o: Options) -> str:
         expect(bool(handle) and handle == idempotency_of(first).get("operation_id"),
                f"operation ids {idempotency_of(first)} / {idempotency_of(second)}")
         found = await get_operation(conn, o.settings, operation_id=handle)
-        expect(found.get("status") == "SUCCEEDED" and found.get("result") == business(first),
+        expect(found.get("status") == "succeeded" and found.get("result") == business(first),
                f"get_operation({handle}) answered {found}")
-    return f"second answer identical, marked replayed; get_operation({handle}) SUCCEEDED with the same result"
+    return f"second answer identical, marked replayed; get_operation({handle}) succeeded with the same result"
 
 
 def conflicting(arguments: dict[str, Any]) -> dict[str, Any]:
@@ -240,7 +240,7 @@ async def in_progress(o: Options) -> str:
                f"handles {idempotency_of(first)} / {idempotency_of(again)}")
         expect(isinstance(first_error.get("retry_after"), int | float), f"no retry_after: {first_error}")
         found = await get_operation(conn, o.settings, operation_id=handle)
-        expect(found.get("operation_id") == handle and found.get("status") in ("PROCESSING", "SUCCEEDED"),
+        expect(found.get("operation_id") == handle and found.get("status") in ("processing", "succeeded"),
                f"get_operation({handle}) answered {found}")
     return f"in_progress with handle {handle} and retry_after; get_operation answered {found.get('status')}"
 
@@ -256,10 +256,10 @@ async def lost_answer(o: Options) -> str:
                 found = await get_operation(conn, o.settings, tool=o.tool, idempotency_key=key)
             except Failed:
                 found = {}
-            if found.get("status") == "SUCCEEDED":
+            if found.get("status") == "succeeded":
                 break
             await asyncio.sleep(0.1)
-        expect(found.get("status") == "SUCCEEDED", f"the abandoned call never succeeded: {found}")
+        expect(found.get("status") == "succeeded", f"the abandoned call never succeeded: {found}")
         again = await conn.call(o.tool, o.arguments, key)
     expect(not error_of(again) and replayed(again, o.settings) is True, f"the retry answered {brief(again)}")
     expect(idempotency_of(again).get("operation_id") == found.get("operation_id")

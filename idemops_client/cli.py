@@ -18,7 +18,7 @@ from pathlib import Path
 
 import anyio
 
-from idemops_client.client import PREPARE_TOOL, IdempotentClient
+from idemops_client.client import IdempotentClient
 from idemops_client.errors import ClientError, ToolCallError
 from idemops_client.ledger import Ledger
 from idemops_client.retry import RetryPolicy
@@ -88,9 +88,9 @@ async def serve(url: str, token: str, ledger: Ledger, session: str, policy: Retr
             tools = await client.tools()
         except ToolCallError as error:
             return fail(startup_message(url, error))
-        if PREPARE_TOOL not in tools:
-            print(f"idemops-client proxy: {url} offers no {PREPARE_TOOL}: high-risk tools are called with "
-                  "derived keys (the server may refuse them).", file=sys.stderr)
+        if client.prepare_tool not in tools:
+            print(f"idemops-client proxy: {url} offers no {client.prepare_tool}: a high-risk tool (one that takes "
+                  "only ids the server issues) is refused with a message saying so.", file=sys.stderr)
         client.policy = policy
         print(f"idemops-client proxy: serving {len(tools)} tools of {url} on stdio "
               f"(session {session!r}, ledger {ledger.path})", file=sys.stderr, flush=True)

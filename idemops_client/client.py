@@ -291,6 +291,8 @@ class IdempotentClient:
             wire_key = key
             if wire_key is None and info.requires_operation_id:
                 wire_key = await self._prepare(tool, arguments, call_id, policy)
+                if wire_key is None:
+                    raise self._no_issuer(tool)  # before anything is sent or recorded
             # Recorded before it is sent: a crash from here on leaves an entry to ask about again.
             # (Another process may have added it first: then its entry is the one.)
             entry = self.store.add(self.store.new_entry(
@@ -315,17 +317,21 @@ class IdempotentClient:
             attempt += 1
             answer = await self._attempt(tool, arguments, entry.key, self._timeout(policy, started))
             entry.attempts += 1
-            if may_prepare and answer.error_class == "invalid_input" and (answer.error or {}).get(
-                    "operation_id_required"):
-                # The server refuses the key as not one it issued (unknown, expired unused,
-                # or the tool became high-risk): nothing ran under it, so a fresh id is safe. Once.
-                may_prepare = False
-                operation_id = await self._prepare(tool, arguments, entry.call_id, policy)
-                if operation_id is not None:
-                    entry.key = operation_id
-                    self.store.save(entry)
-                    attempt -= 1
-                    continue
+            if answer.error_class == "invalid_input" and (answer.error or {}).get("operation_id_required"):
+                if may_prepare:
+                    # The server refuses the key as not one it issued (unknown, expired unused,
+                    # or the tool became high-risk): nothing ran under it, so a fresh id is safe. Once.
+                    may_prepare = False
+                    operation_id = await self._prepare(tool, arguments, entry.call_id, policy)
+                    if operation_id is not None:
+                        entry.key = operation_id
+                        self.store.save(entry)
+                        attempt -= 1
+                        continue
+                if self.prepare_tool not in await self.tools():
+                    # Nothing can issue an id here: the caller is told so, and nothing is asked again.
+                    self._record(entry, answer, persist)
+                    raise self._no_issuer(tool, key=entry.key, error=answer.error, attempts=attempt)
             self._record(entry, answer, persist)
             if answer.ok:
                 return self._result(tool, entry, answer, attempt)
@@ -359,7 +365,8 @@ class IdempotentClient:
 
     def _result(self, tool: str, entry: Entry, answer: Answer, attempts: int) -> CallResult:
         assert answer.result is not None
-        replayed = bool(answer.idempotency.get("replayed")) or bool((answer.result.meta or {}).get(REPLAYED_META))
+        replayed_meta = self.advertisement.replayed_meta if self.advertisement else REPLAYED_META
+        replayed = bool(answer.idempotency.get("replayed")) or bool((answer.result.meta or {}).get(replayed_meta))
         return CallResult(tool=tool, structured=answer.structured, text=result_text(answer.result), key=entry.key,
                           operation_id=entry.operation_id, replayed=replayed, attempts=attempts, entry=entry,
                           raw=answer.result)
@@ -383,7 +390,8 @@ class IdempotentClient:
             trace = OperationTrace(tool)
             trace.end()
         with trace.attempt() as trace_meta:
-            meta: dict[str, Any] = {**trace_meta, **({META_KEY: key} if key is not None else {})}
+            key_meta = self.advertisement.key_meta if self.advertisement else META_KEY
+            meta: dict[str, Any] = {**trace_meta, **({key_meta: key} if key is not None else {})}
 
             async def request(client: Client) -> Answer:
                 return interpret(await client.call_tool(tool, arguments, read_timeout_seconds=timeout,
@@ -398,13 +406,33 @@ class IdempotentClient:
         Keyed by the call id: asked again (a retry, or a re-planned call after the
         ledger was lost), the server answers the same id.
         """
-        if PREPARE_TOOL not in await self.tools():
+        prepare = self.prepare_tool
+        if prepare not in await self.tools():
             return None
-        prepared = await self._read(PREPARE_TOOL, {"tool": tool, "arguments": arguments}, policy, key=call_id)
+        prepared = await self._read(prepare, {"tool": tool, "arguments": arguments}, policy, key=call_id)
         operation_id = prepared.get("operation_id")
         if not isinstance(operation_id, str) or not operation_id:
-            raise ToolCallError(PREPARE_TOOL, "protocol_error", "prepare_operation answered no operation_id")
+            raise ToolCallError(prepare, "protocol_error", f"{prepare} answered no operation_id")
         return operation_id
+
+    def _no_issuer(self, tool: str, *, key: str | None = None, error: dict[str, Any] | None = None,
+                   attempts: int = 0) -> ToolCallError:
+        """A high-risk tool on a server that issues no operation ids: said to the caller, not retried."""
+        message = (f"{tool} takes only operation ids issued by the server, and {self.url} offers no "
+                   f"{self.prepare_tool} tool to issue one: call it with an id the server gave you as its key")
+        return ToolCallError(tool, "invalid_input", message, key=key, attempts=attempts,
+                             error={**(error or {"class": "invalid_input", "operation_id_required": True}),
+                                    "message": message})
+
+    @property
+    def prepare_tool(self) -> str:
+        """The tool that issues operation ids: as the server advertises it (extension section 2), else the default."""
+        return self.advertisement.prepare_operation_tool if self.advertisement else PREPARE_TOOL
+
+    @property
+    def get_operation_tool(self) -> str:
+        """The tool that looks an operation up, as advertised, else the default."""
+        return self.advertisement.get_operation_tool if self.advertisement else GET_OPERATION_TOOL
 
     # --- looking operations up ------------------------------------------------------------------
 
@@ -414,7 +442,7 @@ class IdempotentClient:
 
         Returns the entries it updated; an empty list if the server has no get_operation.
         """
-        if GET_OPERATION_TOOL not in await self.tools():
+        if self.get_operation_tool not in await self.tools():
             return []
         updated = []
         for entry in self.ledger.entries():
@@ -423,7 +451,7 @@ class IdempotentClient:
             lookup = ({"operation_id": entry.operation_id} if entry.operation_id
                       else {"tool": entry.tool, "idempotency_key": entry.key})
             try:
-                found = await self._read(GET_OPERATION_TOOL, lookup, self.policy)
+                found = await self._read(self.get_operation_tool, lookup, self.policy)
             except ToolCallError as error:
                 if error.error_class == "not_found":
                     continue  # never arrived (or long expired): the entry stands

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -210,7 +211,7 @@ def _explained(path: str, doing: str) -> Iterator[None]:
         text = str(exc).lower()
         if "not a database" in text or "malformed" in text:
             why = "it is not a ledger (a corrupt or foreign file): move it aside, or point --ledger elsewhere"
-        elif "readonly" in text or "read-only" in text:
+        elif "readonly" in text or "read-only" in text or _on_read_only_file_system(path):
             why = "it is read-only: make the file and its directory writable, or point --ledger elsewhere"
         elif "locked" in text or "busy" in text:
             why = ("it is locked by another process that holds a write transaction: wait for it to finish, "
@@ -220,6 +221,17 @@ def _explained(path: str, doing: str) -> Iterator[None]:
         else:
             why = str(exc)
         raise LedgerError(f"ledger {path}: cannot {doing}: {why} ({type(exc).__name__}: {exc})") from exc
+
+
+def _on_read_only_file_system(path: str) -> bool:
+    """Whether the file's directory is mounted read-only (SQLite then says only "unable to open": a
+    ledger in WAL mode needs its -wal and -shm files beside it, even to read)."""
+    if path == ":memory:":
+        return False
+    try:
+        return bool(os.statvfs(os.path.dirname(os.path.abspath(path))).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 class Ledger(LedgerStore):

@@ -31,7 +31,7 @@ def test_the_command_prints_a_working_key_once_and_stores_its_digest(tenant, oth
     assert sorted(key.tenants.values_list("slug", flat=True)) == ["acme", "globex"]
     assert api_status(raw) == 200
     event = AuditEvent.objects.get(action="auditor_key.issued")
-    assert event.actor == "system:issue_auditor_key" and event.after["tenants"] == ["acme", "globex"]
+    assert event.actor == "system:issue-auditor-key" and event.after["tenants"] == ["acme", "globex"]
 
 
 def test_the_command_refuses_an_unknown_tenant(tenant):

@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from opentelemetry import trace
 
 from idemops_client.faults import FaultProxy
 from idemops_client.ledger import Ledger, LedgerError
 from idemops_demo.models import Order
 from tests.processes import ROOT
+from tools_app.models import IdempotencyRecord
 
 ORDER = {"customer": "ACME", "currency": "EUR", "items": [{"sku": "BOLT-1", "quantity": 3, "unit_price": "2.50"}]}
 INSPECTOR = ROOT / "tests" / "interop" / "node_modules" / ".bin" / "mcp-inspector"
@@ -58,6 +60,21 @@ def test_a_host_calling_create_order_twice_without_a_key_makes_one_order(web_ser
     report = resource.contents[0].text
     assert "## Done (1)" in report and f"order {order.pk}" in report and "## Waiting for a person (0)" in report
     assert f"order {order.pk}" in prompt.messages[0].content.text
+
+
+@pytest.mark.live
+def test_a_hosts_trace_goes_through_the_proxy_and_the_record_joins_it(web_server, token, tmp_path):
+    # The host's MCP client sends its span's context in `_meta.traceparent` (the SDK injects it).
+    async def scenario():
+        async with host(web_server.mcp_url, token, tmp_path / "ledger.sqlite") as client:
+            with trace.get_tracer("the-host").start_as_current_span("host turn") as turn:
+                answer = await client.call_tool("create_order", ORDER)
+            return answer, format(turn.get_span_context().trace_id, "032x")
+
+    answer, host_trace = asyncio.run(scenario())
+
+    assert not answer.is_error, answer.content
+    assert IdempotencyRecord.objects.get(tool="create_order").trace_id == host_trace
 
 
 @pytest.mark.live
@@ -136,6 +153,28 @@ def test_a_corrupt_ledger_file_ends_the_proxy_before_anything_is_sent(tmp_path):
 
     assert done.returncode == 2 and f"ledger {ledger}" in done.stderr and "not a ledger" in done.stderr
     assert "cannot reach" not in done.stderr  # it stopped before trying the server
+
+
+def test_a_read_only_ledger_ends_the_proxy_with_a_message_saying_so(tmp_path):
+    # File modes do not stop root (these tests' user), a read-only file system does: a tmpfs of its own.
+    mounted = tmp_path / "ro"
+    mounted.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mounted)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs to mount a tmpfs (root with CAP_SYS_ADMIN) to make a file system read-only")
+    try:
+        ledger = mounted / "ledger.sqlite"
+        made = Ledger(ledger)  # a valid ledger, made while it was writable
+        made.entries("host-1")
+        made.close()
+        subprocess.run(["mount", "-o", "remount,ro", str(mounted)], check=True)
+
+        done = run_proxy(*proxy_command("http://127.0.0.1:9/mcp", ledger, "--token", "idm_x"))
+
+        assert done.returncode == 2 and f"ledger {ledger}" in done.stderr and "read-only" in done.stderr
+        assert "cannot reach" not in done.stderr  # it stopped before trying the server
+    finally:
+        subprocess.run(["umount", str(mounted)], check=False)
 
 
 def test_a_ledger_locked_by_another_process_says_so_and_records_nothing(tmp_path):

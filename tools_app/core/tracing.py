@@ -103,7 +103,8 @@ def exporters() -> list[SpanExporter]:
 # --- spans and ids ---------------------------------------------------------------------------------
 
 
-# `kind` is positional-only so that attributes given as `**{"idemops.x": ...}` are never taken for it.
+# `kind` is positional-only so that attributes given as keyword arguments (`**{...}`, dotted names) are never
+# taken for it.
 def span(name: str, kind: SpanKind = SpanKind.INTERNAL, /, **attributes: Any) -> AbstractContextManager[trace.Span]:
     """A span of ours around a piece of work, current inside (attributes with None are left out)."""
     return tracer.start_as_current_span(name, kind=kind,
