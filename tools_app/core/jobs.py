@@ -19,9 +19,15 @@ join the trace of the call that wrote the row (core.tracing.continued).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from contextvars import Token
+from datetime import timedelta
 from typing import Any
 
+from django.db.models import Q
+from django.utils import timezone
+from django_q.conf import Conf
+from django_q.models import OrmQ
 from django_q.tasks import async_task
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -47,6 +53,25 @@ def enqueue(name: str, *args: Any, **options: Any) -> str:
     """Queue the job `name` (a key of JOBS) with `args`; `options` are django-q2's (task_name, group, save)."""
     task_id: str = async_task(JOBS[name], *args, **options)
     return task_id
+
+
+def live(names: Collection[str], taken_within: float) -> set[str]:
+    """Which of the jobs named `names` (their task_name) the queue still holds for a worker: waiting
+    to be taken, or taken by a cluster less than `taken_within` seconds ago.
+
+    The ORM broker keeps a job until its job has run: a cluster that takes one locks it for
+    django-q2's `retry` (the timeout and more: minutes), and one that dies keeps it locked
+    that long; a job that failed (its worker lost the database) is gone. Either way no worker will
+    run it soon, which is what a caller that has a lease of its own to go by (a task) needs to know.
+    A job's name is in its signed payload, so only the caller's few names are looked for.
+    """
+    if not names:
+        return set()
+    now = timezone.now()
+    recently_taken = now + timedelta(seconds=Conf.RETRY - taken_within)  # lock = when taken + retry
+    held = OrmQ.objects.using(Conf.ORM).filter(Q(lock__lte=now) | Q(lock__gt=recently_taken))
+    wanted = set(names)
+    return {name for name in (row.name() for row in held.only("payload")) if name in wanted}
 
 
 TRACE_KEY = "trace"  # where a job's payload holds its W3C trace context
