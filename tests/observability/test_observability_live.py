@@ -208,7 +208,8 @@ def test_metrics_show_every_name_after_a_short_demo_counted_by_every_process_and
                  outcome="replayed") >= counted["replayed"]
 
 
-def test_on_call_sees_each_live_job_cluster_and_its_processes_and_a_killed_one_goes_within_seconds(observed):
+def test_on_call_sees_each_live_job_cluster_and_its_processes_and_a_killed_one_goes_within_seconds(
+        transactional_db, observed):
     from tests.deploy.test_serve import children
     from tests.processes import Worker
     from tools_app.metrics.processes import version
