@@ -60,4 +60,18 @@ def test_every_metric_the_alerts_and_the_dashboard_use_is_served(db):
     assert used - served_names() == set()
     assert {alert for alert in re.findall(r"alert: (\w+)", (PROMETHEUS / "alerts.yml").read_text())} == {
         "IdemopsUnknownOutcomes", "IdemopsProcessingTimeouts", "IdemopsDeadLetteredEvents",
-        "IdemopsApprovalsWaitingTooLong", "IdemopsOutboxLagging", "IdemopsTaskWorkersDying"}
+        "IdemopsApprovalsWaitingTooLong", "IdemopsOutboxLagging", "IdemopsTaskWorkersDying",
+        "IdemopsNoJobClusterAlive", "IdemopsJobsWaitingTooLong", "IdemopsProcessesRestarting"}
+
+
+def test_every_runbook_url_of_an_alert_leads_to_a_section_of_the_runbook():
+    runbook = (ROOT / "docs" / "runbook.md").read_text()
+    sections = {re.sub(r"[^a-z0-9 -]", "", title.lower()).replace(" ", "-")
+                for title in re.findall(r"^## (.+)$", runbook, flags=re.MULTILINE)}
+    urls = re.findall(r'runbook_url: "([^"]+)"', (PROMETHEUS / "alerts.yml").read_text())
+
+    assert len(urls) >= 3
+    assert {url.split("#")[0] for url in urls} == {"https://github.com/idemops/idemops/blob/main/docs/runbook.md"}
+    assert {url.split("#")[1] for url in urls} <= sections
+    tested = (PROMETHEUS / "alerts_test.yml").read_text()
+    assert all(tested.count(url) >= 1 for url in urls)  # each alert with a runbook has a promtool test that fires it

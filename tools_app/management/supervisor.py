@@ -108,8 +108,15 @@ class EmbeddedPostgres:
     def start(self) -> None:
         # A stale postmaster.pid is PostgreSQL's to judge: it starts if that pid is gone, and refuses
         # while the dead server's backends still hold its shared memory (then the next try succeeds).
-        subprocess.run([sys.executable, "-m", "idemops.embedded_pg", "url", "--pgdata", str(self.pgdata)],
-                       check=True, capture_output=True, timeout=60)
+        try:
+            subprocess.run([sys.executable, "-m", "idemops.embedded_pg", "url", "--pgdata", str(self.pgdata)],
+                           check=True, capture_output=True, text=True, timeout=60)
+        except subprocess.CalledProcessError as exc:
+            # pg_ctl gives up waiting after 10 s; crash recovery on a busy disk may take longer. A server
+            # that runs is started: until it accepts connections, the others answer "unavailable".
+            if (pid := self._postmaster_pid()) is None or not running(pid):
+                last = (exc.stderr or "").strip().splitlines()[-1:] or [f"exit code {exc.returncode}"]
+                raise RuntimeError(f"the embedded PostgreSQL did not start: {last[0]}") from exc
         self.pid = self._postmaster_pid()
 
     def alive(self) -> bool:
