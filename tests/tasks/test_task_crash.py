@@ -104,7 +104,7 @@ def test_a_worker_killed_inside_a_step_resumes_on_another_worker_from_its_checkp
 
 
 def test_a_queued_task_whose_cluster_died_holding_its_job_starts_again_within_its_lease_and_grace(
-        transactional_db, settings, doc_dir, settle_tasks):
+        transactional_db, settings, doc_dir):
     from tests.task_stack import lost_job
     from tools_app.core.models import MetricTotal
 
