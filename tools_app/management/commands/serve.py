@@ -105,8 +105,9 @@ class Command(BaseCommand):
         return [granian, "--interface", "asgi", "--host", host, "--port", str(port), "--workers", str(web_workers),
                 "--respawn-failed-workers", *access, "idemops.asgi:application"]
 
-    def wait_until_healthy(self, url: str, supervisor: Supervisor, timeout: float = 30) -> None:
-        """Until `url` answers 200; a process that dies meanwhile is started again (KeepsDying if it keeps dying)."""
+    def wait_until_healthy(self, url: str, supervisor: Supervisor, timeout: float = 120) -> None:
+        """Until `url` answers 200; a process that dies meanwhile is started again (KeepsDying if it keeps dying).
+        A bound, not a pace: on a loaded machine granian's workers, each importing Django, took over 30 s."""
         def healthy() -> bool:
             supervisor.check()
             try:
