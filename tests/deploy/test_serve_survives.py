@@ -18,7 +18,7 @@ import pytest
 
 from tests.agents import call_tool_sync
 from tests.deploy.test_serve import alive, children
-from tests.processes import DatabaseServer, Service, free_port
+from tests.processes import LOG_DIR, DatabaseServer, Service, free_port
 from tests.task_stack import wait_until
 from tools_app.management.supervisor import Child, KeepsDying, Supervisor
 
@@ -65,6 +65,7 @@ def test_serve_restarts_each_process_killed_and_mcp_answers_again_within_seconds
     # given `serve` with the demo (its tenant and agent token), on an embedded PostgreSQL of its own
     port = free_port()
     base = f"http://127.0.0.1:{port}"
+    (LOG_DIR / "serve-survives.log").unlink(missing_ok=True)  # only this run's lines
     serve = Service("serve-survives", [sys.executable, "manage.py", "serve", "--port", str(port)],
                     serve_env(tmp_path))
     database = None

@@ -61,11 +61,13 @@ def live(names: Collection[str], taken_within: float) -> set[str]:
     """Which of the jobs named `names` (their task_name) the queue still holds for a worker: waiting
     to be taken, or taken by a cluster less than `taken_within` seconds ago.
 
-    The ORM broker keeps a job until its job has run: a cluster that takes one locks it for
+    The ORM broker keeps a job until it has run: a cluster that takes one locks it for
     django-q2's `retry` (the timeout and more: minutes), and one that dies keeps it locked
     that long; a job that failed (its worker lost the database) is gone. Either way no worker will
     run it soon, which is what a caller that has a lease of its own to go by (a task) needs to know.
-    A job's name is in its signed payload, so only the caller's few names are looked for.
+    A job's name is in its signed payload, so the jobs held are read to find the caller's few
+    names: the sweep asks only when a task has waited past its lease, so a long queue costs that
+    read then, not on every round.
     """
     if not names:
         return set()
