@@ -8,7 +8,7 @@
                                                    (`make bench-quick`; a test runs it so none rots)
 
 Each module's `run(quick)` returns a `bench.common.Section`: its markdown and the named figures
-(P1 … P9 of the performance issue) it measured. docs/benchmarks.json holds every figure by name
+(P1 … P9 of the performance issue, P13 of issue 28) it measured. docs/benchmarks.json holds every figure by name
 and every section; docs/benchmarks.md is rendered from it. Figures from one section were measured
 side by side in one run; absolute times move with the machine's load.
 """
@@ -46,6 +46,7 @@ FIGURES: dict[str, str] = {
     "P7": "SIGKILL of a worker → progress resumed, default settings",
     "P8": "replay latency with 1M records vs 1k",
     "P9": "web tier scale: 2 web processes vs 1 (calls/s, 32 clients)",
+    "P13": "SIGKILL of the cluster holding a queued task's job → the task taken by another cluster, default settings",
 }
 
 
@@ -115,8 +116,8 @@ def render(report: dict) -> str:
         "# Benchmarks", "",
         "Produced by `make bench` (`.venv/bin/python bench/run.py`; `make bench-quick` runs the same code at small "
         f"sizes). Machine: {machine.get('machine')}, {machine.get('cores')} cores, Python {machine.get('python')}; "
-        "embedded PostgreSQL under var/bench-pg, fsync on. Every figure but P7 (seconds) is a ratio measured side by "
-        "side in one run (the two sides interleaved in rounds); the spread is the lowest and highest round. "
+        "embedded PostgreSQL under var/bench-pg, fsync on. Every figure but P7 and P13 (seconds) is a ratio measured "
+        "side by side in one run (the two sides interleaved in rounds); the spread is the lowest and highest round. "
         "Absolute times move with the machine's load, which each section states. docs/benchmarks.json holds the "
         "same figures by name; docs/performance.md says how they are measured and what stands between a figure "
         "and its target.", "",

@@ -90,7 +90,7 @@ class Service:
             except subprocess.TimeoutExpired:
                 self.kill()
         # A child that outlived its leader (a granian worker whose master exited first) goes too.
-        from tools_app.management.commands.serve import reap_session
+        from tools_app.management.supervisor import reap_session
 
         reap_session(self.process.pid)
         self._log.close()

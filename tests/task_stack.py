@@ -162,3 +162,63 @@ def settle_tasks(transactional_db):
         wait_until(lambda task=task: cancelled(task), timeout=30, what=f"task {task.pk} to be cancelled")
     wait_until(lambda: not OrmQ.objects.exists() and not StepRun.objects.filter(finished_at=None).exists(),
                timeout=120, what="the workers to finish their jobs")
+
+
+# --- a lost job: the cluster holding a queued task's job is SIGKILLed ----------------------------
+
+
+def lost_job(caller, long_pdf: Path, env: dict[str, str], name: str, key: str) -> tuple[object, float, object]:
+    """Cause a lost job, as an operator saw it: cluster A's only worker is busy with a long task, so
+    A's pusher takes the next task's job and holds it in memory; A is SIGKILLed with it. A standby
+    cluster B (two workers) was frozen (SIGSTOP) meanwhile, so that A, not B, takes that job; it
+    runs again from the moment of the kill.
+
+    Returns (the task whose job was lost, seconds from the kill to a worker taking it by the
+    database's clock, the task that kept A busy). Both clusters are stopped on return."""
+    import os
+    import signal
+
+    from django.utils import timezone
+    from django_q.models import OrmQ
+
+    from tests.processes import Worker
+    from tools_app.core import clock
+    from tools_app.models import AuditEvent, Task, TaskStatus
+    from tools_app.toolkit.calls import call_tool
+    from tools_app.toolkit.registry import get_tool
+
+    def start(arguments: dict, suffix: str) -> Task:
+        result = call_tool(get_tool("start_task"), caller, {"tool": "ingest_document", "arguments": arguments,
+                                                            "idempotency_key": f"{key}-{suffix}"})
+        assert result.error is None, result.error
+        return Task.objects.get(pk=result.result["task_id"])
+
+    def refreshed(task: Task) -> Task:
+        task.refresh_from_db()
+        return task
+
+    clusters: list[Worker] = []
+    try:
+        standby = Worker(name=f"{name}-b", **{**env, "IDEMOPS_Q_WORKERS": "2"})
+        clusters.append(standby)
+        os.killpg(standby.process.pid, signal.SIGSTOP)
+        holder = Worker(name=f"{name}-a", **{**env, "IDEMOPS_Q_WORKERS": "1"})
+        clusters.append(holder)
+        busy = start({"path": str(long_pdf)}, "busy")
+        wait_until(lambda: refreshed(busy).current_step == "extract_text" and (busy.progress_done or 0) >= 1,
+                   timeout=120, what="cluster A's worker to be busy extracting the long PDF")
+        queued = start({"text": "# Queued\n\nIt waits behind the long one."}, "queued")
+        wait_until(lambda: [job for job in OrmQ.objects.filter(lock__gt=timezone.now())
+                            if job.name() == f"task-{queued.pk}"], timeout=30, what="cluster A to take its job")
+        holder.kill()
+        killed_at = clock.read()
+        os.killpg(standby.process.pid, signal.SIGCONT)
+        wait_until(lambda: refreshed(queued).status == TaskStatus.SUCCEEDED, timeout=120,
+                   what="the task whose job was lost to succeed on cluster B")
+        taken = AuditEvent.objects.filter(object_id=str(queued.pk), action="task.taken").latest("id").created_at
+        return queued, (taken - killed_at).total_seconds(), busy
+    finally:
+        for cluster in reversed(clusters):
+            if cluster.process.poll() is None:
+                os.killpg(cluster.process.pid, signal.SIGCONT)
+            cluster.stop(grace=3)

@@ -138,6 +138,12 @@ class IdemopsSettings(BaseSettings):
     host: str = setting("127.0.0.1", "Interface `manage.py serve` binds the web server to.", section=WEB)
     port: Port = setting(8000, "Port `manage.py serve` binds the web server to.", section=WEB)
     web_workers: int = setting(1, "Web worker processes (granian) `manage.py serve` starts.", ge=1, section=WEB)
+    # `serve` restarts a process that dies (with backoff); one that dies this often is broken, not unlucky.
+    serve_restart_limit: int = setting(
+        5, "Deaths of one process within IDEMOPS_SERVE_RESTART_WINDOW_SECONDS after which `manage.py serve` "
+        "stops everything instead of restarting it again.", ge=1, section=WEB)
+    serve_restart_window_seconds: Seconds = setting(
+        60, "The window IDEMOPS_SERVE_RESTART_LIMIT counts a process's deaths in.", section=WEB)
     allowed_hosts: TextList = setting(
         ["localhost", "127.0.0.1", "[::1]"], "Host names Django serves (its ALLOWED_HOSTS).", section=WEB)
     csrf_trusted_origins: TextList = setting(
@@ -381,8 +387,12 @@ class IdemopsSettings(BaseSettings):
     task_sweep_minutes: int = setting(
         1, "How often the task sweep runs as a django-q2 schedule (one minute is the shortest).", ge=1,
         section=TASKS)
+    # A queued job whose cluster died stays locked for django-q2's `retry` (minutes); the task's own
+    # lease says much sooner that no worker has it (tools_app.tasks.state.without_a_job).
     task_requeue_after_seconds: Seconds = setting(
-        300, "A queued task no worker took within this long is queued again by the sweep.", section=TASKS)
+        5, "Grace beyond the task lease: a queued task no worker took within the lease plus this long, and "
+        "whose job the queue no longer holds for a worker (it failed, or its cluster died), is queued again "
+        "by the sweep.", section=TASKS)
     task_max_lease_expiries: int = setting(
         5, "Worker deaths before the task fails (a step that kills its worker).", ge=1, section=TASKS)
     task_max_attempts: int = setting(

@@ -60,4 +60,64 @@ def test_every_metric_the_alerts_and_the_dashboard_use_is_served(db):
     assert used - served_names() == set()
     assert {alert for alert in re.findall(r"alert: (\w+)", (PROMETHEUS / "alerts.yml").read_text())} == {
         "IdemopsUnknownOutcomes", "IdemopsProcessingTimeouts", "IdemopsDeadLetteredEvents",
-        "IdemopsApprovalsWaitingTooLong", "IdemopsOutboxLagging", "IdemopsTaskWorkersDying"}
+        "IdemopsApprovalsWaitingTooLong", "IdemopsOutboxLagging", "IdemopsTaskWorkersDying",
+        "IdemopsNoJobClusterAlive", "IdemopsJobsWaitingTooLong", "IdemopsProcessesRestarting"}
+
+
+def test_every_runbook_url_of_an_alert_leads_to_a_section_of_the_runbook():
+    runbook = (ROOT / "docs" / "runbook.md").read_text()
+    sections = {re.sub(r"[^a-z0-9 -]", "", title.lower()).replace(" ", "-")
+                for title in re.findall(r"^## (.+)$", runbook, flags=re.MULTILINE)}
+    alerts = (PROMETHEUS / "alerts.yml").read_text()
+    urls = re.findall(r'runbook_url: "([^"]+)"', alerts)
+
+    assert len(urls) == len(re.findall(r"alert: (\w+)", alerts))  # one for each alert
+    assert {url.split("#")[0] for url in urls} == {"https://github.com/idemops/idemops/blob/main/docs/runbook.md"}
+    assert {url.split("#")[1] for url in urls} <= sections
+    tested = (PROMETHEUS / "alerts_test.yml").read_text()
+    assert all(tested.count(url) >= 1 for url in urls)  # each alert with a runbook has a promtool test that fires it
+
+
+SAMPLES = ROOT / "deploy"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed (systemd)")
+def test_the_systemd_units_are_ones_systemd_accepts():
+    units = sorted((SAMPLES / "systemd").glob("idemops-*"))
+    checked = subprocess.run(["systemd-analyze", "verify", *map(str, units)], capture_output=True, text=True,
+                             timeout=60)
+
+    # The target host's paths (/srv/idemops/.venv/bin/...) are not this machine's: all else must pass.
+    problems = [line for line in (checked.stdout + checked.stderr).splitlines() if "is not executable" not in line]
+    assert {unit.name for unit in units} >= {"idemops-web.service", "idemops-jobs@.service"}
+    assert problems == []
+
+
+def test_every_supervisor_sample_runs_the_processes_and_probes_the_web_process_as_it_serves(db):
+    import yaml
+    from django.test import Client
+
+    from tools_app.management.commands.serve import Command
+
+    manifests = list(yaml.safe_load_all((SAMPLES / "kubernetes" / "idemops.yaml").read_text()))
+    containers = {c["name"]: c for m in manifests if m["kind"] in ("Deployment", "Job")
+                  for c in m["spec"]["template"]["spec"]["containers"]}
+    web = containers["web"]
+    probes = {kind: web[kind]["httpGet"]["path"] for kind in ("livenessProbe", "readinessProbe")}
+    procfile = dict(line.split(": ", 1) for line in (SAMPLES / "Procfile").read_text().splitlines()
+                    if line and not line.startswith("#"))
+    units = {path.name: path.read_text() for path in (SAMPLES / "systemd").glob("idemops-*")}
+
+    # the liveness probe asks no database (an outage must not restart every pod), readiness does
+    assert probes == {"livenessProbe": "/livez", "readinessProbe": "/readyz"}
+    assert Client().get(probes["livenessProbe"]).status_code == 200
+    assert Client().get(probes["readinessProbe"]).json()["checks"]["database"]["ok"] is True
+    assert "/livez" in units["idemops-web-liveness.service"]
+    # each runs what `serve` runs: granian with the ASGI app (workers respawned), and qcluster
+    served = Command.web_argv("127.0.0.1", 8000, 1)
+    for web_command in (web["command"], procfile["web"].split(), units["idemops-web.service"].split()):
+        assert "idemops.asgi:application" in web_command and "--respawn-failed-workers" in web_command
+        assert {"--respawn-failed-workers", "idemops.asgi:application"} <= set(served)
+    assert containers["jobs"]["command"] == ["idemops", "qcluster"] and procfile["jobs"] == "idemops qcluster"
+    assert "ExecStart=/srv/idemops/.venv/bin/idemops qcluster" in units["idemops-jobs@.service"]
+    assert containers["migrate"]["command"][:2] == ["idemops", "migrate"]

@@ -218,3 +218,25 @@ def test_metrics_show_what_is_stuck_now_and_zero_for_what_could_happen(caller, c
     assert steps == {step.name for spec in all_tools() if spec.pipeline is not None for step in spec.pipeline.steps}
     assert {s.labels["status"] for s in found["idemops_tasks"]} == {"created", "running", "paused", "retrying"}
     assert value(found["idemops_outbox_delivery_lag_seconds"], "idemops_outbox_delivery_lag_seconds_count") == 0
+
+
+def test_metrics_show_the_jobs_waiting_and_taken_and_how_long_the_oldest_has_waited(caller, fast):
+    from django.db.models import F
+    from django_q.models import OrmQ
+
+    from tests.tasks_support import TEXT, start
+
+    # given three queued jobs (no cluster runs here): one waiting 90 s, one taken by a cluster
+    for key in ("q-1", "q-2", "q-3"):
+        start(caller, {"text": TEXT}, key=key)
+    first, second, *_ = OrmQ.objects.order_by("id")
+    OrmQ.objects.filter(pk=first.pk).update(lock=F("lock") - timedelta(seconds=90))
+    OrmQ.objects.filter(pk=second.pk).update(lock=timezone.now() + timedelta(minutes=10))
+
+    found = samples(Client(REMOTE_ADDR="127.0.0.1").get("/metrics"))
+
+    waiting = OrmQ.objects.filter(lock__lte=timezone.now()).count()
+    assert value(found["idemops_jobs_queued"], "idemops_jobs_queued", state="waiting") == waiting == 2
+    assert value(found["idemops_jobs_queued"], "idemops_jobs_queued", state="taken") == 1
+    assert 90 <= value(found["idemops_jobs_oldest_waiting_seconds"], "idemops_jobs_oldest_waiting_seconds") < 120
+    assert value(found["idemops_job_clusters"], "idemops_job_clusters") == 0  # no cluster's heartbeat here

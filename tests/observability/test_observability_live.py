@@ -208,6 +208,36 @@ def test_metrics_show_every_name_after_a_short_demo_counted_by_every_process_and
                  outcome="replayed") >= counted["replayed"]
 
 
+def test_on_call_sees_each_live_job_cluster_and_its_processes_and_a_killed_one_goes_within_seconds(
+        transactional_db, observed):
+    from tests.deploy.test_serve import children
+    from tests.processes import Worker
+    from tools_app.metrics.processes import version
+
+    def clusters() -> float:
+        return value(scrape(observed.web.base_url)["idemops_job_clusters"], "idemops_job_clusters")
+
+    before = wait_until(clusters, what="the observed cluster's heartbeat")
+    cluster = Worker("jobs-on-call", IDEMOPS_Q_WORKERS="2")
+    try:
+        # a cluster started: one more alive, and each of its processes' figures, by role and pid
+        wait_until(lambda: clusters() == before + 1, timeout=30, what="the new cluster's heartbeat")
+        metrics = scrape(observed.web.base_url)
+        memory = {(s.labels["process"], int(s.labels["pid"])) for s in metrics["process_resident_memory_bytes"]
+                  if s.value > 0}
+        [sentinel] = children(cluster.process.pid)
+        assert {("jobs", cluster.process.pid), ("jobs-sentinel", sentinel)} <= memory
+        assert {pid for role, pid in memory if role == "jobs-worker"} >= set(sorted(children(sentinel))[:2])
+        assert ("web", observed.web.process.pid) in memory
+        assert {s.labels["version"] for s in metrics["idemops_build_info"]} == {version()}
+
+        # and SIGKILLed, it is no longer counted once its heartbeat expires (3 s)
+        cluster.kill()
+        wait_until(lambda: clusters() == before, timeout=30, what="the killed cluster to be gone")
+    finally:
+        cluster.stop(grace=3)
+
+
 def test_metrics_answer_a_scraper_with_the_token_and_refuse_a_wrong_one(observed):
     with_token = httpx2.get(f"{observed.web.base_url}/metrics", timeout=30,
                             headers={"Authorization": f"Bearer {METRICS_TOKEN}"})

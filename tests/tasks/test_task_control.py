@@ -4,6 +4,8 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from django_q.conf import Conf
+from django_q.models import OrmQ
 
 from idemops_demo.tools.documents import INGEST
 from tests.operators import make_operator
@@ -123,6 +125,7 @@ def test_the_sweep_revives_dead_workers_tasks_and_requeues_lost_jobs(caller, fas
     alive = tasks.take(str(start(caller, {"text": TEXT}, key="alive").pk), "worker-alive")
     lost = start(caller, {"text": TEXT}, key="lost")
     Task.objects.filter(pk=lost.pk).update(enqueued_at=now - timedelta(hours=1))
+    job_of(lost).delete()  # its job failed without taking it (acknowledged, so gone from the queue)
     due = start(caller, {"text": TEXT}, key="due")
     Task.objects.filter(pk=due.pk).update(status=TaskStatus.RETRYING, next_retry_at=now, enqueued_at=None)
     later = start(caller, {"text": TEXT}, key="later")
@@ -137,6 +140,49 @@ def test_the_sweep_revives_dead_workers_tasks_and_requeues_lost_jobs(caller, fas
     assert Task.objects.get(pk=dead.pk).status == TaskStatus.CREATED
     assert Task.objects.get(pk=alive.pk).lease_owner == "worker-alive"
     assert tasks.sweep() == {"expired": 0, "requeued": 0}
+
+
+def job_of(task: Task) -> OrmQ:
+    [job] = [job for job in OrmQ.objects.all() if job.name() == f"task-{task.pk}"]
+    return job
+
+
+def taken(job: OrmQ, seconds_ago: float) -> None:
+    """Lock `job` as the ORM broker does when a cluster takes it (until then + django-q2's retry)."""
+    OrmQ.objects.filter(pk=job.pk).update(lock=timezone.now() + timedelta(seconds=Conf.RETRY - seconds_ago))
+
+
+def test_a_queued_task_whose_cluster_died_holding_its_job_is_queued_again_after_its_lease_and_grace(caller, fast):
+    # given tasks queued 20 s ago (lease 10 s + grace 5 s): one whose job waits its turn in a long
+    # queue, one whose job a cluster took 1 s ago, one whose job a cluster took 20 s ago and died with
+    waiting, just_taken, orphaned = (start(caller, {"text": TEXT}, key=key) for key in ("waiting", "just", "dead"))
+    Task.objects.filter(pk__in=[waiting.pk, just_taken.pk, orphaned.pk]).update(
+        enqueued_at=timezone.now() - timedelta(seconds=20))
+    taken(job_of(just_taken), seconds_ago=1)
+    taken(job_of(orphaned), seconds_ago=20)
+    jobs = queued_jobs()
+
+    # when the sweep runs
+    counts = tasks.sweep()
+
+    # then only the orphaned task is queued again (its old job stays locked: at most a second delivery,
+    # which the task's lease turns away), and it is counted and audited as a lost job
+    assert counts == {"expired": 0, "requeued": 1}
+    assert queued_jobs() == jobs + 1
+    requeued = AuditEvent.objects.get(action="task.requeued")
+    assert (requeued.object_id, requeued.after["job_lost"]) == (str(orphaned.pk), True)
+    assert tasks.sweep() == {"expired": 0, "requeued": 0}  # its new job waits in the queue
+
+
+def test_a_queued_task_is_not_taken_for_lost_before_its_lease_and_grace(caller, fast):
+    task = start(caller, {"text": TEXT})
+    Task.objects.filter(pk=task.pk).update(enqueued_at=timezone.now() - timedelta(seconds=12))
+    job_of(task).delete()
+
+    assert tasks.sweep() == {"expired": 0, "requeued": 0}
+
+    Task.objects.filter(pk=task.pk).update(enqueued_at=timezone.now() - timedelta(seconds=16))
+    assert tasks.sweep() == {"expired": 0, "requeued": 1}
 
 
 def test_a_task_whose_workers_keep_dying_fails_as_transient(caller, fast):

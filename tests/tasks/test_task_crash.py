@@ -101,3 +101,32 @@ def test_a_worker_killed_inside_a_step_resumes_on_another_worker_from_its_checkp
         dict.fromkeys(["receive", "detect_format", CRASH_STEP, "chunk", "index", "embed", "summarize"], 1))
     assert comparable(task) == comparable(reference)
     assert task.result["chunks"] > 1000
+
+
+def test_a_queued_task_whose_cluster_died_holding_its_job_starts_again_within_its_lease_and_grace(
+        transactional_db, settings, doc_dir):
+    from tests.task_stack import lost_job
+    from tools_app.core.models import MetricTotal
+
+    # given a cluster holding a queued task's job (its only worker busy with a long PDF), SIGKILLed
+    override_conf(settings, document_allowed_dirs=[str(doc_dir)])
+    tenant = access.create_tenant("acme", "ACME")
+    caller = Caller(tenant_id=tenant.pk, actor="agent:acme/test")
+    path = doc_dir / "lost.pdf"
+    path.write_bytes(pdf_of_text(long_text(2_000_000), title="Busy"))
+    env = {**ENV, "IDEMOPS_TASK_REQUEUE_AFTER_SECONDS": "1", "IDEMOPS_DOCUMENT_ALLOWED_DIRS": str(doc_dir)}
+
+    # when the standby cluster runs on
+    lost, seconds, busy = lost_job(caller, path, env, "lost-job", "lost")
+
+    # then the task started again within its lease (2 s) and the grace (1 s), plus the sweep's loop
+    # (1 s) and the broker's pick-up, not after IDEMOPS_TASK_REQUEUE_AFTER_SECONDS' old 300 s or
+    # django-q2's retry (720 s)
+    assert seconds < 2 + 1 + 4, seconds
+    # and it was queued again once, as a lost job, counted; and each of its steps ran once
+    requeued = AuditEvent.objects.filter(object_id=str(lost.pk), action="task.requeued")
+    assert [event.after["job_lost"] for event in requeued] == [True]
+    assert Counter(StepRun.objects.filter(task=lost).values_list("step", flat=True)) == Counter(
+        dict.fromkeys(["receive", "detect_format", CRASH_STEP, "chunk", "index", "embed", "summarize"], 1))
+    assert MetricTotal.objects.filter(metric="task_job_lost", tool="ingest_document").get().count == 1
+    assert refreshed(busy).lease_expiries == 1  # the busy task's worker died with its cluster

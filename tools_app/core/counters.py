@@ -60,9 +60,12 @@ RECONCILIATION = Metric("reconciliation", "result")  # an UNKNOWN record asked a
 TASK_STEP = Metric("task_step", "step", STEP_BUCKETS)  # a task step's run ended: its duration
 TASK_LEASE_EXPIRY = Metric("task_lease_expiry")  # a task's worker died holding it
 OUTBOX_DELIVERY = Metric("outbox_delivery", "", LAG_BUCKETS)  # an event delivered: created -> delivered
+PROCESS_RESTART = Metric("process_restart", "process")  # `serve` restarted a process that died
+TASK_JOB_LOST = Metric("task_job_lost")  # a queued task's job was lost: the sweep queued it again
 
 METRICS = {metric.name: metric for metric in (TOOL_CALL, PROCESSING_TIMEOUT, DOWNSTREAM_DUPLICATE, RECONCILIATION,
-                                              TASK_STEP, TASK_LEASE_EXPIRY, OUTBOX_DELIVERY)}
+                                              TASK_STEP, TASK_LEASE_EXPIRY, OUTBOX_DELIVERY, PROCESS_RESTART,
+                                              TASK_JOB_LOST)}
 
 # (minute as epoch seconds, tenant id, tool, metric, label) -> [count, sum, buckets]
 _Key = tuple[int, int, str, str, str]

@@ -19,9 +19,17 @@ join the trace of the call that wrote the row (core.tracing.continued).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from contextvars import Token
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import Count, Min, Q
+from django.utils import timezone
+from django_q.conf import Conf
+from django_q.models import OrmQ
+from django_q.status import Stat
 from django_q.tasks import async_task
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -47,6 +55,63 @@ def enqueue(name: str, *args: Any, **options: Any) -> str:
     """Queue the job `name` (a key of JOBS) with `args`; `options` are django-q2's (task_name, group, save)."""
     task_id: str = async_task(JOBS[name], *args, **options)
     return task_id
+
+
+def live(names: Collection[str], taken_within: float) -> set[str]:
+    """Which of the jobs named `names` (their task_name) the queue still holds for a worker: waiting
+    to be taken, or taken by a cluster less than `taken_within` seconds ago.
+
+    The ORM broker keeps a job until it has run: a cluster that takes one locks it for
+    django-q2's `retry` (the timeout and more: minutes), and one that dies keeps it locked
+    that long; a job that failed (its worker lost the database) is gone. Either way no worker will
+    run it soon, which is what a caller that has a lease of its own to go by (a task) needs to know.
+    A job's name is in its signed payload, so the jobs held are read to find the caller's few
+    names: the sweep asks only when a task has waited past its lease, so a long queue costs that
+    read then, not on every round.
+    """
+    if not names:
+        return set()
+    now = timezone.now()
+    recently_taken = now + timedelta(seconds=Conf.RETRY - taken_within)  # lock = when taken + retry
+    held = OrmQ.objects.using(Conf.ORM).filter(Q(lock__lte=now) | Q(lock__gt=recently_taken))
+    wanted = set(names)
+    return {name for name in (row.name() for row in held.only("payload")) if name in wanted}
+
+
+@dataclass(frozen=True)
+class Queue:
+    """The job queue now, as on-call reads it (tools_app.metrics)."""
+
+    waiting: int  # jobs no cluster has taken
+    taken: int  # jobs a cluster took and has not finished (or died holding, until django-q2's retry)
+    oldest_waiting: datetime | None  # since when the longest-waiting job has waited
+
+
+def queue() -> Queue:
+    now = timezone.now()
+    jobs = OrmQ.objects.using(Conf.ORM)
+    waiting = jobs.filter(lock__lte=now).aggregate(n=Count("id"), oldest=Min("lock"))
+    # A job's lock is when it was queued until a cluster takes it (then: until when it holds it).
+    return Queue(waiting=waiting["n"], taken=jobs.filter(lock__gt=now).count(), oldest_waiting=waiting["oldest"])
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A live django-q2 cluster, from its heartbeat: the sentinel writes it to the shared cache (the
+    database's, so every machine's clusters are seen) every half second, and it expires after 3."""
+
+    host: str
+    pid: int  # the `qcluster` process
+    sentinel: int
+    workers: tuple[int, ...]
+    monitor: int
+    pusher: int
+
+
+def live_clusters() -> list[Cluster]:
+    return [Cluster(host=stat.host, pid=stat.pid, sentinel=stat.sentinel, workers=tuple(stat.workers),
+                    monitor=stat.monitor, pusher=stat.pusher)
+            for stat in Stat.get_all() if stat.status != Conf.STOPPED]
 
 
 TRACE_KEY = "trace"  # where a job's payload holds its W3C trace context

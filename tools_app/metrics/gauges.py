@@ -38,6 +38,11 @@ class Now:
         return None if moment is None else max(0.0, (self.at - moment).total_seconds())
 
 
+def now_age(moment: datetime | None) -> float:
+    """Seconds since `moment` by this process's clock (0: none)."""
+    return 0.0 if moment is None else max(0.0, (timezone.now() - moment).total_seconds())
+
+
 M = TypeVar("M", bound=Model)
 
 

@@ -24,10 +24,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric as MetricFamily
 
-from tools_app.core import counters
+from tools_app.core import counters, jobs
 from tools_app.core.counters import Metric
 from tools_app.core.models import MetricTotal
-from tools_app.metrics import gauges
+from tools_app.metrics import gauges, processes
 from tools_app.toolkit.registry import ToolSpec, all_tools
 
 RECONCILIATION_RESULTS = ("succeeded", "failed", "unknown")
@@ -122,7 +122,30 @@ class Collector:
         lag.add_metric([], _histogram_buckets(counters.OUTBOX_DELIVERY, _summed_buckets(delivered.values())),
                        sum(row[1] for row in delivered.values()))
         yield lag
+        yield _counter("idemops_process_restarts", "Processes `manage.py serve` started again after they died.",
+                       ["process"], (((label,), row[0]) for (_, label), row in sorted(
+                           per(counters.PROCESS_RESTART).items())))
+        yield _counter("idemops_task_jobs_lost", "Queued tasks whose job was lost (it failed, or its cluster died "
+                       "holding it), queued again by the sweep.", ["tool"],
+                       (((tool,), row[0]) for (tool, _), row in sorted(
+                           per(counters.TASK_JOB_LOST, ((s.name, "") for s in long_tools)).items())))
+        yield from self._jobs()
+        yield processes.build_info()
+        yield from processes.process_figures(processes.this_machines_processes())
         yield from self._gauges(writes, long_tools, [spec.name for spec in tools if spec.approval is not None])
+
+    def _jobs(self) -> Iterator[MetricFamily]:
+        queue = jobs.queue()
+        queued = GaugeMetricFamily("idemops_jobs_queued", "django-q2 jobs in the queue: waiting for a cluster, or "
+                                   "taken by one and not finished.", labels=["state"])
+        queued.add_metric(["waiting"], queue.waiting)
+        queued.add_metric(["taken"], queue.taken)
+        yield queued
+        yield GaugeMetricFamily("idemops_jobs_oldest_waiting_seconds", "How long the job waiting longest has "
+                                "waited for a cluster (0: none waits).",
+                                value=gauges.now_age(queue.oldest_waiting))
+        yield GaugeMetricFamily("idemops_job_clusters", "Job clusters alive now, by their heartbeats (django-q2's, "
+                                "in the shared cache: every machine's).", value=len(jobs.live_clusters()))
 
     def _gauges(self, writes: list[str], long_tools: list[ToolSpec], approval_tools: list[str]
                 ) -> Iterator[MetricFamily]:

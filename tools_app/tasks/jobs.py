@@ -10,7 +10,7 @@ from tools_app.core import clock, leases
 from tools_app.tasks import state
 from tools_app.tasks.models import Task, TaskStatus
 from tools_app.tasks.runner import Runner
-from tools_app.tasks.state import expire_lease, requeue, waiting_for_a_job
+from tools_app.tasks.state import expire_lease, requeue, without_a_job
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ def sweep() -> dict[str, int]:
     counts = {"expired": 0, "requeued": 0}
     for task in Task.objects.filter(status=TaskStatus.RUNNING, lease_expires_at__lt=clock.NOW).order_by("pk"):
         counts["expired"] += expire_lease(task)
-    for task in Task.objects.filter(waiting_for_a_job()).order_by("pk"):
+    for task in without_a_job():
         counts["requeued"] += requeue(task)
     if any(counts.values()):
         logger.info("task sweep: %s", counts)

@@ -83,7 +83,11 @@ def enqueue_run(task: Task) -> None:
     """Queue a job for the task. The ORM broker joins the caller's transaction:
     if the transition rolls back, so does the job."""
     # save=False: the Task row is the record of a run; django-q2 still keeps failed jobs (a bug in a runner).
-    jobs.enqueue("tasks.run_task", str(task.pk), task_name=f"task-{task.pk}", group=f"task:{task.tool}", save=False)
+    jobs.enqueue("tasks.run_task", str(task.pk), task_name=job_name(task), group=f"task:{task.tool}", save=False)
+
+
+def job_name(task: Task) -> str:
+    return f"task-{task.pk}"
 
 
 # --- creation ---------------------------------------------------------------------------
@@ -354,14 +358,33 @@ def expire_lease(task: Task, actor: str = TASK_SWEEPER) -> bool:
     return expired
 
 
+def lost_job_after() -> float:
+    """Seconds a task may sit queued before its job counts as lost: the job's worker takes the task
+    at once, so after a lease's worth (and the grace IDEMOPS_TASK_REQUEUE_AFTER_SECONDS) a task
+    that is still waiting has no job coming unless the queue still holds one for it."""
+    return lease_seconds() + conf().task_requeue_after_seconds
+
+
 def waiting_for_a_job() -> Q:
-    """Runnable tasks no job will pick up: queued long ago (the job was lost or
-    failed), or due retries that no worker is waiting out (by the database's clock)."""
+    """Runnable tasks that may have no job coming: queued a while ago, or due retries (by the
+    database's clock) that no worker is waiting out or whose worker should have taken them by now."""
     now = clock.NOW
-    stale = clock.NOW - timedelta(seconds=conf().task_requeue_after_seconds)
-    not_waited = Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=stale)
+    stale = now - timedelta(seconds=lost_job_after())
+    overdue = now - timedelta(seconds=conf().task_requeue_after_seconds)
     return (Q(status=TaskStatus.CREATED, enqueued_at__lt=stale)
-            | Q(status=TaskStatus.RETRYING, next_retry_at__lte=now) & not_waited)
+            | Q(status=TaskStatus.RETRYING, next_retry_at__lte=now, enqueued_at__isnull=True)
+            | Q(status=TaskStatus.RETRYING, next_retry_at__lt=overdue, enqueued_at__lt=stale))
+
+
+def without_a_job() -> list[Task]:
+    """The runnable tasks no job will pick up: those of `waiting_for_a_job` whose job the queue no
+    longer holds for a worker (core.jobs.live): a job that failed without taking the task (its worker
+    lost the database), or one taken by a cluster that died before a worker took the task. A task
+    still waiting its turn in a long queue is not one of them: it is never queued twice for waiting."""
+    candidates = list(Task.objects.filter(waiting_for_a_job()).order_by("pk"))
+    queued = [task for task in candidates if task.enqueued_at is not None]
+    held = jobs.live([job_name(task) for task in queued], taken_within=lost_job_after())
+    return [task for task in candidates if job_name(task) not in held]
 
 
 @transaction.atomic
@@ -369,9 +392,13 @@ def requeue(task: Task, actor: str = TASK_SWEEPER) -> bool:
     """A runnable task that no job will take (as the sweep read it): queue it again.
 
     The version guard is enough: any change since the read bumped it."""
-    if not transition(task, {}, {"enqueued_at": clock.NOW}, action="task.requeued", actor=actor):
+    lost = task.enqueued_at is not None  # a due retry without one was never queued: nothing was lost
+    if not transition(task, {}, {"enqueued_at": clock.NOW}, action="task.requeued", actor=actor,
+                      job_lost=lost):
         return False
     enqueue_run(task)
+    if lost:
+        counters.count(counters.TASK_JOB_LOST, tool=task.tool, tenant_id=task.tenant_id)
     return True
 
 

@@ -1,17 +1,16 @@
 """`make run`: migrate, create the demo (IDEMOPS_DEMO), start every process, print where things are.
 
-Ctrl-C (or SIGTERM) stops every process this command started, and the
-embedded PostgreSQL server if that is what it ran on.
+A process that dies is started again and the others go on (tools_app.management.supervisor),
+the embedded PostgreSQL server included. Ctrl-C (or SIGTERM) stops every process this command
+started, and the embedded PostgreSQL server if that is what it ran on; so does a process that
+keeps dying (IDEMOPS_SERVE_RESTART_LIMIT).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from types import FrameType
@@ -26,8 +25,8 @@ from idemops import embedded_pg
 from idemops.conf import conf
 from tools_app.core import polling
 from tools_app.management.demo import ensure_demo
+from tools_app.management.supervisor import Child, EmbeddedPostgres, KeepsDying, Supervised, Supervisor, stop_processes
 
-STOP_GRACE_SECONDS = 5
 # granian's access line in uvicorn's shape (its path carries no query string).
 ACCESS_LOG_FORMAT = '%(addr)s - "%(method)s %(path)s %(protocol)s" %(status)d'
 
@@ -53,20 +52,27 @@ class Command(BaseCommand):
     def handle(self, host: str, port: int, web_workers: int, q_clusters: int, **options: Any) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         demo = ensure_demo() if conf().demo else None
-        processes = [self.start(name, argv) for name, argv in self.process_specs(host, port, web_workers, q_clusters)]
+        children = [Child(name, argv) for name, argv in self.process_specs(host, port, web_workers, q_clusters)]
+        units: list[Supervised] = [*children]
+        if settings.EMBEDDED_DATABASE:
+            units.insert(0, EmbeddedPostgres(conf().pgdata.resolve()))  # running already: settings started it
+        supervisor = Supervisor(units, limit=conf().serve_restart_limit, window=conf().serve_restart_window_seconds)
+        for child in children:
+            child.start()
         # Also when started in the background, where SIGINT arrives ignored.
         signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
         try:
-            self.wait_until_healthy(f"http://{host}:{port}/readyz", processes)
+            self.wait_until_healthy(f"http://{host}:{port}/readyz", supervisor)
             self.print_banner(f"http://{host}:{port}", demo)
-            while all(p.poll() is None for _, p in processes):
-                time.sleep(0.5)
-            self.stderr.write("a process exited; stopping the others")
+            supervisor.watch()
+        except KeepsDying as exc:
+            self.stderr.write(str(exc))
+            raise SystemExit(1) from exc
         except KeyboardInterrupt:
             self.stdout.write("\nstopping…")
         finally:
-            self.stop(processes)
+            self.stop([(child.name, child.process) for child in children if child.process is not None])
             if settings.EMBEDDED_DATABASE:
                 embedded_pg.stop(conf().pgdata.resolve())
 
@@ -95,17 +101,15 @@ class Command(BaseCommand):
         granian = str(Path(sys.executable).parent / "granian")
         # Its access lines read like uvicorn's, so tools_app.core.logs turns either into the same fields.
         access = ["--access-log", "--access-log-fmt", ACCESS_LOG_FORMAT] if conf().access_log else []
+        # A worker that dies is granian's to replace; granian itself is `serve`'s (or the supervisor's).
         return [granian, "--interface", "asgi", "--host", host, "--port", str(port), "--workers", str(web_workers),
-                *access, "idemops.asgi:application"]
+                "--respawn-failed-workers", *access, "idemops.asgi:application"]
 
-    def start(self, name: str, argv: list[str]) -> Process:
-        # Own session, so Ctrl-C reaches us first and we stop children in order.
-        return name, subprocess.Popen(argv, start_new_session=True, env=os.environ.copy())
-
-    def wait_until_healthy(self, url: str, processes: list[Process], timeout: float = 30) -> None:
+    def wait_until_healthy(self, url: str, supervisor: Supervisor, timeout: float = 120) -> None:
+        """Until `url` answers 200; a process that dies meanwhile is started again (KeepsDying if it keeps dying).
+        A bound, not a pace: on a loaded machine granian's workers, each importing Django, took over 30 s."""
         def healthy() -> bool:
-            if any(p.poll() is not None for _, p in processes):
-                raise SystemExit("a process exited during start-up; see its output above")
+            supervisor.check()
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
                     status: int = response.status
@@ -117,36 +121,10 @@ class Command(BaseCommand):
             raise SystemExit(f"{url} did not become healthy within {timeout}s")
 
     def stop(self, processes: list[Process]) -> None:
-        for _, process in processes:
-            if process.poll() is None:
-                process.terminate()
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
-        for name, process in processes:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                # qcluster can hang on SIGTERM (django-q2 #346); the ORM
-                # broker redelivers whatever it held.
-                self.stderr.write(f"{name} did not stop in {STOP_GRACE_SECONDS}s; killing it")
-                process.kill()
-                process.wait()
-        for _, process in processes:
-            reap_session(process.pid)
+        stop_processes(processes, self.stderr.write)
 
     def print_banner(self, base: str, demo: dict[str, str] | None) -> None:
         self.stdout.write(banner(base, demo))
-
-
-def reap_session(leader: int, wait: float = 2.0) -> None:
-    """Once a child that leads a session of its own (`start`) has exited, let what it left running
-    there (a granian worker still starting when its master exited) finish for up to `wait` seconds
-    (its last log lines), then kill it."""
-    deadline = time.monotonic() + wait
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        while time.monotonic() < deadline:
-            os.killpg(leader, 0)  # raises once nobody is left in the group
-            time.sleep(0.05)
-        os.killpg(leader, signal.SIGKILL)
 
 
 def _mcp_call(base: str, token: str, tool: str, arguments: str) -> str:
