@@ -182,7 +182,16 @@ def _database_settings(url: str) -> dj_database_url.DBConfig:
 
 
 _database = _database_url()
-DATABASES = {"default": _database_settings(_database)}
+DATABASES = {
+    "default": _database_settings(_database),
+    # Streaming replicas, read only where a read decides nothing (tools_app/core/replicas.py). Under the
+    # test runner each mirrors the test database, so tests that name no replica read the primary.
+    **{f"replica{number}": {**_database_settings(url), "TEST": {"MIRROR": "default"}}
+       for number, url in enumerate(_environment.database_replica_urls, start=1)},
+}
+# Writes always go to the primary (a row read from a replica included); a read goes to a replica only
+# where its call site says so.
+DATABASE_ROUTERS = ["tools_app.core.replicas.Router"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # One cache every process shares, in the database (no other server to run): django-q2 keeps each

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import ForeignKey, QuerySet
 from django.forms import ModelChoiceField
 from django.http import HttpRequest
@@ -17,6 +18,7 @@ from django.http import HttpRequest
 from tools_app import access
 from tools_app.access.models import Tenant
 from tools_app.admin.generic import ModelAdmin, ModelT
+from tools_app.core import replicas
 
 
 class TenantScopedAdmin(ModelAdmin[ModelT]):
@@ -45,3 +47,25 @@ class ReadOnlyAdmin(ModelAdmin[ModelT]):
 
     def has_delete_permission(self, request: HttpRequest, obj: ModelT | None = None) -> bool:
         return False
+
+
+class ReplicaChangeList(ChangeList):
+    """A list page's rows, date drill-down and counts read from a replica (tools_app/core/replicas.py)."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        # Only what the page shows. `root_queryset`, through which the page's actions find the rows they
+        # act on, stays on the primary.
+        self.queryset = self.queryset.using(replicas.alias())
+        super().get_results(request)
+
+
+class ListedFromReplica(ModelAdmin[ModelT]):
+    """Mixin for the evidence lists (records, audit events, tasks...): shown, never decided on, so read
+    from a replica when there is one. Queues an operator acts on are not listed this way; change pages
+    and actions read the primary."""
+
+    # The unfiltered total would be a second count, of the whole table, on the primary.
+    show_full_result_count = False
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return ReplicaChangeList
