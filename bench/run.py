@@ -46,6 +46,8 @@ FIGURES: dict[str, str] = {
     "P7": "SIGKILL of a worker → progress resumed, default settings",
     "P8": "replay latency with 1M records vs 1k",
     "P9": "web tier scale: 2 web processes vs 1 (calls/s, 32 clients)",
+    "P10": "Django's psycopg pool (4 connections) vs persistent connections (one per thread), requests/s of 16 "
+           "threads",
 }
 
 

@@ -242,6 +242,11 @@ class IdemopsSettings(BaseSettings):
     db_conn_max_age_seconds: int = setting(
         600, "How long a database connection is kept and reused (health-checked before reuse); 0 closes it "
         "after each request.", ge=0, section=DATABASE)
+    # Measured against persistent connections in bench/bench_pool.py; docs/deploy.md says when to use which.
+    db_pool_max_size: int = setting(
+        0, "Connections of one process's pool (Django's psycopg pool): its threads share them, each taking one "
+        "for a request or job and giving it back after. 0: no pool, each thread keeps its own connection "
+        "(IDEMOPS_DB_CONN_MAX_AGE_SECONDS, which a pool replaces).", ge=0, section=DATABASE)
     # Server-side binding lets psycopg prepare the statements we repeat (the engine's claim is
     # one large statement: planning it each time would cost more than running it).
     db_server_side_binding: bool = setting(

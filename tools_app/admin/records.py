@@ -37,7 +37,8 @@ def release_held_key(request: HttpRequest, record: IdempotencyRecord, reason: st
 
 
 @admin.register(IdempotencyRecord)
-class IdempotencyRecordAdmin(ListedFromReplica[IdempotencyRecord], OperatorActionsAdmin[IdempotencyRecord], TenantScopedAdmin[IdempotencyRecord],
+class IdempotencyRecordAdmin(ListedFromReplica[IdempotencyRecord], OperatorActionsAdmin[IdempotencyRecord],
+                             TenantScopedAdmin[IdempotencyRecord],
                              ReadOnlyAdmin[IdempotencyRecord]):
     list_display = ["id", "tenant", "tool", "key_digest", "status", "attempts", "created_at", "expires_at"]
     list_filter = ["status", "error_class", "tool", ("tenant", admin.RelatedOnlyFieldListFilter)]

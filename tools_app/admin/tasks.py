@@ -170,7 +170,8 @@ class TaskPage(ModelAdmin[TaskT]):
 
 
 @admin.register(Task)
-class TaskAdmin(TaskPage[Task], ListedFromReplica[Task], OperatorActionsAdmin[Task], TenantScopedAdmin[Task], ReadOnlyAdmin[Task]):
+class TaskAdmin(TaskPage[Task], ListedFromReplica[Task], OperatorActionsAdmin[Task], TenantScopedAdmin[Task],
+                ReadOnlyAdmin[Task]):
     """Every task, any status."""
 
     list_display = ["id", "tenant", "tool", "status", "current_step", "steps", "attempts", "lease_expiries",
