@@ -66,7 +66,7 @@ def order(web: WebServer, token: str, key: str) -> None:
     assert not result.is_error, result.structured_content
 
 
-def test_auditors_exports_and_evidence_lists_are_read_from_the_standby_and_calls_decide_on_the_primary(
+def test_exports_evidence_lists_and_the_dashboard_are_read_from_the_standby_and_calls_decide_on_the_primary(
         standby, web, token):
     key = auditor_key()
     root = get_user_model().objects.create_superuser("root", "root@example.invalid", PASSWORD)
@@ -96,6 +96,10 @@ def test_auditors_exports_and_evidence_lists_are_read_from_the_standby_and_calls
     queue = standby.mark()
     assert session.get("/admin/tools_app/unknownoutcome/").status_code == 200
     assert [s for s in standby.statements_since(queue) if "tools_app_" in s] == []
+    # the dashboard and its trends read the standby
+    dashboard = standby.mark()
+    assert session.get("/admin/tools_app/dashboard/").status_code == 200
+    assert any("tools_app_" in s for s in standby.statements_since(dashboard))
 
 
 def test_a_standby_lagging_more_than_the_setting_is_skipped_and_the_primary_answers(standby, web, token):
