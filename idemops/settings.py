@@ -170,8 +170,13 @@ def _database_url() -> str:
 
 
 def _database_settings(url: str) -> dj_database_url.DBConfig:
-    config = dj_database_url.parse(url, conn_max_age=_environment.db_conn_max_age_seconds, conn_health_checks=True)
+    pooled = _environment.db_pool_max_size > 0
+    # A pool hands a connection back after each request or job: Django refuses persistent connections with it.
+    config = dj_database_url.parse(url, conn_max_age=0 if pooled else _environment.db_conn_max_age_seconds,
+                                   conn_health_checks=True)
     config.setdefault("OPTIONS", {})
+    if pooled:
+        config["OPTIONS"].setdefault("pool", {"min_size": 1, "max_size": _environment.db_pool_max_size})
     config["OPTIONS"].setdefault("server_side_binding", _environment.db_server_side_binding)
     config["OPTIONS"].setdefault("prepare_threshold", _environment.db_prepare_threshold)
     config["DISABLE_SERVER_SIDE_CURSORS"] = _environment.db_disable_server_side_cursors
@@ -182,7 +187,16 @@ def _database_settings(url: str) -> dj_database_url.DBConfig:
 
 
 _database = _database_url()
-DATABASES = {"default": _database_settings(_database)}
+DATABASES = {
+    "default": _database_settings(_database),
+    # Streaming replicas, read only where a read decides nothing (tools_app/core/replicas.py). Under the
+    # test runner each mirrors the test database, so tests that name no replica read the primary.
+    **{f"replica{number}": {**_database_settings(url), "TEST": {"MIRROR": "default"}}
+       for number, url in enumerate(_environment.database_replica_urls, start=1)},
+}
+# Writes always go to the primary (a row read from a replica included); a read goes to a replica only
+# where its call site says so.
+DATABASE_ROUTERS = ["tools_app.core.replicas.Router"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # One cache every process shares, in the database (no other server to run): django-q2 keeps each

@@ -1,5 +1,8 @@
 """Operators for tests: real users in the real groups (tools_app.roles), with tenant access."""
 
+import re
+
+import httpx2
 from django.contrib.auth import get_user_model
 
 from tools_app.access import roles
@@ -27,3 +30,14 @@ def login_for_the_web_server(user) -> None:
     hasher = PBKDF2PasswordHasher()
     user.password = hasher.encode(PASSWORD, hasher.salt(), iterations=1000)
     user.save(update_fields=["password"])
+
+
+def admin_session(web, username: str) -> httpx2.Client:
+    """A person logged in to `web`'s admin over real HTTP (session and CSRF cookies)."""
+    session = httpx2.Client(base_url=web.base_url, timeout=30)
+    page = session.get("/admin/login/")
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    answer = session.post("/admin/login/", data={"csrfmiddlewaretoken": csrf, "username": username,
+                                                 "password": PASSWORD, "next": "/admin/"})
+    assert answer.status_code == 302, answer.text[:500]
+    return session

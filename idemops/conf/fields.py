@@ -88,6 +88,7 @@ def check_network(value: str) -> str:
 
 
 HttpUrl = Annotated[str, AfterValidator(check_http_url)]
+PostgresUrl = Annotated[str, AfterValidator(check_postgres_url)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Seconds = Annotated[float, Field(gt=0)]
 TextList = Annotated[list[str], NoDecode]
@@ -220,13 +221,25 @@ class IdemopsSettings(BaseSettings):
         shown="derived from the secret key", section=SECRETS)
 
     # --- database ---
-    database_url: Annotated[str, AfterValidator(check_postgres_url)] | None = setting(
+    database_url: PostgresUrl | None = setting(
         None, "The PostgreSQL server (`postgres://…`); unset, idemops starts an embedded one. Unprefixed: "
         "the universal convention.", validation_alias="DATABASE_URL", section=DATABASE)
     pgdata: Path = setting(
         default_factory=lambda data: data.get("var_dir", DEFAULT_VAR_DIR) / "pg",
         doc="Data directory of the embedded PostgreSQL server (when DATABASE_URL is unset).",
         shown="`<var dir>/pg`", section=DATABASE)
+    # Reads that decide nothing (exports, list pages, trends) may go to a standby; everything that
+    # decides reads the primary (tools_app/core/replicas.py names which is which, at each call site).
+    database_replica_urls: Annotated[list[PostgresUrl], NoDecode] = setting(
+        [], "Streaming replicas of DATABASE_URL (comma-separated `postgres://…`): the auditors' API reads and "
+        "CSV exports, the console's evidence lists and its dashboard read from one of them; claims, "
+        "transitions, operators' queues and every read before an action stay on the primary.", section=DATABASE)
+    database_replica_max_lag_seconds: Seconds = setting(
+        5, "A replica whose replay is further behind the primary than this is skipped (its reads go to the "
+        "primary) until it catches up; an unreachable replica is skipped too.", section=DATABASE)
+    database_listen_url: PostgresUrl | None = setting(
+        None, "A direct connection (not through a pooler in transaction mode) for what needs a session: each web "
+        "process's LISTEN for task changes.", shown="DATABASE_URL", section=DATABASE)
     embedded_database: bool = setting(
         False, "Set by idemops for the processes it starts: their DATABASE_URL is the embedded server's "
         "(`make run` stops that server on exit). Not set by hand.", section=DATABASE)
@@ -235,6 +248,11 @@ class IdemopsSettings(BaseSettings):
     db_conn_max_age_seconds: int = setting(
         600, "How long a database connection is kept and reused (health-checked before reuse); 0 closes it "
         "after each request.", ge=0, section=DATABASE)
+    # Measured against persistent connections in bench/bench_pool.py; docs/deploy.md says when to use which.
+    db_pool_max_size: int = setting(
+        0, "Connections of one process's pool (Django's psycopg pool): its threads share them, each taking one "
+        "for a request or job and giving it back after. 0: no pool, each thread keeps its own connection "
+        "(IDEMOPS_DB_CONN_MAX_AGE_SECONDS, which a pool replaces).", ge=0, section=DATABASE)
     # Server-side binding lets psycopg prepare the statements we repeat (the engine's claim is
     # one large statement: planning it each time would cost more than running it).
     db_server_side_binding: bool = setting(

@@ -28,7 +28,7 @@ from tests.approvals_support import call as call_approval
 from tests.documents_fixtures import long_text, pdf_of_text
 from tests.issued_ids import labelled_arguments
 from tests.mcp_client import call, call_sync, error_of
-from tests.operators import PASSWORD, login_for_the_web_server, make_operator
+from tests.operators import admin_session, login_for_the_web_server, make_operator
 from tests.processes import WebServer, Worker, downstream_env, faketime_env, manage
 from tests.task_stack import wait_until
 from tools_app.access.roles import APPROVER
@@ -169,17 +169,6 @@ def test_a_long_task_started_on_one_web_process_is_followed_on_the_other(webs, c
     assert (task.attempts, task.lease_expiries) == (1, 0)  # one attempt, never handed over
     assert all(count == 1 for count in Counter(StepRun.objects.filter(task=task).values_list("step", flat=True))
                .values())
-
-
-def admin_session(web: WebServer, username: str) -> httpx2.Client:
-    """A person logged in to `web`'s admin over real HTTP (session and CSRF cookies)."""
-    session = httpx2.Client(base_url=web.base_url, timeout=30)
-    page = session.get("/admin/login/")
-    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
-    answer = session.post("/admin/login/", data={"csrfmiddlewaretoken": csrf, "username": username,
-                                                 "password": PASSWORD, "next": "/admin/"})
-    assert answer.status_code == 302, answer.text[:500]
-    return session
 
 
 def test_an_approval_requested_on_one_web_process_approved_on_the_other_runs_once_in_a_cluster(

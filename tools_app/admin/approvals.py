@@ -25,7 +25,7 @@ from tools_app.admin.operator_actions import (
     pretty_json,
     time_left,
 )
-from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.admin.scoping import ListedFromReplica, ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.approvals import thresholds
 from tools_app.approvals.models import (
     ApprovalDecision,
@@ -146,7 +146,8 @@ class ApprovalQueueAdmin(ApprovalColumns, QueueAdmin[ApprovalQueue]):
 
 
 @admin.register(ApprovalRequest)
-class ApprovalRequestAdmin(ApprovalColumns, TenantScopedAdmin[ApprovalRequest], ReadOnlyAdmin[ApprovalRequest]):
+class ApprovalRequestAdmin(ApprovalColumns, ListedFromReplica[ApprovalRequest], TenantScopedAdmin[ApprovalRequest],
+                           ReadOnlyAdmin[ApprovalRequest]):
     list_display = ["id", "summary", "tenant", "tool", "status", "amount_display", "who_asked", "created_at",
                     "decided_by", "approvals_display"]
     list_filter = ["status", "tool", ("tenant", admin.RelatedOnlyFieldListFilter)]
@@ -158,7 +159,8 @@ class ApprovalRequestAdmin(ApprovalColumns, TenantScopedAdmin[ApprovalRequest], 
 
 
 @admin.register(ApprovalDecision)
-class ApprovalDecisionAdmin(TenantScopedAdmin[ApprovalDecision], ReadOnlyAdmin[ApprovalDecision]):
+class ApprovalDecisionAdmin(ListedFromReplica[ApprovalDecision], TenantScopedAdmin[ApprovalDecision],
+                            ReadOnlyAdmin[ApprovalDecision]):
     tenant_field = "request__tenant_id"
     list_display = ["created_at", "request", "user", "verdict", "reason"]
     list_filter = ["verdict"]

@@ -1,11 +1,11 @@
 from django.contrib import admin
 
-from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.admin.scoping import ListedFromReplica, ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.core.models import AuditEvent, AuditSeal
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(TenantScopedAdmin[AuditEvent], ReadOnlyAdmin[AuditEvent]):
+class AuditEventAdmin(ListedFromReplica[AuditEvent], TenantScopedAdmin[AuditEvent], ReadOnlyAdmin[AuditEvent]):
     """Append-only: nobody adds, edits or deletes events here (the database refuses it too)."""
 
     list_display = ["id", "created_at", "tenant", "actor", "action", "object_type", "object_id", "reason", "seq"]
@@ -17,5 +17,5 @@ class AuditEventAdmin(TenantScopedAdmin[AuditEvent], ReadOnlyAdmin[AuditEvent]):
 
 
 @admin.register(AuditSeal)
-class AuditSealAdmin(ReadOnlyAdmin[AuditSeal]):
+class AuditSealAdmin(ListedFromReplica[AuditSeal], ReadOnlyAdmin[AuditSeal]):
     list_display = ["last_seq", "first_seq", "events", "last_hash", "sealed_at"]

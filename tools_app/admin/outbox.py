@@ -5,13 +5,13 @@ from django.http import HttpRequest
 
 from tools_app import outbox
 from tools_app.admin.operator_actions import OperatorAction, QueueAdmin, age
-from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.admin.scoping import ListedFromReplica, ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.core.errors import Refused
 from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 
 
 @admin.register(OutboxEvent)
-class OutboxEventAdmin(TenantScopedAdmin[OutboxEvent], ReadOnlyAdmin[OutboxEvent]):
+class OutboxEventAdmin(ListedFromReplica[OutboxEvent], TenantScopedAdmin[OutboxEvent], ReadOnlyAdmin[OutboxEvent]):
     list_display = ["id", "tenant", "kind", "status", "attempts", "next_attempt_at", "created_at", "delivered_at"]
     list_filter = ["status", "kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant"]

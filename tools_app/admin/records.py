@@ -15,7 +15,7 @@ from tools_app.admin.operator_actions import (
     OperatorActionsAdmin,
     pretty_json,
 )
-from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.admin.scoping import ListedFromReplica, ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.approvals.models import ApprovalRequest
 from tools_app.core import keys
 from tools_app.core.errors import Refused, ToolFailure
@@ -37,7 +37,8 @@ def release_held_key(request: HttpRequest, record: IdempotencyRecord, reason: st
 
 
 @admin.register(IdempotencyRecord)
-class IdempotencyRecordAdmin(OperatorActionsAdmin[IdempotencyRecord], TenantScopedAdmin[IdempotencyRecord],
+class IdempotencyRecordAdmin(ListedFromReplica[IdempotencyRecord], OperatorActionsAdmin[IdempotencyRecord],
+                             TenantScopedAdmin[IdempotencyRecord],
                              ReadOnlyAdmin[IdempotencyRecord]):
     list_display = ["id", "tenant", "tool", "key_digest", "status", "attempts", "created_at", "expires_at"]
     list_filter = ["status", "error_class", "tool", ("tenant", admin.RelatedOnlyFieldListFilter)]

@@ -8,8 +8,12 @@ offers only those tenants.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
+from django.contrib.admin.views.main import ChangeList
+from django.core.paginator import Paginator
+from django.db import connections
 from django.db.models import ForeignKey, QuerySet
 from django.forms import ModelChoiceField
 from django.http import HttpRequest
@@ -17,6 +21,7 @@ from django.http import HttpRequest
 from tools_app import access
 from tools_app.access.models import Tenant
 from tools_app.admin.generic import ModelAdmin, ModelT
+from tools_app.core import replicas
 
 
 class TenantScopedAdmin(ModelAdmin[ModelT]):
@@ -45,3 +50,69 @@ class ReadOnlyAdmin(ModelAdmin[ModelT]):
 
     def has_delete_permission(self, request: HttpRequest, obj: ModelT | None = None) -> bool:
         return False
+
+
+COUNT_AT_MOST = 10_000
+
+
+class AtLeast(int):
+    """A count that stopped counting at COUNT_AT_MOST: the page says 'more than 10,000'."""
+
+    def __str__(self) -> str:
+        return f"more than {COUNT_AT_MOST:,}"
+
+
+class About(int):
+    """The planner's estimate of a whole table's rows (pg_class.reltuples)."""
+
+    def __str__(self) -> str:
+        return f"about {int(self):,}"
+
+
+class BoundedCountPaginator(Paginator):  # type: ignore[type-arg]  # not subscriptable at run time
+    """Pages of a big table without a COUNT(*) over it. A list with no filter takes the planner's
+    estimate of the table's rows once it is beyond COUNT_AT_MOST; a filtered list counts at most
+    COUNT_AT_MOST + 1 rows (`SELECT count(*) FROM (... LIMIT 10001)`). Either costs at most that many
+    rows read, however big the table grows; pages beyond are reached by narrowing the filters."""
+
+    @cached_property
+    def count(self) -> int:
+        queryset = self.object_list
+        assert isinstance(queryset, QuerySet)  # the admin pages querysets
+        if not queryset.query.where:
+            estimate = _estimated_rows(queryset)
+            if estimate > COUNT_AT_MOST:
+                return About(estimate)
+        counted = queryset[:COUNT_AT_MOST + 1].count()
+        return AtLeast(counted) if counted > COUNT_AT_MOST else counted
+
+
+def _estimated_rows(queryset: QuerySet[Any]) -> int:
+    with connections[queryset.db].cursor() as cursor:
+        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
+                       [queryset.model._meta.db_table])
+        row = cursor.fetchone()
+    return max(int(row[0]), 0) if row else 0  # -1: never analysed
+
+
+class ReplicaChangeList(ChangeList):
+    """A list page's rows, date drill-down and counts read from a replica (tools_app/core/replicas.py)."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        # Only what the page shows. `root_queryset`, through which the page's actions find the rows they
+        # act on, stays on the primary.
+        self.queryset = self.queryset.using(replicas.alias())
+        super().get_results(request)
+
+
+class ListedFromReplica(ModelAdmin[ModelT]):
+    """Mixin for the evidence lists (records, audit events, tasks...), the big tables: shown, never decided
+    on, so read from a replica when there is one, and paged without counting the table. Queues an operator
+    acts on are not listed this way; change pages and actions read the primary."""
+
+    # The unfiltered total would be a second count, of the whole table, on the primary.
+    show_full_result_count = False
+    paginator = BoundedCountPaginator
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return ReplicaChangeList

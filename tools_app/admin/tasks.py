@@ -27,7 +27,7 @@ from tools_app.admin.operator_actions import (
     age,
     pretty_json,
 )
-from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
+from tools_app.admin.scoping import ListedFromReplica, ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.core import clock, redaction
 from tools_app.core.errors import ToolFailure
 from tools_app.tasks.models import Checkpoint, StepRun, Task, TaskNeedingAttention, TaskStatus
@@ -170,7 +170,8 @@ class TaskPage(ModelAdmin[TaskT]):
 
 
 @admin.register(Task)
-class TaskAdmin(TaskPage[Task], OperatorActionsAdmin[Task], TenantScopedAdmin[Task], ReadOnlyAdmin[Task]):
+class TaskAdmin(TaskPage[Task], ListedFromReplica[Task], OperatorActionsAdmin[Task], TenantScopedAdmin[Task],
+                ReadOnlyAdmin[Task]):
     """Every task, any status."""
 
     list_display = ["id", "tenant", "tool", "status", "current_step", "steps", "attempts", "lease_expiries",

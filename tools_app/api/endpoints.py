@@ -45,6 +45,7 @@ from tools_app import access
 from tools_app.access import auditors
 from tools_app.api import csv_export
 from tools_app.api.auth import AuditorKeyAuthentication, IsAuditor
+from tools_app.core import replicas
 
 # --- pages and order ------------------------------------------------------------
 
@@ -248,8 +249,10 @@ class AuditorViewSet(viewsets.ReadOnlyModelViewSet[models.Model]):
 
     def get_queryset(self) -> QuerySet[models.Model]:
         # Scoping is part of the queryset itself, so a detail view of another
-        # tenant's row is a 404 and no filter or export can reach past it.
-        return access.scope(super().get_queryset(), self.request.user, self.tenant_field)
+        # tenant's row is a 404 and no filter or export can reach past it. Auditors only read: their
+        # pages and exports come from a replica when there is one (the key that lets them in, and the
+        # audit event of an export, are the primary's).
+        return access.scope(super().get_queryset(), self.request.user, self.tenant_field).using(replicas.alias())
 
     def get_csv_fields(self) -> list[str]:
         if self.csv_fields:

@@ -102,8 +102,7 @@ class TaskWatch:
         failures = 0
         while True:
             try:
-                params = await in_db_thread(_connection_params)
-                async with await psycopg.AsyncConnection.connect(autocommit=True, **params) as connection:
+                async with await _connect() as connection:
                     await connection.execute(f"LISTEN {self.channel}")
                     self.listening, failures = True, 0
                     self._wake_all()  # what changed while nobody listened is read again
@@ -116,6 +115,16 @@ class TaskWatch:
             finally:
                 self.listening = False
             await asyncio.sleep(backoff.delay(max(failures, 1), base=0.5, ceiling=30))
+
+
+async def _connect() -> psycopg.AsyncConnection[Any]:
+    """The listening connection. A LISTEN lives in its session: behind a pooler in transaction mode it
+    needs a direct one (IDEMOPS_DATABASE_LISTEN_URL); otherwise it is made like Django's own."""
+    listen_url = conf().database_listen_url
+    if listen_url:
+        return await psycopg.AsyncConnection.connect(listen_url, autocommit=True)
+    params = await in_db_thread(_connection_params)
+    return await psycopg.AsyncConnection.connect(autocommit=True, **params)
 
 
 def _connection_params() -> dict[str, Any]:
