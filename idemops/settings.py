@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -95,6 +96,11 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django.contrib.postgres",
+    # People's second factor (TOTP, recovery codes) and the lockout of failed logins (tools_app/access).
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "django_otp.plugins.otp_static",
+    "axes",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
@@ -118,10 +124,32 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # request.user.otp_device: the device this session verified (None: a password only), and when.
+    "django_otp.middleware.OTPMiddleware",
+    "tools_app.web.second_factor.SecondFactorTimeMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: answers a locked-out login.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Failed logins lock out the user from that address (django-axes, counted in the database).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = _environment.login_failure_limit
+AXES_COOLOFF_TIME = timedelta(minutes=_environment.login_lockout_minutes)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+# Behind a proxy, the client's address is the proxy's X-Forwarded-For entry (as SECURE_PROXY_SSL_HEADER).
+AXES_IPWARE_PROXY_COUNT = 1 if _environment.behind_proxy else None
+AXES_IPWARE_META_PRECEDENCE_ORDER = (["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if _environment.behind_proxy
+                                     else ["REMOTE_ADDR"])
+OTP_TOTP_ISSUER = "idemops"
+OAUTH2_PROVIDER_APPLICATION_MODEL = "oauth2_provider.Application"
 
 ROOT_URLCONF = "idemops.urls"
 ASGI_APPLICATION = "idemops.asgi.application"

@@ -464,6 +464,15 @@ class IdemopsSettings(BaseSettings):
         10, "How often an open queue page in the console checks for changes (it reloads itself when the "
         "operator is idle, and says so when rows are selected).", section=CONSOLE)
 
+    step_up_minutes: Seconds = setting(
+        10, "An approval above its tenant's step-up amount needs a second-factor code entered within this many "
+        "minutes; an older one is asked for again.", section=CONSOLE)
+    login_failure_limit: int = setting(
+        5, "Failed console logins for one user from one address before both are locked out (django-axes).",
+        ge=1, section=CONSOLE)
+    login_lockout_minutes: Seconds = setting(
+        15, "How long a console login locked out after failures stays locked.", section=CONSOLE)
+
     # --- testing ---
     crash_points: Annotated[list[CrashPoint], NoDecode] = setting(
         [], "Crash tests only: the process SIGKILLs itself at these points of the engine "

@@ -19,6 +19,7 @@ from email.utils import parsedate_to_datetime
 
 import httpx2
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection
 from django_q.models import OrmQ
 
@@ -28,7 +29,7 @@ from tests.approvals_support import call as call_approval
 from tests.documents_fixtures import long_text, pdf_of_text
 from tests.issued_ids import labelled_arguments
 from tests.mcp_client import call, call_sync, error_of
-from tests.operators import PASSWORD, login_for_the_web_server, make_operator
+from tests.operators import PASSWORD, current_code, login_for_the_web_server, make_operator
 from tests.processes import WebServer, Worker, downstream_env, faketime_env, manage
 from tests.task_stack import wait_until
 from tools_app.access.roles import APPROVER
@@ -176,8 +177,9 @@ def admin_session(web: WebServer, username: str) -> httpx2.Client:
     session = httpx2.Client(base_url=web.base_url, timeout=30)
     page = session.get("/admin/login/")
     csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
-    answer = session.post("/admin/login/", data={"csrfmiddlewaretoken": csrf, "username": username,
-                                                 "password": PASSWORD, "next": "/admin/"})
+    answer = session.post("/admin/login/", data={
+        "csrfmiddlewaretoken": csrf, "username": username, "password": PASSWORD, "next": "/admin/",
+        "otp_token": current_code(User.objects.get(username=username))})
     assert answer.status_code == 302, answer.text[:500]
     return session
 

@@ -7,6 +7,9 @@ one tenant filter of everything shown (`scope`).
   who an auditor is; both are bearer secrets issued, checked and revoked by `secrets.py`.
 - `authorization.py`: Permit, Agent, `authorize`, `audit_refusal`, `visible_tenant_ids`, `scope`.
 - `roles.py`: the operators' roles (Django groups).
+- `second_factor.py`: people's second factor (django-otp): which session entered a code and when,
+  enrolment, recovery codes, step-up freshness; `authorize` refuses a person without one.
+- `logins.py`: failed console logins and lockouts (django-axes) as audit events.
 - `limits.py`: per-tenant limits (calls per minute, unfinished tasks per agent), enforced in the database.
 - `webhook_secrets.py`: each tenant's webhook signing secret (sealed, shown once, rotated with an overlap).
 

@@ -26,6 +26,7 @@ from tools_app import access
 from tools_app.admin.find import FindForm, find_view
 from tools_app.admin.operator_actions import QueueAdmin, age
 from tools_app.admin.queues import QueueSummary
+from tools_app.admin.second_factor import ConsoleLoginForm, second_factor_view
 from tools_app.approvals.models import ApprovalRequest, ApprovalStatus
 from tools_app.metrics import dashboard
 
@@ -46,10 +47,12 @@ class ConsoleSite(admin.AdminSite):
     index_title = "Work queues"
     index_template = "admin/tools_app/console.html"
     site_url = None  # no public site: the console is the whole web UI
+    login_form = ConsoleLoginForm  # Django's, with the authenticator code
 
     def get_urls(self) -> list[URLResolver | URLPattern]:
         return [
             path("find/", self.admin_view(find_view(self)), name="find"),
+            path("second-factor/", self.admin_view(second_factor_view(self)), name="second_factor"),
             path("approval/<int:request_id>/", self.admin_view(self.approval_link), name="approval_link"),
         ] + super().get_urls()
 
