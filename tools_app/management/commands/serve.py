@@ -185,6 +185,7 @@ idemops is running.
             every change (approve, resolve, re-drive...) needs the authenticator code at login: add the
             otpauth URI to an authenticator app, or print a code with: oathtool --totp -b SECRET
   MCP       {base}/mcp      tenant demo, bearer token {token}
+            or by OAuth: give an MCP host {base}/mcp; it sends you to the console to consent (docs/auth.md)
   Probes    {base}/livez  {base}/readyz   Metrics {base}/metrics (Prometheus; from this machine)
   Payment gateway (demo downstream)  http://127.0.0.1:8001   notification sink  http://127.0.0.1:8002/messages
             (approvers' emails land in the sink: open the link in one, log in as the approver, decide)
