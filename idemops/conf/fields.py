@@ -285,7 +285,7 @@ class IdemopsSettings(BaseSettings):
         True, "Whether MCP hosts may register themselves as OAuth clients (RFC 7591 dynamic client registration).",
         section=OAUTH)
     oauth_registrations_per_hour: int = setting(
-        20, "Dynamic client registrations accepted from one address per hour (more answer 429).", ge=1,
+        20, "Dynamic client registrations accepted from one address per hour (more are refused).", ge=1,
         section=OAUTH)
     oauth_client_metadata_documents: bool = setting(
         True, "Whether a client may be an https URL naming its metadata document (Client ID Metadata Documents), "

@@ -1,13 +1,17 @@
-"""A real MCP host connects by OAuth: the Python SDK's OAuthClientProvider discovers the authorization
-server from /mcp's 401, registers itself, and sends its person to the consent page, which headless
-Chromium (Playwright) completes as a person would (console login with the authenticator's code, the
-tenant, Connect); the provider takes the code from the redirect, exchanges it with its PKCE verifier
-and the resource, and calls a write tool. Nothing here is ours but the server.
+"""Real MCP hosts connect by OAuth: the Python SDK's OAuthClientProvider and the TypeScript SDK's client
+auth (tests/interop/oauth_client.mjs) each discover the authorization server from /mcp's 401, register
+themselves, and send their person to the consent page, which headless Chromium (Playwright) completes
+as a person would (console login with the authenticator's code, the tenant, Connect); the client takes
+the code from the redirect, exchanges it with its PKCE verifier and the resource, and calls a write
+tool. Nothing here is ours but the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
+import subprocess
 from urllib.parse import parse_qs, urlsplit
 
 import httpx2
@@ -18,7 +22,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 
 from idemops_demo.models import Order
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, needs_chromium
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, browser_page, code_for, needs_chromium
+from tests.interop_support import installed
 from tests.operators import PASSWORD, current_code, login_for_the_web_server, make_operator
 from tools_app.access.roles import OPERATOR
 from tools_app.models import AgentConnection, AuditEvent, Tenant
@@ -120,6 +125,55 @@ def test_the_python_sdks_oauth_client_connects_through_the_browser_and_calls_a_w
     assert storage.tokens is not None and storage.tokens.refresh_token
     issued = AuditEvent.objects.get(action="oauth.token_issued")
     assert issued.after["resource"] == [f"{web_server.base_url}/mcp"] and issued.tenant_id == acme.pk
+
+
+def consent_in_the_browser(authorization_url: str, username: str, tenant: str) -> dict[str, list[str]]:
+    """The person's side with Playwright's sync API: log in with password and code, pick the tenant, connect;
+    the query of the redirect to the host's callback (intercepted, never sent)."""
+    redirected: list[str] = []
+    with browser_page() as page:
+        def callback(route) -> None:
+            redirected.append(route.request.url)
+            route.fulfill(status=200, body="You may close this window.")
+
+        page.route(f"{CALLBACK}*", callback)
+        page.goto(authorization_url)
+        page.fill("#id_username", username)
+        page.fill("#id_password", PASSWORD)
+        page.fill("#id_otp_token", code_for(username))
+        page.click("input[type=submit]")
+        page.wait_for_selector("#authorizationForm")
+        page.select_option("#id_tenant", label=tenant)
+        page.click("input[name=allow]")
+        page.wait_for_url(f"{CALLBACK}*")
+    return parse_qs(urlsplit(redirected[0]).query)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node is not installed (the TypeScript SDK's client)")
+def test_the_typescript_sdks_oauth_client_connects_through_the_browser_and_calls_a_write_tool(web_server, token):
+    acme = Tenant.objects.get(slug="acme")
+    olga = make_operator("olga", OPERATOR, acme)
+    login_for_the_web_server(olga)
+    interop = installed()
+    node = subprocess.Popen(["node", "oauth_client.mjs", web_server.mcp_url, CALLBACK, "create_order",
+                             json.dumps({**ORDER, "idempotency_key": "ts-oauth-order-1"})],
+                            cwd=interop, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        asked = json.loads(node.stdout.readline() or "{}")
+        assert "authorize" in asked, node.stderr.read()[-3000:]
+        query = consent_in_the_browser(asked["authorize"], "olga", "acme")
+        node.stdin.write(query["code"][0] + "\n")
+        node.stdin.flush()
+        answered = json.loads(node.stdout.readline() or "{}")
+        assert node.wait(timeout=60) == 0, node.stderr.read()[-3000:]
+    finally:
+        node.kill()
+
+    assert answered["isError"] is False, answered
+    assert Order.objects.filter(pk=answered["result"]["order_id"]).exists()
+    connection = AgentConnection.objects.get(user=olga)
+    assert connection.tenant == acme and connection.application.name == "typescript-sdk host"
 
 
 @pytest.fixture(autouse=True)
