@@ -179,6 +179,8 @@ OAUTH2_PROVIDER = {
     "COMPLIANT_BCP_RFC9700_PASSWORD_GRANT": True,
     "COMPLIANT_BCP_RFC9700_AUTHZ_RESPONSE_ISS": True,
     "COMPLIANT_BCP_RFC9700_ACCESS_TOKEN_TRANSPORT": True,
+    # Tokens stored only as digests (RFC 9700 §4), like the static API tokens: looked up by their checksum.
+    "COMPLIANT_BCP_RFC9700_TOKEN_STORAGE": True,
     "OAUTH2_RESPONSE_TYPES_SUPPORTED": ["code"],
     "OAUTH2_GRANT_TYPES_SUPPORTED": ["authorization_code", "refresh_token"],
     # Public clients (MCP hosts) authenticate with PKCE alone.

@@ -250,3 +250,19 @@ def test_step_up_is_checked_by_the_concept_whoever_calls_it(settings, caller, te
     approvals.approve(request, verified(bob))
 
     assert status_of(request) == ApprovalStatus.APPROVED
+
+
+def test_the_link_in_an_approvers_message_opens_only_after_the_second_factor(client, caller, tenant):
+    request = pending_announcement(caller)
+    bob = make_operator("bob", APPROVER, tenant)
+    link = reverse("admin:approval_link", args=[request.pk])
+    client.force_login(bob, second_factor=False)
+
+    asked = client.get(link)
+    assert asked.status_code == 302 and asked["Location"].startswith(reverse("admin:second_factor"))
+
+    back = client.post(asked["Location"], {"code": current_code(bob), "next": link})
+    assert back.status_code == 302 and back["Location"] == link
+    opened = client.get(link)
+    assert opened.status_code == 302
+    assert opened["Location"] == reverse("admin:tools_app_pendingapproval_change", args=[request.pk])
