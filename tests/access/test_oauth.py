@@ -319,3 +319,29 @@ def test_dynamic_registration_can_be_turned_off(settings, client):
 
     assert refused.status_code == 404 and "registration_endpoint" not in metadata
     assert not Application.objects.exists() and not RefreshToken.objects.exists()
+
+
+def test_consenting_again_to_another_tenant_ends_the_clients_earlier_tokens(web_server, acme, other_tenant_live):
+    base = web_server.base_url
+    olga = make_operator("olga", OPERATOR, acme, other_tenant_live)
+    client_id = register(base)
+    http = console(base, olga)
+    first = open_consent(http, base, client_id)
+    earlier = exchange(base, first, code_of(consent(http, first, tenant_id=acme.pk, granted=["read"]))).json()
+
+    second = open_consent(http, base, client_id)
+    later = exchange(base, second, code_of(consent(http, second, tenant_id=other_tenant_live.pk,
+                                                   granted=["read"]))).json()
+
+    assert post_raw(web_server.mcp_url, earlier["access_token"], {
+        "jsonrpc": "2.0", "id": 1, "method": "tools/list"}).status_code == 401
+    me = call_sync(web_server.mcp_url, later["access_token"], "whoami", {}).structured_content
+    assert me["tenant_id"] == other_tenant_live.pk
+    assert AgentConnection.objects.get(user=olga).tenant == other_tenant_live
+
+
+@pytest.fixture
+def other_tenant_live(acme):
+    from tools_app import access
+
+    return access.create_tenant("globex", "Globex")

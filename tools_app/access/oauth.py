@@ -51,11 +51,14 @@ def connect(user: User, application: Application, tenant: Tenant, scopes: list[s
     the tenant or a verified second factor (authorize), audited either way."""
     connection = AgentConnection.objects.filter(user=user, application=application).first() or AgentConnection(
         user=user, application=application)
-    connection.tenant = tenant
-    actor = authorize(user, CONNECT, connection)
     before = None if connection.pk is None else {"tenant": connection.tenant_id, "scopes": connection.scopes,
                                                  "revoked": connection.revoked_at is not None}
+    connection.tenant = tenant
+    actor = authorize(user, CONNECT, connection)
     with transaction.atomic():
+        if before is not None and (before["tenant"] != tenant.pk or before["scopes"] != " ".join(sorted(set(scopes)))):
+            # The client's earlier tokens were for another tenant or other scopes: they end here.
+            _end_tokens(connection)
         connection.scopes = " ".join(sorted(set(scopes)))
         connection.revoked_at = None
         connection.save()
@@ -73,11 +76,15 @@ def revoke(connection: AgentConnection, *, actor: str, reason: str = "") -> bool
                              action="oauth.revoked", actor=actor, reason=reason,
                              after={"client": connection.application.name or connection.application.client_id}):
             return False
-        tokens = AccessToken.objects.filter(user_id=connection.user_id, application_id=connection.application_id)
-        RefreshToken.objects.filter(user_id=connection.user_id, application_id=connection.application_id,
-                                    revoked__isnull=True).update(revoked=timezone.now())
-        tokens.delete()
+        _end_tokens(connection)
     return True
+
+
+def _end_tokens(connection: AgentConnection) -> None:
+    """Every access and refresh token of the connection's client for its person stops working."""
+    RefreshToken.objects.filter(user_id=connection.user_id, application_id=connection.application_id,
+                                revoked__isnull=True).update(revoked=timezone.now())
+    AccessToken.objects.filter(user_id=connection.user_id, application_id=connection.application_id).delete()
 
 
 def may_revoke(user: Any, connection: AgentConnection) -> bool:
