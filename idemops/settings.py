@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -95,6 +96,13 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django.contrib.postgres",
+    # People's second factor (TOTP, recovery codes) and the lockout of failed logins (tools_app/access).
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "django_otp.plugins.otp_static",
+    "axes",
+    # Agents' OAuth 2.1 authorization server (tools_app/access/oauth.py, docs/auth.md).
+    "oauth2_provider",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
@@ -118,10 +126,78 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # request.user.otp_device: the device this session verified (None: a password only), and when.
+    "django_otp.middleware.OTPMiddleware",
+    "tools_app.web.second_factor.SecondFactorTimeMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: answers a locked-out login.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Failed logins lock out the user from that address (django-axes, counted in the database).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = _environment.login_failure_limit
+AXES_COOLOFF_TIME = timedelta(minutes=_environment.login_lockout_minutes)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+# Behind a proxy, the client's address is the proxy's X-Forwarded-For entry (as SECURE_PROXY_SSL_HEADER).
+AXES_IPWARE_PROXY_COUNT = 1 if _environment.behind_proxy else None
+AXES_IPWARE_META_PRECEDENCE_ORDER = (["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if _environment.behind_proxy
+                                     else ["REMOTE_ADDR"])
+OTP_TOTP_ISSUER = "idemops"
+
+# --- Agents' OAuth 2.1 (django-oauth-toolkit; docs/auth.md) ----------------------
+# The MCP endpoint is the one protected resource; this server is its authorization server.
+_PUBLIC_URL = _environment.public_url.rstrip("/")
+# django-oauth-toolkit's own models (none swapped); named because migrations of other apps refer to them.
+OAUTH2_PROVIDER_APPLICATION_MODEL = "oauth2_provider.Application"
+OAUTH2_PROVIDER_ACCESS_TOKEN_MODEL = "oauth2_provider.AccessToken"
+OAUTH2_PROVIDER_REFRESH_TOKEN_MODEL = "oauth2_provider.RefreshToken"
+OAUTH2_PROVIDER_GRANT_MODEL = "oauth2_provider.Grant"
+OAUTH2_PROVIDER_ID_TOKEN_MODEL = "oauth2_provider.IDToken"
+OAUTH2_PROVIDER_DEVICE_GRANT_MODEL = "oauth2_provider.DeviceGrant"
+OAUTH2_PROVIDER = {
+    "OAUTH2_VALIDATOR_CLASS": "tools_app.access.oauth_validator.AuditedValidator",
+    "SCOPES": {"read": "call read-only tools", "write": "call tools that change something",
+               "long": "start and control long tasks"},
+    "DEFAULT_SCOPES": ["read"],
+    "ACCESS_TOKEN_EXPIRE_SECONDS": _environment.oauth_access_token_seconds,
+    "REFRESH_TOKEN_EXPIRE_SECONDS": int(_environment.oauth_refresh_token_days * 86400),
+    "AUTHORIZATION_CODE_EXPIRE_SECONDS": 60,
+    # OAuth 2.1: authorization code with PKCE (S256 only), refresh tokens rotated and never reused.
+    "PKCE_REQUIRED": True,
+    "ROTATE_REFRESH_TOKEN": True,
+    "REFRESH_TOKEN_REUSE_PROTECTION": True,
+    "COMPLIANT_BCP_RFC9700_PKCE_METHOD": True,
+    "COMPLIANT_BCP_RFC9700_IMPLICIT_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_PASSWORD_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_AUTHZ_RESPONSE_ISS": True,
+    "COMPLIANT_BCP_RFC9700_ACCESS_TOKEN_TRANSPORT": True,
+    # Tokens stored only as digests (RFC 9700 §4), like the static API tokens: looked up by their checksum.
+    "COMPLIANT_BCP_RFC9700_TOKEN_STORAGE": True,
+    "OAUTH2_RESPONSE_TYPES_SUPPORTED": ["code"],
+    "OAUTH2_GRANT_TYPES_SUPPORTED": ["authorization_code", "refresh_token"],
+    # Public clients (MCP hosts) authenticate with PKCE alone.
+    "OAUTH2_TOKEN_ENDPOINT_AUTH_METHODS_SUPPORTED": ["none", "client_secret_post", "client_secret_basic"],
+    "REQUEST_APPROVAL_PROMPT": "force",  # the person consents each time, choosing the tenant
+    # Native hosts redirect to a loopback port of their own choosing (RFC 8252).
+    "ALLOW_LOCALHOST_LOOPBACK": True,
+    "ALLOWED_REDIRECT_URI_SCHEMES": ["https", "http"] if not PRODUCTION else ["https"],
+    "OIDC_ISS_ENDPOINT": _PUBLIC_URL,
+    "OAUTH2_PROTECTED_RESOURCE_IDENTIFIER": f"{_PUBLIC_URL}/mcp",
+    "OAUTH2_PROTECTED_RESOURCE_AUTHORIZATION_SERVERS": [_PUBLIC_URL],
+    "OAUTH2_PROTECTED_RESOURCE_NAME": "idemops MCP",
+    "DCR_ENABLED": _environment.oauth_dynamic_registration,
+    "DCR_REGISTRATION_PERMISSION_CLASSES": ("tools_app.access.oauth.RegistrationLimit",),
+    "CIMD_ENABLED": _environment.oauth_client_metadata_documents,
+    "CIMD_METADATA_FETCHER": "tools_app.access.oauth.AllowListedMetadataFetcher",
+}
 
 ROOT_URLCONF = "idemops.urls"
 ASGI_APPLICATION = "idemops.asgi.application"

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.operators import PASSWORD
+from tests.operators import PASSWORD, current_code
 from tests.processes import ROOT
 
 CHROMIUM = os.environ.get("CHROMIUM_BIN") or shutil.which("chromium") or next(
@@ -63,8 +63,29 @@ def shot(page, name: str, *, doc: bool = False) -> None:
         shutil.copyfile(path, DOC_IMAGES / f"{name}.png")
 
 
-def log_in(page, base_url: str, username: str, next_path: str = "/admin/") -> None:
+def code_for(username: str) -> str:
+    """The code `username`'s authenticator shows now. Read in a thread of its own: Playwright's sync API
+    runs an event loop in this one, where Django refuses database work."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+
+    def read() -> str:
+        try:
+            return current_code(get_user_model().objects.get(username=username))
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(read).result()
+
+
+def log_in(page, base_url: str, username: str, next_path: str = "/admin/", *, second_factor: bool = True) -> None:
+    """Log in with the password and, unless told not to, the code the user's authenticator shows now."""
     page.goto(f"{base_url}/admin/login/?next={next_path}")
     page.fill("#id_username", username)
     page.fill("#id_password", PASSWORD)
+    if second_factor:
+        page.fill("#id_otp_token", code_for(username))
     page.click("input[type=submit]")

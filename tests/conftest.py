@@ -1,7 +1,7 @@
 import pytest
 
 from idemops.conf import override_conf
-from tests.operators import agent_owner, make_operator
+from tests.operators import VerifiedClient, agent_owner, make_operator
 from tools_app import access
 from tools_app.access.roles import APPROVER
 from tools_app.toolkit.calls import Caller
@@ -27,6 +27,13 @@ def _no_counts_left_from_another_test():
     from tools_app.core import counters
 
     counters._pending.clear()
+
+
+@pytest.fixture
+def client():
+    """pytest-django's test client, whose force_login signs in with the authenticator code too
+    (tests.operators.VerifiedClient; `force_login(user, second_factor=False)`: the password only)."""
+    return VerifiedClient()
 
 
 @pytest.fixture

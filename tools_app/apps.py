@@ -30,6 +30,7 @@ class ToolsAppConfig(AppConfig):
             toolkit,
             tools,  # importing the platform's tools registers them: one declaration each
         )
+        from tools_app.access import logins
         from tools_app.access.roles import ensure_roles
         from tools_app.core import jobs, tracing
         from tools_app.schedules import ensure_schedules, start_loops
@@ -46,6 +47,7 @@ class ToolsAppConfig(AppConfig):
         tools.discover(conf().tool_modules)
         post_migrate.connect(ensure_schedules, sender=self)
         post_migrate.connect(ensure_roles, sender=self)
+        logins.connect()  # failed logins and lockouts audited; a login's second factor noted
         # Every django-q2 worker process runs the few-second loops (tools_app.schedules).
         post_spawn.connect(start_loops, dispatch_uid="idemops-loops")
         # A job runs in the trace it was queued in (core.jobs).

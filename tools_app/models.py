@@ -1,6 +1,14 @@
 """Models, one module per concept. The database is the source of truth."""
 
-from tools_app.access.models import ApiToken, AuditorKey, RateBucket, Tenant, TenantAccess, TenantLimits
+from tools_app.access.models import (
+    AgentConnection,
+    ApiToken,
+    AuditorKey,
+    RateBucket,
+    Tenant,
+    TenantAccess,
+    TenantLimits,
+)
 from tools_app.approvals.models import (
     ApprovalDecision,
     ApprovalQueue,
@@ -29,6 +37,7 @@ from tools_app.tasks.models import (
 from tools_app.toolkit.calls import CallOutcome
 
 __all__ = [
+    "AgentConnection",
     "ApiToken",
     "ApprovalDecision",
     "ApprovalQueue",

@@ -102,10 +102,10 @@ def setting(default: Any = PydanticUndefined, doc: str = "", *, shown: str | Non
     return Field(default, description=doc, json_schema_extra={"section": section, "shown": shown}, **field)
 
 
-(WEB, OBSERVABILITY, TRACES, SECRETS, DATABASE, JOBS, MCP, LIMITS, WRITES, RECONCILE, DOWNSTREAM, EMAIL, OUTBOX,
- TASKS, DOCUMENTS, CONSOLE, RETENTION, TESTING) = (
+(WEB, OBSERVABILITY, TRACES, SECRETS, DATABASE, JOBS, MCP, OAUTH, LIMITS, WRITES, RECONCILE, DOWNSTREAM, EMAIL,
+ OUTBOX, TASKS, DOCUMENTS, CONSOLE, RETENTION, TESTING) = (
     "Web and processes", "Logs and metrics", "Traces (OpenTelemetry's own variables)", "Secrets", "Database",
-    "Job cluster (django-q2)", "MCP endpoint", "Per-tenant limits",
+    "Job cluster (django-q2)", "MCP endpoint", "Agents' OAuth (docs/auth.md)", "Per-tenant limits",
     "Writes, leases and outages", "Reconciliation of unknown outcomes", "Downstream systems",
     "Email", "Outbox relay", "Long tasks", "Documents", "Operators' console", "Retention and purge", "Testing")
 
@@ -299,6 +299,26 @@ class IdemopsSettings(BaseSettings):
         32 * 1024 * 1024, "Largest /mcp request body (ingest_document takes documents inline).", gt=0,
         section=MCP)
 
+    # --- agents' OAuth ---
+    oauth_access_token_seconds: int = setting(
+        3600, "How long an OAuth access token for /mcp lives; the client refreshes it (the refresh token rotates).",
+        ge=60, section=OAUTH)
+    oauth_refresh_token_days: float = setting(
+        30, "How long an unused OAuth refresh token stays good.", gt=0, section=OAUTH)
+    oauth_dynamic_registration: bool = setting(
+        True, "Whether MCP hosts may register themselves as OAuth clients (RFC 7591 dynamic client registration).",
+        section=OAUTH)
+    oauth_registrations_per_hour: int = setting(
+        20, "Dynamic client registrations accepted from one address per hour (more are refused).", ge=1,
+        section=OAUTH)
+    oauth_client_metadata_documents: bool = setting(
+        True, "Whether a client may be an https URL naming its metadata document (Client ID Metadata Documents), "
+        "fetched through IDEMOPS_OAUTH_CLIENT_METADATA_ALLOWED_PREFIXES.", section=OAUTH)
+    oauth_client_metadata_allowed_prefixes: UrlList = setting(
+        [], "URL prefixes a client's metadata document may be fetched from, through the outbound allow-list "
+        "(empty: none, so such clients are refused; a private or loopback address is refused unless the prefix "
+        "names that IP address).", section=OAUTH)
+
     # --- per-tenant limits (defaults; each tenant's own are edited in the admin) ---
     rate_limit_calls_per_minute: int = setting(
         0, "Tool calls per minute one tenant may make, all its tokens together (a minute's worth may come at "
@@ -491,6 +511,15 @@ class IdemopsSettings(BaseSettings):
     console_refresh_seconds: Seconds = setting(
         10, "How often an open queue page in the console checks for changes (it reloads itself when the "
         "operator is idle, and says so when rows are selected).", section=CONSOLE)
+
+    step_up_minutes: Seconds = setting(
+        10, "An approval above its tenant's step-up amount needs a second-factor code entered within this many "
+        "minutes; an older one is asked for again.", section=CONSOLE)
+    login_failure_limit: int = setting(
+        5, "Failed console logins for one user from one address before both are locked out (django-axes).",
+        ge=1, section=CONSOLE)
+    login_lockout_minutes: Seconds = setting(
+        15, "How long a console login locked out after failures stays locked.", section=CONSOLE)
 
     # --- testing ---
     crash_points: Annotated[list[CrashPoint], NoDecode] = setting(

@@ -2,7 +2,7 @@
 
 
 from idemops_demo.models import Announcement
-from tests.browser import ARTIFACTS, browser_page, needs_chromium, shot
+from tests.browser import ARTIFACTS, browser_page, code_for, needs_chromium, shot
 from tests.issued_ids import call_labelled_sync
 from tests.jobs import run_queued_jobs
 from tests.mcp_client import error_of
@@ -29,6 +29,7 @@ def test_an_approver_logs_in_approves_a_request_and_sees_it_leave_the_queue(web_
         page.goto(f"{web_server.base_url}/admin/login/?next=/admin/tools_app/approvalqueue/")
         page.fill("#id_username", "bob")
         page.fill("#id_password", PASSWORD)
+        page.fill("#id_otp_token", code_for("bob"))  # the code from bob's authenticator
         page.click("input[type=submit]")
         page.wait_for_selector("#result_list")
         rows = page.locator("#result_list tbody tr")

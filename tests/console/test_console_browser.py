@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from idemops.conf import override_conf
 from tests.api_support import make_record
-from tests.browser import browser_page, log_in, needs_chromium, shot
+from tests.browser import browser_page, code_for, log_in, needs_chromium, shot
 from tests.issued_ids import call_labelled_sync
 from tests.jobs import run_queued_jobs
 from tests.mcp_client import call_sync, error_of
@@ -97,6 +97,7 @@ def test_an_approver_follows_the_email_link_logs_in_and_approves(web_server, tok
         page.goto(link)
         page.fill("#id_username", "alice")
         page.fill("#id_password", "correct-horse-battery")
+        page.fill("#id_otp_token", code_for("alice"))  # and her authenticator's code
         page.click("input[type=submit]")
         page.wait_for_selector("#action-approve")
         landed = page.url

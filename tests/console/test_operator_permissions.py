@@ -5,7 +5,8 @@ every role that lacks the action's permission (and for a role that has it,
 granted another tenant only), a crafted GET and POST to the object's action
 URL and a crafted POST of the list action are refused with 403, each leaves
 exactly one refusal in the audit log, and nothing else changes: the row
-stays as it was, and for a key the next call is still a replay.
+stays as it was, and for a key the next call is still a replay. The same holds for a person who may
+do the action but whose session entered no second-factor code.
 """
 
 from datetime import timedelta
@@ -21,7 +22,7 @@ from idemops.conf import override_conf
 from idemops_demo.models import Order
 from tests.issued_ids import call_labelled
 from tests.mcp_client import call_sync
-from tests.operators import PASSWORD, login_for_the_web_server, make_operator
+from tests.operators import PASSWORD, current_code, login_for_the_web_server, make_operator
 from tools_app import engine, outbox, reconciliation, tasks
 from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR, ROLE_PERMISSIONS
 from tools_app.admin.operator_actions import OperatorActionsAdmin
@@ -254,6 +255,33 @@ def test_a_user_without_the_permission_or_the_tenant_is_refused_audited_and_chan
         scene.next_call()
 
 
+@pytest.mark.parametrize("how", ["POST the object's action URL", "POST the list action"])
+@pytest.mark.parametrize(("model_admin", "action"), action_cases())
+def test_a_session_without_a_second_factor_is_refused_audited_and_changes_nothing(
+        request, client, caller, tenant, model_admin, action, how):
+    # given: the person may do the action on this tenant, but their session entered no authenticator code
+    scene = make_scene(request, model_admin, action, caller)
+    client.force_login(make_operator("olga", roles_with(action.permit.permission)[0], tenant), second_factor=False)
+    row, events = scene.row(), AuditEvent.objects.count()
+
+    # when: they craft the POST the button would send
+    if how == "POST the object's action URL":
+        response = client.post(object_url(model_admin, action, scene.obj), form(action, scene))
+    else:
+        response = client.post(list_url(model_admin), {
+            "action": action.name, "index": "0", "_selected_action": [scene.obj.pk], "confirm": "yes",
+            **form(action, scene)})
+
+    # then: refused, audited once, nothing changed
+    assert response.status_code == 403
+    refusal = AuditEvent.objects.get(action=action.permit.refused_event, object_id=str(scene.obj.pk))
+    assert refusal.actor == "user:olga" and "second factor required" in refusal.reason
+    assert AuditEvent.objects.count() == events + 1
+    assert scene.row() == row
+    if scene.next_call is not None:
+        scene.next_call()
+
+
 @pytest.mark.parametrize(("model_admin", "action"), action_cases())
 def test_a_user_with_the_permission_on_the_tenant_does_the_action(request, client, caller, tenant, model_admin,
                                                                   action):
@@ -350,8 +378,8 @@ def admin_session(web_server, user) -> httpx2.Client:
     http = httpx2.Client(base_url=web_server.base_url, timeout=30)
     http.get("/admin/login/")
     response = http.post("/admin/login/?next=/admin/", data={
-        "username": user.get_username(), "password": PASSWORD, "csrfmiddlewaretoken": http.cookies["csrftoken"],
-        "next": "/admin/"})
+        "username": user.get_username(), "password": PASSWORD, "otp_token": current_code(user),
+        "csrfmiddlewaretoken": http.cookies["csrftoken"], "next": "/admin/"})
     assert response.status_code == 302 and response.headers["location"] == "/admin/", response.text[:500]
     return http
 

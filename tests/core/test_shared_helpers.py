@@ -16,7 +16,7 @@ from django.db import DataError, OperationalError, transaction
 from django.utils import timezone
 
 from idemops.conf import override_conf
-from tests.operators import agent_owner, make_operator
+from tests.operators import agent_owner, make_operator, verified
 from tests.processes import free_port
 from tools_app import access, engine, outbox, tasks
 from tools_app.access import auditors, secrets
@@ -426,7 +426,7 @@ def test_every_outbox_move_writes_its_event(tenant, settings):
     outbox.mark_delivered(delivered)
     outbox.record_failed_attempt(failing, "timed out")
     outbox.record_failed_attempt(failing, "timed out again")
-    outbox.redrive(failing, User.objects.create_superuser("root"), reason="sink fixed")
+    outbox.redrive(failing, verified(User.objects.create_superuser("root")), reason="sink fixed")
 
     def actions(event):
         return list(AuditEvent.objects.filter(object_id=str(event.pk)).order_by("id").values_list("action", "after"))

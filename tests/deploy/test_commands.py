@@ -1,9 +1,12 @@
+import base64
 import hashlib
 import io
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django_otp.oath import TOTP
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from idemops.conf import override_conf
 from tests.operators import agent_owner
@@ -86,6 +89,12 @@ def test_the_demo_is_created_once_and_its_token_works(settings, tmp_path):
     alice = User.objects.get(username="alice")
     assert alice.email and alice.has_perm("tools_app.decide_approvalrequest") and not alice.is_superuser
     assert (tmp_path / "demo-credentials.json").stat().st_mode & 0o077 == 0
+    # both people are enrolled with an authenticator whose secret the banner prints: its code verifies
+    for role, person in (("admin", "admin"), ("approver", "alice")):
+        device = TOTPDevice.objects.get(user__username=person, confirmed=True)
+        secret = second[f"{role}_totp_secret"]
+        assert second[f"{role}_otpauth_uri"] == device.config_url and f"secret={secret}" in device.config_url
+        assert device.verify_token(f"{TOTP(base64.b32decode(secret)).token():06d}")
 
 
 @pytest.mark.django_db
@@ -101,6 +110,8 @@ def test_a_revoked_token_no_longer_authenticates():
 def test_make_runs_banner_points_a_new_operator_at_the_console_its_queues_and_the_approver():
     text = banner("http://127.0.0.1:8000", {"admin_user": "admin", "admin_password": "pw-admin",
                                             "approver_user": "alice", "approver_password": "pw-alice",
+                                            "approver_totp_secret": "SECRETALICE",
+                                            "approver_otpauth_uri": "otpauth://totp/idemops:alice",
                                             "token": "idm_demo"})
 
     assert "Console   http://127.0.0.1:8000/admin/" in text
@@ -108,4 +119,5 @@ def test_make_runs_banner_points_a_new_operator_at_the_console_its_queues_and_th
         assert queue in text
     assert "finds any record by idempotency key" in text
     assert "user alice  password pw-alice" in text and "emailed" in text
+    assert "authenticator secret SECRETALICE  otpauth://totp/idemops:alice" in text
     assert '"name":"request_payment"' in text and "http://127.0.0.1:8002/messages" in text

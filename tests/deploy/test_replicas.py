@@ -94,7 +94,7 @@ def test_exports_evidence_lists_and_the_dashboard_are_read_from_the_standby_and_
     assert session.get("/admin/tools_app/idempotencyrecord/").status_code == 200
     assert any(f"FROM {RECORDS}" in s for s in standby.statements_since(listing))
     queue = standby.mark()
-    assert session.get("/admin/tools_app/unknownoutcome/").status_code == 200
+    assert session.get("/admin/tools_app/unknownoutcomequeue/").status_code == 200
     assert [s for s in standby.statements_since(queue) if "tools_app_" in s] == []
     # the dashboard and its trends read the standby
     dashboard = standby.mark()

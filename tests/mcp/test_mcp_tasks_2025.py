@@ -19,8 +19,8 @@ from mcp_types import PaginatedRequestParams, Request, Result
 from idemops.conf import override_conf
 from idemops_demo.models import Document
 from tests.documents_fixtures import long_text, pdf_of_text
+from tests.interop_support import INTEROP, installed
 from tests.mcp_client import answer_of, call_sync
-from tests.processes import ROOT
 from tests.task_stack import wait_until
 from tests.tasks_support import start
 from tools_app import access
@@ -29,15 +29,13 @@ from tools_app.toolkit.calls import Caller
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("settle_tasks")]
 
-INTEROP = ROOT / "tests" / "interop"
 RELATED_TASK = "io.modelcontextprotocol/related-task"
 
 
 @pytest.fixture(scope="session")
 def ts_client():
     """Runs a scenario of tasks_client.mjs; `make test` installs its npm packages (npm ci), and so does this."""
-    if not (INTEROP / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json").exists():
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=INTEROP, check=True, timeout=600)
+    installed()
 
     def run(url: str, token: str, scenario: str, arguments: dict) -> dict:
         done = subprocess.run(["node", "tasks_client.mjs", url, token, scenario, json.dumps(arguments)],

@@ -14,6 +14,7 @@ Then it calls the adopter's tools (not the demo's) over real MCP, as an agent wo
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import re
 import shlex
@@ -25,6 +26,7 @@ from pathlib import Path
 import httpx2
 import psycopg
 import pytest
+from django_otp.oath import TOTP
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -206,6 +208,12 @@ def approve_in_the_console(adopter: Adopter, username: str, password: str, reque
     logged_in = send("POST", "/admin/login/", data={"username": username, "password": password,
                                                     "csrfmiddlewaretoken": csrf(login), "next": "/admin/"})
     assert logged_in.status_code == 302, logged_in.text[-2000:]
+    # First time in: she enrols an authenticator (the page shows its secret), and enters its code.
+    enrol = send("GET", "/admin/second-factor/")
+    secret = re.search(r'id="totp-secret">([A-Z2-7=]+)<', enrol.text).group(1)
+    code = f"{TOTP(base64.b32decode(secret)).token():06d}"
+    entered = send("POST", "/admin/second-factor/", data={"code": code, "csrfmiddlewaretoken": csrf(enrol)})
+    assert entered.status_code == 200 and 'id="recovery-codes"' in entered.text, entered.text[-2000:]
     queue = "/admin/tools_app/approvalqueue/"
     listed = send("GET", queue)
     assert f'value="{request_id}"' in listed.text

@@ -22,6 +22,7 @@ from django.db.models import Model, QuerySet
 
 from tools_app.access.auditors import KeyAuditor
 from tools_app.access.models import TenantAccess
+from tools_app.access.second_factor import SecondFactorRequired, verified
 from tools_app.core import audit
 from tools_app.core.errors import PermissionDenied
 
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser, User
 
 _M = TypeVar("_M", bound=Model)
+
+SECOND_FACTOR_REFUSAL = ("second factor required: enter a code from your authenticator (the console's "
+                         "second-factor page) before you change anything")
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,9 @@ class Agent:
 def authorize(who: Agent | User | AnonymousUser, permit: Permit, obj: Any) -> str:  # obj: a tenant's row
     """The actor name of `who` (an operator's user, or an Agent) if it may do `permit`'s operation on `obj`.
 
-    A person needs the permission and `obj`'s tenant among those they may
-    see; an agent needs an operation open to agents, on its own tenant.
+    A person needs the permission, `obj`'s tenant among those they may see,
+    and a session verified by a second factor (access.second_factor); an
+    agent needs an operation open to agents, on its own tenant.
     Anything else is refused: the refusal is audited, then PermissionDenied
     is raised. Call it before opening the operation's transaction, so the
     refusal's event commits although the operation does not happen.
@@ -78,6 +83,11 @@ def authorize(who: Agent | User | AnonymousUser, permit: Permit, obj: Any) -> st
             refusal = f"missing permission: you do not have the permission to {permit.what}"
         elif (visible := visible_tenant_ids(who)) is not None and obj.tenant_id not in visible:
             refusal = f"this {obj._meta.verbose_name} belongs to a tenant you may not see"
+        elif not verified(who):
+            # Checked here, for every operation and every entry point: a password alone changes nothing.
+            refusal = SECOND_FACTOR_REFUSAL
+            audit_refusal(permit, obj, actor, refusal)
+            raise SecondFactorRequired(refusal)
         else:
             return actor
     audit_refusal(permit, obj, actor, refusal)

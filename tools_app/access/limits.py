@@ -26,7 +26,7 @@ from django.db import connection, transaction
 
 from idemops.conf import conf
 from tools_app.access.authorization import Permit, authorize
-from tools_app.access.models import ApiToken, RateBucket, Tenant, TenantLimits
+from tools_app.access.models import AgentConnection, ApiToken, RateBucket, Tenant, TenantLimits
 from tools_app.core import audit, db
 from tools_app.core.errors import InvalidInput, RateLimited
 
@@ -87,6 +87,15 @@ def call_limits(token: ApiToken) -> CallLimits:
                       token_per_minute=limits["calls_per_minute_per_token"])
 
 
+def oauth_call_limits(connection: AgentConnection) -> CallLimits:
+    """The limits of an OAuth agent: its tenant's, and the per-token rate on its connection (a negative id,
+    so its bucket is never an API token's)."""
+    limits = effective(connection.tenant)
+    return CallLimits(tenant_id=connection.tenant_id, token_id=-connection.pk,
+                      tenant_per_minute=limits["calls_per_minute"],
+                      token_per_minute=limits["calls_per_minute_per_token"])
+
+
 def admit_call(limits: CallLimits) -> None:
     """Take one call from each of the caller's buckets, or raise RateLimited (taking nothing)."""
     buckets = limits.buckets()
@@ -126,24 +135,36 @@ RETURNING b.scope, verdict.admitted, current.level, current.rate
 
 
 def _columns(buckets: list[tuple[str, int]]) -> list[list[Any]]:
+    """(scope, calls per minute) -> the columns of buckets holding a minute's calls, refilled per second."""
     return [[scope for scope, _ in buckets], [per_minute / 60 for _, per_minute in buckets],
             [float(per_minute) for _, per_minute in buckets]]
 
 
-def _draw(buckets: list[tuple[str, int]]) -> list[tuple[Any, ...]]:
+def _draw(buckets: list[tuple[str, int]], columns: list[list[Any]] | None = None) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
-        columns = _columns(buckets)
+        columns = columns or _columns(buckets)
         cursor.execute(_DRAW.format(table=db.table(RateBucket)), [*columns, columns[0]])
         drawn: list[tuple[Any, ...]] = cursor.fetchall()
         return drawn
 
 
-def _create(buckets: list[tuple[str, int]]) -> None:
+def _create(buckets: list[tuple[str, int]], columns: list[list[Any]] | None = None) -> None:
     with connection.cursor() as cursor:
         cursor.execute(f"INSERT INTO {db.table(RateBucket)} (scope, tokens, refilled_at) "
                        "SELECT scope, capacity, statement_timestamp() "
                        "FROM unnest(%s::text[], %s::float8[], %s::float8[]) AS w(scope, rate, capacity) "
-                       "ON CONFLICT (scope) DO NOTHING", _columns(buckets))
+                       "ON CONFLICT (scope) DO NOTHING", columns or _columns(buckets))
+
+
+def admit_per_hour(scope: str, per_hour: int) -> bool:
+    """Take one event from `scope`'s bucket (`per_hour` of them, refilled evenly over an hour), the same
+    token buckets as calls; False when it is empty (nothing taken)."""
+    columns: list[list[Any]] = [[scope], [per_hour / 3600], [float(per_hour)]]
+    rows = _draw([], columns)
+    if not rows:
+        _create([], columns)
+        rows = _draw([], columns)
+    return bool(rows and rows[0][1])
 
 
 # --- unfinished tasks per agent ---------------------------------------------------------------------------

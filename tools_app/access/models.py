@@ -71,6 +71,39 @@ class TenantAccess(models.Model):
         return f"{self.user} → {self.tenant}"
 
 
+class AgentConnection(models.Model):
+    """A person's consent that an OAuth client (an MCP host) acts for them on one tenant.
+
+    Made on the console's consent page (`tools_app.access.oauth.connect`). The tokens the client gets
+    are the person's (django-oauth-toolkit's AccessToken.user): four eyes holds, so that person
+    never approves what this agent asks for. Revoking it revokes every token of the client for them.
+    """
+
+    user = models.ForeignKey("auth.User", on_delete=models.CASCADE, related_name="agent_connections")
+    application = models.ForeignKey("oauth2_provider.Application", on_delete=models.CASCADE, related_name="+")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="agent_connections")
+    scopes = models.CharField(max_length=200, help_text="The scopes the person granted (read, write, long).")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "application"], name="one_connection_per_client")]
+        permissions = [("connect_agent", "Can connect an agent (an OAuth client) to a tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.application} for {self.user} on {self.tenant}"
+
+    @property
+    def agent_identity(self) -> str:
+        """How this agent appears in audit events and approval requests."""
+        return f"{AGENT}{self.tenant.slug}/{OAUTH_AGENT}{self.pk}"
+
+
+# An OAuth agent's name in its identity (agent:<tenant>/oauth:<connection id>); no API token's name has ':'.
+OAUTH_AGENT = "oauth:"
+
+
 class AuditorKey(models.Model):
     """An auditor's key for the read-only REST API. Only a SHA-256 digest is stored.
 

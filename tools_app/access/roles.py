@@ -29,12 +29,12 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "view_unknownoutcomequeue", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
         "view_task", "view_taskneedingattention", "manage_task",
         "view_tenantlimits", "set_tenant_limits", "view_tenant", "rotate_webhooksecret",
-        "view_retentionoverride", "manage_retention",
+        "view_retentionoverride", "manage_retention", "connect_agent", "view_agentconnection",
     ],
     # Decides on sensitive operations; sees what they would touch.
     APPROVER: [
         "view_dashboard", "view_approvalqueue", "view_approvalrequest", "decide_approvalrequest",
-        "view_idempotencyrecord",
+        "view_idempotencyrecord", "connect_agent", "view_agentconnection",
     ],
     # Reads everything that is evidence; changes nothing.
     AUDITOR: [

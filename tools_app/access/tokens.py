@@ -19,7 +19,7 @@ from django.db import transaction
 
 from idemops.conf import conf
 from tools_app.access import secrets
-from tools_app.access.models import AGENT, ApiToken, Tenant
+from tools_app.access.models import AGENT, OAUTH_AGENT, AgentConnection, ApiToken, Tenant
 from tools_app.core import audit, db
 
 if TYPE_CHECKING:
@@ -33,6 +33,8 @@ def issue_token(tenant: Tenant, name: str, *, owner: User | None, actor: str = a
     """Create a token owned by `owner` (a user); the raw value is returned here and never again."""
     if owner is None or owner.pk is None:
         raise ValueError("an agent token needs an owner: the person responsible for the agent")
+    if ":" in name:  # `oauth:<id>` names an OAuth agent (models.OAUTH_AGENT): no token may look like one
+        raise ValueError("a token's name may not contain ':'")
     issued = secrets.new(TOKEN_PREFIX)
     token = ApiToken.objects.create(tenant=tenant, name=name, digest=issued.digest, prefix=issued.prefix,
                                     owner=owner)
@@ -83,10 +85,15 @@ def authenticate_token(raw_token: str) -> ApiToken | None:
 
 
 def owner_id_of(tenant_id: int, actor: str) -> int | None:
-    """The owner of the agent whose identity is `actor` (ApiToken.agent_identity), or None: not an agent's
-    identity, or a token without an owner. Token names are unique per tenant, revoked ones included."""
+    """The owner of the agent whose identity is `actor` (ApiToken.agent_identity, or an OAuth agent's
+    AgentConnection.agent_identity: the person who consented), or None: not an agent's identity, or a
+    token without an owner. Token names are unique per tenant, revoked ones included."""
     slug, slash, name = actor.removeprefix(AGENT).partition("/")
     if not actor.startswith(AGENT) or not slash:
         return None
+    if name.startswith(OAUTH_AGENT):
+        connection_id = name.removeprefix(OAUTH_AGENT)
+        return AgentConnection.objects.filter(pk=int(connection_id), tenant_id=tenant_id).values_list(
+            "user_id", flat=True).first() if connection_id.isdigit() else None
     return ApiToken.objects.filter(tenant_id=tenant_id, tenant__slug=slug, name=name).values_list(
         "owner_id", flat=True).first()

@@ -11,6 +11,7 @@ from tools_app.admin import (  # noqa: F401
     auditors,
     dashboard,
     limits,
+    oauth,
     outbox,
     records,
     retention,

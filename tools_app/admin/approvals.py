@@ -6,7 +6,6 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.auth.models import User
-from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db import models
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
@@ -25,6 +24,7 @@ from tools_app.admin.operator_actions import (
     pretty_json,
     time_left,
 )
+from tools_app.admin.refusals import RefusalsAuditedAdmin
 from tools_app.admin.scoping import ListedFromReplica, ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.approvals import thresholds
 from tools_app.approvals.models import (
@@ -167,7 +167,9 @@ class ApprovalDecisionAdmin(ListedFromReplica[ApprovalDecision], TenantScopedAdm
 
 
 @admin.register(ApprovalSettings)
-class ApprovalSettingsAdmin(TenantScopedAdmin[ApprovalSettings], ModelAdmin[ApprovalSettings]):
+class ApprovalSettingsAdmin(RefusalsAuditedAdmin[ApprovalSettings], TenantScopedAdmin[ApprovalSettings],
+                            ModelAdmin[ApprovalSettings]):
+    refusal_permit = thresholds.CHANGE_SETTINGS
     list_display = ["tenant", "request_ttl_minutes", "payment_threshold", "payment_second_threshold",
                     "threshold_currency", "escalate_after_minutes", "notify_webhook_url", "escalation_email"]
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
@@ -176,5 +178,5 @@ class ApprovalSettingsAdmin(TenantScopedAdmin[ApprovalSettings], ModelAdmin[Appr
         before = {name: str(form.initial.get(name)) for name in thresholds.AUDITED} if change else None
         try:
             thresholds.save_settings(obj, request.user, before=before)
-        except errors.PermissionDenied as refused:  # audited by the concept function
-            raise DjangoPermissionDenied(refused.message) from None
+        except errors.PermissionDenied as refused:  # audited again after the rollback (RefusalsAuditedAdmin)
+            raise errors.Refused(refused.message, obj) from None

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import ForeignKey
 from django.forms import ModelChoiceField
 from django.http import HttpRequest
@@ -15,12 +14,14 @@ from django.http import HttpRequest
 from tools_app import access
 from tools_app.access.limits import LIMIT_FIELDS
 from tools_app.access.models import Tenant, TenantLimits
+from tools_app.admin.refusals import RefusalsAuditedAdmin
 from tools_app.admin.scoping import TenantScopedAdmin
-from tools_app.core.errors import PermissionDenied
+from tools_app.core.errors import PermissionDenied, Refused
 
 
 @admin.register(TenantLimits)
-class TenantLimitsAdmin(TenantScopedAdmin[TenantLimits]):
+class TenantLimitsAdmin(RefusalsAuditedAdmin[TenantLimits], TenantScopedAdmin[TenantLimits]):
+    refusal_permit = access.CHANGE_LIMITS
     list_display = ["tenant", *LIMIT_FIELDS]
     list_select_related = ["tenant"]
     fields = ["tenant", *LIMIT_FIELDS]
@@ -49,5 +50,5 @@ class TenantLimitsAdmin(TenantScopedAdmin[TenantLimits]):
             saved = access.change_limits(obj.tenant, request.user, {name: form.cleaned_data[name]
                                                                     for name in LIMIT_FIELDS})
         except PermissionDenied as refused:
-            raise DjangoPermissionDenied(refused.message) from None
+            raise Refused(refused.message) from None  # audited again after the rollback (RefusalsAuditedAdmin)
         obj.pk, obj._state.adding = saved.pk, False

@@ -12,8 +12,9 @@ Who may: each action names the concept's `Permit` (tools_app.access). The
 concept function checks it itself, whoever calls it; the admin asks the same
 Permit to show a button, and again before it shows a confirmation form or
 runs anything, on the object page and on the list alike. A crafted GET or
-POST by someone without the permission, or on another tenant's object, is
-answered 403 and its refusal is an audit event.
+POST by someone without the permission, or on another tenant's object, or from a session that
+entered no second-factor code (access.authorize checks that too), is answered 403 and its refusal
+is an audit event; a person who opens an action's form unverified is sent to the second-factor page.
 
 To add a queue (e.g. UNKNOWN outcomes): a proxy model with the right
 verbose name, a `QueueAdmin` subclass with `queue_filter`, list columns and
@@ -29,6 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import messages
@@ -44,12 +46,21 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from tools_app import access
+from tools_app.access.second_factor import SecondFactorRequired, StaleSecondFactor
 from tools_app.admin.generic import ModelAdmin, ModelT
 from tools_app.admin.queues import LiveQueue
 from tools_app.admin.scoping import ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.core import audit, errors
 
 REASON_REQUIRED, REASON_OPTIONAL = "required", "optional"
+
+
+class NeedsSecondFactor(DjangoPermissionDenied):
+    """Refused (403, audited) because the session entered no second-factor code."""
+
+
+def second_factor_page(next_url: str, *, stale: bool = False) -> str:
+    return f"{reverse('admin:second_factor')}?{urlencode({'next': next_url, **({'stale': '1'} if stale else {})})}"
 # A list action, as Django calls it: (model admin, request, the selected rows) -> a page to show, or None.
 BulkAction = Callable[[ModelAdmin[ModelT], HttpRequest, QuerySet[ModelT]], HttpResponse | None]
 
@@ -122,17 +133,19 @@ class OperatorActionsAdmin(ModelAdmin[ModelT]):
     def _authorize(self, request: HttpRequest, action: OperatorAction, objects: Iterable[ModelT]) -> None:
         """Refuse (403) unless the user may do `action` on every one of `objects`; each refusal is audited."""
         refusals: list[str] = []
+        second_factor_missing = False
         for obj in objects:
             try:
                 access.authorize(request.user, action.permit, obj)
             except errors.PermissionDenied as refused:
                 refusals.append(f"{self._label(obj)}: {refused.message}")
+                second_factor_missing |= isinstance(refused, SecondFactorRequired)
         if not refusals and not self._allowed(request, action):
             # No single object to refuse it on (nothing selected, or "select all"): audited all the same.
             refusals.append(f"you may not {action.permit.what}")
             access.audit_refusal(action.permit, self.model, audit.user_actor(request.user), refusals[0])
         if refusals:
-            raise DjangoPermissionDenied("; ".join(refusals))
+            raise (NeedsSecondFactor if second_factor_missing else DjangoPermissionDenied)("; ".join(refusals))
 
     def _target(self, object_id: str) -> ModelT | None:
         """The object by id, whatever its tenant: another tenant's object is refused, not hidden."""
@@ -156,12 +169,21 @@ class OperatorActionsAdmin(ModelAdmin[ModelT]):
         target = self._target(object_id)
         if target is None:
             raise Http404
-        self._authorize(request, action, [target])  # GET too: the form is the first step of the action
+        try:
+            self._authorize(request, action, [target])  # GET too: the form is the first step of the action
+        except NeedsSecondFactor:
+            if request.method == "POST":  # refused (and audited); a person's next step is the GET
+                raise
+            return HttpResponseRedirect(second_factor_page(request.get_full_path()))
         # Through the queue's (scoped) queryset: an object that left the queue is a 404 here.
         obj = get_object_or_404(self.get_queryset(request), pk=object_id)
         form = ActionForm(request.POST or None, action=action)
         if request.method == "POST" and form.is_valid():
-            self._perform(request, action, obj, form.cleaned_data["reason"], form.extras)
+            try:
+                self._perform(request, action, obj, form.cleaned_data["reason"], form.extras)
+            except StaleSecondFactor as stale:  # a step-up: a fresh code, then the same form again
+                self.message_user(request, f"{self._label(obj)}: not done: {stale}", messages.WARNING)
+                return HttpResponseRedirect(second_factor_page(request.get_full_path(), stale=True))
             return HttpResponseRedirect(reverse(f"admin:{self._url_name('changelist')}"))
         return self._confirmation(request, action, [obj], form)
 
@@ -197,7 +219,13 @@ class OperatorActionsAdmin(ModelAdmin[ModelT]):
             form = ActionForm(request.POST if request.POST.get("confirm") else None, action=action)
             if form.is_bound and form.is_valid():
                 for obj in queryset:
-                    self._perform(request, action, obj, form.cleaned_data["reason"], form.extras)
+                    try:
+                        self._perform(request, action, obj, form.cleaned_data["reason"], form.extras)
+                    except StaleSecondFactor as stale:  # the rest wait for a fresh code
+                        self.message_user(request, f"{self._label(obj)} and after: not done: {stale}",
+                                          messages.WARNING)
+                        return HttpResponseRedirect(second_factor_page(
+                            reverse(f"admin:{self._url_name('changelist')}"), stale=True))
                 return None
             return self._confirmation(request, action, list(queryset), form, bulk=True)
 
@@ -209,6 +237,8 @@ class OperatorActionsAdmin(ModelAdmin[ModelT]):
         try:
             message = action.perform(request, obj, reason, **extras)
             self.message_user(request, f"{self._label(obj)}: {message}", messages.SUCCESS)
+        except StaleSecondFactor:
+            raise  # the page asks for a fresh code (action_view)
         except action.refused as refused:
             self.message_user(request, f"{self._label(obj)}: not done: {refused}", messages.ERROR)
 

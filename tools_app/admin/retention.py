@@ -3,23 +3,24 @@ permission and the tenant and audits the change (with the periods before and aft
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import Any
 
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 
-from tools_app import access, retention
+from tools_app import retention
 from tools_app.admin.generic import ModelAdmin
+from tools_app.admin.refusals import RefusalsAuditedAdmin
 from tools_app.admin.scoping import TenantScopedAdmin
-from tools_app.core import audit
 from tools_app.core.errors import PermissionDenied, Refused
 from tools_app.retention.models import RetentionOverride
 
 
 @admin.register(RetentionOverride)
-class RetentionOverrideAdmin(TenantScopedAdmin[RetentionOverride], ModelAdmin[RetentionOverride]):
+class RetentionOverrideAdmin(RefusalsAuditedAdmin[RetentionOverride], TenantScopedAdmin[RetentionOverride],
+                             ModelAdmin[RetentionOverride]):
+    refusal_permit = retention.CHANGE_RETENTION
     list_display = ["tenant", "tool_display", "records", "tasks", "artifacts", "documents", "updated_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "tool"]
     list_select_related = ["tenant"]
@@ -55,28 +56,3 @@ class RetentionOverrideAdmin(TenantScopedAdmin[RetentionOverride], ModelAdmin[Re
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[RetentionOverride]) -> None:
         for obj in queryset:
             self.delete_model(request, obj)
-
-    # Django runs these views in a transaction, which a refusal rolls back, its audit event included:
-    # the refusal is written again once that transaction is gone, then answered 403.
-    def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        try:
-            return super().changeform_view(request, *args, **kwargs)
-        except Refused as refused:
-            self._refuse(request, refused)
-
-    def delete_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        try:
-            return super().delete_view(request, *args, **kwargs)
-        except Refused as refused:
-            self._refuse(request, refused)
-
-    def changelist_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        try:
-            return super().changelist_view(request, *args, **kwargs)
-        except Refused as refused:
-            self._refuse(request, refused)
-
-    def _refuse(self, request: HttpRequest, refused: Refused) -> NoReturn:
-        access.audit_refusal(retention.CHANGE_RETENTION, refused.subject or self.model, audit.user_actor(request.user),
-                             refused.reason)
-        raise DjangoPermissionDenied(refused.reason)

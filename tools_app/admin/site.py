@@ -23,9 +23,11 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, URLResolver, path, reverse
 
 from tools_app import access
+from tools_app.access import second_factor
 from tools_app.admin.find import FindForm, find_view
-from tools_app.admin.operator_actions import QueueAdmin, age
+from tools_app.admin.operator_actions import QueueAdmin, age, second_factor_page
 from tools_app.admin.queues import QueueSummary
+from tools_app.admin.second_factor import ConsoleLoginForm, second_factor_view
 from tools_app.approvals.models import ApprovalRequest, ApprovalStatus
 from tools_app.metrics import dashboard
 
@@ -46,10 +48,12 @@ class ConsoleSite(admin.AdminSite):
     index_title = "Work queues"
     index_template = "admin/tools_app/console.html"
     site_url = None  # no public site: the console is the whole web UI
+    login_form = ConsoleLoginForm  # Django's, with the authenticator code
 
     def get_urls(self) -> list[URLResolver | URLPattern]:
         return [
             path("find/", self.admin_view(find_view(self)), name="find"),
+            path("second-factor/", self.admin_view(second_factor_view(self)), name="second_factor"),
             path("approval/<int:request_id>/", self.admin_view(self.approval_link), name="approval_link"),
         ] + super().get_urls()
 
@@ -117,7 +121,11 @@ class ConsoleSite(admin.AdminSite):
     # --- links in approvers' messages ------------------------------------------------------------
 
     def approval_link(self, request: HttpRequest, request_id: int) -> HttpResponseRedirect:
-        """One request's page, whatever became of it: the queue's page while it waits, its history after."""
+        """One request's page, whatever became of it: the queue's page while it waits, its history after.
+        The link in an approver's message: it opens for a session that entered its second factor (the
+        person is asked for the code first, then comes back here)."""
+        if not second_factor.verified(request.user):
+            return HttpResponseRedirect(second_factor_page(request.get_full_path()))
         approval = access.scope(ApprovalRequest.objects.all(), request.user).filter(pk=request_id).first()
         if approval is None:
             raise Http404("no such approval request among the tenants you may see")

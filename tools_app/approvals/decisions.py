@@ -4,7 +4,9 @@ Who may decide: users with `tools_app.decide_approvalrequest` on the request's t
 (access.authorize with APPROVE / REJECT), never on their own request. Four eyes: the owner of the
 agent token that asked (ApiToken.owner, kept on the request as `requester_owner`) may reject it but
 never approve it, so no one person both asks (through their agent) and agrees. Every decision and
-every refused attempt is an audit event. Row order when both change: the request first, then its record.
+every refused attempt is an audit event. Approving an amount above the tenant's step-up amount
+needs a second-factor code entered within IDEMOPS_STEP_UP_MINUTES (`thresholds.needs_step_up`).
+Row order when both change: the request first, then its record.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from idemops.conf import conf
 from tools_app import access, engine
-from tools_app.approvals import execution
+from tools_app.access import second_factor
+from tools_app.approvals import execution, thresholds
 from tools_app.approvals.models import (
     ApprovalDecision,
     ApprovalRequest,
@@ -54,6 +58,12 @@ def _decide(request: ApprovalRequest, user: User, permit: access.Permit, reason:
         actor = access.authorize(user, permit, request)
     except PermissionDenied as denied:  # already audited
         raise Refused(denied.message) from None
+    if permit is APPROVE and thresholds.needs_step_up(request) and not second_factor.fresh(
+            user, conf().step_up_minutes):
+        refusal = (f"step-up: approving this amount needs a second-factor code entered within the last "
+                   f"{conf().step_up_minutes:g} minutes; enter a new one and approve again")
+        access.audit_refusal(permit, request, actor, refusal)
+        raise second_factor.StaleSecondFactor(refusal, request)
     reason = (reason or "").strip()
     try:
         _check_decision(request, user, actor, permit, reason)

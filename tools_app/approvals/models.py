@@ -118,6 +118,10 @@ class ApprovalSettings(models.Model):
     payment_second_threshold = models.DecimalField(
         max_digits=14, decimal_places=2, null=True, blank=True,
         help_text="Payments above this amount need two different approvers.")
+    step_up_amount = models.DecimalField(
+        max_digits=14, decimal_places=2, null=True, blank=True,
+        help_text="Approving a payment above this amount needs a second-factor code entered within "
+                  "IDEMOPS_STEP_UP_MINUTES (asked again when older). Empty: the session's code suffices.")
     threshold_currency = models.CharField(
         max_length=3, default="EUR", help_text="Currency of the thresholds; other currencies always need approval.")
     escalate_after_minutes = models.PositiveIntegerField(

@@ -5,6 +5,9 @@
 - `alice`: approver of the demo tenant, with an email address: she is told (through the outbox, to
   the notification sink) when the agent asks for an approval.
 
+Both are enrolled with an authenticator (TOTP); the banner prints each secret and otpauth URI, since
+every change in the console needs a code.
+
 Credentials are kept in var/demo-credentials.json (mode 0600) so that every
 `make run` can print them; the token itself is stored hashed in the database
 like any other.
@@ -21,7 +24,7 @@ from django.db import transaction
 
 from idemops.conf import conf
 from tools_app import access
-from tools_app.access import roles
+from tools_app.access import roles, second_factor
 from tools_app.access.models import ApiToken, Tenant
 from tools_app.approvals.models import ApprovalSettings
 
@@ -60,6 +63,12 @@ def ensure_demo() -> dict[str, str]:
     elif token.owner_id is None:  # issued by a release from before tokens had owners
         access.set_owner(token, admin, actor="system:demo", reason="the demo agent's owner")
     saved["admin_user"], saved["approver_user"] = DEMO_ADMIN, DEMO_APPROVER
+    # Both enrolled with an authenticator: every change in the console needs its code (access.second_factor).
+    for role, person in (("admin", admin), ("approver", User.objects.get(username=DEMO_APPROVER))):
+        device = second_factor.totp_device(person) or second_factor.enrol(person, actor="system:demo",
+                                                                          confirmed=True)
+        saved[f"{role}_totp_secret"] = second_factor.base32_secret(device)
+        saved[f"{role}_otpauth_uri"] = device.config_url
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(saved, indent=2))
     path.chmod(0o600)

@@ -1,4 +1,10 @@
-"""A JSON-RPC envelope check in front of the MCP SDK's Streamable HTTP transport.
+"""Checks of a request's JSON-RPC envelope in front of the MCP SDK's Streamable HTTP transport: its id,
+and whether the bearer token's scopes cover the tool it calls.
+
+A tools/call needs the tool's scope (`required_scope`: read, write or long): a static API token has
+all three, an OAuth token those its person granted. Without it the answer is HTTP 403 with
+`WWW-Authenticate: Bearer error="insufficient_scope", scope=...` and the protected-resource
+metadata URL, as the MCP authorization spec asks, and nothing runs.
 
 JSON-RPC 2.0 says a request's `id` is a string, a number or null; MCP narrows
 it to a string or an integer. The SDK (mcp 2.3, protocol versions up to
@@ -19,14 +25,20 @@ import json
 from typing import Any
 
 import pydantic_core
+from mcp.server.auth.routes import build_resource_metadata_url
 from mcp.server.transport_security import RequestBodyLimitMiddleware
 from mcp_types import INVALID_REQUEST, ErrorData, JSONRPCError
+from pydantic import AnyHttpUrl
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from idemops.conf import conf
+from tools_app.access import oauth
 from tools_app.core import outage
-from tools_app.core.errors import InvalidInput
+from tools_app.core.errors import InvalidInput, NotFound
 from tools_app.mcp.runtime import DatabaseUnavailable
+from tools_app.toolkit.registry import ToolSpec, get_tool
+from tools_app.tools.task_tools import TASK_WRITE_TOOLS
 
 
 def bad_request_id(body: bytes) -> InvalidInput | None:
@@ -43,6 +55,50 @@ def bad_request_id(body: bytes) -> InvalidInput | None:
         return None
     return InvalidInput("id: a request's id must be a string or an integer (a message without an id is a "
                         "notification)")
+
+
+def required_scope(spec: ToolSpec) -> str:
+    """The OAuth scope a tool needs: `read` for read-only tools, `long` for long tools and the tools that start
+    or steer tasks, `write` for every other write."""
+    if not spec.writes:
+        return oauth.READ
+    if spec.pipeline is not None or spec.name in TASK_WRITE_TOOLS:
+        return oauth.LONG
+    return oauth.WRITE
+
+
+def missing_scope(body: bytes, scope: Scope) -> str | None:
+    """The scope a tools/call needs and the bearer token lacks (None: it has it, or this is no tools/call)."""
+    try:
+        message: Any = pydantic_core.from_json(body)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or message.get("method") != "tools/call":
+        return None
+    params = message.get("params")
+    name = params.get("name") if isinstance(params, dict) else None
+    try:
+        spec = get_tool(name) if isinstance(name, str) else None
+    except NotFound:
+        return None  # answered as an unknown tool
+    credentials = scope.get("auth")
+    needed = required_scope(spec) if spec is not None else None
+    if needed is None or (credentials is not None and needed in credentials.scopes):
+        return None
+    return needed
+
+
+def insufficient_scope(needed: str) -> Response:
+    """403 with the challenge the MCP authorization spec describes: the client may ask its person for more."""
+    challenge = (f'Bearer error="insufficient_scope", scope="{needed}", resource_metadata="{resource_metadata_url()}", '
+                 f'error_description="this tool needs the {needed} scope"')
+    return Response(json.dumps({"error": "insufficient_scope", "error_description": f"this tool needs the {needed} "
+                                "scope"}), status_code=403, media_type="application/json",
+                    headers={"WWW-Authenticate": challenge})
+
+
+def resource_metadata_url() -> str:
+    return str(build_resource_metadata_url(AnyHttpUrl(f"{conf().public_url.rstrip('/')}/mcp")))
 
 
 class RequestIdGuard:
@@ -69,6 +125,10 @@ class RequestIdGuard:
             body += message.get("body", b"")
             if not message.get("more_body", False):
                 break
+        missing = missing_scope(body, scope)
+        if missing is not None:
+            await insufficient_scope(missing)(scope, receive, send)
+            return
         problem = bad_request_id(body)
         if problem is not None:
             error = JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 
 from idemops.conf import conf
 from tools_app import access, engine
+from tools_app.access import oauth
 from tools_app.core import counters, keys, logs, outage, polling
 from tools_app.core.errors import RateLimited
 from tools_app.toolkit.calls import Caller, CallResult
@@ -76,17 +77,35 @@ def _with_fresh_connection(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
 
 
 class TenantTokenVerifier:
-    """Maps `Authorization: Bearer <token>` to the tenant and agent identity, and its limits."""
+    """Maps `Authorization: Bearer <token>` to the tenant and agent identity, its scopes and limits: a static
+    API token (every scope), or an OAuth access token (the scopes its person granted, on the connection's
+    tenant). The SDK then checks the token's resource is this server's /mcp (RFC 8707 audience)."""
+
+    def __init__(self, resource: str) -> None:
+        self.resource = resource
 
     async def verify_token(self, token: str) -> AccessToken | None:
-        # A token verified moments ago needs neither a query nor the hop to a database thread.
-        api_token = access.cached_token(token) or await in_db_thread(access.authenticate_token, token)
-        if api_token is None:
+        if token.startswith(access.TOKEN_PREFIX):
+            # A token verified moments ago needs neither a query nor the hop to a database thread.
+            api_token = access.cached_token(token) or await in_db_thread(access.authenticate_token, token)
+            if api_token is None:
+                return None
+            return AccessToken(
+                token=token, client_id=api_token.agent_identity, scopes=list(oauth.SCOPES), resource=self.resource,
+                claims={"tenant_id": api_token.tenant_id, "token_id": api_token.pk,
+                        "limits": access.call_limits(api_token).as_claims()},
+            )
+        found = await in_db_thread(oauth.authenticate, token)
+        if found is None:
             return None
+        oauth_token, connection = found
+        # The token's resource as issued: the SDK refuses it unless it is this server's (a token for another).
+        resource = self.resource if self.resource in oauth_token.resource else next(iter(oauth_token.resource), None)
         return AccessToken(
-            token=token, client_id=api_token.agent_identity, scopes=["tools"],
-            claims={"tenant_id": api_token.tenant_id, "token_id": api_token.pk,
-                    "limits": access.call_limits(api_token).as_claims()},
+            token=token, client_id=connection.agent_identity, scopes=oauth_token.scope.split(), resource=resource,
+            expires_at=int(oauth_token.expires.timestamp()),
+            claims={"tenant_id": connection.tenant_id, "oauth_token_id": oauth_token.pk,
+                    "limits": access.oauth_call_limits(connection).as_claims()},
         )
 
 

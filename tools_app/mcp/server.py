@@ -167,11 +167,13 @@ def build_server() -> MCPServer:
         tools=[sdk_tool(spec) for spec in all_tools()],
         extensions=[TasksExtension(), IdempotencyExtension()],
         middleware=[task_protocols, advertise_in_initialize],
-        token_verifier=TenantTokenVerifier(),
-        # Our tokens are opaque per-tenant API keys, not audience-bound JWTs.
+        token_verifier=TenantTokenVerifier(f"{public_url}/mcp"),
+        # This server is its own authorization server (django-oauth-toolkit, docs/auth.md); the SDK names its
+        # protected-resource metadata in a 401 and refuses a token issued for another resource (RFC 8707).
+        # Scopes are checked per tool (guards.required_scope), so none is required of every request.
         # Validated from strings, so the model's url_preserve_empty_path keeps the issuer's canonical form.
         auth=AuthSettings.model_validate({"issuer_url": public_url, "resource_server_url": f"{public_url}/mcp",
-                                          "required_scopes": ["tools"], "validate_token_resource": False}),
+                                          "required_scopes": [], "validate_token_resource": True}),
     )
 
 

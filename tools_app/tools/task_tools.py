@@ -80,6 +80,10 @@ class TaskResult(BaseModel):
     result: dict[str, Any]
 
 
+# The task tools that start or steer a task: an OAuth token needs the `long` scope for them (mcp.guards).
+TASK_WRITE_TOOLS = frozenset({"start_task", "resume_task", "cancel_task", "pause_task", "fork_task"})
+
+
 @write_tool(name="start_task", title="Start a long task", input_model=StartTaskInput, output_model=TaskHandle,
             check=agent_view.check_start, operation_arguments=agent_view.start_arguments,
             # The long tool's own arguments: any of them may be personal (a document's text); the

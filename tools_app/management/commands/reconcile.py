@@ -5,6 +5,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tools_app import reconciliation
+from tools_app.access import second_factor
 from tools_app.core.errors import ToolFailure
 from tools_app.engine.models import IdempotencyRecord
 
@@ -27,6 +28,8 @@ class Command(BaseCommand):
         operator = get_user_model().objects.filter(username=user).first()
         if operator is None:
             raise CommandError(f"no user {user!r}")
+        # Whoever runs a command on the server is trusted with it already: no code to ask for here.
+        second_factor.at_the_shell(operator)
         target = IdempotencyRecord.objects.filter(pk=record).first()
         if target is None:
             raise CommandError(f"no record {record}")

@@ -149,14 +149,21 @@ def banner(base: str, demo: dict[str, str] | None) -> str:
     kept = "(in var/demo-credentials.json)"
     admin = f"user {demo['admin_user']}  password {demo.get('admin_password', kept)}"
     approver = f"user {demo.get('approver_user', 'alice')}  password {demo.get('approver_password', kept)}"
+    admin_totp = _totp(demo, "admin")
+    approver_totp = _totp(demo, "approver")
     return f"""
 idemops is running.
   Console   {base}/admin/   the operators' console: the work queues first (pending approvals, UNKNOWN
             outcomes, failed or stuck tasks, dead letters), each page saying how to settle its rows;
             the box at the top finds any record by idempotency key or id; press ? for the keyboard.
     {admin}   superuser; owns the demo agent, so cannot approve its requests
+      {admin_totp}
     {approver}   approver of tenant demo, emailed when the agent asks
+      {approver_totp}
+            every change (approve, resolve, re-drive...) needs the authenticator code at login: add the
+            otpauth URI to an authenticator app, or print a code with: oathtool --totp -b SECRET
   MCP       {base}/mcp      tenant demo, bearer token {token}
+            or by OAuth: give an MCP host {base}/mcp; it sends you to the console to consent (docs/auth.md)
   Probes    {base}/livez  {base}/readyz   Metrics {base}/metrics (Prometheus; from this machine)
   Payment gateway (demo downstream)  http://127.0.0.1:8001   notification sink  http://127.0.0.1:8002/messages
             (approvers' emails land in the sink: open the link in one, log in as the approver, decide)
@@ -174,11 +181,19 @@ Ctrl-C stops everything.
 """
 
 
+def _totp(demo: dict[str, str], role: str) -> str:
+    secret = demo.get(f"{role}_totp_secret")
+    if not secret:
+        return "authenticator: (see var/demo-credentials.json)"
+    return f"authenticator secret {secret}  {demo.get(f'{role}_otpauth_uri', '')}"
+
+
 def without_demo(base: str) -> str:
     """The banner with the demo off (IDEMOPS_DEMO): no tenant, people or token were created."""
     return f"""
 idemops is running (no demo: IDEMOPS_DEMO is off).
-  Console   {base}/admin/   a superuser first: idemops createsuperuser
+  Console   {base}/admin/   a superuser first: idemops createsuperuser; then, logged in, enrol an
+            authenticator at {base}/admin/second-factor/ (every change needs its code)
   MCP       {base}/mcp      a tenant and its agent's token: idemops create_tenant SLUG --owner USER
   Probes    {base}/livez  {base}/readyz   Metrics {base}/metrics (Prometheus; from this machine)
   Database  {'embedded PostgreSQL in ' + str(conf().pgdata) if settings.EMBEDDED_DATABASE else 'DATABASE_URL'}
