@@ -1,9 +1,8 @@
 """Operators for tests: real users in the real groups (tools_app.roles), with tenant access, each with a
 confirmed authenticator, as a person who entered its code would be (tools_app.access.second_factor)."""
 
-import time
-
 import re
+import time
 
 import httpx2
 from django.contrib.auth import get_user_model

@@ -19,7 +19,6 @@ from email.utils import parsedate_to_datetime
 
 import httpx2
 import pytest
-from django.contrib.auth.models import User
 from django.db import connection
 from django_q.models import OrmQ
 
