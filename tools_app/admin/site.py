@@ -37,8 +37,8 @@ SECTIONS = [
     ("Work queues", "queues", QUEUES),
     ("Look into", "evidence", ["dashboard", "idempotencyrecord", "approvalrequest", "approvaldecision", "task",
                                "outboxevent", "auditevent", "auditseal"]),
-    ("Reference data", "reference", ["tenant", "apitoken", "tenantaccess", "approvalsettings", "tenantlimits",
-                                     "retentionoverride", "auditorkey"]),
+    ("Reference data", "reference", ["tenant", "apitoken", "agentconnection", "tenantaccess", "approvalsettings",
+                                     "tenantlimits", "retentionoverride", "auditorkey"]),
 ]
 
 
