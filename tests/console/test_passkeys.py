@@ -7,6 +7,8 @@ WebAuthn takes a host name, not an address, so the loopback public URL's relying
 """
 
 import json
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from urllib.parse import urlsplit
 
 import pytest
@@ -17,9 +19,12 @@ from django_otp_webauthn.models import WebAuthnCredential
 from idemops.conf import conf
 from tests.browser import browser_page, log_in, needs_chromium, shot
 from tests.console.test_console_browser import announce, person
+from tests.issued_ids import call_labelled_sync
+from tests.mcp_client import error_of
 from tests.operators import make_operator
 from tools_app.access.roles import APPROVER
-from tools_app.models import ApprovalRequest, ApprovalStatus, AuditEvent
+from tools_app.approvals.models import ApprovalSettings
+from tools_app.models import ApprovalRequest, ApprovalStatus, AuditEvent, Tenant
 
 # --- who may register (no browser) -----------------------------------------------------------------------
 
@@ -239,3 +244,65 @@ def test_a_person_with_no_device_yet_registers_a_passkey_first_and_gets_recovery
     assert AuditEvent.objects.filter(action="second_factor.enrolled", actor="user:alice",
                                      after__device="passkey").count() == 1
     assert AuditEvent.objects.filter(action="second_factor.recovery_codes_issued", actor="user:alice").count() == 1
+
+
+STEP_UP_SECONDS = 9  # short, so that a verification goes stale while the test waits
+
+
+@pytest.fixture
+def step_up_server(gateway, sink, transactional_db):
+    from tests.processes import WebServer, downstream_env
+
+    server = WebServer("web-step-up", **downstream_env(gateway, sink,
+                                                       IDEMOPS_STEP_UP_MINUTES=str(STEP_UP_SECONDS / 60)))
+    yield server
+    server.stop()
+
+
+def pending_payment(web_server, token, amount: str) -> int:
+    ApprovalSettings.objects.get_or_create(tenant=Tenant.objects.get(slug="acme"), defaults={
+        "payment_threshold": Decimal("100"), "step_up_amount": Decimal("1000"), "threshold_currency": "EUR"})
+    args = {"amount": amount, "currency": "EUR", "payee": "ACME", "idempotency_key": "pay-big"}
+    with ThreadPoolExecutor(1) as pool:  # the MCP client's event loop, in a thread of its own
+        answer = pool.submit(call_labelled_sync, web_server.mcp_url, token, "request_payment", args).result()
+    return error_of(answer)["approval"]["request_id"]
+
+
+@in_a_browser
+def test_a_passkey_used_again_satisfies_the_step_up_a_large_approval_asks_for(step_up_server, token):
+    # given: a payment above acme's step-up amount; an approver with a passkey
+    request_id = pending_payment(step_up_server, token, "5000.00")
+    person("alice", APPROVER)
+    base = localhost(step_up_server)
+
+    with browser_page() as page:
+        virtual_authenticator(page)
+        register_passkey(page, base, "alice")
+        page.context.clear_cookies()
+        # when: she logs in with her password, opens the payment, approves, and is asked for her passkey
+        log_in(page, base, "alice", f"/admin/tools_app/pendingapproval/{request_id}/change/", second_factor=False)
+        page.click("#action-approve")
+        page.click("#passkey-verification-button")
+        page.wait_for_selector("#id_reason")
+        # and: her passkey's verification goes stale before she confirms
+        page.wait_for_timeout((STEP_UP_SECONDS + 1) * 1000)
+        page.fill("#id_reason", "checked the invoice")
+        page.keyboard.press("Control+Enter")
+        page.wait_for_selector("#passkey-verification-button")
+        asked_again = page.url
+        # then: she uses the passkey again, and confirms at once
+        page.click("#passkey-verification-button")
+        page.wait_for_selector("#id_reason")
+        page.fill("#id_reason", "checked the invoice")
+        page.keyboard.press("Control+Enter")
+        page.wait_for_selector("ul.messagelist")
+
+    # then: the stale verification was refused as a step-up and asked again; the fresh passkey approved it
+    assert "stale=1" in asked_again
+    refusals = AuditEvent.objects.filter(action="approval.refused", object_id=str(request_id)).order_by("pk")
+    assert [(e.actor, e.reason.split(":")[0]) for e in refusals] == [("user:alice", "second factor required"),
+                                                                    ("user:alice", "step-up")]
+    assert AuditEvent.objects.filter(action="second_factor.verified", actor="user:alice",
+                                     after__device="passkey").count() == 2
+    assert ApprovalRequest.objects.filter(pk=request_id, status=ApprovalStatus.APPROVED,
+                                          decided_by="user:alice").count() == 1
