@@ -26,7 +26,8 @@ from idemops.conf import conf
 from tools_app.access import passkeys, second_factor
 from tools_app.core import audit
 
-CODE_HELP = "From your authenticator app (or a recovery code). Without one you may look, not change anything."
+CODE_HELP = ("From your authenticator app (or a recovery code); with a passkey, leave it empty: it is asked for "
+             "next. Without either you may look, not change anything.")
 
 
 class ConsoleLoginForm(AdminAuthenticationForm):
