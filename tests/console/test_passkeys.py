@@ -8,11 +8,14 @@ WebAuthn takes a host name, not an address, so the loopback public URL's relying
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from decimal import Decimal
 from urllib.parse import urlsplit
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
+from django_otp import DEVICE_ID_SESSION_KEY
 from django_otp.plugins.otp_totp.models import TOTPDevice
 from django_otp_webauthn.models import WebAuthnCredential
 
@@ -22,6 +25,7 @@ from tests.console.test_console_browser import announce, person
 from tests.issued_ids import call_labelled_sync
 from tests.mcp_client import error_of
 from tests.operators import make_operator
+from tools_app.access import second_factor
 from tools_app.access.roles import APPROVER
 from tools_app.approvals.models import ApprovalSettings
 from tools_app.models import ApprovalRequest, ApprovalStatus, AuditEvent, Tenant
@@ -76,6 +80,27 @@ def test_a_passkey_only_person_without_a_verified_session_is_not_offered_a_new_a
     assert page.status_code == 200 and page.context["enrolling"] is False
     assert b"totp-secret" not in page.content and b"passkey-verification-button" in page.content
     assert not TOTPDevice.objects.filter(user=bob).exists()
+
+
+@pytest.mark.django_db
+def test_a_passkey_only_person_asked_for_a_fresh_second_factor_is_offered_the_passkey(client, tenant):
+    # given: a person whose one device is a passkey, in a session it verified an hour ago
+    bob = make_operator("bob", APPROVER, tenant)
+    TOTPDevice.objects.filter(user=bob).delete()
+    passkey = WebAuthnCredential.objects.create(user=bob, name="passkey", credential_id=b"bob's key",
+                                                public_key=b"cose", aaguid="00000000-0000-0000-0000-000000000000")
+    client.force_login(bob, second_factor=False)
+    session = client.session
+    session[DEVICE_ID_SESSION_KEY] = passkey.persistent_id
+    session[second_factor.VERIFIED_AT_SESSION_KEY] = (timezone.now() - timedelta(hours=1)).isoformat()
+    session.save()
+
+    # when: a step-up sends the person to the second-factor page
+    page = client.get(reverse("admin:second_factor") + "?stale=1")
+
+    # then: the passkey is offered (beside adding an authenticator, which a verified session may)
+    assert page.context["verified_at"] is not None
+    assert b"passkey-verification-button" in page.content
 
 
 # --- in a real browser with a virtual authenticator ------------------------------------------------------
