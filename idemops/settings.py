@@ -13,6 +13,7 @@ import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from pydantic import SecretStr
@@ -100,6 +101,7 @@ INSTALLED_APPS = [
     "django_otp",
     "django_otp.plugins.otp_totp",
     "django_otp.plugins.otp_static",
+    "django_otp_webauthn",  # passkeys, a django-otp device like the authenticator (docs/auth.md)
     "axes",
     # Agents' OAuth 2.1 authorization server (tools_app/access/oauth.py, docs/auth.md).
     "oauth2_provider",
@@ -198,6 +200,24 @@ OAUTH2_PROVIDER = {
     "CIMD_ENABLED": _environment.oauth_client_metadata_documents,
     "CIMD_METADATA_FETCHER": "tools_app.access.oauth.AllowListedMetadataFetcher",
 }
+
+# --- People's passkeys (django-otp-webauthn; docs/auth.md) ----------------------------
+# A passkey is bound to its relying party, the public URL's host name, and answers only pages of its
+# origin. WebAuthn takes host names, not addresses: a loopback public URL (the default) makes passkeys
+# work at http://localhost on the same port, which browsers treat as a secure context like https.
+_public = urlsplit(_PUBLIC_URL)
+OTP_WEBAUTHN_RP_ID = "localhost" if _public.hostname in ("127.0.0.1", "::1") else (_public.hostname or "localhost")
+OTP_WEBAUTHN_RP_NAME = "idemops"
+_passkey_origin = f"{_public.scheme}://{OTP_WEBAUTHN_RP_ID}" + (f":{_public.port}" if _public.port else "")
+# Browsers offer no passkeys to a plain-http page other than localhost: then none is accepted either,
+# and the package's check that asks for an origin is silenced rather than failing every command.
+OTP_WEBAUTHN_ALLOWED_ORIGINS = ([_passkey_origin] if _public.scheme == "https" or OTP_WEBAUTHN_RP_ID == "localhost"
+                                else [])
+SILENCED_SYSTEM_CHECKS = [] if OTP_WEBAUTHN_ALLOWED_ORIGINS else ["otp_webauthn.E030"]
+# A passkey is a second factor here, after the password, never a login by itself.
+OTP_WEBAUTHN_ALLOW_PASSWORDLESS_LOGIN = False
+# Registrations and uses are audited in the same transaction (tools_app/access/passkeys.py).
+OTP_WEBAUTHN_HELPER_CLASS = "tools_app.access.passkeys.AuditedPasskeys"
 
 ROOT_URLCONF = "idemops.urls"
 ASGI_APPLICATION = "idemops.asgi.application"

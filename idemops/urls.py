@@ -6,6 +6,7 @@ from django.urls import include, path
 from django.utils.module_loading import module_has_submodule
 from oauth2_provider import views as oauth_views
 
+from tools_app.admin import passkeys
 from tools_app.admin.consent import ConsentView
 from tools_app.web.health import livez, readyz
 from tools_app.web.metrics import metrics
@@ -30,6 +31,8 @@ oauth_patterns = [
 ]
 
 urlpatterns = [
+    # People's passkeys (docs/auth.md): the ceremonies the console's second-factor page calls.
+    path("admin/second-factor/passkey/", include((passkeys.urlpatterns(), "otp_webauthn"))),
     path("admin/", admin.site.urls),
     path("livez", livez, name="livez"),
     path("readyz", readyz, name="readyz"),

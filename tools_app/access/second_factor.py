@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import transaction
 from django.utils import timezone
 from django_otp import login as otp_login
+from django_otp import user_has_device
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
@@ -91,6 +92,17 @@ def remember(request: HttpRequest, device: Any) -> None:
     request.session[VERIFIED_AT_SESSION_KEY] = now.isoformat()
     request.user.otp_device = device  # type: ignore[union-attr]  # django-otp's attribute
     request.user.second_factor_at = now  # type: ignore[union-attr]  # ours (SecondFactorTimeMiddleware)
+
+
+def has_device(user: AbstractBaseUser | AnonymousUser) -> bool:
+    """Whether `user` has any confirmed second-factor device (authenticator, recovery codes, passkey)."""
+    return user.is_authenticated and user_has_device(user, confirmed=True)
+
+
+def may_enrol(user: Any) -> bool:
+    """Whether `user`'s session may add a device (an authenticator, a passkey): only a session that proved
+    a device already, or a person who has none yet. Else a stolen password would add the thief's device."""
+    return verified(user) or not has_device(user)
 
 
 def totp_device(user: AbstractBaseUser | AnonymousUser, *, confirmed: bool | None = True) -> TOTPDevice | None:

@@ -1,5 +1,6 @@
 """The console's side of the second factor: the login form's code, and the page that enrols an
-authenticator or takes a code (also again, when a step-up asks for a fresh one).
+authenticator or a passkey, or takes a code or a passkey (also again, when a step-up asks for a fresh one).
+The passkey ceremonies' endpoints are tools_app/admin/passkeys.py.
 
 The rule itself is not here: `access.authorize` refuses every operator operation to a session that
 entered no code, and approvals ask for a fresh one above a tenant's step-up amount
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib.admin import AdminSite
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.models import User
@@ -21,10 +23,11 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from idemops.conf import conf
-from tools_app.access import second_factor
+from tools_app.access import passkeys, second_factor
 from tools_app.core import audit
 
-CODE_HELP = "From your authenticator app (or a recovery code). Without one you may look, not change anything."
+CODE_HELP = ("From your authenticator app (or a recovery code); with a passkey, leave it empty: it is asked for "
+             "next. Without either you may look, not change anything.")
 
 
 class ConsoleLoginForm(AdminAuthenticationForm):
@@ -63,22 +66,26 @@ def second_factor_view(site: AdminSite) -> Any:
                                                require_https=request.is_secure()):
             next_url = reverse("admin:index")
         device = second_factor.totp_device(user)
-        enrolling = device is None
+        # A person with a passkey only adds an authenticator from a verified session, like a passkey.
+        enrolling = device is None and second_factor.may_enrol(user)
         if enrolling:  # an unconfirmed authenticator, kept until its first code confirms it
             device = second_factor.totp_device(user, confirmed=False) or second_factor.enrol(
                 user, actor=audit.user_actor(user), confirmed=False)
-        assert device is not None
         form = CodeForm(request.POST or None)
         context: dict[str, Any] = {**site.each_context(request), "title": "Second factor", "form": form,
                                    "next": next_url, "enrolling": enrolling,
                                    "stale": request.GET.get("stale") == "1",
                                    "step_up_minutes": f"{conf().step_up_minutes:g}",
-                                   "verified_at": second_factor.verified_at(user)}
+                                   "verified_at": second_factor.verified_at(user),
+                                   "passkeys": passkeys.passkeys_of(user),
+                                   "may_register_passkey": second_factor.may_enrol(user),
+                                   "passkey_origin": next(iter(settings.OTP_WEBAUTHN_ALLOWED_ORIGINS), "")}
         if enrolling:
+            assert device is not None
             context.update(secret=second_factor.base32_secret(device), otpauth_uri=device.config_url)
         if request.method == "POST" and form.is_valid():
             code = form.cleaned_data["code"]
-            if enrolling and device.verify_token("".join(code.split())):
+            if enrolling and device is not None and device.verify_token("".join(code.split())):
                 context["recovery_codes"] = second_factor.confirm(device, actor=audit.user_actor(user))
                 second_factor.remember(request, device)
                 return TemplateResponse(request, "admin/tools_app/second_factor.html", context)

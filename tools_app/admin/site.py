@@ -18,12 +18,12 @@ from typing import Any
 
 from django.contrib import admin
 from django.db.models import Model
-from django.http import Http404, HttpRequest, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, URLResolver, path, reverse
 
 from tools_app import access
-from tools_app.access import second_factor
+from tools_app.access import passkeys, second_factor
 from tools_app.admin.find import FindForm, find_view
 from tools_app.admin.operator_actions import QueueAdmin, age, second_factor_page
 from tools_app.admin.queues import QueueSummary
@@ -119,6 +119,16 @@ class ConsoleSite(admin.AdminSite):
         }
 
     # --- links in approvers' messages ------------------------------------------------------------
+
+    def login(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """Django's admin login; a password-only login of a person with a passkey goes on to the second-factor
+        page (its second step), where the passkey is asked for, then to where the login was going."""
+        response = super().login(request, extra_context)
+        user = request.user
+        if (request.method == "POST" and response.status_code == 302 and user.is_authenticated
+                and not second_factor.verified(user) and passkeys.passkeys_of(user)):
+            return HttpResponseRedirect(second_factor_page(response["Location"]))
+        return response
 
     def approval_link(self, request: HttpRequest, request_id: int) -> HttpResponseRedirect:
         """One request's page, whatever became of it: the queue's page while it waits, its history after.
