@@ -151,6 +151,7 @@ def banner(base: str, demo: dict[str, str] | None) -> str:
     approver = f"user {demo.get('approver_user', 'alice')}  password {demo.get('approver_password', kept)}"
     admin_totp = _totp(demo, "admin")
     approver_totp = _totp(demo, "approver")
+    passkey_base = base.replace("://127.0.0.1", "://localhost")  # the relying party (settings.OTP_WEBAUTHN_RP_ID)
     return f"""
 idemops is running.
   Console   {base}/admin/   the operators' console: the work queues first (pending approvals, UNKNOWN
@@ -162,6 +163,8 @@ idemops is running.
       {approver_totp}
             every change (approve, resolve, re-drive...) needs the authenticator code at login: add the
             otpauth URI to an authenticator app, or print a code with: oathtool --totp -b SECRET
+            or register a passkey on {passkey_base}/admin/second-factor/ (browsers offer passkeys on a
+            host name, not on an address)
   MCP       {base}/mcp      tenant demo, bearer token {token}
             or by OAuth: give an MCP host {base}/mcp; it sends you to the console to consent (docs/auth.md)
   Probes    {base}/livez  {base}/readyz   Metrics {base}/metrics (Prometheus; from this machine)
