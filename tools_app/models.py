@@ -18,7 +18,7 @@ from tools_app.approvals.models import (
     ApprovalVerdict,
 )
 from tools_app.core.errors import ErrorClass
-from tools_app.core.models import AuditEvent, AuditSeal, MetricMinute, MetricTotal
+from tools_app.core.models import AuditCheckpoint, AuditEvent, AuditSeal, MetricMinute, MetricTotal
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
 from tools_app.metrics.models import Dashboard
 from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
@@ -45,6 +45,7 @@ __all__ = [
     "ApprovalSettings",
     "ApprovalStatus",
     "ApprovalVerdict",
+    "AuditCheckpoint",
     "AuditEvent",
     "AuditSeal",
     "AuditorKey",

@@ -64,6 +64,28 @@ class AuditSeal(models.Model):
         return f"seal {self.first_seq}..{self.last_seq}"
 
 
+class AuditCheckpoint(models.Model):
+    """A range of the chain found sound by `verify_audit_log`: its last seq and hash.
+
+    Written after each verified range, each in its own commit, so a verification that
+    dies resumes from the newest one (tools_app.core.audit.verify_incrementally) instead
+    of starting again at seq 1. Only ranges that start from the genesis or from an earlier
+    checkpoint are recorded: the checkpoints always cover one unbroken prefix of the chain.
+    """
+
+    first_seq = models.BigIntegerField()
+    last_seq = models.BigIntegerField(db_index=True)
+    last_hash = models.CharField(max_length=64)
+    events = models.PositiveIntegerField()
+    verified_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-last_seq"]
+
+    def __str__(self) -> str:
+        return f"verified {self.first_seq}..{self.last_seq}"
+
+
 class MetricMinute(models.Model):
     """What the platform counted in one minute, per tenant, tool, metric and label (tools_app.core.counters).
 
