@@ -518,6 +518,15 @@ class IdemopsSettings(BaseSettings):
         20_000, "Most events the auditors' API checks in one `audit-chain/verify` request; the answer's `next` "
         "cursor continues from there.", ge=1, le=1_000_000, section=AUDIT)
 
+    audit_retention_days: int = setting(
+        0, "Days an audit event is kept from its creation, for tenants without their own audit retention (and "
+        "events of no tenant); 0: for ever. The purge job archives expired events to files "
+        "(docs/audit-log.md).", ge=0, section=AUDIT)
+    audit_archive_dir: Path = setting(
+        default_factory=lambda data: data.get("var_dir", DEFAULT_VAR_DIR) / "audit-archive",
+        doc="Where the purge job writes archived audit events (one JSON-lines file per archived range).",
+        shown="`<var dir>/audit-archive`", section=AUDIT)
+
     # --- operators' console ---
     console_refresh_seconds: Seconds = setting(
         10, "How often an open queue page in the console checks for changes (it reloads itself when the "

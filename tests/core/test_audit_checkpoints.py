@@ -120,11 +120,12 @@ def test_a_range_starting_just_after_a_checkpoint_is_checkpointed(db):
 
 def test_the_command_shows_progress_and_resumes_after_its_checkpoint(db):
     some_events(7)
-    out = StringIO()
+    out, progress = StringIO(), StringIO()
 
-    call_command("verify_audit_log", "--seal", "--checkpoint-every", "3", stdout=out)
+    call_command("verify_audit_log", "--seal", "--checkpoint-every", "3", stdout=out, stderr=progress)
 
-    lines = out.getvalue().splitlines()
+    assert out.getvalue().splitlines() == ["sealed 7 new events", out.getvalue().splitlines()[-1]]
+    lines = progress.getvalue().splitlines()
     assert [line for line in lines if line.startswith("verified up to")] == [
         "verified up to seq 3 of 7 (checkpoint stored)", "verified up to seq 6 of 7 (checkpoint stored)",
         "verified up to seq 7 of 7 (checkpoint stored)"]
@@ -202,12 +203,12 @@ def test_a_verification_killed_halfway_resumes_from_its_last_checkpoint(transact
     killed_at = before[-1][1]
     assert 3 <= len(before) < 100 and before == [(n * 100 + 1, n * 100 + 100) for n in range(len(before))]
 
-    out = StringIO()
-    call_command("verify_audit_log", "--checkpoint-every", "100", stdout=out)
+    out, err = StringIO(), StringIO()
+    call_command("verify_audit_log", "--checkpoint-every", "100", stdout=out, stderr=err)
 
     verified = int(re.search(r"OK: (\d+) events verified; head seq 10000", out.getvalue()).group(1))
     assert verified == 10_000 - killed_at  # nothing checkpointed was checked again
-    progress = [line for line in out.getvalue().splitlines() if line.startswith("verified up to")]
+    progress = err.getvalue().splitlines()
     assert progress[0] == f"verified up to seq {killed_at + 100} of 10000 (checkpoint stored)"
     after = checkpoints()
     assert after[:len(before)] == before and len(after) == 100 and after[len(before)][0] == killed_at + 1

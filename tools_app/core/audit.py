@@ -13,8 +13,8 @@ late simply lands in a later seal: the chain's order is seal order, and
 every committed event is in it. Each sealing run also appends an AuditSeal
 (the head after it), so deleting the newest events is noticed as well.
 
-A trigger (migration 0004) refuses DELETE and any UPDATE other than sealing
-an unsealed row once; `verify_chain` finds what someone who got past it
+A trigger (migration 0002) refuses DELETE (except of what an AuditArchive
+covers) and any UPDATE other than sealing an unsealed row once; `verify_chain` finds what someone who got past it
 (table owner, disabled trigger, restored backup) changed.
 """
 
@@ -33,7 +33,7 @@ from django.db import connection, models, transaction
 from django.utils import timezone
 
 from tools_app.core import logs
-from tools_app.core.models import AuditCheckpoint, AuditEvent, AuditSeal
+from tools_app.core.models import AuditArchive, AuditCheckpoint, AuditEvent, AuditSeal
 from tools_app.core.redaction import PERSON_PREFIX
 
 if TYPE_CHECKING:
@@ -112,6 +112,11 @@ def new_event(
 
 def event_hash(prev_hash: str, event: AuditEvent) -> str:
     """The hash of an event as read from the database, linked to its predecessor."""
+    return content_hash(prev_hash, event_content(event))
+
+
+def event_content(event: AuditEvent) -> dict[str, Any]:
+    """What an event's hash covers (an archive file holds exactly this, with the hashes)."""
     content = {
         "seq": event.seq, "id": event.pk, "tenant_id": event.tenant_id, "actor": event.actor,
         "action": event.action, "object_type": event.object_type, "object_id": event.object_id,
@@ -121,6 +126,10 @@ def event_hash(prev_hash: str, event: AuditEvent) -> str:
     if event.operation_id is not None:
         # Only when set: events sealed before the column existed keep their hashes.
         content["operation_id"] = str(event.operation_id)
+    return content
+
+
+def content_hash(prev_hash: str, content: dict[str, Any]) -> str:
     body = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(f"{prev_hash}\n{body}".encode()).hexdigest()
 
@@ -234,13 +243,20 @@ def verify_chain(from_seq: int = 1, to_seq: int | None = None, *, start_hash: st
     edited link (prev_hash differs from the predecessor's hash), deleted
     events (a gap in seq, or a chain shorter than the newest seal) and a
     rewritten chain that no longer matches the seals written at the time.
-    A range starting after 1 trusts `start_hash` as the hash of the event
-    just before it (a checkpoint's, a previous page's) or, without one, that
+    The chain starts at the archived head (its last hash: what came before
+    is in archive files, tools_app.retention.audit_archive). A range
+    starting after it trusts `start_hash` as the hash of the event just
+    before it (a checkpoint's, a previous page's) or, without one, that
     event's hash as stored. With `limit`, at most that many events are
     checked and `next_seq` says where to continue (with this head_hash).
     """
-    expected_seq = max(from_seq, 1)
-    prev_hash = GENESIS_HASH if expected_seq == 1 else (start_hash or _hash_before(expected_seq))
+    archived_seq, archived_hash = archived_head()
+    expected_seq = max(from_seq, archived_seq + 1)
+    if from_seq <= archived_seq or (expected_seq == archived_seq + 1 and start_hash is None):
+        # What was archived is verified from its file; the kept chain starts at the archived head.
+        prev_hash: str | None = archived_hash
+    else:
+        prev_hash = start_hash or _hash_before(expected_seq)
     end = min(chain_head()[0], to_seq or sys.maxsize)
     page_end = end if limit is None else min(end, expected_seq + limit - 1)
     # Only the seals inside this page: the seal table grows by one row a minute, for years.
@@ -249,7 +265,7 @@ def verify_chain(from_seq: int = 1, to_seq: int | None = None, *, start_hash: st
     verified, broken = 0, None
     events = AuditEvent.objects.filter(seq__gte=expected_seq, seq__lte=page_end).order_by("seq")
     if prev_hash is None:
-        broken = BrokenLink(from_seq - 1, None, f"event {from_seq - 1}, the start of the range, is missing")
+        broken = BrokenLink(expected_seq - 1, None, f"event {expected_seq - 1}, the start of the range, is missing")
     else:
         for event in events.iterator(chunk_size=2000):
             broken = _check_link(event, expected_seq, prev_hash, seals)
@@ -294,14 +310,21 @@ def verify_incrementally(*, every: int, from_seq: int | None = None, to_seq: int
 
 def _start_of_verification(from_seq: int | None, full: bool) -> tuple[int, str | None, bool]:
     """(first seq, hash trusted before it, whether its ranges may be checkpointed)."""
-    if full or (from_seq is not None and from_seq <= 1):
-        return 1, GENESIS_HASH, True
+    archived_seq, archived_hash = archived_head()
+    if full or (from_seq is not None and from_seq <= archived_seq + 1):
+        return archived_seq + 1, archived_hash, True
     checkpoints = AuditCheckpoint.objects.order_by("-last_seq", "-id")
     if from_seq is not None:
         checkpoint = checkpoints.filter(last_seq=from_seq - 1).first()
         return (from_seq, checkpoint.last_hash, True) if checkpoint else (from_seq, None, False)
-    newest = checkpoints.first()
-    return (newest.last_seq + 1, newest.last_hash, True) if newest else (1, GENESIS_HASH, True)
+    newest = checkpoints.filter(last_seq__gt=archived_seq).first()
+    return (newest.last_seq + 1, newest.last_hash, True) if newest else (archived_seq + 1, archived_hash, True)
+
+
+def archived_head() -> tuple[int, str]:
+    """(seq, hash) of the newest archived event; (0, GENESIS_HASH) when nothing was archived."""
+    head = AuditArchive.objects.order_by("-last_seq").values_list("last_seq", "last_hash").first()
+    return head or (0, GENESIS_HASH)
 
 
 def _hash_before(seq: int) -> str | None:

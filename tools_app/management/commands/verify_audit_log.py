@@ -1,8 +1,10 @@
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from idemops.conf import conf
+from tools_app import retention
 from tools_app.core import audit
 
 
@@ -19,11 +21,20 @@ class Command(BaseCommand):
         parser.add_argument("--from-seq", type=int, default=None,
                             help="First seq to check (default: just after the newest checkpoint).")
         parser.add_argument("--to-seq", type=int, default=None, help="Last seq to check (default: the chain's head).")
+        parser.add_argument("--archive", type=Path, default=None,
+                            help="Verify an archive file written by the purge instead (its chain, head to tail).")
         parser.add_argument("--checkpoint-every", type=int, default=None,
                             help="Events per checkpointed range (default IDEMOPS_AUDIT_VERIFY_CHECKPOINT_EVENTS).")
 
     def handle(self, seal: bool, full: bool, from_seq: int | None, to_seq: int | None,
-               checkpoint_every: int | None, **options: Any) -> None:
+               checkpoint_every: int | None, archive: Path | None, **options: Any) -> None:
+        if archive is not None:
+            check = retention.verify_archive_file(archive)
+            if check.problem is not None:
+                raise CommandError(f"BROKEN archive {archive}: {check.problem} ({check.events} events verified)")
+            self.stdout.write(self.style.SUCCESS(
+                f"OK: {check.events} archived events verified from {check.first_prev_hash} to {check.last_hash}"))
+            return
         if seal:
             sealed = audit.seal()
             self.stdout.write(f"sealed {sealed.sealed} new events")
@@ -40,6 +51,6 @@ class Command(BaseCommand):
     def progress(self, report: audit.ChainReport, checkpointed: bool) -> None:
         if report.ok and report.verified:
             stored = " (checkpoint stored)" if checkpointed else ""
-            self.stdout.write(f"verified up to seq {report.head_seq} of {self.end}{stored}")
-            # Seen as it happens when the output is a pipe (cron, a log shipper, a test).
-            self.stdout.flush()
+            # On stderr, as it happens (flushed: a pipe buffers); stdout keeps the one result line.
+            self.stderr.write(f"verified up to seq {report.head_seq} of {self.end}{stored}")
+            self.stderr.flush()
