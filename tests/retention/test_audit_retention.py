@@ -2,10 +2,13 @@
 file, and what is kept still verifies from the archived head."""
 
 import json
+import threading
+import time
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, transaction
@@ -15,6 +18,7 @@ from idemops.conf import override_conf
 from tests.api_support import make_event
 from tests.core.test_audit_chain import sql, trigger_disabled
 from tests.operators import make_operator
+from tests.processes import test_database_url as database_url
 from tools_app import access, retention
 from tools_app.access.roles import OPERATOR
 from tools_app.core import audit
@@ -195,3 +199,37 @@ def test_a_verification_resumes_at_the_archived_head_when_its_checkpoints_were_a
     assert AuditArchive.objects.get().last_seq == max(chain)
     assert report.ok and report.verified == 2  # initech's creation and the archiving: nothing archived again
     assert report.head_seq == AuditEvent.objects.get(action="audit.archived").seq
+
+
+WAITING_ADVISORY = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+
+
+def test_a_verification_page_waits_for_a_running_archiver(transactional_db, archive_dir, tenant):
+    chain = chain_of(tenant, tenant)
+    reports = []
+    with psycopg.connect(database_url()) as archiver:
+        archiver.execute("SELECT pg_advisory_xact_lock(%s)", [audit.ARCHIVE_LOCK_KEY])  # an archive under way
+        verifier = threading.Thread(target=lambda: reports.append(audit.verify_chain()))
+        verifier.start()
+        try:
+            deadline = time.monotonic() + 30
+            while archiver.execute(WAITING_ADVISORY).fetchone()[0] == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert archiver.execute(WAITING_ADVISORY).fetchone()[0] == 1 and reports == []
+        finally:
+            archiver.rollback()
+            verifier.join(timeout=30)
+
+    assert reports[0].ok and reports[0].verified == max(chain)
+
+
+def test_an_archiver_skips_while_a_verification_page_is_read(transactional_db, archive_dir, tenant):
+    AuditRetention.objects.create(tenant=tenant, keep_days=30)
+    chain = chain_of(tenant, tenant)
+    with psycopg.connect(database_url()) as verifier:
+        verifier.execute("SELECT pg_advisory_xact_lock_shared(%s)", [audit.ARCHIVE_LOCK_KEY])  # a page being read
+
+        assert purge_later() == 0
+        assert AuditEvent.objects.filter(seq__isnull=False).count() == len(chain)
+
+    assert purge_later() == max(chain)

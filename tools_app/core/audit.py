@@ -45,6 +45,9 @@ GENESIS_HASH = "0" * 64
 # pg_advisory_xact_lock key of the sealer: any fixed 64-bit number unique in this database.
 SEAL_LOCK_KEY = 0x1DE0_A0D1_7C4A_1200
 SEAL_BATCH = 1000
+# Taken shared by each page of verification and exclusive by the archiver (tools_app.retention.audit_archive),
+# so a page never sees the rows it is reading deleted under it.
+ARCHIVE_LOCK_KEY = 0x1DE0_A0D1_7C4A_1300
 
 
 def user_actor(user: AbstractBaseUser | AnonymousUser) -> str:
@@ -250,6 +253,13 @@ def verify_chain(from_seq: int = 1, to_seq: int | None = None, *, start_hash: st
     event's hash as stored. With `limit`, at most that many events are
     checked and `next_seq` says where to continue (with this head_hash).
     """
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock_shared(%s)", [ARCHIVE_LOCK_KEY])
+        return _verify_page(from_seq, to_seq, start_hash, limit)
+
+
+def _verify_page(from_seq: int, to_seq: int | None, start_hash: str | None, limit: int | None) -> ChainReport:
     archived_seq, archived_hash = archived_head()
     expected_seq = max(from_seq, archived_seq + 1)
     if from_seq <= archived_seq or (expected_seq == archived_seq + 1 and start_hash is None):

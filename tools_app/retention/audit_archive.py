@@ -35,8 +35,6 @@ from tools_app.retention.models import AuditRetention
 ARCHIVER = "system:retention"
 # Events one archive (and one transaction) takes at most.
 ARCHIVE_BATCH = 10_000
-# pg_advisory_xact_lock key of the archiver: one at a time (any fixed number unique in this database).
-ARCHIVE_LOCK_KEY = 0x1DE0_A0D1_7C4A_1300
 HEADER = "idemops audit archive"
 
 
@@ -56,9 +54,10 @@ def archive_expired(*, now: datetime | None = None, batch: int = ARCHIVE_BATCH) 
 def _archive_batch(now: datetime, batch: int) -> int:
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [ARCHIVE_LOCK_KEY])
+            # Exclusive: one archiver at a time, and no verification page reading the rows it deletes.
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [audit.ARCHIVE_LOCK_KEY])
             if not cursor.fetchone()[0]:
-                return 0  # another archiver is at it
+                return 0  # the next purge archives it
         head_seq, head_hash = audit.archived_head()
         window = AuditEvent.objects.filter(seq__gt=head_seq, seq__lte=min(audit.chain_head()[0], head_seq + batch))
         policies = dict(AuditRetention.objects.values_list("tenant_id", "keep_days"))
