@@ -18,12 +18,12 @@ from tools_app.approvals.models import (
     ApprovalVerdict,
 )
 from tools_app.core.errors import ErrorClass
-from tools_app.core.models import AuditEvent, AuditSeal, MetricMinute, MetricTotal
+from tools_app.core.models import AuditArchive, AuditCheckpoint, AuditEvent, AuditSeal, MetricMinute, MetricTotal
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
 from tools_app.metrics.models import Dashboard
 from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 from tools_app.reconciliation.models import UnknownOutcomeQueue
-from tools_app.retention.models import RetentionOverride
+from tools_app.retention.models import AuditRetention, RetentionOverride
 from tools_app.tasks.models import (
     Checkpoint,
     StepBatch,
@@ -45,7 +45,10 @@ __all__ = [
     "ApprovalSettings",
     "ApprovalStatus",
     "ApprovalVerdict",
+    "AuditArchive",
+    "AuditCheckpoint",
     "AuditEvent",
+    "AuditRetention",
     "AuditSeal",
     "AuditorKey",
     "CallOutcome",

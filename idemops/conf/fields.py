@@ -103,11 +103,12 @@ def setting(default: Any = PydanticUndefined, doc: str = "", *, shown: str | Non
 
 
 (WEB, OBSERVABILITY, TRACES, SECRETS, DATABASE, JOBS, MCP, OAUTH, LIMITS, WRITES, RECONCILE, DOWNSTREAM, EMAIL,
- OUTBOX, TASKS, DOCUMENTS, CONSOLE, RETENTION, TESTING) = (
+ OUTBOX, TASKS, DOCUMENTS, CONSOLE, RETENTION, AUDIT, TESTING) = (
     "Web and processes", "Logs and metrics", "Traces (OpenTelemetry's own variables)", "Secrets", "Database",
     "Job cluster (django-q2)", "MCP endpoint", "Agents' OAuth (docs/auth.md)", "Per-tenant limits",
     "Writes, leases and outages", "Reconciliation of unknown outcomes", "Downstream systems",
-    "Email", "Outbox relay", "Long tasks", "Documents", "Operators' console", "Retention and purge", "Testing")
+    "Email", "Outbox relay", "Long tasks", "Documents", "Operators' console", "Retention and purge",
+    "Audit log (docs/audit-log.md)", "Testing")
 
 
 class IdemopsSettings(BaseSettings):
@@ -506,6 +507,25 @@ class IdemopsSettings(BaseSettings):
     retention_purge_batch: int = setting(
         500, "Rows the purge job takes per transaction (SELECT ... FOR UPDATE SKIP LOCKED).", ge=1, le=100_000,
         section=RETENTION)
+
+    # --- audit log ---
+    audit_verify_checkpoint_events: int = setting(
+        100_000, "`verify_audit_log` stores a checkpoint (seq and hash) after each range of this many events it "
+        "found sound; a verification that stops resumes after the newest checkpoint.", ge=1, le=10_000_000,
+        section=AUDIT)
+    # Bounds one request's work: about a second at the verification rate docs/benchmarks.md measures.
+    audit_verify_page_events: int = setting(
+        20_000, "Most events the auditors' API checks in one `audit-chain/verify` request; the answer's `next` "
+        "cursor continues from there.", ge=1, le=1_000_000, section=AUDIT)
+
+    audit_retention_days: int = setting(
+        0, "Days an audit event is kept from its creation, for tenants without their own audit retention (and "
+        "events of no tenant); 0: for ever. The purge job archives expired events to files "
+        "(docs/audit-log.md).", ge=0, section=AUDIT)
+    audit_archive_dir: Path = setting(
+        default_factory=lambda data: data.get("var_dir", DEFAULT_VAR_DIR) / "audit-archive",
+        doc="Where the purge job writes archived audit events (one JSON-lines file per archived range).",
+        shown="`<var dir>/audit-archive`", section=AUDIT)
 
     # --- operators' console ---
     console_refresh_seconds: Seconds = setting(

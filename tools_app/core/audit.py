@@ -13,16 +13,18 @@ late simply lands in a later seal: the chain's order is seal order, and
 every committed event is in it. Each sealing run also appends an AuditSeal
 (the head after it), so deleting the newest events is noticed as well.
 
-A trigger (migration 0004) refuses DELETE and any UPDATE other than sealing
-an unsealed row once; `verify_chain` finds what someone who got past it
+A trigger (migration 0002) refuses DELETE (except of what an AuditArchive
+covers) and any UPDATE other than sealing an unsealed row once; `verify_chain` finds what someone who got past it
 (table owner, disabled trigger, restored backup) changed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
@@ -31,7 +33,7 @@ from django.db import connection, models, transaction
 from django.utils import timezone
 
 from tools_app.core import logs
-from tools_app.core.models import AuditEvent, AuditSeal
+from tools_app.core.models import AuditArchive, AuditCheckpoint, AuditEvent, AuditSeal
 from tools_app.core.redaction import PERSON_PREFIX
 
 if TYPE_CHECKING:
@@ -43,6 +45,9 @@ GENESIS_HASH = "0" * 64
 # pg_advisory_xact_lock key of the sealer: any fixed 64-bit number unique in this database.
 SEAL_LOCK_KEY = 0x1DE0_A0D1_7C4A_1200
 SEAL_BATCH = 1000
+# Taken shared by each page of verification and exclusive by the archiver (tools_app.retention.audit_archive),
+# so a page never sees the rows it is reading deleted under it.
+ARCHIVE_LOCK_KEY = 0x1DE0_A0D1_7C4A_1300
 
 
 def user_actor(user: AbstractBaseUser | AnonymousUser) -> str:
@@ -110,6 +115,11 @@ def new_event(
 
 def event_hash(prev_hash: str, event: AuditEvent) -> str:
     """The hash of an event as read from the database, linked to its predecessor."""
+    return content_hash(prev_hash, event_content(event))
+
+
+def event_content(event: AuditEvent) -> dict[str, Any]:
+    """What an event's hash covers (an archive file holds exactly this, with the hashes)."""
     content = {
         "seq": event.seq, "id": event.pk, "tenant_id": event.tenant_id, "actor": event.actor,
         "action": event.action, "object_type": event.object_type, "object_id": event.object_id,
@@ -119,6 +129,10 @@ def event_hash(prev_hash: str, event: AuditEvent) -> str:
     if event.operation_id is not None:
         # Only when set: events sealed before the column existed keep their hashes.
         content["operation_id"] = str(event.operation_id)
+    return content
+
+
+def content_hash(prev_hash: str, content: dict[str, Any]) -> str:
     body = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(f"{prev_hash}\n{body}".encode()).hexdigest()
 
@@ -216,29 +230,52 @@ class ChainReport:
     head_hash: str
     unsealed: int
     broken: BrokenLink | None
+    # Where to continue when a limit stopped the check before the end of the range (None: done, or broken).
+    next_seq: int | None = None
 
     @property
     def ok(self) -> bool:
         return self.broken is None
 
 
-def verify_chain(from_seq: int = 1, to_seq: int | None = None) -> ChainReport:
+def verify_chain(from_seq: int = 1, to_seq: int | None = None, *, start_hash: str | None = None,
+                 limit: int | None = None) -> ChainReport:
     """Recompute the chain over [from_seq, to_seq] (default: all of it); report the first broken link.
 
     Detects an edited event (its hash no longer matches its content), an
     edited link (prev_hash differs from the predecessor's hash), deleted
     events (a gap in seq, or a chain shorter than the newest seal) and a
     rewritten chain that no longer matches the seals written at the time.
-    A range starting after 1 trusts the hash of the event just before it.
+    The chain starts at the archived head (its last hash: what came before
+    is in archive files, tools_app.retention.audit_archive). A range
+    starting after it trusts `start_hash` as the hash of the event just
+    before it (a checkpoint's, a previous page's) or, without one, that
+    event's hash as stored. With `limit`, at most that many events are
+    checked and `next_seq` says where to continue (with this head_hash).
     """
-    seals = dict(AuditSeal.objects.values_list("last_seq", "last_hash"))
-    prev_hash = GENESIS_HASH if from_seq <= 1 else _hash_before(from_seq)
-    expected_seq, verified, broken = max(from_seq, 1), 0, None
-    events = AuditEvent.objects.filter(seq__gte=expected_seq).order_by("seq")
-    if to_seq is not None:
-        events = events.filter(seq__lte=to_seq)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock_shared(%s)", [ARCHIVE_LOCK_KEY])
+        return _verify_page(from_seq, to_seq, start_hash, limit)
+
+
+def _verify_page(from_seq: int, to_seq: int | None, start_hash: str | None, limit: int | None) -> ChainReport:
+    archived_seq, archived_hash = archived_head()
+    expected_seq = max(from_seq, archived_seq + 1)
+    if from_seq <= archived_seq or (expected_seq == archived_seq + 1 and start_hash is None):
+        # What was archived is verified from its file; the kept chain starts at the archived head.
+        prev_hash: str | None = archived_hash
+    else:
+        prev_hash = start_hash or _hash_before(expected_seq)
+    end = min(chain_head()[0], to_seq or sys.maxsize)
+    page_end = end if limit is None else min(end, expected_seq + limit - 1)
+    # Only the seals inside this page: the seal table grows by one row a minute, for years.
+    seals = dict(AuditSeal.objects.filter(last_seq__gte=expected_seq, last_seq__lte=page_end)
+                 .values_list("last_seq", "last_hash"))
+    verified, broken = 0, None
+    events = AuditEvent.objects.filter(seq__gte=expected_seq, seq__lte=page_end).order_by("seq")
     if prev_hash is None:
-        broken = BrokenLink(from_seq - 1, None, f"event {from_seq - 1}, the start of the range, is missing")
+        broken = BrokenLink(expected_seq - 1, None, f"event {expected_seq - 1}, the start of the range, is missing")
     else:
         for event in events.iterator(chunk_size=2000):
             broken = _check_link(event, expected_seq, prev_hash, seals)
@@ -246,12 +283,58 @@ def verify_chain(from_seq: int = 1, to_seq: int | None = None) -> ChainReport:
                 break
             # _check_link found the event at expected_seq
             expected_seq, prev_hash, verified = expected_seq + 1, event.hash, verified + 1
-    last_sealed = min(max(seals, default=0), to_seq or sys.maxsize)
-    if broken is None and expected_seq <= last_sealed:
-        broken = BrokenLink(expected_seq, None, f"events {expected_seq}..{last_sealed} are missing: the chain ends "
-                                                f"at {expected_seq - 1} but a seal covers up to {last_sealed}")
+    if broken is None and expected_seq <= page_end:
+        broken = BrokenLink(expected_seq, None, f"events {expected_seq}..{page_end} are missing: the chain ends "
+                                                f"at {expected_seq - 1} but a seal covers up to {page_end}")
     return ChainReport(verified=verified, head_seq=expected_seq - 1, head_hash=prev_hash or "",
-                       unsealed=AuditEvent.objects.filter(seq__isnull=True).count(), broken=broken)
+                       unsealed=AuditEvent.objects.filter(seq__isnull=True).count(), broken=broken,
+                       next_seq=page_end + 1 if broken is None and page_end < end else None)
+
+
+def verify_incrementally(*, every: int, from_seq: int | None = None, to_seq: int | None = None, full: bool = False,
+                         progress: Callable[[ChainReport, bool], None] | None = None) -> ChainReport:
+    """Verify in ranges of `every` events, storing an AuditCheckpoint after each sound range.
+
+    Starts after the newest checkpoint, trusting its hash (each range is committed on its
+    own: a verification killed halfway resumes there); `full` starts again from seq 1,
+    recomputing what earlier checkpoints covered; `from_seq` starts there. Checkpoints are
+    written only for a walk anchored at the genesis or at a checkpoint, so they always
+    cover one unbroken prefix of the chain. `progress(range report, checkpointed)` is
+    called after each range. The result counts every event verified by this call.
+    """
+    seq, start_hash, anchored = _start_of_verification(from_seq, full)
+    verified = 0
+    while True:
+        report = verify_chain(seq, to_seq, start_hash=start_hash, limit=every)
+        verified += report.verified
+        checkpointed = anchored and report.ok and report.verified > 0
+        if checkpointed:
+            AuditCheckpoint.objects.create(first_seq=seq, last_seq=report.head_seq, last_hash=report.head_hash,
+                                           events=report.verified, verified_at=timezone.now())
+        if progress is not None:
+            progress(report, checkpointed)
+        if report.next_seq is None:
+            return dataclasses.replace(report, verified=verified)
+        seq, start_hash = report.next_seq, report.head_hash
+
+
+def _start_of_verification(from_seq: int | None, full: bool) -> tuple[int, str | None, bool]:
+    """(first seq, hash trusted before it, whether its ranges may be checkpointed)."""
+    archived_seq, archived_hash = archived_head()
+    if full or (from_seq is not None and from_seq <= archived_seq + 1):
+        return archived_seq + 1, archived_hash, True
+    checkpoints = AuditCheckpoint.objects.order_by("-last_seq", "-id")
+    if from_seq is not None:
+        checkpoint = checkpoints.filter(last_seq=from_seq - 1).first()
+        return (from_seq, checkpoint.last_hash, True) if checkpoint else (from_seq, None, False)
+    newest = checkpoints.filter(last_seq__gt=archived_seq).first()
+    return (newest.last_seq + 1, newest.last_hash, True) if newest else (archived_seq + 1, archived_hash, True)
+
+
+def archived_head() -> tuple[int, str]:
+    """(seq, hash) of the newest archived event; (0, GENESIS_HASH) when nothing was archived."""
+    head = AuditArchive.objects.order_by("-last_seq").values_list("last_seq", "last_hash").first()
+    return head or (0, GENESIS_HASH)
 
 
 def _hash_before(seq: int) -> str | None:

@@ -64,6 +64,53 @@ class AuditSeal(models.Model):
         return f"seal {self.first_seq}..{self.last_seq}"
 
 
+class AuditCheckpoint(models.Model):
+    """A range of the chain found sound by `verify_audit_log`: its last seq and hash.
+
+    Written after each verified range, each in its own commit, so a verification that
+    dies resumes from the newest one (tools_app.core.audit.verify_incrementally) instead
+    of starting again at seq 1. Only ranges that start from the genesis or from an earlier
+    checkpoint are recorded: the checkpoints always cover one unbroken prefix of the chain.
+    """
+
+    first_seq = models.BigIntegerField()
+    last_seq = models.BigIntegerField(db_index=True)
+    last_hash = models.CharField(max_length=64)
+    events = models.PositiveIntegerField()
+    verified_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-last_seq"]
+
+    def __str__(self) -> str:
+        return f"verified {self.first_seq}..{self.last_seq}"
+
+
+class AuditArchive(models.Model):
+    """A prefix of the chain moved out of the table to a file (tools_app.retention.audit_archive).
+
+    Append-only (a trigger refuses UPDATE and DELETE). Its last seq and hash are where
+    verification of what is kept starts; the file holds the archived events with their
+    hashes (its first line says the range and its first and last chain hashes), so the
+    archived range can be verified from the file alone.
+    """
+
+    first_seq = models.BigIntegerField()
+    last_seq = models.BigIntegerField(unique=True)
+    first_prev_hash = models.CharField(max_length=64, help_text="The hash the first archived event links to.")
+    last_hash = models.CharField(max_length=64, help_text="The archived head: the kept chain links to it.")
+    events = models.PositiveIntegerField()
+    path = models.CharField(max_length=500, help_text="The JSON-lines file (a header line, then one event a line).")
+    sha256 = models.CharField(max_length=64, help_text="The file's digest when it was written.")
+    archived_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-last_seq"]
+
+    def __str__(self) -> str:
+        return f"archived {self.first_seq}..{self.last_seq}"
+
+
 class MetricMinute(models.Model):
     """What the platform counted in one minute, per tenant, tool, metric and label (tools_app.core.counters).
 

@@ -13,16 +13,26 @@ SKIP LOCKED, each batch with one audit event per purged object in its
 transaction; rows that are evidence (records, tasks) stay, emptied, and with a
 record go the copies of its call's words: its raw key, its evidence's bodies,
 its approval request's arguments and personal summary, its outbox payloads. Audit events
-are never purged, so the hash chain still verifies. `jobs.py` is the django-q2
+follow their own policy (AuditRetention, per tenant, audited): `audit_archive.py` moves an
+expired prefix of the chain to a file, so what is kept still verifies from the archived head. `jobs.py` is the django-q2
 entry point, scheduled in tools_app/schedules.py; `manage.py purge_expired`
 runs it now.
 
 May import: core, access, engine, toolkit, outbox, approvals, tasks.
 """
 
-from tools_app.retention.models import RetentionOverride
-from tools_app.retention.policy import CHANGE_RETENTION, KINDS, delete_override, kept_for, save_override
+from tools_app.retention.audit_archive import ArchiveRefused, archive_expired, verify_archive_file
+from tools_app.retention.models import AuditRetention, RetentionOverride
+from tools_app.retention.policy import (
+    CHANGE_RETENTION,
+    KINDS,
+    delete_override,
+    kept_for,
+    save_override,
+    set_audit_retention,
+)
 from tools_app.retention.purge import PURGER, PurgeReport, purge, purge_kind, register_retained
 
-__all__ = ["CHANGE_RETENTION", "KINDS", "PURGER", "PurgeReport", "RetentionOverride", "delete_override", "kept_for",
-           "purge", "purge_kind", "register_retained", "save_override"]
+__all__ = ["CHANGE_RETENTION", "KINDS", "PURGER", "ArchiveRefused", "AuditRetention", "PurgeReport",
+           "RetentionOverride", "archive_expired", "delete_override", "kept_for", "purge", "purge_kind",
+           "register_retained", "save_override", "set_audit_retention", "verify_archive_file"]

@@ -26,3 +26,21 @@ class RetentionOverride(models.Model):
 
     def __str__(self) -> str:
         return f"retention of {self.tenant} for {self.tool or 'every tool'}"
+
+
+class AuditRetention(models.Model):
+    """How long a tenant's audit events are kept (IDEMOPS_AUDIT_RETENTION_DAYS without one).
+
+    Separate from RetentionOverride: evidence of who did what usually outlives the calls'
+    data. Changes go through retention.set_audit_retention (permission-checked, audited).
+    The chain is one sequence over every tenant, so events leave only as an unbroken
+    prefix: an event is archived when it and every event before it are past their
+    tenants' retention (tools_app/retention/audit_archive.py).
+    """
+
+    tenant = models.OneToOneField("tools_app.Tenant", on_delete=models.CASCADE, related_name="audit_retention")
+    keep_days = models.PositiveIntegerField(help_text="Days an event is kept from its creation; 0: for ever.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"audit retention of {self.tenant}"

@@ -1,4 +1,4 @@
-"""Which retention applies to a tenant's tool, and the operators' changes of a tenant's overrides."""
+"""Which retention applies to a tenant's tool; operators' changes of a tenant's overrides and audit retention."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from django.db import transaction
 from idemops.conf import conf
 from tools_app import access
 from tools_app.core import audit
-from tools_app.retention.models import RetentionOverride
+from tools_app.retention.models import AuditRetention, RetentionOverride
 from tools_app.toolkit.registry import ToolSpec, all_tools
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser, User
+
+    from tools_app.access.models import Tenant
 
 KINDS = ("records", "tasks", "artifacts", "documents")
 
@@ -79,3 +81,18 @@ def delete_override(who: User | AnonymousUser, override: RetentionOverride) -> N
     with transaction.atomic():
         audit.record_event(action="retention.override_deleted", obj=override, actor=actor, before=_state(override))
         override.delete()
+
+
+def set_audit_retention(who: User | AnonymousUser, tenant: Tenant, keep_days: int) -> AuditRetention:
+    """Set how long `tenant`'s audit events are kept (0: for ever); whoever asks must hold CHANGE_RETENTION on
+    the tenant. The audit event, with the days before and after, commits with the change."""
+    actor = access.authorize(who, CHANGE_RETENTION, AuditRetention(tenant=tenant))
+    with transaction.atomic():
+        policy = AuditRetention.objects.select_for_update().filter(tenant=tenant).first()
+        before = {"keep_days": policy.keep_days} if policy is not None else None
+        policy = policy or AuditRetention(tenant=tenant)
+        policy.keep_days = keep_days
+        policy.save()
+        audit.record_event(action="retention.audit_changed", obj=policy, actor=actor, before=before,
+                           after={"keep_days": keep_days})
+    return policy

@@ -9,7 +9,8 @@ from tools_app import retention
 
 
 class Command(BaseCommand):
-    help = "Purge records' arguments and results, tasks' data, checkpoints and documents past their retention."
+    help = ("Purge records' arguments and results, tasks' data, checkpoints and documents past their retention, "
+            "and archive audit events past theirs to files.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--batch", type=int, default=None, help="rows per transaction "
