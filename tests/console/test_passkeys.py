@@ -136,7 +136,7 @@ def crafted_post(page, path: str, fields: dict) -> int:
 
 
 def act_path(request_id: int) -> str:
-    return f"/admin/tools_app/pendingapproval/{request_id}/act/approve/"
+    return f"/admin/tools_app/approvalqueue/{request_id}/act/approve/"
 
 
 def in_a_browser(test):
@@ -159,7 +159,7 @@ def test_a_person_registers_a_passkey_logs_in_with_password_and_passkey_and_appr
         page.context.clear_cookies()
         # and logs in with her password only, on her way to the request: the login's second step asks for her
         # passkey, then she approves
-        log_in(page, base, "alice", f"/admin/tools_app/pendingapproval/{approval['request_id']}/change/",
+        log_in(page, base, "alice", f"/admin/tools_app/approvalqueue/{approval['request_id']}/change/",
                second_factor=False)
         page.wait_for_selector("#passkey-verification-button")
         second_step = page.url
@@ -307,7 +307,7 @@ def test_a_passkey_used_again_satisfies_the_step_up_a_large_approval_asks_for(st
         register_passkey(page, base, "alice")
         page.context.clear_cookies()
         # when: she logs in with her password and her passkey, opens the payment and approves
-        log_in(page, base, "alice", f"/admin/tools_app/pendingapproval/{request_id}/change/", second_factor=False)
+        log_in(page, base, "alice", f"/admin/tools_app/approvalqueue/{request_id}/change/", second_factor=False)
         page.click("#passkey-verification-button")
         page.click("#action-approve")
         page.wait_for_selector("#id_reason")
