@@ -31,7 +31,7 @@ from tests.oauth_flow import (
 )
 from tests.operators import make_operator
 from tools_app.access.roles import APPROVER, OPERATOR
-from tools_app.models import AgentConnection, ApprovalRequest, AuditEvent, Tenant
+from tools_app.models import AgentConnection, ApprovalRequest, AuditEvent, Task, Tenant
 
 ORDER = {"customer": "ACME", "currency": "EUR", "items": [{"sku": "A-1", "quantity": 2, "unit_price": "9.50"}]}
 NOTE = {"title": "Maintenance", "body": "Down at 2am", "audience": "staff"}
@@ -218,6 +218,37 @@ def test_a_write_without_the_write_scope_is_answered_403_insufficient_scope(web_
     assert long.status_code == 403 and 'scope="long"' in long.headers["www-authenticate"]
     assert Order.objects.count() == 0
     assert not call_sync(web_server.mcp_url, tokens["access_token"], "whoami", {}).is_error  # read still works
+
+
+def test_the_tasks_methods_need_the_long_scope_and_a_token_without_it_cancels_nothing(web_server, acme, olga):
+    base = web_server.base_url
+    _, full = connected(base, olga, acme.pk, scope="read write long")
+    _, short = connected(base, olga, acme.pk, scope="read write")
+    started = post_raw(web_server.mcp_url, full["access_token"], {
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "start_task", "arguments": {"tool": "ingest_document", "arguments": {"text": "x"},
+                                                       "idempotency_key": "scoped-task"}}})
+    assert started.status_code == 200, started.text
+    task = Task.objects.get(tenant=acme)
+    status_before = task.status
+
+
+    def send(token: str, method: str) -> httpx2.Response:  # at a version whose tasks methods the server serves
+        return httpx2.post(web_server.mcp_url, timeout=30, json={
+            "jsonrpc": "2.0", "id": 2, "method": method, "params": {"taskId": str(task.pk)}}, headers={
+            "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-11-25"})
+
+    answers = {method: send(short["access_token"], method) for method in ("tasks/get", "tasks/cancel")}
+    followed = send(full["access_token"], "tasks/get")
+
+    for method, answer in answers.items():
+        assert answer.status_code == 403, (method, answer.text)
+        assert 'error="insufficient_scope"' in answer.headers["www-authenticate"]
+        assert 'scope="long"' in answer.headers["www-authenticate"]
+    assert Task.objects.get(pk=task.pk).status == status_before
+    assert not AuditEvent.objects.filter(action__startswith="task.cancel").exists()
+    assert followed.status_code == 200 and str(task.pk) in followed.text  # the long scope reaches the method
 
 
 def test_a_pkce_mismatch_and_the_plain_method_are_refused(web_server, acme, olga):

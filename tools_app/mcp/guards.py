@@ -1,8 +1,9 @@
 """Checks of a request's JSON-RPC envelope in front of the MCP SDK's Streamable HTTP transport: its id,
-and whether the bearer token's scopes cover the tool it calls.
+and whether the bearer token's scopes cover what it asks for.
 
-A tools/call needs the tool's scope (`required_scope`: read, write or long): a static API token has
-all three, an OAuth token those its person granted. Without it the answer is HTTP 403 with
+A tools/call needs the tool's scope (`required_scope`: read, write or long), a method of the tasks
+extension (tasks/get, update, cancel, result, list) `long`: a static API token has all three, an
+OAuth token those its person granted. Without it the answer is HTTP 403 with
 `WWW-Authenticate: Bearer error="insufficient_scope", scope=...` and the protected-resource
 metadata URL, as the MCP authorization spec asks, and nothing runs.
 
@@ -68,21 +69,29 @@ def required_scope(spec: ToolSpec) -> str:
 
 
 def missing_scope(body: bytes, scope: Scope) -> str | None:
-    """The scope a tools/call needs and the bearer token lacks (None: it has it, or this is no tools/call)."""
+    """The scope a request needs and the bearer token lacks (None: it has it, or the request needs none): a
+    tools/call the tool's, the tasks extension's methods (tasks/get, update, cancel, result, list) `long`, as
+    the long tools whose runs they follow and steer."""
     try:
         message: Any = pydantic_core.from_json(body)
     except ValueError:
         return None
-    if not isinstance(message, dict) or message.get("method") != "tools/call":
+    if not isinstance(message, dict) or not isinstance(message.get("method"), str):
         return None
-    params = message.get("params")
-    name = params.get("name") if isinstance(params, dict) else None
-    try:
-        spec = get_tool(name) if isinstance(name, str) else None
-    except NotFound:
-        return None  # answered as an unknown tool
+    method = message["method"]
+    if method.startswith("tasks/"):
+        needed: str | None = oauth.LONG
+    elif method == "tools/call":
+        params = message.get("params")
+        name = params.get("name") if isinstance(params, dict) else None
+        try:
+            spec = get_tool(name) if isinstance(name, str) else None
+        except NotFound:
+            return None  # answered as an unknown tool
+        needed = required_scope(spec) if spec is not None else None
+    else:
+        return None
     credentials = scope.get("auth")
-    needed = required_scope(spec) if spec is not None else None
     if needed is None or (credentials is not None and needed in credentials.scopes):
         return None
     return needed
