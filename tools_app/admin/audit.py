@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from tools_app.admin.date_range import DateRangeFilter
 from tools_app.admin.scoping import ListedFromReplica, ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.core.models import AuditEvent, AuditSeal
 
@@ -9,7 +10,8 @@ class AuditEventAdmin(ListedFromReplica[AuditEvent], TenantScopedAdmin[AuditEven
     """Append-only: nobody adds, edits or deletes events here (the database refuses it too)."""
 
     list_display = ["id", "created_at", "tenant", "actor", "action", "object_type", "object_id", "reason", "seq"]
-    list_filter = ["action", "object_type", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    list_filter = ["action", "object_type", ("tenant", admin.RelatedOnlyFieldListFilter),
+                   ("created_at", DateRangeFilter)]
     search_fields = ["actor", "=object_id", "=trace_id", "action"]
     date_hierarchy = "created_at"
     list_select_related = ["tenant"]
