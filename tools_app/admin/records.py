@@ -9,7 +9,7 @@ from django.utils.html import format_html
 
 from tools_app import reconciliation
 from tools_app.admin import story as stories
-from tools_app.admin.date_range import DateRangeFilter
+from tools_app.admin.big_lists import DateRangeFilter, RecentValuesFilter, TenantFilter
 from tools_app.admin.operator_actions import (
     REASON_REQUIRED,
     OperatorAction,
@@ -42,7 +42,7 @@ class IdempotencyRecordAdmin(ListedFromReplica[IdempotencyRecord], OperatorActio
                              TenantScopedAdmin[IdempotencyRecord],
                              ReadOnlyAdmin[IdempotencyRecord]):
     list_display = ["id", "tenant", "tool", "key_digest", "status", "attempts", "created_at", "expires_at"]
-    list_filter = ["status", "error_class", "tool", ("tenant", admin.RelatedOnlyFieldListFilter),
+    list_filter = ["status", "error_class", ("tool", RecentValuesFilter), ("tenant", TenantFilter),
                    ("created_at", DateRangeFilter), ("finished_at", DateRangeFilter)]
     search_fields = ["=operation_id", "=trace_id"]
     date_hierarchy = "created_at"

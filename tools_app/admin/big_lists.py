@@ -1,6 +1,10 @@
-"""A list page's time filter: two date inputs, from and to (both days included), on a time column.
+"""The filters of the big tables' list pages (records, audit events, tasks...), each served by an index with
+the tenant scoping (the models' Meta.indexes; tests/console/test_big_list_indexes.py reads the plans), and none
+reading the whole table to draw its choices, as Django's AllValuesFieldListFilter and RelatedOnlyFieldListFilter
+do (a SELECT DISTINCT over every row, on every page).
 
-Django's DateFieldListFilter offers fixed spans (today, past 7 days...); a big table needs any span, so an
+DateRangeFilter: two date inputs, from and to (both days included), on a time column. Django's
+DateFieldListFilter offers fixed spans (today, past 7 days...); a big table needs any span, so an
 operator narrows a list of millions of rows to the days an incident lasted. The filter takes its own
 parameters (`<field>__gte`, `<field>__lte`, and `<field>__lt` as Django's own filter writes it), so a bad
 value, typed or crafted, is refused with a message on the page instead of reaching the query."""
@@ -14,9 +18,16 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import Field, Model, QuerySet
+from django.core.exceptions import ValidationError
+from django.db import connection
+from django.db.models import AutoField, Field, IntegerField, Model, Q, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
+
+from tools_app import access
+from tools_app.access.models import Tenant
+
+RECENT_ROWS = 10_000
 
 
 class DateRangeForm(forms.Form):
@@ -87,3 +98,45 @@ class DateRangeFilter(admin.FieldListFilter):
             "clear_url": changelist.get_query_string(remove=[self.since_param, self.until_param, self.before_param]),
             "selected": bool(self.used_parameters),
         }
+
+
+class TenantFilter(admin.RelatedFieldListFilter):
+    """The tenants the person may see, from the grants: not from the rows, which would be a scan of them."""
+
+    def field_choices(self, field: Any, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[Any]:
+        tenants = access.scope(Tenant.objects.order_by("slug"), request.user, "pk")
+        return [(tenant.pk, str(tenant)) for tenant in tenants]
+
+
+class RecentValuesFilter(admin.AllValuesFieldListFilter):
+    """The values of a free-text column (tool, action...) found among the newest RECENT_ROWS rows the person
+    may see: bounded, however big the table grows. An older value is still filtered on when given."""
+
+    def __init__(self, field: Field[Any, Any], request: HttpRequest, params: dict[str, list[str]],
+                 model: type[Model], model_admin: admin.ModelAdmin[Any], field_path: str) -> None:
+        super().__init__(field, request, params, model, model_admin, field_path)
+        newest = model_admin.get_queryset(request).order_by("-pk").values_list(field_path, flat=True)
+        # The template iterates the values; a list does as well as Django's queryset of them.
+        self.lookup_choices = sorted(set(newest[:RECENT_ROWS]) - {None})  # type: ignore[assignment]
+
+
+def exact_search(queryset: QuerySet[Any], field_names: list[str], search_term: str) -> QuerySet[Any]:
+    """Rows whose value of one of `field_names` is one of the words of `search_term`, exactly: what an index
+    on each field serves. Django's own search compares `UPPER(field::text)` or `LIKE '%...%'`, which no
+    index serves: on a big table every search would read every row. A word that is no valid value of a
+    field (not a UUID, a number out of range) is skipped for that field instead of erring."""
+    opts = queryset.model._meta
+    matches = Q()
+    for word in search_term.split():
+        for name in field_names:
+            field = opts.get_field(name.lstrip("="))
+            try:
+                value = field.to_python(word)
+                field.run_validators(value)
+                field.get_db_prep_value(value, connection)
+            except (ValidationError, ValueError, TypeError, OverflowError):
+                continue
+            if isinstance(field, (IntegerField, AutoField)) and not -2**63 <= value < 2**63:
+                continue
+            matches |= Q(**{field.attname: value})
+    return queryset.filter(matches) if matches else queryset.none()
