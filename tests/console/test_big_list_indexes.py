@@ -35,7 +35,6 @@ BIG_LISTS = {
         ("created from/to", {"created_at__gte": "2026-03-01", "created_at__lte": "2026-03-02"}, ["created_at"]),
         ("finished from/to", {"finished_at__gte": "2026-03-01", "finished_at__lte": "2026-03-02"},
          ["finished_at"]),
-        ("date drill-down", {"created_at__year": "2026", "created_at__month": "3"}, ["created_at"]),
         ("search", {"q": str(OPERATION)}, ["operation_id", "trace_id"]),
         ("order by created", {"o": "7"}, []),
     ]),

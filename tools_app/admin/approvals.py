@@ -154,7 +154,6 @@ class ApprovalRequestAdmin(ApprovalColumns, ListedFromReplica[ApprovalRequest], 
     list_filter = ["status", ("tool", RecentValuesFilter), ("tenant", TenantFilter), ("created_at", DateRangeFilter),
                    ("finished_at", DateRangeFilter)]
     search_fields = ["requested_by", "trace_id"]
-    date_hierarchy = "created_at"
     list_select_related = ["tenant", "requester_owner"]
     fields = DETAIL_FIELDS
     readonly_fields = DETAIL_FIELDS

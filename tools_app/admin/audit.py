@@ -13,7 +13,6 @@ class AuditEventAdmin(ListedFromReplica[AuditEvent], TenantScopedAdmin[AuditEven
     list_filter = [("action", RecentValuesFilter), ("object_type", RecentValuesFilter), ("tenant", TenantFilter),
                    ("created_at", DateRangeFilter)]
     search_fields = ["actor", "object_id", "trace_id", "operation_id"]
-    date_hierarchy = "created_at"
     list_select_related = ["tenant"]
     ordering = ["-id"]
 

@@ -45,7 +45,6 @@ class IdempotencyRecordAdmin(ListedFromReplica[IdempotencyRecord], OperatorActio
     list_filter = ["status", "error_class", ("tool", RecentValuesFilter), ("tenant", TenantFilter),
                    ("created_at", DateRangeFilter), ("finished_at", DateRangeFilter)]
     search_fields = ["=operation_id", "=trace_id"]
-    date_hierarchy = "created_at"
     list_select_related = ["tenant"]
     fields = readonly_fields = (
         "tenant", "tool", "key_digest", "status", "fingerprint", "field_digests_display", "arguments_display",

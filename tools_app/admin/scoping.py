@@ -116,6 +116,8 @@ class ListedFromReplica(ModelAdmin[ModelT]):
     paginator = BoundedCountPaginator
     # Only orders an index serves with the tenant scoping (tests/console/test_big_list_indexes.py).
     sortable_by = ["id", "created_at"]
+    # No date_hierarchy: its drill-down lists the years and months of every row (a DISTINCT over the whole
+    # table on each page); the from/to days (big_lists.DateRangeFilter) narrow by time instead.
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return ReplicaChangeList

@@ -179,7 +179,6 @@ class TaskAdmin(TaskPage[Task], ListedFromReplica[Task], OperatorActionsAdmin[Ta
                     "failure_class", "last_update"]
     list_filter = ["status", ("tool", RecentValuesFilter), ("failure_class", RecentValuesFilter),
                    ("tenant", TenantFilter), ("created_at", DateRangeFilter), ("finished_at", DateRangeFilter)]
-    date_hierarchy = "created_at"
 
 
 def needs_attention() -> Q:
