@@ -34,18 +34,20 @@ FROM generate_series(1, %(rows)s) AS g
 """
 
 
-def run(quick: bool = False) -> Section:
+def operation(tenant_id: int, key: str):  # -> engine.Operation (imported after Django's setup)
+    from tools_app import engine
+
+    return engine.Operation(tenant_id=tenant_id, tool="create_order", key=key, arguments=ARGUMENTS,
+                            actor="agent:bench/bot")
+
+
+def load(big: int) -> tuple[dict[str, tuple[int, int]], int, float]:
+    """Two tenants, SMALL records and `big` records: ({"1k"|"big": (tenant id, rows)}, table rows, seconds)."""
     import json
 
     from django.db import connection
 
-    from tools_app import access, engine
-
-    big, rounds, calls = (QUICK_BIG, QUICK_ROUNDS, QUICK_CALLS) if quick else (BIG, ROUNDS, CALLS)
-
-    def operation(tenant_id: int, key: str) -> engine.Operation:
-        return engine.Operation(tenant_id=tenant_id, tool="create_order", key=key, arguments=ARGUMENTS,
-                                actor="agent:bench/bot")
+    from tools_app import access
 
     sample = operation(0, "x")
     tenants = {}
@@ -61,7 +63,13 @@ def run(quick: bool = False) -> Section:
         cursor.execute("ANALYZE tools_app_idempotencyrecord")
         cursor.execute("SELECT count(*) FROM tools_app_idempotencyrecord")
         total = cursor.fetchone()[0]
-    load_seconds = time.perf_counter() - started
+    return tenants, total, time.perf_counter() - started
+
+
+def replay(tenants: dict[str, tuple[int, int]], rounds: int, calls: int) -> tuple[dict[str, list[float]], list[float]]:
+    """Replays of random keys of each tenant, alternating call by call: (latencies ms by tenant, per-round
+    ratios of the big tenant's median to the small one's)."""
+    from tools_app import engine
 
     rng = random.Random(14)
     latencies: dict[str, list[float]] = {"1k": [], "big": []}
@@ -78,6 +86,13 @@ def run(quick: bool = False) -> Section:
         for label, values in this_round.items():
             latencies[label] += values
         ratios.append(statistics.median(this_round["big"]) / statistics.median(this_round["1k"]))
+    return latencies, ratios
+
+
+def run(quick: bool = False) -> Section:
+    big, rounds, calls = (QUICK_BIG, QUICK_ROUNDS, QUICK_CALLS) if quick else (BIG, ROUNDS, CALLS)
+    tenants, total, load_seconds = load(big)
+    latencies, ratios = replay(tenants, rounds, calls)
     medians = {label: statistics.median(values) for label, values in latencies.items()}
     p8 = at_most("P8", f"replay median latency, {big:,} records / 1,000 records", ratios, 1.3,
                  small_ms=medians["1k"], big_ms=medians["big"], big_records=big, table_rows=total)

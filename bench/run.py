@@ -8,7 +8,7 @@
                                                    (`make bench-quick`; a test runs it so none rots)
 
 Each module's `run(quick)` returns a `bench.common.Section`: its markdown and the named figures
-(P1 … P9 of the performance issue, P12 and P13 of issue 28) it measured. docs/benchmarks.json holds every figure by name
+(P1 … P9 of the performance issue, P12 … P17 of issue 28) it measured. docs/benchmarks.json holds every figure by name
 and every section; docs/benchmarks.md is rendered from it. Figures from one section were measured
 side by side in one run; absolute times move with the machine's load.
 """
@@ -49,6 +49,10 @@ FIGURES: dict[str, str] = {
     "P12": "Django's psycopg pool (4 connections) vs persistent connections (one per thread), requests/s of 16 "
            "threads",
     "P13": "SIGKILL of the cluster holding a queued task's job → the task taken by another cluster, default settings",
+    "P14": "replay latency with 10M records vs 1k (issue 28's big tables)",
+    "P15": "console record list p95 with 10M records, over HTTP",
+    "P16": "console find-by-key p95 with 10M records, over HTTP",
+    "P17": "console record page p95 with 10M records, over HTTP",
 }
 
 
@@ -118,8 +122,9 @@ def render(report: dict) -> str:
         "# Benchmarks", "",
         "Produced by `make bench` (`.venv/bin/python bench/run.py`; `make bench-quick` runs the same code at small "
         f"sizes). Machine: {machine.get('machine')}, {machine.get('cores')} cores, Python {machine.get('python')}; "
-        "embedded PostgreSQL under var/bench-pg, fsync on. Every figure but P7 and P13 (seconds) is a ratio measured "
-        "side by side in one run (the two sides interleaved in rounds); the spread is the lowest and highest round. "
+        "embedded PostgreSQL under var/bench-pg, fsync on. Every figure but P7 and P13 (seconds) and P15–P17 "
+        "(milliseconds, against an absolute bound) is a ratio measured side by side in one run (the two sides "
+        "interleaved in rounds); the spread is the lowest and highest round. "
         "Absolute times move with the machine's load, which each section states. docs/benchmarks.json holds the "
         "same figures by name; docs/performance.md says how they are measured and what stands between a figure "
         "and its target.", "",

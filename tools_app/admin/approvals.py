@@ -15,6 +15,7 @@ from django.utils.safestring import SafeString
 
 from tools_app import approvals
 from tools_app.admin import story as stories
+from tools_app.admin.big_lists import DateRangeFilter, RecentValuesFilter, TenantFilter
 from tools_app.admin.generic import ModelAdmin
 from tools_app.admin.operator_actions import (
     REASON_REQUIRED,
@@ -150,9 +151,9 @@ class ApprovalRequestAdmin(ApprovalColumns, ListedFromReplica[ApprovalRequest], 
                            ReadOnlyAdmin[ApprovalRequest]):
     list_display = ["id", "summary", "tenant", "tool", "status", "amount_display", "who_asked", "created_at",
                     "decided_by", "approvals_display"]
-    list_filter = ["status", "tool", ("tenant", admin.RelatedOnlyFieldListFilter)]
-    search_fields = ["summary", "requested_by", "decided_by", "=trace_id"]
-    date_hierarchy = "created_at"
+    list_filter = ["status", ("tool", RecentValuesFilter), ("tenant", TenantFilter), ("created_at", DateRangeFilter),
+                   ("finished_at", DateRangeFilter)]
+    search_fields = ["requested_by", "trace_id"]
     list_select_related = ["tenant", "requester_owner"]
     fields = DETAIL_FIELDS
     readonly_fields = DETAIL_FIELDS

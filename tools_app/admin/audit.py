@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from tools_app.admin.big_lists import DateRangeFilter, RecentValuesFilter, TenantFilter
 from tools_app.admin.scoping import ListedFromReplica, ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.core.models import AuditEvent, AuditSeal
 
@@ -9,9 +10,9 @@ class AuditEventAdmin(ListedFromReplica[AuditEvent], TenantScopedAdmin[AuditEven
     """Append-only: nobody adds, edits or deletes events here (the database refuses it too)."""
 
     list_display = ["id", "created_at", "tenant", "actor", "action", "object_type", "object_id", "reason", "seq"]
-    list_filter = ["action", "object_type", ("tenant", admin.RelatedOnlyFieldListFilter)]
-    search_fields = ["actor", "=object_id", "=trace_id", "action"]
-    date_hierarchy = "created_at"
+    list_filter = [("action", RecentValuesFilter), ("object_type", RecentValuesFilter), ("tenant", TenantFilter),
+                   ("created_at", DateRangeFilter)]
+    search_fields = ["actor", "object_id", "trace_id", "operation_id"]
     list_select_related = ["tenant"]
     ordering = ["-id"]
 

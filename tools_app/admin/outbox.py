@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from tools_app import outbox
+from tools_app.admin.big_lists import DateRangeFilter, RecentValuesFilter, TenantFilter
 from tools_app.admin.operator_actions import OperatorAction, QueueAdmin, age
 from tools_app.admin.scoping import ListedFromReplica, ReadOnlyAdmin, TenantScopedAdmin
 from tools_app.core.errors import Refused
@@ -13,7 +14,8 @@ from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 @admin.register(OutboxEvent)
 class OutboxEventAdmin(ListedFromReplica[OutboxEvent], TenantScopedAdmin[OutboxEvent], ReadOnlyAdmin[OutboxEvent]):
     list_display = ["id", "tenant", "kind", "status", "attempts", "next_attempt_at", "created_at", "delivered_at"]
-    list_filter = ["status", "kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    list_filter = ["status", ("kind", RecentValuesFilter), ("tenant", TenantFilter), ("created_at", DateRangeFilter),
+                   ("delivered_at", DateRangeFilter)]
     list_select_related = ["tenant"]
     search_fields = ["=id"]
     ordering = ["-created_at"]

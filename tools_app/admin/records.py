@@ -9,6 +9,7 @@ from django.utils.html import format_html
 
 from tools_app import reconciliation
 from tools_app.admin import story as stories
+from tools_app.admin.big_lists import DateRangeFilter, RecentValuesFilter, TenantFilter
 from tools_app.admin.operator_actions import (
     REASON_REQUIRED,
     OperatorAction,
@@ -41,9 +42,9 @@ class IdempotencyRecordAdmin(ListedFromReplica[IdempotencyRecord], OperatorActio
                              TenantScopedAdmin[IdempotencyRecord],
                              ReadOnlyAdmin[IdempotencyRecord]):
     list_display = ["id", "tenant", "tool", "key_digest", "status", "attempts", "created_at", "expires_at"]
-    list_filter = ["status", "error_class", "tool", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    list_filter = ["status", "error_class", ("tool", RecentValuesFilter), ("tenant", TenantFilter),
+                   ("created_at", DateRangeFilter), ("finished_at", DateRangeFilter)]
     search_fields = ["=operation_id", "=trace_id"]
-    date_hierarchy = "created_at"
     list_select_related = ["tenant"]
     fields = readonly_fields = (
         "tenant", "tool", "key_digest", "status", "fingerprint", "field_digests_display", "arguments_display",

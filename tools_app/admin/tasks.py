@@ -17,6 +17,7 @@ from django.http import HttpRequest
 
 from tools_app import tasks
 from tools_app.admin import story as stories
+from tools_app.admin.big_lists import DateRangeFilter, RecentValuesFilter, TenantFilter
 from tools_app.admin.generic import ModelAdmin, ModelT, TabularInline
 from tools_app.admin.operator_actions import (
     REASON_OPTIONAL,
@@ -176,8 +177,8 @@ class TaskAdmin(TaskPage[Task], ListedFromReplica[Task], OperatorActionsAdmin[Ta
 
     list_display = ["id", "tenant", "tool", "status", "current_step", "steps", "attempts", "lease_expiries",
                     "failure_class", "last_update"]
-    list_filter = ["status", "tool", "failure_class", ("tenant", admin.RelatedOnlyFieldListFilter)]
-    date_hierarchy = "created_at"
+    list_filter = ["status", ("tool", RecentValuesFilter), ("failure_class", RecentValuesFilter),
+                   ("tenant", TenantFilter), ("created_at", DateRangeFilter), ("finished_at", DateRangeFilter)]
 
 
 def needs_attention() -> Q:

@@ -70,6 +70,12 @@ class ApprovalRequest(models.Model):
         indexes = [
             models.Index(fields=["status", "expires_at"], name="approval_status_expiry"),
             models.Index(fields=["tenant", "status", "created_at"], name="approval_tenant_queue"),
+            # the console's filters (tools_app/admin/big_lists.py), each with the tenant scoping
+            models.Index(fields=["tenant", "created_at"], name="approval_tenant_created"),
+            models.Index(fields=["tenant", "tool", "created_at"], name="approval_tenant_tool"),
+            models.Index(fields=["tenant", "finished_at"], name="approval_tenant_finished"),
+            models.Index(fields=["tenant", "requested_by", "created_at"], name="approval_tenant_asker"),
+            models.Index(fields=["trace_id"], condition=~Q(trace_id=""), name="approval_trace"),
         ]
 
     def __str__(self) -> str:

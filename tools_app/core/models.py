@@ -34,6 +34,12 @@ class AuditEvent(models.Model):
         indexes = [
             models.Index(fields=["object_type", "object_id"], name="audit_object"),
             models.Index(fields=["tenant", "created_at"], name="audit_tenant_created"),
+            # the console's filters (tools_app/admin/big_lists.py), each with the tenant scoping
+            models.Index(fields=["tenant", "action", "created_at"], name="audit_tenant_action"),
+            models.Index(fields=["tenant", "object_type", "created_at"], name="audit_tenant_type"),
+            models.Index(fields=["tenant", "actor", "created_at"], name="audit_tenant_actor"),
+            models.Index(fields=["object_id"], name="audit_object_id"),
+            models.Index(fields=["trace_id"], condition=~models.Q(trace_id=""), name="audit_trace"),
             models.Index(fields=["operation_id"], condition=models.Q(operation_id__isnull=False),
                          name="audit_operation"),
             # The sealer's work list: small however long the chain grows.

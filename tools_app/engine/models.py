@@ -80,6 +80,13 @@ class IdempotencyRecord(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="record_status_lease"),
             models.Index(fields=["tenant", "created_at"], name="record_tenant_created"),
             models.Index(fields=["tool", "created_at"], name="record_tool_created"),
+            # the console's filters (tools_app/admin/big_lists.py), each with the tenant scoping
+            models.Index(fields=["tenant", "status", "created_at"], name="record_tenant_status"),
+            models.Index(fields=["tenant", "error_class", "created_at"], condition=~Q(error_class=""),
+                         name="record_tenant_error"),
+            models.Index(fields=["tenant", "tool", "created_at"], name="record_tenant_tool"),
+            models.Index(fields=["tenant", "finished_at"], name="record_tenant_finished"),
+            models.Index(fields=["trace_id"], condition=~Q(trace_id=""), name="record_trace"),
             models.Index(fields=["next_reconcile_at"], condition=Q(status="unknown"), name="record_unknown_due"),
             # Finding a key's earlier operations (the console); written only when a record is retired.
             models.Index(fields=["tenant", "tool", "key"], condition=Q(retired_at__isnull=False),

@@ -40,6 +40,11 @@ class OutboxEvent(models.Model):
         indexes = [
             models.Index(fields=["next_attempt_at"], condition=models.Q(status="pending"), name="outbox_due"),
             models.Index(fields=["status", "created_at"], name="outbox_status_created"),
+            # the console's filters (tools_app/admin/big_lists.py), each with the tenant scoping
+            models.Index(fields=["tenant", "status", "created_at"], name="outbox_tenant_status"),
+            models.Index(fields=["tenant", "kind", "created_at"], name="outbox_tenant_kind"),
+            models.Index(fields=["tenant", "created_at"], name="outbox_tenant_created"),
+            models.Index(fields=["tenant", "delivered_at"], name="outbox_tenant_delivered"),
         ]
         permissions = [("redrive_outboxevent", "Can re-drive dead-lettered outbox events")]
 

@@ -92,6 +92,13 @@ class Task(models.Model):
         indexes = [
             models.Index(fields=["status", "lease_expires_at"], name="task_status_lease"),
             models.Index(fields=["tenant", "created_at"], name="task_tenant_created"),
+            # the console's filters (tools_app/admin/big_lists.py), each with the tenant scoping
+            models.Index(fields=["tenant", "status", "created_at"], name="task_tenant_status"),
+            models.Index(fields=["tenant", "tool", "created_at"], name="task_tenant_tool"),
+            models.Index(fields=["tenant", "failure_class", "created_at"], condition=~Q(failure_class=""),
+                         name="task_tenant_failure"),
+            models.Index(fields=["tenant", "finished_at"], name="task_tenant_finished"),
+            models.Index(fields=["trace_id"], condition=~Q(trace_id=""), name="task_trace"),
             models.Index(fields=["status", "updated_at"], name="task_status_updated"),
             # An agent's unfinished tasks, counted against its limit at each start (access.limits).
             models.Index(fields=["tenant", "actor"], name="task_unfinished_by_actor",
