@@ -14,14 +14,14 @@ from contextlib import contextmanager
 import pytest
 
 from tests.operators import PASSWORD, current_code
-from tests.processes import ROOT
+from tests.processes import ROOT, VAR_DIR
 
 CHROMIUM = os.environ.get("CHROMIUM_BIN") or shutil.which("chromium") or next(
     (p for p in ("/usr/bin/chromium",) if os.path.exists(p)), None)
 # What Chromium needs on this machine: no sandbox (containers, root), no GPU, nothing phoning home.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-ARTIFACTS = ROOT / "var" / "test-artifacts" / "browser"
+ARTIFACTS = VAR_DIR / "test-artifacts" / "browser"
 DOC_IMAGES = ROOT / "docs" / "images"
 
 needs_chromium = [

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from tests.processes import ROOT, Service, free_port, test_database_url
+from tests.processes import VAR_DIR, Service, free_port, test_database_url
 
 ADMIN_DATABASE = "pgbouncer"
 
@@ -37,7 +37,7 @@ class PgBouncer(Service):
         self.user = str(target["user"])
         self.port = free_port()
         self.pool_size = pool_size
-        directory = ROOT / "var" / "test-pgbouncer"
+        directory = VAR_DIR / "test-pgbouncer"
         directory.mkdir(parents=True, exist_ok=True)
         settings = {
             "listen_addr": "127.0.0.1", "listen_port": str(self.port), "unix_socket_dir": "",

@@ -19,7 +19,10 @@ import pytest
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
-LOG_DIR = ROOT / "var" / "test-logs"
+# This test process's local state: var/, or var/xdist-<worker>/ under pytest-xdist (idemops.test_settings,
+# imported before any test module, sets IDEMOPS_VAR_DIR for a worker).
+VAR_DIR = Path(os.environ.get("IDEMOPS_VAR_DIR", ROOT / "var"))
+LOG_DIR = VAR_DIR / "test-logs"
 
 
 def free_port() -> int:

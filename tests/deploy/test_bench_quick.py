@@ -14,13 +14,13 @@ import pytest
 
 from bench.run import FIGURES
 from idemops import embedded_pg
-from tests.processes import ROOT
+from tests.processes import ROOT, VAR_DIR
 
 pytestmark = pytest.mark.live
 
 
 def test_every_benchmark_runs_in_quick_mode_and_reports_every_figure_by_name(tmp_path):
-    pgdata = ROOT / "var" / "bench-quick-test-pg"
+    pgdata = VAR_DIR / "bench-quick-test-pg"
     env = {**os.environ, "BENCH_PGDATA": str(pgdata), "DJANGO_SETTINGS_MODULE": "idemops.settings"}
     env.pop("DATABASE_URL", None)
     try:
