@@ -18,10 +18,9 @@ visible. Then: how fast the sealer links and how fast verification checks.
 from __future__ import annotations
 
 import sys
-import threading
 import time
 
-from bench.common import on_bench_database
+from bench.common import concurrently, on_bench_database
 
 WRITERS = [1, 4, 8]
 EVENTS_PER_WRITER = 150
@@ -65,22 +64,12 @@ def run(quick: bool = False) -> str:
             AuditEvent.objects.filter(pk=event.pk).update(seq=event.seq, prev_hash=event.prev_hash, hash=event.hash)
 
     def throughput(write, writers: int) -> float:
-        barrier = threading.Barrier(writers + 1)
-
-        def worker():
-            barrier.wait()
+        def write_all() -> None:
             for i in range(events_per_writer):
                 write(i)
             connections.close_all()
 
-        threads = [threading.Thread(target=worker) for _ in range(writers)]
-        for t in threads:
-            t.start()
-        barrier.wait()
-        started = time.perf_counter()
-        for t in threads:
-            t.join()
-        return writers * events_per_writer / (time.perf_counter() - started)
+        return writers * events_per_writer / concurrently(write_all, writers)
 
     rows, ratios = [], []
     best: dict[tuple[str, int], float] = {}

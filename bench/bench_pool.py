@@ -18,11 +18,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import statistics
-import threading
-import time
 import uuid
 
-from bench.common import Section, at_least
+from bench.common import Section, at_least, concurrently
 
 THREADS = 16
 POOL_SIZE = 4
@@ -49,33 +47,19 @@ def serve(mode: str, tenant_id: int, key: str, requests: int) -> tuple[float, in
     operation = engine.Operation(tenant_id=tenant_id, tool="bench", key=key, arguments={"n": 0},
                                  actor="agent:bench/pool")
     backends: set[int] = set()
-    failures: list[BaseException] = []
-    start = threading.Barrier(THREADS + 1)
 
-    def worker() -> None:
+    def serve_requests() -> None:
         try:
-            start.wait()
             for _ in range(requests):
                 close_old_connections()  # request_started
                 outcome = engine.run(operation, lambda record: {"ok": True})
                 assert outcome.replayed, "a replay was expected"
                 backends.add(connection.connection.info.backend_pid)
                 close_old_connections()  # request_finished: the pool takes its connection back here
-        except BaseException as exc:  # reported, not lost in a thread
-            failures.append(exc)
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=worker) for _ in range(THREADS)]
-    for thread in threads:
-        thread.start()
-    start.wait()
-    began = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - began
-    if failures:
-        raise failures[0]
+    elapsed = concurrently(serve_requests, THREADS)
     return THREADS * requests / elapsed, len(backends)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,6 +56,32 @@ def fresh_database_url(name: str = BENCH_DATABASE) -> str:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     return admin_url.replace("/postgres?", f"/{name}?")
+
+
+def concurrently(work: Callable[[], object], threads: int) -> float:
+    """Run `work` on `threads` threads released together; the wall seconds until the last one ends.
+    The first exception a thread raised is raised here, not lost with its thread."""
+    barrier = threading.Barrier(threads + 1)
+    failures: list[BaseException] = []
+
+    def worker() -> None:
+        barrier.wait()
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            failures.append(exc)
+
+    started = [threading.Thread(target=worker) for _ in range(threads)]
+    for thread in started:
+        thread.start()
+    barrier.wait()
+    began = time.perf_counter()
+    for thread in started:
+        thread.join()
+    elapsed = time.perf_counter() - began
+    if failures:
+        raise failures[0]
+    return elapsed
 
 
 def timed(fn: Callable[[int], object], count: int) -> list[float]:

@@ -113,26 +113,36 @@ def doc_server():
     server.close()
 
 
+def live_stack(env: str, name: str) -> tuple[Callable[..., object], Callable[..., object]]:
+    """Two module-scoped fixtures started with the environment the fixture named `env` returns: a
+    uvicorn web server (`web-<name>`) and a django-q2 cluster (`workers-<name>`). In a test module:
+    `web, workers = live_stack("my_env", "mine")`."""
+    from tests.processes import WebServer, Worker
+
+    @pytest.fixture(scope="module")
+    def web(django_db_setup, django_db_blocker, request):
+        with django_db_blocker.unblock():
+            server = WebServer(name=f"web-{name}", **request.getfixturevalue(env))
+        yield server
+        server.stop()
+
+    @pytest.fixture(scope="module")
+    def workers(django_db_setup, django_db_blocker, request):
+        with django_db_blocker.unblock():
+            cluster = Worker(name=f"workers-{name}", **request.getfixturevalue(env))
+        yield cluster
+        cluster.stop(grace=3)
+
+    return web, workers
+
+
 @pytest.fixture(scope="module")
-def task_web(django_db_setup, django_db_blocker, doc_dir, doc_server):
-    """uvicorn with the documents allow-lists, for this module."""
-    from tests.processes import WebServer
-
-    with django_db_blocker.unblock():
-        server = WebServer(name="web-tasks", **stack_env(doc_dir, doc_server))
-    yield server
-    server.stop()
+def task_env(doc_dir, doc_server):
+    return stack_env(doc_dir, doc_server)
 
 
-@pytest.fixture(scope="module")
-def task_workers(django_db_setup, django_db_blocker, doc_dir, doc_server):
-    """A django-q2 cluster of two workers, for this module."""
-    from tests.processes import Worker
-
-    with django_db_blocker.unblock():
-        cluster = Worker(name="workers-tasks", **stack_env(doc_dir, doc_server))
-    yield cluster
-    cluster.stop(grace=3)
+# uvicorn with the documents allow-lists, and a django-q2 cluster of two workers, for a module.
+task_web, task_workers = live_stack("task_env", "tasks")
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from tests import processes
 from tests.mcp.test_mcp_task_push import Session, big_pdf, listener_pids, run_session, webhook_body
 from tests.mcp_client import call
 from tests.pooler import PgBouncer
-from tests.processes import WebServer, Worker, downstream_env
-from tests.task_stack import stack_env, wait_until
+from tests.processes import downstream_env
+from tests.task_stack import live_stack, stack_env, wait_until
 from tools_app import tasks
 from tools_app.access import auditors
 from tools_app.models import IdempotencyRecord, OutboxEvent, Task, TaskStatus, Tenant
@@ -54,20 +54,7 @@ def pooled_env(pooler, doc_dir, doc_server, _gateway, _sink):
             "IDEMOPS_TASK_WATCH_POLL_SECONDS": "600", "IDEMOPS_FOLLOWER_WAIT_SECONDS": "10"}
 
 
-@pytest.fixture(scope="module")
-def pooled_web(django_db_setup, django_db_blocker, pooled_env):
-    with django_db_blocker.unblock():
-        server = WebServer(name="web-pooled", **pooled_env)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def pooled_workers(django_db_setup, django_db_blocker, pooled_env):
-    with django_db_blocker.unblock():
-        cluster = Worker(name="workers-pooled", **pooled_env)
-    yield cluster
-    cluster.stop(grace=3)
+pooled_web, pooled_workers = live_stack("pooled_env", "pooled")
 
 
 def pooled_transactions(pooler: PgBouncer) -> int:

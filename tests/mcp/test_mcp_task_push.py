@@ -29,8 +29,8 @@ from idemops_demo.models import Document
 from tests import processes
 from tests.documents_fixtures import long_text, pdf_of_text
 from tests.mcp_client import Listen, ListenParams, TaskPush, call_sync, error_of
-from tests.processes import WebServer, Worker, downstream_env
-from tests.task_stack import stack_env, wait_until
+from tests.processes import downstream_env
+from tests.task_stack import live_stack, stack_env, wait_until
 from tools_app import tasks
 from tools_app.models import OutboxEvent, Task, TaskStatus
 
@@ -46,20 +46,7 @@ def push_env(doc_dir, doc_server, _gateway, _sink):
             "IDEMOPS_TASK_WATCH_POLL_SECONDS": "600"}
 
 
-@pytest.fixture(scope="module")
-def push_web(django_db_setup, django_db_blocker, push_env):
-    with django_db_blocker.unblock():
-        server = WebServer(name="web-push", **push_env)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def push_workers(django_db_setup, django_db_blocker, push_env):
-    with django_db_blocker.unblock():
-        cluster = Worker(name="workers-push", **push_env)
-    yield cluster
-    cluster.stop(grace=3)
+push_web, push_workers = live_stack("push_env", "push")
 
 
 # --- a 2026-07-28 client that listens to its tasks ----------------------------------------------------
