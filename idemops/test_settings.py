@@ -12,9 +12,11 @@ _var = Path(os.environ.get("IDEMOPS_VAR_DIR", Path(__file__).resolve().parent.pa
 # Under pytest-xdist (`make test` runs the suite on several workers) each worker has its own embedded
 # server and local state, so that no worker's live processes, standby or pooler meet another's; the
 # processes tests start inherit the directory.
+# A worker inherits the controller's environment, IDEMOPS_PGDATA included: it is set, not defaulted.
 if _worker := os.environ.get("PYTEST_XDIST_WORKER"):
     _var = _var / f"xdist-{_worker}"
     os.environ["IDEMOPS_VAR_DIR"] = str(_var)
+    os.environ["IDEMOPS_PGDATA"] = str(_var / "test-pg")
 os.environ.setdefault("IDEMOPS_PGDATA", str(_var / "test-pg"))
 
 from idemops.settings import *  # noqa: E402,F403

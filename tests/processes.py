@@ -132,6 +132,9 @@ class DownstreamService(Service):
 
     def __init__(self, name: str, module: str, database: str, *extra_args: str, server_url: str | None = None,
                  env: dict[str, str] | None = None):
+        # pytest-xdist workers share a server given by DATABASE_URL: each its own database, as pytest-django does.
+        if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+            database = f"{database}_{worker}"
         drop_database(database, server_url)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
