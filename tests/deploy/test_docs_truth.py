@@ -235,14 +235,16 @@ def code_constants() -> set[str]:
 
 
 def known_setting_names() -> set[str]:
-    """Environment variables, Django's setting names, constants of the code, and the old names of
-    renamed variables (which only docs/settings.md may mention: see the test below)."""
+    """Environment variables, Django's setting names, constants of the code, the Makefile's variables
+    (`make test TEST_WORKERS=0`), and the old names of renamed variables (which only docs/settings.md may
+    mention: see the test below)."""
     from django.conf import settings
 
     from idemops.conf import RENAMED
 
+    makefile_variables = set(re.findall(r"^([A-Z][A-Z0-9_]*) *\?=", (ROOT / "Makefile").read_text(), re.MULTILINE))
     return (set(settings_read()) | {name for name in dir(settings) if name.isupper()} | code_constants()
-            | set(RENAMED))
+            | set(RENAMED) | makefile_variables)
 
 
 SETTING = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
