@@ -80,5 +80,6 @@ def grant(user: User, role: str, tenant_slugs: list[str], *, actor: str) -> None
         if created:
             audit.record_event(action="tenant_access.granted", obj=access, actor=actor, tenant_id=tenant.pk,
                                after={"user": user.get_username(), "role": role})
+    user.__dict__.pop("_visible_tenant_ids", None)  # authorization.visible_tenant_ids' cache, now stale
     audit.record_event(action="role.granted", obj=user, actor=actor, tenant_id=None,
                        after={"user": user.get_username(), "role": role, "tenants": sorted(tenant_slugs)})

@@ -84,7 +84,8 @@ class BoundedCountPaginator(Paginator):  # type: ignore[type-arg]  # not subscri
             estimate = _estimated_rows(queryset)
             if estimate > COUNT_AT_MOST:
                 return About(estimate)
-        counted = queryset[:COUNT_AT_MOST + 1].count()
+        # Unordered: the rows counted need no order, and a sort of them would be read before the count.
+        counted = queryset.order_by()[:COUNT_AT_MOST + 1].count()
         return AtLeast(counted) if counted > COUNT_AT_MOST else counted
 
 
@@ -103,6 +104,9 @@ class ReplicaChangeList(ChangeList):
         # Only what the page shows. `root_queryset`, through which the page's actions find the rows they
         # act on, stays on the primary.
         self.queryset = self.queryset.using(replicas.alias())
+        deferred = getattr(self.model_admin, "list_deferred", ())
+        if deferred:
+            self.queryset = self.queryset.defer(*deferred)
         super().get_results(request)
 
 
@@ -111,6 +115,8 @@ class ListedFromReplica(ModelAdmin[ModelT]):
     on, so read from a replica when there is one, and paged without counting the table. Queues an operator
     acts on are not listed this way; change pages and actions read the primary."""
 
+    # Columns the list does not show and would only decode per row (big JSON): not read for the list page.
+    list_deferred: tuple[str, ...] = ()
     # The unfiltered total would be a second count, of the whole table, on the primary.
     show_full_result_count = False
     paginator = BoundedCountPaginator
