@@ -108,7 +108,13 @@ def visible_tenant_ids(who: Any) -> set[int] | None:
         return set(who.tenant_ids)
     if who.is_superuser:
         return None
-    return set(TenantAccess.objects.filter(user=who).values_list("tenant_id", flat=True))
+    # Read once per user object, as Django caches a user's permissions on it (`_perm_cache`): a request's
+    # user is loaded afresh for each request, and one console page scopes a dozen querysets.
+    cached: set[int] | None = getattr(who, "_visible_tenant_ids", None)
+    if cached is None:
+        cached = set(TenantAccess.objects.filter(user=who).values_list("tenant_id", flat=True))
+        who._visible_tenant_ids = cached
+    return set(cached)
 
 
 def scope(queryset: QuerySet[_M], who: Any, field: str = "tenant_id") -> QuerySet[_M]:

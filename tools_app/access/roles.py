@@ -29,7 +29,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "view_unknownoutcomequeue", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
         "view_task", "view_taskneedingattention", "manage_task",
         "view_tenantlimits", "set_tenant_limits", "view_tenant", "rotate_webhooksecret",
-        "view_retentionoverride", "manage_retention", "connect_agent", "view_agentconnection",
+        "view_retentionoverride", "manage_retention", "view_auditretention", "connect_agent", "view_agentconnection",
     ],
     # Decides on sensitive operations; sees what they would touch.
     APPROVER: [
@@ -40,6 +40,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     AUDITOR: [
         "view_dashboard", "view_auditevent", "view_auditseal", "view_idempotencyrecord", "view_approvalrequest",
         "view_approvaldecision", "view_outboxevent", "use_auditor_api", "view_task", "view_retentionoverride",
+        "view_auditretention", "view_auditcheckpoint", "view_auditarchive",
     ],
 }
 
@@ -80,5 +81,6 @@ def grant(user: User, role: str, tenant_slugs: list[str], *, actor: str) -> None
         if created:
             audit.record_event(action="tenant_access.granted", obj=access, actor=actor, tenant_id=tenant.pk,
                                after={"user": user.get_username(), "role": role})
+    user.__dict__.pop("_visible_tenant_ids", None)  # authorization.visible_tenant_ids' cache, now stale
     audit.record_event(action="role.granted", obj=user, actor=actor, tenant_id=None,
                        after={"user": user.get_username(), "role": role, "tenants": sorted(tenant_slugs)})

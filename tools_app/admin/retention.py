@@ -1,5 +1,5 @@
-"""Per-tenant retention overrides: every change goes through tools_app.retention, which checks the
-permission and the tenant and audits the change (with the periods before and after)."""
+"""Per-tenant retention overrides and audit retention: every change goes through tools_app.retention, which
+checks the permission and the tenant and audits the change (with the periods or days before and after)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tools_app.admin.generic import ModelAdmin
 from tools_app.admin.refusals import RefusalsAuditedAdmin
 from tools_app.admin.scoping import TenantScopedAdmin
 from tools_app.core.errors import PermissionDenied, Refused
-from tools_app.retention.models import RetentionOverride
+from tools_app.retention.models import AuditRetention, RetentionOverride
 
 
 @admin.register(RetentionOverride)
@@ -56,3 +56,34 @@ class RetentionOverrideAdmin(RefusalsAuditedAdmin[RetentionOverride], TenantScop
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[RetentionOverride]) -> None:
         for obj in queryset:
             self.delete_model(request, obj)
+
+
+@admin.register(AuditRetention)
+class AuditRetentionAdmin(RefusalsAuditedAdmin[AuditRetention], TenantScopedAdmin[AuditRetention],
+                          ModelAdmin[AuditRetention]):
+    """How long each tenant's audit events are kept; set through retention.set_audit_retention only. No delete:
+    a tenant's policy is changed (0 days: for ever), never removed behind the audit log's back."""
+
+    refusal_permit = retention.CHANGE_RETENTION
+    list_display = ["tenant", "keep_days", "updated_at"]
+    list_select_related = ["tenant"]
+    fields = ["tenant", "keep_days"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(retention.CHANGE_RETENTION.permission)
+
+    def has_change_permission(self, request: HttpRequest, obj: AuditRetention | None = None) -> bool:
+        return request.user.has_perm(retention.CHANGE_RETENTION.permission)
+
+    def has_delete_permission(self, request: HttpRequest, obj: AuditRetention | None = None) -> bool:
+        return False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: AuditRetention | None = None) -> tuple[str, ...]:
+        return ("tenant",) if obj is not None else ()  # a policy is its tenant's: another tenant's is added
+
+    def save_model(self, request: HttpRequest, obj: AuditRetention, form: Any, change: bool) -> None:
+        try:
+            saved = retention.set_audit_retention(request.user, obj.tenant, obj.keep_days)
+        except PermissionDenied as exc:
+            raise Refused(exc.message, obj) from None
+        obj.pk, obj.updated_at = saved.pk, saved.updated_at  # the admin's log entry and redirect name the row

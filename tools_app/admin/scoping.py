@@ -10,13 +10,18 @@ from __future__ import annotations
 
 from functools import cached_property
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
+from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import ForeignKey, QuerySet
 from django.forms import ModelChoiceField
 from django.http import HttpRequest
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext
 
 from tools_app import access
 from tools_app.access.models import Tenant
@@ -84,7 +89,8 @@ class BoundedCountPaginator(Paginator):  # type: ignore[type-arg]  # not subscri
             estimate = _estimated_rows(queryset)
             if estimate > COUNT_AT_MOST:
                 return About(estimate)
-        counted = queryset[:COUNT_AT_MOST + 1].count()
+        # Unordered: the rows counted need no order, and a sort of them would be read before the count.
+        counted = queryset.order_by()[:COUNT_AT_MOST + 1].count()
         return AtLeast(counted) if counted > COUNT_AT_MOST else counted
 
 
@@ -99,10 +105,25 @@ def _estimated_rows(queryset: QuerySet[Any]) -> int:
 class ReplicaChangeList(ChangeList):
     """A list page's rows, date drill-down and counts read from a replica (tools_app/core/replicas.py)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The rows' links keep the list's filters, as Django's do; built here once per page, not by Django's
+        # template tag, which resolves each row's URL again to find whether it is the list's (a tenth of a
+        # page of 100 rows). Empty, the tag leaves the links as url_for_result makes them.
+        self.row_link_query = urlencode(dict(parse_qsl(self.preserved_filters)))
+        self.preserved_filters = ""
+
+    def url_for_result(self, result: Any) -> str:
+        url = super().url_for_result(result)
+        return f"{url}?{self.row_link_query}" if self.row_link_query else url
+
     def get_results(self, request: HttpRequest) -> None:
         # Only what the page shows. `root_queryset`, through which the page's actions find the rows they
         # act on, stays on the primary.
         self.queryset = self.queryset.using(replicas.alias())
+        deferred = getattr(self.model_admin, "list_deferred", ())
+        if deferred:
+            self.queryset = self.queryset.defer(*deferred)
         super().get_results(request)
 
 
@@ -111,6 +132,8 @@ class ListedFromReplica(ModelAdmin[ModelT]):
     on, so read from a replica when there is one, and paged without counting the table. Queues an operator
     acts on are not listed this way; change pages and actions read the primary."""
 
+    # Columns the list does not show and would only decode per row (big JSON): not read for the list page.
+    list_deferred: tuple[str, ...] = ()
     # The unfiltered total would be a second count, of the whole table, on the primary.
     show_full_result_count = False
     paginator = BoundedCountPaginator
@@ -121,6 +144,13 @@ class ListedFromReplica(ModelAdmin[ModelT]):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return ReplicaChangeList
+
+    def action_checkbox(self, obj: ModelT) -> SafeString:
+        """Django's row checkbox, the same HTML written directly: Django renders it through the form widget's
+        template, which took a sixth of a page of 100 rows."""
+        label = format_html(gettext("Select this object for an action - {}"), str(obj))
+        return format_html('<input type="checkbox" name="{}" value="{}" class="action-select" aria-label="{}">',
+                           helpers.ACTION_CHECKBOX_NAME, str(obj.pk), label)
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[ModelT],
                            search_term: str) -> tuple[QuerySet[ModelT], bool]:

@@ -36,9 +36,9 @@ QUEUES = ["approvalqueue", "unknownoutcomequeue", "taskneedingattention", "deadl
 SECTIONS = [
     ("Work queues", "queues", QUEUES),
     ("Look into", "evidence", ["dashboard", "idempotencyrecord", "approvalrequest", "approvaldecision", "task",
-                               "outboxevent", "auditevent", "auditseal"]),
+                               "outboxevent", "auditevent", "auditseal", "auditcheckpoint", "auditarchive"]),
     ("Reference data", "reference", ["tenant", "apitoken", "agentconnection", "tenantaccess", "approvalsettings",
-                                     "tenantlimits", "retentionoverride", "auditorkey"]),
+                                     "tenantlimits", "retentionoverride", "auditretention", "auditorkey"]),
 ]
 
 
