@@ -3,9 +3,9 @@
 The bare `mcp` SDK (`MCPServer`, stateless Streamable HTTP at /mcp, as bench/bare_mcp.py) whose one
 tool, `create_order`, does in ONE transaction on the same PostgreSQL what any correct idempotent write
 must: claim the key (`INSERT … ON CONFLICT DO NOTHING RETURNING`), insert the order, store the result
-on the key (`UPDATE`), `COMMIT`. psycopg, one connection per thread (the SDK runs a sync tool in its
-worker threads). No auth, no audit, no validation beyond the SDK's own. A key already claimed answers
-its stored result. Nothing else, so the ratio of idemops' `create_order` to this is the cost of
+on the key (`UPDATE`), `COMMIT`. psycopg, one connection per thread, in worker threads as many as
+idemops' web process has. No auth, no audit, no validation beyond the SDK's own. A key already
+claimed answers its stored result. Nothing else, so the ratio of idemops' `create_order` to this is the cost of
 everything idemops adds.
 
 Its two tables are its own (created if missing) in the database of DATABASE_URL:
@@ -15,12 +15,15 @@ Its two tables are its own (created if missing) in the database of DATABASE_URL:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
 from decimal import Decimal
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import psycopg
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
@@ -51,9 +54,20 @@ def _schema() -> None:
 server = MCPServer(name="floor")
 
 
+# As many database threads (so connections) as idemops' web process uses (IDEMOPS_MCP_DB_THREADS' default):
+# the SDK's own thread pool for sync tools is 40, and four servers' connections must fit the cluster's.
+_threads = anyio.CapacityLimiter(16)
+
+
 @server.tool()
-def create_order(customer: str, items: list[dict[str, Any]], currency: str, idempotency_key: str) -> dict[str, Any]:
+async def create_order(customer: str, items: list[dict[str, Any]], currency: str,
+                       idempotency_key: str) -> dict[str, Any]:
     """Creates an order once per idempotency key."""
+    return await anyio.to_thread.run_sync(
+        functools.partial(_create_order, customer, items, currency, idempotency_key), limiter=_threads)
+
+
+def _create_order(customer: str, items: list[dict[str, Any]], currency: str, idempotency_key: str) -> dict[str, Any]:
     conn = _connection()
     with conn.transaction():
         claimed = conn.execute("INSERT INTO floor_key (key) VALUES (%s) ON CONFLICT DO NOTHING RETURNING key",
