@@ -112,6 +112,12 @@ def test_with_nothing_to_receive_them_spans_are_not_recorded_yet_the_call_keeps_
     assert AuditEvent.objects.filter(object_type="idempotencyrecord", object_id=str(record.pk),
                                      trace_id=trace_id).exists()
 
+    # a caller's sampled trace is passed on sampled (a downstream system that exports records its part)
+    callers = tracing.remote_parent("4bf92f3577b34da6a3ce929d0e0e4736")
+    with tracer.start_as_current_span("tool create_order", context=callers) as followed:
+        assert tracing.carrier()["traceparent"].endswith("-01")
+    assert followed.get_span_context().trace_flags.sampled
+
     exporter = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     with tracer.start_as_current_span("tool create_order"):

@@ -74,8 +74,9 @@ class IdGenerator(RandomIdGenerator):
 
 
 class Sampler(sampling.Sampler):
-    """Parent-based, with `OTEL_TRACES_SAMPLER_ARG` the share of new traces recorded; and nothing recorded
-    while no span processor would receive a span (no exporter configured). A span not recorded still
+    """Parent-based, with `OTEL_TRACES_SAMPLER_ARG` the share of new traces recorded; and, while no span
+    processor would receive a span (no exporter configured), nothing recorded but the traces a caller
+    sampled (its `traceparent`, or a stored row's: `remote_parent`). A span not recorded still
     has its trace and span ids, so records, audit rows, log lines and `traceparent` headers keep them;
     only the span's attributes and events, which nothing would read, are not built."""
 
@@ -88,7 +89,11 @@ class Sampler(sampling.Sampler):
                       kind: SpanKind | None = None, attributes: Any = None, links: Any = None,
                       trace_state: Any = None) -> sampling.SamplingResult:
         if not self.receiving:
-            return _NOT_RECORDED
+            # A caller's sampled trace stays sampled in what this process passes on (traceparent), so
+            # a downstream system that exports still records its part of it.
+            parent = trace.get_current_span(parent_context).get_span_context()
+            if not (parent.is_valid and parent.is_remote and parent.trace_flags.sampled):
+                return _NOT_RECORDED
         return self._inner.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
 
     def get_description(self) -> str:
