@@ -1,7 +1,7 @@
-"""P4, P4b and P9: tool calls over /mcp against the bare `mcp` SDK, side by side.
+"""P4, P4b, P9, P10 and P11: tool calls over /mcp against the bare `mcp` SDK and the floor, side by side.
 
-Three servers run at once, each its own process on the same ASGI server (granian, as `make run`):
-the bare SDK serving a no-op tool (bench/bare_mcp.py: no Django, no auth, no database), idemops
+Four servers run at once, each its own process on the same ASGI server (granian, as `make run`):
+the bare SDK serving a no-op tool (bench/bare_mcp.py: no Django, no auth, no database), the floor, idemops
 with one web process, and idemops with two. One load generator (bench/load.py: plain JSON-RPC
 `tools/call` POSTs over kept-alive connections) measures them in interleaved rounds, so a ratio
 is taken from one round, under one load. Stateless Streamable HTTP needs no initialize.
@@ -9,6 +9,9 @@ is taken from one round, under one load. Stateless Streamable HTTP needs no init
 - P4: `create_order` calls/s ÷ bare no-op calls/s, with 1 and 32 clients (the lower of the two).
 - P4b: `whoami` (a read tool that touches no table) ÷ bare no-op, 1 and 32 clients.
 - P9: `create_order` calls/s with 32 clients, two web processes ÷ one.
+- P10: `create_order` calls/s ÷ the floor's (bench/floor_mcp.py: the bare SDK whose tool claims the key,
+  inserts the order and stores the result in one transaction), with 1 and 32 clients (the lower).
+- P11: `create_order` calls/s with 32 clients ÷ with 1 client (the same round).
 
 A side table serves the bare SDK and idemops' `whoami` with uvicorn as well (the server of the
 issue's first anchors, and the one `make run` used before granian measured faster).
@@ -111,12 +114,14 @@ def run(quick: bool = False) -> Section:
     try:
         bare = Server("bench.bare_mcp:app")
         servers.append(bare)
+        floor = Server("bench.floor_mcp:app")
+        servers.append(floor)
         one = Server("idemops.asgi:application")
         servers.append(one)
         two = Server("idemops.asgi:application", workers=2)
         servers.append(two)
-        cases = [("bare SDK, no-op", bare, None, "noop"), ("idemops whoami", one, token, "whoami"),
-                 ("idemops create_order", one, token, "create_order")]
+        cases = [("bare SDK, no-op", bare, None, "noop"), ("floor, create_order", floor, None, "create_order"),
+                 ("idemops whoami", one, token, "whoami"), ("idemops create_order", one, token, "create_order")]
         if not quick:  # what the token cache buys: the same web process reading the token on every call
             uncached = Server("idemops.asgi:application", env={"IDEMOPS_TOKEN_CACHE_SECONDS": "0"})
             servers.append(uncached)
@@ -140,12 +145,17 @@ def run(quick: bool = False) -> Section:
         for server in servers:
             server.stop()
 
-    def ratios(label: str) -> dict[int, list[float]]:
+    def ratios(label: str, anchor_label: str = "bare SDK, no-op") -> dict[int, list[float]]:
         return {c: [ours["per_s"] / anchor["per_s"]
-                    for ours, anchor in zip(results[(label, c)], results[("bare SDK, no-op", c)], strict=True)]
+                    for ours, anchor in zip(results[(label, c)], results[(anchor_label, c)], strict=True)]
                 for c in CONCURRENCY}
 
+    def scaling(label: str) -> list[float]:
+        return [many["per_s"] / one["per_s"]
+                for one, many in zip(results[(label, CONCURRENCY[0])], results[(label, CONCURRENCY[-1])], strict=True)]
+
     order, who = ratios("idemops create_order"), ratios("idemops whoami")
+    to_floor = ratios("idemops create_order", "floor, create_order")
     # Each round's figure is the lower of its two concurrencies: the target holds for both.
     p4 = at_least("P4", "create_order calls/s over /mcp / bare SDK no-op calls/s (the lower of 1 and 32 clients)",
                   [min(r) for r in zip(*order.values(), strict=True)], 0.7,
@@ -157,23 +167,38 @@ def run(quick: bool = False) -> Section:
                   [d["per_s"] / s["per_s"] for s, d in scale], 1.4,
                   one_process_per_s=[s["per_s"] for s, _ in scale], two_processes_per_s=[d["per_s"] for _, d in scale])
 
-    lines = ["## Tool calls over /mcp against the bare SDK (P4, P4b, P9)", "",
+    p10 = at_least("P10", "create_order calls/s over /mcp / the floor's create_order calls/s (the lower of 1 and 32 "
+                   "clients)", [min(r) for r in zip(*to_floor.values(), strict=True)], 0.7,
+                   by_clients={str(c): v for c, v in to_floor.items()})
+    p11 = at_least("P11", "create_order calls/s over /mcp with 32 clients / with 1 client",
+                   scaling("idemops create_order"), 1.5, floor_scaling=scaling("floor, create_order"),
+                   bare_scaling=scaling("bare SDK, no-op"))
+
+    lines = ["## Tool calls over /mcp against the bare SDK and the floor (P4, P4b, P9, P10, P11)", "",
              f"granian (as `make run`), one process per server unless stated; {rounds} interleaved round(s) of "
              f"{seconds:g} s per server, tool and concurrency; medians of the rounds (calls/s, median and p99 "
              "latency in ms). The load generator (one asyncio process) shares the machine's cores with the servers.",
              "",
-             "| server, tool | clients | calls/s | median ms | p99 ms | ratio to the bare SDK |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| server, tool | clients | calls/s | median ms | p99 ms | ratio to the bare SDK | ratio to the floor |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for concurrency in CONCURRENCY:
         for label, *_ in cases:
             runs = results[(label, concurrency)]
             anchors = results[("bare SDK, no-op", concurrency)]
             cell = f"{statistics.median(r['per_s'] / a['per_s'] for r, a in zip(runs, anchors, strict=True)):.2f}×"
+            floors = results[("floor, create_order", concurrency)]
+            to = (f"{statistics.median(r['per_s'] / f['per_s'] for r, f in zip(runs, floors, strict=True)):.2f}×"
+                  if label == "idemops create_order" else "")
             lines.append(f"| {label} | {concurrency} | {_med(runs, 'per_s'):,.0f} | {_med(runs, 'median_ms'):.2f} | "
-                         f"{_med(runs, 'p99_ms'):.2f} | {cell} |")
+                         f"{_med(runs, 'p99_ms'):.2f} | {cell} | {to} |")
     lines += ["", "| idemops create_order, 32 clients | calls/s |", "| --- | ---: |",
               f"| one web process | {statistics.median(p9.detail['one_process_per_s']):,.0f} |",
-              f"| two web processes | {statistics.median(p9.detail['two_processes_per_s']):,.0f} |", ""]
+              f"| two web processes | {statistics.median(p9.detail['two_processes_per_s']):,.0f} |", "",
+              "| calls/s with 32 clients / with 1 (P11) | median | rounds |", "| --- | ---: | ---: |",
+              *(f"| {label} | {statistics.median(v):.2f}× | {', '.join(f'{x:.2f}' for x in v)} |"
+                for label, v in (("idemops create_order", scaling("idemops create_order")),
+                                 ("floor, create_order", p11.detail["floor_scaling"]),
+                                 ("bare SDK, no-op", p11.detail["bare_scaling"]))), ""]
     if granian:
         lines += ["uvicorn and granian 2.8 side by side (one round each, same load generator):", "",
                   "| server, tool | clients | calls/s uvicorn | calls/s granian |", "| --- | ---: | ---: | ---: |",
@@ -182,7 +207,7 @@ def run(quick: bool = False) -> Section:
               "the bearer-token check (cached in the process for `IDEMOPS_TOKEN_CACHE_SECONDS`, so no query on most "
               "calls) and the hop to a database thread; `create_order` adds the engine's claim and its completion, "
               "committed with the order, its lines and the audit rows.", ""]
-    return Section("\n".join(lines), [p4, p4b, p9])
+    return Section("\n".join(lines), [p4, p4b, p9, p10, p11])
 
 
 def _med(runs: list[dict], key: str) -> float:

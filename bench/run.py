@@ -8,9 +8,9 @@
                                                    (`make bench-quick`; a test runs it so none rots)
 
 Each module's `run(quick)` returns a `bench.common.Section`: its markdown and the named figures
-(P1 … P9 of the performance issue, P12 … P17 of issue 28) it measured. docs/benchmarks.json holds every figure by name
-and every section; docs/benchmarks.md is rendered from it. Figures from one section were measured
-side by side in one run; absolute times move with the machine's load.
+(P1 … P9 of the performance issue, P10 … P11 of issue 24, P12 … P17 of issue 28) it measured.
+docs/benchmarks.json holds every figure by name and every section; docs/benchmarks.md is rendered from it.
+Figures from one section were measured side by side in one run; absolute times move with the machine's load.
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ FIGURES: dict[str, str] = {
     "P7": "SIGKILL of a worker → progress resumed, default settings",
     "P8": "replay latency with 1M records vs 1k",
     "P9": "web tier scale: 2 web processes vs 1 (calls/s, 32 clients)",
+    "P10": "`create_order` over `/mcp` vs the floor (the bare SDK whose tool claims the key, inserts the order and "
+           "stores the result in one transaction), 1 and 32 clients",
+    "P11": "`create_order` over `/mcp`: calls/s with 32 clients vs with 1",
     "P12": "Django's psycopg pool (4 connections) vs persistent connections (one per thread), requests/s of 16 "
            "threads",
     "P13": "SIGKILL of the cluster holding a queued task's job → the task taken by another cluster, default settings",

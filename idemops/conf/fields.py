@@ -186,10 +186,18 @@ class IdemopsSettings(BaseSettings):
         "for ever).", ge=8, section=OBSERVABILITY)
 
     # --- traces: OpenTelemetry's standard variables, the ones idemops itself acts on (the SDK reads
-    # the others, e.g. OTEL_EXPORTER_OTLP_HEADERS, OTEL_TRACES_SAMPLER, itself) ---
+    # the others, e.g. OTEL_EXPORTER_OTLP_HEADERS, itself) ---
     otel_sdk_disabled: bool = setting(
         False, "No tracing at all: no spans, and no trace ids on records, tasks or log lines.",
         validation_alias="OTEL_SDK_DISABLED", section=TRACES)
+    # Spans cost CPU on every call (one per SQL statement through psycopg's instrumentation): a ratio
+    # below 1 records only that share of the traces that start here. The trace id is generated and
+    # stored either way.
+    otel_traces_sampler_arg: float = setting(
+        1.0, "Share of the traces started here whose spans are recorded (parent-based: a call whose caller's "
+        "`traceparent` is sampled is always recorded, one whose caller's is not never is). With no exporter "
+        "(`OTEL_TRACES_EXPORTER`) no span is recorded at all. Trace ids are kept on rows and log lines either way.",
+        ge=0, le=1, validation_alias="OTEL_TRACES_SAMPLER_ARG", section=TRACES)
     otel_service_name: str = setting(
         "idemops", "`service.name` of the spans.", validation_alias="OTEL_SERVICE_NAME", section=TRACES)
     otel_traces_exporter: Annotated[list[Literal["otlp", "console", "none"]], NoDecode] | None = setting(

@@ -100,6 +100,56 @@ def test_the_otel_variables_choose_the_exporter_and_refuse_what_idemops_cannot_d
             IdemopsSettings.model_validate(wrong)
 
 
+def test_with_nothing_to_receive_them_spans_are_not_recorded_yet_the_call_keeps_its_trace_id(caller):
+    provider = tracing.Provider(tracing.Sampler(1.0), id_generator=tracing.IdGenerator())
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("tool create_order") as current:
+        result = call(caller, "create_order", idempotency_key="o-unrecorded", **ORDER)
+        trace_id, span_id = tracing.ids(current)
+    assert not current.is_recording() and current.get_span_context().is_valid
+    record = result.record
+    assert record.trace_id == trace_id and len(trace_id) == 32 and int(trace_id, 16)
+    assert AuditEvent.objects.filter(object_type="idempotencyrecord", object_id=str(record.pk),
+                                     trace_id=trace_id).exists()
+
+    # a caller's sampled trace is passed on sampled (a downstream system that exports records its part)
+    callers = tracing.remote_parent("4bf92f3577b34da6a3ce929d0e0e4736")
+    with tracer.start_as_current_span("tool create_order", context=callers) as followed:
+        assert tracing.carrier()["traceparent"].endswith("-01")
+    assert followed.get_span_context().trace_flags.sampled
+
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with tracer.start_as_current_span("tool create_order"):
+        pass
+    assert [span.name for span in exporter.get_finished_spans()] == ["tool create_order"]
+
+
+def test_the_sampler_ratio_records_that_share_of_new_traces_and_follows_a_callers_decision():
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    def recorded(ratio: float, parent_flags: TraceFlags | None = None) -> int:
+        provider = tracing.Provider(tracing.Sampler(ratio), id_generator=tracing.IdGenerator())
+        provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+        tracer = provider.get_tracer("test")
+        context = None if parent_flags is None else trace.set_span_in_context(NonRecordingSpan(SpanContext(
+            trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736, span_id=0x00F067AA0BA902B7, is_remote=True,
+            trace_flags=parent_flags)))
+        count = 0
+        for _ in range(400):
+            with tracer.start_as_current_span("call", context=context) as span:
+                count += span.is_recording()
+        return count
+
+    assert recorded(1.0) == 400 and recorded(0.0) == 0
+    assert 100 < recorded(0.5) < 300
+    assert recorded(0.0, TraceFlags(TraceFlags.SAMPLED)) == 400  # the caller sampled its trace
+    assert recorded(1.0, TraceFlags(TraceFlags.DEFAULT)) == 0  # the caller did not
+    assert IdemopsSettings.model_validate({"OTEL_TRACES_SAMPLER_ARG": "0.25"}).otel_traces_sampler_arg == 0.25
+    with pytest.raises(ValidationError):
+        IdemopsSettings.model_validate({"OTEL_TRACES_SAMPLER_ARG": "2"})
+
+
 class Collector:
     """An OTLP/HTTP receiver: keeps every ExportTraceServiceRequest posted to /v1/traces."""
 

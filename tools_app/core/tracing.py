@@ -1,9 +1,10 @@
 """Traces (OpenTelemetry): one trace per tool call, followed through everything the call starts.
 
 - `configure()` (at start-up, tools_app/apps.py): this process's tracer provider, always, so a
-  call has a trace id even when nothing is exported; the exporter the standard `OTEL_*`
-  variables choose (read into the settings object: `OTEL_TRACES_EXPORTER`; OTLP over HTTP when
-  an `OTEL_EXPORTER_OTLP_*ENDPOINT` is set, else none); psycopg's and Django's instrumentation.
+  call has a trace id even when nothing is exported (its spans are then not recorded: `Sampler`);
+  the exporter the standard `OTEL_*` variables choose (read into the settings object:
+  `OTEL_TRACES_EXPORTER`; OTLP over HTTP when an `OTEL_EXPORTER_OTLP_*ENDPOINT` is set, else
+  none); psycopg's and Django's instrumentation.
 - `span(name, ...)` and `ids()`: a span of our own, and the current trace and span ids as
   stored on records, tasks, step runs, approval requests, outbox events and audit events.
 - `continued(trace_id, span_id, name)`: work done later by another process (a task's steps, an
@@ -38,7 +39,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.instrumentation.django import DjangoInstrumentor
 from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -72,14 +73,57 @@ class IdGenerator(RandomIdGenerator):
         return self._random.getrandbits(128) or 1
 
 
+class Sampler(sampling.Sampler):
+    """Parent-based, with `OTEL_TRACES_SAMPLER_ARG` the share of new traces recorded; and, while no span
+    processor would receive a span (no exporter configured), nothing recorded but the traces a caller
+    sampled (its `traceparent`, or a stored row's: `remote_parent`). A span not recorded still
+    has its trace and span ids, so records, audit rows, log lines and `traceparent` headers keep them;
+    only the span's attributes and events, which nothing would read, are not built."""
+
+    def __init__(self, ratio: float) -> None:
+        self.receiving = False  # set by Provider once a span processor is added
+        self._ratio = ratio
+        self._inner = sampling.ParentBased(sampling.TraceIdRatioBased(ratio))
+
+    def should_sample(self, parent_context: otel_context.Context | None, trace_id: int, name: str,
+                      kind: SpanKind | None = None, attributes: Any = None, links: Any = None,
+                      trace_state: Any = None) -> sampling.SamplingResult:
+        if not self.receiving:
+            # A caller's sampled trace stays sampled in what this process passes on (traceparent), so
+            # a downstream system that exports still records its part of it.
+            parent = trace.get_current_span(parent_context).get_span_context()
+            if not (parent.is_valid and parent.is_remote and parent.trace_flags.sampled):
+                return _NOT_RECORDED
+        return self._inner.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+    def get_description(self) -> str:
+        return f"idemops(ParentBased(TraceIdRatioBased({self._ratio})), recorded only when received)"
+
+
+_NOT_RECORDED = sampling.SamplingResult(sampling.Decision.DROP)
+
+
+class Provider(TracerProvider):
+    """The SDK's provider, telling its sampler when something receives spans (an exporter, a test's)."""
+
+    def __init__(self, sampler: Sampler, **options: Any) -> None:
+        super().__init__(sampler=sampler, **options)
+        self._receiving_sampler = sampler
+
+    def add_span_processor(self, span_processor: SpanProcessor) -> None:
+        super().add_span_processor(span_processor)
+        self._receiving_sampler.receiving = True
+
+
 def configure() -> None:
     """This process's tracer provider and instrumentation (once; OTEL_SDK_DISABLED=true: none)."""
     global _configured
     settings = conf()
     if _configured or settings.otel_sdk_disabled:
         return
-    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: settings.otel_service_name}),
-                              id_generator=IdGenerator())
+    provider = Provider(Sampler(settings.otel_traces_sampler_arg),
+                        resource=Resource.create({SERVICE_NAME: settings.otel_service_name}),
+                        id_generator=IdGenerator())
     for exporter in exporters():
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
