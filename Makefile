@@ -39,10 +39,11 @@ run: $(RUNTIME)
 # The suite runs on TEST_WORKERS pytest-xdist workers, a test file per worker at a time (--dist loadfile keeps
 # a module's servers in one process); each worker has its own embedded PostgreSQL under var/xdist-<worker>/.
 # Most of the suite waits on real processes, so three workers pay on two cores. TEST_WORKERS=0: one process.
+# The files that take minutes go first (tests/conftest.py, LONG_FILES_FIRST), in place of xdist's own order.
 TEST_WORKERS ?= 3
 
 test: $(DEV) $(INTEROP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The console's browser tests, writing the pictures docs/operators-admin.md shows into docs/images/.
 screenshots: $(DEV)

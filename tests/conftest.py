@@ -11,6 +11,24 @@ from tools_app.toolkit.calls import Caller
 pytest_plugins = ["tests.task_stack", "tests.observability_support"]
 
 
+# Files that take minutes each (fresh virtualenvs, the quick run of every benchmark, the adoption tutorial, the
+# API's fuzzing, the permission matrix, the docs' checks). Under pytest-xdist they are handed out first, so that
+# no worker is left running one while the others idle (`make test` passes --no-loadscope-reorder, without which
+# xdist orders files by their number of tests and a one-test benchmark file came last).
+LONG_FILES_FIRST = (
+    "tests/platform/test_package.py", "tests/deploy/test_bench_quick.py", "tests/platform/test_adopting.py",
+    "tests/api/test_api_contract.py", "tests/console/test_operator_permissions.py", "tests/deploy/test_docs_truth.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        path = item.nodeid.split("::")[0]
+        return LONG_FILES_FIRST.index(path) if path in LONG_FILES_FIRST else len(LONG_FILES_FIRST)
+
+    items.sort(key=rank)  # stable: within a file, and for every other file, the order stays
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _counts_flushed_by_hand():
     """In this process, tests flush counts themselves (core.counters.flush): no background thread
