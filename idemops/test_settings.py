@@ -12,11 +12,16 @@ _var = Path(os.environ.get("IDEMOPS_VAR_DIR", Path(__file__).resolve().parent.pa
 # Under pytest-xdist (`make test` runs the suite on several workers) each worker has its own embedded
 # server and local state, so that no worker's live processes, standby or pooler meet another's; the
 # processes tests start inherit the directory.
-# A worker inherits the controller's environment, IDEMOPS_PGDATA included: it is set, not defaulted.
+# A worker inherits the controller's environment: IDEMOPS_PGDATA is set, not defaulted, and the URL of the
+# controller's embedded server (which idemops.settings exports for child processes, marked by
+# IDEMOPS_EMBEDDED_DATABASE) is dropped; a DATABASE_URL given by the person running the tests is kept.
 if _worker := os.environ.get("PYTEST_XDIST_WORKER"):
     _var = _var / f"xdist-{_worker}"
     os.environ["IDEMOPS_VAR_DIR"] = str(_var)
     os.environ["IDEMOPS_PGDATA"] = str(_var / "test-pg")
+    if os.environ.get("IDEMOPS_EMBEDDED_DATABASE", "").lower() in ("1", "true", "yes", "on"):
+        del os.environ["IDEMOPS_EMBEDDED_DATABASE"]
+        os.environ.pop("DATABASE_URL", None)
 os.environ.setdefault("IDEMOPS_PGDATA", str(_var / "test-pg"))
 
 from idemops.settings import *  # noqa: E402,F403
