@@ -110,11 +110,19 @@ def visible_tenant_ids(who: Any) -> set[int] | None:
         return None
     # Read once per user object, as Django caches a user's permissions on it (`_perm_cache`): a request's
     # user is loaded afresh for each request, and one console page scopes a dozen querysets.
-    cached: set[int] | None = getattr(who, "_visible_tenant_ids", None)
+    cached: set[int] | None = getattr(who, _VISIBLE_CACHE, None)
     if cached is None:
         cached = set(TenantAccess.objects.filter(user=who).values_list("tenant_id", flat=True))
-        who._visible_tenant_ids = cached
+        setattr(who, _VISIBLE_CACHE, cached)
     return set(cached)
+
+
+_VISIBLE_CACHE = "_visible_tenant_ids"
+
+
+def forget_visible_tenants(user: Any) -> None:
+    """Drop visible_tenant_ids' cache on `user`, after a change to the tenants it may see."""
+    user.__dict__.pop(_VISIBLE_CACHE, None)
 
 
 def scope(queryset: QuerySet[_M], who: Any, field: str = "tenant_id") -> QuerySet[_M]:

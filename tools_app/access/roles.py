@@ -12,6 +12,7 @@ from django.contrib.auth.management import create_permissions
 from django.contrib.auth.models import Group, Permission, User
 from django.db import transaction
 
+from tools_app.access.authorization import forget_visible_tenants
 from tools_app.access.models import Tenant, TenantAccess
 from tools_app.core import audit
 
@@ -81,6 +82,6 @@ def grant(user: User, role: str, tenant_slugs: list[str], *, actor: str) -> None
         if created:
             audit.record_event(action="tenant_access.granted", obj=access, actor=actor, tenant_id=tenant.pk,
                                after={"user": user.get_username(), "role": role})
-    user.__dict__.pop("_visible_tenant_ids", None)  # authorization.visible_tenant_ids' cache, now stale
+    forget_visible_tenants(user)
     audit.record_event(action="role.granted", obj=user, actor=actor, tenant_id=None,
                        after={"user": user.get_username(), "role": role, "tenants": sorted(tenant_slugs)})
