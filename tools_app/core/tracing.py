@@ -4,7 +4,7 @@
   call has a trace id even when nothing is exported (its spans are then not recorded: `Sampler`);
   the exporter the standard `OTEL_*` variables choose (read into the settings object:
   `OTEL_TRACES_EXPORTER`; OTLP over HTTP when an `OTEL_EXPORTER_OTLP_*ENDPOINT` is set, else
-  none); psycopg's and Django's instrumentation.
+  none); Django's instrumentation, and psycopg's (a span per SQL statement) when an exporter is set.
 - `span(name, ...)` and `ids()`: a span of our own, and the current trace and span ids as
   stored on records, tasks, step runs, approval requests, outbox events and audit events.
 - `continued(trace_id, span_id, name)`: work done later by another process (a task's steps, an
@@ -124,10 +124,14 @@ def configure() -> None:
     provider = Provider(Sampler(settings.otel_traces_sampler_arg),
                         resource=Resource.create({SERVICE_NAME: settings.otel_service_name}),
                         id_generator=IdGenerator())
-    for exporter in exporters():
+    chosen = exporters()
+    for exporter in chosen:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
-    PsycopgInstrumentor().instrument(tracer_provider=provider, skip_dep_check=True)
+    if chosen:
+        # A span per SQL statement, only where spans are exported: without an exporter they would be
+        # dropped, and building them cost about a tenth of a write's time over /mcp (docs/performance.md).
+        PsycopgInstrumentor().instrument(tracer_provider=provider, skip_dep_check=True)
     DjangoInstrumentor().instrument(tracer_provider=provider, excluded_urls="livez,readyz,healthz,metrics")
     _configured = True
 
