@@ -270,6 +270,8 @@ def _database_settings(url: str) -> dj_database_url.DBConfig:
     # A pool hands a connection back after each request or job: Django refuses persistent connections with it.
     config = dj_database_url.parse(url, conn_max_age=0 if pooled else _environment.db_conn_max_age_seconds,
                                    conn_health_checks=True)
+    # Django's backend, with a health check that polls the socket instead of a SELECT 1 per request.
+    config["ENGINE"] = "tools_app.core.postgresql"
     config.setdefault("OPTIONS", {})
     if pooled:
         config["OPTIONS"].setdefault("pool", {"min_size": 1, "max_size": _environment.db_pool_max_size})
