@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from contextlib import nullcontext
 
-from django.db import DataError, transaction
+from django.db import DataError, connection, transaction
 
 from idemops.conf import conf
 from tools_app.core import db, polling
@@ -102,13 +102,64 @@ def _claim_and_execute(op: Operation, execute: Executor) -> tuple[Outcome | None
     its own first, so a crash mid-call leaves a PROCESSING record whose lease runs
     out and whose outcome is reconciled.
     """
-    with transaction.atomic() if op.transactional else nullcontext():
+    if not op.transactional:
         record, claimed = claim(op)
         if not claimed:
             return None, record
-        outcome = _execute(record, op, execute, claim_committed=not op.transactional)
+        outcome = _execute(record, op, execute)
+    else:
+        try:
+            with transaction.atomic():
+                record, claimed = claim(op)
+                if not claimed:
+                    return None, record
+                outcome = _execute_with_claim(record, op, execute)
+        except _EffectFailed as failed:
+            if failed.session_lost:
+                # The database session itself died: nothing was committed and nothing can be recorded
+                # on it; the next call runs the operation, as after a crash.
+                raise failed.error from None
+            # The effect failed and its transaction rolled back, claim included. The failure is
+            # recorded under a claim of its own; if another call has claimed the key since, that
+            # call's record is the one to follow.
+            with transaction.atomic():
+                record, claimed = claim(op)
+                if not claimed:
+                    return None, record
+                outcome = _failed(record, op, failed.error)
     crash_point("after_commit")
     return outcome, record
+
+
+class _EffectFailed(Exception):
+    """A local effect raised inside the claim's transaction: `error`, recorded once that transaction
+    has rolled back."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+        # psycopg marks its connection broken as soon as it finds the session gone
+        self.session_lost: bool = getattr(connection.connection, "broken", True)
+
+
+def _execute_with_claim(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome:
+    """Run a local effect in the open transaction that holds its claim, and record it there.
+
+    No savepoint: on success the claim, the effect and the outcome commit as one; on failure the
+    whole transaction rolls back (_EffectFailed) and the failure is recorded afresh. Nobody else
+    can see the record yet, so its lease needs no heartbeat.
+    """
+    crash_point("after_claim")
+    try:
+        if op.approval is not None and (held := op.approval(record)) is not None:
+            return held
+        with gathering_evidence() as evidence:
+            result = execute(record)
+            crash_point("after_downstream")
+            record = mark_succeeded(record, result, actor=op.actor, evidence=evidence)
+    except Exception as exc:
+        raise _EffectFailed(exc) from exc
+    return Outcome(record, executed=True)
 
 
 def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
@@ -185,45 +236,46 @@ def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) 
     return outcome
 
 
-def _execute(record: IdempotencyRecord, op: Operation, execute: Executor, *, claim_committed: bool = True
-             ) -> Outcome:
-    """Run the side effect as the record's executor and record how it ended.
+def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome:
+    """Run the side effect as the record's executor, whose claim is committed, and record how it ended.
 
-    `claim_committed` False: the claim is part of the caller's open transaction, so
-    nobody else can see the record and its lease needs no heartbeat.
+    A local effect commits with its outcome, or neither does; a downstream one is done
+    before we record it (one statement).
     """
     crash_point("after_claim")
     try:
         if op.approval is not None and (held := op.approval(record)) is not None:
             return held
-        # A local effect commits with the record, or neither does (inside the claim's
-        # transaction, a savepoint: a failure rolls the effect back and is recorded);
-        # a downstream one is done before we record it (one statement).
         with gathering_evidence() as evidence, transaction.atomic() if op.transactional else nullcontext():
             # The heartbeat stops before the guarded write below: a renewal
             # queued behind our own transaction's lock on the row would
             # wait for us while we wait for it. If it found the lease lost,
             # that write fails on its owner guard (LeaseLost).
-            with heartbeat(record) if claim_committed else nullcontext():
+            with heartbeat(record):
                 result = execute(record)
             crash_point("after_downstream")
             record = mark_succeeded(record, result, actor=op.actor, evidence=evidence)
-    except UnknownOutcome as unknown:
-        return Outcome(mark_unknown(record, unknown, actor=op.actor), error=unknown, executed=True)
-    except ToolFailure as raised:
-        failure = backed_off(raised, record.attempts)
-        return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
-    except LeaseLost:
-        record.refresh_from_db()
-        return Outcome(record, executed=True, error=UnknownOutcome(
-            f"this call overran its lease and its outcome is being reconciled: {UNKNOWN_OUTCOME_ADVICE}"))
     except Exception as exc:
-        return _unexpected_error(record, op, exc)
+        return _failed(record, op, exc)
     return Outcome(record, executed=True)
 
 
+def _failed(record: IdempotencyRecord, op: Operation, exc: Exception) -> Outcome:
+    """Record how an execution that raised `exc` ended."""
+    if isinstance(exc, UnknownOutcome):
+        return Outcome(mark_unknown(record, exc, actor=op.actor), error=exc, executed=True)
+    if isinstance(exc, ToolFailure):
+        failure = backed_off(exc, record.attempts)
+        return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
+    if isinstance(exc, LeaseLost):
+        record.refresh_from_db()
+        return Outcome(record, executed=True, error=UnknownOutcome(
+            f"this call overran its lease and its outcome is being reconciled: {UNKNOWN_OUTCOME_ADVICE}"))
+    return _unexpected_error(record, op, exc)
+
+
 def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) -> Outcome:
-    logger.exception("tool %s raised; record %s, key digest %s", op.tool, record.pk, key_digest(op.key))
+    logger.error("tool %s raised; record %s, key digest %s", op.tool, record.pk, key_digest(op.key), exc_info=exc)
     if not op.transactional:
         # We cannot tell whether the downstream request went out.
         unknown = UnknownOutcome("the call failed unexpectedly after it may have reached the downstream system; "
