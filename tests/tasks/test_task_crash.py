@@ -128,5 +128,8 @@ def test_a_queued_task_whose_cluster_died_holding_its_job_starts_again_within_it
     assert [event.after["job_lost"] for event in requeued] == [True]
     assert Counter(StepRun.objects.filter(task=lost).values_list("step", flat=True)) == Counter(
         dict.fromkeys(["receive", "detect_format", CRASH_STEP, "chunk", "index", "embed", "summarize"], 1))
+    # (the cluster's flusher writes its counts within a second of counting them)
+    wait_until(lambda: MetricTotal.objects.filter(metric="task_job_lost", tool="ingest_document").exists(),
+               timeout=10, what="the lost job counted")
     assert MetricTotal.objects.filter(metric="task_job_lost", tool="ingest_document").get().count == 1
     assert refreshed(busy).lease_expiries == 1  # the busy task's worker died with its cluster
