@@ -24,7 +24,7 @@ from django.utils.module_loading import import_string
 from django_q.models import Schedule
 
 from idemops.conf import conf
-from tools_app.core import outage
+from tools_app.core import counters, outage
 from tools_app.core.jobs import JOBS
 
 logger = logging.getLogger(__name__)
@@ -95,6 +95,11 @@ def _loop(job: LoopJob) -> None:
             # Django does around each request (CONN_HEALTH_CHECKS).
             close_old_connections()
             func()
+            # What the job counted (a lost job requeued, a lease expired) is written by this loop
+            # itself, not left to the process's flusher thread: in a worker of a cluster that was
+            # frozen (SIGSTOP) and continued, that thread was seen to stop waking, and django-q2 ends
+            # a worker without running its exit hooks, so those counts were lost.
+            counters.flush()
         except outage.DATABASE_ERRORS as exc:  # an outage: the next round tries again
             outage.log(job.name, exc)
         except Exception:

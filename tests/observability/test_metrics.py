@@ -39,9 +39,11 @@ def value(found: list, name: str, **labels: str) -> float:
 @pytest.fixture(autouse=True)
 def _no_rows_from_a_stopped_process(db):
     """A web process or cluster another module started writes what it counted when it stops, after that
-    module's last test emptied the tables: those rows are committed. Removed here, in this test's transaction."""
-    MetricMinute.objects.all().delete()
-    MetricTotal.objects.all().delete()
+    module's last test emptied the tables: those rows are committed. Removed before the test, on a connection
+    of their own (in the test's transaction the delete would hold a lock on the tables until its end)."""
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+        other.execute(f"DELETE FROM {MetricMinute._meta.db_table}")
+        other.execute(f"DELETE FROM {MetricTotal._meta.db_table}")
 
 
 @pytest.fixture
