@@ -184,6 +184,34 @@ def test_a_person_registers_a_passkey_logs_in_with_password_and_passkey_and_appr
     assert not AuditEvent.objects.filter(action="second_factor.passkey_refused").exists()
 
 
+@in_a_browser
+def test_a_passkey_button_pressed_before_the_pages_translations_arrive_still_verifies(web_server, token):
+    # given: an approver with a passkey; the page's translations catalogue (where the passkey script's
+    # `gettext` comes from) arrives seconds after the button is shown, as from a busy server
+    person("alice", APPROVER)
+    base = localhost(web_server)
+
+    with browser_page() as page:
+        virtual_authenticator(page)
+        register_passkey(page, base, "alice")
+        page.context.clear_cookies()
+
+        def late(route):
+            page.wait_for_timeout(3000)
+            route.continue_()
+
+        page.route("**/second-factor/passkey/jsi18n/*", late)
+        page.route("**/second-factor/passkey/jsi18n/", late)
+        # when: she logs in with her password and presses the passkey button as soon as it shows
+        log_in(page, base, "alice", "/admin/", second_factor=False)
+        page.click("#passkey-verification-button")
+        page.wait_for_url(f"{base}/admin/")
+
+    # then: the passkey verified the session
+    assert AuditEvent.objects.filter(action="second_factor.verified", actor="user:alice",
+                                     after__device="passkey").count() == 1
+
+
 # The assertion of another user's credential: the page asks for the options as its own person would, then lets
 # the authenticator offer any passkey it holds (an empty allow-list), and sends what it signed.
 ASSERT_ANY_PASSKEY = """async () => {
