@@ -146,20 +146,12 @@ def _execute_with_claim(record: IdempotencyRecord, op: Operation, execute: Execu
     """Run a local effect in the open transaction that holds its claim, and record it there.
 
     No savepoint: on success the claim, the effect and the outcome commit as one; on failure the
-    whole transaction rolls back (_EffectFailed) and the failure is recorded afresh. Nobody else
-    can see the record yet, so its lease needs no heartbeat.
+    whole transaction rolls back (_EffectFailed) and the failure is recorded afresh.
     """
-    crash_point("after_claim")
     try:
-        if op.approval is not None and (held := op.approval(record)) is not None:
-            return held
-        with gathering_evidence() as evidence:
-            result = execute(record)
-            crash_point("after_downstream")
-            record = mark_succeeded(record, result, actor=op.actor, evidence=evidence)
+        return _effect(record, op, execute, in_claim=True)
     except Exception as exc:
         raise _EffectFailed(exc) from exc
-    return Outcome(record, executed=True)
 
 
 def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
@@ -242,21 +234,32 @@ def _execute(record: IdempotencyRecord, op: Operation, execute: Executor) -> Out
     A local effect commits with its outcome, or neither does; a downstream one is done
     before we record it (one statement).
     """
-    crash_point("after_claim")
     try:
-        if op.approval is not None and (held := op.approval(record)) is not None:
-            return held
-        with gathering_evidence() as evidence, transaction.atomic() if op.transactional else nullcontext():
-            # The heartbeat stops before the guarded write below: a renewal
-            # queued behind our own transaction's lock on the row would
-            # wait for us while we wait for it. If it found the lease lost,
-            # that write fails on its owner guard (LeaseLost).
-            with heartbeat(record):
-                result = execute(record)
-            crash_point("after_downstream")
-            record = mark_succeeded(record, result, actor=op.actor, evidence=evidence)
+        return _effect(record, op, execute, in_claim=False)
     except Exception as exc:
         return _failed(record, op, exc)
+
+
+def _effect(record: IdempotencyRecord, op: Operation, execute: Executor, *, in_claim: bool) -> Outcome:
+    """The approval gate, the effect and its SUCCEEDED mark, for both executors above.
+
+    `in_claim`: the claim's own transaction is open and uncommitted, so nobody else can see the
+    record: no transaction of its own and no heartbeat. Otherwise a local effect gets a
+    transaction, and every effect a heartbeat on its committed lease.
+    """
+    crash_point("after_claim")
+    if op.approval is not None and (held := op.approval(record)) is not None:
+        return held
+    own_transaction = op.transactional and not in_claim
+    with gathering_evidence() as evidence, transaction.atomic() if own_transaction else nullcontext():
+        # The heartbeat stops before the guarded write below: a renewal
+        # queued behind our own transaction's lock on the row would
+        # wait for us while we wait for it. If it found the lease lost,
+        # that write fails on its owner guard (LeaseLost).
+        with nullcontext() if in_claim else heartbeat(record):
+            result = execute(record)
+        crash_point("after_downstream")
+        record = mark_succeeded(record, result, actor=op.actor, evidence=evidence)
     return Outcome(record, executed=True)
 
 
