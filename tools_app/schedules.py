@@ -49,6 +49,8 @@ PERIODIC_JOBS: list[PeriodicJob] = [
     PeriodicJob("approvals.escalate", "approvals.escalate"),
     # Link newly committed audit events into the hash chain.
     PeriodicJob("audit.seal", "audit.seal"),
+    # The audit table's month partitions, IDEMOPS_AUDIT_PARTITION_MONTHS_AHEAD months ahead.
+    PeriodicJob("audit.partitions", "audit.partitions", minutes=24 * 60),
     # Per-minute metric rows past IDEMOPS_METRICS_RETENTION_DAYS (the running totals stay).
     PeriodicJob("metrics.prune", "metrics.prune", minutes=60),
     # Revives long tasks whose worker died and queues due retries (tools_app.tasks.sweep).

@@ -530,6 +530,9 @@ class IdemopsSettings(BaseSettings):
         0, "Days an audit event is kept from its creation, for tenants without their own audit retention (and "
         "events of no tenant); 0: for ever. The purge job archives expired events to files "
         "(docs/audit-log.md).", ge=0, section=AUDIT)
+    audit_partition_months_ahead: int = setting(
+        3, "Months after this one whose audit partitions the daily job `audit.partitions` keeps created ahead "
+        "(the audit table is partitioned by month; docs/audit-log.md).", ge=1, le=120, section=AUDIT)
     audit_archive_dir: Path = setting(
         default_factory=lambda data: data.get("var_dir", DEFAULT_VAR_DIR) / "audit-archive",
         doc="Where the purge job writes archived audit events (one JSON-lines file per archived range).",

@@ -34,12 +34,13 @@ from django_q.tasks import async_task
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from tools_app.core import audit, tracing
+from tools_app.core import audit, audit_partitions, tracing
 
 JOBS: dict[str, str] = {
     "approvals.escalate": "tools_app.approvals.jobs.escalate",
     "approvals.run_approved": "tools_app.approvals.jobs.run_approved",
     "approvals.sweep": "tools_app.approvals.jobs.sweep",
+    "audit.partitions": "tools_app.core.jobs.create_audit_partitions",
     "audit.seal": "tools_app.core.jobs.seal_audit_chain",
     "metrics.prune": "tools_app.metrics.jobs.prune_minutes",
     "outbox.relay": "tools_app.outbox.jobs.relay_pending",
@@ -150,6 +151,11 @@ def close_job_span(sender: Any = None, func: Any = None, task: dict[str, Any] | 
 def seal_audit_chain() -> int:
     """django-q2 job: link newly committed audit events into the hash chain (audit.seal)."""
     return audit.seal(wait=False).sealed
+
+
+def create_audit_partitions() -> list[str]:
+    """django-q2 job: the audit table's month partitions, created ahead (audit_partitions.ensure)."""
+    return audit_partitions.ensure().created
 
 
 # The name an older release queued the audit chain's job under (tools_app.audit.seal_periodically).

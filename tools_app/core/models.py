@@ -9,6 +9,10 @@ class AuditEvent(models.Model):
     change it describes. The chain fields (seq, prev_hash, hash) are filled by
     the sealer in tools_app.audit, which links events in commit order so that
     an edited or deleted event breaks the chain.
+
+    Stored in monthly partitions by created_at (tools_app.core.audit_partitions): in the
+    database the primary key is (id, created_at), as a partitioned table requires; id alone
+    stays unique (one identity sequence) and is the key Django uses.
     """
 
     # No index of its own: audit_tenant_created leads with tenant.
@@ -25,7 +29,9 @@ class AuditEvent(models.Model):
         null=True, blank=True, help_text="The operation the event belongs to (its idempotency record's operation_id), "
                                          "for events about records, tasks, approval requests and outbox events.")
     created_at = models.DateTimeField(db_index=True)
-    seq = models.BigIntegerField(null=True, blank=True, unique=True, editable=False)
+    # Not a unique column: a partitioned table's unique index must hold its partition key. The sealer
+    # gives each seq once under its lock, and verification finds a repeated or missing one.
+    seq = models.BigIntegerField(null=True, blank=True, editable=False)
     prev_hash = models.CharField(max_length=64, blank=True, editable=False)
     hash = models.CharField(max_length=64, blank=True, editable=False)
 
@@ -44,6 +50,8 @@ class AuditEvent(models.Model):
                          name="audit_operation"),
             # The sealer's work list: small however long the chain grows.
             models.Index(fields=["id"], condition=models.Q(seq__isnull=True), name="audit_unsealed"),
+            # The chain's order, for verification and archiving.
+            models.Index(fields=["seq"], name="audit_seq"),
         ]
 
     def __str__(self) -> str:

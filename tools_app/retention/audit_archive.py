@@ -7,8 +7,10 @@ its tenant's retention (AuditRetention, else IDEMOPS_AUDIT_RETENTION_DAYS; 0
 keeps for ever). In one transaction it verifies that range (a tampered chain is
 never archived, which would launder it), writes it to a JSON-lines file (a
 header with the range and its first and last chain hashes, then each event's
-hashed content with its prev_hash and hash), records an AuditArchive and deletes
-the range (the database trigger allows deleting exactly what an archive covers).
+hashed content with its prev_hash and hash) and records an AuditArchive. Then
+`remove_archived` takes what the archives cover out of the table: a past month's
+partition holding nothing else is detached and dropped, other covered events are
+deleted (the database trigger allows deleting exactly what an archive covers).
 Verification of what is kept then starts from the archived head's hash, and
 `verify_archive_file` checks a file on its own.
 """
@@ -28,7 +30,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from idemops.conf import conf
-from tools_app.core import audit, clock
+from tools_app.core import audit, audit_partitions, clock
 from tools_app.core.models import AuditArchive, AuditEvent
 from tools_app.retention.models import AuditRetention
 
@@ -48,7 +50,42 @@ def archive_expired(*, now: datetime | None = None, batch: int = ARCHIVE_BATCH) 
     total = 0
     while archived := _archive_batch(now, batch):
         total += archived
+    remove_archived(batch=batch)
     return total
+
+
+def remove_archived(*, batch: int = ARCHIVE_BATCH) -> int:
+    """Take out of the table what the archives cover: each past month partition holding nothing else is
+    detached and dropped (audit_partitions.drop_archived); the covered events left elsewhere (a month
+    partly kept, the DEFAULT partition) are deleted, `batch` per transaction. Returns the events deleted.
+
+    Apart from the archiving, so that a month's events leave by one DROP rather than row by row; an
+    archiver that dies in between leaves covered events in the table, which verification (starting at
+    the archived head) ignores and the next purge removes.
+    """
+    newest = AuditArchive.objects.order_by("-last_seq").first()
+    if newest is None:
+        return 0
+    partitions = audit_partitions.drop_archived(newest)
+    deleted = 0
+    for partition in audit_partitions.partitions():
+        if partition.name not in partitions.busy:  # those leave whole, at the next purge
+            deleted += _delete_covered(partition.name, newest.last_seq, batch)
+    return deleted
+
+
+def _delete_covered(table: str, last_seq: int, batch: int) -> int:
+    deleted = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [audit.ARCHIVE_LOCK_KEY])
+            if not cursor.fetchone()[0]:
+                return deleted  # a verification page is reading: the next purge
+            cursor.execute(f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE seq <= %s LIMIT %s)",
+                           [last_seq, batch])
+            deleted += int(cursor.rowcount)
+            if cursor.rowcount < batch:
+                return deleted
 
 
 def _archive_batch(now: datetime, batch: int) -> int:
@@ -74,7 +111,6 @@ def _archive_batch(now: datetime, batch: int) -> int:
         archive = AuditArchive.objects.create(
             first_seq=head_seq + 1, last_seq=last.seq, first_prev_hash=head_hash, last_hash=last.hash,
             events=len(expired), path=str(path), sha256=digest, archived_at=timezone.now())
-        AuditEvent.objects.filter(seq__gt=head_seq, seq__lte=last.seq).delete()
         audit.record_event(action="audit.archived", obj=archive, actor=ARCHIVER,
                            after={"first_seq": archive.first_seq, "last_seq": archive.last_seq,
                                   "last_hash": archive.last_hash, "file": path.name, "sha256": digest})

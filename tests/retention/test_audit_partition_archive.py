@@ -1,0 +1,125 @@
+"""Archiving with partitions (issue 28 §3): a past month whose events the archives all cover leaves the audit
+table by DETACH and DROP of its partition, audited, and the kept chain still verifies from the archived head;
+a month still holding a kept event keeps its partition; a drop that meets a reader holding the partition gives
+up after its lock timeout and the next purge drops it. What PostgreSQL holds is read from its catalogue.
+
+The tests commit (transactional_db), as production does: PostgreSQL refuses to drop a table its own
+transaction has pending foreign-key checks on, which a test's single transaction would have."""
+
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from idemops.conf import override_conf
+from tests.api_support import make_event
+from tests.processes import test_database_url as database_url
+from tools_app import retention
+from tools_app.core import audit, audit_partitions
+from tools_app.models import AuditArchive, AuditEvent, AuditRetention
+
+OLD = timedelta(days=100)  # the old events' age: a month partition that ended before now
+LATER = timedelta(days=40)  # the purge runs this long after now, so that this month's events expire too
+
+
+@pytest.fixture
+def archive_dir(settings, tmp_path):
+    override_conf(settings, audit_archive_dir=tmp_path, audit_retention_days=30)
+    return tmp_path
+
+
+@pytest.fixture
+def old_month():
+    """The partition of the month OLD ago, created (the test database's partitions start at its creation);
+    dropped again afterwards if a test left it behind committed."""
+    start = audit_partitions.month_start(timezone.now() - OLD)
+    audit_partitions.ensure(since=start)
+    name = audit_partitions.month_name(start)
+    yield name
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def exists(name: str) -> bool:
+    return name in [partition.name for partition in audit_partitions.partitions()]
+
+
+def purge_later() -> int:
+    return retention.purge(now=timezone.now() + LATER).purged["audit_events"]
+
+
+def test_a_past_month_wholly_archived_leaves_by_dropping_its_partition_and_the_kept_chain_verifies(
+        transactional_db, archive_dir, tenant, old_month):
+    AuditRetention.objects.create(tenant=tenant, keep_days=30)
+    old = [make_event(tenant, created_at=timezone.now() - OLD, object_id=str(i)) for i in range(3)]
+    audit.seal()
+    head = audit.chain_head()
+
+    archived = purge_later()
+
+    # then: everything sealed was archived; the old month's partition is gone, the rest deleted row by row
+    assert archived == head[0]
+    assert not exists(old_month)
+    assert not AuditEvent.objects.filter(seq__lte=head[0]).exists()
+    dropped = AuditEvent.objects.get(action="audit.partition_dropped", after__partition=old_month)
+    newest = AuditArchive.objects.order_by("-last_seq").first()
+    assert (dropped.object_type, dropped.object_id, dropped.actor) == ("auditarchive", str(newest.pk),
+                                                                      "system:retention")
+    assert dropped.after["partition"] == old_month and dropped.after["events"] == len(old)
+    assert dropped.after["archived_up_to_seq"] == newest.last_seq
+    # the archive files hold the dropped events, and what is kept verifies from the archived head
+    files = [Path(archive.path) for archive in AuditArchive.objects.all()]
+    assert all(retention.verify_archive_file(path).problem is None for path in files)
+    in_files = sum(len(path.read_text().splitlines()) - 1 for path in files)
+    assert in_files == head[0]
+    audit.seal()
+    assert audit.verify_chain().ok
+    assert audit.verify_incrementally(every=10, full=True).ok
+
+
+def test_a_month_still_holding_a_kept_event_keeps_its_partition(transactional_db, archive_dir, tenant, other_tenant,
+                                                                 old_month):
+    AuditRetention.objects.create(tenant=tenant, keep_days=30)
+    AuditRetention.objects.create(tenant=other_tenant, keep_days=3650)
+    make_event(tenant, created_at=timezone.now() - OLD)
+    kept = make_event(other_tenant, created_at=timezone.now() - OLD)
+    audit.seal()
+
+    purge_later()
+
+    assert exists(old_month)
+    assert AuditEvent.objects.filter(pk=kept.pk).exists()
+    assert not AuditEvent.objects.filter(action="audit.partition_dropped", after__partition=old_month).exists()
+    newest = AuditArchive.objects.order_by("-last_seq").first()
+    if newest is not None:  # what was archived before the kept event left the table all the same
+        assert not AuditEvent.objects.filter(seq__lte=newest.last_seq).exists()
+    assert audit.verify_chain().ok
+
+
+def test_a_drop_that_meets_a_reader_of_the_partition_waits_for_the_next_purge(
+        transactional_db, archive_dir, tenant, old_month):
+    AuditRetention.objects.create(tenant=tenant, keep_days=30)
+    old = [make_event(tenant, created_at=timezone.now() - OLD, object_id=str(i)) for i in range(2)]
+    audit.seal()
+
+    # given: a long reader (an export, say) inside the old month's partition
+    with psycopg.connect(database_url()) as reader:
+        reader.execute(f"SELECT count(*) FROM {old_month}").fetchone()
+        # when: the purge runs
+        purge_later()
+        # then: the partition is left whole (not emptied row by row) for the next purge; the rest went
+        assert exists(old_month)
+        assert AuditEvent.objects.filter(pk__in=[event.pk for event in old]).count() == len(old)
+        assert not AuditEvent.objects.filter(action="audit.partition_dropped", after__partition=old_month).exists()
+        reader.rollback()
+
+    # and: the next purge, with no reader, drops it
+    purge_later()
+    assert not exists(old_month)
+    dropped = AuditEvent.objects.get(action="audit.partition_dropped", after__partition=old_month)
+    assert dropped.after["events"] == len(old)
+    audit.seal()
+    assert audit.verify_chain().ok
