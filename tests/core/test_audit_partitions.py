@@ -111,3 +111,70 @@ def test_the_command_creates_lists_and_fails_on_a_blocked_month(tenant):
         call_command("audit_partitions", "--ahead", str(12 * 5), stdout=StringIO())
     with pytest.raises(CommandError, match="0 or more"):
         call_command("audit_partitions", "--ahead", "-1", stdout=StringIO())
+
+
+# --- upgrading: migration 0011 on a database that already holds events ----------------------------------------
+
+
+def migrate(url: str, *target: str) -> None:
+    import subprocess
+    import sys
+
+    from tests.processes import ROOT, child_env
+
+    done = subprocess.run([sys.executable, "manage.py", "migrate", *target, "-v0"], cwd=ROOT,
+                          env=child_env(DATABASE_URL=url), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_upgrading_moves_every_event_into_its_months_partition_and_keeps_ids_seals_and_guard():
+    import psycopg
+
+    from tests.platform.conftest import database_url
+    from tests.processes import drop_database, service_database_url
+
+    name = "audit_upgrade"
+    drop_database(name)
+    with psycopg.connect(service_database_url("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = database_url(name)
+    try:
+        # given: a database migrated back to 0010 (unpartitioned) with 90 events over three months, half sealed
+        migrate(url)
+        migrate(url, "tools_app", "0010")
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO tools_app_auditevent (actor, action, object_type, object_id, reason, trace_id, "
+                "created_at, prev_hash, hash) SELECT 'system:test', 'test.event', 'thing', g::text, '', '', "
+                "date_trunc('month', now()) - interval '2 months' + (g || ' days')::interval, '', '' "
+                "FROM generate_series(0, 89) g")
+            before = conn.execute("SELECT id, object_id, created_at FROM tools_app_auditevent ORDER BY id").fetchall()
+            conn.execute("UPDATE tools_app_auditevent SET seq = id, prev_hash = 'p', hash = 'h' WHERE id <= 45")
+            sealed_before = conn.execute("SELECT count(*) FROM tools_app_auditevent WHERE seq IS NOT NULL").fetchone()
+
+        # when: it migrates to 0011
+        migrate(url, "tools_app", "0011")
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            after = conn.execute("SELECT id, object_id, created_at FROM tools_app_auditevent ORDER BY id").fetchall()
+            stored = dict(conn.execute("SELECT tableoid::regclass::text, count(*) FROM tools_app_auditevent "
+                                       "GROUP BY 1").fetchall())
+            sealed_after = conn.execute("SELECT count(*) FROM tools_app_auditevent WHERE seq IS NOT NULL").fetchone()
+            new_id = conn.execute(
+                "INSERT INTO tools_app_auditevent (actor, action, object_type, object_id, reason, trace_id, "
+                "created_at, prev_hash, hash) VALUES ('system:test', 'test.event', 'thing', 'new', '', '', now(), "
+                "'', '') RETURNING id").fetchone()[0]
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):  # the append-only guard came across
+                conn.execute("DELETE FROM tools_app_auditevent WHERE object_id = 'new'")
+
+        # then: every event is there, by the same id, in its month's partition; sealed ones still sealed;
+        # new ids continue after the old ones
+        assert after == before
+        assert sealed_after == sealed_before
+        assert audit_partitions.DEFAULT not in stored and sum(stored.values()) == len(before)
+        months = {audit_partitions.month_name(audit_partitions.month_start(created)) for _, _, created in before}
+        assert set(stored) == months and len(months) == 3
+        assert new_id > before[-1][0]
+    finally:
+        drop_database(name)
