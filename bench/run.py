@@ -75,7 +75,10 @@ def main() -> None:
     report = _load(out / "benchmarks.json") if args.modules and not args.quick else {}
     report.setdefault("figures", {})
     report.setdefault("sections", {})
-    command = " ".join([".venv/bin/python bench/run.py", *(["--quick"] if args.quick else []), *args.modules])
+    # The benchmarks' own environment variables (BENCH_…: sizes, the cluster's directory) are part of the command.
+    bench_env = [f"{name}={value}" for name, value in sorted(os.environ.items()) if name.startswith("BENCH_")]
+    command = " ".join([*bench_env, ".venv/bin/python bench/run.py", *(["--quick"] if args.quick else []),
+                        *args.modules])
     failures = []
     for name in modules:
         started = time.monotonic()
