@@ -89,6 +89,26 @@ def test_an_event_of_a_month_without_a_partition_is_kept_in_the_default_one_and_
     assert stored_in(event) == audit_partitions.DEFAULT
 
 
+def test_creating_a_month_gives_up_on_a_reader_holding_the_table_and_the_next_run_creates_it():
+    import psycopg
+
+    from tests.processes import test_database_url
+
+    this_month = audit_partitions.month_start(timezone.now())
+    wanted = [name for name in months_from(this_month, 6) if name not in names()]
+    # given: a long reader of the audit table (an export, say), in a session of its own
+    with psycopg.connect(test_database_url()) as reader:
+        reader.execute("SELECT count(*) FROM tools_app_auditevent").fetchone()
+        # when: the job wants months that do not exist yet
+        held = audit_partitions.ensure(months_ahead=5)
+        reader.rollback()
+    again = audit_partitions.ensure(months_ahead=5)
+
+    # then: it waited no more than its lock timeout and created nothing; the next run created them
+    assert (held.created, held.busy) == ([], wanted) and wanted
+    assert again.created == wanted and set(wanted) <= set(names())
+
+
 def test_the_command_creates_lists_and_fails_on_a_blocked_month(tenant):
     this_month = audit_partitions.month_start(timezone.now())
     drop(months_from(this_month, 3)[2])

@@ -42,8 +42,8 @@ TABLE = "tools_app_auditevent"
 DROPPER = "system:retention"
 DEFAULT = f"{TABLE}_default"
 _MONTH_NAME = re.compile(rf"^{TABLE}_y(\d{{4}})m(\d{{2}})$")
-# How long a drop waits for the parent's lock before leaving the partition to the next purge.
-DETACH_LOCK_TIMEOUT = "2s"
+# How long creating or dropping a partition waits for its locks before leaving it to the next run.
+LOCK_TIMEOUT = "2s"
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class Partition:
 class Ensured:
     created: list[str]
     blocked: list[str]  # months whose events are already in the DEFAULT partition
+    busy: list[str]  # not created now: a long reader held the table past the lock timeout
 
 
 def month_start(moment: datetime) -> datetime:
@@ -108,25 +109,31 @@ def ensure(*, months_ahead: int | None = None, since: datetime | None = None) ->
     for _ in range(ahead):
         last = next_month(last)
     existing = {partition.name for partition in partitions()}
-    created, blocked = [], []
+    created: list[str] = []
+    blocked: list[str] = []
+    busy: list[str] = []
     while start <= last:
         name = month_name(start)
         if name not in existing:
-            if _create(name, start, next_month(start)):
-                created.append(name)
-            else:
-                blocked.append(name)
+            try:
+                (created if _create(name, start, next_month(start)) else blocked).append(name)
+            except OperationalError as exc:  # the lock timeout; the months ahead leave time for the next run
+                logger.warning("audit partition %s not created now (%s); the next run tries again", name, exc)
+                busy.append(name)
         start = next_month(start)
     if created:
         logger.info("audit partitions created: %s", ", ".join(created))
     if blocked:
         logger.error("audit partitions not created, their months' events are in %s: %s (docs/audit-log.md)",
                      DEFAULT, ", ".join(blocked))
-    return Ensured(created, blocked)
+    return Ensured(created, blocked, busy)
 
 
 def _create(name: str, start: datetime, end: datetime) -> bool:
     with transaction.atomic(), connection.cursor() as cursor:
+        # Creating a partition locks the parent against writers: rather than queue them behind a long
+        # reader, give up after a short wait.
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {DEFAULT} WHERE created_at >= %s AND created_at < %s)",
                        [start, end])
         if cursor.fetchone()[0]:
@@ -170,7 +177,7 @@ def _drop_if_archived(partition: Partition, archive: AuditArchive) -> str:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [audit.ARCHIVE_LOCK_KEY])
         if not cursor.fetchone()[0]:
             return "busy"
-        cursor.execute(f"SET LOCAL lock_timeout = '{DETACH_LOCK_TIMEOUT}'")
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         # The locks DETACH takes, first (ONLY: not the other partitions): from here no event can arrive in
         # the partition, and no reader is in it.
         cursor.execute(f"LOCK TABLE ONLY {TABLE} IN ACCESS EXCLUSIVE MODE")

@@ -18,6 +18,8 @@ class Command(BaseCommand):
         ensured = audit_partitions.ensure(months_ahead=options["ahead"])
         for name in ensured.created:
             self.stdout.write(f"created {name}")
+        for name in ensured.busy:
+            self.stderr.write(f"not created now, the table was held past the lock timeout: {name}")
         for partition, events in audit_partitions.counts():
             bounds = (f"{partition.start:%Y-%m-%d} .. {partition.end:%Y-%m-%d}" if partition.start and partition.end
                       else "default")
