@@ -1,9 +1,10 @@
 """Archiving with partitions (issue 28 §3): a past month whose events the archives all cover leaves the audit
-table by DETACH and DROP of its partition, audited, and the kept chain still verifies from the archived head;
-a month still holding a kept event keeps its partition; a drop that meets a reader holding the partition gives
-up after its lock timeout and the next purge drops it. What PostgreSQL holds is read from its catalogue.
+table by a TRUNCATE of its partition, audited, and the kept chain still verifies from the archived head;
+a month still holding a kept event keeps its rows; emptying a partition waits for neither the table's
+writers nor the tenants' readers, and one that meets a reader inside the partition gives up after its lock
+timeout, and the next purge empties it. What PostgreSQL holds is counted per partition.
 
-The tests commit (transactional_db), as production does: PostgreSQL refuses to drop a table its own
+The tests commit (transactional_db), as production does: PostgreSQL refuses to truncate a table its own
 transaction has pending foreign-key checks on, which a test's single transaction would have."""
 
 from datetime import timedelta
@@ -43,15 +44,17 @@ def old_month():
         cursor.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-def exists(name: str) -> bool:
-    return name in [partition.name for partition in audit_partitions.partitions()]
+def rows_in(name: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {name}")
+        return cursor.fetchone()[0]
 
 
 def purge_later() -> int:
     return retention.purge(now=timezone.now() + LATER).purged["audit_events"]
 
 
-def test_a_past_month_wholly_archived_leaves_by_dropping_its_partition_and_the_kept_chain_verifies(
+def test_a_past_month_wholly_archived_leaves_by_truncating_its_partition_and_the_kept_chain_verifies(
         transactional_db, archive_dir, tenant, old_month):
     AuditRetention.objects.create(tenant=tenant, keep_days=30)
     old = [make_event(tenant, created_at=timezone.now() - OLD, object_id=str(i)) for i in range(3)]
@@ -60,17 +63,17 @@ def test_a_past_month_wholly_archived_leaves_by_dropping_its_partition_and_the_k
 
     archived = purge_later()
 
-    # then: everything sealed was archived; the old month's partition is gone, the rest deleted row by row
+    # then: everything sealed was archived; the old month's partition was emptied, the rest deleted row by row
     assert archived == head[0]
-    assert not exists(old_month)
+    assert rows_in(old_month) == 0
     assert not AuditEvent.objects.filter(seq__lte=head[0]).exists()
-    dropped = AuditEvent.objects.get(action="audit.partition_dropped", after__partition=old_month)
+    emptied = AuditEvent.objects.get(action="audit.partition_truncated", after__partition=old_month)
     newest = AuditArchive.objects.order_by("-last_seq").first()
-    assert (dropped.object_type, dropped.object_id, dropped.actor) == ("auditarchive", str(newest.pk),
+    assert (emptied.object_type, emptied.object_id, emptied.actor) == ("auditarchive", str(newest.pk),
                                                                       "system:retention")
-    assert dropped.after["partition"] == old_month and dropped.after["events"] == len(old)
-    assert dropped.after["archived_up_to_seq"] == newest.last_seq
-    # the archive files hold the dropped events, and what is kept verifies from the archived head
+    assert emptied.after["partition"] == old_month and emptied.after["events"] == len(old)
+    assert emptied.after["archived_up_to_seq"] == newest.last_seq
+    # the archive files hold the truncated events, and what is kept verifies from the archived head
     files = [Path(archive.path) for archive in AuditArchive.objects.all()]
     assert all(retention.verify_archive_file(path).problem is None for path in files)
     in_files = sum(len(path.read_text().splitlines()) - 1 for path in files)
@@ -90,16 +93,15 @@ def test_a_month_still_holding_a_kept_event_keeps_its_partition(transactional_db
 
     purge_later()
 
-    assert exists(old_month)
-    assert AuditEvent.objects.filter(pk=kept.pk).exists()
-    assert not AuditEvent.objects.filter(action="audit.partition_dropped", after__partition=old_month).exists()
+    assert AuditEvent.objects.filter(pk=kept.pk).exists() and rows_in(old_month) >= 1
+    assert not AuditEvent.objects.filter(action="audit.partition_truncated", after__partition=old_month).exists()
     newest = AuditArchive.objects.order_by("-last_seq").first()
     if newest is not None:  # what was archived before the kept event left the table all the same
         assert not AuditEvent.objects.filter(seq__lte=newest.last_seq).exists()
     assert audit.verify_chain().ok
 
 
-def test_a_drop_that_meets_a_reader_of_the_partition_waits_for_the_next_purge(
+def test_emptying_a_partition_that_meets_a_reader_in_it_waits_for_the_next_purge(
         transactional_db, archive_dir, tenant, old_month):
     AuditRetention.objects.create(tenant=tenant, keep_days=30)
     old = [make_event(tenant, created_at=timezone.now() - OLD, object_id=str(i)) for i in range(2)]
@@ -111,15 +113,37 @@ def test_a_drop_that_meets_a_reader_of_the_partition_waits_for_the_next_purge(
         # when: the purge runs
         purge_later()
         # then: the partition is left whole (not emptied row by row) for the next purge; the rest went
-        assert exists(old_month)
+        assert rows_in(old_month) == len(old)
         assert AuditEvent.objects.filter(pk__in=[event.pk for event in old]).count() == len(old)
-        assert not AuditEvent.objects.filter(action="audit.partition_dropped", after__partition=old_month).exists()
+        assert not AuditEvent.objects.filter(action="audit.partition_truncated", after__partition=old_month).exists()
         reader.rollback()
 
-    # and: the next purge, with no reader, drops it
+    # and: the next purge, with no reader, empties it
     purge_later()
-    assert not exists(old_month)
-    dropped = AuditEvent.objects.get(action="audit.partition_dropped", after__partition=old_month)
-    assert dropped.after["events"] == len(old)
+    assert rows_in(old_month) == 0
+    emptied = AuditEvent.objects.get(action="audit.partition_truncated", after__partition=old_month)
+    assert emptied.after["events"] == len(old)
     audit.seal()
     assert audit.verify_chain().ok
+
+
+def test_emptying_a_partition_waits_for_neither_the_tables_writers_nor_the_tenants_readers(
+        transactional_db, archive_dir, tenant, old_month):
+    AuditRetention.objects.create(tenant=tenant, keep_days=30)
+    old = [make_event(tenant, created_at=timezone.now() - OLD, object_id=str(i)) for i in range(2)]
+    audit.seal()
+
+    # given: a transaction that has read the tenants and is writing an audit event of this month, uncommitted
+    with psycopg.connect(database_url()) as other:
+        other.execute("SELECT count(*) FROM tools_app_tenant").fetchone()
+        other.execute("INSERT INTO tools_app_auditevent (tenant_id, actor, action, object_type, object_id, reason, "
+                      "trace_id, created_at, prev_hash, hash) VALUES (%s, 'agent:acme/bot', 'test.event', 'thing', "
+                      "'1', '', '', now(), '', '')", [tenant.pk])
+        # when: the purge runs meanwhile
+        purge_later()
+        # then: the old month was emptied at once (no lock timeout), the other transaction untouched
+        assert rows_in(old_month) == 0
+        emptied = AuditEvent.objects.get(action="audit.partition_truncated", after__partition=old_month)
+        assert emptied.after["events"] == len(old)
+        other.commit()
+    assert AuditEvent.objects.filter(action="test.event").count() == 1

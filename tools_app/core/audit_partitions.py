@@ -1,4 +1,4 @@
-"""The audit table's monthly partitions: created ahead, and dropped once archived.
+"""The audit table's monthly partitions: created ahead, and emptied once archived.
 
 `tools_app_auditevent` is a PostgreSQL table partitioned by RANGE on `created_at`
 (migration 0011_i28c_audit_partitions), one partition per calendar month (UTC),
@@ -10,16 +10,18 @@ event no month partition holds, so that a write never fails for want of one.
   daily, and `manage.py audit_partitions`). A month whose events already sit in
   the DEFAULT partition is not created (PostgreSQL would refuse it); it is
   reported, and those events stay where they are, verified and archived as any.
-- `drop_archived` detaches and drops each past month partition all of whose
-  events an archive covers (tools_app/retention/audit_archive.py writes the files
-  and the AuditArchive rows first): one catalogue change instead of deleting its
-  rows one by one, and no table bloat left for vacuum. Each drop is its own
-  transaction under a short lock timeout: DETACH takes an ACCESS EXCLUSIVE lock on
-  the parent, so rather than queue writers behind a long reader it gives up, and
-  the next purge tries again.
+- `empty_archived` truncates each past month partition all of whose events an
+  archive covers (tools_app/retention/audit_archive.py writes the files and the
+  AuditArchive rows first): one statement instead of deleting its rows one by
+  one, and no table bloat left for vacuum. It locks that partition alone, not the
+  table nor the tenants its rows refer to (detaching and dropping it would lock
+  both), for as long as two index reads and the TRUNCATE take, and gives up after
+  a short lock timeout when a reader is inside it: the next purge tries again.
+  The emptied month's table stays, empty (a few pages); dropping old months'
+  tables is a maintenance-window task (docs/audit-log.md).
 
 The hash chain is indifferent to where rows are stored: it runs in `seq` order
-across partitions, and what a dropped partition held is in archive files whose
+across partitions, and what an emptied partition held is in archive files whose
 first and last hashes chain into the kept events (docs/audit-log.md).
 """
 
@@ -39,10 +41,10 @@ from tools_app.core.models import AuditArchive
 logger = logging.getLogger(__name__)
 
 TABLE = "tools_app_auditevent"
-DROPPER = "system:retention"
+ARCHIVER = "system:retention"
 DEFAULT = f"{TABLE}_default"
 _MONTH_NAME = re.compile(rf"^{TABLE}_y(\d{{4}})m(\d{{2}})$")
-# How long creating or dropping a partition waits for its locks before leaving it to the next run.
+# How long creating or emptying a partition waits for its locks before leaving it to the next run.
 LOCK_TIMEOUT = "2s"
 
 
@@ -132,8 +134,10 @@ def ensure(*, months_ahead: int | None = None, since: datetime | None = None) ->
 def _create(name: str, start: datetime, end: datetime) -> bool:
     with transaction.atomic(), connection.cursor() as cursor:
         # Creating a partition locks the parent against writers: rather than queue them behind a long
-        # reader, give up after a short wait.
+        # reader, give up after a short wait. Taken first, so that no event lands in DEFAULT between
+        # the check below and the creation.
         cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        cursor.execute(f"LOCK TABLE ONLY {TABLE} IN ACCESS EXCLUSIVE MODE")
         cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {DEFAULT} WHERE created_at >= %s AND created_at < %s)",
                        [start, end])
         if cursor.fetchone()[0]:
@@ -145,52 +149,56 @@ def _create(name: str, start: datetime, end: datetime) -> bool:
 
 
 @dataclass(frozen=True)
-class Dropped:
-    dropped: list[str]
-    busy: list[str]  # all archived, but a reader held the table: left to the next purge
+class Emptied:
+    emptied: list[str]
+    busy: list[str]  # all archived, but a reader held the partition: left to the next purge
 
 
-def drop_archived(archive: AuditArchive) -> Dropped:
-    """Detach and drop every month partition that ended before now and holds only events `archive` (the
-    newest) or an earlier one covers. Each drop is audited, about that archive."""
+def empty_archived(archive: AuditArchive) -> Emptied:
+    """Truncate every month partition that ended before now and holds events, all of which `archive` (the
+    newest) or an earlier one covers. Each is audited, about that archive."""
     now = clock.read()
-    dropped, busy = [], []
+    emptied, busy = [], []
     for partition in partitions():
         if partition.end is None or partition.end > now:
             continue
         try:
-            outcome = _drop_if_archived(partition, archive)
-        except OperationalError as exc:  # the lock timeout: a long reader holds the table
-            logger.warning("audit partition %s not dropped now (%s); the next purge tries again",
+            outcome = _empty_if_archived(partition, archive)
+        except OperationalError as exc:  # the lock timeout: a long reader holds the partition
+            logger.warning("audit partition %s not emptied now (%s); the next purge tries again",
                            partition.name, exc)
             outcome = "busy"
-        if outcome == "dropped":
-            dropped.append(partition.name)
+        if outcome == "emptied":
+            emptied.append(partition.name)
         elif outcome == "busy":
             busy.append(partition.name)
-    return Dropped(dropped, busy)
+    return Emptied(emptied, busy)
 
 
-def _drop_if_archived(partition: Partition, archive: AuditArchive) -> str:
+def _empty_if_archived(partition: Partition, archive: AuditArchive) -> str:
     with transaction.atomic(), connection.cursor() as cursor:
         # As the archiver: no verification page may be reading these rows.
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [audit.ARCHIVE_LOCK_KEY])
         if not cursor.fetchone()[0]:
             return "busy"
-        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-        # The locks DETACH takes, first (ONLY: not the other partitions): from here no event can arrive in
-        # the partition, and no reader is in it.
-        cursor.execute(f"LOCK TABLE ONLY {TABLE} IN ACCESS EXCLUSIVE MODE")
-        cursor.execute(f"LOCK TABLE {partition.name} IN ACCESS EXCLUSIVE MODE")
-        cursor.execute(f"SELECT count(*), count(*) FILTER (WHERE seq IS NULL OR seq > %s), min(seq), max(seq) "
-                       f"FROM {partition.name}", [archive.last_seq])
-        events, kept, first_seq, last_seq = cursor.fetchone()
-        if kept:
+        # Counted before any strong lock: a reader is not held while a month is counted.
+        cursor.execute(f"SELECT count(*), min(seq), max(seq) FROM {partition.name}")
+        events, first_seq, last_seq = cursor.fetchone()
+        if not events or last_seq is None or last_seq > archive.last_seq:
             return "kept"
-        cursor.execute(f"ALTER TABLE {TABLE} DETACH PARTITION {partition.name}")
-        cursor.execute(f"DROP TABLE {partition.name}")
-        audit.record_event(action="audit.partition_dropped", obj=archive, actor=DROPPER, after={
+        # The partition alone (not the table, not the tenants its rows refer to): from here no event can
+        # arrive in it and no reader is in it. Then what the indexes answer at once: nothing unsealed,
+        # nothing past the archive (an event that arrived since the count would be one or the other).
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        cursor.execute(f"LOCK TABLE {partition.name} IN ACCESS EXCLUSIVE MODE")
+        cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {partition.name} WHERE seq IS NULL), "
+                       f"(SELECT max(seq) FROM {partition.name})")
+        unsealed, newest = cursor.fetchone()
+        if unsealed or newest != last_seq:
+            return "kept"
+        cursor.execute(f"TRUNCATE {partition.name}")
+        audit.record_event(action="audit.partition_truncated", obj=archive, actor=ARCHIVER, after={
             "partition": partition.name, "from": partition.start.isoformat() if partition.start else None,
             "to": partition.end.isoformat() if partition.end else None, "events": events,
             "first_seq": first_seq, "last_seq": last_seq, "archived_up_to_seq": archive.last_seq})
-    return "dropped"
+    return "emptied"

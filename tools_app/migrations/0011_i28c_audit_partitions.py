@@ -39,6 +39,9 @@ def _rebuild(cursor, *, partitioned):
     foreign_keys = cursor.fetchall()
     cursor.execute(f"SELECT min(created_at), statement_timestamp() FROM {TABLE}")
     oldest, now = cursor.fetchone()
+    cursor.execute(f"SELECT pg_get_serial_sequence('{TABLE}', 'id')")
+    cursor.execute(f"SELECT last_value FROM {cursor.fetchone()[0]}")
+    (last_id,) = cursor.fetchone()  # ids handed out and rolled back are not handed out again
 
     cursor.execute(f"ALTER TABLE {TABLE} RENAME TO {OLD}")
     cursor.execute(f"CREATE TABLE {TABLE} (LIKE {OLD} INCLUDING DEFAULTS INCLUDING IDENTITY)"
@@ -56,7 +59,8 @@ def _rebuild(cursor, *, partitioned):
     cursor.execute(f"DROP TABLE {OLD}")  # its partitions, indexes, foreign key, trigger and sequence with it
     cursor.execute(f"SELECT pg_get_serial_sequence('{TABLE}', 'id')")
     (sequence,) = cursor.fetchone()
-    cursor.execute(f"SELECT setval(%s, COALESCE((SELECT max(id) FROM {TABLE}), 0) + 1, false)", [sequence])
+    cursor.execute(f"SELECT setval(%s, GREATEST((SELECT max(id) FROM {TABLE}), %s) + 1, false)",
+                   [sequence, last_id])
     cursor.execute(f"ALTER SEQUENCE {sequence} RENAME TO {TABLE}_id_seq")
 
     if partitioned:
@@ -70,6 +74,7 @@ def _rebuild(cursor, *, partitioned):
     for definition in indexes:
         cursor.execute(definition)
     cursor.execute(TRIGGER)
+    cursor.execute(f"ANALYZE {TABLE}")  # autovacuum analyses partitions, never a partitioned table itself
 
 
 def partition(apps, schema_editor):

@@ -9,7 +9,7 @@ never archived, which would launder it), writes it to a JSON-lines file (a
 header with the range and its first and last chain hashes, then each event's
 hashed content with its prev_hash and hash) and records an AuditArchive. Then
 `remove_archived` takes what the archives cover out of the table: a past month's
-partition holding nothing else is detached and dropped, other covered events are
+partition holding nothing else is truncated, other covered events are
 deleted (the database trigger allows deleting exactly what an archive covers).
 Verification of what is kept then starts from the archived head's hash, and
 `verify_archive_file` checks a file on its own.
@@ -48,25 +48,27 @@ def archive_expired(*, now: datetime | None = None, batch: int = ARCHIVE_BATCH) 
     """Archive every expired prefix of the chain, `batch` events per file; returns how many events."""
     now = now or clock.read()  # the database's time, as the purge's
     total = 0
-    while archived := _archive_batch(now, batch):
-        total += archived
-    remove_archived(batch=batch)
+    try:
+        while archived := _archive_batch(now, batch):
+            total += archived
+    finally:  # also what earlier batches archived when a later one is refused
+        remove_archived(batch=batch)
     return total
 
 
 def remove_archived(*, batch: int = ARCHIVE_BATCH) -> int:
     """Take out of the table what the archives cover: each past month partition holding nothing else is
-    detached and dropped (audit_partitions.drop_archived); the covered events left elsewhere (a month
-    partly kept, the DEFAULT partition) are deleted, `batch` per transaction. Returns the events deleted.
+    truncated (audit_partitions.empty_archived); the covered events left elsewhere (a month partly
+    kept, the DEFAULT partition) are deleted, `batch` per transaction. Returns the events deleted.
 
-    Apart from the archiving, so that a month's events leave by one DROP rather than row by row; an
+    Apart from the archiving, so that a month's events leave by one TRUNCATE rather than row by row; an
     archiver that dies in between leaves covered events in the table, which verification (starting at
     the archived head) ignores and the next purge removes.
     """
     newest = AuditArchive.objects.order_by("-last_seq").first()
     if newest is None:
         return 0
-    partitions = audit_partitions.drop_archived(newest)
+    partitions = audit_partitions.empty_archived(newest)
     deleted = 0
     for partition in audit_partitions.partitions():
         if partition.name not in partitions.busy:  # those leave whole, at the next purge
