@@ -350,7 +350,7 @@ class Stack:
                                                        server_url=self.database.url))
             self.sink = self.started(NotificationSink(f"{name}-sink", f"{name}_notification_sink",
                                                       server_url=self.database.url))
-            self.env.update(downstream_env(self.gateway, self.sink))
+            self.env.update(downstream_env(self.gateway, self.sink, **env))  # `env` wins over the defaults
             self.web = self.web_server("web")
             self.cluster = self.started(Worker(f"{name}-jobs", **self.env))
         except BaseException:

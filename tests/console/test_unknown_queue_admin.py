@@ -4,6 +4,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
+from idemops.conf import override_conf
 from tests.issued_ids import call_labelled
 from tests.operators import make_operator
 from tools_app import access, reconciliation
@@ -18,13 +19,15 @@ QUEUE = reverse("admin:tools_app_unknownoutcomequeue_changelist")
 
 
 @pytest.fixture
-def unknown_payment(db, downstreams, gateway):
-    """A payment the gateway made but whose answer never arrived."""
+def unknown_payment(db, downstreams, gateway, settings):
+    """A payment the gateway made but whose answer never arrived (after the 1 s the fixture `downstreams` allows);
+    the reconciler's lookups that follow may take longer on a busy machine, so they are given 30 s."""
     tenant = access.create_tenant("acme")
     gateway.set_fault("*", "succeed-then-hang", times=1)
     result = call_labelled(Caller(tenant.pk, "agent:acme/bot"), "request_payment", {
         "amount": "99.00", "currency": "EUR", "payee": "Bob", "idempotency_key": "pay-unknown"})
     assert result.error.error_class == "unknown_outcome"
+    override_conf(settings, payment_gateway_timeout_seconds=30.0)
     return IdempotencyRecord.objects.get(tool="request_payment")
 
 
