@@ -284,12 +284,25 @@ def _database_settings(url: str) -> dj_database_url.DBConfig:
     return config
 
 
+# How long connecting to a replica may take before it counts as unreachable and the primary answers (a host
+# that drops packets would otherwise hold each list page for the system's TCP timeout); a replica URL's own
+# `?connect_timeout=` wins.
+REPLICA_CONNECT_TIMEOUT_SECONDS = 2
+
+
+def _replica_settings(url: str) -> dj_database_url.DBConfig:
+    config = _database_settings(url)
+    config["OPTIONS"].setdefault("connect_timeout", REPLICA_CONNECT_TIMEOUT_SECONDS)
+    config["TEST"] = {"MIRROR": "default"}
+    return config
+
+
 _database = _database_url()
 DATABASES = {
     "default": _database_settings(_database),
     # Streaming replicas, read only where a read decides nothing (tools_app/core/replicas.py). Under the
     # test runner each mirrors the test database, so tests that name no replica read the primary.
-    **{f"replica{number}": {**_database_settings(url), "TEST": {"MIRROR": "default"}}
+    **{f"replica{number}": _replica_settings(url)
        for number, url in enumerate(_environment.database_replica_urls, start=1)},
 }
 # Writes always go to the primary (a row read from a replica included); a read goes to a replica only

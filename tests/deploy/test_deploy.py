@@ -121,3 +121,11 @@ def test_every_supervisor_sample_runs_the_processes_and_probes_the_web_process_a
     assert containers["jobs"]["command"] == ["idemops", "qcluster"] and procfile["jobs"] == "idemops qcluster"
     assert "ExecStart=/srv/idemops/.venv/bin/idemops qcluster" in units["idemops-jobs@.service"]
     assert containers["migrate"]["command"][:2] == ["idemops", "migrate"]
+    # the jobs pods (the purge runs there) write the audit archives, their events' only copy, to one shared volume
+    jobs = next(m for m in manifests if m["metadata"]["name"] == "idemops-jobs")["spec"]["template"]["spec"]
+    archive_dir = {e["name"]: e["value"] for e in containers["jobs"]["env"]}["IDEMOPS_AUDIT_ARCHIVE_DIR"]
+    (mount,) = [m for m in containers["jobs"]["volumeMounts"] if m["mountPath"] == archive_dir]
+    (volume,) = [v for v in jobs["volumes"] if v["name"] == mount["name"]]
+    claim = next(m for m in manifests if m["kind"] == "PersistentVolumeClaim"
+                 and m["metadata"]["name"] == volume["persistentVolumeClaim"]["claimName"])
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import socket
 
 import httpx2
 import pytest
@@ -125,3 +126,16 @@ def test_a_standby_lagging_more_than_the_setting_is_skipped_and_the_primary_answ
     back = standby.mark()
     wait_until(lambda: len(export(web, key)) == 2 and any(
         f"FROM {RECORDS}" in s for s in standby.statements_since(back)), what="an export read on the standby again")
+
+
+def test_a_replica_that_accepts_connections_and_never_answers_is_skipped_after_its_connect_timeout(token):
+    key = auditor_key()
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as silent:  # listens, never accepts nor answers
+        host, port = silent.getsockname()
+        server = WebServer("web-silent-replica", IDEMOPS_DATABASE_REPLICA_URLS=f"postgresql://idemops@{host}:{port}/x")
+        try:
+            # each export finds the replica unusable (connect_timeout, 2 s) and is answered by the primary
+            for _ in range(2):
+                assert export(server, key) == []
+        finally:
+            server.stop()

@@ -95,11 +95,15 @@ class BoundedCountPaginator(Paginator):  # type: ignore[type-arg]  # not subscri
 
 
 def _estimated_rows(queryset: QuerySet[Any]) -> int:
+    """The planner's estimate of the table's rows: of a partitioned table (the audit events), the sum of its
+    partitions', which autovacuum keeps up to date (it never analyses a partitioned table itself)."""
     with connections[queryset.db].cursor() as cursor:
-        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
+        cursor.execute("SELECT CASE WHEN c.relkind = 'p' THEN (SELECT sum(greatest(p.reltuples, 0)) "  # -1: never
+                       "FROM pg_partition_tree(c.oid) t JOIN pg_class p ON p.oid = t.relid WHERE t.isleaf) "  # analysed
+                       "ELSE greatest(c.reltuples, 0) END::bigint FROM pg_class c WHERE c.oid = %s::regclass",
                        [queryset.model._meta.db_table])
         row = cursor.fetchone()
-    return max(int(row[0]), 0) if row else 0  # -1: never analysed
+    return int(row[0]) if row and row[0] is not None else 0
 
 
 class ReplicaChangeList(ChangeList):

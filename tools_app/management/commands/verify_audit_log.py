@@ -17,7 +17,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--seal", action="store_true", help="Seal committed events first, so they are checked too.")
         parser.add_argument("--full", action="store_true",
-                            help="Start again from seq 1, recomputing what earlier checkpoints covered.")
+                            help="Start again from the archived head (seq 1 if nothing is archived), recomputing what "
+                                 "earlier checkpoints covered.")
         parser.add_argument("--from-seq", type=int, default=None,
                             help="First seq to check (default: just after the newest checkpoint).")
         parser.add_argument("--to-seq", type=int, default=None, help="Last seq to check (default: the chain's head).")
