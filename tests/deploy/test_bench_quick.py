@@ -25,7 +25,7 @@ def test_every_benchmark_runs_in_quick_mode_and_reports_every_figure_by_name(tmp
     env.pop("DATABASE_URL", None)
     try:
         finished = subprocess.run([sys.executable, "bench/run.py", "--quick", "--out", str(tmp_path)], cwd=ROOT,
-                                  env=env, capture_output=True, text=True, timeout=900)
+                                  env=env, capture_output=True, text=True, timeout=1800)
     finally:
         embedded_pg.stop(pgdata)
 
