@@ -49,6 +49,8 @@ def bench_pgdata() -> Path:
 # The /mcp benchmark serves idemops from four web processes at once (16 database threads each, a
 # connection per thread) beside the floor's 16: more than PostgreSQL's default 100.
 BENCH_MAX_CONNECTIONS = 200
+# What a section may set for itself (restart_setting), reset when the next run starts.
+SECTION_SETTINGS = ("shared_buffers",)
 
 
 def fresh_database_url(name: str = BENCH_DATABASE) -> str:
@@ -60,9 +62,15 @@ def fresh_database_url(name: str = BENCH_DATABASE) -> str:
     admin_url = ensure_running(bench_pgdata(), "postgres")
     with psycopg.connect(admin_url, autocommit=True) as conn:
         connections = int(conn.execute("SHOW max_connections").fetchone()[0])  # type: ignore[index]  # one row
-        if connections < BENCH_MAX_CONNECTIONS:
+        restart = connections < BENCH_MAX_CONNECTIONS
+        if restart:
             conn.execute(f"ALTER SYSTEM SET max_connections = {BENCH_MAX_CONNECTIONS}")
-    if connections < BENCH_MAX_CONNECTIONS:  # takes a restart, with the options the server was started with
+        # A section that set its own (restart_setting) and was killed before it reset them: reset them now.
+        for (left,) in conn.execute("SELECT name FROM pg_file_settings WHERE name = ANY(%s) "
+                                    "AND sourcefile LIKE '%%postgresql.auto.conf'", [list(SECTION_SETTINGS)]):
+            conn.execute(f"ALTER SYSTEM RESET {left}")
+            restart = True
+    if restart:  # takes a restart, with the options the server was started with
         restart_bench_server()
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -87,6 +95,7 @@ def restart_setting(name: str, value: str) -> Iterator[bool]:
     (DATABASE_URL's): its settings are its operator's."""
     from django.db import connection
 
+    assert name in SECTION_SETTINGS, name
     if not (on_bench_database() and connection.settings_dict["HOST"] == str(bench_pgdata())):
         yield False
         return
