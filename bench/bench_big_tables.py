@@ -73,8 +73,9 @@ def prewarm() -> float:
     server that has been serving and whose memory holds them; returns the seconds it took. Without it the
     first reads of each page come from disk: right after the load, a replay of a random one of 10 million
     keys read 3 to 5 pages of a 944 MB index and a 5 GB table that way (docs/performance.md). A 'read' of
-    the table alone was not enough beside 30 million audit events: the operating system kept the audit
-    pages it had seen twice (written, then sealed) and let the table's, read once, go again."""
+    the table alone was not enough beside 30 million audit events just written and sealed: the warm-up
+    read from disk again and replays still did (most likely the operating system's cache favoured the
+    audit pages it had seen twice over the table's, read once)."""
     from django.db import connection
 
     started = time.perf_counter()
