@@ -216,6 +216,17 @@ class ToolSpec:
     # What the fingerprint covers, when it is not simply the arguments sent without the excluded
     # fields: (validated arguments, fingerprint version) -> business arguments.
     operation_arguments: Callable[[Any, int], dict[str, Any]] | None = None
+    # The downstream system its effect reaches (a name: "payment-gateway"): its circuit breaker, its
+    # pauses and its limit on calls in flight apply to the tool before it runs (tools_app.incidents).
+    # Unset, a tool calling downstream_request is known by the URL's host once it has called.
+    downstream: str | None = None
+    # How long a key whose runs the downstream refused before acting (a known non-execution: 503 or
+    # 429 "nothing done", connection refused, a Transient raised before sending) may be run again;
+    # past it the record is FAILED for good (`not_executed`). None: IDEMOPS_RETRY_WINDOW_SECONDS.
+    retry_window: timedelta | None = None
+    # Non-personal argument or result fields operators and auditors search by (an order reference, a
+    # ticket number): stored indexed with the record (engine: IdempotencyRecord.attributes).
+    search_fields: frozenset[str] = frozenset()
 
     @property
     def excluded_from_fingerprint(self) -> frozenset[str]:
@@ -288,6 +299,10 @@ def _check(spec: ToolSpec) -> None:
         raise TypeError(f"tool {spec.name!r}: only a short write tool can require an issued operation id")
     if unknown := spec.non_business_fields - spec.input_model.model_fields.keys():
         raise TypeError(f"tool {spec.name!r} declares non-business fields it does not take: {sorted(unknown)}")
+    if unknown := spec.search_fields & (spec.personal_fields or frozenset()):
+        raise TypeError(f"tool {spec.name!r}: search fields must not be personal: {sorted(unknown)}")
+    if spec.retry_window is not None and spec.retry_window <= timedelta(0):
+        raise ValueError(f"tool {spec.name!r}: retry_window must be positive")
     counted = {name for defaults in spec.counted_defaults for name in defaults}
     if unknown := counted - spec.input_model.model_fields.keys():
         raise TypeError(f"tool {spec.name!r} declares counted defaults for fields it does not take: {sorted(unknown)}")
@@ -314,6 +329,8 @@ def write_tool(*, name: str, title: str, input_model: type[WriteInput], output_m
                requires_operation_id: bool = False,
                operation_arguments: Callable[[Any, int], dict[str, Any]] | None = None,
                counted_defaults: tuple[dict[str, Any], ...] = (),
+               downstream: str | None = None, retry_window: timedelta | None = None,
+               search_fields: frozenset[str] = frozenset(),
                ) -> Callable[[Handler], Handler]:
     """Declare a tool with side effects, on its handler `(ctx: ToolContext, args) -> output model`: it runs
     under the idempotency engine (see ToolSpec for what each part means). The description defaults to the
@@ -324,7 +341,8 @@ def write_tool(*, name: str, title: str, input_model: type[WriteInput], output_m
                     destructive=destructive, open_world=open_world, transactional=transactional,
                     reconciler=reconciler, result_for_reference=result_for_reference, approval=approval,
                     check=check, requires_operation_id=requires_operation_id,
-                    operation_arguments=operation_arguments, counted_defaults=counted_defaults)
+                    operation_arguments=operation_arguments, counted_defaults=counted_defaults,
+                    downstream=downstream, retry_window=retry_window, search_fields=search_fields)
 
 
 def read_tool(*, name: str, title: str, input_model: type[ToolInput], output_model: type[BaseModel],
