@@ -20,6 +20,7 @@ from tools_app.approvals.models import (
 from tools_app.core.errors import ErrorClass
 from tools_app.core.models import AuditArchive, AuditCheckpoint, AuditEvent, AuditSeal, MetricMinute, MetricTotal
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
+from tools_app.incidents.models import Downstream, DownstreamSlot, Pause
 from tools_app.metrics.models import Dashboard
 from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 from tools_app.reconciliation.models import UnknownOutcomeQueue
@@ -37,6 +38,9 @@ from tools_app.tasks.models import (
 from tools_app.toolkit.calls import CallOutcome
 
 __all__ = [
+    "Downstream",
+    "DownstreamSlot",
+    "Pause",
     "AgentConnection",
     "ApiToken",
     "ApprovalDecision",

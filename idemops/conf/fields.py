@@ -350,9 +350,16 @@ class IdemopsSettings(BaseSettings):
         1, "How often each django-q2 worker process sweeps expired leases and runs due reconciliations; "
         "0 leaves them to the 1-minute schedule.", ge=0, section=WRITES)
     max_attempts_per_key: int = setting(
-        10, "Runs of one key (the first, and each rerun after a transient failure or an expired lease) "
-        "before it goes to the operators' UNKNOWN queue, flagged 'needs a person', instead of running again.",
-        ge=1, section=WRITES)
+        10, "Runs of one key whose outcome was uncertain or unexpected (a timeout after sending, an internal "
+        "error, a lost lease, each later found not done) before it goes to the operators' UNKNOWN queue, "
+        "flagged 'needs a person', instead of running again. Runs the downstream refused before acting "
+        "(503 or 429 with nothing done, connection refused) are not counted: IDEMOPS_RETRY_WINDOW_SECONDS "
+        "bounds those.", ge=1, section=WRITES)
+    retry_window_seconds: Seconds = setting(
+        900, "How long a key whose runs the downstream refused before acting (a known non-execution) may be "
+        "run again, from its first refused run; past it the record is FAILED for good, class not_executed "
+        "(nothing was done; a new operation needs a new key). A tool may declare its own (retry_window).",
+        section=WRITES)
     follower_wait_seconds: float = setting(
         2, "How long a second call with a running key waits before answering in_progress.", ge=0,
         section=WRITES)
@@ -376,6 +383,22 @@ class IdemopsSettings(BaseSettings):
         60, "How long one reconciler keeps its turn on a record.", section=RECONCILE)
 
     # --- downstream systems ---
+    breaker_failures: int = setting(
+        5, "Definite failures or timeouts of one downstream system (503/429, connection refused, a timeout) "
+        "within IDEMOPS_BREAKER_WINDOW_SECONDS that open its circuit breaker: its tools then answer transient "
+        "without running until a probe succeeds. 0: no breaker.", ge=0, section=DOWNSTREAM)
+    breaker_window_seconds: Seconds = setting(
+        30, "The window the breaker counts a downstream's failures in.", section=DOWNSTREAM)
+    breaker_open_seconds: Seconds = setting(
+        5, "How long an open breaker waits before one call probes the downstream (again after each failed "
+        "probe); the retry_after its answers carry.", section=DOWNSTREAM)
+    downstream_max_in_flight: int = setting(
+        16, "Calls in flight to one downstream system at once, from every process together (leased slots in "
+        "PostgreSQL); one more answers transient before anything is sent, and the reconciler's lookups wait "
+        "their turn. 0: no limit.", ge=0, section=DOWNSTREAM)
+    incident_state_seconds: Seconds = setting(
+        1, "How often each process re-reads the pauses and breaker states it checks before a write runs: a "
+        "pause or an opened breaker applies everywhere within this time.", section=DOWNSTREAM)
     run_demo_downstreams: bool = setting(
         True, "`make run` starts the demo payment gateway and notification sink (with IDEMOPS_DEMO on).",
         section=DOWNSTREAM)

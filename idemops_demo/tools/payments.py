@@ -155,7 +155,7 @@ def payment_needs_approval(tenant: Tenant, args: RequestPaymentInput) -> Approva
 
 
 @write_tool(name="request_payment", title="Request a payment", input_model=RequestPaymentInput,
-            output_model=PaymentOutput, transactional=False, open_world=True,
+            output_model=PaymentOutput, transactional=False, open_world=True, downstream="payment-gateway",
             reconciler=reconcile_payment, result_for_reference=payment_for_reference,
             approval=payment_needs_approval, requires_operation_id=True,
             personal_fields=frozenset({"payee", "reference"}),

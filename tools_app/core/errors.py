@@ -44,6 +44,9 @@ class ErrorClass(models.TextChoices):
     ALREADY_DONE = "already_done", "Already done"
     INTERNAL_ERROR = "internal_error", "A fault of the server: do not retry; report the reference to an operator"
     PENDING_APPROVAL = "pending_approval", "Waiting for a person's approval: ask again with the same key"
+    NOT_EXECUTED = "not_executed", (
+        "Nothing was done, and this key is closed: the downstream refused every run within the retry window. "
+        "Start a new operation (a new key) if it is still wanted")
 
 
 class ToolFailure(Exception):
@@ -168,6 +171,12 @@ class Transient(ToolFailure):
     error_class = ErrorClass.TRANSIENT
 
 
+class Held(Transient):
+    """Not run now, by the platform's choice: an operator paused the tool, its downstream or the
+    tenant's writes, the downstream's circuit breaker is open, or its calls in flight are at their
+    limit (tools_app.incidents). Nothing was done; no run or task attempt is counted against it."""
+
+
 class RateLimited(ToolFailure):
     """Over a per-tenant or per-agent limit (calls per minute, concurrent tasks): nothing was done,
     nothing was queued; the same call may come again after `retry_after`."""
@@ -181,6 +190,14 @@ class UnknownOutcome(ToolFailure):
     UNKNOWN and is reconciled instead of retried."""
 
     error_class = ErrorClass.UNKNOWN_OUTCOME
+
+
+class NotExecuted(ToolFailure):
+    """Final: every run of the key was refused by the downstream system before it acted (a known
+    non-execution: 503 or 429 "nothing done", connection refused, a Transient raised before
+    sending) for the tool's whole retry window. Nothing was done; a new operation needs a new key."""
+
+    error_class = ErrorClass.NOT_EXECUTED
 
 
 class Expired(ToolFailure):
@@ -235,7 +252,7 @@ def invalid_data(exc: Exception) -> InvalidInput:
 FAILURE_TYPES: dict[str, type[ToolFailure]] = {
     str(t.error_class): t
     for t in (InvalidInput, PermissionDenied, NotFound, Conflict, DownstreamConflict, InProgress, Transient,
-              RateLimited, UnknownOutcome, Expired, AlreadyDone, PendingApproval, InternalError)
+              RateLimited, UnknownOutcome, Expired, AlreadyDone, PendingApproval, InternalError, NotExecuted)
 }
 
 # The classes a retry with the same key may run again (after retry_after).

@@ -40,6 +40,12 @@ class IdempotencyRecord(models.Model):
     error_message = models.TextField(blank=True)
     retry_not_before = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=1)
+    uncertain_runs = models.PositiveIntegerField(
+        default=0, help_text="Runs whose outcome was uncertain or unexpected (a timeout after sending, an internal "
+                             "error, a lost lease): IDEMOPS_MAX_ATTEMPTS_PER_KEY caps these alone.")
+    retry_until = models.DateTimeField(
+        null=True, blank=True, help_text="Set by the first run the downstream refused before acting: until then "
+                                         "the key may run again; past it the record is FAILED (not_executed).")
     lease_owner = models.CharField(max_length=100, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     operation_id = models.UUIDField(unique=True, help_text="Stable id of this operation, sent downstream.")

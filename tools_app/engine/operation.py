@@ -64,6 +64,14 @@ class Operation:
     # Set when the key is an operation id issued in advance (engine.prepared): the record claimed
     # for it takes this id as its operation_id. An id names one operation only, never a later one.
     operation_id: uuid.UUID | None = None
+    # How long runs the downstream refused before acting may be retried (transitions.mark_failed);
+    # None: IDEMOPS_RETRY_WINDOW_SECONDS.
+    retry_window: timedelta | None = None
+    # Consulted before every run, a first one or a rerun (never before a replay): raises a ToolFailure
+    # (`transient` with retry_after) while the call must not run now (an operator paused the tool,
+    # its downstream or the tenant; the downstream's circuit breaker is open: tools_app.incidents).
+    # Nothing is claimed, run or counted.
+    admit: Callable[[], None] | None = None
 
     # The fingerprint version `arguments` are for (core.keys): a record is claimed under it and keeps it.
     fingerprint_version: int = FINGERPRINT_AS_SENT

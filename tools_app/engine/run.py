@@ -51,6 +51,7 @@ from tools_app.engine.operation import (
 from tools_app.engine.transitions import (
     backed_off,
     claim,
+    close_retry_window,
     escalate_retries,
     expire_lease,
     find_live,
@@ -64,6 +65,7 @@ from tools_app.engine.transitions import (
     reread,
     retire,
     retry_wait,
+    retry_window_closed,
     start_approved,
     uncommitted,
     whole,
@@ -78,6 +80,8 @@ def run(op: Operation, execute: Executor) -> Outcome:
     for _ in range(3):
         record = find_live(op)  # a replay, the common case, stops at this one indexed read
         if record is None:
+            if (held := _held(op)) is not None:
+                return Outcome(uncommitted(op), error=held)
             try:
                 outcome, record = _claim_and_execute(op, execute)
             except ClaimWaitExpired:
@@ -211,15 +215,23 @@ def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) 
         failure = failure.replaced(details={**failure.details, "reference": str(record.operation_id)})
     if not failure.retryable:
         return Outcome(record, replayed=True, error=failure)
-    if record.attempts >= conf().max_attempts_per_key:
-        # Every run of this key failed: another is unlikely to fare better, and each may cost a
-        # downstream call. A person decides (the UNKNOWN queue, flagged as needing one).
+    if record.uncertain_runs >= conf().max_attempts_per_key:
+        # Run after run of this key may have reached the downstream and each was found not done
+        # afterwards: another is unlikely to fare better. A person decides (the UNKNOWN queue,
+        # flagged as needing one).
         escalate_retries(record, actor=op.actor, cap=conf().max_attempts_per_key)
         return None  # follow what it is now: UNKNOWN (or whatever a racing caller made it)
+    if retry_window_closed(record):
+        # Every run was refused before the downstream acted, for the whole window: nothing was
+        # done, and the key is closed for good (not_executed); no person is needed.
+        close_retry_window(record, actor=op.actor)
+        return None  # follow what it is now
     wait = retry_wait(record)
     if wait > 0:
-        return Outcome(record, replayed=True, error=ToolFailure.from_dict(
-            {"class": record.error_class, "message": record.error_message, "retry_after": wait}))
+        return Outcome(record, replayed=True, error=with_retry_window(ToolFailure.from_dict(
+            {"class": record.error_class, "message": record.error_message, "retry_after": wait}), record))
+    if (held := _held(op)) is not None:
+        return Outcome(record, replayed=True, error=with_retry_window(held, record))
     reclaimed = reclaim(record, op)
     if reclaimed is None:
         return None  # another retry got there first; follow it
@@ -268,8 +280,7 @@ def _failed(record: IdempotencyRecord, op: Operation, exc: Exception) -> Outcome
     if isinstance(exc, UnknownOutcome):
         return Outcome(mark_unknown(record, exc, actor=op.actor), error=exc, executed=True)
     if isinstance(exc, ToolFailure):
-        failure = backed_off(exc, record.attempts)
-        return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
+        return _known_failure(record, op, exc)
     if isinstance(exc, LeaseLost):
         record.refresh_from_db()
         return Outcome(record, executed=True, error=UnknownOutcome(
@@ -298,8 +309,34 @@ def _unexpected_error(record: IdempotencyRecord, op: Operation, exc: Exception) 
     else:
         # A bug: it rolled back too, but another run fails the same way. Final for this key.
         failure = internal_error(exc, record.operation_id)
+    return _known_failure(record, op, failure)
+
+
+def _known_failure(record: IdempotencyRecord, op: Operation, failure: ToolFailure) -> Outcome:
+    """Record a failure whose meaning is known: a retryable one is a known non-execution (its retry
+    window opens, and the agent hears when it ends), any other is final."""
     failure = backed_off(failure, record.attempts)
-    return Outcome(mark_failed(record, failure, actor=op.actor), error=failure, executed=True)
+    record = mark_failed(record, failure, actor=op.actor, retry_window=op.retry_window)
+    return Outcome(record, error=with_retry_window(failure, record), executed=True)
+
+
+def _held(op: Operation) -> ToolFailure | None:
+    """Why the call must not run now (op.admit: a pause, an open circuit breaker), or None."""
+    if op.admit is None:
+        return None
+    try:
+        op.admit()
+    except ToolFailure as held:
+        return held
+    return None
+
+
+def with_retry_window(failure: ToolFailure, record: IdempotencyRecord) -> ToolFailure:
+    """A retryable answer names when the key's retry window ends (`retry_until`): past it, a retry
+    answers not_executed."""
+    if not failure.retryable or record.retry_until is None:
+        return failure
+    return failure.replaced(details={**failure.details, "retry_until": record.retry_until.isoformat()})
 
 
 def execute_approved(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:

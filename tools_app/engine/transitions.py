@@ -25,10 +25,11 @@ from typing import Any
 
 from django.db import OperationalError, connection, models, transaction
 from django.db.models import Expression, F
+from django.db.models.functions import Coalesce
 
 from idemops.conf import conf
 from tools_app.core import audit, backoff, clock, counters, db, keys, leases, logs, tracing
-from tools_app.core.errors import RETRYABLE, ToolFailure, UnknownOutcome
+from tools_app.core.errors import RETRYABLE, NotExecuted, ToolFailure, UnknownOutcome
 from tools_app.core.keys import keyed_hash
 from tools_app.core.models import AuditEvent
 from tools_app.engine.lookup import records_with_key
@@ -387,19 +388,55 @@ def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: 
     return record
 
 
-def mark_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str) -> IdempotencyRecord:
+def mark_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str,
+                retry_window: timedelta | None = None) -> IdempotencyRecord:
     """PROCESSING -> FAILED, by the lease holder; a transient failure may be reclaimed later.
 
-    `failure` is `backed_off` already, so the agent hears the retry_after stored here.
+    `failure` is `backed_off` already, so the agent hears the retry_after stored here. A retryable
+    failure is a known non-execution (nothing was done): the first one of the key opens its retry
+    window (`retry_until`, `retry_window` from now, IDEMOPS_RETRY_WINDOW_SECONDS by default), which
+    bounds them instead of the per-key cap (`close_retry_window`).
     """
     retry_not_before = clock.later(failure.retry_after) \
         if failure.retryable and failure.retry_after is not None else None
+    window = {"retry_until": Coalesce(F("retry_until"), clock.later(retry_window or default_retry_window()))} \
+        if failure.retryable else {}
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
-        "retry_not_before": retry_not_before, "lease_owner": "", "lease_expires_at": None, **_finished(),
+        "retry_not_before": retry_not_before, "lease_owner": "", "lease_expires_at": None, **window, **_finished(),
     }, action="record.failed", actor=actor, reason=failure.message, evidence=failure.evidence):
         record.refresh_from_db()
     return record
+
+
+def default_retry_window() -> timedelta:
+    return timedelta(seconds=conf().retry_window_seconds)
+
+
+def close_retry_window(record: IdempotencyRecord, *, actor: str) -> bool:
+    """FAILED(transient or rate_limited) -> FAILED(not_executed), final, once its retry window has
+    passed: every run of the key was refused before the downstream acted, so nothing was done, and
+    nobody needs to decide anything. Guarded by the attempt count, as a reclaim is: of a retry
+    that reclaims and one that closes, one wins."""
+    last = f"{record.error_class}: {record.error_message}"
+    failure = NotExecuted(
+        f"nothing was done: the downstream system refused every run of this key until its retry window ended at "
+        f"{record.retry_until.isoformat() if record.retry_until else 'now'} (the last: {last}"[:1900]
+        + "). This operation is closed; if it is still wanted, start a new operation with a new key")
+    return _transition(record, {
+        "status": RecordStatus.FAILED, "error_class__in": sorted(map(str, RETRYABLE)), "attempts": record.attempts,
+    }, {
+        "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
+        "retry_not_before": None, **_finished(),
+    }, action="record.not_executed", actor=actor, reason="retry window ended; nothing was done",
+        before={"status": record.status, "error_class": record.error_class},
+        evidence=evidence_entry("engine", note=f"retry window ended after {record.attempts} runs, each refused "
+                                               f"before the downstream acted"))
+
+
+def retry_window_closed(record: IdempotencyRecord) -> bool:
+    """A retryable failure whose retry window has passed (by the database's time of the read)."""
+    return record.retry_until is not None and record.retry_until <= clock.read_at(record)
 
 
 def backed_off(failure: ToolFailure, attempts: int) -> ToolFailure:
@@ -420,6 +457,7 @@ def mark_unknown(record: IdempotencyRecord, unknown: UnknownOutcome, *, actor: s
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
         "status": RecordStatus.UNKNOWN, "error_class": unknown.error_class, "error_message": unknown.message,
         "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": clock.NOW,
+        "uncertain_runs": record.uncertain_runs + 1,
     }, action="record.unknown", actor=actor, reason=unknown.message,
             evidence=unknown.evidence or evidence_entry("executor", note=unknown.message)):
         record.refresh_from_db()
@@ -447,8 +485,9 @@ def reclaim(record: IdempotencyRecord, op: Operation) -> IdempotencyRecord | Non
 
 def escalate_retries(record: IdempotencyRecord, *, actor: str, cap: int) -> bool:
     """FAILED(transient or rate_limited) -> UNKNOWN, flagged for a person, instead of a reclaim once
-    the key has run `cap` times (IDEMOPS_MAX_ATTEMPTS_PER_KEY: reruns after a transient failure or
-    after a lease expiry alike, since each is a reclaim that counts).
+    `cap` runs of the key had an uncertain or unexpected outcome (IDEMOPS_MAX_ATTEMPTS_PER_KEY: a
+    timeout after sending, an internal error, a lost lease, each found not done afterwards). Runs the
+    downstream refused before acting never count: the retry window bounds those.
 
     The UNKNOWN queue is where operators already settle what the engine cannot: not retried by
     the reconciler (escalated), and callers hear `unknown_outcome` meanwhile. Guarded by the
@@ -459,10 +498,11 @@ def escalate_retries(record: IdempotencyRecord, *, actor: str, cap: int) -> bool
         "status": RecordStatus.FAILED, "error_class__in": sorted(map(str, RETRYABLE)), "attempts": record.attempts,
     }, {
         "status": RecordStatus.UNKNOWN, "error_class": "unknown_outcome",
-        "error_message": f"gave up after {record.attempts} runs of this key (the last failed with {last})"[:2000],
+        "error_message": f"gave up after {record.uncertain_runs} runs of this key with an uncertain outcome, "
+                         f"{record.attempts} in all (the last failed with {last})"[:2000],
         "retry_not_before": None, "finished_at": None, "next_reconcile_at": None, "escalated_at": clock.NOW,
-    }, action="record.escalated", actor=actor, reason=f"attempts per key reached {cap}; a person must decide",
-        evidence=evidence_entry("engine", note=f"{record.attempts} runs, each failed; the last: {last}"[:2000]))
+    }, action="record.escalated", actor=actor, reason=f"uncertain runs per key reached {cap}; a person must decide",
+        evidence=evidence_entry("engine", note=f"{record.uncertain_runs} uncertain runs; the last: {last}"[:2000]))
 
 
 def retire(record: IdempotencyRecord, *, actor: str, reason: str = "retention ended; key reused") -> bool:
@@ -507,7 +547,8 @@ def expire_lease(record: IdempotencyRecord, *, actor: str = LEASE_SWEEPER, sourc
                  "lease_expires_at__lt": guard_now},
         {"status": RecordStatus.UNKNOWN, "error_class": "unknown_outcome",
          "error_message": "the executor's lease expired before it recorded an outcome",
-         "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": guard_now},
+         "lease_owner": "", "lease_expires_at": None, "next_reconcile_at": guard_now,
+         "uncertain_runs": F("uncertain_runs") + 1},
         action="record.unknown", actor=actor, reason="lease expired",
         evidence=evidence_entry(source, note=f"lease of {record.lease_owner} expired"))
     if expired:
@@ -539,7 +580,7 @@ def resolve_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: st
     return _transition(record, {"status": RecordStatus.UNKNOWN}, {
         "status": RecordStatus.FAILED, "error_class": failure.error_class, "error_message": failure.message,
         "retry_not_before": clock.NOW if failure.retryable else None, "next_reconcile_at": None, **_finished(),
-        **({"attempts": 0} if fresh_attempts else {}),
+        **({"attempts": 0, "uncertain_runs": 0, "retry_until": None} if fresh_attempts else {}),
     }, action="record.reconciled", actor=actor, reason=reason, evidence=evidence)
 
 

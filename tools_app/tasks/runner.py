@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from idemops.conf import conf
 from tools_app.core import counters, leases, logs, redaction, tracing
 from tools_app.core.crashpoints import crash_point
-from tools_app.core.errors import ToolFailure, Transient
+from tools_app.core.errors import Held, ToolFailure, Transient
 from tools_app.tasks import checkpoints, state
 from tools_app.tasks.batches import BatchStore
 from tools_app.tasks.models import StepOutcome, StepRun, Task
@@ -50,6 +50,8 @@ from tools_app.toolkit.pipelines import (
 from tools_app.toolkit.registry import ToolSpec, get_tool, parse_arguments
 
 logger = logging.getLogger(__name__)
+# When a held step (core.errors.Held) is tried again if its answer named no time.
+HELD_RETRY_SECONDS = 10.0
 
 
 class Heartbeat(leases.Heartbeat):
@@ -236,7 +238,13 @@ class Runner:
         if not isinstance(exc, ToolFailure):
             logger.exception("task %s: step %s raised; treated as %s", task.pk, task.current_step,
                              failure.error_class)
-        if failure.retryable and task.attempts < task.max_attempts:
+        if isinstance(exc, Held):
+            # Paused, or its downstream's breaker is open: the task waits, visibly (its status says why),
+            # and goes on when it may; no attempt is spent on it.
+            delay = exc.retry_after or HELD_RETRY_SECONDS
+            if state.retry_later(task, self.owner, exc, delay, waited_by_worker=False, run=run, counted=False):
+                return f"held: {exc.message}", None
+        elif failure.retryable and task.attempts < task.max_attempts:
             delay = max(failure.retry_after or 0.0, self.pipeline.retry.backoff(task.attempts))
             wait_here = delay <= conf().task_inline_retry_max_seconds
             if state.retry_later(task, self.owner, failure, delay, waited_by_worker=wait_here, run=run):

@@ -266,18 +266,19 @@ def fail(task: Task, owner: str, failure: ToolFailure, run: StepRun | None = Non
 
 @transaction.atomic
 def retry_later(task: Task, owner: str, failure: ToolFailure, delay: float, *, waited_by_worker: bool,
-                run: StepRun | None = None) -> bool:
+                run: StepRun | None = None, counted: bool = True) -> bool:
     """running -> retrying: a transient error; the next attempt is due after `delay` seconds.
+    Not `counted` (a pause, an open breaker: core.errors.Held): the attempt is not spent.
 
     `waited_by_worker`: this job sleeps until then and takes the task again;
     otherwise no job is queued and the sweep queues one once it is due.
     """
     if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
-        "status": TaskStatus.RETRYING, "attempts": task.attempts + 1, "next_retry_at": clock.later(delay),
+        "status": TaskStatus.RETRYING, "attempts": task.attempts + int(counted), "next_retry_at": clock.later(delay),
         "failure_class": str(failure.error_class), "failure_reason": failure.message,
         "lease_owner": "", "lease_expires_at": None, "enqueued_at": clock.NOW if waited_by_worker else None,
-    }, action="task.retry_scheduled", actor=owner, attempt=task.attempts + 1, retry_in_seconds=round(delay, 3),
-            failure_class=str(failure.error_class)):
+    }, action="task.retry_scheduled", actor=owner, attempt=task.attempts + int(counted),
+            retry_in_seconds=round(delay, 3), failure_class=str(failure.error_class)):
         return False
     if run is not None:
         finish_step_run(run, StepOutcome.FAILED, failure.message)

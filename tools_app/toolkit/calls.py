@@ -8,6 +8,7 @@ idempotent operation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from django.db import DataError, models
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from tools_app import engine
+from tools_app import engine, incidents
 from tools_app.core import keys, logs, redaction, tracing
 from tools_app.core.errors import InvalidInput, ToolFailure, invalid_data
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
@@ -133,7 +134,8 @@ def _call_write(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_
     if spec.requires_operation_id:
         # Before any claim: a key the server did not issue for this call leaves nothing behind.
         operation = dataclasses.replace(operation, operation_id=engine.issued_operation_id(operation))
-    outcome = engine.run(operation, execute)
+    with incidents.admission():
+        outcome = engine.run(operation, execute)
     if outcome.executed and outcome.record.status == RecordStatus.UNKNOWN:
         hooks.after_unknown()
     return CallResult(spec, result=outcome.result, error=outcome.error, record=outcome.record,
@@ -158,6 +160,8 @@ def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel) -> tuple[en
         on_expiry=spec.on_expiry,
         transactional=spec.transactional,
         approval=hooks.approval_gate(spec, caller.tenant_id, caller.actor, args) if spec.approval else None,
+        retry_window=spec.retry_window,
+        admit=functools.partial(incidents.admit, caller.tenant_id, spec.name, spec.downstream),
     )
 
     def execute(record: IdempotencyRecord) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx2
 
+from tools_app import incidents
 from tools_app.core import backoff, counters, logs, tracing
 from tools_app.core.errors import (
     UNKNOWN_OUTCOME_ADVICE,
@@ -32,6 +33,7 @@ from tools_app.core.errors import (
     UnknownOutcome,
 )
 from tools_app.engine import evidence_entry, note_evidence
+from tools_app.toolkit.registry import find_tool
 
 
 def request(method: str, url: str, *, timeout: float, json: Any = None, headers: dict[str, str] | None = None,
@@ -41,12 +43,18 @@ def request(method: str, url: str, *, timeout: float, json: Any = None, headers:
     `asked` is what the evidence records of the request (never secrets).
     """
     asked = {"method": method, "url": url, **(asked or {})}
+    downstream = downstream_name(url)
+    # Held back before anything leaves (a pause, an open breaker, every slot taken): a known non-execution.
+    incidents.admit_request(downstream)
     try:
-        response = tracing.request(method, url, json=json, headers=headers, timeout=timeout)
+        with incidents.in_flight(downstream, seconds=timeout):
+            response = tracing.request(method, url, json=json, headers=headers, timeout=timeout)
     except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as exc:
+        incidents.record_failure(downstream, f"unreachable ({type(exc).__name__})")
         raise Transient(f"the downstream system is unreachable ({type(exc).__name__}); retry with the same key",
                         evidence=evidence_entry("executor", asked=asked, error=type(exc).__name__)) from exc
     except httpx2.TransportError as exc:
+        incidents.record_failure(downstream, f"no answer ({type(exc).__name__})")
         raise UnknownOutcome(
             f"the downstream request was sent but no answer came back ({type(exc).__name__}); its outcome is being "
             f"reconciled: {UNKNOWN_OUTCOME_ADVICE}",
@@ -57,11 +65,29 @@ def request(method: str, url: str, *, timeout: float, json: Any = None, headers:
     if deduplicated or response.status_code == 409:
         context = logs.context()
         counters.count(counters.DOWNSTREAM_DUPLICATE, tool=context.get("tool", ""), tenant_id=context.get("tenant_id"))
+    if response.status_code in (429, 503) or response.status_code >= 500:
+        incidents.record_failure(downstream, f"answered {response.status_code}")
+    else:
+        incidents.record_success(downstream)
     if response.is_success:
         note_evidence(evidence_entry("executor", asked=asked, answer={
             "status": response.status_code, "deduplicated": deduplicated}))
         return response
     raise classify(response, asked)
+
+
+def downstream_name(url: str) -> str:
+    """The downstream system a request of the call being worked on goes to: the name its tool
+    declared (ToolSpec.downstream), else the URL's host (then learned for the tool, so its next
+    calls are held back before they run, as a declared one's are)."""
+    tool = logs.context().get("tool", "")
+    spec = find_tool(tool)
+    if spec is not None and spec.downstream:
+        return spec.downstream
+    host = httpx2.URL(url).host or url
+    if tool:
+        incidents.learn(tool, host)
+    return host
 
 
 def classify(response: httpx2.Response, asked: dict[str, Any]) -> ToolFailure:

@@ -361,5 +361,9 @@ def get_tool(name: str) -> ToolSpec:
         raise NotFound(f"unknown tool {name!r}; tools/list names the tools") from None
 
 
+def find_tool(name: str) -> ToolSpec | None:
+    return _TOOLS.get(name)
+
+
 def all_tools() -> list[ToolSpec]:
     return list(_TOOLS.values())
