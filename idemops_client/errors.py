@@ -18,6 +18,7 @@ RETRYABLE = frozenset({
 DETERMINISTIC = frozenset({
     "invalid_input", "permission_denied", "not_found", "conflict", "expired", "already_done",
     "downstream_conflict",
+    "not_executed",    # nothing was done and the key is closed: a new operation needs a new key
     "internal_error",  # a fault of the server (a bug): report error.reference to an operator
     "unauthorized",    # client side: HTTP 401/403, the token is wrong
     "protocol_error",  # client side: a JSON-RPC error (unknown method, malformed request)

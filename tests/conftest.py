@@ -67,8 +67,11 @@ def _flush_retried_after_a_deadlock():
 @pytest.fixture(autouse=True)
 def _no_counts_left_from_another_test():
     from tools_app.core import counters
+    from tools_app.incidents import state
 
     counters._pending.clear()
+    # This process's snapshot of pauses and breakers was read in another test's database state.
+    state.forget()
 
 
 @pytest.fixture

@@ -1,7 +1,10 @@
 """A programming error is not transient (issue 27 §3): a write or a task step that raises an unexpected
 exception fails once, as `internal_error`, with its type and a reference an operator finds, and is
-not run again; infrastructure failures stay `transient`; and a key that keeps failing goes to the
-operators' queue after IDEMOPS_MAX_ATTEMPTS_PER_KEY runs instead of running again."""
+not run again; infrastructure failures stay `transient`; a key whose runs keep being refused before anything is done
+closes as `not_executed` after its retry window (issue 36 §1), and one whose runs keep ending uncertain
+goes to the operators' queue after IDEMOPS_MAX_ATTEMPTS_PER_KEY of them instead of running again."""
+
+from datetime import timedelta
 
 import pytest
 from django.db import OperationalError
@@ -14,12 +17,13 @@ from tests.operators import make_operator
 from tests.tasks_support import TEXT, agent, start
 from tools_app import engine, reconciliation, tasks
 from tools_app.access.roles import OPERATOR
-from tools_app.core import clock
-from tools_app.core.errors import INTERNAL_ERROR_ADVICE, InternalError, PermissionDenied
+from tools_app.core import clock, polling
+from tools_app.core.errors import INTERNAL_ERROR_ADVICE, InternalError, PermissionDenied, UnknownOutcome
 from tools_app.engine import Operation
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus, StepRun, Task, TaskStatus
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import call_tool
+from tools_app.toolkit.policies import NotDone
 from tools_app.toolkit.registry import get_tool
 
 ORDER = {"customer": "Jane Roe", "currency": "EUR", "items": [{"sku": "BOLT-1", "quantity": 1, "unit_price": "2.50"}]}
@@ -113,36 +117,76 @@ def test_an_infrastructure_failure_stays_transient_and_the_same_key_runs_again(t
 # --- the cap on runs per key ---------------------------------------------------------------------------------
 
 
-def test_a_key_that_keeps_failing_transiently_goes_to_the_operators_queue_after_the_cap(tenant, settings):
-    # given: at most three runs per key, and a handler whose database connection always breaks
+def test_runs_refused_before_acting_never_count_toward_the_cap_and_close_as_not_executed_after_the_window(
+        tenant, settings):
+    # given: at most three uncertain runs per key, a one-second retry window, and a handler whose database
+    # connection always breaks (its transaction rolls back: nothing was done)
     override_conf(settings, max_attempts_per_key=3)
-    op = Operation(tenant_id=tenant.pk, tool="create_order", key="k-1", arguments={"n": 1}, actor="agent:acme/t")
+    op = Operation(tenant_id=tenant.pk, tool="create_order", key="k-1", arguments={"n": 1}, actor="agent:acme/t",
+                   retry_window=timedelta(seconds=1))
     runs = []
 
     def always_down(record):
         runs.append(record.attempts)
         raise OperationalError("the database went away")
 
-    # when: the agent retries as told, six times
+    # when: the agent retries as told, five times, more than the cap
     answers = []
-    for _ in range(6):
+    for _ in range(5):
         answers.append(engine.run(op, always_down))
         its_wait_is_over("k-1")
-
-    # then: three runs, then the record waits for a person in the UNKNOWN queue, flagged
     record = IdempotencyRecord.objects.get()
-    assert runs == [1, 2, 3]
-    assert [a.error.error_class for a in answers] == ["transient"] * 3 + ["unknown_outcome"] * 3
-    assert (record.status, record.attempts) == (RecordStatus.UNKNOWN, 3) and record.escalated_at is not None
-    assert record.next_reconcile_at is None and "gave up after 3 runs" in record.error_message
+
+    # then: five runs, none counted as uncertain, none escalated; each answer names the window's end
+    assert runs == [1, 2, 3, 4, 5] and record.uncertain_runs == 0 and record.escalated_at is None
+    assert [a.error.error_class for a in answers] == ["transient"] * 5
+    assert {a.error.details["retry_until"] for a in answers} == {record.retry_until.isoformat()}
+
+    # when: the window has passed (by the database's clock) and the agent asks again
+    polling.until(lambda: clock.read() > record.retry_until, seconds=30, pause=0.05)
+    closed = engine.run(op, always_down)
+    again = engine.run(op, always_down)
+
+    # then: FAILED for good, not_executed, saying nothing was done; nobody is asked to decide
+    record.refresh_from_db()
+    assert runs == [1, 2, 3, 4, 5]
+    assert closed.error.error_class == again.error.error_class == "not_executed"
+    assert "nothing was done" in closed.error.message and "new key" in closed.error.message
+    assert (record.status, record.error_class, record.escalated_at) == (RecordStatus.FAILED, "not_executed", None)
+    assert AuditEvent.objects.filter(object_id=str(record.pk), action="record.not_executed").count() == 1
+    assert not AuditEvent.objects.filter(object_id=str(record.pk), action="record.escalated").exists()
+
+
+def test_runs_with_an_uncertain_outcome_go_to_the_operators_queue_after_the_cap(tenant, settings):
+    # given: at most two uncertain runs per key, and a downstream call that never answers
+    override_conf(settings, max_attempts_per_key=2)
+    op = Operation(tenant_id=tenant.pk, tool="request_payment", key="k-1", arguments={"n": 1}, actor="agent:acme/t",
+                   transactional=False)
+    runs = []
+
+    def no_answer(record):
+        runs.append(record.attempts)
+        raise UnknownOutcome("the request was sent but no answer came back")
+
+    # when: each run's outcome is unknown, and the reconciler then finds it was not done
+    for _ in range(2):
+        assert engine.run(op, no_answer).error.error_class == "unknown_outcome"
+        record = IdempotencyRecord.objects.get()
+        reconciliation.apply_answer(record, NotDone("the downstream has no such payment"), actor="system:reconciler")
+    third = engine.run(op, no_answer)
+
+    # then: two runs, then the record waits for a person in the UNKNOWN queue, flagged
+    record = IdempotencyRecord.objects.get()
+    assert runs == [1, 2] and third.error.error_class == "unknown_outcome"
+    assert (record.status, record.uncertain_runs) == (RecordStatus.UNKNOWN, 2) and record.escalated_at is not None
+    assert record.next_reconcile_at is None and "gave up after 2 runs" in record.error_message
     assert AuditEvent.objects.filter(object_id=str(record.pk), action="record.escalated").count() == 1
-    assert AuditEvent.objects.filter(object_id=str(record.pk), action="record.reclaimed").count() == 2
 
     # and: an operator who resolves it as failed gives the key a new budget of runs
     olga = make_operator("olga", OPERATOR, tenant)
-    reconciliation.resolve_by_operator(record, olga, succeeded=False, reason="the database is back")
+    reconciliation.resolve_by_operator(record, olga, succeeded=False, reason="the gateway has no such payment")
     after = engine.run(op, lambda record: runs.append(record.attempts) or {"ok": True})
-    assert after.error is None and runs == [1, 2, 3, 1]
+    assert after.error is None and runs == [1, 2, 1]
 
 
 # --- task steps -------------------------------------------------------------------------------------------

@@ -54,11 +54,26 @@ def in_flight(downstream: str, *, seconds: float) -> Iterator[None]:
 
 
 def _take(downstream: str, limit: int, holder: str, seconds: float) -> int | None:
-    table = db.table(DownstreamSlot)
     if (downstream, limit) not in _made:
-        db.fetchone(f"INSERT INTO {table} (downstream, slot, holder) SELECT %s, n, '' FROM generate_series(0, %s) n "
-                    "ON CONFLICT DO NOTHING RETURNING id", [downstream, limit - 1])
-        _made.add((downstream, limit))
+        _make(downstream, limit)
+    slot = _update(downstream, limit, holder, seconds)
+    if slot is None:
+        # Full, or the slots this process made are gone (a transaction that made them rolled back, a
+        # clean-up): make sure they exist, then ask once more.
+        _make(downstream, limit)
+        slot = _update(downstream, limit, holder, seconds)
+    return slot
+
+
+def _make(downstream: str, limit: int) -> None:
+    db.fetchone(f"INSERT INTO {db.table(DownstreamSlot)} (downstream, slot, holder) "
+                "SELECT %s, n, '' FROM generate_series(0, %s) n ON CONFLICT DO NOTHING RETURNING id",
+                [downstream, limit - 1])
+    _made.add((downstream, limit))
+
+
+def _update(downstream: str, limit: int, holder: str, seconds: float) -> int | None:
+    table = db.table(DownstreamSlot)
     row = db.fetchone(
         f"UPDATE {table} SET holder = %s, held_until = statement_timestamp() + %s FROM ("
         f"SELECT id FROM {table} WHERE downstream = %s AND slot < %s "
