@@ -163,7 +163,7 @@ ONBOARDING = Pipeline(
 
 long_tool(
     name="onboard_customer", title="Onboard a customer", input_model=OnboardCustomerInput,
-    output_model=OnboardResult, pipeline=ONBOARDING, open_world=True,
+    output_model=OnboardResult, pipeline=ONBOARDING, open_world=True, downstream="payment-gateway",
     # Who was onboarded with which mandate: the task's data is kept for a year, like payments' records.
     keep=KeepFor(tasks=timedelta(days=365)),
     personal_fields=frozenset({"name", "email", "iban"}),

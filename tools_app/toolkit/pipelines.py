@@ -219,7 +219,7 @@ def task_tool(*, name: str, title: str, description: str, input_model: type[Writ
               on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE, keep: KeepFor = KEEP_DEFAULTS,
               destructive: bool = False, open_world: bool = False, approval: ApprovalRule | None = None,
               operation_arguments: Callable[[Any, int], dict[str, Any]] | None = None,
-              counted_defaults: tuple[dict[str, Any], ...] = ()) -> ToolSpec:
+              counted_defaults: tuple[dict[str, Any], ...] = (), downstream: str | None = None) -> ToolSpec:
     """Declare a long tool: calling it starts (or rejoins) a task running `pipeline`, checkpointed step by
     step; its answer is the task's handle until the task ends, then its result."""
     return register(ToolSpec(
@@ -227,4 +227,4 @@ def task_tool(*, name: str, title: str, description: str, input_model: type[Writ
         handler=_runs_as_task, writes=True, pipeline=pipeline, personal_fields=personal_fields,
         non_business_fields=non_business_fields, retention=retention, on_expiry=on_expiry, keep=keep,
         destructive=destructive, open_world=open_world, approval=approval,
-        operation_arguments=operation_arguments, counted_defaults=counted_defaults))
+        operation_arguments=operation_arguments, counted_defaults=counted_defaults, downstream=downstream))
