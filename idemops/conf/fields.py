@@ -557,9 +557,9 @@ class IdemopsSettings(BaseSettings):
         [], "Crash tests only: the process SIGKILLs itself at these points of the engine "
         "(tools_app/core/crashpoints.py). Never in production.", section=TESTING)
     conformance_test_tools: bool = setting(
-        False, "Conformance tests only: /mcp also serves the test-only tools the official MCP conformance suite "
-        "calls (`test_simple_text`, `test_error_handling`, ...: tools_app/mcp/conformance_tools.py) and answers "
-        "`logging/setLevel`. Never in production.", section=TESTING)
+        False, "Conformance tests only: /mcp also serves the test-only tools the official MCP conformance suite's "
+        "tool scenarios call (tools_app/mcp/conformance_tools.py) and answers `logging/setLevel`. Never in "
+        "production.", section=TESTING)
 
     @field_validator("*", mode="before")
     @classmethod

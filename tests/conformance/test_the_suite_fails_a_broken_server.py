@@ -29,6 +29,7 @@ CAUGHT_BY = {
 
 class BrokenServer(Service):
     def __init__(self, *defects: str):
+        self.defects = defects
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         argv = [sys.executable, "-m", "conformance.broken_server", "--port", str(self.port)]
@@ -75,7 +76,7 @@ def test_the_bare_server_without_its_defects_passes_every_scenario_it_can_be_che
 @pytest.mark.parametrize("broken_server", [(defect,) for defect in CAUGHT_BY], indirect=True,
                          ids=list(CAUGHT_BY))
 def test_each_defect_alone_fails_exactly_the_scenarios_that_catch_it(broken_server):
-    defect = broken_server.process.args[-1]
+    (defect,) = broken_server.defects
 
     checks = run_suite(broken_server.url, "2025-11-25")
 
