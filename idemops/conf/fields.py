@@ -579,6 +579,10 @@ class IdemopsSettings(BaseSettings):
     crash_points: Annotated[list[CrashPoint], NoDecode] = setting(
         [], "Crash tests only: the process SIGKILLs itself at these points of the engine "
         "(tools_app/core/crashpoints.py). Never in production.", section=TESTING)
+    conformance_test_tools: bool = setting(
+        False, "Conformance tests only: /mcp also serves the test-only tools the official MCP conformance suite's "
+        "tool scenarios call (tools_app/mcp/conformance_tools.py) and answers `logging/setLevel`. Never in "
+        "production.", section=TESTING)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -651,6 +655,8 @@ class IdemopsSettings(BaseSettings):
                             "clients use (any other Host header is refused)")
         if self.crash_points:
             problems.append(f"{env_name('crash_points')} is set: {production} never kills itself for a test")
+        if self.conformance_test_tools:
+            problems.append(f"{env_name('conformance_test_tools')} is on: {production} serves no test-only tools")
         return problems
 
 

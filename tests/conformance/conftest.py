@@ -26,10 +26,22 @@ def interop():
     return folder
 
 
+@pytest.fixture(scope="package")
+def official_web(django_db_setup, django_db_blocker):
+    """uvicorn for the official suite: the platform with the suite's test-only tools on (a setting production
+    refuses), and no downstream systems (none of the suite's scenarios calls a platform tool)."""
+    from tests.processes import WebServer
+
+    with django_db_blocker.unblock():
+        server = WebServer(name="web-official-conformance", IDEMOPS_CONFORMANCE_TEST_TOOLS="1")
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def bearer_proxy(conformance_web, token, interop):
+def bearer_proxy(official_web, token, interop):
     """The official suite sends no Authorization header: a proxy in front of /mcp adds the token."""
-    proxy = subprocess.Popen(["node", "bearer_proxy.mjs", conformance_web.base_url, token], cwd=interop,
+    proxy = subprocess.Popen(["node", "bearer_proxy.mjs", official_web.base_url, token], cwd=interop,
                              stdout=subprocess.PIPE, text=True)
     try:
         port = proxy.stdout.readline().strip()

@@ -69,8 +69,10 @@ def test_the_same_environment_in_development_leaves_the_deployment_warnings_prod
      "IDEMOPS_ENV=production needs the host names MCP clients use (any other Host header is refused)"),
     ({"IDEMOPS_CRASH_POINTS": "after_claim"},
      "IDEMOPS_CRASH_POINTS is set: IDEMOPS_ENV=production never kills itself for a test"),
+    ({"IDEMOPS_CONFORMANCE_TEST_TOOLS": "true"},
+     "IDEMOPS_CONFORMANCE_TEST_TOOLS is on: IDEMOPS_ENV=production serves no test-only tools"),
 ], ids=["no-database-url", "embedded-database", "no-secret-key", "debug", "demo", "http-public-url",
-        "default-allowed-hosts", "default-mcp-allowed-hosts", "crash-points"])
+        "default-allowed-hosts", "default-mcp-allowed-hosts", "crash-points", "conformance-test-tools"])
 def test_production_refuses_each_unsafe_default_naming_its_variable(production, change, line):
     env = dict(production)
     for name, value in change.items():

@@ -41,6 +41,7 @@ from starlette.middleware import Middleware
 from idemops.conf import conf
 from tools_app.core import keys, outage, polling
 from tools_app.core.errors import INTERNAL_ERROR_ADVICE, PERMISSION_DENIED_ADVICE, UNKNOWN_OUTCOME_ADVICE, NotFound
+from tools_app.mcp import conformance_tools
 from tools_app.mcp.guards import DatabaseGuard, RequestIdGuard
 from tools_app.mcp.idempotency_extension import (
     IDENTIFIER,
@@ -138,12 +139,16 @@ def sdk_tool(spec: ToolSpec) -> Tool:
 
 
 class IdemopsServer(MCPServer):
+    # Tools served besides the registry's: the conformance suite's test-only ones, with their setting on.
+    plain_tools: frozenset[str] = frozenset()
+
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None
                         ) -> CallToolResult | InputRequiredResult:
         # The MCP spec makes an unknown tool a protocol error (-32602), not a tool result (the SDK
         # answers one with unclassified text); its data carries our error class.
         try:
-            get_tool(name)
+            if name not in self.plain_tools:
+                get_tool(name)
         except NotFound as unknown:
             raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {name}", data=unknown.as_dict()) from None
         return await super().call_tool(name, arguments, context)
@@ -151,7 +156,10 @@ class IdemopsServer(MCPServer):
 
 def build_server() -> MCPServer:
     public_url = conf().public_url.rstrip("/")
-    return IdemopsServer(
+    tools = [sdk_tool(spec) for spec in all_tools()]
+    if conf().conformance_test_tools:
+        tools += conformance_tools.tools()
+    server = IdemopsServer(
         name="idemops",
         instructions="Write tools need an idempotency_key: reuse it on every retry of one operation, and use a "
                      "new key only for a new operation. Errors carry a class: retry `transient` after "
@@ -164,7 +172,7 @@ def build_server() -> MCPServer:
                      "(_meta io.idemops/requires-operation-id) take as their "
                      "key only an operation_id from prepare_operation; get_operation answers what became of an "
                      "operation.",
-        tools=[sdk_tool(spec) for spec in all_tools()],
+        tools=tools,
         extensions=[TasksExtension(), IdempotencyExtension()],
         middleware=[task_protocols, advertise_in_initialize],
         token_verifier=TenantTokenVerifier(f"{public_url}/mcp"),
@@ -175,6 +183,10 @@ def build_server() -> MCPServer:
         auth=AuthSettings.model_validate({"issuer_url": public_url, "resource_server_url": f"{public_url}/mcp",
                                           "required_scopes": [], "validate_token_resource": True}),
     )
+    if conf().conformance_test_tools:
+        server.plain_tools = conformance_tools.NAMES
+        conformance_tools.serve_logging_level(server)
+    return server
 
 
 def build_app() -> OpenTelemetryMiddleware:
