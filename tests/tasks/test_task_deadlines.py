@@ -275,7 +275,7 @@ def test_a_task_whose_step_blocks_past_its_deadline_is_ended_by_the_clusters_swe
         wait_until(lambda: fetched(task).status == TaskStatus.FAILED, timeout=60, what="the sweep to end the task")
         task = fetched(task)
         assert task.failure_class == ErrorClass.TRANSIENT
-        assert "deadline passed" in task.failure_reason and "in step 'receive'" in task.failure_reason
+        assert "deadline passed" in task.failure_reason and "at step 'receive'" in task.failure_reason
         assert AuditEvent.objects.get(object_id=str(task.pk), action="task.deadline_passed").actor == \
             tasks.TASK_SWEEPER
         assert counts_from_the_end(task)

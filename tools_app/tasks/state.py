@@ -360,10 +360,10 @@ def end_at_deadline(task: Task, actor: str = TASK_SWEEPER) -> bool:
     checkpoint, with as long again from then; the key's retention counts from this end meanwhile.
     """
     allowed = task.time_allowed or time_allowed(task.tool)
-    where = f" in step {task.current_step!r}" if task.current_step else ""
-    reason = (f"its deadline passed before it finished: it may take {_duration(allowed)} from its start "
-              f"(until {task.deadline_at:%Y-%m-%dT%H:%M:%SZ}) and was still {task.status}{where}; resume_task runs "
-              "it again from its last checkpoint, with as long again")
+    where = f" at step {task.current_step!r}" if task.current_step else ""
+    until = f" (until {task.deadline_at:%Y-%m-%dT%H:%M:%SZ})" if task.deadline_at else ""
+    reason = (f"its deadline passed before it finished: it was given {_duration(allowed)}{until} and was still "
+              f"{task.status}{where}; resume_task runs it again from its last checkpoint, with as long again")
     if not transition(task, {"status__in": ACTIVE, "deadline_at__lt": clock.NOW}, {
         "status": TaskStatus.FAILED, "failure_class": ErrorClass.TRANSIENT, "failure_reason": reason,
         "finished_at": clock.NOW, "lease_owner": "", "lease_expires_at": None, "pause_requested": "",
