@@ -156,7 +156,7 @@ def settle_tasks(transactional_db):
 
     from tools_app import tasks
     from tools_app.access import Agent
-    from tools_app.core.errors import AlreadyDone, InProgress
+    from tools_app.core.errors import AlreadyDone, Transient
     from tools_app.models import StepRun, Task
 
     def cancelled(task) -> bool:
@@ -164,8 +164,8 @@ def settle_tasks(transactional_db):
             tasks.cancel(task, Agent(task.tenant_id, "test:teardown"))
         except AlreadyDone:
             pass  # it finished meanwhile
-        except InProgress:
-            return False  # a worker moved it on at every try (fast steps): ask again, as the error says
+        except Transient:
+            return False  # a worker moved it on at every try (fast steps): try again, as the error says
         return True
 
     for task in Task.objects.filter(status__in=tasks.ACTIVE):

@@ -465,6 +465,12 @@ class IdemopsSettings(BaseSettings):
         "by the sweep.", section=TASKS)
     task_max_lease_expiries: int = setting(
         5, "Worker deaths before the task fails (a step that kills its worker).", ge=1, section=TASKS)
+    # Issue 36: a task nobody finishes (a pause nobody answers, a step that hangs) must not hold its
+    # key forever; a long tool may declare its own (task_tool's `deadline`).
+    task_deadline_seconds: Seconds = setting(
+        7 * 24 * 3600, "How long a long task may take from its start to its end, pauses and backoffs included, "
+        "when its tool declares no deadline of its own; one not done by then ends, failed (transient) with the "
+        "reason. A caller may ask for less (MCP tasks' requested ttl), never more.", section=TASKS)
     task_max_attempts: int = setting(
         5, "Default runs per task for transient failures (pipelines may declare their own).", ge=1,
         section=TASKS)

@@ -7,6 +7,7 @@ server and prints what it saw; these tests run it with `node` and check that, an
 import asyncio
 import json
 import subprocess
+from datetime import timedelta
 from typing import Literal
 
 import httpx2
@@ -69,7 +70,9 @@ def test_the_typescript_client_calls_a_long_tool_as_a_task_polls_it_and_reads_it
     # and it got a working task at once, watched it complete, and read the tool's result
     task = Task.objects.get()
     created = seen["created"]
-    assert (created["taskId"], created["status"], created["ttl"]) == (str(task.pk), "working", None)
+    assert (created["taskId"], created["status"]) == (str(task.pk), "working")
+    # and the ttl it asked for (60 s, shorter than the tool's deadline) is the task's deadline, and its answer
+    assert created["ttl"] == 60000 and task.deadline_at - task.created_at == task.time_allowed == timedelta(seconds=60)
     assert created["pollInterval"] > 0 and created["statusMessage"]
     assert seen["seen"][-1] == "completed" and set(seen["seen"]) <= {"working", "completed"}
     assert seen["result"]["isError"] is False
@@ -183,7 +186,27 @@ def test_tasks_list_pages_through_the_tenants_tasks_newest_first(task_web, task_
 
     assert len(first["tasks"]) == 50 and len(second["tasks"]) == 7 and "nextCursor" not in second
     assert [t["taskId"] for t in first["tasks"] + second["tasks"]] == started[::-1]
-    assert {t["status"] for t in first["tasks"]} <= {"working", "completed"} and first["tasks"][0]["ttl"] is None
+    assert {t["status"] for t in first["tasks"]} <= {"working", "completed"}
+    assert first["tasks"][0]["ttl"] == WEEK_MS  # the tool's deadline: start_task asks for none
+
+
+WEEK_MS = 7 * 24 * 3600 * 1000
+
+
+def test_a_requested_ttl_longer_than_the_tools_deadline_gets_the_tools_and_one_that_is_no_duration_is_refused(
+        task_web, task_workers, token):
+    def call(key: str, task: dict) -> dict:
+        return rpc(task_web.mcp_url, token, "tools/call", {
+            "name": "ingest_document", "arguments": {"text": "Berth 7.", "idempotency_key": key}, "task": task})
+
+    longer = call("ttl-long", {"ttl": 30 * 24 * 3600 * 1000})["result"]["task"]
+    tasks_before = Task.objects.count()
+    refused = call("ttl-bad", {"ttl": -5})
+
+    assert longer["ttl"] == WEEK_MS
+    assert Task.objects.get(pk=longer["taskId"]).time_allowed == timedelta(days=7)
+    assert refused["error"]["code"] == -32602 and "task.ttl" in refused["error"]["message"]
+    assert Task.objects.count() == tasks_before  # refused before any task existed
 
 
 class ListTasks(Request[PaginatedRequestParams, Literal["tasks/list"]]):

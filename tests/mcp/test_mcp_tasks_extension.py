@@ -146,7 +146,9 @@ def test_a_client_speaking_the_extension_gets_a_task_handle_then_the_result_by_p
     # then it got a durable task handle at once, polled it, and received the tool's result
     handle = extension.handles[0]
     task = Task.objects.get(pk=handle.task_id)
-    assert handle.status == "working" and handle.ttl_ms is None and handle.poll_interval_ms > 0
+    assert handle.status == "working" and handle.poll_interval_ms > 0
+    # and its time-to-live from creation is the task's deadline: the tool's (a week: it declares none)
+    assert handle.ttl_ms == 7 * 24 * 3600 * 1000 == (task.deadline_at - task.created_at).total_seconds() * 1000
     assert extension.seen[-1] == "completed"
     assert result.is_error is False
     assert result.structured_content["document_id"] == task.document.pk

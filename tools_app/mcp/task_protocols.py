@@ -7,7 +7,9 @@ At protocol 2025-11-25 (the TypeScript SDK 1.x and the clients built on it):
 - `tools/list` marks the long tools `execution.taskSupport: "optional"`;
 - `tools/call` with a `task` parameter starts the long tool's task (the same
   start_task operation as every other door: same key, same task) and answers
-  `{"task": Task}` at once. The SDK cannot: it checks a tools/call answer
+  `{"task": Task}` at once. Its `ttl` (milliseconds) asks for a shorter
+  deadline than the tool's (a longer one gets the tool's); the Task's `ttl`
+  says what it got. The SDK cannot: it checks a tools/call answer
   against the CallToolResult of that version. `task` on any other tool is
   -32601, as the spec asks.
 
@@ -26,6 +28,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from contextlib import aclosing
+from datetime import timedelta
 from typing import Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -61,6 +64,8 @@ from tools_app.toolkit.registry import get_tool
 
 TASKS_CAPABILITY: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
 IMMEDIATE_RESPONSE = "io.modelcontextprotocol/model-immediate-response"
+# A requested task.ttl beyond this (about 285,000 years) is taken as this: a timedelta must hold it.
+MAX_TTL_MS = 2**53
 # One listen follows at most this many tasks.
 MAX_LISTEN_TASKS = 100
 
@@ -101,11 +106,17 @@ async def _call_as_task(ctx: ServerRequestContext[Any, Any], params: Mapping[str
             f"{', '.join(agent_view.long_tools())}"))
     if not isinstance(arguments, dict) or not isinstance(task, dict):
         raise MCPError(code=INVALID_PARAMS, message="Invalid request parameters: arguments and task must be objects")
+    ttl = task.get("ttl")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0):
+        raise MCPError(code=INVALID_PARAMS, message="Invalid request parameters: task.ttl must be a positive number "
+                                                    "of milliseconds")
     began = time.perf_counter()
     caller = authenticated_caller()
     meta = raw_meta if isinstance(raw_meta := params.get("_meta"), dict) else {}
     started, handle = await in_db_thread(start_task_for, name, caller_limits(), caller, arguments,
-                                         meta.get(keys.META_KEY), legacy_task)
+                                         meta.get(keys.META_KEY), legacy_task,
+                                         # any longer is capped to the tool's deadline anyway
+                                         timedelta(milliseconds=min(ttl, MAX_TTL_MS)) if ttl is not None else None)
     count_call(caller, name, started, began)
     if handle is None:  # refused before a task existed (bad input, a conflicting key): what the call would answer
         return render(started).model_dump(by_alias=True, mode="json", exclude_none=True)

@@ -32,6 +32,14 @@ succeeded is `completed`; a failed task is `failed` at 2025-11-25 and a
 
 Tasks are bound to the tenant of the bearer token: another tenant's task id
 is an unknown task id (-32602), like one that never existed.
+
+Time-to-live: both versions define it from the task's creation (`ttlMs` at
+2026-07-28, `ttl` at 2025-11-25, in milliseconds): past createdAt plus it, the
+server may end the task as failed. That is the task's deadline (tasks.state:
+its tool's, or the shorter one a 2025-11-25 caller asked for with tools/call's
+`task.ttl`), so the answer is `deadline_at - created_at`, never null; it
+changes when resume_task gives a failed task a new deadline. 2026-07-28 has
+no way for a client to ask for one (task creation is the server's decision).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from contextlib import aclosing
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -119,12 +127,19 @@ def status_of(task: Task, version: str = MODERN) -> str:
     return WORKING.get(task.status, "working")
 
 
+def ttl_ms(task: Task) -> int | None:
+    """The task's time-to-live in milliseconds from its creation: until its deadline (see the module's
+    docstring). None only for a task that never had one (finished before deadlines existed)."""
+    if task.deadline_at is None:
+        return None
+    return max(0, round((task.deadline_at - task.created_at) / timedelta(milliseconds=1)))
+
+
 def task_shape(task: Task) -> dict[str, Any]:
     """The SEP-2663 `Task` fields (no result): for the handle and for tasks/get."""
     return {"taskId": str(task.pk), "status": status_of(task), "statusMessage": agent_view.next_action(task),
             "createdAt": _iso(task.created_at), "lastUpdatedAt": _iso(task.updated_at),
-            # Tasks are kept, not purged: no time-to-live.
-            "ttlMs": None, "pollIntervalMs": conf().task_poll_interval_ms}
+            "ttlMs": ttl_ms(task), "pollIntervalMs": conf().task_poll_interval_ms}
 
 
 def detailed_task(task: Task) -> dict[str, Any]:
@@ -140,9 +155,9 @@ def detailed_task(task: Task) -> dict[str, Any]:
 
 
 def legacy_task(task: Task) -> dict[str, Any]:
-    """The 2025-11-25 `Task`. `ttl` must be present (null: no time-to-live), so this is a plain dict."""
+    """The 2025-11-25 `Task`. `ttl` must be present (null would be: no time-to-live), so this is a plain dict."""
     return {"taskId": str(task.pk), "status": status_of(task, LEGACY), "statusMessage": agent_view.next_action(task),
-            "createdAt": _iso(task.created_at), "lastUpdatedAt": _iso(task.updated_at), "ttl": None,
+            "createdAt": _iso(task.created_at), "lastUpdatedAt": _iso(task.updated_at), "ttl": ttl_ms(task),
             "pollInterval": conf().task_poll_interval_ms}
 
 
@@ -257,14 +272,16 @@ def _result_view(task: Task) -> dict[str, Any]:
 
 
 def start_task_for(name: str, limits: CallLimits, caller: Caller, arguments: dict[str, Any], meta_key: str | None,
-                   shape: Callable[[Task], dict[str, Any]] = task_shape) -> tuple[CallResult, dict[str, Any] | None]:
+                   shape: Callable[[Task], dict[str, Any]] = task_shape, deadline: timedelta | None = None
+                   ) -> tuple[CallResult, dict[str, Any] | None]:
     """A long tool's call as the start_task operation for it, once the caller's rate limits admit
-    it: (the call's result, the task's `shape`, or None when it was refused before a task existed)."""
+    it: (the call's result, the task's `shape`, or None when it was refused before a task existed).
+    `deadline`: the shorter deadline the caller asked for (a 2025-11-25 `task.ttl`)."""
     spec = get_tool(name)
     outcome: dict[str, Task | None] = {"task": None}
 
     def start() -> CallResult:
-        started, task = agent_view.start_through_engine(spec, caller, arguments, meta_key)
+        started, task = agent_view.start_through_engine(spec, caller, arguments, meta_key, deadline)
         outcome["task"] = task
         return started
 

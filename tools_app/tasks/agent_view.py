@@ -7,12 +7,19 @@ and other arguments are a `conflict`. Calling a long tool directly
 then waits a bounded time for the task: the caller gets the result if the
 task finishes in time, or `in_progress` with the task id (calling again with
 the same key waits again).
+
+A caller may ask for a shorter deadline than the long tool's (MCP tasks at
+2025-11-25: the `ttl` of tools/call's `task`): `start_through_engine(...,
+deadline=)` hands it to the task the call creates. It is no argument of the
+operation: a retry with the same key answers the same task, whatever it asks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -73,6 +80,9 @@ class TaskStatusView(BaseModel):
     input_request: dict[str, Any] | None = Field(
         description="What a paused task asks for: {key: {message, schema}}; answer with resume_task's input.")
     next_retry_at: datetime | None
+    deadline_at: datetime | None = Field(
+        description="Unfinished by then, it ends (failed, transient, with the reason); resume_task then runs it "
+                    "again with as long again. Null once it ended.")
     created_at: datetime
     last_update: datetime
     finished_at: datetime | None
@@ -105,7 +115,7 @@ def next_action(task: Task) -> str:
         case TaskStatus.SUCCEEDED:
             return "Done. get_task_result returns the result."
         case TaskStatus.FAILED if state.resumable(task):
-            return (f"Failed after retries: {task.failure_reason}. resume_task runs it again from its last "
+            return (f"Failed ({task.failure_class}): {task.failure_reason}. resume_task runs it again from its last "
                     "checkpoint.")
         case TaskStatus.FAILED if task.failure_class == ErrorClass.INTERNAL_ERROR:
             return (f"Failed: {task.failure_reason}. resume_task runs it again once an operator marks the cause "
@@ -129,6 +139,7 @@ def describe(task: Task) -> TaskStatusView:
         pause_requested=task.pause_requested or None,
         input_request=task.input_request if task.status == TaskStatus.PAUSED else None,
         next_retry_at=task.next_retry_at if task.status == TaskStatus.RETRYING else None,
+        deadline_at=None if task.finished else task.deadline_at,
         created_at=task.created_at, last_update=task.updated_at, finished_at=task.finished_at,
         cancellable=task.status in state.ACTIVE, retryable=state.resumable(task),
         forked_from=str(task.forked_from_id) if task.forked_from_id else None,
@@ -179,10 +190,25 @@ def start_arguments(args: Any, version: int) -> dict[str, Any]:
     return {**own, "arguments": spec.business_arguments(validated)}
 
 
+# The shorter deadline the caller of a start asked for, beside the operation's arguments (see the
+# module's docstring): set by start_through_engine, read by start, in the same thread.
+REQUESTED_DEADLINE: ContextVar[timedelta | None] = ContextVar("requested_deadline", default=None)
+
+
+@contextmanager
+def requesting(deadline: timedelta | None) -> Iterator[None]:
+    token = REQUESTED_DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        REQUESTED_DEADLINE.reset(token)
+
+
 def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str, notify_url: str | None = None
           ) -> TaskHandle:
     """Create the task for `tool` (start_task's handler, inside the engine's transaction; check_start
-    has passed). `notify_url` is told when it finishes (state.finished)."""
+    has passed). `notify_url` is told when it finishes (state.finished); it must end by its tool's
+    deadline, or the shorter one its caller asked for (REQUESTED_DEADLINE)."""
     spec, validated = inner_call(tool, arguments, key)
     pipeline = spec.pipeline
     # Over the agent's limit of unfinished tasks: refused (rate_limited), and this key may start it later.
@@ -196,20 +222,22 @@ def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str, noti
         record=ctx.record, tool=spec.name, arguments=shown, sealed_arguments=redaction.seal(secret),
         input_digest=keys.digest(business), steps_total=len(pipeline.steps),
         max_attempts=pipeline.retry.attempts_allowed(), actor=ctx.actor, trace_id=ctx.trace_id, span_id=ctx.span_id,
-        notify_url=notify_url or "")
+        notify_url=notify_url or "", deadline=REQUESTED_DEADLINE.get())
     return TaskHandle(task_id=str(task.pk), tool=spec.name, created_at=task.created_at,
                       next_action="Poll get_task_status with this task_id; get_task_result once it succeeded. "
                                   "Retrying start_task with the same idempotency_key returns this same task.")
 
 
-def start_through_engine(spec: ToolSpec, caller: Caller, arguments: dict[str, Any],
-                         meta_key: str | None) -> tuple[CallResult, Task | None]:
-    """A long tool's own call, made into the start_task operation for it."""
+def start_through_engine(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None,
+                         deadline: timedelta | None = None) -> tuple[CallResult, Task | None]:
+    """A long tool's own call, made into the start_task operation for it. `deadline`: the caller asks
+    its task to end sooner than its tool's deadline (a longer one is capped to the tool's)."""
     arguments = dict(with_idempotency_key(arguments, meta_key))
     start_arguments = {"tool": spec.name, "idempotency_key": arguments.pop("idempotency_key")}
     if arguments.get("trace_id") is not None:
         start_arguments["trace_id"] = arguments.pop("trace_id")
-    started = call_tool(get_tool(START_TASK), caller, {**start_arguments, "arguments": arguments})
+    with requesting(deadline):
+        started = call_tool(get_tool(START_TASK), caller, {**start_arguments, "arguments": arguments})
     if started.error is not None:
         return CallResult(spec, error=started.error, record=started.record, replayed=started.replayed), None
     assert started.result is not None, "a call without an error has a result"
@@ -289,7 +317,7 @@ def reread(task: Task) -> Task:
 WATCHED_FIELDS = ["status", "current_step", "completed_steps", "progress_done", "progress_total",
                   "progress_message", "attempts", "failure_class", "failure_reason", "pause_reason", "pause_requested",
                   "input_request", "next_retry_at", "lease_expires_at", "result", "version", "updated_at",
-                  "finished_at"]
+                  "finished_at", "deadline_at", "time_allowed"]
 
 
 def overall_progress(task: Task) -> float:

@@ -3,7 +3,9 @@
 pause and resume its own tenant's tasks (the MCP task tools and the tasks extension).
 
 Each is a read-decide-UPDATE with the version guard, retried when a worker moved the task
-between the read and the UPDATE (`_with_retries`).
+between the read and the UPDATE (`_with_retries`). One that loses that race every round answers
+`transient` with a retry_after: under a tool call's key that is a failure the same key runs
+again after the wait, never the key's final answer.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from tools_app.core.errors import (
     INTERNAL_ERROR_ADVICE,
     AlreadyDone,
     ErrorClass,
-    InProgress,
     InternalError,
     InvalidInput,
     NotFound,
     ToolFailure,
+    Transient,
 )
 from tools_app.tasks.models import Task, TaskStatus
 from tools_app.tasks.state import (
@@ -37,6 +39,7 @@ from tools_app.tasks.state import (
     expire_lease,
     finished,
     resumable,
+    time_allowed,
     transition,
 )
 from tools_app.toolkit.registry import unstorable_at
@@ -52,6 +55,8 @@ MANAGE_PERMISSION = "tools_app.manage_task"
 # An operator or agent transition re-reads and retries this often when a
 # worker changed the task between the read and the UPDATE.
 OPTIMISTIC_ROUNDS = 5
+# How soon to try again once every round lost: a task moves this fast only between short steps.
+LOST_RACE_RETRY_AFTER = 1.0
 
 
 def get_for_tenant(tenant_id: int, task_id: Any) -> Task:
@@ -67,13 +72,21 @@ def get_for_tenant(tenant_id: int, task_id: Any) -> Task:
 
 
 def _with_retries(task: Task, attempt: Callable[[Task], bool]) -> Task:
-    """Read-decide-UPDATE with the version guard; re-read when a worker moved the task meanwhile."""
+    """Read-decide-UPDATE with the version guard; re-read when a worker moved the task meanwhile.
+
+    Every round lost: `transient`, not `in_progress`. Nothing of this call goes on after it answers,
+    and under a tool call's key (pause_task, resume_task, cancel_task) a transient failure is one
+    the same key runs again after retry_after: `in_progress` would be stored as the key's final
+    answer, and every retry with that key would replay "ask again" for the key's whole retention.
+    """
     for _ in range(OPTIMISTIC_ROUNDS):
         with transaction.atomic():
             if attempt(task):
                 return task
         task.refresh_from_db()
-    raise InProgress("the task is changing fast; ask again", retry_after=1.0)
+    raise Transient(f"task {task.pk} changed under this call {OPTIMISTIC_ROUNDS} times in a row (its worker is "
+                    "moving it on); nothing was changed: retry with the same idempotency_key after retry_after",
+                    retry_after=LOST_RACE_RETRY_AFTER, details={"task_status": task.status})
 
 
 CANCEL = Permit(MANAGE_PERMISSION, "cancel", "manage tasks", "task.cancel_refused", agents=True)
@@ -153,8 +166,9 @@ def resume(task: Task, who: Agent | User | AnonymousUser, *, answer: dict[str, A
     """Continue a task from its last valid checkpoint, where that makes sense:
 
     paused -> created (with the answer to its input request); retrying -> due now;
-    failed with a transient class, or with internal_error once an operator marked its cause
-    fixed (mark_cause_fixed) -> created, attempts reset; running whose
+    failed with a transient class (its deadline passed, too), or with internal_error once an
+    operator marked its cause fixed (mark_cause_fixed) -> created, attempts reset, with as long
+    again as it was first given from now (a new deadline); running whose
     worker died -> expire_lease. A queued or healthy running task is left as
     is. Refused: succeeded and cancelled tasks, and deterministic failures
     (with the reason: the input must change, which is a new task). By an
@@ -186,8 +200,11 @@ def resume(task: Task, who: Agent | User | AnonymousUser, *, answer: dict[str, A
                     f"{task.failure_reason}. Fix the input and start a new task with a new idempotency_key.")})
                 raise failure.replaced(details={"task_status": task.status, "failure_reason": task.failure_reason})
             case TaskStatus.FAILED:
+                # Run anew, with as long again as it was given (its deadline may be what ended it).
+                allowed = task.time_allowed or time_allowed(task.tool)
                 changes = {"status": TaskStatus.CREATED, "attempts": 1, "lease_expiries": 0, "failure_class": "",
-                           "failure_reason": "", "finished_at": None, "enqueued_at": now, "cause_fixed_at": None}
+                           "failure_reason": "", "finished_at": None, "enqueued_at": now, "cause_fixed_at": None,
+                           "time_allowed": allowed, "deadline_at": now + allowed}
             case TaskStatus.PAUSED:
                 changes = {"status": TaskStatus.CREATED, "resume_input": _checked_answer(task, answer),
                            "pause_reason": "", "pause_requested": "", "enqueued_at": now}

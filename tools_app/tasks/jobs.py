@@ -16,8 +16,12 @@ logger = logging.getLogger(__name__)
 
 
 def sweep() -> dict[str, int]:
-    """The periodic safety net: revive tasks whose worker died, queue due retries and lost jobs."""
-    counts = {"expired": 0, "requeued": 0}
+    """The periodic safety net: end tasks past their deadline, revive tasks whose worker died, queue
+    due retries and lost jobs. (The cluster's loop runs it every IDEMOPS_LEASE_SWEEP_SECONDS.)"""
+    counts = {"past_deadline": 0, "expired": 0, "requeued": 0}
+    # First: a task past its deadline ends, whatever else is wrong with it (a dead worker's too).
+    for task in state.past_deadline():
+        counts["past_deadline"] += state.end_at_deadline(task)
     for task in Task.objects.filter(status=TaskStatus.RUNNING, lease_expires_at__lt=clock.NOW).order_by("pk"):
         counts["expired"] += expire_lease(task)
     for task in without_a_job():

@@ -63,6 +63,12 @@ class Task(models.Model):
         null=True, blank=True, help_text="What a paused step asks for: {key: {message, schema}}.")
     resume_input = models.JSONField(null=True, blank=True, help_text="The answer given when resuming.")
     next_retry_at = models.DateTimeField(null=True, blank=True)
+    time_allowed = models.DurationField(
+        null=True, blank=True, help_text="How long it may take: its tool's deadline, or the shorter one its caller "
+                                         "asked for.")
+    deadline_at = models.DateTimeField(
+        null=True, blank=True, help_text="Unfinished by then, it ends (failed, with the reason): set when it starts, "
+                                         "and again when resume_task runs a failed task anew.")
     lease_owner = models.CharField(max_length=100, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     version = models.PositiveIntegerField(default=1, help_text="Bumped by every state change.")
@@ -102,6 +108,9 @@ class Task(models.Model):
             models.Index(fields=["status", "updated_at"], name="task_status_updated"),
             # An agent's unfinished tasks, counted against its limit at each start (access.limits).
             models.Index(fields=["tenant", "actor"], name="task_unfinished_by_actor",
+                         condition=Q(status__in=["created", "running", "paused", "retrying"])),
+            # The sweep's search for unfinished tasks past their deadline (tools_app.tasks.jobs.sweep).
+            models.Index(fields=["deadline_at"], name="task_unfinished_deadline",
                          condition=Q(status__in=["created", "running", "paused", "retrying"])),
         ]
         constraints = [

@@ -11,7 +11,11 @@ and replaced) writes nothing more.
 A pause asked for from outside (control.pause) is honoured at a step
 boundary: before the run's first step and after each checkpoint, the runner
 reads the request and, if there is one, pauses the task there instead of
-starting the next step. A step is never cut short by a pause.
+starting the next step. A step is never cut short by a pause. The same read
+says whether the task's deadline has passed: then the task ends there
+(state.end_at_deadline) rather than start another step; the sweep ends one
+whose step is still running (its heartbeat then loses the lease), and a
+last step that finishes late still succeeds: its work is done.
 
 Each step run is a span in the trace of the call that started the task (whichever worker runs
 it, however often the task was resumed), one log line (`task.step`: outcome, duration, attempt)
@@ -109,8 +113,11 @@ class Runner:
         while index < len(plan):
             step = plan[index]
             if run is None:
-                if reason := state.pause_request(task.pk):
-                    return self._pause(reason, step)
+                boundary = state.at_boundary(task.pk)
+                if boundary.past_deadline:
+                    return self._past_deadline()
+                if boundary.pause:
+                    return self._pause(boundary.pause, step)
                 run = state.begin_step(task, self.owner, step, index, completed=list(resumption.outputs))
                 if run is None:
                     return "interrupted before step " + step.name, None
@@ -152,10 +159,11 @@ class Runner:
                     index += 1
                     continue
                 following = index + 1 < len(plan)
-                pause = state.pause_request(task.pk) if following else ""
-                # This job goes on to the next step unless it has run long enough (then a fresh job does)
-                # or someone asked the task to pause.
-                go_on = following and not pause and not self._slice_used()
+                boundary = state.at_boundary(task.pk) if following else state.Boundary("", False)
+                # This job goes on to the next step unless it has run long enough (then a fresh job does),
+                # someone asked the task to pause, or its deadline passed.
+                go_on = (following and not boundary.pause and not boundary.past_deadline
+                         and not self._slice_used())
                 then = (plan[index + 1], index + 1) if go_on else None
                 advanced = state.complete_step(task, self.owner, prepared, run, then)
                 if not advanced.moved:
@@ -167,8 +175,10 @@ class Runner:
             outputs[step.name] = json.loads(prepared.data)
             checksums.append(prepared.checksum)
             if following and then is None:
-                if pause:
-                    return self._pause(pause, plan[index + 1])
+                if boundary.past_deadline:
+                    return self._past_deadline()
+                if boundary.pause:
+                    return self._pause(boundary.pause, plan[index + 1])
                 return ("handed on to a new job" if state.hand_on(task, self.owner) else "interrupted"), None
             run = advanced.next_run
             index += 1
@@ -198,6 +208,10 @@ class Runner:
         if state.pause_at_boundary(self.task, self.owner, reason, next_step):
             return f"paused before step {next_step.name}, as asked", None
         return "interrupted", None
+
+    def _past_deadline(self) -> tuple[str, float | None]:
+        ended = state.end_at_deadline(self.task, self.owner)
+        return ("failed: its deadline passed" if ended else "interrupted"), None
 
     def _slice_used(self) -> bool:
         return time.monotonic() > self.slice_ends

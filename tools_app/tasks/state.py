@@ -10,6 +10,7 @@ created ──take──▶ running ──begin_step, complete_step…──▶ 
    │                 │ └─hand_on (slice used up)────────▶ created
    └──expire_lease (worker died: sweep, resume_task)──┘
 created|running|paused|retrying ──cancel──▶ cancelled
+created|running|paused|retrying ──end_at_deadline (its deadline passed: sweep, runner)──▶ failed
 ```
 
 Each function is a conditional UPDATE guarded by what it expects (status,
@@ -19,6 +20,12 @@ changed the task first and nothing was written. The lease is the only guard
 against two workers running one task: django-q2 delivers jobs at least once
 (a killed worker's job comes back after `retry`, and a job waiting longer than
 `retry` is delivered twice), so a job that cannot take the lease simply ends.
+
+Every task has a deadline (`deadline_at`: its start plus `time_allowed`, the long tool's
+deadline or the shorter one its caller asked for). One not done by then ends, failed with the
+reason (`end_at_deadline`), whatever it is doing: the sweep ends it, and so does its own worker
+at a step boundary. So a task nobody finishes (a pause nobody answers, a worker that hangs)
+never holds its key forever: the end starts the key's retention, as any end does (`finished`).
 
 Workers hold the lease while the task is `running` (a check constraint
 keeps the two together) and renew it while a step runs (`renew_lease`).
@@ -41,7 +48,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import BooleanField, ExpressionWrapper, Q
 
 from idemops.conf import conf
 from tools_app import engine
@@ -51,6 +58,7 @@ from tools_app.engine.models import IdempotencyRecord
 from tools_app.tasks import checkpoints
 from tools_app.tasks.hooks import hooks
 from tools_app.tasks.models import StepOutcome, StepRun, Task, TaskStatus
+from tools_app.toolkit import pipelines
 from tools_app.toolkit.pipelines import Step
 from tools_app.toolkit.registry import get_tool
 
@@ -96,14 +104,18 @@ def job_name(task: Task) -> str:
 @transaction.atomic
 def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, Any], input_digest: str,
                 steps_total: int, max_attempts: int, actor: str, trace_id: str = "", span_id: str = "",
-                sealed_arguments: str = "", notify_url: str = "", **more: Any) -> Task:
+                sealed_arguments: str = "", notify_url: str = "", deadline: timedelta | None = None,
+                **more: Any) -> Task:
     """-> created, and queued. Runs inside the idempotency transaction of the operation that
     creates it (start_task, or a fork: `more` then links it to the original).
 
     The one-to-one `record` makes a second task for the same operation a
-    unique violation, whatever the engine above did.
+    unique violation, whatever the engine above did. It must end by its tool's
+    deadline, or by `deadline` if its caller asked for less (Pipeline.time_allowed).
     """
     now = clock.read()
+    allowed = time_allowed(tool, deadline)
+    more.update(time_allowed=allowed, deadline_at=now + allowed)
     task = Task.objects.create(
         tenant_id=record.tenant_id, tool=tool, record=record, operation_id=record.operation_id, arguments=arguments,
         input_digest=input_digest,
@@ -299,9 +311,18 @@ def pause_for_input(task: Task, owner: str, reason: str, input_request: dict[str
     return True
 
 
-def pause_request(task_id: uuid.UUID) -> str:
-    """The reason a running task was asked to pause with, or "" (read at each step boundary)."""
-    return Task.objects.filter(pk=task_id).values_list("pause_requested", flat=True).first() or ""
+@dataclass(frozen=True)
+class Boundary:
+    """What the runner reads between two steps (one query)."""
+
+    pause: str  # the reason a running task was asked to pause with, or ""
+    past_deadline: bool  # its deadline has passed, by the database's clock
+
+
+def at_boundary(task_id: uuid.UUID) -> Boundary:
+    row = Task.objects.filter(pk=task_id).values_list("pause_requested", ExpressionWrapper(
+        Q(deadline_at__lt=clock.NOW), output_field=BooleanField())).first()
+    return Boundary(pause=row[0] or "", past_deadline=bool(row[1])) if row else Boundary("", False)
 
 
 def pause_at_boundary(task: Task, owner: str, reason: str, next_step: Step) -> bool:
@@ -324,6 +345,48 @@ def hand_on(task: Task, owner: str) -> bool:
         return False
     enqueue_run(task)
     return True
+
+
+# --- the deadline: no task holds its key forever ----------------------------------------------
+
+
+@transaction.atomic
+def end_at_deadline(task: Task, actor: str = TASK_SWEEPER) -> bool:
+    """created|running|paused|retrying, past its deadline -> failed (transient), with the reason.
+
+    Guarded by the deadline itself (by the database's clock) and the version read: a task that
+    finished, or that resume_task gave a new deadline, since it was read is left alone. A step still
+    running finds out at its next heartbeat (the lease is cleared) and stops, writing nothing more.
+    `transient`: another run might finish in time, so resume_task runs it again from its last
+    checkpoint, with as long again from then; the key's retention counts from this end meanwhile.
+    """
+    allowed = task.time_allowed or time_allowed(task.tool)
+    where = f" at step {task.current_step!r}" if task.current_step else ""
+    until = f" (until {task.deadline_at:%Y-%m-%dT%H:%M:%SZ})" if task.deadline_at else ""
+    reason = (f"its deadline passed before it finished: it was given {_duration(allowed)}{until} and was still "
+              f"{task.status}{where}; resume_task runs it again from its last checkpoint, with as long again")
+    if not transition(task, {"status__in": ACTIVE, "deadline_at__lt": clock.NOW}, {
+        "status": TaskStatus.FAILED, "failure_class": ErrorClass.TRANSIENT, "failure_reason": reason,
+        "finished_at": clock.NOW, "lease_owner": "", "lease_expires_at": None, "pause_requested": "",
+        "next_retry_at": None,
+    }, action="task.deadline_passed", actor=actor, reason=reason, failure_class=ErrorClass.TRANSIENT,
+            step=task.current_step, deadline_at=task.deadline_at.isoformat() if task.deadline_at else None):
+        return False
+    return finished(task, actor)
+
+
+def past_deadline() -> list[Task]:
+    """The unfinished tasks whose deadline has passed (the sweep ends them), without their arguments."""
+    return list(Task.objects.filter(status__in=ACTIVE, deadline_at__lt=clock.NOW).select_related("record")
+                .defer("arguments", "sealed_arguments", "result").order_by("deadline_at", "pk"))
+
+
+def _duration(allowed: timedelta) -> str:
+    seconds = allowed.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
 
 
 # --- expiry: the worker died ---------------------------------------------------------------
@@ -414,6 +477,16 @@ def finished(task: Task, actor: str) -> bool:
         hooks.enqueue_event(tenant_id=task.tenant_id, kind=WEBHOOK_KIND, record=task.record,
                             payload={"recipient": task.notify_url, "json": webhook_body(task)})
     return True
+
+
+def time_allowed(tool: str, requested: timedelta | None = None) -> timedelta:
+    """How long a task of `tool` may take: its pipeline's deadline, or `requested` if shorter (a tool
+    no longer declared: IDEMOPS_TASK_DEADLINE_SECONDS)."""
+    try:
+        declared = get_tool(tool).pipeline.deadline
+    except NotFound:
+        declared = None
+    return pipelines.time_allowed(declared, requested)
 
 
 def key_retention(tool: str) -> timedelta:

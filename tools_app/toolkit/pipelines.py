@@ -30,14 +30,18 @@ after a crash), and then the task fails with the original error
 (`Pipeline.plan`).
 
 A long tool is declared with `task_tool(...)`: it is a write tool whose call
-starts (or rejoins) its task; see tools_app.tasks.agent_view.
+starts (or rejoins) its task; see tools_app.tasks.agent_view. It also declares
+its `deadline` (IDEMOPS_TASK_DEADLINE_SECONDS when it does not): a task not done
+by then ends, failed with the reason, so a task nobody finishes (a pause nobody
+answers) never holds its key forever. A caller may ask for less
+(`Pipeline.time_allowed`), never for more.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
@@ -168,11 +172,20 @@ class Pipeline:
     # (allow-lists, decodability): a bad call fails at once, not as a task. Given the validated
     # arguments (an instance of the tool's input model, as ToolSpec.check is).
     validate: Callable[[Any], None] | None = None
+    # How long a task may take from its start to its end, pauses and backoffs included (task_tool's
+    # `deadline`); None: IDEMOPS_TASK_DEADLINE_SECONDS.
+    deadline: timedelta | None = None
 
     def __post_init__(self) -> None:
         names = [step.name for step in self.steps]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"a pipeline needs steps with unique names, got {names}")
+        if self.deadline is not None and self.deadline <= timedelta(0):
+            raise ValueError(f"a pipeline's deadline must be positive, got {self.deadline}")
+
+    def time_allowed(self, requested: timedelta | None = None) -> timedelta:
+        """The time a task of this pipeline gets (`time_allowed`)."""
+        return time_allowed(self.deadline, requested)
 
     def index_of(self, name: str) -> int:
         return [step.name for step in self.steps].index(name)
@@ -207,6 +220,13 @@ class Pipeline:
         return internal_error(exc, reference, what="the task stopped at its last checkpoint")
 
 
+def time_allowed(deadline: timedelta | None, requested: timedelta | None = None) -> timedelta:
+    """The time a task gets: its tool's `deadline` (None: IDEMOPS_TASK_DEADLINE_SECONDS), or the shorter
+    one a caller asked for; a longer one is capped, as the tool's deadline is what its author promises."""
+    declared = deadline if deadline is not None else timedelta(seconds=conf().task_deadline_seconds)
+    return min(declared, requested) if requested is not None and requested > timedelta(0) else declared
+
+
 def _runs_as_task(ctx: ToolContext, args: Any) -> dict[str, Any]:
     # calls.call_tool sends long tools to tools_app.tasks.agent_view before any handler runs.
     raise AssertionError("a long tool's call starts its task; it has no direct handler")
@@ -219,9 +239,13 @@ def task_tool(*, name: str, title: str, description: str, input_model: type[Writ
               on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE, keep: KeepFor = KEEP_DEFAULTS,
               destructive: bool = False, open_world: bool = False, approval: ApprovalRule | None = None,
               operation_arguments: Callable[[Any, int], dict[str, Any]] | None = None,
-              counted_defaults: tuple[dict[str, Any], ...] = (), downstream: str | None = None) -> ToolSpec:
+              counted_defaults: tuple[dict[str, Any], ...] = (), deadline: timedelta | None = None,
+              downstream: str | None = None) -> ToolSpec:
     """Declare a long tool: calling it starts (or rejoins) a task running `pipeline`, checkpointed step by
-    step; its answer is the task's handle until the task ends, then its result."""
+    step; its answer is the task's handle until the task ends, then its result. `deadline`: how long its
+    task may take, from its start to its end (None: the pipeline's own, else IDEMOPS_TASK_DEADLINE_SECONDS)."""
+    if deadline is not None:
+        pipeline = replace(pipeline, deadline=deadline)
     return register(ToolSpec(
         name=name, title=title, description=description, input_model=input_model, output_model=output_model,
         handler=_runs_as_task, writes=True, pipeline=pipeline, personal_fields=personal_fields,

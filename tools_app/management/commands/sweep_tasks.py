@@ -8,8 +8,10 @@ from tools_app import tasks
 
 
 class Command(BaseCommand):
-    help = "Revive tasks whose worker died (lease expired) and queue due retries and lost jobs."
+    help = ("End tasks past their deadline, revive tasks whose worker died (lease expired) and queue due retries "
+            "and lost jobs.")
 
     def handle(self, **options: Any) -> None:
         counts = tasks.sweep()
-        self.stdout.write(f"expired leases: {counts['expired']}, requeued: {counts['requeued']}")
+        self.stdout.write(f"expired leases: {counts['expired']}, requeued: {counts['requeued']}, "
+                          f"past their deadline: {counts['past_deadline']}")
