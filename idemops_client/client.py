@@ -306,7 +306,7 @@ class IdempotentClient:
                                             key=entry.key, fingerprint=digest, arguments=business)
             return await self._write(tool, detached, arguments, policy, may_prepare=False, persist=False)
         if entry.state == State.DONE:
-            return CallResult(tool=tool, structured=entry.result or {}, key=entry.key,
+            return CallResult(tool=tool, structured=replayed_copy(entry.result or {}), key=entry.key,
                               operation_id=entry.operation_id, replayed=True, from_ledger=True, entry=entry)
         return await self._write(tool, entry, arguments, policy, may_prepare=key is None)
 
@@ -483,6 +483,15 @@ class IdempotentClient:
 
 
 # --- reading answers -------------------------------------------------------------------------------
+
+
+def replayed_copy(structured: dict[str, Any]) -> dict[str, Any]:
+    """A recorded first answer, given again: its `idempotency.replayed` says so, as the server's own replay
+    does (the first answer said false, and a ledger answer marked replayed in `_meta` must not contradict it)."""
+    answer = dict(structured)
+    if isinstance(answer.get("idempotency"), dict):
+        answer["idempotency"] = {**answer["idempotency"], "replayed": True}
+    return answer
 
 
 def tool_info(tool: Any, advertisement: Advertisement | None = None) -> ToolInfo:

@@ -8,6 +8,8 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tomllib
+import uuid
 from pathlib import Path
 
 import pytest
@@ -17,11 +19,13 @@ from opentelemetry import trace
 
 from idemops_client.faults import FaultProxy
 from idemops_client.ledger import Ledger, LedgerError
+from idemops_client.proxy import package_version
 from idemops_demo.models import Order
 from tests.processes import ROOT
 from tools_app.models import IdempotencyRecord
 
 ORDER = {"customer": "ACME", "currency": "EUR", "items": [{"sku": "BOLT-1", "quantity": 3, "unit_price": "2.50"}]}
+CLIENT_VERSION = tomllib.loads((ROOT / "idemops_client" / "pyproject.toml").read_text())["project"]["version"]
 INSPECTOR = ROOT / "tests" / "interop" / "node_modules" / ".bin" / "mcp-inspector"
 
 
@@ -45,21 +49,51 @@ def test_a_host_calling_create_order_twice_without_a_key_makes_one_order(web_ser
             second = await client.call_tool("create_order", ORDER)
             resource = await client.read_resource("idemops://ledger")
             prompt = await client.get_prompt("idemops-ledger")
-            return tools, first, second, resource, prompt
+            return client.server_info, tools, first, second, resource, prompt
 
-    tools, first, second, resource, prompt = asyncio.run(scenario())
+    server_info, tools, first, second, resource, prompt = asyncio.run(scenario())
 
     order = Order.objects.get()
     names = {tool.name for tool in tools.tools}
     assert {"create_order", "get_order", "prepare_operation"} <= names
-    create = next(tool for tool in tools.tools if tool.name == "create_order")
-    assert "idempotency_key" in create.input_schema["properties"]  # the server's schema, unchanged
+    assert server_info is not None and server_info.version == package_version() == CLIENT_VERSION
     assert not first.is_error and first.structured_content["order_id"] == order.pk
+    assert first.structured_content["idempotency"]["replayed"] is False
     assert second.structured_content["order_id"] == order.pk and (second.meta or {})["io.idemops/from-ledger"]
+    # One truth about the replay: _meta, the structured content and the text the model reads agree.
+    assert second.meta["io.idemops/replayed"] is True and second.structured_content["idempotency"]["replayed"] is True
+    assert json.loads(second.content[1].text)["idempotency"]["replayed"] is True
     assert "already done" in second.content[0].text
     report = resource.contents[0].text
     assert "## Done (1)" in report and f"order {order.pk}" in report and "## Waiting for a person (0)" in report
     assert f"order {order.pk}" in prompt.messages[0].content.text
+
+
+@pytest.mark.live
+def test_a_host_that_re_plans_with_a_fresh_invented_key_each_time_makes_one_order(web_server, token, tmp_path):
+    """A model that fills a required idempotency_key makes one up at every re-plan: the proxy shows write tools
+    without it and derives the key, so the re-plans are one operation; a key the host sends in _meta wins."""
+    async def scenario():
+        async with host(web_server.mcp_url, token, tmp_path / "ledger.sqlite") as client:
+            tools = await client.list_tools()
+            replans = [await client.call_tool("create_order", {**ORDER, "idempotency_key": f"model-{uuid.uuid4()}"})
+                       for _ in range(3)]
+            chosen = await client.call_tool("create_order", ORDER, meta={"io.idemops/idempotency-key": "host-1"})
+            return tools, replans, chosen
+
+    tools, replans, chosen = asyncio.run(scenario())
+
+    listed = {tool.name: tool for tool in tools.tools}
+    for name in ("create_order", "request_payment", "prepare_operation"):
+        schema = listed[name].input_schema
+        assert "idempotency_key" not in schema["properties"] and "idempotency_key" not in schema.get("required", [])
+    assert "idempotency_key" in listed["get_operation"].input_schema["properties"]  # a read's look-up field stays
+    assert [answer.is_error for answer in replans] == [False, False, False]
+    first_order = replans[0].structured_content["order_id"]
+    assert {answer.structured_content["order_id"] for answer in replans} == {first_order}
+    # Two orders in the database: the re-planned one once, and the one under the host's own key.
+    assert Order.objects.count() == 2 and chosen.structured_content["order_id"] != first_order
+    assert IdempotencyRecord.objects.filter(tool="create_order").count() == 2
 
 
 @pytest.mark.live
