@@ -126,8 +126,10 @@ class CallResult:
 class IdempotentClient:
     def __init__(self, url: str, token: str | None = None, *, ledger: LedgerStore | None = None,
                  session_id: str = "default", policy: RetryPolicy | None = None,
-                 headers: Mapping[str, str] | None = None, rng: random.Random | None = None):
+                 headers: Mapping[str, str] | None = None, rng: random.Random | None = None,
+                 auth: httpx2.Auth | None = None):
         self.url = url
+        self._auth = auth  # in place of a token: e.g. the SDK's OAuthClientProvider (the proxy's --oauth)
         self.session_id = session_id
         self.store: LedgerStore = ledger if ledger is not None else MemoryLedger()
         self.policy = policy or RetryPolicy()
@@ -156,7 +158,7 @@ class IdempotentClient:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> IdempotentClient:
-        self._http = httpx2.AsyncClient(headers=self._headers, event_hooks={"response": [observe]},
+        self._http = httpx2.AsyncClient(headers=self._headers, auth=self._auth, event_hooks={"response": [observe]},
                                         timeout=httpx2.Timeout(self.policy.attempt_timeout, connect=10))
         self._dialer = Dialer(self.url, self._http, self.policy.attempt_timeout)
         self.store.purge_expired()

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import sqlite3
+import stat
 import subprocess
 import sys
 import tomllib
@@ -19,10 +20,14 @@ from opentelemetry import trace
 
 from idemops_client.faults import FaultProxy
 from idemops_client.ledger import Ledger, LedgerError
+from idemops_client.oauth import token_path
 from idemops_client.proxy import package_version
 from idemops_demo.models import Order
-from tests.processes import ROOT
-from tools_app.models import IdempotencyRecord
+from tests.oauth_flow import console
+from tests.operators import make_operator
+from tests.processes import ROOT, free_port
+from tools_app.access.roles import OPERATOR
+from tools_app.models import AgentConnection, IdempotencyRecord, Tenant
 
 ORDER = {"customer": "ACME", "currency": "EUR", "items": [{"sku": "BOLT-1", "quantity": 3, "unit_price": "2.50"}]}
 CLIENT_VERSION = tomllib.loads((ROOT / "idemops_client" / "pyproject.toml").read_text())["project"]["version"]
@@ -173,10 +178,49 @@ def test_a_wrong_url_ends_the_proxy_with_a_message_naming_it(tmp_path):
     assert done.returncode == 2 and f"cannot reach an idemops server at {url}" in done.stderr
 
 
-def test_oauth_is_refused_with_the_way_to_use_a_token(tmp_path):
-    done = run_proxy(*proxy_command("http://127.0.0.1:9/mcp", tmp_path / "l.sqlite", "--oauth"))
+# --- OAuth: the proxy signs in in the person's browser ------------------------------------------------
 
-    assert done.returncode == 2 and "OAuth: not yet supported by the idemops server" in done.stderr
+
+def oauth_host(url: str, ledger: Path, env: dict[str, str], port: int) -> Client:
+    command = proxy_command(url, ledger, "--oauth", "--callback-port", str(port))
+    return Client(StdioServerParameters(command=command[0], args=command[1:], cwd=ROOT, env=env))
+
+
+@pytest.mark.live
+def test_the_proxy_signs_in_by_oauth_once_keeps_its_tokens_to_its_user_and_serves_a_host(web_server, token,
+                                                                                          tmp_path):
+    acme = Tenant.objects.get(slug="acme")
+    olga = make_operator("olga", OPERATOR, acme)
+    browser_session = console(web_server.base_url, olga)  # logged in with password and authenticator code
+    consents = tmp_path / "consents.log"
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "CONSENT_LOG": str(consents),
+           "CONSENT_COOKIES": json.dumps(dict(browser_session.cookies)), "CONSENT_TENANT": str(acme.pk),
+           "BROWSER": f"{sys.executable} {ROOT / 'tests' / 'client' / 'consenting_browser.py'} %s"}
+    port = free_port()
+
+    async def scenario(items):
+        async with oauth_host(web_server.mcp_url, tmp_path / "ledger.sqlite", env, port) as client:
+            return await client.call_tool("create_order", {**ORDER, "items": items})
+
+    first = asyncio.run(scenario(ORDER["items"]))
+    again = asyncio.run(scenario([{"sku": "NUT-2", "quantity": 1, "unit_price": "0.50"}]))  # a restarted host
+
+    assert not first.is_error and not again.is_error, (first.content, again.content)
+    assert Order.objects.count() == 2
+    # One person, one consent: the second run used the stored tokens, without the browser.
+    assert len(consents.read_text().splitlines()) == 1
+    connection = AgentConnection.objects.get(user=olga)
+    assert connection.tenant == acme and connection.application.name == "idemops-client proxy"
+    stored = tmp_path / "config" / "idemops-client" / "oauth" / token_path(web_server.mcp_url).name
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600 and stat.S_IMODE(stored.parent.stat().st_mode) == 0o700
+    assert json.loads(stored.read_text())["tokens"]["refresh_token"]
+
+    # A token file other users may read is refused before anything is sent, naming the fix.
+    stored.chmod(0o644)
+    done = run_proxy(*proxy_command(web_server.mcp_url, tmp_path / "ledger.sqlite", "--oauth"), env=env)
+
+    assert done.returncode == 2 and f"chmod 600 {stored}" in done.stderr, done.stderr
+    assert len(consents.read_text().splitlines()) == 1 and Order.objects.count() == 2
 
 
 def test_a_corrupt_ledger_file_ends_the_proxy_before_anything_is_sent(tmp_path):
