@@ -180,8 +180,8 @@ high-risk, so the server names it: prepare it, then pay with the "operation_id" 
 structuredContent in place of OPERATION_ID (not idempotency.operation_id: that one names the prepare call):
   {prepare}
   {payment}
-It is above the demo's step-up amount ({DEMO_STEP_UP_AMOUNT:,} EUR): approving it asks alice for a fresh authenticator code
-once the code of her login is older than {conf().step_up_minutes:g} minutes.
+It is above the demo's step-up amount ({DEMO_STEP_UP_AMOUNT:,} EUR): approving it asks alice for a fresh
+authenticator code once the code of her login is older than {conf().step_up_minutes:g} minutes.
 
 Ctrl-C stops everything.
 """
