@@ -271,3 +271,24 @@ def test_a_ledger_locked_by_another_process_says_so_and_records_nothing(tmp_path
         holder.execute("ROLLBACK")
         holder.close()
     assert ledger.entries("s") == []
+
+
+def test_the_oauth_token_file_is_written_for_its_owner_only_and_refused_once_others_may_read_it(tmp_path):
+    from mcp.shared.auth import OAuthToken
+
+    from idemops_client.oauth import SignInError, TokenFile
+
+    store = TokenFile(tmp_path / "oauth" / "server.json", "https://idemops.example/mcp")
+    asyncio.run(store.set_tokens(OAuthToken(access_token="at-1", refresh_token="rt-1")))
+
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600 and stat.S_IMODE(store.path.parent.stat().st_mode) == 0o700
+    assert asyncio.run(store.get_tokens()).refresh_token == "rt-1"
+    # A file is one server's sign-in: under another URL it reads as empty.
+    assert asyncio.run(TokenFile(store.path, "https://other.example/mcp").get_tokens()) is None
+    store.path.parent.chmod(0o755)
+    with pytest.raises(SignInError, match=f"chmod 700 {store.path.parent}"):
+        asyncio.run(store.get_tokens())
+    store.path.parent.chmod(0o700)
+    store.path.chmod(0o640)
+    with pytest.raises(SignInError, match=f"chmod 600 {store.path}"):
+        asyncio.run(store.get_tokens())
