@@ -1,7 +1,7 @@
 # idemops: `make run` serves the platform, `make test` runs the whole suite.
 # Both start from nothing: they create .venv and install what they need
 # (requirements.txt to run; requirements-dev.txt adds tests, linters, benchmarks; `make test`
-# also installs the TypeScript MCP client of tests/interop with npm ci: Node 20 and npm).
+# also installs the TypeScript MCP client of tests/interop with npm ci: Node and npm, see README.md's Quick start).
 
 PYTHON ?= python3.11
 VENV   := .venv
@@ -14,10 +14,13 @@ INTEROP := tests/interop/node_modules/.package-lock.json
 
 .PHONY: run test bench bench-quick install install-dev install-interop db-stop clean lint settings-doc screenshots
 
-$(RUNTIME): requirements.txt
+$(RUNTIME): requirements.txt idemops_client/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	# The agent's side too (its one dependency, mcp, is in requirements.txt): .venv/bin/idemops-client, the proxy
+	# for MCP hosts. Editable, so the command runs this tree's client.
+	$(PY) -m pip install --quiet --no-deps --editable ./idemops_client
 	@touch $(RUNTIME)
 
 $(DEV): $(RUNTIME) requirements-dev.txt

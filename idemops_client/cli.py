@@ -1,10 +1,12 @@
 """The `idemops-client` command (also `python -m idemops_client`).
 
     idemops-client proxy --url https://idemops.example/mcp --token idm_...   # or IDEMOPS_TOKEN=idm_...
+    idemops-client proxy --url https://idemops.example/mcp --oauth           # signs in in the browser (oauth.py)
     idemops-client demo --url ... --token ...
 
 `proxy` is a stdio MCP server for MCP hosts (see proxy.py). Before serving it lists the
-server's tools once: a wrong URL, a refused token or an unusable ledger ends it at once with
+server's tools once (with --oauth, after signing in): a wrong URL, a refused token, a refused
+sign-in, a token file others may read or an unusable ledger ends it at once with
 a message on stderr (which hosts show in their MCP logs) and exit status 2, before any call.
 """
 
@@ -17,16 +19,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
+from mcp.client.auth import OAuthClientProvider
 
+from idemops_client import oauth
 from idemops_client.client import IdempotentClient
 from idemops_client.errors import ClientError, ToolCallError
 from idemops_client.ledger import Ledger
+from idemops_client.oauth import DEFAULT_CALLBACK_PORT, SignInError, token_path
 from idemops_client.retry import RetryPolicy
 
 TOKEN_ENV = "IDEMOPS_TOKEN"
 URL_ENV = "IDEMOPS_URL"
-OAUTH_NOT_YET = ("OAuth: not yet supported by the idemops server (it issues bearer tokens only); "
-                 f"use --token or {TOKEN_ENV}")
 
 
 def default_ledger() -> Path:
@@ -41,7 +44,10 @@ def parser() -> argparse.ArgumentParser:
     proxy.add_argument("--url", default=os.environ.get("IDEMOPS_URL"), help=f"the server's MCP URL (or {URL_ENV})")
     auth = proxy.add_mutually_exclusive_group()
     auth.add_argument("--token", default=None, help=f"a bearer token (or {TOKEN_ENV}, which keeps it out of ps)")
-    auth.add_argument("--oauth", action="store_true", help="OAuth sign-in: not yet supported by the server")
+    auth.add_argument("--oauth", action="store_true",
+                      help="sign in by OAuth in the browser (tokens kept in ~/.config/idemops-client/oauth/)")
+    proxy.add_argument("--callback-port", type=int, default=DEFAULT_CALLBACK_PORT,
+                       help="with --oauth: the port on 127.0.0.1 the sign-in's redirect comes back to")
     proxy.add_argument("--ledger", type=Path, default=None, help=f"the ledger file (default {default_ledger()})")
     proxy.add_argument("--session", default="proxy",
                        help="the session the keys are derived in (one per agent; kept across restarts)")
@@ -60,13 +66,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return demo.main(argv[1:])
     args = parser().parse_args(argv)
-    if args.oauth:
-        return fail(OAUTH_NOT_YET)
-    token = args.token or os.environ.get("IDEMOPS_TOKEN")
+    token = None if args.oauth else args.token or os.environ.get("IDEMOPS_TOKEN")
     if not args.url:
         return fail(f"no server: give --url https://HOST/mcp (or set {URL_ENV})")
-    if not token:
-        return fail(f"no token: give --token idm_... or set {TOKEN_ENV}. " + OAUTH_NOT_YET)
+    if not token and not args.oauth:
+        return fail(f"no token: give --token idm_... or set {TOKEN_ENV}, or sign in with --oauth")
+    auth: OAuthClientProvider | None = None
+    if args.oauth:
+        try:
+            auth = oauth.provider(args.url, callback_port=args.callback_port)
+        except SignInError as error:
+            return fail(str(error))
     policy = RetryPolicy(max_attempts=args.max_attempts, max_seconds=args.max_seconds,
                          attempt_timeout=min(30.0, args.max_seconds))
     try:
@@ -75,19 +85,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         ledger = Ledger(ledger_path)
     except (ClientError, OSError) as error:
         return fail(str(error))
-    return anyio.run(serve, args.url, token, ledger, args.session, policy)
+    return anyio.run(serve, args.url, token, ledger, args.session, policy, auth)
 
 
-async def serve(url: str, token: str, ledger: Ledger, session: str, policy: RetryPolicy) -> int:
+async def serve(url: str, token: str | None, ledger: Ledger, session: str, policy: RetryPolicy,
+                auth: OAuthClientProvider | None = None) -> int:
     from idemops_client.proxy import Proxy
 
+    if auth is not None:
+        try:
+            await oauth.sign_in(url, auth)
+        except Exception as error:  # the SDK's OAuthFlowError, a refused registration, an HTTP failure...
+            return fail(f"cannot sign in to {url} by OAuth: {error}")
     # The start-up check answers fast: a host waits for the proxy to come up.
     startup = RetryPolicy(max_attempts=2, max_seconds=15, attempt_timeout=10, base_delay=0.2)
-    async with IdempotentClient(url, token, ledger=ledger, session_id=session, policy=startup) as client:
+    async with IdempotentClient(url, token, ledger=ledger, session_id=session, policy=startup, auth=auth) as client:
         try:
             tools = await client.tools()
         except ToolCallError as error:
-            return fail(startup_message(url, error))
+            return fail(startup_message(url, error, oauth=auth is not None))
         if client.prepare_tool not in tools:
             print(f"idemops-client proxy: {url} offers no {client.prepare_tool}: a high-risk tool (one that takes "
                   "only ids the server issues) is refused with a message saying so.", file=sys.stderr)
@@ -98,7 +114,10 @@ async def serve(url: str, token: str, ledger: Ledger, session: str, policy: Retr
     return 0
 
 
-def startup_message(url: str, error: ToolCallError) -> str:
+def startup_message(url: str, error: ToolCallError, *, oauth: bool = False) -> str:
+    if error.error_class == "unauthorized" and oauth:
+        return (f"the server at {url} refused the OAuth token ({error.message}): the connection was revoked? "
+                f"Delete {token_path(url)} and start the proxy again to sign in again.")
     if error.error_class == "unauthorized":
         return (f"the server at {url} refused the token ({error.message}): it is wrong, expired or revoked. "
                 "Issue a new one (manage.py issue_token) and restart the proxy with it.")

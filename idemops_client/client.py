@@ -126,8 +126,10 @@ class CallResult:
 class IdempotentClient:
     def __init__(self, url: str, token: str | None = None, *, ledger: LedgerStore | None = None,
                  session_id: str = "default", policy: RetryPolicy | None = None,
-                 headers: Mapping[str, str] | None = None, rng: random.Random | None = None):
+                 headers: Mapping[str, str] | None = None, rng: random.Random | None = None,
+                 auth: httpx2.Auth | None = None):
         self.url = url
+        self._auth = auth  # in place of a token: e.g. the SDK's OAuthClientProvider (the proxy's --oauth)
         self.session_id = session_id
         self.store: LedgerStore = ledger if ledger is not None else MemoryLedger()
         self.policy = policy or RetryPolicy()
@@ -156,7 +158,7 @@ class IdempotentClient:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> IdempotentClient:
-        self._http = httpx2.AsyncClient(headers=self._headers, event_hooks={"response": [observe]},
+        self._http = httpx2.AsyncClient(headers=self._headers, auth=self._auth, event_hooks={"response": [observe]},
                                         timeout=httpx2.Timeout(self.policy.attempt_timeout, connect=10))
         self._dialer = Dialer(self.url, self._http, self.policy.attempt_timeout)
         self.store.purge_expired()
@@ -306,7 +308,7 @@ class IdempotentClient:
                                             key=entry.key, fingerprint=digest, arguments=business)
             return await self._write(tool, detached, arguments, policy, may_prepare=False, persist=False)
         if entry.state == State.DONE:
-            return CallResult(tool=tool, structured=entry.result or {}, key=entry.key,
+            return CallResult(tool=tool, structured=replayed_copy(entry.result or {}), key=entry.key,
                               operation_id=entry.operation_id, replayed=True, from_ledger=True, entry=entry)
         return await self._write(tool, entry, arguments, policy, may_prepare=key is None)
 
@@ -483,6 +485,15 @@ class IdempotentClient:
 
 
 # --- reading answers -------------------------------------------------------------------------------
+
+
+def replayed_copy(structured: dict[str, Any]) -> dict[str, Any]:
+    """A recorded first answer, given again: its `idempotency.replayed` says so, as the server's own replay
+    does (the first answer said false, and a ledger answer marked replayed in `_meta` must not contradict it)."""
+    answer = dict(structured)
+    if isinstance(answer.get("idempotency"), dict):
+        answer["idempotency"] = {**answer["idempotency"], "replayed": True}
+    return answer
 
 
 def tool_info(tool: Any, advertisement: Advertisement | None = None) -> ToolInfo:

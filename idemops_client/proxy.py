@@ -2,8 +2,12 @@
 
     idemops-client proxy --url https://idemops.example/mcp --token idm_...
 
-The host sees the remote tools unchanged (tools/list is the server's listing). Each
-tools/call goes through `IdempotentClient.call`: a write without a key gets the derived key
+The host sees the remote tools with one change: a write tool's `idempotency_key` argument is left
+out of its input schema. A model that follows a schema demanding a key invents a new one at each
+re-plan, and a new key is a new operation; so the proxy derives the key itself, and an
+`idempotency_key` argument a host sends anyway (one its model made up) is set aside. A key the host
+sends in `_meta` (`io.idemops/idempotency-key`) is a deliberate choice of the host, and wins.
+Each tools/call goes through `IdempotentClient.call`: a write gets the derived key
 (the session is the proxy's `--session`, so a restarted host derives the same keys), an
 identical call already done is answered from the ledger, a lost answer is asked again with
 the same key, and a high-risk tool gets its server-issued operation id. The ledger is offered
@@ -17,6 +21,8 @@ server's, listed with their own schemas, not functions of this process.
 from __future__ import annotations
 
 import json
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import mcp_types as types
@@ -36,13 +42,37 @@ INSTRUCTIONS = (
     "what is unknown and what waits for a person before planning more writes."
 )
 
+KEY_ARGUMENT = "idempotency_key"
+
+
+def package_version() -> str:
+    """The installed idemops-client's version, or, run from the source tree, its pyproject's."""
+    try:
+        return metadata.version("idemops-client")
+    except metadata.PackageNotFoundError:
+        import tomllib
+
+        with (Path(__file__).parent / "pyproject.toml").open("rb") as pyproject:
+            return str(tomllib.load(pyproject)["project"]["version"])
+
+
+def without_key(tool: types.Tool) -> types.Tool:
+    """A write tool as the host's model sees it: the key is the proxy's to derive, not the model's to invent."""
+    schema = dict(tool.input_schema or {})
+    schema["properties"] = {name: value for name, value in (schema.get("properties") or {}).items()
+                            if name != KEY_ARGUMENT}
+    if "required" in schema:
+        schema["required"] = [name for name in schema["required"] if name != KEY_ARGUMENT]
+    return tool.model_copy(update={"input_schema": schema})
+
+
 class Proxy:
     """The MCP server side of the proxy, serving one IdempotentClient."""
 
     def __init__(self, client: IdempotentClient):
         self.client = client
         self.server: Server[Any] = Server(
-            "idemops-client-proxy", version="0.2.0", instructions=INSTRUCTIONS,
+            "idemops-client-proxy", version=package_version(), instructions=INSTRUCTIONS,
             on_list_tools=self._list_tools, on_call_tool=self._call_tool,
             on_list_resources=self._list_resources, on_read_resource=self._read_resource,
             on_list_prompts=self._list_prompts, on_get_prompt=self._get_prompt)
@@ -55,15 +85,22 @@ class Proxy:
 
     async def _list_tools(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
                           ) -> types.ListToolsResult:
-        return await self.client.listing()
+        listing = await self.client.listing()
+        writes = {name for name, info in (await self.client.tools()).items() if info.writes}
+        return listing.model_copy(update={"tools": [without_key(tool) if tool.name in writes else tool
+                                                    for tool in listing.tools]})
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
                          ) -> types.CallToolResult:
         meta = dict(ctx.meta or {}) if ctx.meta is not None else {}
         key = meta.get(META_KEY)
+        arguments = dict(params.arguments or {})
+        tools = await self.client.tools()
+        if params.name in tools and tools[params.name].writes:
+            # Not in the schema the host was shown: a model's invention, fresh at every re-plan.
+            arguments.pop(KEY_ARGUMENT, None)
         try:
-            result = await self.client.call(params.name, params.arguments or {},
-                                            key=key if isinstance(key, str) else None)
+            result = await self.client.call(params.name, arguments, key=key if isinstance(key, str) else None)
         except ToolCallError as error:
             return error_result(error)
         return tool_result(result)

@@ -12,8 +12,8 @@ from idemops.conf import override_conf
 from tests.operators import agent_owner
 from tools_app import access
 from tools_app.management.commands.serve import banner
-from tools_app.management.demo import ensure_demo
-from tools_app.models import ApiToken, AuditEvent, Tenant
+from tools_app.management.demo import DEMO_STEP_UP_AMOUNT, ensure_demo
+from tools_app.models import ApiToken, ApprovalSettings, AuditEvent, Tenant
 
 
 @pytest.mark.django_db
@@ -89,6 +89,8 @@ def test_the_demo_is_created_once_and_its_token_works(settings, tmp_path):
     alice = User.objects.get(username="alice")
     assert alice.email and alice.has_perm("tools_app.decide_approvalrequest") and not alice.is_superuser
     assert (tmp_path / "demo-credentials.json").stat().st_mode & 0o077 == 0
+    # a large approval asks for a fresh code: the demo has a step-up amount, below the banner's payment
+    assert ApprovalSettings.objects.get(tenant__slug="demo").step_up_amount == DEMO_STEP_UP_AMOUNT < 2500
     # both people are enrolled with an authenticator whose secret the banner prints: its code verifies
     for role, person in (("admin", "admin"), ("approver", "alice")):
         device = TOTPDevice.objects.get(user__username=person, confirmed=True)

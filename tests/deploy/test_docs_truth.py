@@ -11,15 +11,27 @@ from __future__ import annotations
 import ast
 import importlib
 import io
+import json
 import re
+import subprocess
+import sys
 import tokenize
+from datetime import timedelta
 from pathlib import Path
 
+import httpx2
 import pytest
 from django.core.management import get_commands
+from django.db import transaction
 from django.urls import Resolver404, resolve
+from django.utils import timezone
 
+from tests.processes import Service, child_env, downstream_env, free_port
+from tools_app import engine
 from tools_app.core.errors import ErrorClass
+from tools_app.models import IdempotencyRecord, RecordStatus, Tenant
+from tools_app.toolkit.calls import Caller, validate_arguments, write_operation
+from tools_app.toolkit.registry import get_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -381,3 +393,74 @@ def test_the_readme_lists_every_tool_and_the_docs_every_command():
 
     assert [spec.name for spec in all_tools() if f"`{spec.name}`" not in readme] == []
     assert [command for command in ours if f"manage.py {command}" not in everything] == []
+
+
+# --- the README's commands, run as written against a served stack ---------------------------------------
+
+
+def readme_block(containing: str) -> list[str]:
+    """The lines of the README's fenced shell block that contains `containing`."""
+    blocks = re.findall(r"^```sh\n(.*?)^```", text_of(ROOT / "README.md"), re.MULTILINE | re.DOTALL)
+    [block] = [block for block in blocks if containing in block]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def an_unknown_payment_of(tenant_slug: str, gateway_url: str) -> int:
+    """A request_payment of the tenant that reached the gateway and paid, whose executor then died: UNKNOWN once
+    its lease ran out. Not due for an hour, so the stack's reconciliation loop leaves it to the operator's
+    "reconcile now" (which asks the gateway whatever the schedule says)."""
+    payment = {"amount": "42.50", "currency": "EUR", "payee": "ACME Supplies", "reference": "INV-README"}
+    spec = get_tool("request_payment")
+    caller = Caller(tenant_id=Tenant.objects.get(slug=tenant_slug).pk, actor=f"agent:{tenant_slug}/billing-agent")
+    operation, _ = write_operation(spec, caller, validate_arguments(spec, {**payment, "idempotency_key": "readme-1"}))
+    record, claimed = engine.claim(operation)
+    assert claimed
+    paid = httpx2.post(f"{gateway_url}/payments", json=payment, headers={"Idempotency-Key": record.downstream_key})
+    assert paid.status_code in (200, 201), paid.text
+    with transaction.atomic():
+        IdempotencyRecord.objects.filter(pk=record.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+        assert record.pk in [expired.pk for expired in engine.expire_leases()]
+        IdempotencyRecord.objects.filter(pk=record.pk).update(next_reconcile_at=timezone.now() + timedelta(hours=1))
+    return record.pk
+
+
+@pytest.mark.live
+def test_the_readmes_operator_commands_and_the_client_demo_run_as_written_on_a_served_stack(
+        transactional_db, tmp_path, gateway, sink):
+    """`manage.py serve` as `make run` starts it (the demo on; the test's downstream systems in place of the
+    demo's, as IDEMOPS_RUN_DEMO_DOWNSTREAMS=0 allows), then every line of the Operators block, then the client
+    demo twice against the demo tenant: each line exits 0, and each demo run ends `duplicates 0`."""
+    port = free_port()
+    env = child_env(IDEMOPS_RUN_DEMO_DOWNSTREAMS="false", IDEMOPS_VAR_DIR=str(tmp_path), IDEMOPS_Q_WORKERS="1",
+                    IDEMOPS_EMBEDDED_DATABASE="false",  # the test database is not serve's to stop
+                    **downstream_env(gateway, sink))
+    serve = Service("serve-readme", [sys.executable, "manage.py", "serve", "--port", str(port)], env)
+    try:
+        serve.wait_http(f"http://127.0.0.1:{port}/readyz", timeout=180)
+        operators = readme_block("manage.py create_tenant")
+        assert len(operators) >= 12, operators
+        reconciled = ""
+        for line in operators:
+            operator_reconciles = " ID " in line
+            if operator_reconciles:
+                line = line.replace(" ID ", f" {an_unknown_payment_of('acme', gateway.url)} ")
+            done = subprocess.run(["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=300)
+            assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
+            reconciled = done.stdout if operator_reconciles else reconciled
+        assert "succeeded" in reconciled  # the gateway had paid
+        assert IdempotencyRecord.objects.get(tool="request_payment").status == RecordStatus.SUCCEEDED
+
+        [demo_line] = [line for line in text_of(ROOT / "README.md").splitlines()
+                       if "python -m idemops_client.demo --url" in line]
+        words = re.search(r"`(python -m idemops_client\.demo --url \S+ --token )…`", demo_line)
+        assert words, demo_line
+        token = json.loads((tmp_path / "demo-credentials.json").read_text())["token"]
+        command = words.group(1).replace("http://127.0.0.1:8000", f"http://127.0.0.1:{port}") + token
+        for run in (1, 2):  # the second run on a tenant that already holds the first run's document
+            demo = subprocess.run(["bash", "-c", command.replace("python", sys.executable, 1)], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=600)
+            last = demo.stdout.strip().splitlines()[-1] if demo.stdout.strip() else ""
+            assert demo.returncode == 0 and last.endswith("duplicates 0"), f"run {run}:\n{demo.stdout}\n{demo.stderr}"
+    finally:
+        serve.stop(grace=30)

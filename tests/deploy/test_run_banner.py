@@ -9,7 +9,9 @@ import pytest
 from tests.mcp_client import answer_of, post_raw
 from tests.operators import make_operator
 from tools_app.access.roles import APPROVER
+from tools_app.approvals.thresholds import needs_step_up
 from tools_app.management.commands.serve import banner
+from tools_app.management.demo import DEMO_STEP_UP_AMOUNT
 from tools_app.models import ApprovalRequest, ApprovalSettings, ApprovalStatus, OutboxEvent, Tenant
 
 pytestmark = pytest.mark.live
@@ -22,11 +24,14 @@ def pasted(text: str) -> list[dict]:
 
 def test_the_banners_calls_work_and_its_payment_waits_for_the_approver_who_is_emailed(web_server, token):
     acme = Tenant.objects.get(slug="acme")
-    ApprovalSettings.objects.create(tenant=acme, payment_threshold=1000)  # as the demo tenant has
+    ApprovalSettings.objects.create(tenant=acme, payment_threshold=1000,  # as the demo tenant has
+                                    step_up_amount=DEMO_STEP_UP_AMOUNT)
     alice = make_operator("alice", APPROVER, acme)
     alice.email = "alice@example.invalid"
     alice.save()
-    order, prepare, payment = pasted(banner(web_server.base_url, {"admin_user": "admin", "token": token}))
+    text = banner(web_server.base_url, {"admin_user": "admin", "token": token})
+    order, prepare, payment = pasted(text)
+    assert "not idempotency.operation_id" in text and f"step-up amount ({DEMO_STEP_UP_AMOUNT:,} EUR)" in text
 
     ordered = answer_of(post_raw(web_server.mcp_url, token, order))["result"]
     prepared = answer_of(post_raw(web_server.mcp_url, token, prepare))["result"]
@@ -37,5 +42,6 @@ def test_the_banners_calls_work_and_its_payment_waits_for_the_approver_who_is_em
     assert paid["structuredContent"]["error"]["class"] == "pending_approval"
     request = ApprovalRequest.objects.get(tool="request_payment")
     assert request.status == ApprovalStatus.PENDING
+    assert needs_step_up(request)  # approving it asks alice for a fresh code, as the banner says
     emails = OutboxEvent.objects.filter(kind="notification.email", payload__recipient="alice@example.invalid")
     assert emails.count() == 1

@@ -31,6 +31,7 @@ from tools_app.approvals.models import ApprovalSettings
 DEMO_TENANT = "demo"
 DEMO_ADMIN = "admin"
 DEMO_APPROVER = "alice"
+DEMO_STEP_UP_AMOUNT = 2000
 
 
 def credentials_path() -> Path:
@@ -44,8 +45,10 @@ def ensure_demo() -> dict[str, str]:
     tenant = Tenant.objects.filter(slug=DEMO_TENANT).first()
     if tenant is None:
         tenant = access.create_tenant(DEMO_TENANT, "Demo tenant", actor="system:demo")
-        # So the demo shows approvals: payments above 1,000 EUR wait for a person, above 10,000 for two.
-        ApprovalSettings.objects.create(tenant=tenant, payment_threshold=1000, payment_second_threshold=10000)
+        # So the demo shows approvals: payments above 1,000 EUR wait for a person, above 10,000 for two, and
+        # approving one above 2,000 (the banner's 2,500) asks for a fresh authenticator code (step-up).
+        ApprovalSettings.objects.create(tenant=tenant, payment_threshold=1000, payment_second_threshold=10000,
+                                        step_up_amount=DEMO_STEP_UP_AMOUNT)
     User = get_user_model()
     admin = User.objects.filter(username=DEMO_ADMIN).first()
     if admin is None:

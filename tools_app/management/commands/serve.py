@@ -24,7 +24,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from idemops import embedded_pg
 from idemops.conf import conf
 from tools_app.core import polling
-from tools_app.management.demo import ensure_demo
+from tools_app.management.demo import DEMO_STEP_UP_AMOUNT, ensure_demo
 from tools_app.management.supervisor import Child, EmbeddedPostgres, KeepsDying, Supervised, Supervisor, stop_processes
 
 # granian's access line in uvicorn's shape (its path carries no query string).
@@ -176,9 +176,12 @@ Create an order (run it twice: the second call returns the same order, marked re
   {order}
 
 Ask for a payment above 1,000 EUR: it waits in Pending approvals, and alice is emailed. A payment is
-high-risk, so the server names it: prepare it, then pay with the operation_id it answers in place of OPERATION_ID:
+high-risk, so the server names it: prepare it, then pay with the "operation_id" at the top of its
+structuredContent in place of OPERATION_ID (not idempotency.operation_id: that one names the prepare call):
   {prepare}
   {payment}
+It is above the demo's step-up amount ({DEMO_STEP_UP_AMOUNT:,} EUR): approving it asks alice for a fresh
+authenticator code once the code of her login is older than {conf().step_up_minutes:g} minutes.
 
 Ctrl-C stops everything.
 """
