@@ -18,6 +18,7 @@ pytest_plugins = ["tests.task_stack", "tests.observability_support"]
 LONG_FILES_FIRST = (
     "tests/platform/test_package.py", "tests/deploy/test_bench_quick.py", "tests/platform/test_adopting.py",
     "tests/api/test_api_contract.py", "tests/console/test_operator_permissions.py", "tests/deploy/test_docs_truth.py",
+    "tests/incidents/test_outage_ends_by_itself.py", "tests/incidents/test_breaker_and_limits.py",
 )
 
 

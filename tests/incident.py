@@ -54,6 +54,7 @@ class Report:
     unknown_left: int
     not_executed: int
     unfinished: list[str]
+    last_answers: list[str]  # of the unfinished keys: why each agent stopped
 
     @property
     def slowest_after_recovery(self) -> float:
@@ -132,5 +133,7 @@ def report(stack: Stack, recovered_at: float, payments: list[Payment]) -> Report
                                    "ANY(%s) GROUP BY operation_id HAVING count(*) > 1) d", [keys])[0][0]
     held = sum(1 for p in payments for a in p.answers
                if a.error_class == "transient" and {"circuit_open", "paused", "in_flight_limit"} & set(a.error or {}))
+    unfinished = [p for p in payments if p.done_at is None]
     return Report(recovered_at, payments, held, posts, paid, duplicates, escalated, unknown, not_executed,
-                  [p.key for p in payments if p.done_at is None])
+                  [p.key for p in unfinished],
+                  [f"{a.status} {a.error_class}: {a.body[:300]}" for p in unfinished for a in p.answers[-1:]])

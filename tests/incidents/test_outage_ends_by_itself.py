@@ -23,7 +23,7 @@ def test_a_sixty_second_outage_then_silent_commits_leave_nothing_for_a_person_an
 
     # then: one payment per operation, every one the agents started
     assert report.duplicate_operations == 0
-    assert report.unfinished == [], f"keys never completed: {report.unfinished[:5]}"
+    assert report.unfinished == [], f"keys never completed: {report.last_answers[:5]}"
     assert report.gateway_payments == len(report.payments)
     # nothing for a person: no record escalated, none UNKNOWN, none given up as not executed
     assert (report.escalated, report.unknown_left, report.not_executed) == (0, 0, 0)
