@@ -27,6 +27,7 @@ from prometheus_client.metrics_core import Metric as MetricFamily
 from tools_app.core import counters, jobs
 from tools_app.core.counters import Metric
 from tools_app.core.models import MetricTotal
+from tools_app.incidents.models import PauseScope
 from tools_app.metrics import gauges, processes
 from tools_app.toolkit.registry import ToolSpec, all_tools
 
@@ -133,6 +134,7 @@ class Collector:
         yield processes.build_info()
         yield from processes.process_figures(processes.this_machines_processes())
         yield from self._gauges(writes, long_tools, [spec.name for spec in tools if spec.approval is not None])
+        yield from self._incidents({spec.downstream for spec in tools if spec.downstream})
 
     def _jobs(self) -> Iterator[MetricFamily]:
         queue = jobs.queue()
@@ -180,6 +182,19 @@ class Collector:
             oldest.add_metric([tool], now.age(now.approvals_oldest.get(tool)) or 0)
         yield waiting
         yield oldest
+
+    def _incidents(self, declared: set[str]) -> Iterator[MetricFamily]:
+        now = gauges.incidents_now()
+        open_ = GaugeMetricFamily("idemops_downstream_breaker_open", "1 while a downstream system's circuit breaker "
+                                  "holds its calls back (open, or one call probing), else 0.", labels=["downstream"])
+        for downstream in sorted(declared | set(now.breakers)):
+            open_.add_metric([downstream], 1 if now.holding(downstream) else 0)
+        yield open_
+        pauses = GaugeMetricFamily("idemops_pauses", "Operators' pauses standing, by scope (tool, downstream, "
+                                   "tenant: which tenant is not said).", labels=["scope"])
+        for scope in PauseScope.values:
+            pauses.add_metric([scope], now.pauses.get(scope, 0))
+        yield pauses
 
 
 def _summed_buckets(rows: Iterable[Row]) -> list[int] | None:
