@@ -90,7 +90,8 @@ class DownstreamAdmin(ReadOnlyAdmin[Downstream]):
             "pauses": pauses, "may_act": may_act,
             "pause_url": reverse("admin:tools_app_downstream_pause"),
             "close_urls": [(row.name, reverse("admin:tools_app_downstream_close", args=[row.pk]))
-                           for row in Downstream.objects.exclude(state=BreakerState.CLOSED)] if may_act else [],
+                           for row in Downstream.objects.filter(state__in=[BreakerState.OPEN, BreakerState.PROBING])]
+            if may_act else [],
             **(extra_context or {}),
         }
         return super().changelist_view(request, context)

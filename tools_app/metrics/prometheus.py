@@ -32,6 +32,7 @@ from tools_app.metrics import gauges, processes
 from tools_app.toolkit.registry import ToolSpec, all_tools
 
 RECONCILIATION_RESULTS = ("succeeded", "failed", "unknown")
+UNDECLARED = "undeclared"  # the breakers of downstreams no tool declared, as one series
 # [count, sum, buckets]: what a (tool, label) summed to.
 Row = list[Any]
 
@@ -186,9 +187,14 @@ class Collector:
     def _incidents(self, declared: set[str]) -> Iterator[MetricFamily]:
         now = gauges.incidents_now()
         open_ = GaugeMetricFamily("idemops_downstream_breaker_open", "1 while a downstream system's circuit breaker "
-                                  "holds its calls back (open, or one call probing), else 0.", labels=["downstream"])
-        for downstream in sorted(declared | set(now.breakers)):
+                                  "holds its calls back (open, or one call probing), else 0; downstreams no tool "
+                                  "declared together as \"undeclared\".", labels=["downstream"])
+        # A declared name is the registry's; a breaker known only by a URL's host (a tool that declared no
+        # downstream) is not named in a label: hosts are unbounded, and may be a tenant's own endpoint.
+        for downstream in sorted(declared):
             open_.add_metric([downstream], 1 if now.holding(downstream) else 0)
+        undeclared = set(now.breakers) - declared
+        open_.add_metric([UNDECLARED], 1 if any(now.holding(name) for name in undeclared) else 0)
         yield open_
         pauses = GaugeMetricFamily("idemops_pauses", "Operators' pauses standing, by scope (tool, downstream, "
                                    "tenant: which tenant is not said).", labels=["scope"])
