@@ -123,3 +123,35 @@ def test_make_runs_banner_points_a_new_operator_at_the_console_its_queues_and_th
     assert "user alice  password pw-alice" in text and "emailed" in text
     assert "authenticator secret SECRETALICE  otpauth://totp/idemops:alice" in text
     assert '"name":"request_payment"' in text and "http://127.0.0.1:8002/messages" in text
+
+
+def test_an_operator_pauses_and_resumes_a_tool_from_the_shell_on_their_own_authority(transactional_db):
+    import subprocess
+
+    from tests.operators import make_operator
+    from tests.processes import manage
+    from tools_app.access.roles import OPERATOR
+    from tools_app.incidents.models import Pause
+
+    User.objects.create_superuser("root", password="pw")
+    make_operator("alice", OPERATOR, access.create_tenant("acme"))
+
+    paused = manage("pause", "--tool", "create_order", "--reason", "bad prices", "--user", "root", env={})
+    listed = manage("pause", "--list", env={})
+    pause = Pause.objects.get()
+    with pytest.raises(subprocess.CalledProcessError) as not_everyones:  # alice sees acme only
+        manage("resume", "--tool", "create_order", "--user", "alice", env={})
+    with pytest.raises(subprocess.CalledProcessError) as unknown:
+        manage("pause", "--tool", "create_ordr", "--reason", "typo", "--user", "root", env={})
+    still = Pause.objects.count()
+    resumed = manage("resume", "--tool", "create_order", "--reason", "fixed", "--user", "root", env={})
+
+    assert "paused tool create_order" in paused.stdout
+    assert (pause.scope, pause.target, pause.reason, pause.paused_by) == ("tool", "create_order", "bad prices",
+                                                                          "user:root")
+    assert "paused tool create_order by user:root" in listed.stdout and "bad prices" in listed.stdout
+    assert "not resumed" in not_everyones.value.stderr and "no tool named 'create_ordr'" in unknown.value.stderr
+    assert still == 1 and "resumed tool create_order" in resumed.stdout and not Pause.objects.exists()
+    assert list(AuditEvent.objects.filter(action__startswith="pause.").order_by("seq").values_list(
+        "action", "actor")) == [("pause.started", "user:root"), ("pause.refused", "user:alice"),
+                                ("pause.ended", "user:root")]

@@ -61,7 +61,8 @@ def test_every_metric_the_alerts_and_the_dashboard_use_is_served(db):
     assert {alert for alert in re.findall(r"alert: (\w+)", (PROMETHEUS / "alerts.yml").read_text())} == {
         "IdemopsUnknownOutcomes", "IdemopsProcessingTimeouts", "IdemopsDeadLetteredEvents",
         "IdemopsApprovalsWaitingTooLong", "IdemopsOutboxLagging", "IdemopsTaskWorkersDying",
-        "IdemopsNoJobClusterAlive", "IdemopsJobsWaitingTooLong", "IdemopsProcessesRestarting"}
+        "IdemopsNoJobClusterAlive", "IdemopsJobsWaitingTooLong", "IdemopsProcessesRestarting",
+        "IdemopsCircuitBreakerOpen"}
 
 
 def test_every_runbook_url_of_an_alert_leads_to_a_section_of_the_runbook():

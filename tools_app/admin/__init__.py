@@ -10,6 +10,7 @@ from tools_app.admin import (  # noqa: F401
     audit,
     auditors,
     dashboard,
+    downstreams,
     limits,
     oauth,
     outbox,

@@ -1,6 +1,7 @@
 """What is stuck right now, read from the rows themselves when asked (a scrape, a dashboard view):
 UNKNOWN records, leases overrun, unfinished tasks by status, outbox events by status and the
-oldest one waiting, approval requests waiting and the oldest of them. Each is one grouped count
+oldest one waiting, approval requests waiting and the oldest of them; and, for /metrics, each
+downstream's circuit breaker and the operators' pauses by scope (`incidents_now`). Each is one grouped count
 over an index; nothing is cached, so `/metrics` and the dashboard read the same numbers.
 """
 
@@ -16,6 +17,7 @@ from django.utils import timezone
 from tools_app import access
 from tools_app.approvals.models import ApprovalRequest, ApprovalStatus
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
+from tools_app.incidents.models import BreakerState, Downstream, Pause
 from tools_app.outbox.models import OutboxEvent, OutboxStatus
 from tools_app.tasks.models import Task, TaskStatus
 
@@ -69,3 +71,20 @@ def now(viewer: object | None = None, at: datetime | None = None) -> Now:
     for tool, n, oldest in pending.values_list("tool").annotate(n=Count("id"), oldest=Min("created_at")).order_by():
         figures.approvals_waiting[tool], figures.approvals_oldest[tool] = n, oldest
     return figures
+
+
+@dataclass
+class Incidents:
+    breakers: dict[str, str] = field(default_factory=dict)  # downstream -> its breaker's state, as stored
+    pauses: dict[str, int] = field(default_factory=dict)  # scope -> pauses standing
+
+    def holding(self, downstream: str) -> bool:
+        """Whether `downstream`'s breaker holds calls back (open, or one call probing): a state that
+        is not one of the breaker's (a corrupt row) holds nothing back, as the gate reads it."""
+        return self.breakers.get(downstream) in (BreakerState.OPEN, BreakerState.PROBING)
+
+
+def incidents_now() -> Incidents:
+    """The platform's breakers and pauses (no tenant's: a tenant's pause counts in its scope only)."""
+    return Incidents(breakers=dict(Downstream.objects.values_list("name", "state")),
+                     pauses=dict(Pause.objects.values_list("scope").annotate(n=Count("id")).order_by()))

@@ -27,10 +27,12 @@ from prometheus_client.metrics_core import Metric as MetricFamily
 from tools_app.core import counters, jobs
 from tools_app.core.counters import Metric
 from tools_app.core.models import MetricTotal
+from tools_app.incidents.models import PauseScope
 from tools_app.metrics import gauges, processes
 from tools_app.toolkit.registry import ToolSpec, all_tools
 
 RECONCILIATION_RESULTS = ("succeeded", "failed", "unknown")
+UNDECLARED = "undeclared"  # the breakers of downstreams no tool declared, as one series
 # [count, sum, buckets]: what a (tool, label) summed to.
 Row = list[Any]
 
@@ -133,6 +135,7 @@ class Collector:
         yield processes.build_info()
         yield from processes.process_figures(processes.this_machines_processes())
         yield from self._gauges(writes, long_tools, [spec.name for spec in tools if spec.approval is not None])
+        yield from self._incidents({spec.downstream for spec in tools if spec.downstream})
 
     def _jobs(self) -> Iterator[MetricFamily]:
         queue = jobs.queue()
@@ -180,6 +183,24 @@ class Collector:
             oldest.add_metric([tool], now.age(now.approvals_oldest.get(tool)) or 0)
         yield waiting
         yield oldest
+
+    def _incidents(self, declared: set[str]) -> Iterator[MetricFamily]:
+        now = gauges.incidents_now()
+        open_ = GaugeMetricFamily("idemops_downstream_breaker_open", "1 while a downstream system's circuit breaker "
+                                  "holds its calls back (open, or one call probing), else 0; downstreams no tool "
+                                  "declared together as \"undeclared\".", labels=["downstream"])
+        # A declared name is the registry's; a breaker known only by a URL's host (a tool that declared no
+        # downstream) is not named in a label: hosts are unbounded, and may be a tenant's own endpoint.
+        for downstream in sorted(declared):
+            open_.add_metric([downstream], 1 if now.holding(downstream) else 0)
+        undeclared = set(now.breakers) - declared
+        open_.add_metric([UNDECLARED], 1 if any(now.holding(name) for name in undeclared) else 0)
+        yield open_
+        pauses = GaugeMetricFamily("idemops_pauses", "Operators' pauses standing, by scope (tool, downstream, "
+                                   "tenant: which tenant is not said).", labels=["scope"])
+        for scope in PauseScope.values:
+            pauses.add_metric([scope], now.pauses.get(scope, 0))
+        yield pauses
 
 
 def _summed_buckets(rows: Iterable[Row]) -> list[int] | None:
