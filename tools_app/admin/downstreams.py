@@ -4,10 +4,8 @@ downstream system or one tenant's writes (with a reason the agents hear), and cl
 hand once the downstream is known to be back.
 
 Thin: pauses.pause/resume check PAUSE, the tenant and the second factor themselves (access.authorize)
-and audit the change. A breaker's state belongs to no tenant, so closing one by hand is as
-platform-wide as pausing its downstream: the same Permit, checked here on the downstream's pause
-subject, before breaker.reset makes the audited transition. Names are checked against the registry
-(toolkit.pause_targets).
+and audit the change; breaker.reset checks the same for closing a breaker by hand. Names are checked
+against the registry (toolkit.pause_targets).
 
 A crafted POST without the permission, or from a session that entered no second-factor code, is
 answered 403 and its refusal is an audit event; nothing changes.
@@ -166,11 +164,9 @@ class DownstreamAdmin(ReadOnlyAdmin[Downstream]):
         form = CloseForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             try:
-                # Who may pause this downstream may close its breaker (see the module's docstring).
-                actor = access.authorize(request.user, PAUSE, Pause(scope=PauseScope.DOWNSTREAM, target=row.name))
+                closed = breaker.reset(row, request.user, reason=form.cleaned_data["reason"])
             except PermissionDenied as refused:
                 raise DjangoPermissionDenied(refused.message) from None
-            closed = breaker.reset(row, actor=actor, reason=form.cleaned_data["reason"])
             self.message_user(request, f"{row.name}: " + ("circuit breaker closed: calls run again" if closed else
                               "not closed: its breaker was not open (it may have closed by itself)"),
                               messages.SUCCESS if closed else messages.WARNING)

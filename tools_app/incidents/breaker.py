@@ -17,12 +17,18 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from idemops.conf import conf
+from tools_app import access
 from tools_app.core import clock, db
 from tools_app.core.errors import Held
 from tools_app.incidents import state
-from tools_app.incidents.models import BreakerState, Downstream
+from tools_app.incidents.models import BreakerState, Downstream, Pause, PauseScope
+from tools_app.incidents.pauses import PAUSE
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
 
 logger = logging.getLogger(__name__)
 SYSTEM = "system:circuit-breaker"
@@ -129,8 +135,10 @@ def record_success(downstream: str) -> None:
         Downstream.objects.filter(pk=row.pk, state=BreakerState.CLOSED).update(failures=0, window_started_at=None)
 
 
-def reset(downstream: Downstream, *, actor: str, reason: str) -> bool:
-    """An operator closes a breaker by hand (the downstream is known to be back)."""
+def reset(downstream: Downstream, user: User | AnonymousUser, *, reason: str) -> bool:
+    """An operator closes a breaker by hand (the downstream is known to be back). A breaker's state
+    belongs to no tenant: who may pause its downstream (pauses.PAUSE, for every tenant) may close it."""
+    actor = access.authorize(user, PAUSE, Pause(scope=PauseScope.DOWNSTREAM, target=downstream.name))
     done = db.transition(downstream, {"state__in": [BreakerState.OPEN, BreakerState.PROBING]}, {
         "state": BreakerState.CLOSED, "failures": 0, "probe_until": None, "next_probe_at": None,
         "window_started_at": None, "updated_at": clock.NOW,

@@ -84,17 +84,22 @@ def _read() -> Snapshot:
         pauses: dict[tuple[str, str], str] = {}
         breakers: dict[str, Breaker] = {}
         read_at = None
+        problems = []
         for kind, first, second, text, failures, at, until in rows:
             if kind == "pause":
                 pauses[(first, second)] = text
             elif kind == "breaker":
                 if second not in BreakerState.values:
-                    raise ValueError(f"downstream {first!r} has an unknown breaker state {second!r}")
+                    # That breaker alone is left out (its downstream's calls run as normal); the rest holds.
+                    problems.append(f"downstream {first!r} has an unknown breaker state {second!r}")
+                    continue
                 breakers[first] = Breaker(second, failures, at, until, text)
             else:
                 read_at = at
-        return Snapshot(pauses, breakers, read_at, time.monotonic())
-    except (DatabaseError, ValueError) as exc:
+        if problems:
+            logger.error("breaker states left out (calls to them run as normal): %s", "; ".join(problems))
+        return Snapshot(pauses, breakers, read_at, time.monotonic(), problem="; ".join(problems)[:500])
+    except DatabaseError as exc:
         logger.error("the pauses and breakers could not be read (%s); calls run as normal", exc)
         return Snapshot(taken=time.monotonic(), problem=f"{type(exc).__name__}: {exc}"[:500])
 
