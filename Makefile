@@ -62,16 +62,19 @@ bench-quick: $(DEV)
 
 # ruff, the import contracts of pyproject.toml ([tool.importlinter]: layers import only downwards) and mypy
 # in strict mode ([tool.mypy]: the platform, the public tool API, the demo, the client, the conformance suite).
+# mypy's Django plugin imports the settings: a DATABASE_URL it never connects to, so that no embedded
+# server is started (and left running) to check types.
 lint: $(DEV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/mypy
+	DATABASE_URL=postgresql://lint@127.0.0.1:1/never $(VENV)/bin/mypy
 
 # docs/settings.md is generated from idemops/conf/fields.py (tests/deploy/test_settings.py fails when it is stale).
 settings-doc: $(RUNTIME)
 	$(PY) -m idemops.conf > docs/settings.md
 
-# Stop the embedded PostgreSQL servers (make run's, the tests' and the benchmarks').
+# Stop the embedded PostgreSQL servers (make run's, and the tests' or benchmarks' left by a killed run: a test
+# session stops the servers it started, tests/conftest.py).
 db-stop: $(RUNTIME)
 	$(PY) -m idemops.embedded_pg stop --pgdata var/pg
 	$(PY) -m idemops.embedded_pg stop --pgdata var/test-pg

@@ -30,6 +30,22 @@ def pytest_collection_modifyitems(items):
     items.sort(key=rank)  # stable: within a file, and for every other file, the order stays
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """The run stops the embedded PostgreSQL servers it started: the one this process started when it read
+    the settings (var/test-pg; a pytest-xdist worker's var/xdist-<worker>/test-pg, the controller's
+    var/test-pg), once every fixture is torn down (trylast: after pytest's own sessionfinish). A server it
+    found running is left alone (idemops.embedded_pg.started_here): another run, or a developer's shell,
+    may be using it. Ten `make test` leave no server behind; `make db-stop` is for `make run`'s."""
+    from django.db import connections
+
+    from idemops import embedded_pg
+
+    connections.close_all()
+    for pgdata in reversed(embedded_pg.started_here):
+        embedded_pg.stop(pgdata)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _counts_flushed_by_hand():
     """In this process, tests flush counts themselves (core.counters.flush): no background thread

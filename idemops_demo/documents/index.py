@@ -179,4 +179,5 @@ def purge_documents(rows: list[Document], now: datetime) -> dict[int | str, dict
     chunks = dict(DocumentChunk.objects.filter(document_id__in=ids).values_list("document_id").annotate(n=Count("pk")))
     DocumentChunk.objects.filter(document_id__in=ids).delete()
     Document.objects.filter(pk__in=ids).delete()
-    return {d.pk: {"task_id": str(d.task_id), "title": d.title, "chunks": chunks.get(d.pk, 0)} for d in rows}
+    # Not the title: it may name a person (ingest_document declares it personal), and audit events stay.
+    return {d.pk: {"task_id": str(d.task_id), "chunks": chunks.get(d.pk, 0)} for d in rows}

@@ -15,11 +15,13 @@ import os
 import re
 from collections import Counter
 from datetime import timedelta
+from decimal import Decimal
 from email.utils import parsedate_to_datetime
 
 import httpx2
 import pytest
 from django.db import connection
+from django.urls import reverse
 from django_q.models import OrmQ
 
 from idemops_demo.models import Announcement
@@ -34,6 +36,8 @@ from tests.task_stack import wait_until
 from tools_app.access.roles import APPROVER
 from tools_app.models import (
     ApprovalRequest,
+    ApprovalSettings,
+    ApprovalStatus,
     AuditEvent,
     IdempotencyRecord,
     StepRun,
@@ -138,6 +142,33 @@ def test_a_storm_of_identical_payments_over_both_web_processes_pays_once_and_ans
     record = IdempotencyRecord.objects.get(key=arguments["idempotency_key"])
     actions = Counter(AuditEvent.objects.filter(object_id=str(record.pk)).values_list("action", flat=True))
     assert (actions["record.claimed"], actions["record.succeeded"], actions["record.reclaimed"]) == (1, 1, 0)
+
+
+def test_a_code_entered_on_web_a_is_fresh_for_a_step_up_approval_on_web_b_an_hour_ahead(webs, token):
+    # given a payment above the tenant's step-up amount waiting for approval, and bob, who has just entered his
+    # code when signing in to web A's admin
+    web_a, web_b = webs
+    tenant = Tenant.objects.get(slug="acme")
+    ApprovalSettings.objects.create(tenant=tenant, payment_threshold=Decimal("100"), step_up_amount=Decimal("1000"),
+                                    threshold_currency="EUR")
+    bob = make_operator("bob", APPROVER, tenant)
+    login_for_the_web_server(bob)
+    arguments = labelled_arguments(web_a.mcp_url, token, "request_payment", {**payment("p-step-up"),
+                                                                             "amount": "5000.00"})
+    pending = error_of(call_sync(web_a.mcp_url, token, "request_payment", arguments))
+    request = ApprovalRequest.objects.get(pk=pending["approval"]["request_id"])
+    admin = admin_session(web_a, "bob")
+
+    # when he approves it on web B, by whose clock that code was entered an hour ago (10 minutes are allowed)
+    act = reverse("admin:tools_app_approvalqueue_act", args=[request.pk, "approve"])
+    approved = admin.post(f"{web_b.base_url}{act}", data={"csrfmiddlewaretoken": admin.cookies["csrftoken"],
+                                                          "reason": "checked the invoice"})
+
+    # then the code counts as just entered (both times are the database's): approved, not asked for again
+    assert approved.status_code == 302 and "stale=1" not in approved.headers["location"], approved.headers
+    assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.APPROVED
+    assert AuditEvent.objects.filter(action="approval.approved", object_id=str(request.pk)).count() == 1
+    assert not AuditEvent.objects.filter(action="approval.refused", object_id=str(request.pk)).exists()
 
 
 def follow(web: WebServer, token: str, task_id: str, rounds: int = 5):

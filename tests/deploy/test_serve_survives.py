@@ -1,7 +1,8 @@
 """One process's death stops nothing else: under a real `manage.py serve` (on an embedded PostgreSQL
 of its own), the job cluster, its sentinel, a worker, the web server and the PostgreSQL server are
-SIGKILLed one at a time; each time /mcp answers again within seconds, and no key is lost. A
-process that keeps dying stops everything."""
+SIGKILLed one at a time; each time /mcp answers again (within seconds when measured: the test prints how
+soon, and waits for it up to a ceiling a busy CI machine stays under), and no key is lost. A process that
+keeps dying stops everything."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ from tools_app.management.supervisor import Child, KeepsDying, Supervisor
 pytestmark = pytest.mark.live
 
 ORDER = {"customer": "ACME", "items": [{"sku": "BOLT-1", "quantity": 1, "unit_price": "4.00"}], "currency": "EUR"}
-BACK_WITHIN_SECONDS = 30  # a bound on a loaded machine, not a pace: each took a few seconds when measured
+# A ceiling, not a pace: each was back within a few seconds when measured; how soon is printed, not asserted
+# (speed belongs to bench/), so that a busy CI machine cannot turn this red.
+BACK_CEILING_SECONDS = 180
 
 
 def serve_env(var: Path, **extra: str) -> dict[str, str]:
@@ -61,7 +64,7 @@ def the_postgres_server(var: Path) -> int:
     return int((var / "pg" / "postmaster.pid").read_text().split()[0])
 
 
-def test_serve_restarts_each_process_killed_and_mcp_answers_again_within_seconds_with_no_key_lost(tmp_path):
+def test_serve_restarts_each_process_killed_and_mcp_answers_again_with_no_key_lost(tmp_path):
     # given `serve` with the demo (its tenant and agent token), on an embedded PostgreSQL of its own
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -85,21 +88,21 @@ def test_serve_restarts_each_process_killed_and_mcp_answers_again_within_seconds
                   ("the postgres server", "postgres", lambda serve_pid: the_postgres_server(tmp_path))]
         took: dict[str, float] = {}
         for what, restarted, find in faults:
-            wait_until(lambda: all_running(serve.process.pid), timeout=BACK_WITHIN_SECONDS, what="every process")
+            wait_until(lambda: all_running(serve.process.pid), timeout=BACK_CEILING_SECONDS, what="every process")
             victim = find(serve.process.pid)
 
             # when one process is SIGKILLed
             os.kill(victim, signal.SIGKILL)
             killed_at = time.monotonic()
 
-            # then /mcp answers again within seconds (the agent retrying its key until it is answered)
+            # then /mcp answers again (the agent retrying its key until it is answered)
             key = "after-" + what.replace(" ", "-")
-            answered[key] = wait_until(lambda key=key: order(key), timeout=BACK_WITHIN_SECONDS,
+            answered[key] = wait_until(lambda key=key: order(key), timeout=BACK_CEILING_SECONDS,
                                         what=f"/mcp to answer after {what} was killed")
             took[what] = time.monotonic() - killed_at
             # and what was killed runs again (a worker is its sentinel's to replace, not serve's)
             wait_until(lambda find=find, victim=victim: alive_other(find, serve.process.pid, victim),
-                       timeout=BACK_WITHIN_SECONDS, what=f"a new {what}")
+                       timeout=BACK_CEILING_SECONDS, what=f"a new {what}")
             if restarted is not None:
                 wait_until(lambda restarted=restarted: f"process {restarted} started again" in serve.log_path.read_text(
                     errors="replace"), what=f"serve's log line for {restarted}")
@@ -185,7 +188,7 @@ def test_a_killed_child_and_what_it_left_in_its_session_are_replaced_by_a_new_on
 
         # when the child is SIGKILLed
         os.kill(first.pid, signal.SIGKILL)
-        wait_until(lambda: supervisor.check() or child.process is not first, timeout=10, what="a new child")
+        wait_until(lambda: supervisor.check() or child.process is not first, timeout=60, what="a new child")
 
         # then the grandchild it left went with it, and a new child runs
         assert not alive(grandchild)

@@ -2,7 +2,6 @@
 
 import asyncio
 import json
-import time
 from datetime import timedelta
 
 import httpx2
@@ -123,7 +122,7 @@ def test_without_a_valid_token_mcp_answers_401(web_server, transactional_db, tok
     assert "Bearer" in response.headers["www-authenticate"]
 
 
-def test_a_token_revoked_elsewhere_is_refused_by_the_web_process_within_the_token_cache_period(web_server, token):
+def test_a_token_revoked_elsewhere_is_refused_by_the_web_process_once_its_cache_period_is_over(web_server, token):
     from idemops.conf import conf
     from tools_app import access
     from tools_app.core import polling
@@ -131,7 +130,6 @@ def test_a_token_revoked_elsewhere_is_refused_by_the_web_process_within_the_toke
 
     assert call_sync(web_server.mcp_url, token, "get_order", {"order_id": 1}).structured_content is not None
     access.revoke_token(ApiToken.objects.get(), actor="user:test")
-    revoked = time.monotonic()
 
     def refused() -> bool:
         response = httpx2.post(web_server.mcp_url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
@@ -139,8 +137,9 @@ def test_a_token_revoked_elsewhere_is_refused_by_the_web_process_within_the_toke
                                         "Accept": "application/json, text/event-stream"})
         return response.status_code == 401
 
-    assert polling.until(refused, seconds=conf().token_cache_seconds + 5, pause=0.1)
-    assert time.monotonic() - revoked < conf().token_cache_seconds + 1
+    # A ceiling a busy machine stays under, not the period itself: that the entry is trusted no longer than
+    # the period is tests/access/test_token_cache.py's to show, with the entry made older instead of a sleep.
+    assert polling.until(refused, seconds=conf().token_cache_seconds + 60, pause=0.1)
 
 
 def test_tools_are_listed_with_truthful_annotations_and_the_key_required(web_server, token):

@@ -1,7 +1,8 @@
 """Retention purges every copy of a call's words: after the purge, no table of the database holds a
 value of a declared personal argument, nor a raw idempotency key; the approvers' messages never
-carried them in the first place. Real tools through the real call path, the real relay to the
-notification sink, then a scan of every table."""
+carried them in the first place. Real tools through the real call path (short tools, approvals, long
+tasks with their webhooks), the real relay to the notification sink, then a scan of every text, JSON
+and binary column of every table, found by asking the database's catalogue."""
 
 import json
 from datetime import timedelta
@@ -11,8 +12,11 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 from django.urls import reverse
+from pydantic import Field
 
 from idemops.conf import override_conf
+from idemops.tools import InvalidInput, Pipeline, Step, StrictModel, WriteInput, long_tool
+from idemops_demo.models import Document
 from tests.approvals_support import pending_request
 from tests.issued_ids import call_labelled
 from tests.jobs import run_queued_jobs
@@ -20,7 +24,9 @@ from tests.operators import make_operator
 from tools_app import approvals, outbox, retention
 from tools_app.access.roles import APPROVER
 from tools_app.core import audit, clock, keys
-from tools_app.models import ApprovalRequest, ApprovalSettings, IdempotencyRecord, OutboxEvent, Task
+from tools_app.models import ApprovalRequest, ApprovalSettings, IdempotencyRecord, OutboxEvent, Task, TaskStatus
+from tools_app.tasks import jobs as task_jobs
+from tools_app.toolkit import registry
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.registry import get_tool
 
@@ -32,17 +38,76 @@ ANNOUNCEMENT = {"title": f"Visit of {CANARY}", "body": f"Dear {CANARY}, welcome"
 EFFECTS = {"idemops_demo_announcement", "idemops_demo_order"}
 
 
-def tables_holding(text: str) -> dict[str, int]:
-    """Every table of the database (all its columns, as text) with how many of its rows contain `text`."""
+# The columns that can hold words, by information_schema's data_type: text, JSON, bytes, and what casts to
+# text (arrays, tsvector and the like: a search index's lexemes are words too).
+SEARCHED_TYPES = ("text", "character varying", "character", "json", "jsonb", "bytea", "ARRAY", "USER-DEFINED",
+                  "xml")
+
+
+def columns_holding(text: str) -> dict[str, int]:
+    """Every column of every table of the database (partitions included) that can hold words, with how many
+    of its rows contain `text`: bytes searched as bytes (a row's text form shows them in hex), the rest as text."""
     found = {}
     with connection.cursor() as cursor:
-        cursor.execute("SELECT schemaname, tablename FROM pg_tables "
-                       "WHERE schemaname NOT IN ('pg_catalog', 'information_schema')")
-        for schema, table in cursor.fetchall():
-            cursor.execute(f'SELECT count(*) FROM "{schema}"."{table}" AS t WHERE t::text ILIKE %s', [f"%{text}%"])
+        cursor.execute("SELECT c.table_schema, c.table_name, c.column_name, c.data_type "
+                       "FROM information_schema.columns c JOIN information_schema.tables t "
+                       "ON (t.table_schema, t.table_name) = (c.table_schema, c.table_name) "
+                       "WHERE t.table_type = 'BASE TABLE' "
+                       "AND c.table_schema NOT IN ('pg_catalog', 'information_schema') "
+                       "AND c.data_type = ANY(%s) ORDER BY 1, 2, c.ordinal_position", [list(SEARCHED_TYPES)])
+        columns = cursor.fetchall()
+        assert {table for _, table, _, _ in columns} >= {"tools_app_task", "tools_app_steprun", "tools_app_outboxevent"}
+        for schema, table, column, data_type in columns:
+            condition = ('position(convert_to(%s, \'UTF8\') in t."{column}") > 0' if data_type == "bytea"
+                         else 't."{column}"::text ILIKE %s').format(column=column)
+            cursor.execute(f'SELECT count(*) FROM "{schema}"."{table}" AS t WHERE {condition}',
+                           [text if data_type == "bytea" else f"%{text}%"])
             if count := cursor.fetchone()[0]:
-                found[table] = count
+                found[f"{table}.{column}"] = count
     return found
+
+
+def tables_holding(text: str) -> dict[str, int]:
+    """The tables of `columns_holding`, with the most rows any of their columns holds it in."""
+    found: dict[str, int] = {}
+    for name, count in columns_holding(text).items():
+        table = name.split(".")[0]
+        found[table] = max(found.get(table, 0), count)
+    return found
+
+
+class FileNoteInput(WriteInput):
+    words: str = Field(max_length=200)
+
+
+class FileNoteOutput(StrictModel):
+    filed: bool
+
+
+def file_note(ctx):
+    # A careless adopter's step: its progress and its error quote the personal argument.
+    ctx.progress(1, 2, f"filing “{ctx.arguments.words}”")
+    raise InvalidInput(f"cannot file “{ctx.arguments.words}”")
+
+
+@pytest.fixture
+def careless_long_tool(monkeypatch):
+    """A long tool, for this test only, whose step quotes its personal argument in its progress and in the
+    error it fails with (task.failure_reason, the step run's error, the task's webhook)."""
+    monkeypatch.setattr(registry, "_TOOLS", dict(registry._TOOLS))
+    return long_tool(name="file_note", title="File a note", description="File a note.", input_model=FileNoteInput,
+                     output_model=FileNoteOutput, pipeline=Pipeline(steps=(Step("file", file_note),)),
+                     personal_fields=frozenset({"words"}))
+
+
+def start_task(caller, tool: str, arguments: dict, notify_url: str, key: str) -> Task:
+    started = call_tool(get_tool("start_task"), caller, {"tool": tool, "arguments": arguments,
+                                                        "notify_url": notify_url, "idempotency_key": key})
+    assert started.error is None, started.error
+    outcome = task_jobs.run_task(started.result["task_id"])
+    task = Task.objects.get(pk=started.result["task_id"])
+    assert task.finished, (outcome, task.status, task.failure_reason)
+    return task
 
 
 def sink_messages(sink) -> list[dict]:
@@ -86,10 +151,12 @@ def test_the_approvers_messages_carry_the_summary_without_personal_values_and_a_
 
 
 def test_after_retention_no_table_holds_a_personal_value_or_a_raw_key_and_the_chain_verifies(
-        caller, alice, webhook, sink, gateway):
+        transactional_db, caller, alice, webhook, sink, gateway, careless_long_tool, fast):
     # given calls whose personal arguments and keys carry the canary, with every copy they make:
     # an approved announcement (its request, the approvers' messages), an order, a notification,
-    # a payment (the gateway's answer kept as evidence)
+    # a payment (the gateway's answer kept as evidence), a long task that ingested a document, and one
+    # whose step quoted the canary in its progress and its failure, each telling a webhook named with
+    # the canary when it ended
     request = announce(caller)
     approvals.approve(request, alice, reason="fine")
     run_queued_jobs()
@@ -105,18 +172,30 @@ def test_after_retention_no_table_holds_a_personal_value_or_a_raw_key_and_the_ch
     paid = call_labelled(caller, "request_payment", {"amount": "12.00", "currency": "EUR", "payee": CANARY,
                                                       "reference": f"inv-{CANARY}", "idempotency_key": "p-1"})
     assert paid.error is None, paid.error
+    hooks = f"{sink.url}/webhooks/{CANARY}"
+    ingested = start_task(caller, "ingest_document", {"text": f"# Minutes of {CANARY}\n\n{CANARY} chaired."},
+                          f"{hooks}-ingested", f"task-{CANARY}")
+    assert ingested.status == TaskStatus.SUCCEEDED, ingested.failure_reason
+    failed = start_task(caller, "file_note", {"words": f"Dear {CANARY}"}, f"{hooks}-filed", f"note-task-{CANARY}")
+    assert failed.status == TaskStatus.FAILED and CANARY in failed.failure_reason
     outbox.relay_batch()
-    assert {"tools_app_idempotencyrecord", "tools_app_approvalrequest", "tools_app_outboxevent"} \
-        <= tables_holding(CANARY).keys()
+    assert {f"{CANARY}-ingested", f"{CANARY}-filed"} <= {name for _, name, _ in sink.webhook_attempts()}
+    assert {"tools_app_idempotencyrecord.arguments", "tools_app_idempotencyrecord.key",
+            "tools_app_idempotencyrecord.result", "tools_app_approvalrequest.arguments",
+            "tools_app_outboxevent.payload", "tools_app_task.arguments", "tools_app_task.result",
+            "tools_app_task.notify_url", "tools_app_task.failure_reason", "tools_app_steprun.error",
+            "tools_app_checkpoint.output_inline", "idemops_demo_documentchunk.text"} \
+        <= columns_holding(CANARY).keys(), sorted(columns_holding(CANARY))
 
     # when the database's clock is past every retention (a year and more) and the purge runs
     long_ago = clock.read() - timedelta(days=400)
     IdempotencyRecord.objects.update(finished_at=long_ago, expires_at=long_ago)
     Task.objects.update(finished_at=long_ago)
+    Document.objects.update(created_at=long_ago)
     retention.purge()
 
-    # then no table holds the canary but the business rows the calls made, and no raw key is left
-    assert tables_holding(CANARY).keys() <= EFFECTS, tables_holding(CANARY)
+    # then no column of any table holds the canary but the business rows the calls made, and no raw key is left
+    assert tables_holding(CANARY).keys() <= EFFECTS, columns_holding(CANARY)
     for record in IdempotencyRecord.objects.all():
         assert record.key.startswith(keys.PURGED_KEY_PREFIX) and record.purged_at is not None, record.key
         assert all(set(entry) == {"at", "source"} for entry in record.evidence), record.evidence

@@ -3,7 +3,8 @@
 A console session is verified when its person entered a code of one of their confirmed devices
 (at login, or on the console's second-factor page): django-otp's middleware then sets
 `user.otp_device` on every request of that session, and `SecondFactorTimeMiddleware`
-(tools_app/web/second_factor.py) sets `user.second_factor_at`, when the session last entered a code.
+(tools_app/web/second_factor.py) sets `user.second_factor_at`, when the session last entered a code
+(by the database's clock, tools_app.core.clock, as step-up's freshness is judged: any web host may read it).
 `authorize` refuses every operator operation to a person whose `otp_device` is None
 (`verified`), and an approval above the tenant's step-up amount needs `fresh` too.
 
@@ -18,13 +19,12 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import transaction
-from django.utils import timezone
 from django_otp import login as otp_login
 from django_otp import user_has_device
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from tools_app.core import audit
+from tools_app.core import audit, clock
 from tools_app.core.errors import PermissionDenied, Refused
 
 if TYPE_CHECKING:
@@ -70,13 +70,15 @@ def fresh(who: Any, minutes: float) -> bool:
     if getattr(who, "otp_device", None) is SHELL:
         return True
     at = verified_at(who)
-    return at is not None and timezone.now() - at <= timedelta(minutes=minutes)
+    # The database's clock, as when the code was entered (`remember`): a session verified on one web host
+    # and used on another, whose clocks disagree, is neither stale at once nor fresh for hours.
+    return at is not None and clock.read() - at <= timedelta(minutes=minutes)
 
 
 def at_the_shell(user: _U) -> _U:
     """`user` acting through a command run on the server: treated as verified now."""
     user.otp_device = SHELL  # type: ignore[attr-defined]  # django-otp's attribute, set on the instance
-    user.second_factor_at = timezone.now()  # type: ignore[attr-defined]  # likewise ours
+    user.second_factor_at = clock.read()  # type: ignore[attr-defined]  # likewise ours
     return user
 
 
@@ -88,7 +90,7 @@ def session_time(session: Any) -> datetime | None:
 def remember(request: HttpRequest, device: Any) -> None:
     """The session entered a valid code of `device` now: verified, and fresh for step-up."""
     otp_login(request, device)
-    now = timezone.now()
+    now = clock.read()
     request.session[VERIFIED_AT_SESSION_KEY] = now.isoformat()
     request.user.otp_device = device  # type: ignore[union-attr]  # django-otp's attribute
     request.user.second_factor_at = now  # type: ignore[union-attr]  # ours (SecondFactorTimeMiddleware)
@@ -176,4 +178,4 @@ def audit_failed_code(user: AbstractBaseUser) -> None:
 def note_login(sender: Any, request: HttpRequest, user: Any, **kwargs: Any) -> None:
     """user_logged_in: a login that carried a valid code makes the session fresh for step-up too."""
     if verified(user) and request is not None:
-        request.session[VERIFIED_AT_SESSION_KEY] = timezone.now().isoformat()
+        request.session[VERIFIED_AT_SESSION_KEY] = clock.read().isoformat()

@@ -4,8 +4,9 @@ Several hosts run idemops against one database, and their clocks disagree (NTP k
 close, a paused VM or a misconfigured host does not). A web process whose clock runs ahead
 would take a live executor's lease for dead; one running behind would write leases that
 outlive their holder. So the times that decide who may act (a lease's expiry, a key's
-retention, an approval's deadline, when a reconciliation, a retry or a delivery is due) are
-written and compared by PostgreSQL in SQL, never by the host:
+retention, an approval's deadline, a second-factor code's freshness for step-up, when a
+reconciliation, a retry or a delivery is due, whether a queued job was lost) are written and
+compared by PostgreSQL, never by the host:
 
 - `NOW` and `later(seconds)` are SQL expressions (STATEMENT_TIMESTAMP(), and that plus an
   interval) for the ORM and for core.db.transition, in the statement that writes or

@@ -22,11 +22,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from contextvars import Token
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Count, Min, Q
-from django.utils import timezone
 from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.status import Stat
@@ -34,7 +33,7 @@ from django_q.tasks import async_task
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from tools_app.core import audit, audit_partitions, tracing
+from tools_app.core import audit, audit_partitions, clock, tracing
 
 JOBS: dict[str, str] = {
     "approvals.escalate": "tools_app.approvals.jobs.escalate",
@@ -72,9 +71,11 @@ def live(names: Collection[str], taken_within: float) -> set[str]:
     """
     if not names:
         return set()
-    now = timezone.now()
-    recently_taken = now + timedelta(seconds=Conf.RETRY - taken_within)  # lock = when taken + retry
-    held = OrmQ.objects.using(Conf.ORM).filter(Q(lock__lte=now) | Q(lock__gt=recently_taken))
+    # The database's clock, not this host's (which may run an hour ahead of the cluster that took the job,
+    # and take every lost job for one waiting its turn). django-q2 writes a job's lock by the clock of the
+    # host that queued or took it: a skew there shifts one job's lock, not every judgement of this sweep.
+    recently_taken = clock.later(Conf.RETRY - taken_within)  # lock = when taken + retry
+    held = OrmQ.objects.using(Conf.ORM).filter(Q(lock__lte=clock.NOW) | Q(lock__gt=recently_taken))
     wanted = set(names)
     return {name for name in (row.name() for row in held.only("payload")) if name in wanted}
 
@@ -89,11 +90,11 @@ class Queue:
 
 
 def queue() -> Queue:
-    now = timezone.now()
     jobs = OrmQ.objects.using(Conf.ORM)
-    waiting = jobs.filter(lock__lte=now).aggregate(n=Count("id"), oldest=Min("lock"))
+    waiting = jobs.filter(lock__lte=clock.NOW).aggregate(n=Count("id"), oldest=Min("lock"))
     # A job's lock is when it was queued until a cluster takes it (then: until when it holds it).
-    return Queue(waiting=waiting["n"], taken=jobs.filter(lock__gt=now).count(), oldest_waiting=waiting["oldest"])
+    return Queue(waiting=waiting["n"], taken=jobs.filter(lock__gt=clock.NOW).count(),
+                 oldest_waiting=waiting["oldest"])
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,10 @@ left for the next round instead of waited for. What stays:
   of the tool's personal arguments; its outbox events (approvers' messages,
   notifications) lose their payload, and one still pending is dead-lettered;
 - tasks: the row and its step history; `arguments`, `sealed_arguments`,
-  `result`, `input_request` and `resume_input` are emptied;
+  `result`, `input_request` and `resume_input` are emptied, and so are the
+  words a tool's steps may have quoted its arguments in (`failure_reason`,
+  `pause_reason`, `progress_message`, each step run's `error`) and the
+  caller's `notify_url` (declared personal by start_task);
 - artifacts: checkpoints, step batches and artifacts are deleted (resuming a
   task afterwards starts from its first step);
 - documents: deleted, with their chunks and vectors;
@@ -45,7 +48,7 @@ from tools_app.engine.models import IdempotencyRecord
 from tools_app.outbox import purge as outbox_purge
 from tools_app.retention import audit_archive
 from tools_app.retention.policy import KINDS, default_for, kept_for, load_overrides
-from tools_app.tasks.models import Checkpoint, StepBatch, Task, TaskArtifact, TaskStatus
+from tools_app.tasks.models import Checkpoint, StepBatch, StepRun, Task, TaskArtifact, TaskStatus
 from tools_app.toolkit.registry import all_tools
 
 PURGER = "system:retention-purge"
@@ -83,11 +86,19 @@ def _purge_records(rows: list[IdempotencyRecord], now: datetime) -> dict[Any, di
     return {r.pk: {"purged": RECORD_FIELDS} for r in rows}
 
 
+TASK_FIELDS = ["arguments", "sealed_arguments", "result", "input_request", "resume_input", "failure_reason",
+               "pause_reason", "progress_message", "notify_url", "step_runs.error"]
+
+
 def _purge_tasks(rows: list[Task], now: datetime) -> dict[Any, dict[str, Any]]:
-    Task.objects.filter(pk__in=[t.pk for t in rows]).update(
-        arguments={}, sealed_arguments="", result=None, input_request=None, resume_input=None, purged_at=now)
-    return {t.pk: {"purged": ["arguments", "sealed_arguments", "result", "input_request", "resume_input"]}
-            for t in rows}
+    ids = [t.pk for t in rows]
+    # A step's messages are the tool's words, which may quote its arguments (a path, a name): they go too;
+    # the failure's class, the steps' outcomes and times stay.
+    Task.objects.filter(pk__in=ids).update(
+        arguments={}, sealed_arguments="", result=None, input_request=None, resume_input=None, failure_reason="",
+        pause_reason="", progress_message="", notify_url="", purged_at=now)
+    StepRun.objects.filter(task_id__in=ids).exclude(error="").update(error="")
+    return {t.pk: {"purged": TASK_FIELDS} for t in rows}
 
 
 def _purge_artifacts(rows: list[Task], now: datetime) -> dict[Any, dict[str, Any]]:
