@@ -62,10 +62,10 @@ PRODUCTION = _environment.env == "production"
 if PRODUCTION:
     # Browsers come over HTTPS only, and remember it for a year.
     SECURE_SSL_REDIRECT = True
-    # Orchestrators' probes and Prometheus reach a process by its own address, in plain HTTP, past the
-    # proxy: redirecting them to https:// would fail every probe. /metrics keeps its own guard (token,
-    # networks).
-    SECURE_REDIRECT_EXEMPT = [r"^livez$", r"^readyz$", r"^healthz$", r"^metrics$"]
+    # Prometheus reaches a process by its own address, in plain HTTP, past the proxy: redirecting it to
+    # https:// would fail every scrape. /metrics keeps its own guard (token, networks). (The probes never
+    # get here: tools_app.web.health.ProbesMiddleware answers them first.)
+    SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
     SECURE_HSTS_SECONDS = 365 * 24 * 3600
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
@@ -120,6 +120,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: /livez, /readyz and /healthz answer an orchestrator calling by address, before the Host check.
+    "tools_app.web.health.ProbesMiddleware",
     # A database outage answers 503 + Retry-After, not a 500 (tools_app/unavailable.py).
     "tools_app.web.unavailable.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
