@@ -19,6 +19,7 @@ import dj_database_url
 from pydantic import SecretStr
 
 from idemops import conf
+from idemops.conf.fields import missing_demo_dependencies
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -77,13 +78,12 @@ if _environment.behind_proxy:
 
 
 def _demo_installed() -> bool:
-    """The demo's own dependencies (the `demo` extra) are there; said once, naming the fix, if not."""
-    import importlib.util
-
-    missing = [name for name in ("pgvector", "wordllama", "pypdf") if importlib.util.find_spec(name) is None]
+    """The demo's own dependencies (the `demo` extra) are there. IDEMOPS_DEMO is on by default only then
+    (idemops.conf.fields.demo_installed), so this refuses only an explicit IDEMOPS_DEMO=1 without them."""
+    missing = missing_demo_dependencies()
     if missing:
         raise SystemExit(f"IDEMOPS_DEMO is on but the demo's dependencies are not installed ({', '.join(missing)}): "
-                         "pip install 'idemops[demo]', or set IDEMOPS_DEMO=0")
+                         "pip install 'idemops[demo]', or leave IDEMOPS_DEMO unset")
     return True
 
 
