@@ -19,6 +19,7 @@ import dj_database_url
 from pydantic import SecretStr
 
 from idemops import conf
+from idemops.conf.fields import missing_demo_dependencies
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -62,10 +63,10 @@ PRODUCTION = _environment.env == "production"
 if PRODUCTION:
     # Browsers come over HTTPS only, and remember it for a year.
     SECURE_SSL_REDIRECT = True
-    # Orchestrators' probes and Prometheus reach a process by its own address, in plain HTTP, past the
-    # proxy: redirecting them to https:// would fail every probe. /metrics keeps its own guard (token,
-    # networks).
-    SECURE_REDIRECT_EXEMPT = [r"^livez$", r"^readyz$", r"^healthz$", r"^metrics$"]
+    # Prometheus reaches a process by its own address, in plain HTTP, past the proxy: redirecting it to
+    # https:// would fail every scrape. /metrics keeps its own guard (token, networks). (The probes never
+    # get here: tools_app.web.health.ProbesMiddleware answers them first.)
+    SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
     SECURE_HSTS_SECONDS = 365 * 24 * 3600
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
@@ -77,13 +78,12 @@ if _environment.behind_proxy:
 
 
 def _demo_installed() -> bool:
-    """The demo's own dependencies (the `demo` extra) are there; said once, naming the fix, if not."""
-    import importlib.util
-
-    missing = [name for name in ("pgvector", "wordllama", "pypdf") if importlib.util.find_spec(name) is None]
+    """The demo's own dependencies (the `demo` extra) are there. IDEMOPS_DEMO is on by default only then
+    (idemops.conf.fields.demo_installed), so this refuses only an explicit IDEMOPS_DEMO=1 without them."""
+    missing = missing_demo_dependencies()
     if missing:
         raise SystemExit(f"IDEMOPS_DEMO is on but the demo's dependencies are not installed ({', '.join(missing)}): "
-                         "pip install 'idemops[demo]', or set IDEMOPS_DEMO=0")
+                         "pip install 'idemops[demo]', or leave IDEMOPS_DEMO unset")
     return True
 
 
@@ -120,6 +120,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: /livez, /readyz and /healthz answer an orchestrator calling by address, before the Host check.
+    "tools_app.web.health.ProbesMiddleware",
     # A database outage answers 503 + Retry-After, not a 500 (tools_app/unavailable.py).
     "tools_app.web.unavailable.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",

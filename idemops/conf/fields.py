@@ -7,6 +7,7 @@ from this, so it cannot use them).
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import types
 import typing
@@ -58,6 +59,19 @@ RENAMED = {
     "EMAIL_TIMEOUT": "IDEMOPS_EMAIL_TIMEOUT_SECONDS",
     "DEFAULT_FROM_EMAIL": "IDEMOPS_DEFAULT_FROM_EMAIL",
 }
+
+# What the demo app imports beyond the platform (the `demo` extra): whether they are there decides
+# IDEMOPS_DEMO's default.
+DEMO_DEPENDENCIES = ("pgvector", "wordllama", "pypdf")
+
+
+def missing_demo_dependencies() -> list[str]:
+    return [name for name in DEMO_DEPENDENCIES if importlib.util.find_spec(name) is None]
+
+
+def demo_installed() -> bool:
+    return not missing_demo_dependencies()
+
 
 CrashPoint = Literal["after_claim", "after_downstream", "after_commit", "after_checkpoint", "after_batch",
                      "in_compensation"]
@@ -125,12 +139,15 @@ class IdemopsSettings(BaseSettings):
         "development IDEMOPS_ALLOWED_HOSTS; and it turns on HSTS, HTTPS redirects and secure cookies "
         "(docs/deploy.md).", section=WEB)
     demo: bool = setting(
-        default_factory=lambda data: data.get("env", "development") != "production",
+        default_factory=lambda data: data.get("env", "development") != "production" and demo_installed(),
         doc="The demo app (`idemops_demo`: its tools, tables and console pages); `manage.py serve` creates the "
         "demo tenant, its people and its agent token, and starts the demo downstream systems (with "
-        "IDEMOPS_RUN_DEMO_DOWNSTREAMS). Off: no demo tool is listed and no demo table is made. Production "
-        "refuses it on.",
-        shown="on, off when IDEMOPS_ENV=production", section=WEB)
+        "IDEMOPS_RUN_DEMO_DOWNSTREAMS). Off: no demo tool is listed and no demo table is made. On by default "
+        "only where the demo's dependencies are installed (`make run`, `pip install 'idemops[demo]'`): an "
+        "adopter who never asked for it never meets it; on without them, start-up refuses, naming them. "
+        "Production refuses it on.",
+        shown="on where the `demo` extra is installed; off otherwise, and when IDEMOPS_ENV=production",
+        section=WEB)
     behind_proxy: bool = setting(
         False, "A TLS-terminating proxy stands in front and sets `X-Forwarded-Proto` (replacing any the client "
         "sent): a request it marks `https` is secure (Django's SECURE_PROXY_SSL_HEADER).", section=WEB)

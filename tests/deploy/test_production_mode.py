@@ -26,7 +26,7 @@ def production(db) -> dict[str, str]:
     """A complete production environment, on the test database (migrated; this test's own rows unseen)."""
     return {"IDEMOPS_ENV": "production", "DATABASE_URL": processes.test_database_url(),
             "IDEMOPS_SECRET_KEY": secrets.token_urlsafe(50), "IDEMOPS_PUBLIC_URL": f"https://{PUBLIC_HOST}",
-            "IDEMOPS_ALLOWED_HOSTS": f"{PUBLIC_HOST},127.0.0.1", "IDEMOPS_MCP_ALLOWED_HOSTS": PUBLIC_HOST,
+            "IDEMOPS_ALLOWED_HOSTS": PUBLIC_HOST, "IDEMOPS_MCP_ALLOWED_HOSTS": PUBLIC_HOST,
             "IDEMOPS_BEHIND_PROXY": "true"}
 
 
@@ -99,7 +99,9 @@ def test_the_demo_is_off_by_default_in_production_and_on_in_development(producti
     assert start(show, **without(production, "IDEMOPS_ENV")).stdout.strip() == "True"
 
 
-def test_a_production_server_redirects_browsers_to_https_but_answers_probes_in_plain_http(production):
+@pytest.fixture
+def production_server(production):
+    """A production web server on 127.0.0.1 whose ALLOWED_HOSTS is the public host name only."""
     port = free_port()
     web = Service("web-production", [sys.executable, "-m", "uvicorn", "idemops.asgi:application", "--host",
                                      "127.0.0.1", "--port", str(port), "--no-access-log"],
@@ -108,17 +110,41 @@ def test_a_production_server_redirects_browsers_to_https_but_answers_probes_in_p
     base = f"http://127.0.0.1:{port}"
     try:
         web.wait_http(f"{base}/livez")
-        assert httpx2.get(f"{base}/livez").status_code == 200
-        assert httpx2.get(f"{base}/readyz").status_code == 200
-
-        plain = httpx2.get(f"{base}/admin/login/")
-        assert plain.status_code == 301
-        assert plain.headers["location"] == f"https://127.0.0.1:{port}/admin/login/"
-
-        # Behind the proxy (IDEMOPS_BEHIND_PROXY), a request it marks https is served, with HSTS and secure cookies.
-        proxied = httpx2.get(f"{base}/admin/login/", headers={"X-Forwarded-Proto": "https"})
-        assert proxied.status_code == 200
-        assert proxied.headers["strict-transport-security"] == "max-age=31536000; includeSubDomains; preload"
-        assert "secure" in proxied.headers["set-cookie"].lower()
+        yield base
     finally:
         web.stop()
+
+
+def test_a_production_server_redirects_browsers_to_https_but_answers_probes_in_plain_http(production_server):
+    base = production_server
+    public = {"Host": PUBLIC_HOST}
+    assert httpx2.get(f"{base}/livez").status_code == 200
+    assert httpx2.get(f"{base}/readyz").status_code == 200
+
+    plain = httpx2.get(f"{base}/admin/login/", headers=public)
+    assert plain.status_code == 301
+    assert plain.headers["location"] == f"https://{PUBLIC_HOST}/admin/login/"
+
+    # Behind the proxy (IDEMOPS_BEHIND_PROXY), a request it marks https is served, with HSTS and secure cookies.
+    proxied = httpx2.get(f"{base}/admin/login/", headers={**public, "X-Forwarded-Proto": "https"})
+    assert proxied.status_code == 200
+    assert proxied.headers["strict-transport-security"] == "max-age=31536000; includeSubDomains; preload"
+    assert "secure" in proxied.headers["set-cookie"].lower()
+
+
+def test_the_probes_answer_by_address_whatever_the_host_while_every_other_path_keeps_the_host_check(
+        production_server):
+    base = production_server
+    by_address = [base.removeprefix("http://"), "10.42.7.19:8000", "[fd00::17]:8000", "localhost"]  # loopback, pod IPs
+    for host in by_address:
+        for probe in ("/livez", "/readyz", "/healthz"):
+            answer = httpx2.get(f"{base}{probe}", headers={"Host": host})
+            assert (answer.status_code, answer.json()["status"]) == (200, "ok"), (probe, host, answer.text)
+
+    for path in ("/admin/", "/admin/login/", "/api/", "/metrics", "/mcp/x", "/livez/", "/readyz/x"):
+        for host in ("evil.example", *by_address):
+            answer = httpx2.get(f"{base}{path}", headers={"Host": host, "X-Forwarded-Proto": "https"})
+            assert answer.status_code == 400, (path, host, answer.status_code)
+        # ... while the public host name reaches it (whatever the page then answers).
+        public = httpx2.get(f"{base}{path}", headers={"Host": PUBLIC_HOST, "X-Forwarded-Proto": "https"})
+        assert public.status_code != 400, (path, public.status_code)

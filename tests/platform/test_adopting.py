@@ -4,11 +4,14 @@ Every fenced block the page marks `file=PATH` is written to PATH under a tempora
 the tree), and every `$ ` line of its `console` blocks is run there, in order, in a fresh virtualenv.
 What differs from the page, and why:
 - `pip install idemops` installs the wheel built from this tree (nothing is published from here);
-- the exported DATABASE_URL, public URL, host names and the refunds API's address are this test's own
-  (a database of its own on the test server, free ports on 127.0.0.1); `IDEMOPS_BEHIND_PROXY=1` stays,
-  and the test's requests carry `X-Forwarded-Proto: https` as the TLS proxy would;
+- the exported DATABASE_URL and the refunds API's address are this test's own (a database of its own on
+  the test server, a free port on 127.0.0.1), and `idemops serve` gets a free port (IDEMOPS_PORT);
+  every other setting is the page's, the host names included: the test's requests reach 127.0.0.1 as
+  the TLS proxy would, with `Host: tools.acme.example` and `X-Forwarded-Proto: https`, while `serve`'s
+  own readiness check and the probes below call by address, as orchestrators do;
 - the two commands that run servers (`refunds_api.py … &`, `idemops serve`) run in the background.
-Then it calls the adopter's tools (not the demo's) over real MCP, as an agent would.
+Then it calls the adopter's tools (not the demo's) over real MCP, as an agent would, and uses the
+adopter's own table (its migration made as the page says, into the adopter's source tree).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import shlex
 import signal
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 
 import httpx2
@@ -38,7 +42,11 @@ pytestmark = pytest.mark.live
 
 PAGE = ROOT / "docs" / "adopting.md"
 FENCE = re.compile(r"^```(?P<info>[^\n]*)\n(?P<body>.*?)^```$", re.M | re.S)
-PROXY = {"X-Forwarded-Proto": "https"}
+PUBLIC_HOST = "tools.acme.example"  # the page's IDEMOPS_ALLOWED_HOSTS, unchanged
+# What the TLS proxy in front adds: the public host name the client asked for, and the scheme.
+PROXY = {"Host": PUBLIC_HOST, "X-Forwarded-Proto": "https"}
+TYPE_CHECK = "mypy --config-file acme-refunds/pyproject.toml acme-refunds/acme_refunds"
+MIGRATION = Path("acme-refunds/acme_refunds/migrations/0001_initial.py")
 
 
 def blocks() -> list[tuple[str, str]]:
@@ -62,11 +70,8 @@ class Adopter:
         self.port, self.api_port = free_port(), free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.api = f"http://127.0.0.1:{self.api_port}"
-        # The test's own values for what the page exports (see the module's docstring).
-        self.own = {"DATABASE_URL": database_url, "IDEMOPS_PUBLIC_URL": f"https://127.0.0.1:{self.port}",
-                    "IDEMOPS_ALLOWED_HOSTS": "127.0.0.1", "IDEMOPS_MCP_ALLOWED_HOSTS": "127.0.0.1:*",
-                    "IDEMOPS_CSRF_TRUSTED_ORIGINS": f"https://127.0.0.1:{self.port}",
-                    "ACME_REFUNDS_API": self.api}
+        # The test's own values for what the page exports (see the module's docstring): nothing else.
+        self.own = {"DATABASE_URL": database_url, "ACME_REFUNDS_API": self.api}
         self.env: dict[str, str] = {}
         self.background: list[subprocess.Popen] = []
         self.outputs: dict[str, str] = {}
@@ -89,6 +94,8 @@ class Adopter:
             log = open(self.home / f"{len(self.background)}.log", "ab")
             # `idemops serve` on this test's free port (the page leaves it at IDEMOPS_PORT's default).
             port = {"IDEMOPS_PORT": str(self.port)} if command == "idemops serve" else {}
+            # Unbuffered, so that its log shows `serve`'s banner as soon as it is printed.
+            port["PYTHONUNBUFFERED"] = "1"
             self.background.append(subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=self.home,
                                                     env={**self.base_env(), **self.env, **port}, stdout=log,
                                                     stderr=subprocess.STDOUT, start_new_session=True))
@@ -107,14 +114,16 @@ class Adopter:
         printed = next(out for command, out in self.outputs.items() if command.startswith("idemops create_tenant"))
         return printed.strip().splitlines()[-1]
 
-    def wait_ready(self, timeout: float = 90) -> None:
+    def wait_ready(self, timeout: float = 180) -> None:
+        """Until `idemops serve` says it runs (it does once its own check of /readyz, by address, answered)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for process in self.background:
                 if process.poll() is not None:
                     raise AssertionError(f"a server the page starts exited:\n{self.logs()}")
             try:
-                if httpx2.get(f"{self.base}/readyz", headers=PROXY, timeout=2).status_code == 200:
+                running = "idemops is running" in self.logs()
+                if running and httpx2.get(f"{self.base}/readyz", timeout=2).status_code == 200:
                     return
             except httpx2.TransportError:
                 pass
@@ -193,7 +202,7 @@ def approve_in_the_console(adopter: Adopter, username: str, password: str, reque
     cookies: dict[str, str] = {}
 
     def send(method: str, path: str, **kwargs) -> httpx2.Response:
-        headers = {**PROXY, "Referer": f"https://127.0.0.1:{adopter.port}{path}",
+        headers = {**PROXY, "Referer": f"https://{PUBLIC_HOST}{path}",
                    "Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())}
         response = httpx2.request(method, f"{adopter.base}{path}", headers=headers, timeout=30, **kwargs)
         for header in response.headers.get_list("set-cookie"):
@@ -224,6 +233,16 @@ def approve_in_the_console(adopter: Adopter, username: str, password: str, reque
 
 def test_the_tutorial_serves_the_adopters_own_tools_with_the_promise_kept(adopter):
     token = adopter.token()
+
+    # with the page's host names: the probes answer by address, as the systemd sample's
+    # `curl -fsS http://127.0.0.1:8000/livez` and a kubelet by pod IP call them; nothing else does
+    for probe in ("/livez", "/readyz"):
+        assert httpx2.get(f"{adopter.base}{probe}", timeout=10).status_code == 200
+        assert httpx2.get(f"{adopter.base}{probe}", headers={"Host": "10.42.7.19:8000"}, timeout=10).status_code == 200
+    by_address = {"X-Forwarded-Proto": "https"}
+    assert httpx2.get(f"{adopter.base}/admin/login/", headers=by_address, timeout=10).status_code == 400
+    assert httpx2.get(f"{adopter.base}/admin/login/", headers=PROXY, timeout=10).status_code == 200
+
     order = {"order_ref": "A-1001", "amount": "25.00", "currency": "EUR", "idempotency_key": "refund-A-1001"}
 
     # the adopter's tools are listed, and not the demo's
@@ -291,13 +310,35 @@ def test_the_tutorial_serves_the_adopters_own_tools_with_the_promise_kept(adopte
     metrics = httpx2.get(f"{adopter.base}/metrics", headers=PROXY, timeout=10).text
     assert re.search(r'idemops_tool_calls_total\{[^}]*tool="issue_refund"', metrics)
 
-    # the page's type check passed on its tool module; the same check catches a wrong declaration
-    assert "Success: no issues found" in adopter.outputs["mypy acme-refunds/acme_refunds"]
+    # the app's own table: its migration was written into the adopter's source tree (not site-packages),
+    # its tenant key is a foreign key to the platform's tenants, and a tenant's row moves the threshold
+    migration = (adopter.home / MIGRATION).read_text()
+    assert "to='tools_app.tenant'" in migration
+    assert list(adopter.home.glob(".venv/lib/python*/site-packages/acme_refunds")) == []
+    [(referenced,)] = sql(adopter, "SELECT confrelid::regclass::text FROM pg_constraint "
+                                   "WHERE conrelid = 'acme_refunds_refundlimit'::regclass AND contype = 'f'")
+    assert referenced == "tools_app_tenant"
+    sql(adopter, "INSERT INTO acme_refunds_refundlimit (tenant_id, approval_above) "
+                 "SELECT id, 50 FROM tools_app_tenant WHERE slug = 'acme' RETURNING id")
+    held = {**order, "order_ref": "A-1005", "amount": "60.00", "idempotency_key": "refund-A-1005"}
+    assert error_of(call(adopter, token, "issue_refund", held))["class"] == "pending_approval"
+    assert refunds_for(adopter, "A-1005") == []
+    below = {**order, "order_ref": "A-1006", "amount": "40.00", "idempotency_key": "refund-A-1006"}
+    assert not call(adopter, token, "issue_refund", below).is_error and len(refunds_for(adopter, "A-1006")) == 1
+    # ... and the package built from that tree carries the migration (the page's `packages.find`)
+    run(["bash", "-c", "pip wheel --quiet --no-deps --wheel-dir built ./acme-refunds"], cwd=adopter.home,
+        env={**adopter.env, **adopter.own_path()}, timeout=600)
+    [built] = (adopter.home / "built").glob("acme_refunds-*.whl")
+    assert "acme_refunds/migrations/0001_initial.py" in zipfile.ZipFile(built).namelist()
+
+    # the page's type check passed on its app, models included; the same check catches a wrong declaration
+    assert "Success: no issues found in 4 source files" in adopter.outputs[TYPE_CHECK]
     module = adopter.home / "acme-refunds" / "acme_refunds" / "idemops_tools.py"
     wrong = adopter.home / "wrong_declaration.py"
     wrong.write_text(module.read_text().replace("personal_fields=frozenset(),", 'personal_fields=["order_ref"],', 1))
     assert wrong.read_text() != module.read_text()
-    checked = run(["bash", "-c", f"mypy {wrong}"], cwd=adopter.home, env={**adopter.env, **adopter.own_path()},
+    checked = run(["bash", "-c", f"mypy --config-file acme-refunds/pyproject.toml {wrong}"],
+                  cwd=adopter.home, env={**adopter.env, **adopter.own_path()},
                   timeout=600, check=False)
     assert checked.returncode == 1, checked.stdout
     assert 'Argument "personal_fields" to' in checked.stdout and 'expected "frozenset[str]"' in checked.stdout
@@ -317,8 +358,13 @@ async def _list_tools(adopter: Adopter, token: str) -> set[str]:
 def test_the_pages_code_blocks_are_what_the_test_writes():
     written = files()
     assert set(written) == {"acme-refunds/pyproject.toml", "acme-refunds/acme_refunds/__init__.py",
-                            "acme-refunds/acme_refunds/apps.py", "acme-refunds/acme_refunds/idemops_tools.py",
-                            "acme-refunds/refunds_api.py"}
-    assert "idemops serve" in commands() and "pip install idemops" in commands()
+                            "acme-refunds/acme_refunds/apps.py", "acme-refunds/acme_refunds/models.py",
+                            "acme-refunds/acme_refunds/idemops_tools.py", "acme-refunds/refunds_api.py"}
+    assert "idemops serve" in commands() and "pip install idemops" in commands() and TYPE_CHECK in commands()
+    # the migration is the page's to make, not a file it hands out
+    assert str(MIGRATION) not in written and "idemops makemigrations acme_refunds" in commands()
+    assert commands().index("idemops makemigrations acme_refunds") < commands().index("idemops migrate")
+    # the host names are the page's production values, which the adopter test keeps
+    assert f"export IDEMOPS_ALLOWED_HOSTS={PUBLIC_HOST}" in commands()
     compile(written["acme-refunds/acme_refunds/idemops_tools.py"], "idemops_tools.py", "exec")
     assert "3.11 to 3.13" in PAGE.read_text()

@@ -114,6 +114,21 @@ def test_the_wheel_installs_and_starts_in_a_fresh_virtualenv(version, wheel, tmp
         assert "tools_app_idempotencyrecord" in tables
         assert [name for name in tables if name.startswith("idemops_demo")] == []
         run([venv / "bin" / "python", "-m", "pip", "check"], cwd=tmp_path)
+
+        # and in development mode, an adopter who never asked for the demo never meets it: it is off
+        # (its dependencies are not installed), and asking for it names what is missing
+        development = {"DATABASE_URL": database_url(database)}
+        helped = run([venv / "bin" / "idemops", "--help"], cwd=tmp_path, env=development, check=False)
+        assert helped.returncode == 0 and "create_tenant" in helped.stdout, helped.stdout + helped.stderr
+        demo = run([venv / "bin" / "idemops", "shell", "--no-imports", "-c",
+                    "from idemops.conf import conf; print(conf().demo)"],
+                   cwd=tmp_path, env=development).stdout
+        assert demo.strip() == "False"
+        refused = run([venv / "bin" / "idemops", "--help"], cwd=tmp_path, env={**development, "IDEMOPS_DEMO": "1"},
+                      check=False)
+        assert refused.returncode == 1
+        assert "IDEMOPS_DEMO is on but the demo's dependencies are not installed (pgvector, wordllama, pypdf): " \
+               "pip install 'idemops[demo]'" in refused.stderr
     finally:
         drop_database(database)
 

@@ -33,6 +33,7 @@ from contextvars import Token
 from typing import Any
 
 import httpx2
+from django.conf import settings as django_settings
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -115,6 +116,9 @@ class Provider(TracerProvider):
         self._receiving_sampler.receiving = True
 
 
+PROBES_MIDDLEWARE = "tools_app.web.health.ProbesMiddleware"
+
+
 def configure() -> None:
     """This process's tracer provider and instrumentation (once; OTEL_SDK_DISABLED=true: none)."""
     global _configured
@@ -132,7 +136,13 @@ def configure() -> None:
         # A span per SQL statement, only where spans are exported: without an exporter they would be
         # dropped, and building them cost about a tenth of a write's time over /mcp (docs/performance.md).
         PsycopgInstrumentor().instrument(tracer_provider=provider, skip_dep_check=True)
-    DjangoInstrumentor().instrument(tracer_provider=provider, excluded_urls="livez,readyz,healthz,metrics")
+    # Its middleware goes after the probes' (tools_app.web.health.ProbesMiddleware), not first: it reads the
+    # Host header on every request (build_absolute_uri), and an orchestrator probing by address must not
+    # meet the ALLOWED_HOSTS check. (The probes are not traced anyway.)
+    middleware = list(django_settings.MIDDLEWARE)
+    after_probes = middleware.index(PROBES_MIDDLEWARE) + 1 if PROBES_MIDDLEWARE in middleware else 0
+    DjangoInstrumentor().instrument(tracer_provider=provider, excluded_urls="livez,readyz,healthz,metrics",
+                                    middleware_position=after_probes)
     _configured = True
 
 

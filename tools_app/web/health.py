@@ -6,14 +6,20 @@
   (`django_q_ormq`, on the same database) can be read. 503 with the failed check and Retry-After
   when not, so a load balancer sends calls elsewhere meanwhile.
 - GET /healthz: the same as /readyz (its name before the two probes).
+
+Orchestrators call them by the process's own address (`curl http://127.0.0.1:8000/livez` in the
+systemd sample, the pod's IP in Kubernetes), never by the public host name: `ProbesMiddleware`, first
+in MIDDLEWARE, answers them before anything reads the Host header. Every other path keeps Django's
+ALLOWED_HOSTS check (`request.get_host()`, which CommonMiddleware calls on every request).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NotRequired, TypedDict
 
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 from django_q.brokers import get_broker
 
@@ -57,3 +63,20 @@ def readyz(request: HttpRequest) -> JsonResponse:
     failed = ", ".join(name for name, c in checks.items() if not c["ok"])
     return JsonResponse({"status": "unavailable", "reason": f"unreachable: {failed}", "checks": checks},
                         status=503, headers={"Retry-After": outage.retry_after_header()})
+
+
+PROBES: dict[str, Callable[[HttpRequest], HttpResponse]] = {"/livez": livez, "/readyz": readyz, "/healthz": readyz}
+
+
+class ProbesMiddleware:
+    """The probes, answered whatever the Host header: a probe by address would otherwise get Django's 400
+    ("Invalid HTTP_HOST header") with production's ALLOWED_HOSTS, and `idemops serve`, the kubelet or the
+    systemd watchdog would take a healthy process for a dead one. Nothing the probes answer depends on
+    the host (no redirect, no link, no cookie), which is why only they skip the check."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        probe = PROBES.get(request.path_info)
+        return probe(request) if probe is not None else self.get_response(request)
