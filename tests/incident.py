@@ -100,6 +100,11 @@ async def _run(stack: Stack, before: float, outage: float, hang: float, settle_t
             if answer.succeeded:
                 payment.done_at = answer.at
                 return
+            if answer.status == 0:
+                # No answer at all (the connection broke, e.g. a kept-alive one the server had just
+                # closed): re-issue the same call, as the protocol says a client must.
+                await asyncio.sleep(0.5)
+                continue
             if answer.error_class not in ("transient", "in_progress", "unknown_outcome"):
                 return  # final: not_executed, or a failure the report shows
             await asyncio.sleep(min(answer.retry_after, AGENT_MAX_PAUSE) if answer.problem() is None else 0.5)

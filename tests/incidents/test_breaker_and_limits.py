@@ -9,7 +9,7 @@ import httpx2
 import pytest
 
 from tests.agents import call_tool, issued_operation_id
-from tests.processes import Stack
+from tests.processes import Stack, manage
 from tools_app.core import polling
 
 PAYMENT = {"amount": "12.00", "currency": "EUR", "payee": "Bob", "reference": "breaker"}
@@ -117,5 +117,38 @@ def test_calls_in_flight_to_a_downstream_stay_within_its_limit_across_web_proces
             stack.gateway.clear_fault("*")
             held = await asyncio.gather(*[c for c in calls if c not in done])
             assert all(a.succeeded for a in held)
+
+    asyncio.run(scenario())
+
+
+def test_a_paused_tool_answers_in_both_web_processes_without_running_and_runs_after_the_resume(stack):
+    async def scenario():
+        async with httpx2.AsyncClient(timeout=60) as client:
+            keys = await _keys(stack, client, "paused", 2)
+            posts = _posts(stack)
+            # given: an operator pauses the tool from the shell
+            manage("pause", "--tool", "request_payment", "--reason", "checking yesterday's payouts", "--user",
+                   "owner", env=stack.env)
+            await asyncio.sleep(1)  # every process re-reads the state within half a second
+
+            # when: a payment comes through each web process
+            answers = [await call_tool(client, web.mcp_url, stack.token, "request_payment",
+                                       {**PAYMENT, "idempotency_key": key})
+                       for web, key in zip([stack.web, stack.other], keys, strict=True)]
+
+            # then: both answer transient with the operator's reason; nothing reached the gateway, nothing claimed
+            assert all(a.error_class == "transient" and a.error["paused_reason"] == "checking yesterday's payouts"
+                       for a in answers), [a.body for a in answers]
+            assert _posts(stack) == posts
+            assert stack.sql(f"SELECT count(*) FROM {RECORDS} WHERE key = ANY(%s)", [keys])[0][0] == 0
+
+            # when: the operator resumes it; then the same keys pay, once each
+            manage("resume", "--tool", "request_payment", "--user", "owner", env=stack.env)
+            await asyncio.sleep(1)
+            paid = [await call_tool(client, web.mcp_url, stack.token, "request_payment",
+                                    {**PAYMENT, "idempotency_key": key})
+                    for web, key in zip([stack.other, stack.web], keys, strict=True)]
+            assert all(a.succeeded for a in paid), [a.body for a in paid]
+            assert len(stack.gateway.sql("SELECT 1 FROM payments WHERE operation_id = ANY(%s)", [keys])) == 2
 
     asyncio.run(scenario())
