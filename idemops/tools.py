@@ -70,7 +70,7 @@ from tools_app.toolkit.registry import (
 )
 
 # The API's version: a name removed or a signature changed incompatibly is a new major version.
-API_VERSION = "1.0"
+API_VERSION = "1.1"
 
 __all__ = [
     "API_VERSION",
