@@ -89,6 +89,29 @@ def test_every_link_to_another_doc_resolves(doc):
     assert not broken, f"{name_of(doc)} links to files that do not exist: {broken}"
 
 
+def heading_anchors(doc: Path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings (lower case, punctuation dropped, spaces as
+    hyphens, a repeated heading numbered), and the explicit `<a id=…>`/`<a name=…>` ones."""
+    text = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.MULTILINE | re.DOTALL)
+    anchors: set[str] = set(re.findall(r"<a (?:id|name)=\"([^\"]+)\"", text))
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", text, re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=name_of)
+def test_every_link_to_a_section_finds_its_heading(doc):
+    links = re.findall(r"\]\(([^)#:\s]*)#([^)\s]+)\)", text_of(doc))
+    targets = {target: doc.parent / target if target else doc for target, _ in links}
+    broken = [f"{target}#{anchor}" for target, anchor in links
+              if targets[target].suffix == ".md" and targets[target].is_file()
+              and anchor not in heading_anchors(targets[target])]
+    assert not broken, f"{name_of(doc)} links to sections that do not exist: {broken}"
+
+
 def permission_names() -> set[str]:
     """`tools_app.<codename>` of every permission the app's models declare (custom and default)."""
     from django.apps import apps
