@@ -1,3 +1,4 @@
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 
@@ -73,6 +74,10 @@ class IdempotencyRecord(models.Model):
     next_reconcile_at = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True, help_text="Automatic reconciliation gave up: "
                                                                          "a person must decide.")
+    # The tool's declared search fields (non-personal: an order reference, a ticket number), as text.
+    attributes = models.JSONField(
+        default=dict, blank=True, help_text="The tool's search fields from the arguments (set when claimed) and "
+                                            "the result (added when it succeeds): name -> value as text.")
 
     class Meta:
         constraints = [
@@ -97,6 +102,9 @@ class IdempotencyRecord(models.Model):
             # Finding a key's earlier operations (the console); written only when a record is retired.
             models.Index(fields=["tenant", "tool", "key"], condition=Q(retired_at__isnull=False),
                          name="record_retired_key"),
+            # Finding records by a business attribute (`attributes @> '{"order_id": "42"}'`): Find, the
+            # auditors' API, the bulk filters.
+            GinIndex(fields=["attributes"], opclasses=["jsonb_path_ops"], name="record_attributes"),
         ]
         permissions = [
             ("resolve_unknown", "Can resolve UNKNOWN outcomes"),
