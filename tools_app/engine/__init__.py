@@ -15,6 +15,7 @@ reconciliation, tasks and the tools build on it; it never imports them.
 from tools_app.engine.hooks import hooks
 from tools_app.engine.lookup import records_with_key, records_with_key_digest
 from tools_app.engine.operation import (
+    ATTRIBUTE_MAX,
     DEFAULT_RETENTION,
     OPERATION_ID_REQUIRED,
     Executor,
@@ -66,6 +67,7 @@ from tools_app.engine.transitions import (
 )
 
 __all__ = [
+    "ATTRIBUTE_MAX",
     "DEFAULT_RETENTION", "FINISHED", "OPERATION_ID_REQUIRED", "LEASE_SWEEPER", "Executor", "ExpiryPolicy", "LeaseLost",
     "Operation", "Outcome", "await_approval", "claim", "claim_operation_id", "claimed_in_flight",
     "close_unapproved", "downstream_key", "end_retention",
