@@ -99,7 +99,13 @@ def declared_search_fields() -> list[str]:
     return sorted({name for spec in all_tools() for name in spec.search_fields})
 
 
-@extend_schema_field({"type": "array", "items": {"type": "string", "pattern": "^[^=]+=.+$"}})
+ATTRIBUTE_HELP = ("A business attribute, `name=value` (one of the tools' search fields, e.g. `order_id=42`); "
+                  "repeat the parameter for several, all of which must match.")
+
+
+# With a schema of its own, drf-spectacular takes the parameter's description from it.
+@extend_schema_field({"type": "array", "items": {"type": "string", "pattern": "^[^=]+=.+$"},
+                      "description": ATTRIBUTE_HELP})
 class AttributesFilter(django_filters.Filter):  # type: ignore[misc]  # django-filter ships no types
     field_class = AttributesField
 
@@ -122,9 +128,7 @@ class IdempotencyRecordFilter(django_filters.FilterSet):  # type: ignore[misc]  
         validators=[RegexValidator(f"^[0-9a-f]{{{KEY_DIGEST_LENGTH}}}$", "16 lowercase hex digits")],
         help_text="The record's `key_digest` (as the admin and the logs show it), to find a key's record "
                   "without sending the key.")
-    attribute = AttributesFilter(
-        help_text="A business attribute, `name=value` (one of the tools' search fields, e.g. `order_id=42`); "
-                  "repeat the parameter for several, all of which must match.")
+    attribute = AttributesFilter(help_text=ATTRIBUTE_HELP)
     created_after, created_before = time_range("created_at", "created")
     finished_after, finished_before = time_range("finished_at", "finished")
 
