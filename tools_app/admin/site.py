@@ -36,7 +36,8 @@ QUEUES = ["approvalqueue", "unknownoutcomequeue", "taskneedingattention", "deadl
 SECTIONS = [
     ("Work queues", "queues", QUEUES),
     ("Look into", "evidence", ["dashboard", "idempotencyrecord", "approvalrequest", "approvaldecision", "task",
-                               "outboxevent", "auditevent", "auditseal", "auditcheckpoint", "auditarchive"]),
+                               "outboxevent", "downstream", "bulkaction", "auditevent", "auditseal", "auditcheckpoint",
+                               "auditarchive"]),
     ("Reference data", "reference", ["tenant", "apitoken", "agentconnection", "tenantaccess", "approvalsettings",
                                      "tenantlimits", "retentionoverride", "auditretention", "auditorkey"]),
 ]
