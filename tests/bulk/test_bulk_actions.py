@@ -15,6 +15,7 @@ from tests.bulk.support import run_to_the_end, unknown_records
 from tests.operators import PASSWORD, make_operator, verified, verify_session
 from tools_app import bulk
 from tools_app.access.roles import OPERATOR
+from tools_app.core.errors import InvalidInput
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus, TenantAccess
 
 pytestmark = pytest.mark.django_db
@@ -182,3 +183,25 @@ def test_the_sweep_queues_again_a_running_action_whose_job_was_lost(tenant, sett
     stalled = bulk.sweep()
 
     assert (fresh, stalled) == (0, 1) and OrmQ.objects.count() == 1
+
+
+def test_dead_lettered_events_are_re_delivered_in_bulk_and_an_error_class_filter_is_refused_for_them(tenant):
+    from tools_app.outbox.models import OutboxEvent, OutboxStatus
+
+    now = timezone.now()
+    for n in range(6):
+        OutboxEvent.objects.create(tenant=tenant, kind="notification.email", payload={"n": n}, attempts=8,
+                                   status=OutboxStatus.DEAD if n < 5 else OutboxStatus.DELIVERED,
+                                   next_attempt_at=now, created_at=now, last_error="HTTP 500")
+    alice = verified(make_operator("alice", OPERATOR, tenant))
+    dead = bulk.Filter(target=bulk.Target.DEAD_LETTERS)
+
+    action = bulk.start(alice, dead, "redrive", reason="the receiver is fixed")
+    run_to_the_end(action.pk)
+    action.refresh_from_db()
+
+    assert (action.total, action.done, action.failed, action.state) == (5, 5, 0, "done")
+    assert OutboxEvent.objects.filter(status=OutboxStatus.PENDING, attempts=0).count() == 5
+    assert AuditEvent.objects.filter(action="outbox.redriven", actor="user:alice").count() == 5
+    with pytest.raises(InvalidInput, match="no error class"):
+        bulk.count(bulk.Filter(target=bulk.Target.DEAD_LETTERS, error_class="transient"), alice)
