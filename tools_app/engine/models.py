@@ -1,6 +1,6 @@
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
-from django.db.models import Q
+from django.db.models import Q, Value
 
 from tools_app.core.errors import ErrorClass
 
@@ -75,9 +75,11 @@ class IdempotencyRecord(models.Model):
     escalated_at = models.DateTimeField(null=True, blank=True, help_text="Automatic reconciliation gave up: "
                                                                          "a person must decide.")
     # The tool's declared search fields (non-personal: an order reference, a ticket number), as text.
+    # A database default too: rows inserted by SQL that names no attributes (bulk loads) get {}.
     attributes = models.JSONField(
-        default=dict, blank=True, help_text="The tool's search fields from the arguments (set when claimed) and "
-                                            "the result (added when it succeeds): name -> value as text.")
+        default=dict, db_default=Value({}, models.JSONField()), blank=True,
+        help_text="The tool's search fields from the arguments (set when claimed) and the result (added when it "
+                  "succeeds): name -> value as text.")
 
     class Meta:
         constraints = [
