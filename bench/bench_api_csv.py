@@ -31,14 +31,14 @@ FILL_SQL = """
 INSERT INTO tools_app_idempotencyrecord
     (tenant_id, tool, key, fingerprint, field_digests, arguments, status, result, error_class, error_message,
      attempts, lease_owner, operation_id, trace_id, actor, created_at, updated_at, finished_at, expires_at,
-     downstream_key, evidence, reconcile_attempts, span_id, fingerprint_version, ongoing)
+     downstream_key, evidence, reconcile_attempts, span_id, fingerprint_version, ongoing, uncertain_runs)
 SELECT %(tenant)s, 'create_order', 'order-' || g, md5(g::text) || md5((g + 1)::text),
        '{"currency": "x", "customer": "y", "items": "z"}'::jsonb,
        jsonb_build_object('customer', 'Customer ' || g, 'currency', 'EUR'),
        CASE WHEN g %% 10 = 0 THEN 'failed' ELSE 'succeeded' END, '{"order_id": 1}'::jsonb,
        CASE WHEN g %% 10 = 0 THEN 'transient' ELSE '' END, '', 1, '', gen_random_uuid(), 'trace-' || g,
        'agent:bench/bot', now() - g * interval '1 second', now(), now(), now() + interval '1 day',
-       '', '[]'::jsonb, 0, '', 2, false
+       '', '[]'::jsonb, 0, '', 2, false, 0
 FROM generate_series(1, %(rows)s) AS g
 """
 

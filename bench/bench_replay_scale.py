@@ -25,11 +25,11 @@ FILL = """
 INSERT INTO tools_app_idempotencyrecord
     (tenant_id, tool, key, fingerprint, field_digests, arguments, status, result, error_class, error_message,
      attempts, lease_owner, operation_id, trace_id, actor, created_at, updated_at, finished_at, expires_at,
-     downstream_key, evidence, reconcile_attempts, span_id, fingerprint_version, ongoing)
+     downstream_key, evidence, reconcile_attempts, span_id, fingerprint_version, ongoing, uncertain_runs)
 SELECT %(tenant)s, 'create_order', 'key-' || g, %(fingerprint)s, %(digests)s::jsonb, %(arguments)s::jsonb,
        'succeeded', jsonb_build_object('order_id', g), '', '', 1, '', gen_random_uuid(), '', 'agent:bench/bot',
        now() - g * interval '1 second', now(), now(), now() + interval '30 days', '', '[]'::jsonb, 0, '',
-       %(version)s, false
+       %(version)s, false, 0
 FROM generate_series(1, %(rows)s) AS g
 """
 
