@@ -8,7 +8,7 @@
                                                    (`make bench-quick`; a test runs it so none rots)
 
 Each module's `run(quick)` returns a `bench.common.Section`: its markdown and the named figures
-(P1 … P9 of the performance issue, P10 … P11 of issue 24, P12 … P17 of issue 28) it measured.
+(P1 … P9 of the performance issue, P10 … P11 of issue 24, P12 … P17 of issue 28, P18 of issue 36) it measured.
 docs/benchmarks.json holds every figure by name and every section; docs/benchmarks.md is rendered from it.
 Figures from one section were measured side by side in one run; absolute times move with the machine's load.
 """
@@ -56,6 +56,7 @@ FIGURES: dict[str, str] = {
     "P15": "console record list p95 with 10M records, over HTTP",
     "P16": "console find-by-key p95 with 10M records, over HTTP",
     "P17": "console record page p95 with 10M records, over HTTP",
+    "P18": "bulk action over 10,000 UNKNOWN records: seconds to finish",
 }
 
 
@@ -128,7 +129,7 @@ def render(report: dict) -> str:
         "# Benchmarks", "",
         "Produced by `make bench` (`.venv/bin/python bench/run.py`; `make bench-quick` runs the same code at small "
         f"sizes). Machine: {machine.get('machine')}, {machine.get('cores')} cores, Python {machine.get('python')}; "
-        "embedded PostgreSQL under var/bench-pg, fsync on. Every figure but P7 and P13 (seconds) and P15–P17 "
+        "embedded PostgreSQL under var/bench-pg, fsync on. Every figure but P7, P13 and P18 (seconds) and P15–P17 "
         "(milliseconds, against an absolute bound) is a ratio measured side by side in one run (the two sides "
         "interleaved in rounds); the spread is the lowest and highest round. "
         "Absolute times move with the machine's load, which each section states. docs/benchmarks.json holds the "

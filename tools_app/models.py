@@ -17,6 +17,7 @@ from tools_app.approvals.models import (
     ApprovalStatus,
     ApprovalVerdict,
 )
+from tools_app.bulk.models import BulkAction, BulkItem, BulkState
 from tools_app.core.errors import ErrorClass
 from tools_app.core.models import AuditArchive, AuditCheckpoint, AuditEvent, AuditSeal, MetricMinute, MetricTotal
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
@@ -38,6 +39,7 @@ from tools_app.tasks.models import (
 from tools_app.toolkit.calls import CallOutcome
 
 __all__ = [
+    "BulkAction", "BulkItem", "BulkState",
     "Downstream",
     "DownstreamSlot",
     "Pause",

@@ -55,6 +55,8 @@ PERIODIC_JOBS: list[PeriodicJob] = [
     PeriodicJob("metrics.prune", "metrics.prune", minutes=60),
     # Revives long tasks whose worker died and queues due retries (tools_app.tasks.sweep).
     PeriodicJob("tasks.sweep", "tasks.sweep", minutes=conf().task_sweep_minutes),
+    # Bulk actions whose job was lost (no progress for IDEMOPS_BULK_STALL_MINUTES) are queued again.
+    PeriodicJob("bulk.sweep", "bulk.sweep"),
     # Arguments, results, checkpoints and documents past their retention (tools_app.retention).
     PeriodicJob("retention.purge", "retention.purge", minutes=conf().retention_purge_minutes),
 ]

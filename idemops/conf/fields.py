@@ -589,6 +589,15 @@ class IdemopsSettings(BaseSettings):
         10, "How often an open queue page in the console checks for changes (it reloads itself when the "
         "operator is idle, and says so when rows are selected).", section=CONSOLE)
 
+    # Issue 36: bulk recovery (tools_app.bulk), run by the cluster in batches.
+    bulk_batch_size: int = setting(
+        500, "Items a bulk action handles per django-q2 job; its progress is counted and a Stop takes effect "
+        "between two batches.", ge=1, le=10_000, section=CONSOLE)
+    bulk_stall_minutes: int = setting(
+        5, "A running bulk action with no progress for this long (its job was lost: a cluster died) is queued "
+        "again by the sweep; a batch taking longer is not run twice (one batch of an action at a time).",
+        ge=1, section=CONSOLE)
+
     step_up_minutes: Seconds = setting(
         10, "An approval above its tenant's step-up amount needs a second-factor code entered within this many "
         "minutes; an older one is asked for again.", section=CONSOLE)

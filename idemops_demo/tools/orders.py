@@ -77,7 +77,9 @@ def order_output(order: Order, lines: list[OrderLine]) -> OrderOutput:
 
 
 @write_tool(name="create_order", title="Create an order", input_model=CreateOrderInput, output_model=OrderOutput,
-            non_business_fields=frozenset({"note"}), personal_fields=frozenset({"customer", "note"}))
+            non_business_fields=frozenset({"note"}), personal_fields=frozenset({"customer", "note"}),
+            # Operators and auditors find an order's record by its id (the result's) and currency.
+            search_fields=frozenset({"order_id", "currency"}))
 def create_order(ctx: ToolContext, args: CreateOrderInput) -> OrderOutput:
     """Create an order with its lines and return its id and total. Requires idempotency_key: a retry with
     the same key returns the same order instead of creating another."""

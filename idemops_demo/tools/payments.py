@@ -159,6 +159,9 @@ def payment_needs_approval(tenant: Tenant, args: RequestPaymentInput) -> Approva
             reconciler=reconcile_payment, result_for_reference=payment_for_reference,
             approval=payment_needs_approval, requires_operation_id=True,
             personal_fields=frozenset({"payee", "reference"}),
+            # The gateway's payment id (from the result) and the currency: what an operator is quoted in an
+            # incident (the caller's own reference may name a person, so it is not searchable).
+            search_fields=frozenset({"payment_id", "currency"}),
             # A payment key is never silently reused after its retention.
             on_expiry=ExpiryPolicy.HOLD,
             # What was paid, to whom, stays readable for a year (the setting's 30 days are for the rest).

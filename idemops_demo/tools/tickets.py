@@ -36,7 +36,8 @@ def ticket_output(ticket: Ticket) -> TicketOutput:
 @write_tool(name="create_ticket", title="Open a support ticket", input_model=CreateTicketInput,
             output_model=TicketOutput, personal_fields=frozenset({"subject", "body"}),
             # Left out, the priority is normal: sending "normal" is the same ticket.
-            counted_defaults=({"priority": Ticket.Priority.NORMAL},))
+            counted_defaults=({"priority": Ticket.Priority.NORMAL},),
+            search_fields=frozenset({"ticket_id", "priority"}))
 def create_ticket(ctx: ToolContext, args: CreateTicketInput) -> TicketOutput:
     """Open a support ticket and return its id. Requires idempotency_key: a retry with the same key
     returns the same ticket."""

@@ -17,8 +17,8 @@ from tools_app.toolkit.registry import get_tool
 
 RECORD_COLUMNS = [
     "id", "operation_id", "tenant", "tool", "key_digest", "fingerprint", "argument_names", "status", "error_class",
-    "error_message", "attempts", "actor", "trace_id", "created_at", "updated_at", "finished_at", "retry_not_before",
-    "expires_at", "retired_at",
+    "error_message", "attributes", "attempts", "actor", "trace_id", "created_at", "updated_at", "finished_at",
+    "retry_not_before", "expires_at", "retired_at",
 ]
 EVENT_COLUMNS = ["id", "seq", "created_at", "tenant", "actor", "action", "object_type", "object_id", "operation_id",
                  "before", "after", "reason", "trace_id", "prev_hash", "hash"]

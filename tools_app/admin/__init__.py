@@ -9,6 +9,7 @@ from tools_app.admin import (  # noqa: F401
     approvals,
     audit,
     auditors,
+    bulk,
     dashboard,
     downstreams,
     limits,

@@ -1,8 +1,9 @@
 """Find by key: one search box for whatever an agent, a customer or a log line quotes.
 
 An operator pastes an idempotency key (and may pick the tenant and the tool), a key digest from a
-log line, an operation id, a task id, an approval request id, a record id, a downstream key or a
-trace id; every reading of the text that fits is tried, within the tenants the operator may see,
+log line, an operation id, a task id, an approval request id, a record id, a downstream key, a
+trace id or a business attribute (a tool's search field: `order_id=42`, or the value alone); every
+reading of the text that fits is tried, within the tenants the operator may see,
 and what matches is listed (one match: its page opens at once).
 
 Raw keys stay out of logs and URLs: the box is a POST form (never a query string, so never in an
@@ -23,7 +24,7 @@ from typing import Any, cast
 from django import forms
 from django.contrib.admin import AdminSite
 from django.contrib.auth.models import AnonymousUser, User
-from django.db.models import Model, QuerySet
+from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -66,7 +67,8 @@ def tool_choices() -> list[tuple[str, str]]:
 class FindForm(forms.Form):
     q = forms.CharField(max_length=300, label="Key or id", widget=forms.TextInput(attrs={
         "autocomplete": "off", "spellcheck": "false", "size": 48,
-        "placeholder": "idempotency key, key digest, operation, task or approval id, downstream key, trace id"}))
+        "placeholder": "idempotency key, key digest, operation, task or approval id, downstream key, trace id, "
+                       "order_id=42"}))
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.none(), required=False, empty_label="any tenant")
     tool = forms.ChoiceField(required=False)
 
@@ -125,6 +127,7 @@ def _readings(user: User | AnonymousUser, text: str, tenant: Tenant | None, tool
             yield "idempotency record", "record id", records.filter(pk=int(number.group(1)))
         if len(text) <= TRACE_ID_MAX:
             yield "idempotency record", "trace id", records.filter(trace_id=text)
+        yield from _attribute_readings(records, text)
     if may("approvalrequest"):
         requests = visible(ApprovalRequest)
         if number:
@@ -139,6 +142,22 @@ def _readings(user: User | AnonymousUser, text: str, tenant: Tenant | None, tool
             yield "task", "trace id", tasks.filter(trace_id=text)
     if may("outboxevent") and as_uuid is not None:
         yield "outbox event", "event id", visible(OutboxEvent, "record__tool").filter(pk=as_uuid)
+
+
+def _attribute_readings(records: QuerySet[IdempotencyRecord], text: str,
+                        ) -> Iterator[tuple[str, str, QuerySet[Found]]]:
+    """A business attribute (a tool's search field: an order id, a payment id): `name=value`, or the value
+    alone under any declared name. Each is one `attributes @> {...}` lookup on the GIN index."""
+    names = sorted({name for spec in registry.all_tools() for name in spec.search_fields})
+    name, sep, value = text.partition("=")
+    if sep and name.strip() in names and value.strip():
+        yield ("idempotency record", f"attribute {name.strip()}",
+               records.filter(attributes__contains={name.strip(): value.strip()}))
+    elif len(text) <= engine.ATTRIBUTE_MAX and names:
+        either = Q()
+        for each in names:
+            either |= Q(attributes__contains={each: text})
+        yield "idempotency record", "business attribute", records.filter(either)
 
 
 def _uuid(text: str) -> uuid.UUID | None:

@@ -35,9 +35,9 @@ from tools_app.metrics import dashboard
 QUEUES = ["approvalqueue", "unknownoutcomequeue", "taskneedingattention", "deadletter"]
 SECTIONS = [
     ("Work queues", "queues", QUEUES),
-    ("Look into", "evidence", ["dashboard", "downstream", "idempotencyrecord", "approvalrequest",
-                               "approvaldecision", "task", "outboxevent", "auditevent", "auditseal",
-                               "auditcheckpoint", "auditarchive"]),
+    ("Look into", "evidence", ["dashboard", "idempotencyrecord", "approvalrequest", "approvaldecision", "task",
+                               "outboxevent", "downstream", "bulkaction", "auditevent", "auditseal", "auditcheckpoint",
+                               "auditarchive"]),
     ("Reference data", "reference", ["tenant", "apitoken", "agentconnection", "tenantaccess", "approvalsettings",
                                      "tenantlimits", "retentionoverride", "auditretention", "auditorkey"]),
 ]

@@ -9,6 +9,8 @@ What an auditor gets, and what not:
 - the `fingerprint` and the argument *names*, never their values, and no
   stored result: both may carry personal data (payees, recipients, bodies),
   and matching operations needs only the digest;
+- its business attributes (the tool's declared, non-personal search fields: `attributes`,
+  filterable with `?attribute=name=value`);
 - the error class; the free-text error message only as tools_app.core.redaction
   gives it (withheld: a handler or a downstream system may quote input in
   it). Operators read both in the admin.
@@ -16,9 +18,13 @@ What an auditor gets, and what not:
 
 from __future__ import annotations
 
+from typing import Any
+
 import django_filters
+from django import forms
 from django.core.validators import RegexValidator
 from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tools_app.access.models import Tenant
@@ -26,6 +32,7 @@ from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_fi
 from tools_app.core import keys, redaction
 from tools_app.core.errors import ErrorClass
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
+from tools_app.toolkit.registry import all_tools
 
 KEY_DIGEST_LENGTH = keys.KEY_DIGEST_LENGTH
 
@@ -41,6 +48,10 @@ class IdempotencyRecordSerializer(AuditorSerializer):
     # the schema would then reject the "" of a record that did not fail.
     error_class = serializers.ChoiceField(choices=ErrorClass.choices, allow_blank=True, read_only=True,
                                           help_text="What an agent could do about the failure; empty unless failed.")
+    attributes = serializers.DictField(
+        child=serializers.CharField(), read_only=True,
+        help_text="The tool's declared search fields (non-personal business references, e.g. an order id), "
+                  "from the arguments and the result, as text.")
     error_message = serializers.SerializerMethodField(
         help_text=f"`{redaction.WITHHELD}` when the record has a failure message (it may quote the caller's "
                   "data; operators read it in the admin), else empty.")
@@ -49,7 +60,8 @@ class IdempotencyRecordSerializer(AuditorSerializer):
         model = IdempotencyRecord
         fields = [
             "id", "operation_id", "tenant", "tool", "key_digest", "fingerprint", "argument_names", "status",
-            "error_class", "error_message", "attempts", "actor", "trace_id", "created_at", "updated_at", "finished_at",
+            "error_class", "error_message", "attributes", "attempts", "actor", "trace_id", "created_at", "updated_at",
+            "finished_at",
             "retry_not_before", "expires_at", "retired_at",
         ]
         read_only_fields = fields
@@ -62,6 +74,43 @@ class IdempotencyRecordSerializer(AuditorSerializer):
 
     def get_error_message(self, record: IdempotencyRecord) -> str:
         return redaction.failure_text(record.error_message)
+
+
+class AttributesField(forms.Field):
+    """`?attribute=name=value`, repeatable: every pair must match (a record's attributes contain them all)."""
+
+    widget = forms.MultipleHiddenInput  # reads every value of the parameter
+
+    def to_python(self, value: Any) -> dict[str, str]:
+        pairs: dict[str, str] = {}
+        for text in value or []:
+            name, sep, wanted = str(text).partition("=")
+            if not sep or not name.strip() or not wanted.strip():
+                raise forms.ValidationError(f"{text!r}: write it as name=value, e.g. attribute=order_id=42")
+            if name.strip() not in declared_search_fields():
+                raise forms.ValidationError(
+                    f"{name.strip()!r} is no tool's search field; declared: "
+                    f"{', '.join(declared_search_fields()) or 'none'}")
+            pairs[name.strip()] = wanted.strip()
+        return pairs
+
+
+def declared_search_fields() -> list[str]:
+    return sorted({name for spec in all_tools() for name in spec.search_fields})
+
+
+ATTRIBUTE_HELP = ("A business attribute, `name=value` (one of the tools' search fields, e.g. `order_id=42`); "
+                  "repeat the parameter for several, all of which must match.")
+
+
+# With a schema of its own, drf-spectacular takes the parameter's description from it.
+@extend_schema_field({"type": "array", "items": {"type": "string", "pattern": "^[^=]+=.+$"},
+                      "description": ATTRIBUTE_HELP})
+class AttributesFilter(django_filters.Filter):  # type: ignore[misc]  # django-filter ships no types
+    field_class = AttributesField
+
+    def filter(self, queryset: QuerySet[IdempotencyRecord], value: dict[str, str]) -> QuerySet[IdempotencyRecord]:
+        return queryset.filter(attributes__contains=value) if value else queryset
 
 
 class IdempotencyRecordFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filter ships no types
@@ -79,6 +128,7 @@ class IdempotencyRecordFilter(django_filters.FilterSet):  # type: ignore[misc]  
         validators=[RegexValidator(f"^[0-9a-f]{{{KEY_DIGEST_LENGTH}}}$", "16 lowercase hex digits")],
         help_text="The record's `key_digest` (as the admin and the logs show it), to find a key's record "
                   "without sending the key.")
+    attribute = AttributesFilter(help_text=ATTRIBUTE_HELP)
     created_after, created_before = time_range("created_at", "created")
     finished_after, finished_before = time_range("finished_at", "finished")
 

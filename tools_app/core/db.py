@@ -170,8 +170,8 @@ _COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "gt": "> %s", "gte": "
 
 def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, Any], *, action: str, actor: str,
                reason: str = "", trace_id: str | None = None, before: dict[str, Any] | None = None,
-               after: dict[str, Any] | None = None, append: dict[str, list[Any]] | None = None,
-               notify: str | None = None) -> bool:
+               after: dict[str, Any] | None = None,
+               append: dict[str, list[Any] | dict[str, Any]] | None = None, notify: str | None = None) -> bool:
     """Move `obj`'s row from the state `expected` to `changes`, and write the audit event of the move.
 
     One statement: a conditional UPDATE of the row where it still matches
@@ -184,8 +184,8 @@ def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, A
 
     `expected` takes field names with an optional `__lt`, `__lte`, `__gt`,
     `__gte`, `__in` or `__isnull` (a plain None means IS NULL); `append`
-    adds items to JSON list fields. A value of `changes` or `expected` may be
-    an ORM expression, e.g. the database's clock (core.clock.NOW, `later`):
+    adds items to JSON list fields, or keys to JSON object fields (jsonb `||`). A value of
+    `changes` or `expected` may be an ORM expression, e.g. the database's clock (core.clock.NOW, `later`):
     the row's new value is read back from the UPDATE onto `obj`. `notify` names
     a channel that hears the row's id (pg_notify) in the same statement:
     PostgreSQL delivers it when the change commits, never for one that rolls back.
@@ -202,12 +202,13 @@ def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, A
     for name, value in changes.items():
         setattr(obj, name, computed[name] if name in computed else value)
     for name, items in (append or {}).items():
-        setattr(obj, name, [*getattr(obj, name), *items])
+        now = getattr(obj, name)
+        setattr(obj, name, {**now, **items} if isinstance(items, dict) else [*now, *items])
     return True
 
 
 def _conditional_update(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any],
-                        event: models.Model, append: dict[str, list[Any]],
+                        event: models.Model, append: dict[str, list[Any] | dict[str, Any]],
                         notify: str | None = None) -> dict[str, Any] | None:
     """None if the row did not match; else the values the database computed (expressions), by field."""
     model = type(instance)

@@ -41,6 +41,8 @@ JOBS: dict[str, str] = {
     "approvals.sweep": "tools_app.approvals.jobs.sweep",
     "audit.partitions": "tools_app.core.jobs.create_audit_partitions",
     "audit.seal": "tools_app.core.jobs.seal_audit_chain",
+    "bulk.run": "tools_app.bulk.jobs.run",
+    "bulk.sweep": "tools_app.bulk.jobs.sweep_stalled",
     "metrics.prune": "tools_app.metrics.jobs.prune_minutes",
     "outbox.relay": "tools_app.outbox.jobs.relay_pending",
     "reconciliation.reconcile_due": "tools_app.reconciliation.jobs.reconcile_due",

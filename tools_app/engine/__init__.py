@@ -15,6 +15,7 @@ reconciliation, tasks and the tools build on it; it never imports them.
 from tools_app.engine.hooks import hooks
 from tools_app.engine.lookup import records_with_key, records_with_key_digest
 from tools_app.engine.operation import (
+    ATTRIBUTE_MAX,
     DEFAULT_RETENTION,
     OPERATION_ID_REQUIRED,
     Executor,
@@ -26,6 +27,7 @@ from tools_app.engine.operation import (
     gathering_evidence,
     note_evidence,
     operation_id_spent,
+    searchable,
 )
 from tools_app.engine.prepared import issue, issued_operation_id, valid_unused
 from tools_app.engine.run import execute_approved, run, wait_for_outcome
@@ -65,6 +67,7 @@ from tools_app.engine.transitions import (
 )
 
 __all__ = [
+    "ATTRIBUTE_MAX",
     "DEFAULT_RETENTION", "FINISHED", "OPERATION_ID_REQUIRED", "LEASE_SWEEPER", "Executor", "ExpiryPolicy", "LeaseLost",
     "Operation", "Outcome", "await_approval", "claim", "claim_operation_id", "claimed_in_flight",
     "close_unapproved", "downstream_key", "end_retention",
@@ -72,7 +75,8 @@ __all__ = [
     "heartbeat_interval", "hooks", "is_expired", "issue", "issued_operation_id", "lease_expired", "lease_seconds",
     "mark_failed", "mark_succeeded", "mark_unknown", "new_record", "note_evidence", "note_unresolved",
     "operation_id_of", "operation_id_spent", "reclaim", "records_with_key", "records_with_key_digest", "release",
-    "renew_lease", "reread", "resolve_failed", "resolve_succeeded", "retire", "run", "start_approved", "valid_unused",
+    "renew_lease", "reread", "resolve_failed", "resolve_succeeded", "retire", "run", "searchable",
+    "start_approved", "valid_unused",
     "wait_for_outcome",
     # Keys of operations that go on after their call (long tasks).
     "hold_while_ongoing", "retain_from_end", "retention_ends_at",

@@ -1,5 +1,6 @@
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
-from django.db.models import Q
+from django.db.models import Q, Value
 
 from tools_app.core.errors import ErrorClass
 
@@ -73,6 +74,12 @@ class IdempotencyRecord(models.Model):
     next_reconcile_at = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True, help_text="Automatic reconciliation gave up: "
                                                                          "a person must decide.")
+    # The tool's declared search fields (non-personal: an order reference, a ticket number), as text.
+    # A database default too: rows inserted by SQL that names no attributes (bulk loads) get {}.
+    attributes = models.JSONField(
+        default=dict, db_default=Value({}, models.JSONField()), blank=True,
+        help_text="The tool's search fields from the arguments (set when claimed) and the result (added when it "
+                  "succeeds): name -> value as text.")
 
     class Meta:
         constraints = [
@@ -97,6 +104,9 @@ class IdempotencyRecord(models.Model):
             # Finding a key's earlier operations (the console); written only when a record is retired.
             models.Index(fields=["tenant", "tool", "key"], condition=Q(retired_at__isnull=False),
                          name="record_retired_key"),
+            # Finding records by a business attribute (`attributes @> '{"order_id": "42"}'`): Find, the
+            # auditors' API, the bulk filters.
+            GinIndex(fields=["attributes"], opclasses=["jsonb_path_ops"], name="record_attributes"),
         ]
         permissions = [
             ("resolve_unknown", "Can resolve UNKNOWN outcomes"),

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 from functools import cached_property
 from typing import Any
 
@@ -72,6 +73,10 @@ class Operation:
     # its downstream or the tenant; the downstream's circuit breaker is open: tools_app.incidents).
     # Nothing is claimed, run or counted.
     admit: Callable[[], None] | None = None
+    # The non-personal argument and result fields operators and auditors search by (the tool's
+    # `search_fields`): kept on the record as `attributes` (`searchable`), from the arguments when it is
+    # claimed and from the result when it succeeds.
+    search_fields: frozenset[str] = frozenset()
 
     # The fingerprint version `arguments` are for (core.keys): a record is claimed under it and keeps it.
     fingerprint_version: int = FINGERPRINT_AS_SENT
@@ -134,6 +139,28 @@ MAX_PATHS_PER_FIELD = 20
 def field_digests(arguments: dict[str, Any]) -> dict[str, str]:
     """A digest per top-level argument, kept with the fingerprint to name what differs."""
     return {name: digest(value) for name, value in arguments.items()}
+
+
+# The longest attribute value kept: a reference, not a text.
+ATTRIBUTE_MAX = 200
+
+
+def searchable(values: dict[str, Any] | None, fields: frozenset[str]) -> dict[str, str]:
+    """The record's `attributes` from `values` (arguments or a result): each of `fields` present with a
+    plain value (text, number, true/false), as text, so that `?attribute=order_id=42` finds 42. Lists,
+    objects, nulls and values longer than ATTRIBUTE_MAX are left out: attributes are references."""
+    found: dict[str, str] = {}
+    for name in sorted(fields & (values or {}).keys()):
+        value = (values or {})[name]
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, str | int | float | Decimal):
+            text = str(value)
+        else:
+            continue
+        if len(text) <= ATTRIBUTE_MAX:
+            found[name] = text
+    return found
 
 
 def stored_form(arguments: dict[str, Any]) -> dict[str, Any]:

@@ -271,7 +271,7 @@ def _effect(record: IdempotencyRecord, op: Operation, execute: Executor, *, in_c
         with nullcontext() if in_claim else heartbeat(record):
             result = execute(record)
         crash_point("after_downstream")
-        record = mark_succeeded(record, result, actor=op.actor, evidence=evidence)
+        record = mark_succeeded(record, result, actor=op.actor, evidence=evidence, search_fields=op.search_fields)
     return Outcome(record, executed=True)
 
 

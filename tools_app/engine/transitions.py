@@ -40,6 +40,7 @@ from tools_app.engine.operation import (
     Operation,
     evidence_entry,
     operation_id_spent,
+    searchable,
     stored_form,
 )
 
@@ -154,7 +155,7 @@ def new_record(op: Operation, operation_id: uuid.UUID | None = None) -> Idempote
     return IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
         fingerprint_version=op.fingerprint_version, field_digests=op.field_digests,
-        arguments=stored_form(op.arguments),
+        arguments=stored_form(op.arguments), attributes=searchable(op.arguments, op.search_fields),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=leases.new_owner(),
         lease_expires_at=leases.expiry(lease_seconds()),
         operation_id=operation_id, trace_id=op.trace_id, span_id=op.span_id, actor=op.actor,
@@ -355,17 +356,21 @@ def _operation_id_taken(operation_id: uuid.UUID) -> bool:
 def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: dict[str, Any], *, action: str,
                 actor: str, reason: str = "", evidence: dict[str, Any] | list[dict[str, Any]] | None = None,
                 trace_id: str = "", before: dict[str, Any] | None = None,
-                after: dict[str, Any] | None = None) -> bool:
+                after: dict[str, Any] | None = None, attributes: dict[str, str] | None = None) -> bool:
     """core.db.transition for a record: it also stamps `updated_at`, the event records the status
-    before and after (unless told otherwise), and `evidence`, if any, is appended to the record's."""
+    before and after (unless told otherwise), `evidence`, if any, is appended to the record's, and
+    `attributes` (search fields found in a result) are added to its attributes."""
     changes = {**changes, "updated_at": clock.NOW}
     entries = [evidence] if isinstance(evidence, dict) else list(evidence or [])
+    append: dict[str, list[Any] | dict[str, Any]] = {"evidence": entries} if entries else {}
+    if attributes:
+        append["attributes"] = attributes
     return db.transition(
         record, expected, changes, action=action, actor=actor, reason=reason, trace_id=trace_id or record.trace_id,
         before=before or {"status": record.status},
         after=after or {"status": changes.get("status", record.status),
                         **({"error_class": changes["error_class"]} if changes.get("error_class") else {})},
-        append={"evidence": entries} if entries else None)
+        append=append or None)
 
 
 def _finished() -> dict[str, Any]:
@@ -378,12 +383,14 @@ RETAINED_FROM_NOW = clock.NOW + (F("expires_at") - F("created_at"))
 
 
 def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str,
-                   evidence: list[dict[str, Any]] | None = None) -> IdempotencyRecord:
-    """PROCESSING -> SUCCEEDED, by the lease holder. Call inside the business transaction."""
+                   evidence: list[dict[str, Any]] | None = None,
+                   search_fields: frozenset[str] = frozenset()) -> IdempotencyRecord:
+    """PROCESSING -> SUCCEEDED, by the lease holder. Call inside the business transaction. The
+    result's `search_fields` join the record's attributes."""
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
         "status": RecordStatus.SUCCEEDED, "result": result, "lease_owner": "", "lease_expires_at": None,
         "error_class": "", "error_message": "", **_finished(),
-    }, action="record.succeeded", actor=actor, evidence=evidence):
+    }, action="record.succeeded", actor=actor, evidence=evidence, attributes=searchable(result, search_fields)):
         raise LeaseLost(record.pk)
     return record
 
@@ -565,12 +572,14 @@ def expire_leases() -> list[IdempotencyRecord]:
 
 
 def resolve_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: str, reason: str,
-                      evidence: dict[str, Any]) -> bool:
-    """UNKNOWN -> SUCCEEDED: the downstream did it; store its result so a replay returns it."""
+                      evidence: dict[str, Any], search_fields: frozenset[str] = frozenset()) -> bool:
+    """UNKNOWN -> SUCCEEDED: the downstream did it; store its result so a replay returns it (and its
+    `search_fields` in the record's attributes)."""
     return _transition(record, {"status": RecordStatus.UNKNOWN}, {
         "status": RecordStatus.SUCCEEDED, "result": result, "error_class": "", "error_message": "",
         "next_reconcile_at": None, **_finished(),
-    }, action="record.reconciled", actor=actor, reason=reason, evidence=evidence)
+    }, action="record.reconciled", actor=actor, reason=reason, evidence=evidence,
+        attributes=searchable(result, search_fields))
 
 
 def resolve_failed(record: IdempotencyRecord, failure: ToolFailure, *, actor: str, reason: str,

@@ -73,7 +73,8 @@ def resolve_by_operator(record: IdempotencyRecord, user: User | AnonymousUser, *
         if not downstream_reference or spec.result_for_reference is None:
             raise InvalidInput("resolving as succeeded needs a downstream reference this tool can look up")
         result = spec.result_for_reference(record, downstream_reference)
-        done = engine.resolve_succeeded(record, result, actor=actor, reason=reason, evidence=evidence)
+        done = engine.resolve_succeeded(record, result, actor=actor, reason=reason, evidence=evidence,
+                                         search_fields=spec.search_fields)
     else:
         failure = Transient(f"an operator found the first call did not take effect: {reason}", retry_after=0)
         # A person checked: the key may run again, with a new budget of runs (escalate_retries).

@@ -37,7 +37,7 @@ from tools_app.core.errors import Transient
 from tools_app.engine import evidence_entry
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.toolkit.policies import Answer, Found, NotDone, StillUnknown, nothing_committed
-from tools_app.toolkit.registry import ToolSpec, get_tool
+from tools_app.toolkit.registry import ToolSpec, find_tool, get_tool
 
 logger = logging.getLogger(__name__)
 RECONCILE_SWEEPER = "system:reconciler"
@@ -103,8 +103,10 @@ def apply_answer(record: IdempotencyRecord, answer: Answer, *, actor: str, reaso
     record's status word now if another reconciler moved it first."""
     match answer:
         case Found(result, evidence):
+            spec = find_tool(record.tool)
             moved = engine.resolve_succeeded(record, result, actor=actor, reason=reason,
-                                             evidence=evidence or evidence_entry("reconciler", found=True))
+                                             evidence=evidence or evidence_entry("reconciler", found=True),
+                                             search_fields=spec.search_fields if spec else frozenset())
             word = "succeeded"
         case NotDone(why, evidence):
             failure = Transient(f"the first call did not take effect ({why}); retry with the same key",

@@ -160,7 +160,7 @@ def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel) -> tuple[en
         on_expiry=spec.on_expiry,
         transactional=spec.transactional,
         approval=hooks.approval_gate(spec, caller.tenant_id, caller.actor, args) if spec.approval else None,
-        retry_window=spec.retry_window,
+        retry_window=spec.retry_window, search_fields=spec.search_fields,
         admit=functools.partial(incidents.admit, caller.tenant_id, spec.name, spec.downstream),
     )
 

@@ -301,6 +301,9 @@ def _check(spec: ToolSpec) -> None:
         raise TypeError(f"tool {spec.name!r} declares non-business fields it does not take: {sorted(unknown)}")
     if unknown := spec.search_fields & (spec.personal_fields or frozenset()):
         raise TypeError(f"tool {spec.name!r}: search fields must not be personal: {sorted(unknown)}")
+    if unknown := spec.search_fields - spec.input_model.model_fields.keys() - spec.output_model.model_fields.keys():
+        raise TypeError(f"tool {spec.name!r} declares search fields that are neither arguments nor result fields: "
+                        f"{sorted(unknown)}")
     if spec.retry_window is not None and spec.retry_window <= timedelta(0):
         raise ValueError(f"tool {spec.name!r}: retry_window must be positive")
     counted = {name for defaults in spec.counted_defaults for name in defaults}
