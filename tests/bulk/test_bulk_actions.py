@@ -15,7 +15,7 @@ from tests.bulk.support import run_to_the_end, unknown_records
 from tests.operators import PASSWORD, make_operator, verified, verify_session
 from tools_app import bulk
 from tools_app.access.roles import OPERATOR
-from tools_app.core.errors import InvalidInput
+from tools_app.core.errors import InvalidInput, PermissionDenied
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus, TenantAccess
 
 pytestmark = pytest.mark.django_db
@@ -137,6 +137,39 @@ def test_a_crafted_bulk_post_without_the_permission_or_a_second_factor_is_refuse
     refusals = AuditEvent.objects.filter(action="bulk.refused")
     assert {event.actor for event in refusals} == {"user:rita", "user:alice"}
     assert any("second factor" in event.reason for event in refusals)
+
+
+def test_another_tenants_operator_neither_sees_nor_stops_a_bulk_action_crafted_requests_and_all(
+        client, tenant, other_tenant, settings):
+    # given: alice's action over acme's records, and bob, who holds the bulk permission for globex only
+    override_conf(settings, bulk_batch_size=100)
+    unknown_records(tenant, 250)
+    client.force_login(make_operator("alice", OPERATOR, tenant))
+    client.post(NEW, {"target": "unknown", "confirm": "1", "action": "resolve_not_done", "reason": "checked"})
+    action = bulk.BulkAction.objects.get()
+    bob = make_operator("bob", OPERATOR, other_tenant)
+    client.force_login(bob)
+
+    # when: bob asks for its progress page and its list, and posts Stop by hand (and through the function)
+    progress = client.get(reverse("admin:tools_app_bulkaction_progress", args=[action.pk]))
+    listed = client.get(reverse("admin:tools_app_bulkaction_changelist"))
+    stop = client.post(reverse("admin:tools_app_bulkaction_stop", args=[action.pk]))
+    with pytest.raises(PermissionDenied):
+        bulk.stop(action, bob)
+
+    # then: nothing shown, nothing stopped, the refusal audited; alice still sees and stops it
+    assert progress.status_code == stop.status_code == 404
+    assert list(listed.context["cl"].queryset) == []
+    action.refresh_from_db()
+    assert (action.state, action.tenant_ids) == ("running", [tenant.pk])
+    assert AuditEvent.objects.filter(action="bulk.refused", actor="user:bob",
+                                     reason__startswith="not your tenants").exists()
+    client.force_login(User.objects.get(username="alice"))
+    assert client.get(reverse("admin:tools_app_bulkaction_progress", args=[action.pk])).status_code == 200
+    assert list(client.get(reverse("admin:tools_app_bulkaction_changelist")).context["cl"].queryset) == [action]
+    assert client.post(reverse("admin:tools_app_bulkaction_stop", args=[action.pk])).status_code == 302
+    action.refresh_from_db()
+    assert action.state == "stopping"
 
 
 def test_a_selection_with_a_money_tool_needs_a_fresh_second_factor(client, tenant, settings):

@@ -16,6 +16,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -110,6 +111,9 @@ class BulkActionAdmin(ReadOnlyAdmin[bulk.BulkAction]):
     list_filter = ["state", "action"]
     ordering = ["-created_at"]
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[bulk.BulkAction]:
+        return bulk.visible(super().get_queryset(request), request.user)
+
     @admin.display(description="started", ordering="created_at")
     def started(self, obj: bulk.BulkAction) -> str:
         return f"{age(obj.created_at)} ago"
@@ -182,8 +186,8 @@ class BulkActionAdmin(ReadOnlyAdmin[bulk.BulkAction]):
     def _visible(self, request: HttpRequest, bulk_id: int) -> bulk.BulkAction:
         if not self.has_view_permission(request):
             raise DjangoPermissionDenied
-        row = bulk.BulkAction.objects.filter(pk=bulk_id).first()
-        if row is None:
+        row = bulk.visible(bulk.BulkAction.objects.filter(pk=bulk_id), request.user).first()
+        if row is None:  # or another tenant's: not said apart
             raise Http404("no such bulk action")
         return row
 

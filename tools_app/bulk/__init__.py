@@ -22,6 +22,7 @@ from tools_app.bulk.actions import (
     start,
     stop,
     sweep,
+    visible,
 )
 from tools_app.bulk.models import BulkAction, BulkItem, BulkState
 from tools_app.bulk.selection import Filter, Target, count, search_field_names, selection, tools_of
@@ -29,5 +30,5 @@ from tools_app.bulk.selection import Filter, Target, count, search_field_names, 
 __all__ = [
     "ACTIONS", "RUN", "RUN_PERMISSION", "Action", "BulkAction", "BulkItem", "BulkState", "Filter", "Target",
     "actions_for", "authorize", "count", "progress", "run_batch", "search_field_names", "selection", "start",
-    "stop", "sweep", "tools_of",
+    "stop", "sweep", "tools_of", "visible",
 ]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 
 from idemops.conf import conf
 from tools_app import access, outbox, reconciliation, tasks
@@ -142,7 +142,7 @@ def start(user: User | AnonymousUser, flt: Filter, action_name: str, *, reason: 
         if total == 0:
             transaction.set_rollback(True)
             raise InvalidInput("nothing matches this filter now: no action was started")
-        BulkAction.objects.filter(pk=bulk.pk).update(total=total)
+        BulkAction.objects.filter(pk=bulk.pk).update(total=total, tenant_ids=_tenants(rows))
         bulk.refresh_from_db()
         audit.record_event(action="bulk.started", obj=bulk, actor=actor, reason=reason,
                            after={"action": action.name, "filter": bulk.filter, "total": total,
@@ -160,6 +160,18 @@ def _freeze(bulk: BulkAction, rows: Any) -> int:
         return int(cursor.rowcount)
 
 
+def _tenants(rows: Any) -> list[int]:
+    """The tenants of the selection's rows (read in the transaction that froze them: a row that arrived
+    since can only add a tenant, which narrows who sees the action, never widens it)."""
+    return sorted(set(rows.order_by().values_list("tenant_id", flat=True).distinct()))
+
+
+def visible(actions: QuerySet[BulkAction], user: Any) -> QuerySet[BulkAction]:
+    """The bulk actions `user` may see (and stop): those whose selection lies within the user's tenants."""
+    tenants = access.visible_tenant_ids(user)
+    return actions if tenants is None else actions.filter(tenant_ids__contained_by=sorted(tenants))
+
+
 def job_name(bulk: BulkAction) -> str:
     return f"bulk-{bulk.pk}"
 
@@ -170,6 +182,10 @@ def job_name(bulk: BulkAction) -> str:
 def stop(bulk: BulkAction, user: User | AnonymousUser, *, reason: str = "") -> bool:
     """Ask a running bulk action to stop: the batch under way finishes, no further batch starts."""
     actor = audit.user_actor(user)
+    if not visible(BulkAction.objects.filter(pk=bulk.pk), user).exists():
+        refusal = f"not your tenants: its selection holds another tenant's rows, so you may not {STOP.what}"
+        access.audit_refusal(STOP, bulk, actor, refusal)
+        raise PermissionDenied(refusal)
     if not user.has_perm(RUN_PERMISSION):
         refusal = f"missing permission: you do not have the permission to {STOP.what}"
         access.audit_refusal(STOP, bulk, actor, refusal)

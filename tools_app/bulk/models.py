@@ -1,6 +1,7 @@
 """A bulk action: one operator's confirmed action over a frozen selection, run by the cluster in batches."""
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
@@ -30,6 +31,8 @@ class BulkAction(models.Model):
     done = models.PositiveIntegerField(default=0, help_text="Items the action was applied to.")
     failed = models.PositiveIntegerField(default=0, help_text="Items refused or gone (each with its message).")
     state = models.CharField(max_length=16, choices=BulkState.choices, default=BulkState.RUNNING)
+    tenant_ids = ArrayField(models.IntegerField(), default=list, help_text=(
+        "The tenants of its selection: an operator sees it, and may stop it, only if they see every one."))
     stepped_up = models.BooleanField(default=False, help_text="The selection held a money tool: confirmed with a "
                                                               "fresh second-factor code.")
     created_at = models.DateTimeField()

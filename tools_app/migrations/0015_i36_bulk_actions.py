@@ -2,6 +2,7 @@
 
 import django.db.models.deletion
 from django.conf import settings
+import django.contrib.postgres.fields
 from django.db import migrations, models
 
 
@@ -26,6 +27,7 @@ class Migration(migrations.Migration):
                 ('done', models.PositiveIntegerField(default=0, help_text='Items the action was applied to.')),
                 ('failed', models.PositiveIntegerField(default=0, help_text='Items refused or gone (each with its message).')),
                 ('state', models.CharField(choices=[('running', 'Running'), ('stopping', 'Stopping (after the current batch)'), ('stopped', 'Stopped'), ('done', 'Done')], default='running', max_length=16)),
+                ('tenant_ids', django.contrib.postgres.fields.ArrayField(base_field=models.IntegerField(), default=list, help_text='The tenants of its selection: an operator sees it, and may stop it, only if they see every one.', size=None)),
                 ('stepped_up', models.BooleanField(default=False, help_text='The selection held a money tool: confirmed with a fresh second-factor code.')),
                 ('created_at', models.DateTimeField()),
                 ('progress_at', models.DateTimeField(help_text='When a batch last finished (or it started): the sweep queues it again when this is older than IDEMOPS_BULK_STALL_MINUTES.')),
