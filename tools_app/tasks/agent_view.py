@@ -114,17 +114,21 @@ def next_action(task: Task) -> str:
             return f"Paused: {task.pause_reason} resume_task continues it; cancel_task stops it."
         case TaskStatus.SUCCEEDED:
             return "Done. get_task_result returns the result."
-        case TaskStatus.FAILED if state.resumable(task):
-            return (f"Failed ({task.failure_class}): {task.failure_reason}. resume_task runs it again from its last "
-                    "checkpoint.")
-        case TaskStatus.FAILED if task.failure_class == ErrorClass.INTERNAL_ERROR:
-            return (f"Failed: {task.failure_reason}. resume_task runs it again once an operator marks the cause "
-                    "fixed.")
         case TaskStatus.FAILED:
-            return (f"Failed ({task.failure_class}): {task.failure_reason}. Another run would fail the same way: "
-                    "fix the input and start a new task with a new idempotency_key.")
+            return _next_action_failed(task)
         case _:
             return "Cancelled. Start a new task with a new idempotency_key if the work is still needed."
+
+
+def _next_action_failed(task: Task) -> str:
+    if state.resumable(task):
+        return (f"Failed ({task.failure_class}): {task.failure_reason}. resume_task runs it again from its last "
+                "checkpoint.")
+    if task.failure_class == ErrorClass.INTERNAL_ERROR:
+        return (f"Failed: {task.failure_reason}. resume_task runs it again once an operator marks the cause "
+                "fixed.")
+    return (f"Failed ({task.failure_class}): {task.failure_reason}. Another run would fail the same way: "
+            "fix the input and start a new task with a new idempotency_key.")
 
 
 def describe(task: Task) -> TaskStatusView:

@@ -45,6 +45,8 @@ from tools_app.tasks.state import (
 from tools_app.toolkit.registry import unstorable_at
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from django.contrib.auth.models import AnonymousUser, User
 
     from tools_app.access import Agent
@@ -175,62 +177,84 @@ def resume(task: Task, who: Agent | User | AnonymousUser, *, answer: dict[str, A
     operator or the tenant's agent.
     """
     actor = authorize(who, RESUME, task)
+    return _with_retries(task, lambda task: _resume_attempt(task, actor, answer))
 
-    def attempt(task: Task) -> bool:
-        now = clock.read()
-        before = task.status
-        match task.status:
-            case TaskStatus.SUCCEEDED:
-                raise AlreadyDone(f"task {task.pk} already succeeded; get_task_result returns its result",
-                                  details={"task_status": task.status})
-            case TaskStatus.CANCELLED:
-                raise AlreadyDone(f"task {task.pk} was cancelled ({task.failure_reason}); a cancelled task does "
-                                  "not resume: start a new task with a new idempotency_key",
-                                  details={"task_status": task.status})
-            case TaskStatus.FAILED if task.failure_class == ErrorClass.INTERNAL_ERROR and not resumable(task, now):
-                raise InternalError(
-                    f"task {task.pk} failed with an internal error of the server, which another run would repeat "
-                    f"until it is fixed: {INTERNAL_ERROR_ADVICE}: {task.pk}. resume_task runs it again once an "
-                    "operator marks the cause fixed.",
-                    details={"task_status": task.status, "failure_reason": task.failure_reason,
-                             "reference": str(task.pk)})
-            case TaskStatus.FAILED if not resumable(task, now):
-                failure = ToolFailure.from_dict({"class": task.failure_class, "message": (
-                    f"task {task.pk} failed with a {task.failure_class} error that another run would repeat: "
-                    f"{task.failure_reason}. Fix the input and start a new task with a new idempotency_key.")})
-                raise failure.replaced(details={"task_status": task.status, "failure_reason": task.failure_reason})
-            case TaskStatus.FAILED:
-                # Run anew, with as long again as it was given (its deadline may be what ended it).
-                allowed = task.time_allowed or time_allowed(task.tool)
-                changes = {"status": TaskStatus.CREATED, "attempts": 1, "lease_expiries": 0, "failure_class": "",
-                           "failure_reason": "", "finished_at": None, "enqueued_at": now, "cause_fixed_at": None,
-                           "time_allowed": allowed, "deadline_at": now + allowed}
-            case TaskStatus.PAUSED:
-                changes = {"status": TaskStatus.CREATED, "resume_input": _checked_answer(task, answer),
-                           "pause_reason": "", "pause_requested": "", "enqueued_at": now}
-            case TaskStatus.RETRYING:
-                changes = {"next_retry_at": now, "enqueued_at": now}
-            case TaskStatus.RUNNING if task.lease_expires_at and task.lease_expires_at < now:
-                return expire_lease(task, actor=actor)
-            case TaskStatus.RUNNING if task.pause_requested:
-                # Not paused yet: resuming withdraws the request, and the worker carries on.
-                return db.transition(task, {"status": TaskStatus.RUNNING, "version": task.version,
-                                            "pause_requested": task.pause_requested},
-                                     {"pause_requested": "", "updated_at": now},
-                                     action="task.pause_withdrawn", actor=actor, before={"status": task.status},
-                                     after={"status": task.status}, notify=CHANGES_CHANNEL)
-            case _:
-                return True  # queued or running: nothing to do
-        if not transition(task, {"status": before}, changes, action="task.resumed", actor=actor,
-                           answered=sorted((answer or {}).keys())):
-            return False
-        if before == TaskStatus.FAILED:
-            # Unfinished again: its key answers it again until it ends (the end set a retention).
-            engine.hold_while_ongoing(task.record, actor=actor, reason=f"task {task.pk} resumed")
-        enqueue_run(task)
-        return True
 
-    return _with_retries(task, attempt)
+def _resume_attempt(task: Task, actor: str, answer: dict[str, Any] | None) -> bool:
+    """One round of resume (see resume): refuse, leave as is, or move the task on."""
+    now = clock.read()
+    before = task.status
+    _refuse_resume(task, now)
+    if task.status == TaskStatus.RUNNING:
+        return _resume_running(task, now, actor)
+    changes = _resume_changes(task, now, answer)
+    if changes is None:
+        return True  # queued: nothing to do
+    if not transition(task, {"status": before}, changes, action="task.resumed", actor=actor,
+                      answered=sorted((answer or {}).keys())):
+        return False
+    if before == TaskStatus.FAILED:
+        # Unfinished again: its key answers it again until it ends (the end set a retention).
+        engine.hold_while_ongoing(task.record, actor=actor, reason=f"task {task.pk} resumed")
+    enqueue_run(task)
+    return True
+
+
+def _refuse_resume(task: Task, now: datetime) -> None:
+    """Raise the reason why `task` does not resume, if it does not: it succeeded, was cancelled, or failed
+    in a way another run would repeat."""
+    match task.status:
+        case TaskStatus.SUCCEEDED:
+            raise AlreadyDone(f"task {task.pk} already succeeded; get_task_result returns its result",
+                              details={"task_status": task.status})
+        case TaskStatus.CANCELLED:
+            raise AlreadyDone(f"task {task.pk} was cancelled ({task.failure_reason}); a cancelled task does "
+                              "not resume: start a new task with a new idempotency_key",
+                              details={"task_status": task.status})
+        case TaskStatus.FAILED if task.failure_class == ErrorClass.INTERNAL_ERROR and not resumable(task, now):
+            raise InternalError(
+                f"task {task.pk} failed with an internal error of the server, which another run would repeat "
+                f"until it is fixed: {INTERNAL_ERROR_ADVICE}: {task.pk}. resume_task runs it again once an "
+                "operator marks the cause fixed.",
+                details={"task_status": task.status, "failure_reason": task.failure_reason,
+                         "reference": str(task.pk)})
+        case TaskStatus.FAILED if not resumable(task, now):
+            failure = ToolFailure.from_dict({"class": task.failure_class, "message": (
+                f"task {task.pk} failed with a {task.failure_class} error that another run would repeat: "
+                f"{task.failure_reason}. Fix the input and start a new task with a new idempotency_key.")})
+            raise failure.replaced(details={"task_status": task.status, "failure_reason": task.failure_reason})
+
+
+def _resume_changes(task: Task, now: datetime, answer: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What resuming a failed (resumable), paused or retrying task changes; None for a queued one."""
+    match task.status:
+        case TaskStatus.FAILED:
+            # Run anew, with as long again as it was given (its deadline may be what ended it).
+            allowed = task.time_allowed or time_allowed(task.tool)
+            return {"status": TaskStatus.CREATED, "attempts": 1, "lease_expiries": 0, "failure_class": "",
+                    "failure_reason": "", "finished_at": None, "enqueued_at": now, "cause_fixed_at": None,
+                    "time_allowed": allowed, "deadline_at": now + allowed}
+        case TaskStatus.PAUSED:
+            return {"status": TaskStatus.CREATED, "resume_input": _checked_answer(task, answer),
+                    "pause_reason": "", "pause_requested": "", "enqueued_at": now}
+        case TaskStatus.RETRYING:
+            return {"next_retry_at": now, "enqueued_at": now}
+    return None
+
+
+def _resume_running(task: Task, now: datetime, actor: str) -> bool:
+    """Resuming a running task: its worker died (the lease ran out), or a pause it was asked for is withdrawn;
+    a healthy one is left as is."""
+    if task.lease_expires_at and task.lease_expires_at < now:
+        return expire_lease(task, actor=actor)
+    if task.pause_requested:
+        # Not paused yet: resuming withdraws the request, and the worker carries on.
+        return db.transition(task, {"status": TaskStatus.RUNNING, "version": task.version,
+                                    "pause_requested": task.pause_requested},
+                             {"pause_requested": "", "updated_at": now},
+                             action="task.pause_withdrawn", actor=actor, before={"status": task.status},
+                             after={"status": task.status}, notify=CHANGES_CHANNEL)
+    return True  # running: nothing to do
 
 
 def mark_cause_fixed(task: Task, who: Agent | User | AnonymousUser, *, reason: str) -> Task:

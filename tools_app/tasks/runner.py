@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -56,6 +57,8 @@ from tools_app.toolkit.registry import ToolSpec, get_tool, parse_arguments
 logger = logging.getLogger(__name__)
 # When a held step (core.errors.Held) is tried again if its answer named no time.
 HELD_RETRY_SECONDS = 10.0
+# What a run of the job ends with: its outcome, and the seconds until the retry if this job should wait.
+Outcome = tuple[str, float | None]
 
 
 class Heartbeat(leases.Heartbeat):
@@ -84,6 +87,20 @@ class Heartbeat(leases.Heartbeat):
             raise Interrupted("the task was cancelled or its lease was lost")
 
 
+@dataclass
+class _Walk:
+    """Where a run of the task's plan stands: the step it is at (and that step's StepRun, once begun), the
+    outputs and checksums of the steps before it, and, once a saga compensates, the compensation plan and
+    the step that failed for good."""
+
+    plan: tuple[Step, ...]
+    failed_at: int | None
+    index: int
+    outputs: dict[str, Any]
+    checksums: list[str]
+    run: StepRun | None = None
+
+
 class Runner:
     def __init__(self, task: Task, owner: str):
         self.task = task
@@ -98,7 +115,7 @@ class Runner:
         with observed(self.spec, task.tenant_id, task.arguments, key=task.record.key, task_id=str(task.pk)):
             return self._run()
 
-    def _run(self) -> tuple[str, float | None]:
+    def _run(self) -> Outcome:
         task = self.task
         try:
             arguments = parse_arguments(self.spec.input_model, {
@@ -106,85 +123,110 @@ class Runner:
             resumption = checkpoints.valid_prefix(task, self.pipeline, actor=self.owner)
         except Exception as exc:
             return self._failed(None, exc)
-        outputs, checksums = dict(resumption.outputs), list(resumption.checksums)
-        plan, failed_at = resumption.plan, resumption.failed_at
-        index = resumption.next_index
-        run: StepRun | None = None
-        while index < len(plan):
-            step = plan[index]
-            if run is None:
+        walk = _Walk(plan=resumption.plan, failed_at=resumption.failed_at, index=resumption.next_index,
+                     outputs=dict(resumption.outputs), checksums=list(resumption.checksums))
+        while walk.index < len(walk.plan):
+            step = walk.plan[walk.index]
+            if walk.run is None:
                 boundary = state.at_boundary(task.pk)
                 if boundary.past_deadline:
                     return self._past_deadline()
                 if boundary.pause:
                     return self._pause(boundary.pause, step)
-                run = state.begin_step(task, self.owner, step, index, completed=list(resumption.outputs))
-                if run is None:
+                walk.run = state.begin_step(task, self.owner, step, walk.index, completed=list(resumption.outputs))
+                if walk.run is None:
                     return "interrupted before step " + step.name, None
-            with self._observed(step, index) as seen:
-                heartbeat = Heartbeat(task.pk, self.owner)
-                batches = BatchStore(task, self.owner, index, checkpoints.input_digest(task, step, checksums))
-                context = StepContext(task=task, arguments=arguments, outputs=outputs, progress=heartbeat.progress,
-                                      batches=batches)
-                try:
-                    with heartbeat:
-                        output = step.run(context)
-                    prepared = checkpoints.prepare(task, step, index, output, checksums)
-                except Interrupted:
-                    state.finish_step_run(run, StepOutcome.INTERRUPTED)
-                    return f"interrupted in step {step.name}", None
-                except WaitFor as wait:
-                    if state.pause_for_input(task, self.owner, wait.reason, wait.input_request, run):
-                        seen["outcome"] = "paused"
-                        return f"paused in step {step.name}", None
-                    state.finish_step_run(run, StepOutcome.INTERRUPTED)
-                    return f"interrupted in step {step.name}", None
-                except Exception as exc:
-                    failure = self._final_failure(exc)
-                    if failed_at is not None or failure is None or not self.pipeline.compensates_before(index):
-                        outcome, retry_at = self._failed(run, exc, compensating=failed_at is not None)
-                        seen["outcome"] = outcome.split(" ")[0]  # retrying, failed or interrupted
-                        return outcome, retry_at
-                    # A saga's step failed for good: undo the steps before it, each a checkpointed step.
-                    plan, failed_at = self.pipeline.plan(index), index
-                    marker = checkpoints.prepare(task, plan[index], index, failure.as_dict(), checksums)
-                    compensating = state.begin_compensation(task, self.owner, marker, run, failure,
-                                                            (plan[index + 1], index + 1), steps_total=len(plan))
-                    if not compensating.moved:
-                        return f"interrupted after step {step.name} failed", None
-                    run = compensating.next_run
-                    seen["outcome"] = "compensating"
-                    outputs[marker.step.name] = json.loads(marker.data)
-                    checksums.append(marker.checksum)
-                    index += 1
-                    continue
-                following = index + 1 < len(plan)
-                boundary = state.at_boundary(task.pk) if following else state.Boundary("", False)
-                # This job goes on to the next step unless it has run long enough (then a fresh job does),
-                # someone asked the task to pause, or its deadline passed.
-                go_on = (following and not boundary.pause and not boundary.past_deadline
-                         and not self._slice_used())
-                then = (plan[index + 1], index + 1) if go_on else None
-                advanced = state.complete_step(task, self.owner, prepared, run, then)
-                if not advanced.moved:
-                    state.finish_step_run(run, StepOutcome.INTERRUPTED)
-                    return f"interrupted after step {step.name}", None
-                seen["outcome"] = "succeeded"
-            crash_point("after_checkpoint")
-            # What later steps read is what a resumed run would read: the stored JSON.
-            outputs[step.name] = json.loads(prepared.data)
-            checksums.append(prepared.checksum)
-            if following and then is None:
-                if boundary.past_deadline:
-                    return self._past_deadline()
-                if boundary.pause:
-                    return self._pause(boundary.pause, plan[index + 1])
-                return ("handed on to a new job" if state.hand_on(task, self.owner) else "interrupted"), None
-            run = advanced.next_run
-            index += 1
-        if failed_at is not None:
-            return self._compensated(plan, failed_at, outputs)
-        return self._succeed(outputs[plan[-1].name])
+            ended = self._step(walk, step, walk.run, arguments)
+            if ended is not None:
+                return ended
+        if walk.failed_at is not None:
+            return self._compensated(walk.plan, walk.failed_at, walk.outputs)
+        return self._succeed(walk.outputs[walk.plan[-1].name])
+
+    def _step(self, walk: _Walk, step: Step, run: StepRun, arguments: Any) -> Outcome | None:
+        """Run the walk's current step (under `run`) and checkpoint it. Returns the job's outcome if the job
+        ends here, None if it goes on with the walk's next step (the walk then says which, under which run)."""
+        task, index = self.task, walk.index
+        with self._observed(step, index) as seen:
+            heartbeat = Heartbeat(task.pk, self.owner)
+            batches = BatchStore(task, self.owner, index, checkpoints.input_digest(task, step, walk.checksums))
+            context = StepContext(task=task, arguments=arguments, outputs=walk.outputs, progress=heartbeat.progress,
+                                  batches=batches)
+            try:
+                with heartbeat:
+                    output = step.run(context)
+                prepared = checkpoints.prepare(task, step, index, output, walk.checksums)
+            except Interrupted:
+                state.finish_step_run(run, StepOutcome.INTERRUPTED)
+                return f"interrupted in step {step.name}", None
+            except WaitFor as wait:
+                if state.pause_for_input(task, self.owner, wait.reason, wait.input_request, run):
+                    seen["outcome"] = "paused"
+                    return f"paused in step {step.name}", None
+                state.finish_step_run(run, StepOutcome.INTERRUPTED)
+                return f"interrupted in step {step.name}", None
+            except Exception as exc:
+                return self._step_failed(walk, step, run, exc, seen)
+            following = index + 1 < len(walk.plan)
+            boundary = state.at_boundary(task.pk) if following else state.Boundary("", False)
+            # This job goes on to the next step unless it has run long enough (then a fresh job does),
+            # someone asked the task to pause, or its deadline passed.
+            go_on = (following and not boundary.pause and not boundary.past_deadline
+                     and not self._slice_used())
+            then = (walk.plan[index + 1], index + 1) if go_on else None
+            advanced = state.complete_step(task, self.owner, prepared, run, then)
+            if not advanced.moved:
+                state.finish_step_run(run, StepOutcome.INTERRUPTED)
+                return f"interrupted after step {step.name}", None
+            seen["outcome"] = "succeeded"
+        crash_point("after_checkpoint")
+        # What later steps read is what a resumed run would read: the stored JSON.
+        walk.outputs[step.name] = json.loads(prepared.data)
+        walk.checksums.append(prepared.checksum)
+        if following and then is None:
+            return self._stop_at_boundary(boundary, walk.plan[index + 1])
+        walk.run = advanced.next_run
+        walk.index += 1
+        return None
+
+    def _stop_at_boundary(self, boundary: state.Boundary, next_step: Step) -> Outcome:
+        """This job stops after a checkpoint, before `next_step`: the deadline passed, a pause was asked for,
+        or the job ran its slice (then a new job goes on)."""
+        if boundary.past_deadline:
+            return self._past_deadline()
+        if boundary.pause:
+            return self._pause(boundary.pause, next_step)
+        return ("handed on to a new job" if state.hand_on(self.task, self.owner) else "interrupted"), None
+
+    def _step_failed(self, walk: _Walk, step: Step, run: StepRun, exc: Exception, seen: dict[str, str]
+                     ) -> Outcome | None:
+        """The walk's current step raised: the task retries, fails, or (a saga's step failed for good)
+        compensates, which goes on with the walk's next step (then None)."""
+        failure = self._final_failure(exc)
+        if walk.failed_at is not None or failure is None or not self.pipeline.compensates_before(walk.index):
+            outcome, retry_at = self._failed(run, exc, compensating=walk.failed_at is not None)
+            seen["outcome"] = outcome.split(" ")[0]  # retrying, failed or interrupted
+            return outcome, retry_at
+        return self._compensate(walk, step, run, failure, seen)
+
+    def _compensate(self, walk: _Walk, step: Step, run: StepRun, failure: ToolFailure, seen: dict[str, str]
+                    ) -> Outcome | None:
+        """A saga's step failed for good: undo the steps before it, each a checkpointed step. The walk's
+        plan becomes the compensation plan (its failure marker checkpointed at the failed step's index), and
+        the walk goes on with the first compensation (None), unless the task was taken meanwhile."""
+        task, index = self.task, walk.index
+        walk.plan, walk.failed_at = self.pipeline.plan(index), index
+        marker = checkpoints.prepare(task, walk.plan[index], index, failure.as_dict(), walk.checksums)
+        compensating = state.begin_compensation(task, self.owner, marker, run, failure,
+                                                (walk.plan[index + 1], index + 1), steps_total=len(walk.plan))
+        if not compensating.moved:
+            return f"interrupted after step {step.name} failed", None
+        walk.run = compensating.next_run
+        seen["outcome"] = "compensating"
+        walk.outputs[marker.step.name] = json.loads(marker.data)
+        walk.checksums.append(marker.checksum)
+        walk.index += 1
+        return None
 
     @contextmanager
     def _observed(self, step: Step, index: int) -> Iterator[dict[str, str]]:
@@ -241,10 +283,10 @@ class Runner:
                                            f"{failure.message}; undone, in this order: {', '.join(undone)}")
         return ("failed" if state.fail(self.task, self.owner, failure) else "interrupted"), None
 
-    def _failed(self, run: StepRun | None, exc: Exception, *, compensating: bool = False
-                ) -> tuple[str, float | None]:
+    def _classified(self, exc: Exception, *, compensating: bool) -> ToolFailure:
+        """The failure a step's exception stands for (logged with its traceback unless it is a ToolFailure)."""
         task = self.task
-        failure = self.pipeline.classify(exc, self.task.pk)
+        failure = self.pipeline.classify(exc, task.pk)
         if compensating and not failure.retryable:
             # An undo that cannot be done: a person must finish it (the task's checkpoints say how far it got).
             failure = failure.replaced(message=f"compensation step {task.current_step} failed: {failure.message}; "
@@ -252,6 +294,11 @@ class Runner:
         if not isinstance(exc, ToolFailure):
             logger.exception("task %s: step %s raised; treated as %s", task.pk, task.current_step,
                              failure.error_class)
+        return failure
+
+    def _failed(self, run: StepRun | None, exc: Exception, *, compensating: bool = False) -> Outcome:
+        task = self.task
+        failure = self._classified(exc, compensating=compensating)
         if isinstance(exc, Held):
             # Paused, or its downstream's breaker is open: the task waits, visibly (its status says why),
             # and goes on when it may; no attempt is spent on it.
