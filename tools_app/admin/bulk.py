@@ -158,28 +158,33 @@ class BulkActionAdmin(ReadOnlyAdmin[bulk.BulkAction]):
                 form.add_error(None, invalid.message)
             else:
                 confirm = ConfirmForm(request.POST if "confirm" in request.POST else None, target=flt.target)
-                if confirm.is_bound and confirm.is_valid():
-                    try:
-                        started = bulk.start(request.user, flt, confirm.cleaned_data["action"],
-                                             reason=confirm.cleaned_data["reason"])
-                    except StaleSecondFactor as stale:  # step-up: a fresh code, then the same form again
-                        self.message_user(request, f"not started: {stale}", messages.WARNING)
-                        back = urlencode({name: request.POST.get(name, "") for name in FilterForm.base_fields})
-                        return HttpResponseRedirect(second_factor_page(f"{request.path}?{back}", stale=True))
-                    except PermissionDenied as refused:  # audited by tools_app.bulk
-                        raise DjangoPermissionDenied(refused.message) from None
-                    except InvalidInput as invalid:
-                        confirm.add_error(None, invalid.message)
-                    else:
-                        self.message_user(request, f"bulk action #{started.pk} started over {started.total} "
-                                                   "items: the cluster runs it in batches", messages.SUCCESS)
-                        return HttpResponseRedirect(reverse("admin:tools_app_bulkaction_progress",
-                                                            args=[started.pk]))
+                started = self._start(request, flt, confirm) if confirm.is_bound and confirm.is_valid() else None
+                if started is not None:
+                    return started
         return TemplateResponse(request, "admin/tools_app/bulk_new.html", {
             **self.admin_site.each_context(request), "title": "Bulk action: select, count, confirm",
             "opts": self.opts, "form": form, "matched": matched, "confirm": confirm,
             "actions": bulk.actions_for(form.cleaned_data["target"]) if matched else [],
             "changelist_url": reverse("admin:tools_app_bulkaction_changelist")})
+
+    def _start(self, request: HttpRequest, flt: bulk.Filter, confirm: ConfirmForm) -> HttpResponse | None:
+        """Start the confirmed bulk action: the redirect to its progress (or to a fresh second factor), or None
+        with the refusal added to `confirm`."""
+        try:
+            started = bulk.start(request.user, flt, confirm.cleaned_data["action"],
+                                 reason=confirm.cleaned_data["reason"])
+        except StaleSecondFactor as stale:  # step-up: a fresh code, then the same form again
+            self.message_user(request, f"not started: {stale}", messages.WARNING)
+            back = urlencode({name: request.POST.get(name, "") for name in FilterForm.base_fields})
+            return HttpResponseRedirect(second_factor_page(f"{request.path}?{back}", stale=True))
+        except PermissionDenied as refused:  # audited by tools_app.bulk
+            raise DjangoPermissionDenied(refused.message) from None
+        except InvalidInput as invalid:
+            confirm.add_error(None, invalid.message)
+            return None
+        self.message_user(request, f"bulk action #{started.pk} started over {started.total} "
+                                   "items: the cluster runs it in batches", messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:tools_app_bulkaction_progress", args=[started.pk]))
 
     # --- progress and stop -----------------------------------------------------------------------------
 

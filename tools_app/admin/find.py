@@ -97,51 +97,61 @@ def find(user: User | AnonymousUser, text: str, *, tenant: Tenant | None = None,
 def _readings(user: User | AnonymousUser, text: str, tenant: Tenant | None, tool: str,
               ) -> Iterator[tuple[str, str, QuerySet[Found]]]:
     """(kind, how, queryset) for every reading of `text` that can match something `user` may see."""
-    def visible(model: type[ModelT], tool_field: str | None = "tool") -> QuerySet[ModelT]:
-        rows = access.scope(model._default_manager.all(), user)
-        if tenant is not None:
-            rows = rows.filter(tenant=tenant)
-        if tool and tool_field:
-            rows = rows.filter(**{tool_field: tool})
-        return rows
-
     may: Callable[[str], bool] = lambda model: user.has_perm(f"tools_app.view_{model}")  # noqa: E731
     as_uuid = _uuid(text)
     number = NUMBER.fullmatch(text)
     if may("idempotencyrecord"):
-        records = visible(IdempotencyRecord)
-        if keys.KEY_PATTERN.fullmatch(text):
-            visible_ids = access.visible_tenant_ids(user)
-            tenant_ids = ([tenant.pk] if tenant is not None
-                          else visible_ids if visible_ids is not None else Tenant.objects.values_list("id", flat=True))
-            tools = [tool] if tool else [name for name, _ in tool_choices()[1:]]
-            yield "idempotency record", "idempotency key", engine.records_with_key(text, tenant_ids=tenant_ids,
-                                                                                   tools=tools)
-        if DIGEST.fullmatch(text):
-            yield "idempotency record", "key digest", engine.records_with_key_digest(text, records)
-        if as_uuid is not None:
-            yield "idempotency record", "operation id", records.filter(operation_id=as_uuid)
-        if (operation := engine.operation_id_of(text)) is not None:
-            yield "idempotency record", "downstream key", records.filter(operation_id=operation)
-        if number:
-            yield "idempotency record", "record id", records.filter(pk=int(number.group(1)))
-        if len(text) <= TRACE_ID_MAX:
-            yield "idempotency record", "trace id", records.filter(trace_id=text)
-        yield from _attribute_readings(records, text)
+        yield from _record_readings(user, text, tenant, tool, as_uuid, number)
     if may("approvalrequest"):
-        requests = visible(ApprovalRequest)
+        requests = _visible(ApprovalRequest, user, tenant, tool)
         if number:
             yield "approval request", "approval request id", requests.filter(pk=int(number.group(1)))
         if len(text) <= TRACE_ID_MAX:
             yield "approval request", "trace id", requests.filter(trace_id=text)
     if may("task"):
-        tasks = visible(Task)
+        tasks = _visible(Task, user, tenant, tool)
         if as_uuid is not None:
             yield "task", "task id", tasks.filter(pk=as_uuid)
         if len(text) <= TRACE_ID_MAX:
             yield "task", "trace id", tasks.filter(trace_id=text)
     if may("outboxevent") and as_uuid is not None:
-        yield "outbox event", "event id", visible(OutboxEvent, "record__tool").filter(pk=as_uuid)
+        yield "outbox event", "event id", _visible(OutboxEvent, user, tenant, tool, "record__tool").filter(pk=as_uuid)
+
+
+def _visible(model: type[ModelT], user: User | AnonymousUser, tenant: Tenant | None, tool: str,
+             tool_field: str | None = "tool") -> QuerySet[ModelT]:
+    """`model`'s rows that `user` may see, of `tenant` and `tool` if given."""
+    rows = access.scope(model._default_manager.all(), user)
+    if tenant is not None:
+        rows = rows.filter(tenant=tenant)
+    if tool and tool_field:
+        rows = rows.filter(**{tool_field: tool})
+    return rows
+
+
+def _record_readings(user: User | AnonymousUser, text: str, tenant: Tenant | None, tool: str,
+                     as_uuid: uuid.UUID | None, number: re.Match[str] | None,
+                     ) -> Iterator[tuple[str, str, QuerySet[Found]]]:
+    """The readings of `text` that can match an idempotency record `user` may see."""
+    records = _visible(IdempotencyRecord, user, tenant, tool)
+    if keys.KEY_PATTERN.fullmatch(text):
+        visible_ids = access.visible_tenant_ids(user)
+        tenant_ids = ([tenant.pk] if tenant is not None
+                      else visible_ids if visible_ids is not None else Tenant.objects.values_list("id", flat=True))
+        tools = [tool] if tool else [name for name, _ in tool_choices()[1:]]
+        yield "idempotency record", "idempotency key", engine.records_with_key(text, tenant_ids=tenant_ids,
+                                                                               tools=tools)
+    if DIGEST.fullmatch(text):
+        yield "idempotency record", "key digest", engine.records_with_key_digest(text, records)
+    if as_uuid is not None:
+        yield "idempotency record", "operation id", records.filter(operation_id=as_uuid)
+    if (operation := engine.operation_id_of(text)) is not None:
+        yield "idempotency record", "downstream key", records.filter(operation_id=operation)
+    if number:
+        yield "idempotency record", "record id", records.filter(pk=int(number.group(1)))
+    if len(text) <= TRACE_ID_MAX:
+        yield "idempotency record", "trace id", records.filter(trace_id=text)
+    yield from _attribute_readings(records, text)
 
 
 def _attribute_readings(records: QuerySet[IdempotencyRecord], text: str,

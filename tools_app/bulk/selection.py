@@ -100,12 +100,17 @@ def selection(flt: Filter, user: Any) -> QuerySet[Any]:
     if flt.tenant:
         rows = rows.filter(tenant__slug=flt.tenant)
     if flt.attributes:
-        unknown = set(flt.attributes) - set(search_field_names())
-        if unknown:
-            raise InvalidInput(f"no tool declares the search field(s) {sorted(unknown)}; declared: "
-                               f"{', '.join(search_field_names()) or 'none'}")
-        rows = rows.filter(**{f"{shape.attributes}__contains": flt.attributes})
+        rows = _with_attributes(rows, shape, flt.attributes)
     return rows
+
+
+def _with_attributes(rows: QuerySet[Any], shape: Shape, attributes: dict[str, str]) -> QuerySet[Any]:
+    """The rows whose business attributes hold `attributes` (each a declared search field)."""
+    unknown = set(attributes) - set(search_field_names())
+    if unknown:
+        raise InvalidInput(f"no tool declares the search field(s) {sorted(unknown)}; declared: "
+                           f"{', '.join(search_field_names()) or 'none'}")
+    return rows.filter(**{f"{shape.attributes}__contains": attributes})
 
 
 def count(flt: Filter, user: Any) -> int:

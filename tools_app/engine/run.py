@@ -180,6 +180,12 @@ def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outc
         record = wait_for_outcome(record)
         if lease_expired(record):
             record = _take_over(record, op)
+    return _follow_status(record, op, execute)
+
+
+def _follow_status(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
+    """Answer a follower by the status of the key's record (reused with the same arguments). None means:
+    try to claim again."""
     match record.status:
         case RecordStatus.SUCCEEDED:
             return Outcome(record, replayed=True)

@@ -123,21 +123,7 @@ def trend(viewer: object | None, window: str = "hour", *, tenant_id: int | None 
                               tool=tool)
         return [step for step in found if step.at in at]
 
-    writes = {spec.name: spec.writes for spec in all_tools()}
-    replayed: dict[datetime, list[int]] = {}
-    for step in series(counters.TOOL_CALL, ("tool", "label")):
-        tool_name, label = step.tool or "", step.label or ""  # grouped by both: never None
-        if not writes.get(tool_name, True):  # a read tool's calls: the rates are of writes
-            continue
-        point = at[step.at]
-        point.outcomes[label] = point.outcomes.get(label, 0) + step.count
-        if step.label == CallOutcome.REPLAYED and step.buckets is not None:  # several tools: add their histograms
-            seen = replayed.get(step.at)
-            replayed[step.at] = step.buckets if seen is None else [a + b for a, b in zip(seen, step.buckets,
-                                                                                       strict=True)]
-    for moment, buckets in replayed.items():
-        at[moment].replay_p50_ms = _ms(rollup.quantile(counters.TOOL_CALL, buckets, 0.5))
-        at[moment].replay_p95_ms = _ms(rollup.quantile(counters.TOOL_CALL, buckets, 0.95))
+    _add_call_outcomes(at, series(counters.TOOL_CALL, ("tool", "label")))
     for step in series(counters.PROCESSING_TIMEOUT):
         at[step.at].processing_timeouts = step.count
     for step in series(counters.DOWNSTREAM_DUPLICATE):
@@ -158,6 +144,26 @@ def trend(viewer: object | None, window: str = "hour", *, tenant_id: int | None 
         points[i].unknown = max(unknown, 0)
         unknown -= moves.get(i, 0)
     return Trend(window=win, now=now, tenant_id=tenant_id, tool=tool, points=points)
+
+
+def _add_call_outcomes(at: dict[datetime, Point], steps: list[rollup.Point]) -> None:
+    """Count the write tools' calls by outcome into their points (`steps`: grouped by tool and outcome), with
+    the replays' p50 and p95."""
+    writes = {spec.name: spec.writes for spec in all_tools()}
+    replayed: dict[datetime, list[int]] = {}
+    for step in steps:
+        tool_name, label = step.tool or "", step.label or ""  # grouped by both: never None
+        if not writes.get(tool_name, True):  # a read tool's calls: the rates are of writes
+            continue
+        point = at[step.at]
+        point.outcomes[label] = point.outcomes.get(label, 0) + step.count
+        if step.label == CallOutcome.REPLAYED and step.buckets is not None:  # several tools: add their histograms
+            seen = replayed.get(step.at)
+            replayed[step.at] = step.buckets if seen is None else [a + b for a, b in zip(seen, step.buckets,
+                                                                                       strict=True)]
+    for moment, buckets in replayed.items():
+        at[moment].replay_p50_ms = _ms(rollup.quantile(counters.TOOL_CALL, buckets, 0.5))
+        at[moment].replay_p95_ms = _ms(rollup.quantile(counters.TOOL_CALL, buckets, 0.95))
 
 
 def _ms(seconds: float | None) -> float | None:

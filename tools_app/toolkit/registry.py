@@ -295,6 +295,12 @@ def _check(spec: ToolSpec) -> None:
     unknown: AbstractSet[str] = spec.personal_fields - spec.input_model.model_fields.keys()
     if unknown:
         raise TypeError(f"tool {spec.name!r} declares personal fields it does not take: {sorted(unknown)}")
+    _check_options(spec)
+
+
+def _check_options(spec: ToolSpec) -> None:
+    """The rest of _check: the declaration's options agree with the tool's kind and its fields."""
+    unknown: AbstractSet[str]
     if spec.requires_operation_id and (not spec.writes or spec.pipeline is not None):
         raise TypeError(f"tool {spec.name!r}: only a short write tool can require an issued operation id")
     if unknown := spec.non_business_fields - spec.input_model.model_fields.keys():

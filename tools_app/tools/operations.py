@@ -153,35 +153,45 @@ def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
     ends, then the task's result). not_found: no such operation in this tenant, or its key was freed after its
     retention."""
     if args.operation_id is not None:
-        operation_id = _uuid(args.operation_id)
-        record = _live(ctx.tenant_id, operation_id=operation_id)
-        if record is None:
-            if operation_id is not None and (tool := engine.claimed_in_flight(
-                    ctx.tenant_id, operation_id, [spec.name for spec in all_tools() if spec.writes])):
-                return _in_flight_view(operation_id, tool)
-            # Committed since we looked (its claim's lock is gone), or not there at all.
-            record = _live(ctx.tenant_id, operation_id=operation_id)
-        if record is None:
-            raise _not_found(ctx.tenant_id, args.operation_id)
-        return _view(record, as_long_tool=record.tool == agent_view.START_TASK)
+        return _by_operation_id(ctx.tenant_id, args.operation_id)
     assert args.tool is not None and args.idempotency_key is not None  # GetOperationInput._one_form
+    return _by_key(ctx.tenant_id, args.tool, args.idempotency_key)
+
+
+def _by_operation_id(tenant_id: int, given: str) -> OperationView:
+    """get_operation by operation_id (`given` as the caller wrote it)."""
+    operation_id = _uuid(given)
+    record = _live(tenant_id, operation_id=operation_id)
+    if record is None:
+        if operation_id is not None and (tool := engine.claimed_in_flight(
+                tenant_id, operation_id, [spec.name for spec in all_tools() if spec.writes])):
+            return _in_flight_view(operation_id, tool)
+        # Committed since we looked (its claim's lock is gone), or not there at all.
+        record = _live(tenant_id, operation_id=operation_id)
+    if record is None:
+        raise _not_found(tenant_id, given)
+    return _view(record, as_long_tool=record.tool == agent_view.START_TASK)
+
+
+def _by_key(tenant_id: int, tool: str, key: str) -> OperationView:
+    """get_operation by tool and idempotency_key."""
     try:
-        spec = get_tool(args.tool)
+        spec = get_tool(tool)
     except NotFound:
-        raise NotFound(f"tool: no tool {args.tool!r}") from None
+        raise NotFound(f"tool: no tool {tool!r}") from None
     if spec.pipeline is not None:
         # A long tool called directly is the start_task operation for it (one key space, one task).
-        found = _live_or_in_flight(ctx.tenant_id, agent_view.START_TASK, args.idempotency_key, shown_as=spec.name)
+        found = _live_or_in_flight(tenant_id, agent_view.START_TASK, key, shown_as=spec.name)
         if isinstance(found, OperationView):
             return found
         if found is None or found.arguments.get("tool") != spec.name:
-            raise _not_found(ctx.tenant_id, args.idempotency_key)
+            raise _not_found(tenant_id, key)
         return _view(found, as_long_tool=True)
-    found = _live_or_in_flight(ctx.tenant_id, spec.name, args.idempotency_key, shown_as=spec.name)
+    found = _live_or_in_flight(tenant_id, spec.name, key, shown_as=spec.name)
     if isinstance(found, OperationView):
         return found
     if found is None:
-        raise _not_found(ctx.tenant_id, args.idempotency_key)
+        raise _not_found(tenant_id, key)
     return _view(found, as_long_tool=False)
 
 
