@@ -465,23 +465,29 @@ class IdempotentClient:
                 updated.append(entry)
                 continue
             self.store.follow_server_expiry(entry, found.structured)
-            state, _ = _OPERATION_STATUS.get(operation_status(found.get("status")), (None, None))
-            found_error = found.get("error") if isinstance(found.get("error"), dict) else None
-            if state == State.FAILED and found_error and is_retryable(str(found_error.get("class")),
-                                                                          found_error.get("retry_after")):
-                # Failed in a way that did nothing (transient): the same key may run it again.
-                state = State.SUBMITTED
-            if state is None:
-                continue
-            entry.state = state
-            entry.operation_id = found.get("operation_id") or entry.operation_id
-            if state == State.DONE:
-                entry.result, entry.error = found.get("result"), None
-            elif found.get("error"):
-                entry.error = found.get("error")
-            self.store.save(entry)
-            updated.append(entry)
+            if _take_operation(entry, found):
+                self.store.save(entry)
+                updated.append(entry)
         return updated
+
+
+def _take_operation(entry: Entry, found: CallResult) -> bool:
+    """Update an unfinished `entry` from get_operation's answer about it; False if the status says nothing new."""
+    state, _ = _OPERATION_STATUS.get(operation_status(found.get("status")), (None, None))
+    found_error = found.get("error") if isinstance(found.get("error"), dict) else None
+    if state == State.FAILED and found_error and is_retryable(str(found_error.get("class")),
+                                                                  found_error.get("retry_after")):
+        # Failed in a way that did nothing (transient): the same key may run it again.
+        state = State.SUBMITTED
+    if state is None:
+        return False
+    entry.state = state
+    entry.operation_id = found.get("operation_id") or entry.operation_id
+    if state == State.DONE:
+        entry.result, entry.error = found.get("result"), None
+    elif found.get("error"):
+        entry.error = found.get("error")
+    return True
 
 
 # --- reading answers -------------------------------------------------------------------------------

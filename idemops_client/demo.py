@@ -190,30 +190,12 @@ async def verify(client: IdempotentClient, proxy: FaultProxy, report: Report, ta
     report.say("Checking for duplicates:")
     # 1. The wire: per operation (tool + canonical business arguments), the resources the server's answers named,
     #    delivered or not. Two orders for one operation show up as two order ids.
-    keys: defaultdict[tuple[str | None, str], set[str | None]] = defaultdict(set)
-    resources: defaultdict[tuple[str | None, str], set[tuple[str, Any]]] = defaultdict(set)
-    for exchange in proxy.calls():
-        if exchange.key is None or exchange.arguments is None or exchange.reply is None:
-            continue  # a request the server never saw (a 503 from the proxy) did nothing
-        operation = (exchange.tool, canonical_json(business_arguments(exchange.arguments)))
-        keys[operation].add(exchange.key)
-        structured = exchange.structured or {}
-        if not structured.get("error"):
-            resources[operation] |= {(k, str(structured[k])) for k in RESULT_IDS if k in structured}
+    keys, resources = _seen_on_the_wire(proxy)
     wire = wire_duplicates(resources)
     report.say(f"- on the wire: {len(keys)} operations reached the server with {sum(len(v) for v in keys.values())} "
                f"keys and named {sum(len(v) for v in resources.values())} resources; duplicates {wire}")
     # 2. The read tools: every order of this run, by probing ids around the ones we got.
-    ids = sorted(int(v) for op in resources.values() for k, v in op if k == "order_id")
-    customers: defaultdict[str, int] = defaultdict(int)
-    if ids:
-        for order_id in range(ids[0], min(ids[-1] + 6, ids[0] + ORDER_PROBE_LIMIT)):
-            try:
-                found = await client.call("get_order", {"order_id": order_id})
-            except ToolCallError:
-                continue
-            if str(found["customer"]).startswith(f"{tag}-"):
-                customers[found["customer"]] += 1
+    customers = await _orders_of_run(client, resources, tag)
     order_duplicates = sum(n - 1 for n in customers.values())
     report.say(f"- get_order: {len(customers)} orders of this run found, {sum(customers.values())} rows; "
                f"duplicates {order_duplicates}")
@@ -242,6 +224,40 @@ async def verify(client: IdempotentClient, proxy: FaultProxy, report: Report, ta
     if not documents:
         report.problems.append("the ingested document is not found")
     return int(max(wire, order_duplicates + document_duplicates + payment_duplicates))
+
+
+Operation = tuple[str | None, str]  # (tool, canonical business arguments)
+Named = set[tuple[str, Any]]  # the resources an operation's answers named: (result field, id)
+
+
+def _seen_on_the_wire(proxy: FaultProxy) -> tuple[dict[Operation, set[str | None]], dict[Operation, Named]]:
+    """Per operation, the keys it was sent with and the resources the server's answers named (delivered or not)."""
+    keys: defaultdict[Operation, set[str | None]] = defaultdict(set)
+    resources: defaultdict[Operation, Named] = defaultdict(set)
+    for exchange in proxy.calls():
+        if exchange.key is None or exchange.arguments is None or exchange.reply is None:
+            continue  # a request the server never saw (a 503 from the proxy) did nothing
+        operation = (exchange.tool, canonical_json(business_arguments(exchange.arguments)))
+        keys[operation].add(exchange.key)
+        structured = exchange.structured or {}
+        if not structured.get("error"):
+            resources[operation] |= {(k, str(structured[k])) for k in RESULT_IDS if k in structured}
+    return keys, resources
+
+
+async def _orders_of_run(client: IdempotentClient, resources: dict[Operation, Named], tag: str) -> dict[str, int]:
+    """Rows per customer of this run's orders (get_order), probing ids from the first order id the wire named."""
+    ids = sorted(int(v) for op in resources.values() for k, v in op if k == "order_id")
+    customers: defaultdict[str, int] = defaultdict(int)
+    if ids:
+        for order_id in range(ids[0], min(ids[-1] + 6, ids[0] + ORDER_PROBE_LIMIT)):
+            try:
+                found = await client.call("get_order", {"order_id": order_id})
+            except ToolCallError:
+                continue
+            if str(found["customer"]).startswith(f"{tag}-"):
+                customers[found["customer"]] += 1
+    return customers
 
 
 def wire_duplicates(resources: dict[Any, set[Any]]) -> int:

@@ -675,6 +675,16 @@ class IdemopsSettings(BaseSettings):
             problems.append(f"{env_name('debug')} is on: {production} never shows tracebacks")
         if self.demo:
             problems.append(f"{env_name('demo')} is on: {production} creates no demo tenant, people or token")
+        problems += self._production_address_problems(production)
+        if self.crash_points:
+            problems.append(f"{env_name('crash_points')} is set: {production} never kills itself for a test")
+        if self.conformance_test_tools:
+            problems.append(f"{env_name('conformance_test_tools')} is on: {production} serves no test-only tools")
+        return problems
+
+    def _production_address_problems(self, production: str) -> list[str]:
+        """What IDEMOPS_ENV=production refuses of the addresses the server is reached at."""
+        problems = []
         if urlsplit(self.public_url).scheme != "https":
             problems.append(f"{env_name('public_url')}={self.public_url!r} is not https://: {production} "
                             "serves over TLS only")
@@ -685,10 +695,6 @@ class IdemopsSettings(BaseSettings):
             problems.append(f"{env_name('mcp_allowed_hosts')} is the development default "
                             f"({','.join(self.mcp_allowed_hosts)}): {production} needs the host names MCP "
                             "clients use (any other Host header is refused)")
-        if self.crash_points:
-            problems.append(f"{env_name('crash_points')} is set: {production} never kills itself for a test")
-        if self.conformance_test_tools:
-            problems.append(f"{env_name('conformance_test_tools')} is on: {production} serves no test-only tools")
         return problems
 
 
