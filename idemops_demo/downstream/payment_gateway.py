@@ -185,6 +185,31 @@ async def note_request(request: Request, key: str) -> None:
 async def create_payment(request: Request) -> Response:
     key = request.headers.get("idempotency-key", "")
     await note_request(request, key)
+    parsed = await _parsed(request, key)
+    if isinstance(parsed, Response):
+        return parsed
+    payment, operation_id = parsed
+    fault, seconds = request.headers.get("x-fault"), None
+    if not fault:
+        async with request.app.state.db.connection() as conn:
+            fault, seconds = await take_fault(conn, key)
+    refused = await _fault_before_paying(request, key, fault, seconds)
+    if refused is not None:
+        return refused
+    digest = hashlib.sha256(json.dumps({k: str(v) for k, v in payment.items()}, sort_keys=True).encode())
+    if fault == "conflict":
+        return _key_reused()
+    async with request.app.state.db.connection() as conn:
+        row, created = await insert_once(conn, key, digest.hexdigest(), payment, operation_id)
+    if row[2] != digest.hexdigest():
+        return _key_reused()
+    if created:
+        request.app.state.callbacks.report(key, payment_json(row))
+    return await _paid_answer(fault, row, created)
+
+
+async def _parsed(request: Request, key: str) -> tuple[Payment, str | None] | Response:
+    """The payment asked for and its X-Operation-Id, or the 4xx answer that refuses the request."""
     if not key or len(key) > 200:
         return JSONResponse({"error": "Idempotency-Key header is required (at most 200 characters)"}, 400)
     operation_id = request.headers.get("x-operation-id") or None
@@ -197,10 +222,12 @@ async def create_payment(request: Request) -> Response:
     payment, problem = validate(body if isinstance(body, dict) else {})
     if payment is None:
         return JSONResponse({"error": problem}, 422)
-    fault, seconds = request.headers.get("x-fault"), None
-    if not fault:
-        async with request.app.state.db.connection() as conn:
-            fault, seconds = await take_fault(conn, key)
+    return payment, operation_id
+
+
+async def _fault_before_paying(request: Request, key: str, fault: str | None, seconds: float | None
+                               ) -> Response | None:
+    """An injected fault that strikes before the payment is made: its answer (None: go on, maybe slowly)."""
     if fault == "slow":
         await _slowly(request, key, SLOW_SECONDS if seconds is None else seconds)
     if fault == "fail":
@@ -215,15 +242,11 @@ async def create_payment(request: Request) -> Response:
     if fault == "hang":
         # Never answers and never pays, not even after the client gave up (and holds no connection).
         return await _never_answer()
-    digest = hashlib.sha256(json.dumps({k: str(v) for k, v in payment.items()}, sort_keys=True).encode())
-    if fault == "conflict":
-        return _key_reused()
-    async with request.app.state.db.connection() as conn:
-        row, created = await insert_once(conn, key, digest.hexdigest(), payment, operation_id)
-    if row[2] != digest.hexdigest():
-        return _key_reused()
-    if created:
-        request.app.state.callbacks.report(key, payment_json(row))
+    return None
+
+
+async def _paid_answer(fault: str | None, row: TupleRow, created: bool) -> Response:
+    """The answer once the payment is made (or found made): the payment, unless a fault strikes after it."""
     if fault == "succeed-then-hang":
         return await _never_answer()
     if fault == "succeed-then-fail":
