@@ -68,6 +68,31 @@ class Store:
     def by_id(self, operation_id: str) -> Operation | None:
         return next((op for op in self.operations.values() if op.operation_id == operation_id), None)
 
+    def claim(self, ctx: Context, tool: str, arguments: dict[str, Any]
+              ) -> tuple[Operation | None, CallToolResult | None]:
+        """The operation to run (new), or the answer for a key already used."""
+        key = (ctx.request_context.meta or {}).get(KEY_META)
+        if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
+            return None, error("invalid_input", f"the key must match {KEY_PATTERN.pattern}")
+        found = self.operations.get((self.scope(ctx), tool, key))
+        if found is None:
+            op = Operation(uuid.uuid4().hex, arguments)
+            self.operations[(self.scope(ctx), tool, key)] = op
+            return op, None
+        if found.arguments != arguments:
+            fields = {} if "conflict-without-fields" in self.defects else {"differing_fields": differing(
+                found.arguments, arguments)}
+            return None, error("conflict", "the key was used with other arguments", **fields)
+        if found.result is None:
+            return None, self.running_answer(found)
+        return None, answer(found, replayed="no-replay-marker" not in self.defects)
+
+    def running_answer(self, op: Operation) -> CallToolResult:
+        """A call of a running operation: in_progress, with the operation's handle."""
+        handle = {} if "in-progress-without-handle" in self.defects else {
+            "operation_id": op.operation_id, "idempotency": {"operation_id": op.operation_id}}
+        return error("in_progress", "the operation is running; ask again with the same key", retry_after=1, **handle)
+
 
 def error(kind: str, message: str, **details: Any) -> CallToolResult:
     block = {"error": {"class": kind, "message": message, **{k: v for k, v in details.items() if k != "idempotency"}}}
@@ -91,32 +116,9 @@ def differing(first: dict[str, Any], other: dict[str, Any]) -> list[str]:
 def build(defects: frozenset[str]) -> MCPServer:
     store = Store(defects)
 
-    def claim(ctx: Context, tool: str, arguments: dict[str, Any]) -> tuple[Operation | None, CallToolResult | None]:
-        """The operation to run (new), or the answer for a key already used."""
-        key = (ctx.request_context.meta or {}).get(KEY_META)
-        if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
-            return None, error("invalid_input", f"the key must match {KEY_PATTERN.pattern}")
-        found = store.operations.get((store.scope(ctx), tool, key))
-        if found is None:
-            op = Operation(uuid.uuid4().hex, arguments)
-            store.operations[(store.scope(ctx), tool, key)] = op
-            return op, None
-        if found.arguments != arguments:
-            fields = {} if "conflict-without-fields" in defects else {"differing_fields": differing(
-                found.arguments, arguments)}
-            return None, error("conflict", "the key was used with other arguments", **fields)
-        if found.result is None:
-            return None, running(found)
-        return None, answer(found, replayed="no-replay-marker" not in defects)
-
-    def running(op: Operation) -> CallToolResult:
-        handle = {} if "in-progress-without-handle" in defects else {
-            "operation_id": op.operation_id, "idempotency": {"operation_id": op.operation_id}}
-        return error("in_progress", "the operation is running; ask again with the same key", retry_after=1, **handle)
-
     async def create_order(customer: str, currency: str, items: list[dict[str, Any]], ctx: Context) -> CallToolResult:
         """Create an order (takes an idempotency key in _meta)."""
-        op, done = claim(ctx, "create_order", {"customer": customer, "currency": currency, "items": items})
+        op, done = store.claim(ctx, "create_order", {"customer": customer, "currency": currency, "items": items})
         if op is None:
             assert done is not None
             return done
@@ -126,7 +128,7 @@ def build(defects: frozenset[str]) -> MCPServer:
 
     async def ingest_document(text: str, ctx: Context) -> CallToolResult:
         """Ingest a document: runs a while, answering in_progress meanwhile (takes a key in _meta)."""
-        op, done = claim(ctx, "ingest_document", {"text": text})
+        op, done = store.claim(ctx, "ingest_document", {"text": text})
         if op is None:
             assert done is not None
             return done
@@ -138,7 +140,7 @@ def build(defects: frozenset[str]) -> MCPServer:
         task = asyncio.create_task(ingest())
         store.running.add(task)
         task.add_done_callback(store.running.discard)
-        return running(op)
+        return store.running_answer(op)
 
     async def get_operation(ctx: Context, operation_id: str | None = None, tool: str | None = None,
                             idempotency_key: str | None = None) -> CallToolResult:
