@@ -1,8 +1,9 @@
 """The idempotency engine: a write call's side effect commits once, and every retry gets the first answer.
 
 Owns the IdempotencyRecord and every change of it. Read `run.py` for how a call
-is claimed, executed or followed, `transitions.py` for each guarded state
-change, `lookup.py` for finding records by key, digest or downstream key,
+is claimed, executed or followed, `claims.py` for the claim of a key (and the
+reclaim of a transient failure), `transitions.py` for each guarded state
+change after it, `lookup.py` for finding records by key, digest or downstream key,
 `operation.py` for what the engine is given and answers, `prepared.py` for
 operation ids issued before the call (prepare_operation), and `hooks.py` for
 how the packages built on it (approvals, reconciliation) tell it what it does
@@ -12,6 +13,15 @@ May import: tools_app.core only (and Django, and the settings object `idemops.co
 reconciliation, tasks and the tools build on it; it never imports them.
 """
 
+from tools_app.engine.claims import (
+    claim,
+    claim_operation_id,
+    claimed_in_flight,
+    downstream_key,
+    new_record,
+    operation_id_of,
+    reclaim,
+)
 from tools_app.engine.hooks import hooks
 from tools_app.engine.lookup import records_with_key, records_with_key_digest
 from tools_app.engine.operation import (
@@ -35,11 +45,7 @@ from tools_app.engine.transitions import (
     FINISHED,
     LEASE_SWEEPER,
     await_approval,
-    claim,
-    claim_operation_id,
-    claimed_in_flight,
     close_unapproved,
-    downstream_key,
     end_retention,
     expire_lease,
     expire_leases,
@@ -51,10 +57,7 @@ from tools_app.engine.transitions import (
     mark_failed,
     mark_succeeded,
     mark_unknown,
-    new_record,
     note_unresolved,
-    operation_id_of,
-    reclaim,
     release,
     renew_lease,
     reread,

@@ -1,7 +1,7 @@
 """Finding records by what people quote: an idempotency key, its digest, or the key we sent downstream.
 
 Reads only. A key we sent downstream is turned back into its operation by
-transitions.operation_id_of, beside transitions.downstream_key that derives it.
+claims.operation_id_of, beside claims.downstream_key that derives it.
 """
 
 from __future__ import annotations

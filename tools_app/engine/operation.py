@@ -206,7 +206,7 @@ class Outcome:
     """What a call ended in: a result (first or replayed) or an error."""
 
     # Not saved (no pk) when the key's record is not committed yet (in_progress): it holds what is
-    # known, the operation id that record has (engine.transitions.uncommitted).
+    # known, the operation id that record has (engine.claims.uncommitted).
     record: IdempotencyRecord
     replayed: bool = False
     error: ToolFailure | None = None

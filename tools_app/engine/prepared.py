@@ -12,7 +12,7 @@ Lifetime of an id:
   (IDEMOPS_OPERATION_ID_TTL_SECONDS): a replay of prepare_operation never answers a lapsed id;
 - used, it is its record's key, with the tool's retention and expiry policy;
 - once that record is retired (retention ended, or an operator released a held key) the id is
-  spent: a new operation needs a new id (engine.transitions.claim refuses it too, should the
+  spent: a new operation needs a new id (engine.claims.claim refuses it too, should the
   record be retired between this check and the claim).
 """
 

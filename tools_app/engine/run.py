@@ -1,6 +1,6 @@
 """Running an operation once: claim it, execute it as its one executor, or follow whoever did.
 
-1. Claim (transitions.claim): the caller whose row went in is the executor; every other caller
+1. Claim (claims.claim): the caller whose row went in is the executor; every other caller
    is a follower.
 2. Execute: the executor runs the side effect and marks the record SUCCEEDED in the same
    transaction (local effects), or FAILED with an error class, or UNKNOWN when a downstream
@@ -36,6 +36,7 @@ from tools_app.core.errors import (
     invalid_data,
 )
 from tools_app.core.keys import key_digest
+from tools_app.engine.claims import claim, find_live, reclaim, uncommitted, whole
 from tools_app.engine.hooks import hooks
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.engine.operation import (
@@ -50,25 +51,20 @@ from tools_app.engine.operation import (
 )
 from tools_app.engine.transitions import (
     backed_off,
-    claim,
     close_retry_window,
     escalate_retries,
     expire_lease,
-    find_live,
     heartbeat,
     is_expired,
     lease_expired,
     mark_failed,
     mark_succeeded,
     mark_unknown,
-    reclaim,
     reread,
     retire,
     retry_wait,
     retry_window_closed,
     start_approved,
-    uncommitted,
-    whole,
 )
 
 logger = logging.getLogger(__name__)
