@@ -59,7 +59,7 @@ class Agent:
     actor: str
 
 
-def authorize(who: Agent | User | AnonymousUser, permit: Permit, obj: Any) -> str:  # obj: a tenant's row
+def authorize(who: Agent | User | AnonymousUser, permit: Permit, obj: Any) -> str:  # obj: see _tenants_of
     """The actor name of `who` (an operator's user, or an Agent) if it may do `permit`'s operation on `obj`.
 
     A person needs the permission, `obj`'s tenant among those they may see,
@@ -81,7 +81,7 @@ def authorize(who: Agent | User | AnonymousUser, permit: Permit, obj: Any) -> st
         actor = audit.user_actor(who)
         if not who.has_perm(permit.permission):
             refusal = f"missing permission: you do not have the permission to {permit.what}"
-        elif (visible := visible_tenant_ids(who)) is not None and obj.tenant_id not in visible:
+        elif (visible := visible_tenant_ids(who)) is not None and not _tenants_of(obj) <= visible:
             refusal = f"this {obj._meta.verbose_name} belongs to a tenant you may not see"
         elif not verified(who):
             # Checked here, for every operation and every entry point: a password alone changes nothing.
@@ -92,6 +92,15 @@ def authorize(who: Agent | User | AnonymousUser, permit: Permit, obj: Any) -> st
             return actor
     audit_refusal(permit, obj, actor, refusal)
     raise PermissionDenied(refusal)
+
+
+def _tenants_of(obj: Any) -> set[int]:
+    """The tenants of `obj`: a tenant's row (`tenant_id`), a row over several (`tenant_ids`, e.g. a bulk
+    action's selection), or a model class when the attempt names no single row (each row checked later)."""
+    if isinstance(obj, type):
+        return set()
+    tenant_ids = getattr(obj, "tenant_ids", None)
+    return set(tenant_ids) if tenant_ids is not None else {obj.tenant_id}
 
 
 def audit_refusal(permit: Permit, obj: Model | type[Model], actor: str, refusal: str) -> None:

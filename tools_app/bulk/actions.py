@@ -29,11 +29,10 @@ from django.db.models import Count, Q, QuerySet
 from idemops.conf import conf
 from tools_app import access, outbox, reconciliation, tasks
 from tools_app.access import second_factor
-from tools_app.access.authorization import SECOND_FACTOR_REFUSAL
 from tools_app.bulk.models import BulkAction, BulkItem, BulkState
 from tools_app.bulk.selection import SHAPES, Filter, Target, money_tools, selection
 from tools_app.core import audit, clock, db, jobs, outage
-from tools_app.core.errors import InvalidInput, PermissionDenied, Refused, ToolFailure
+from tools_app.core.errors import InvalidInput, Refused, ToolFailure
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser, User
@@ -102,17 +101,10 @@ def actions_for(target: str) -> list[Action]:
 
 def authorize(user: User | AnonymousUser, action: Action) -> str:
     """The actor name of `user` if they may run `action` in bulk: the bulk permission, the action's own
-    permission and a verified second factor. A refusal is audited, then raised."""
-    actor = audit.user_actor(user)
-    for permit in (RUN, action.permit):
-        if not user.has_perm(permit.permission):
-            refusal = f"missing permission: you do not have the permission to {permit.what}"
-            access.audit_refusal(RUN, BulkAction, actor, refusal)
-            raise PermissionDenied(refusal)
-    if not second_factor.verified(user):
-        access.audit_refusal(RUN, BulkAction, actor, SECOND_FACTOR_REFUSAL)
-        raise second_factor.SecondFactorRequired(SECOND_FACTOR_REFUSAL)
-    return actor
+    permission and a verified second factor (each item's tenant is checked again as it runs). A refusal
+    is audited, then raised."""
+    access.authorize(user, RUN, BulkAction)
+    return access.authorize(user, action.permit, BulkAction)
 
 
 def start(user: User | AnonymousUser, flt: Filter, action_name: str, *, reason: str = "") -> BulkAction:
@@ -181,18 +173,7 @@ def job_name(bulk: BulkAction) -> str:
 
 def stop(bulk: BulkAction, user: User | AnonymousUser, *, reason: str = "") -> bool:
     """Ask a running bulk action to stop: the batch under way finishes, no further batch starts."""
-    actor = audit.user_actor(user)
-    if not visible(BulkAction.objects.filter(pk=bulk.pk), user).exists():
-        refusal = f"not your tenants: its selection holds another tenant's rows, so you may not {STOP.what}"
-        access.audit_refusal(STOP, bulk, actor, refusal)
-        raise PermissionDenied(refusal)
-    if not user.has_perm(RUN_PERMISSION):
-        refusal = f"missing permission: you do not have the permission to {STOP.what}"
-        access.audit_refusal(STOP, bulk, actor, refusal)
-        raise PermissionDenied(refusal)
-    if not second_factor.verified(user):
-        access.audit_refusal(STOP, bulk, actor, SECOND_FACTOR_REFUSAL)
-        raise second_factor.SecondFactorRequired(SECOND_FACTOR_REFUSAL)
+    actor = access.authorize(user, STOP, bulk)  # the bulk permission, all its tenants, a second factor
     with transaction.atomic():
         if not _move(bulk, BulkState.RUNNING, BulkState.STOPPING, action="bulk.stop_requested", actor=actor,
                      reason=reason):
