@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -257,6 +259,20 @@ def faketime_env(offset: str) -> dict[str, str]:
     if not libraries:
         pytest.skip("libfaketime is not installed (apt-get install faketime)")
     return {"LD_PRELOAD": str(libraries[0]), "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+@contextmanager
+def running(*makers: Callable[[], Service]) -> Iterator[list[Service]]:
+    """Start each service in turn and yield them; stop them all (last first) at the end, or as soon as
+    one fails to start."""
+    started: list[Service] = []
+    try:
+        for make in makers:
+            started.append(make())
+        yield started
+    finally:
+        for process in reversed(started):
+            process.stop(grace=3)
 
 
 class DatabaseServer:

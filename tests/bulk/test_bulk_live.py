@@ -9,7 +9,7 @@ pg_stat_activity), the page is read, the locks are released. Every count is a co
 
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import httpx2
 import psycopg
@@ -20,7 +20,7 @@ from django_q.models import OrmQ
 
 from tests.bulk.support import unknown_records
 from tests.operators import admin_session, login_for_the_web_server, make_operator
-from tests.processes import WebServer, Worker
+from tests.processes import WebServer, Worker, running
 from tests.processes import test_database_url as database_url  # not collected as a test
 from tests.task_stack import wait_until
 from tools_app import bulk
@@ -37,18 +37,11 @@ NEW = reverse("admin:tools_app_bulkaction_new")
 @pytest.fixture(scope="module")
 def processes(django_db_setup, django_db_blocker):
     """A web process and a job cluster, each its own process, on the test database."""
-    started = []
-    with django_db_blocker.unblock():
-        try:
-            started.append(WebServer("bulk-web", **ENV))
-            started.append(Worker("bulk-jobs", **ENV))
-        except BaseException:
-            for process in started:
-                process.stop(grace=3)
-            raise
-    yield started
-    for process in reversed(started):
-        process.stop(grace=3)
+    with ExitStack() as stack:
+        with django_db_blocker.unblock():
+            started = stack.enter_context(running(lambda: WebServer("bulk-web", **ENV),
+                                                  lambda: Worker("bulk-jobs", **ENV)))
+        yield started
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import asyncio
 import os
 import re
 from collections import Counter
+from contextlib import ExitStack
 from datetime import timedelta
 from decimal import Decimal
 from email.utils import parsedate_to_datetime
@@ -31,7 +32,7 @@ from tests.documents_fixtures import long_text, pdf_of_text
 from tests.issued_ids import labelled_arguments
 from tests.mcp_client import call, call_sync, error_of
 from tests.operators import admin_session, login_for_the_web_server, make_operator
-from tests.processes import WebServer, Worker, downstream_env, faketime_env, manage
+from tests.processes import WebServer, Worker, downstream_env, faketime_env, manage, running
 from tests.task_stack import wait_until
 from tools_app.access.roles import APPROVER
 from tools_app.models import (
@@ -67,21 +68,13 @@ ENV = {
 def farm(django_db_setup, django_db_blocker, doc_dir, _gateway, _sink):
     """web A, web B (clock an hour ahead), cluster A, cluster B: all on the test database."""
     env = {**downstream_env(_gateway, _sink), **ENV, "IDEMOPS_DOCUMENT_ALLOWED_DIRS": str(doc_dir)}
-    started = []
-    with django_db_blocker.unblock():
-        try:
-            for make in (lambda: WebServer("scale-web-a", **env),
-                         lambda: WebServer("scale-web-b", **env, **faketime_env(AHEAD)),
-                         lambda: Worker("scale-jobs-a", **env),
-                         lambda: Worker("scale-jobs-b", **env)):
-                started.append(make())
-        except BaseException:
-            for process in started:
-                process.stop(grace=3)
-            raise
-    yield started
-    for process in reversed(started):
-        process.stop(grace=3)
+    with ExitStack() as stack:
+        with django_db_blocker.unblock():
+            started = stack.enter_context(running(lambda: WebServer("scale-web-a", **env),
+                                                  lambda: WebServer("scale-web-b", **env, **faketime_env(AHEAD)),
+                                                  lambda: Worker("scale-jobs-a", **env),
+                                                  lambda: Worker("scale-jobs-b", **env)))
+        yield started
 
 
 @pytest.fixture
