@@ -46,7 +46,7 @@ def main() -> None:
             self.base = f"http://127.0.0.1:{self.port}"
             log_dir = ROOT / "var" / "bench-logs"
             log_dir.mkdir(parents=True, exist_ok=True)
-            self.log = open(log_dir / f"ab-{cwd.name}.log", "wb")  # noqa: SIM115
+            self.log = open(log_dir / f"ab-{cwd.name}.log", "wb")
             self.process = subprocess.Popen(
                 [str(Path(sys.executable).parent / "granian"), "--interface", "asgi", "--host", "127.0.0.1",
                  "--port", str(self.port), "--workers", "1", "--log-level", "warning", "idemops.asgi:application"],

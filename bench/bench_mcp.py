@@ -51,7 +51,7 @@ class Server:
                     "--port", str(self.port), "--workers", str(workers), "--log-level", "warning", app]
         log_dir = ROOT / "var" / "bench-logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.log = open(log_dir / f"{app.split(':')[0]}-{server}-{workers}.log", "wb")  # noqa: SIM115
+        self.log = open(log_dir / f"{app.split(':')[0]}-{server}-{workers}.log", "wb")
         self.process = subprocess.Popen(argv, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
                                         env={**os.environ, "IDEMOPS_LOG_LEVEL": "WARNING",
                                              "IDEMOPS_PUBLIC_URL": self.base, **(env or {})},

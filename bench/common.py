@@ -123,7 +123,7 @@ def concurrently(work: Callable[[], object], threads: int) -> float:
         barrier.wait()
         try:
             work()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
+        except BaseException as exc:  # re-raised below
             failures.append(exc)
 
     started = [threading.Thread(target=worker) for _ in range(threads)]

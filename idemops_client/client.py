@@ -183,7 +183,7 @@ class IdempotentClient:
                     return await request(client)
         except anyio.get_cancelled_exc_class():
             raise
-        except BaseException as exc:  # noqa: BLE001 (classified; cancellation is re-raised above)
+        except BaseException as exc:  # classified; cancellation is re-raised above
             return failed_attempt(leaf(exc), seen, reached=reached)
         finally:
             http_seen.reset(token)

@@ -92,7 +92,7 @@ class Watch:
     signature: str
 
 
-class WaitElsewhere(Exception):  # noqa: N818  (not an error: a request to the caller)
+class WaitElsewhere(Exception):  # not an error: a request to the caller
     """Raised by `wait` inside a call run by `run_async`: wait for `check` out of this thread,
     then run the call again."""
 

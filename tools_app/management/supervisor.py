@@ -171,7 +171,7 @@ class Supervisor:
                     del self.due[unit.name]
                     try:
                         unit.start()
-                    except Exception as exc:  # noqa: BLE001 - whatever stopped it starting, it counts as a death
+                    except Exception as exc:  # whatever stopped it starting, it counts as a death
                         self._died(unit, f"could not be started again ({type(exc).__name__}: {exc})")
                     else:
                         logger.warning("process %s started again", unit.name)

@@ -67,7 +67,7 @@ class Interrupted(Exception):
     """The task was cancelled or its lease was lost: stop now, write nothing."""
 
 
-class WaitFor(Exception):  # noqa: N818  (a signal, not an error)
+class WaitFor(Exception):  # a signal, not an error
     """Pause the task until someone answers `input_request` (or just resumes it).
 
     `input_request` maps a key to {"message": ..., "schema": JSON Schema of the
