@@ -1,15 +1,19 @@
 """idemops' Django app: one package per concept. docs/architecture.md shows the layers.
 
-    core                errors, keys and fingerprints, db helpers, audit, leases, jobs, hooks, logs, tracing, counters
-    access | engine     tenants, tokens, roles, authorize | claim, execute, follow, record transitions
-    toolkit             what a tool author imports: registry, policies, pipelines, calls
-    approvals | reconciliation | outbox | tasks | documents
-    metrics             /metrics and the dashboard's figures, from the rows core.counters writes
-    tools               the tools themselves (and their business models)
-    mcp | api | admin | web | management      entry points
-    apps, schedules, models                    wiring: hooks, periodic jobs, the models Django loads
+The layers, top to bottom (pyproject.toml's import contract; a test holds this table to it):
 
-A package imports only from the lines above it (and its own modules); an
+    apps                                   wiring: the app's start-up (hooks, signals)
+    schedules | models | migrations        periodic jobs, the models Django loads, the schema
+    mcp | api | admin | web | management   entry points
+    tools                                  the platform's own tools
+    metrics | retention | bulk             figures, keeping and purging, recovery by filter
+    approvals | reconciliation | tasks     a person's decision, finding out unknown outcomes, long tasks
+    toolkit | outbox                       what a tool author imports; messages sent after commit
+    incidents                              breakers, pauses, in-flight limits per downstream
+    engine | access                        claim, execute, follow, record transitions | tenants, tokens, roles
+    core                                   errors, keys, fingerprints, db helpers, audit, leases, jobs, logs
+
+A package imports only from the lines below it (and its own modules); the
 import contract in `make lint` keeps it so.
 """
 

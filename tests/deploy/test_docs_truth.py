@@ -487,3 +487,25 @@ def test_the_readmes_operator_commands_and_the_client_demo_run_as_written_on_a_s
             assert demo.returncode == 0 and last.endswith("duplicates 0"), f"run {run}:\n{demo.stdout}\n{demo.stderr}"
     finally:
         serve.stop(grace=30)
+
+
+def test_every_package_opens_with_a_docstring_and_tools_app_draws_the_layers_pyproject_enforces():
+    """A newcomer finds a concept by its package name and reads what it is in its first lines; the
+    table of layers in tools_app/__init__.py is the one import-linter holds the code to."""
+    import tomllib
+
+    packages = sorted(path.parent for path in (ROOT / "tools_app").glob("*/__init__.py")
+                      if path.parent.name != "migrations")
+    without = [package.name for package in packages if not ast.get_docstring(ast.parse((package / "__init__.py")
+                                                                                        .read_text()))]
+    assert not without, f"packages without an opening docstring: {without}"
+
+    contract = next(c for c in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+                    if c["type"] == "layers" and c["containers"] == ["tools_app"])
+    enforced = [[name.strip() for name in layer.split("|")] for layer in contract["layers"]]
+    docstring = ast.get_docstring(ast.parse((ROOT / "tools_app" / "__init__.py").read_text())) or ""
+    drawn = [[name.strip() for name in re.split(r"\s{2,}", line.strip())[0].split("|")]
+             for line in docstring.splitlines() if line.startswith("    ")]
+    assert drawn == enforced, f"tools_app/__init__.py draws {drawn}; pyproject.toml enforces {enforced}"
+    layered = {name for layer in enforced for name in layer}
+    assert {package.name for package in packages} <= layered, "a package is in no layer"
