@@ -8,6 +8,7 @@ import os
 import random
 import re
 import socket
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -219,15 +220,14 @@ def test_polling_gives_up_at_its_deadline_with_a_last_look():
     assert len(asked) >= 2  # asked at once, and again after the pause that reached the deadline
 
 
-def test_a_call_run_asynchronously_waits_outside_its_thread_then_runs_again_with_what_it_carried():
-    # given a call that waits for a flag another party sets, and counts its runs
-    flag, threads_held, runs = [], [], []
+def test_a_wait_is_a_value_awaited_outside_any_thread_and_the_call_goes_on_from_it_not_from_the_top():
+    # given a call that does some work, waits for a flag another party sets, then goes on
+    flag, threads_held, began, went_on = [], [], [], []
 
     def the_call():
-        first_run = polling.carried("first run", lambda: len(runs))
-        runs.append(1)
-        done = polling.wait("flag", lambda: bool(flag), seconds=30, pause=0.001)
-        return done, first_run
+        began.append(1)
+        return polling.waiting(lambda: bool(flag), lambda: went_on.append(1) or ("done", len(began)),
+                               seconds=30, pause=0.001)
 
     async def in_thread(fn, *args):
         threads_held.append(fn)
@@ -239,22 +239,47 @@ def test_a_call_run_asynchronously_waits_outside_its_thread_then_runs_again_with
             flag.append(1)
 
         setter = asyncio.ensure_future(set_flag_later())
-        result = await polling.run_async(in_thread, the_call)
+        result = await polling.settle_async(in_thread, the_call)
         await setter
         return result
 
-    # when it runs under run_async
-    done, first_run = asyncio.run(scenario())
+    # when it is settled on an event loop
+    result = asyncio.run(scenario())
 
-    # then it ran twice (before and after the wait), each run and each check a short borrow of a
-    # thread, and what it carried is the first run's
-    assert done and len(runs) == 2 and first_run == 0
+    # then it began once and went on once after the wait, each part and each check a short borrow
+    # of a thread
+    assert result == ("done", 1) and began == [1] and went_on == [1]
     assert len(threads_held) >= 3
 
 
-def test_a_wait_outside_run_async_is_plain_polling():
-    assert not polling.wait("w", lambda: False, seconds=0.02, pause=0.005)
-    assert polling.carried("c", lambda: 1) == 1 and polling.carried("c", lambda: 2) == 2
+def test_a_wait_that_already_holds_goes_on_at_once_and_one_settled_in_a_thread_is_plain_polling():
+    assert polling.waiting(lambda: True, lambda: "at once", seconds=0, pause=10) == "at once"
+
+    pending = polling.waiting(lambda: False, lambda: "gave up", seconds=0.02, pause=0.005)
+    assert isinstance(pending, polling.Pending)
+    assert polling.settle(pending) == "gave up"
+
+
+def test_waits_chain_a_value_mapped_over_two_waits_and_a_scope_entered_for_each_part():
+    # given a call that waits twice, each part inside a scope
+    entered, checks = [], iter([False, True, False, True])
+
+    @contextmanager
+    def scope():
+        entered.append(1)
+        yield
+
+    def second(first):
+        return polling.waiting(lambda: next(checks), lambda: first + ["second"], seconds=30, pause=0.001)
+
+    pending = polling.waiting(lambda: next(checks), lambda: ["first"], seconds=30, pause=0.001)
+
+    # when it is mapped over and settled
+    result = polling.settle(pending.within(scope).map(second).map(lambda value: value + ["mapped"]))
+
+    # then both waits ran in order and the scope was entered for the part after the first wait
+    assert result == ["first", "second", "mapped"]
+    assert entered == [1]
 
 
 # --- tenant scoping ----------------------------------------------------------------------------------

@@ -6,12 +6,16 @@ executor's outcome, an agent for its task) and by `make run` for its processes t
 Two ways to wait, one mechanism:
 
 - `until` sleeps in the calling thread: for jobs, commands and in-process callers.
-- `wait` is what a call's own code uses. Run by `run_async` (an MCP call in a web process),
-  it does not sleep: it raises `WaitElsewhere`, `run_async` releases the database thread
-  (and with it the thread's connection), awaits on the event loop, and runs the call again
-  once the awaited thing happened or the deadline passed. A web process has a few database
-  threads (IDEMOPS_MCP_DB_THREADS); a call that slept in one would hold it for its whole
-  wait, and as many waiting calls as threads would stall every other call of the process.
+- `waiting` is what a call's own code uses: it does not wait, it answers a value. Either what
+  follows the wait, when what it waits for has already happened, or a `Pending`: a handle on
+  the wait (what to check, until when) and on what the call does next (`then`), the way DBOS's
+  `start_workflow` answers a handle and Temporal's client a `WorkflowHandle`. The code that
+  holds a Pending chooses how to wait: `settle` sleeps in its thread (a job, a test, an
+  in-process caller); `settle_async` (an MCP call in a web process) releases the database
+  thread (and with it the thread's connection), awaits on the event loop, and borrows a
+  thread again only to check and then to go on. A web process has a few database threads
+  (IDEMOPS_MCP_DB_THREADS); a call that slept in one would hold it for its whole wait, and
+  as many waiting calls as threads would stall every other call of the process.
 
 While calls wait, one `Watcher` per process asks the database about every row they wait on,
 in one query per kind of row every IDEMOPS_WAIT_POLL_SECONDS (`Watch`: the row and an SQL
@@ -21,21 +25,19 @@ small query per tick, not a hundred. (No LISTEN/NOTIFY here: it would need a con
 that a pooler in transaction mode does not keep; docs/deploy.md. The MCP tasks extension's
 pushes do listen, tools_app.mcp.task_watch, and poll when the notices do not come.)
 
-A call run again must be safe to repeat up to its wait, which holds for the callers here:
-the wait is the first thing they do that takes time, after reads and idempotent claims.
-What must survive the repetition (the first run's `replayed`, the progress already
-reported) is kept with `carried`.
+Nothing is run twice: a call goes on from where it waited, with everything it had (the
+record it follows, the progress it reported), so the call one reads is the call that runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio
 from django.db import connection
@@ -45,6 +47,7 @@ from idemops.conf import conf
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 def until(stop: Callable[[], bool], *, seconds: float, pause: float, max_pause: float | None = None,
@@ -68,18 +71,7 @@ def until(stop: Callable[[], bool], *, seconds: float, pause: float, max_pause: 
     return True
 
 
-# --- waiting without holding a thread ----------------------------------------------------------
-
-
-class _Call:
-    """One call run by `run_async`: the deadline of each of its waits, and what it carries over."""
-
-    def __init__(self) -> None:
-        self.deadlines: dict[str, float] = {}
-        self.carried: dict[str, Any] = {}
-
-
-_current: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("polling_call", default=None)
+# --- waiting as a value --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -92,18 +84,42 @@ class Watch:
     signature: str
 
 
-class WaitElsewhere(Exception):  # not an error: a request to the caller
-    """Raised by `wait` inside a call run by `run_async`: wait for `check` out of this thread,
-    then run the call again."""
+@dataclass(frozen=True)
+class Pending(Generic[T]):
+    """A call that waits: `check` (one read: has it happened?) until `deadline` (time.monotonic),
+    then `then()`, whether it happened or the deadline passed. `then` answers the call's value,
+    or another Pending (a call may wait more than once)."""
 
-    def __init__(self, check: Callable[[], bool], deadline: float, pause: float, max_pause: float,
-                 watch: Watch | None = None):
-        super().__init__("wait outside the database thread")
-        self.check = check
-        self.deadline = deadline
-        self.pause = pause
-        self.max_pause = max_pause
-        self.watch = watch
+    check: Callable[[], bool]
+    deadline: float
+    then: Callable[[], T | Pending[T]]
+    pause: float
+    max_pause: float
+    watch: Watch | None = None
+
+    def map(self, f: Callable[[T], U | Pending[U]]) -> Pending[U]:
+        """The same wait, going on with `f` of what this one comes to."""
+        return Pending(self.check, self.deadline, lambda: after(self.then(), f), self.pause, self.max_pause,
+                       self.watch)
+
+    def within(self, scope: Callable[[], AbstractContextManager[object]]) -> Pending[T]:
+        """The same wait, whose going on (and any wait after it) runs inside `scope()` again."""
+
+        def then() -> T | Pending[T]:
+            with scope():
+                value = self.then()
+            return value.within(scope) if isinstance(value, Pending) else value
+
+        return Pending(self.check, self.deadline, then, self.pause, self.max_pause, self.watch)
+
+    def sleep(self) -> None:
+        """Wait in this thread: check after each pause until it holds or the deadline passes."""
+        pause = self.pause
+        while (remaining := self.deadline - time.monotonic()) > 0:
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, self.max_pause)
+            if self.check():
+                return
 
     async def wait(self, in_thread: Callable[..., Awaitable[Any]]) -> None:
         """Wait on the event loop; `check` borrows a thread for one read when the watched row
@@ -117,6 +133,47 @@ class WaitElsewhere(Exception):  # not an error: a request to the caller
             pause = min(pause * 2, self.max_pause)
             if await in_thread(self.check):
                 return
+
+
+def after(value: T | Pending[T], f: Callable[[T], U | Pending[U]]) -> U | Pending[U]:
+    """`f(value)`, or once `value` is no longer pending."""
+    return value.map(f) if isinstance(value, Pending) else f(value)
+
+
+def waiting(stop: Callable[[], bool], then: Callable[[], T | Pending[T]], *, seconds: float, pause: float,
+            max_pause: float | None = None, refresh: Callable[[], object] | None = None,
+            watch: Watch | None = None) -> T | Pending[T]:
+    """`then()` if `stop()` holds now, else a Pending that checks it (after `refresh()`, re-reading what
+    it looks at) until it holds or `seconds` pass, then goes on with `then()`. Woken by changes of
+    `watch` when it waits on the event loop, else after each pause (doubling up to `max_pause`)."""
+    if stop():
+        return then()
+
+    def check() -> bool:
+        if refresh is not None:
+            refresh()
+        return stop()
+
+    return Pending(check, time.monotonic() + seconds, then, pause, pause if max_pause is None else max_pause, watch)
+
+
+def settle(value: T | Pending[T]) -> T:
+    """The value, waiting in this thread wherever it is pending."""
+    while isinstance(value, Pending):
+        value.sleep()
+        value = value.then()
+    return value
+
+
+async def settle_async(in_thread: Callable[..., Awaitable[Any]], fn: Callable[..., T | Pending[T]], /,
+                       *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` run by `in_thread` (which runs sync code in a thread and awaits it);
+    where it is pending, wait here holding no thread, then go on in a thread."""
+    value: T | Pending[T] = await in_thread(fn, *args, **kwargs)
+    while isinstance(value, Pending):
+        await value.wait(in_thread)
+        value = await in_thread(value.then)
+    return value
 
 
 class _Waiter:
@@ -192,59 +249,3 @@ def _signatures(table: str, signature: str, pks: list[Any]) -> dict[Any, Any]:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT id, {signature} FROM {table} WHERE id = ANY(%s)", [pks])
         return dict(cursor.fetchall())
-
-
-def wait(name: str, stop: Callable[[], bool], *, seconds: float, pause: float, max_pause: float | None = None,
-         refresh: Callable[[], object] | None = None, watch: Watch | None = None) -> bool:
-    """`until`, for a call's own code: in a call run by `run_async` the wait happens outside the
-    thread (see the module's docstring), woken by changes of `watch` if given, else after each
-    pause. `name` tells the call's waits apart: the deadline of each is set the first time the
-    call reaches it and kept when the call runs again."""
-    call = _current.get()
-    if call is None:
-        return until(stop, seconds=seconds, pause=pause, max_pause=max_pause, refresh=refresh)
-    if stop():
-        return True
-    deadline = call.deadlines.setdefault(name, time.monotonic() + seconds)
-    if time.monotonic() >= deadline:
-        return False
-
-    def check() -> bool:
-        if refresh is not None:
-            refresh()
-        return stop()
-
-    raise WaitElsewhere(check, deadline, pause, pause if max_pause is None else max_pause, watch)
-
-
-def carried(name: str, first: Callable[[], T]) -> T:
-    """A value of the call that survives its runs again under `run_async`: `first()` the first
-    time, the same object after (outside `run_async`, simply `first()`)."""
-    call = _current.get()
-    if call is None:
-        return first()
-    if name not in call.carried:
-        call.carried[name] = first()
-    value: T = call.carried[name]  # what `first()` made for this name
-    return value
-
-
-async def run_async(in_thread: Callable[..., Awaitable[Any]], fn: Callable[..., T], /, *args: Any,
-                    **kwargs: Any) -> T:
-    """Run the sync call `fn(*args, **kwargs)` with `in_thread` (which runs sync code in a thread
-    and awaits it); where it waits (`wait`), wait here holding no thread, then run it again."""
-    call = _Call()
-
-    def attempt() -> T:
-        token = _current.set(call)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _current.reset(token)
-
-    while True:
-        try:
-            result: T = await in_thread(attempt)
-            return result
-        except WaitElsewhere as elsewhere:
-            await elsewhere.wait(in_thread)

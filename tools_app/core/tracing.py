@@ -5,7 +5,8 @@
   the exporter the standard `OTEL_*` variables choose (read into the settings object:
   `OTEL_TRACES_EXPORTER`; OTLP over HTTP when an `OTEL_EXPORTER_OTLP_*ENDPOINT` is set, else
   none); Django's instrumentation, and psycopg's (a span per SQL statement) when an exporter is set.
-- `span(name, ...)` and `ids()`: a span of our own, and the current trace and span ids as
+- `span(name, ...)` and `ids()`: a span of our own (`opened` and `current` for one whose work
+  pauses and goes on), and the current trace and span ids as
   stored on records, tasks, step runs, approval requests, outbox events and audit events.
 - `continued(trace_id, span_id, name)`: work done later by another process (a task's steps, an
   outbox delivery, a reconciliation, an approved execution) joins the trace of the call that
@@ -167,6 +168,17 @@ def span(name: str, kind: SpanKind = SpanKind.INTERNAL, /, **attributes: Any) ->
     """A span of ours around a piece of work, current inside (attributes with None are left out)."""
     return tracer.start_as_current_span(name, kind=kind,
                                         attributes={k: v for k, v in attributes.items() if v is not None})
+
+
+def opened(name: str, kind: SpanKind = SpanKind.INTERNAL, /, **attributes: Any) -> trace.Span:
+    """A span of ours for work that pauses and goes on (a call that waits: core.polling.Pending):
+    made current by `current(span)` for each part, ended by its owner."""
+    return tracer.start_span(name, kind=kind, attributes={k: v for k, v in attributes.items() if v is not None})
+
+
+def current(opened_span: trace.Span) -> AbstractContextManager[trace.Span]:
+    """`opened_span` current inside, left open on exit (an exception is recorded on it)."""
+    return trace.use_span(opened_span, end_on_exit=False, record_exception=True, set_status_on_exception=True)
 
 
 def ids(current: trace.Span | None = None) -> tuple[str, str]:

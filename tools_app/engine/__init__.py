@@ -40,7 +40,7 @@ from tools_app.engine.operation import (
     searchable,
 )
 from tools_app.engine.prepared import issue, issued_operation_id, valid_unused
-from tools_app.engine.run import execute_approved, run, wait_for_outcome
+from tools_app.engine.run import execute_approved, run, start, wait_for_outcome
 from tools_app.engine.transitions import (
     FINISHED,
     LEASE_SWEEPER,
@@ -78,7 +78,7 @@ __all__ = [
     "heartbeat_interval", "hooks", "is_expired", "issue", "issued_operation_id", "lease_expired", "lease_seconds",
     "mark_failed", "mark_succeeded", "mark_unknown", "new_record", "note_evidence", "note_unresolved",
     "operation_id_of", "operation_id_spent", "reclaim", "records_with_key", "records_with_key_digest", "release",
-    "renew_lease", "reread", "resolve_failed", "resolve_succeeded", "retire", "run", "searchable",
+    "renew_lease", "reread", "resolve_failed", "resolve_succeeded", "retire", "run", "searchable", "start",
     "start_approved", "valid_unused",
     "wait_for_outcome",
     # Keys of operations that go on after their call (long tasks).

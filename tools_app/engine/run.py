@@ -10,12 +10,19 @@
    (`in_progress`, `unknown_outcome`, `transient` + retry_after); other arguments get
    `conflict` naming the differing fields. A record waiting for something the engine does not
    know (a person's approval) is answered by the hook its owner registered (engine.hooks).
+
+A follower's wait is a value, not a sleep: `start` answers the outcome or a handle on the wait
+(core.polling.Pending) that goes on from where it waited, never from the top; `run` waits in
+its thread, an MCP call on the event loop without holding a database thread.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from contextlib import nullcontext
+from typing import TypeVar
 
 from django.db import DataError, connection, transaction
 
@@ -69,11 +76,24 @@ from tools_app.engine.transitions import (
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 def run(op: Operation, execute: Executor) -> Outcome:
-    """Execute `op` once, or answer as a follower of whoever did."""
-    # A retired key or a lost reclaim race sends us round again; twice is
-    # plenty, since each round means another caller made progress.
-    for _ in range(3):
+    """Execute `op` once, or answer as a follower of whoever did, waiting in this thread where a
+    follower waits (a job, a test, an in-process caller; an MCP call waits on the event loop: `start`)."""
+    return polling.settle(start(op, execute))
+
+
+def start(op: Operation, execute: Executor) -> Outcome | polling.Pending[Outcome]:
+    """Execute `op` once, or answer as a follower of whoever did: the outcome, or a handle on the
+    wait for the executor still working (polling.Pending), which goes on from that wait."""
+    return _attempt(op, execute, rounds=3)
+
+
+def _attempt(op: Operation, execute: Executor, rounds: int) -> Outcome | polling.Pending[Outcome]:
+    """Claim or follow. A retired key or a lost reclaim race sends us round again (`rounds` times
+    at the most: each round means another caller made progress)."""
+    for left in range(rounds - 1, -1, -1):
         record = find_live(op)  # a replay, the common case, stops at this one indexed read
         if record is None:
             if (held := _held(op)) is not None:
@@ -85,9 +105,23 @@ def run(op: Operation, execute: Executor) -> Outcome:
                 return Outcome(uncommitted(op), error=_in_progress())
             if outcome is not None:
                 return outcome
-        outcome = _follow(record, op, execute)
-        if outcome is not None:
-            return outcome
+        answer = _follow(record, op, execute)
+        if isinstance(answer, polling.Pending):
+            return answer.map(functools.partial(_after_follow, op, execute, left))
+        if answer is not None:
+            return answer
+    return _changing_hands(op)
+
+
+def _after_follow(op: Operation, execute: Executor, rounds: int, answer: Outcome | None
+                  ) -> Outcome | polling.Pending[Outcome]:
+    """A follower's answer after its wait; None (claim again) takes one of the `rounds` left."""
+    if answer is not None:
+        return answer
+    return _attempt(op, execute, rounds) if rounds else _changing_hands(op)
+
+
+def _changing_hands(op: Operation) -> Outcome:
     # Named like any in_progress answer: the key's live record, or the claim of it not yet committed.
     return Outcome(find_live(op) or uncommitted(op), error=_in_progress("the operation is changing hands; ask again"))
 
@@ -154,8 +188,10 @@ def _execute_with_claim(record: IdempotencyRecord, op: Operation, execute: Execu
         raise _EffectFailed(exc) from exc
 
 
-def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
-    """Answer a caller that lost the claim. None means: try to claim again."""
+def _follow(record: IdempotencyRecord, op: Operation, execute: Executor
+            ) -> Outcome | None | polling.Pending[Outcome | None]:
+    """Answer a caller that lost the claim, or wait for the executor and then answer. None means: try
+    to claim again."""
     if record.status == RecordStatus.SUCCEEDED and op.matches(record) and not is_expired(record):
         return Outcome(record, replayed=True)  # a replay: find_live read all it needs
     record = whole(record)
@@ -173,9 +209,14 @@ def _follow(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outc
             "use a new key for a new operation",
             differing_fields=fields))
     if record.status == RecordStatus.PROCESSING:
-        record = wait_for_outcome(record)
-        if lease_expired(record):
-            record = _take_over(record, op)
+        return wait_for_outcome(record, lambda: _after_wait(record, op, execute))
+    return _follow_status(record, op, execute)
+
+
+def _after_wait(record: IdempotencyRecord, op: Operation, execute: Executor) -> Outcome | None:
+    """Where a follower goes on once its wait for the executor ended (the record as it last read it)."""
+    if record.status == RecordStatus.PROCESSING and lease_expired(record):
+        record = _take_over(record, op)
     return _follow_status(record, op, execute)
 
 
@@ -350,17 +391,13 @@ def execute_approved(record: IdempotencyRecord, op: Operation, execute: Executor
     return outcome
 
 
-def wait_for_outcome(record: IdempotencyRecord) -> IdempotencyRecord:
-    """Poll a PROCESSING record until it finishes, its lease runs out, or the follower wait runs out.
-
-    Under polling.run_async (an MCP call) the wait holds no database thread: the call runs
-    again after it, and its claim finds the record as the wait left it.
-    """
-    polling.wait("follower", lambda: record.status != RecordStatus.PROCESSING or lease_expired(record),
-                 seconds=conf().follower_wait_seconds, pause=0.01, max_pause=0.2,
-                 refresh=lambda: reread(record), watch=polling.Watch(db.table(IdempotencyRecord), record.pk,
-                                                                       WAITED_ON))
-    return record
+def wait_for_outcome(record: IdempotencyRecord, then: Callable[[], T]) -> T | polling.Pending[T]:
+    """`then()` once the PROCESSING `record` finishes, its lease runs out, or the follower wait runs
+    out (polling.waiting: a handle on the wait, re-reading `record` in place as it checks)."""
+    return polling.waiting(lambda: record.status != RecordStatus.PROCESSING or lease_expired(record), then,
+                           seconds=conf().follower_wait_seconds, pause=0.01, max_pause=0.2,
+                           refresh=lambda: reread(record),
+                           watch=polling.Watch(db.table(IdempotencyRecord), record.pk, WAITED_ON))
 
 
 # What a follower waits for: another status, or the executor's lease running out (by the database's clock).

@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from idemops.conf import conf
 from tools_app import access, engine
 from tools_app.access import oauth
-from tools_app.core import counters, keys, logs, outage, polling
+from tools_app.core import counters, keys, logs, outage
 from tools_app.core.errors import RateLimited
 from tools_app.toolkit.calls import Caller, CallResult
 from tools_app.toolkit.registry import ToolSpec
@@ -128,11 +128,10 @@ def caller_limits() -> access.CallLimits:
     return access.CallLimits.from_claims(_verified_claims()[1]["limits"])
 
 
-def admitted(spec: ToolSpec, limits: access.CallLimits, call: Callable[[], CallResult]) -> CallResult:
-    """`call()`, once the caller's rate limits admit it (else a `rate_limited` result, nothing done).
-    Admitted once per call, also when waiting runs the call again (core.polling)."""
+def admitted(spec: ToolSpec, limits: access.CallLimits, call: Callable[[], T]) -> T | CallResult:
+    """`call()`, once the caller's rate limits admit it (else a `rate_limited` result, nothing done)."""
     try:
-        polling.carried("admitted", lambda: access.admit_call(limits))
+        access.admit_call(limits)
     except RateLimited as limited:
         return CallResult(spec, error=limited)
     return call()

@@ -5,7 +5,7 @@ pydantic model and whose output schema adds the idempotency envelope; its
 `_meta` says whether its key must be an issued operation id and which of its
 arguments are not business data. The
 handler is thin: authenticate (the SDK's bearer middleware calls our
-verifier), hand the raw arguments to `tools_app.toolkit.calls.call_tool` in a
+verifier), hand the raw arguments to `tools_app.toolkit.calls.start_call` in a
 database thread, and render the result or error.
 
 Streamable HTTP runs stateless, so any number of web processes can serve it.
@@ -62,7 +62,7 @@ from tools_app.mcp.runtime import (
 )
 from tools_app.mcp.task_protocols import task_protocols
 from tools_app.mcp.tasks_extension import TasksExtension
-from tools_app.toolkit.calls import CallResult, call_tool
+from tools_app.toolkit.calls import CallResult, start_call
 from tools_app.toolkit.registry import ToolSpec, all_tools, get_tool
 
 # --- SDK tools from registry declarations -----------------------------------------
@@ -119,9 +119,10 @@ def sdk_tool(spec: ToolSpec) -> Tool:
         # _meta is the client's JSON: a key that is not a string is refused by keys.validate_key.
         meta: Mapping[str, Any] = ctx.request_context.meta or {}
         try:
-            # A call that waits (a follower, a task wait) waits holding no database thread (core.polling).
-            result = await polling.run_async(in_db_thread, admitted, spec, limits, lambda: call_tool(
-                spec, caller, arguments, meta_key=meta.get(keys.META_KEY)))
+            # A call that waits (a follower, a task wait) answers a handle on its wait, awaited here
+            # holding no database thread, then goes on from there (core.polling).
+            result = await polling.settle_async(in_db_thread, lambda: admitted(spec, limits, lambda: start_call(
+                spec, caller, arguments, meta_key=meta.get(keys.META_KEY))))
         except DatabaseUnavailable:
             # Whatever the call did is either committed with its record or not at
             # all, and the engine runs the key at most once: the same key may retry.

@@ -8,17 +8,20 @@ then waits a bounded time for the task: the caller gets the result if the
 task finishes in time, or `in_progress` with the task id (calling again with
 the same key waits again).
 
+A long tool's call starts in one pass (`begin`): its arguments are validated
+once, the engine runs it as start_task's operation, and the task comes back
+as a value; waiting for it is a value too (core.polling.Pending).
+
 A caller may ask for a shorter deadline than the long tool's (MCP tasks at
-2025-11-25: the `ttl` of tools/call's `task`): `start_through_engine(...,
-deadline=)` hands it to the task the call creates. It is no argument of the
-operation: a retry with the same key answers the same task, whatever it asks.
+2025-11-25: the `ttl` of tools/call's `task`): `begin(..., deadline=)` hands
+it to the task the call creates. It is no argument of the operation: a retry
+with the same key answers the same task, whatever it asks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -39,7 +42,14 @@ from tools_app.core.errors import (
 from tools_app.core.keys import FINGERPRINT_FILLED
 from tools_app.tasks import state
 from tools_app.tasks.models import Task, TaskStatus
-from tools_app.toolkit.calls import Caller, CallResult, call_tool, validate_arguments, with_idempotency_key
+from tools_app.toolkit.calls import (
+    Caller,
+    CallResult,
+    checked_arguments,
+    run_write,
+    validate_arguments,
+    with_idempotency_key,
+)
 from tools_app.toolkit.registry import ENGINE_FIELDS, ToolContext, ToolSpec, all_tools, get_tool
 
 START_TASK = "start_task"
@@ -171,11 +181,21 @@ def inner_call(tool: str, arguments: dict[str, Any], key: str) -> tuple[ToolSpec
     return spec, validate_arguments(spec, {**arguments, "idempotency_key": key})
 
 
+def inner_of(args: Any) -> tuple[ToolSpec, BaseModel]:
+    """start_task's long tool and its validated arguments: validated once per call, the first time
+    they are asked for (check_start, before the claim), and kept on `args` (its `_inner`) for the
+    fingerprint and the handler."""
+    if args._inner is None:
+        args._inner = inner_call(args.tool, args.arguments, args.idempotency_key)
+    found: tuple[ToolSpec, BaseModel] = args._inner
+    return found
+
+
 def check_start(args: Any) -> None:
     """start_task's checks before its key is claimed (so a typo leaves the key unused): the inner
     arguments against their tool's model, then the pipeline's own checks (allow-lists, sizes), and
     the webhook, against the allow-list send_notification's webhooks pass (checked again when sent)."""
-    spec, validated = inner_call(args.tool, args.arguments, args.idempotency_key)
+    spec, validated = inner_of(args)
     if spec.pipeline.validate is not None:
         spec.pipeline.validate(validated)
     if getattr(args, "notify_url", None) is not None:
@@ -190,30 +210,15 @@ def start_arguments(args: Any, version: int) -> dict[str, Any]:
     own = get_tool(START_TASK).sent_arguments(args, version)
     if version == FINGERPRINT_FILLED:
         return own
-    spec, validated = inner_call(args.tool, args.arguments, args.idempotency_key)
+    spec, validated = inner_of(args)
     return {**own, "arguments": spec.business_arguments(validated)}
 
 
-# The shorter deadline the caller of a start asked for, beside the operation's arguments (see the
-# module's docstring): set by start_through_engine, read by start, in the same thread.
-REQUESTED_DEADLINE: ContextVar[timedelta | None] = ContextVar("requested_deadline", default=None)
-
-
-@contextmanager
-def requesting(deadline: timedelta | None) -> Iterator[None]:
-    token = REQUESTED_DEADLINE.set(deadline)
-    try:
-        yield
-    finally:
-        REQUESTED_DEADLINE.reset(token)
-
-
-def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str, notify_url: str | None = None
-          ) -> TaskHandle:
-    """Create the task for `tool` (start_task's handler, inside the engine's transaction; check_start
-    has passed). `notify_url` is told when it finishes (state.finished); it must end by its tool's
-    deadline, or the shorter one its caller asked for (REQUESTED_DEADLINE)."""
-    spec, validated = inner_call(tool, arguments, key)
+def start(ctx: ToolContext, args: Any) -> Task:
+    """Create the task start_task's `args` ask for (its handler, inside the engine's transaction;
+    check_start has passed). `args.notify_url` is told when it finishes (state.finished); it must end
+    by its tool's deadline, or the shorter one its caller asked for (`args._deadline`, set by `begin`)."""
+    spec, validated = inner_of(args)
     pipeline = spec.pipeline
     # Over the agent's limit of unfinished tasks: refused (rate_limited), and this key may start it later.
     access.admit_task(ctx.tenant_id, ctx.actor, lambda: Task.objects.filter(
@@ -222,41 +227,75 @@ def start(ctx: ToolContext, tool: str, arguments: dict[str, Any], key: str, noti
     # A document URL's query (a signed URL's token) is needed by the worker that fetches it and by
     # no one else: it is stored only sealed, and the task shows the URL without it.
     shown, secret = redaction.split_secrets(business)
-    task = state.create_task(
+    return state.create_task(
         record=ctx.record, tool=spec.name, arguments=shown, sealed_arguments=redaction.seal(secret),
         input_digest=keys.digest(business), steps_total=len(pipeline.steps),
         max_attempts=pipeline.retry.attempts_allowed(), actor=ctx.actor, trace_id=ctx.trace_id, span_id=ctx.span_id,
-        notify_url=notify_url or "", deadline=REQUESTED_DEADLINE.get())
-    return TaskHandle(task_id=str(task.pk), tool=spec.name, created_at=task.created_at,
+        notify_url=args.notify_url or "", deadline=args._deadline)
+
+
+def handle(task: Task) -> TaskHandle:
+    """What start_task answers: the task's id, at once."""
+    return TaskHandle(task_id=str(task.pk), tool=task.tool, created_at=task.created_at,
                       next_action="Poll get_task_status with this task_id; get_task_result once it succeeded. "
                                   "Retrying start_task with the same idempotency_key returns this same task.")
 
 
+@dataclass
+class Started:
+    """A long tool's start: the call's result, and its task (None when refused before one existed)."""
+
+    result: CallResult
+    task: Task | None
+
+
+def begin(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None,
+          deadline: timedelta | None = None) -> Started | polling.Pending[Started]:
+    """A long tool's own call, made into the start_task operation for it in one pass: its arguments
+    validated once (inner_of), run by the engine as start_task's operation (one key space, one task),
+    the task handed back as a value. `deadline`: the caller asks its task to end sooner than its
+    tool's deadline (a longer one is capped to the tool's); it is no argument of the operation."""
+    arguments = dict(with_idempotency_key(arguments, meta_key))
+    start_spec = get_tool(START_TASK)
+    given = {"tool": spec.name, "idempotency_key": arguments.pop("idempotency_key")}
+    if arguments.get("trace_id") is not None:
+        given["trace_id"] = arguments.pop("trace_id")
+    args: Any = checked_arguments(start_spec, {**given, "arguments": arguments})
+    args._deadline = deadline
+    created: list[Task] = []
+
+    def create(ctx: ToolContext, args: Any) -> TaskHandle:
+        created.append(start(ctx, args))
+        return handle(created[0])
+
+    def started(result: CallResult) -> Started:
+        if result.error is not None or result.record is None:
+            return Started(CallResult(spec, error=result.error, record=result.record, replayed=result.replayed), None)
+        # Made by this call, or (a replay) the one task of the key's record.
+        task = created[0] if created else Task.objects.select_related("record").get(record=result.record)
+        return Started(result, task)
+
+    return polling.after(run_write(start_spec, caller, args, handler=create), started)
+
+
 def start_through_engine(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None,
                          deadline: timedelta | None = None) -> tuple[CallResult, Task | None]:
-    """A long tool's own call, made into the start_task operation for it. `deadline`: the caller asks
-    its task to end sooner than its tool's deadline (a longer one is capped to the tool's)."""
-    arguments = dict(with_idempotency_key(arguments, meta_key))
-    start_arguments = {"tool": spec.name, "idempotency_key": arguments.pop("idempotency_key")}
-    if arguments.get("trace_id") is not None:
-        start_arguments["trace_id"] = arguments.pop("trace_id")
-    with requesting(deadline):
-        started = call_tool(get_tool(START_TASK), caller, {**start_arguments, "arguments": arguments})
-    if started.error is not None:
-        return CallResult(spec, error=started.error, record=started.record, replayed=started.replayed), None
-    assert started.result is not None, "a call without an error has a result"
-    return started, Task.objects.select_related("record").get(pk=started.result["task_id"])
+    """`begin`, waiting in this thread if it must (the MCP tasks extension's start, the tests)."""
+    begun = polling.settle(begin(spec, caller, arguments, meta_key, deadline))
+    return begun.result, begun.task
 
 
-def call_task_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None) -> CallResult:
+def call_task_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None
+                   ) -> CallResult | polling.Pending[CallResult]:
     """A direct call of a long tool: start_task for it, then wait a bounded time for the result."""
-    started, task = start_through_engine(spec, caller, arguments, meta_key)
-    if task is None:
-        return started
-    # Waiting may run this call again (polling.run_async): its start then replays, and the first run's word counts.
-    replayed = polling.carried("started.replayed", lambda: started.replayed)
-    task = wait_for(task, conf().task_call_wait_seconds, caller.report_progress)
-    return outcome(spec, task, replayed=replayed)
+
+    def waited(started: Started) -> CallResult | polling.Pending[CallResult]:
+        if started.task is None:
+            return started.result
+        return polling.after(wait_for(started.task, conf().task_call_wait_seconds, caller.report_progress),
+                             lambda task: outcome(spec, task, replayed=started.result.replayed))
+
+    return polling.after(begin(spec, caller, arguments, meta_key), waited)
 
 
 def outcome(spec: ToolSpec, task: Task, *, replayed: bool = False) -> CallResult:
@@ -285,15 +324,16 @@ def unfinished(task: Task) -> ToolFailure:
 
 
 def wait_for(task: Task, seconds: float,
-             report_progress: Callable[[float, float | None, str | None], None] | None = None) -> Task:
-    """Poll until the task finishes or pauses, or `seconds` pass, reporting progress as it moves.
+             report_progress: Callable[[float, float | None, str | None], None] | None = None
+             ) -> Task | polling.Pending[Task]:
+    """The task once it finishes or pauses, or `seconds` pass (a handle on the wait: polling.waiting),
+    reporting progress as it moves.
 
     Progress is steps done plus the fraction of the current step, out of the
     number of steps; it never goes backwards (a step re-run after a crash
-    does not un-report what the caller saw, nor does this call when waiting
-    runs it again: polling.run_async).
+    does not un-report what the caller saw).
     """
-    reported = polling.carried("task.progress_reported", lambda: [-1.0])
+    reported = [-1.0]
 
     def settled() -> bool:
         if report_progress is not None and (done := overall_progress(task)) > reported[0]:
@@ -301,9 +341,9 @@ def wait_for(task: Task, seconds: float,
             report_progress(done, float(task.steps_total), progress_message(task))
         return task.finished or task.status == TaskStatus.PAUSED
 
-    polling.wait(f"task {task.pk}", settled, seconds=min(seconds, conf().task_max_wait_seconds), pause=0.05,
-                 max_pause=0.5, refresh=lambda: reread(task), watch=polling.Watch(db.table(Task), task.pk, WAITED_ON))
-    return task
+    return polling.waiting(settled, lambda: task, seconds=min(seconds, conf().task_max_wait_seconds), pause=0.05,
+                           max_pause=0.5, refresh=lambda: reread(task),
+                           watch=polling.Watch(db.table(Task), task.pk, WAITED_ON))
 
 
 # What a task's waiter looks at: any transition (the version), and the progress a step reports.

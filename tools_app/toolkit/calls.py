@@ -1,8 +1,8 @@
 """A tool call, from any entry point: validate, then run it (under the engine for writes).
 
-The MCP server, the tests and the benchmarks all come through `call_tool`,
-so there is one place where arguments are checked and a write becomes an
-idempotent operation.
+The MCP server, the tests and the benchmarks all come through `start_call`
+(or `call_tool`, which waits in its thread), so there is one place where
+arguments are checked and a write becomes an idempotent operation.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +19,11 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from tools_app import engine, incidents
-from tools_app.core import keys, logs, redaction, tracing
+from tools_app.core import keys, logs, polling, redaction, tracing
 from tools_app.core.errors import InvalidInput, ToolFailure, invalid_data
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.toolkit.hooks import hooks
-from tools_app.toolkit.registry import ToolContext, ToolSpec, WriteInput, _no_progress, parse_arguments
+from tools_app.toolkit.registry import Handler, ToolContext, ToolSpec, WriteInput, _no_progress, parse_arguments
 
 
 class CallOutcome(models.TextChoices):
@@ -75,22 +75,47 @@ class CallResult:
 
 
 def call_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta_key: str | None = None) -> CallResult:
-    """One call, in a span of its own (in the caller's trace, or a new one) whose ids the records it
-    writes keep; every line logged meanwhile names the tenant and tool and shows neither the raw
-    key nor the tool's personal arguments (core.logs.scrubbing)."""
+    """One call, waiting in this thread wherever it waits (see `start_call`)."""
+    return polling.settle(start_call(spec, caller, arguments, meta_key=meta_key))
+
+
+def start_call(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta_key: str | None = None
+               ) -> CallResult | polling.Pending[CallResult]:
+    """One call: its result, or a handle on what it waits for (a follower for its executor, a caller
+    for its task) that goes on from there (core.polling). In a span of its own (in the caller's trace,
+    or a new one) whose ids the records it writes keep; every line logged meanwhile names the tenant
+    and tool and shows neither the raw key nor the tool's personal arguments (core.logs.scrubbing)."""
     raw_key = arguments.get("idempotency_key") if isinstance(arguments, dict) else None
     client_trace_id = arguments.get("trace_id") if isinstance(arguments, dict) else None
-    with tracing.span(f"tool {spec.name}", **{"idemops.tool": spec.name, "idemops.tenant_id": caller.tenant_id}
-                      ) as span, \
-            observed(spec, caller.tenant_id, arguments, key=raw_key if isinstance(raw_key, str) else meta_key,
-                     client_trace_id=client_trace_id[:100] if isinstance(client_trace_id, str) else None):
-        result = _call(spec, caller, arguments, meta_key)
+    span = tracing.opened(f"tool {spec.name}", **{"idemops.tool": spec.name, "idemops.tenant_id": caller.tenant_id})
+
+    def scope() -> ExitStack:
+        stack = ExitStack()
+        stack.enter_context(tracing.current(span))
+        stack.enter_context(observed(spec, caller.tenant_id, arguments,
+                                     key=raw_key if isinstance(raw_key, str) else meta_key,
+                                     client_trace_id=client_trace_id[:100] if isinstance(client_trace_id, str)
+                                     else None))
+        return stack
+
+    def ended(result: CallResult) -> CallResult:
         span.set_attribute("idemops.outcome", str(result.outcome))
         if result.error is not None:
             span.set_attribute("idemops.error_class", str(result.error.error_class))
         if result.record is not None:
             span.set_attribute("idemops.operation_id", str(result.record.operation_id))
+        span.end()
         return result
+
+    try:
+        with scope():
+            value = _answered(spec, lambda: _call(spec, caller, arguments, meta_key))
+    except BaseException:
+        span.end()
+        raise
+    if isinstance(value, polling.Pending):
+        value = value.within(scope)
+    return polling.after(value, ended)
 
 
 @contextmanager
@@ -108,42 +133,68 @@ def observed(spec: ToolSpec, tenant_id: int, arguments: Any, *, key: str | None 
         yield
 
 
-def _call(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None) -> CallResult:
+def _answered(spec: ToolSpec, call: Callable[[], CallResult | polling.Pending[CallResult]]
+              ) -> CallResult | polling.Pending[CallResult]:
+    """`call()`, with a refusal (also one after a wait) answered as the call's error."""
     try:
-        if spec.pipeline is not None:
-            # A long tool runs as a task: its call is start_task for it (one key space, one task).
-            started: CallResult = hooks.run_long_tool(spec, caller, arguments, meta_key)
-            return started
-        if spec.writes:
-            return _call_write(spec, caller, arguments, meta_key)
-        args = checked_arguments(spec, arguments)
-        trace_id, span_id = tracing.ids()
-        context = ToolContext(tenant_id=caller.tenant_id, actor=caller.actor, trace_id=trace_id, span_id=span_id,
-                              report_progress=caller.report_progress)
-        return CallResult(spec, result=dump_result(spec, spec.handler(context, args)))
+        value = call()
     except ToolFailure as failure:
         return CallResult(spec, error=failure)
     except DataError as exc:  # past validation (a read, or a claim): nothing was stored
         return CallResult(spec, error=invalid_data(exc))
+    if isinstance(value, polling.Pending):
+        going_on = value.then
+        return dataclasses.replace(value, then=lambda: _answered(spec, going_on))
+    return value
 
 
-def _call_write(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None) -> CallResult:
-    arguments = with_idempotency_key(arguments, meta_key)
+def _call(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None
+          ) -> CallResult | polling.Pending[CallResult]:
+    if spec.pipeline is not None:
+        # A long tool runs as a task: its call is start_task for it (one key space, one task).
+        started: CallResult | polling.Pending[CallResult] = hooks.run_long_tool(spec, caller, arguments, meta_key)
+        return started
+    if spec.writes:
+        return _call_write(spec, caller, arguments, meta_key)
     args = checked_arguments(spec, arguments)
-    operation, execute = write_operation(spec, caller, args)
+    trace_id, span_id = tracing.ids()
+    context = ToolContext(tenant_id=caller.tenant_id, actor=caller.actor, trace_id=trace_id, span_id=span_id,
+                          report_progress=caller.report_progress)
+    answer = spec.handler(context, args)
+    if isinstance(answer, polling.Pending):  # a read that waits (a task's status with wait_seconds)
+        return answer.map(lambda answered: CallResult(spec, result=dump_result(spec, answered)))
+    return CallResult(spec, result=dump_result(spec, answer))
+
+
+def _call_write(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None
+                ) -> CallResult | polling.Pending[CallResult]:
+    return run_write(spec, caller, checked_arguments(spec, with_idempotency_key(arguments, meta_key)))
+
+
+def run_write(spec: ToolSpec, caller: Caller, args: BaseModel, *, handler: Handler | None = None
+              ) -> CallResult | polling.Pending[CallResult]:
+    """A write call whose arguments `checked_arguments` passed, run by the engine (`handler`, if
+    given, in place of the tool's own: a long tool's start keeps the task it creates)."""
+    operation, execute = write_operation(spec, caller, args, handler=handler)
     if spec.requires_operation_id:
         # Before any claim: a key the server did not issue for this call leaves nothing behind.
         operation = dataclasses.replace(operation, operation_id=engine.issued_operation_id(operation))
     with incidents.admission():
-        outcome = engine.run(operation, execute)
+        outcome = engine.start(operation, execute)
+    if isinstance(outcome, polling.Pending):
+        outcome = outcome.within(incidents.admission)  # a follower that runs the key after its wait
+    return polling.after(outcome, lambda ended: _write_result(spec, ended))
+
+
+def _write_result(spec: ToolSpec, outcome: engine.Outcome) -> CallResult:
     if outcome.executed and outcome.record.status == RecordStatus.UNKNOWN:
         hooks.after_unknown()
     return CallResult(spec, result=outcome.result, error=outcome.error, record=outcome.record,
                       replayed=outcome.replayed)
 
 
-def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel) -> tuple[engine.Operation,
-                                                                               engine.Executor]:
+def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel, *, handler: Handler | None = None
+                    ) -> tuple[engine.Operation, engine.Executor]:
     """A validated write call as the engine sees it, and its side effect.
 
     Also used to run an approved call later (tools_app.approvals), with the
@@ -167,7 +218,9 @@ def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel) -> tuple[en
     def execute(record: IdempotencyRecord) -> dict[str, Any]:
         context = ToolContext(tenant_id=caller.tenant_id, actor=caller.actor, trace_id=operation.trace_id,
                               span_id=operation.span_id, record=record, report_progress=caller.report_progress)
-        return dump_result(spec, spec.handler(context, args))
+        result = (handler or spec.handler)(context, args)
+        assert not isinstance(result, polling.Pending), "a write's handler answers its result; it never waits"
+        return dump_result(spec, result)
 
     return operation, execute
 

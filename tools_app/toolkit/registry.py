@@ -25,6 +25,7 @@ from tools_app.access.models import Tenant
 from tools_app.core import redaction
 from tools_app.core.errors import NotFound
 from tools_app.core.keys import FINGERPRINT_AS_SENT, FINGERPRINT_FILLED, KEY_RULE
+from tools_app.core.polling import Pending
 from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
 from tools_app.toolkit.policies import KEEP_DEFAULTS, ApprovalPolicy, KeepFor
 
@@ -158,7 +159,8 @@ class ToolContext:
         return str(self.record.operation_id)
 
 
-Handler = Callable[[ToolContext, Any], dict[str, Any] | BaseModel]
+# A read that waits (the task tools' wait_seconds) may answer a handle on its wait (core.polling).
+Handler = Callable[[ToolContext, Any], "dict[str, Any] | BaseModel | Pending[Any]"]
 # Decides whether a call needs a person's approval: (tenant, validated arguments)
 # -> an ApprovalPolicy (summary, approvers needed, amount) or None to run at once.
 ApprovalRule = Callable[[Tenant, Any], ApprovalPolicy | None]

@@ -8,18 +8,20 @@ tenant's id is `not_found`, exactly like an id that does not exist.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from idemops.conf import conf
 from tools_app import tasks
 from tools_app.access import Agent
+from tools_app.core.polling import Pending, after
 from tools_app.tasks import agent_view
 from tools_app.tasks import forks as task_forks
 from tools_app.tasks.agent_view import TaskHandle, TaskStatusView
 from tools_app.tasks.forks import ForkHandle
-from tools_app.tasks.models import TaskStatus
+from tools_app.tasks.models import Task, TaskStatus
 from tools_app.toolkit.registry import ToolContext, ToolInput, WriteInput, read_tool, write_tool
 
 # The schema states the real limit (the setting, read when the tools are declared); more is invalid_input,
@@ -39,6 +41,10 @@ class StartTaskInput(WriteInput):
         description="A webhook URL (on the server's webhook allow-list) that receives a POST when the task "
                     "finishes (succeeded, failed or cancelled), with headers X-Event-Id and Idempotency-Key "
                     "(the same on every redelivery) and the task's final status as JSON.")
+    # Not arguments: the long tool and its arguments once validated (tasks.agent_view.inner_of), and the
+    # shorter deadline a caller asked for (agent_view.begin).
+    _inner: Any = PrivateAttr(default=None)
+    _deadline: timedelta | None = PrivateAttr(default=None)
 
 
 class TaskIdInput(ToolInput):
@@ -95,26 +101,28 @@ def start_task(ctx: ToolContext, args: StartTaskInput) -> TaskHandle:
     the same key returns the same task_id (never a second task) for as long as the task is unfinished, and for
     the long tool's retention (24 h by default) after it ends; only then may the key start a new task. The same
     key with other arguments is a conflict. notify_url: a webhook told when the task finishes."""
-    return agent_view.start(ctx, args.tool, args.arguments, args.idempotency_key, args.notify_url)
+    return agent_view.handle(agent_view.start(ctx, args))
 
 
 @read_tool(name="get_task_status", title="Get a task's status", input_model=WaitingInput,
            output_model=TaskStatusView, personal_fields=frozenset())
-def get_task_status(ctx: ToolContext, args: WaitingInput) -> TaskStatusView:
+def get_task_status(ctx: ToolContext, args: WaitingInput) -> TaskStatusView | Pending[TaskStatusView]:
     """Status of a task: current step, steps done/total, progress, failure class and reason, whether it can be
     cancelled or resumed, and what to do next. wait_seconds waits for it to finish, reporting progress."""
     task = tasks.get_for_tenant(ctx.tenant_id, args.task_id)
-    task = agent_view.wait_for(task, args.wait_seconds, ctx.report_progress)
-    return agent_view.describe(task)
+    return after(agent_view.wait_for(task, args.wait_seconds, ctx.report_progress), agent_view.describe)
 
 
 @read_tool(name="get_task_result", title="Get a task's result", input_model=WaitingInput, output_model=TaskResult,
            personal_fields=frozenset())
-def get_task_result(ctx: ToolContext, args: WaitingInput) -> TaskResult:
+def get_task_result(ctx: ToolContext, args: WaitingInput) -> TaskResult | Pending[TaskResult]:
     """The result of a succeeded task. Otherwise an error: in_progress (still working, with the task's status),
     the task's failure class and reason, or already_done for a cancelled task. wait_seconds waits for it."""
     task = tasks.get_for_tenant(ctx.tenant_id, args.task_id)
-    task = agent_view.wait_for(task, args.wait_seconds, ctx.report_progress)
+    return after(agent_view.wait_for(task, args.wait_seconds, ctx.report_progress), _result)
+
+
+def _result(task: Task) -> TaskResult:
     if task.status != TaskStatus.SUCCEEDED:
         raise agent_view.unfinished(task)
     assert task.result is not None  # a succeeded task keeps its result
