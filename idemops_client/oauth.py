@@ -205,6 +205,7 @@ def provider(url: str, *, callback_port: int = DEFAULT_CALLBACK_PORT) -> OAuthCl
     storage = TokenFile(token_path(url), url)
     storage.check()  # before anything is sent: a file others can read is refused at start, not mid-call
     browser = BrowserStep(callback_port)
+    # The model types redirect_uris as AnyUrl and validates a str into one; mypy sees only the annotation.
     metadata = OAuthClientMetadata(client_name=CLIENT_NAME, redirect_uris=[browser.redirect_uri],  # type: ignore[list-item]
                                    grant_types=["authorization_code", "refresh_token"], response_types=["code"],
                                    token_endpoint_auth_method="none")

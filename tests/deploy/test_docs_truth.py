@@ -509,3 +509,22 @@ def test_every_package_opens_with_a_docstring_and_tools_app_draws_the_layers_pyp
     assert drawn == enforced, f"tools_app/__init__.py draws {drawn}; pyproject.toml enforces {enforced}"
     layered = {name for layer in enforced for name in layer}
     assert {package.name for package in packages} <= layered, "a package is in no layer"
+
+
+def test_every_type_ignore_in_product_code_says_why():
+    """An `ignore` silences the checker for a reason a reader needs: a comment on its line or the
+    line above says it (pyproject.toml's [tool.mypy] asks for one)."""
+    silent = []
+    for folder in ("idemops", "tools_app", "idemops_demo", "idemops_client", "conformance"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            lines = path.read_text().splitlines()
+            for number, line in enumerate(lines):
+                if "type: ignore" not in line:
+                    continue
+                after = line.split("type: ignore", 1)[1]
+                if "#" in after or lines[number - 1].strip().startswith("#"):
+                    continue
+                silent.append(f"{path.relative_to(ROOT)}:{number + 1}")
+    assert not silent, f"a type: ignore without a reason: {silent}"
