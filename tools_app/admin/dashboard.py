@@ -8,7 +8,6 @@ SVG: no JavaScript and no CDN.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import admin
@@ -44,17 +43,7 @@ SERIES = [
 CHART_WIDTH, CHART_HEIGHT, AXIS = 720, 180, 28
 
 
-@dataclass(frozen=True)
-class Rect:
-    x: float
-    y: float
-    width: float
-    height: float
-    color: str
-    title: str
-
-
-def timeline_rects(snapshot: dashboard.Snapshot) -> tuple[list[Rect], int]:
+def timeline_rects(snapshot: dashboard.Snapshot) -> tuple[list[charts.Bar], int]:
     """Stacked columns, one per bucket; returns the rectangles and the tallest column's total."""
     totals = [sum(outcomes.get(s, 0) for s, _ in SERIES) for _, outcomes in snapshot.timeline]
     peak = max(totals, default=0) or 1
@@ -67,7 +56,7 @@ def timeline_rects(snapshot: dashboard.Snapshot) -> tuple[list[Rect], int]:
             if n:
                 height = n / peak * (CHART_HEIGHT - 10)
                 y -= height
-                rects.append(Rect(AXIS + i * slot + 1, y, slot - 2, height, color, f"{at:%H:%M} {outcome}: {n}"))
+                rects.append(charts.Bar(AXIS + i * slot + 1, y, slot - 2, height, color, f"{at:%H:%M} {outcome}: {n}"))
     return rects, max(totals, default=0)
 
 
