@@ -66,7 +66,8 @@ def announcement(caller, key="a-1") -> ApprovalRequest:
 
 
 def refusals() -> list[str]:
-    return list(AuditEvent.objects.filter(action="approval_link.refused").order_by("id").values_list("reason", flat=True))
+    refused = AuditEvent.objects.filter(action="approval_link.refused").order_by("id")
+    return list(refused.values_list("reason", flat=True))
 
 
 def test_each_approver_gets_a_link_of_their_own_that_opens_the_decision_and_decides_once(client, caller, people):

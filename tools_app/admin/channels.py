@@ -32,7 +32,7 @@ class ChannelForm(forms.ModelForm):  # type: ignore[type-arg]
         fields = ["tenant", "name", "url", "escalations_only", "enabled"]
 
     def clean_url(self) -> str:
-        url = self.cleaned_data.get("url", "").strip()
+        url: str = (self.cleaned_data.get("url") or "").strip()
         if not url and not self.instance.sealed_url:
             raise ValidationError("A new channel needs its Apprise URL.")
         if url:

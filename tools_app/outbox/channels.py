@@ -65,8 +65,9 @@ def save_channel(row: NotificationChannel, user: User | AnonymousUser, *, url: s
         raise InvalidInput("a channel needs its Apprise URL")
     with transaction.atomic():
         row.save()
-        audit.record_event(action="notification_channel.changed", obj=row, actor=actor, after={"name": row.name, "shown": row.shown, "enabled": row.enabled,
-                                  "escalations_only": row.escalations_only, "url_changed": url is not None})
+        audit.record_event(action="notification_channel.changed", obj=row, actor=actor, after={
+            "name": row.name, "shown": row.shown, "enabled": row.enabled, "escalations_only": row.escalations_only,
+            "url_changed": url is not None})
     return row
 
 
