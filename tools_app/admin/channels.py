@@ -53,8 +53,16 @@ class NotificationChannelAdmin(RefusalsAuditedAdmin[NotificationChannel], Tenant
     list_select_related = ["tenant"]
     readonly_fields = ["shown", "latest_message"]
 
+    # One permission (manage_notificationchannel) to add and change; the concept function checks it again, with
+    # the tenant. No deleting: disable a channel instead (its messages' history keeps naming it).
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(outbox.CHANGE_CHANNEL.permission)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(outbox.CHANGE_CHANNEL.permission)
+
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # disable it instead: its messages' history keeps naming it
+        return False
 
     @admin.display(description="latest message")
     def latest_message(self, obj: NotificationChannel) -> str:

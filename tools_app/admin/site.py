@@ -40,7 +40,8 @@ SECTIONS = [
                                "outboxevent", "downstream", "bulkaction", "auditevent", "auditseal", "auditcheckpoint",
                                "auditarchive"]),
     ("Reference data", "reference", ["tenant", "apitoken", "agentconnection", "tenantaccess", "approvalsettings",
-                                     "tenantlimits", "retentionoverride", "auditretention", "auditorkey"]),
+                                     "tenantlimits", "retentionoverride", "auditretention", "auditorkey",
+                                     "notificationchannel"]),
 ]
 
 

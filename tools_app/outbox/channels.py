@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 CHANNEL_KIND = "notification.channel"
 
-CHANGE_CHANNEL = access.Permit("tools_app.change_notificationchannel", "change_channel",
+CHANGE_CHANNEL = access.Permit("tools_app.manage_notificationchannel", "change_channel",
                                "configure notification channels", "notification_channel.change_refused")
 
 

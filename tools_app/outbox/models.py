@@ -79,6 +79,8 @@ class NotificationChannel(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="channel_name_per_tenant")]
+        # One permission for adding and changing (outbox.channels.CHANGE_CHANNEL), as retention's manage_retention.
+        permissions = [("manage_notificationchannel", "Can add and change a tenant's notification channels")]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.shown})"
