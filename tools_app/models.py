@@ -11,6 +11,7 @@ from tools_app.access.models import (
 )
 from tools_app.approvals.models import (
     ApprovalDecision,
+    ApprovalLink,
     ApprovalQueue,
     ApprovalRequest,
     ApprovalSettings,
@@ -23,7 +24,7 @@ from tools_app.core.models import AuditArchive, AuditCheckpoint, AuditEvent, Aud
 from tools_app.engine.models import IdempotencyRecord, PreparedOperation, RecordStatus
 from tools_app.incidents.models import Downstream, DownstreamSlot, Pause
 from tools_app.metrics.models import Dashboard
-from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
+from tools_app.outbox.models import DeadLetter, NotificationChannel, OutboxEvent, OutboxStatus
 from tools_app.reconciliation.models import UnknownOutcomeQueue
 from tools_app.retention.models import AuditRetention, RetentionOverride
 from tools_app.tasks.models import (
@@ -46,6 +47,7 @@ __all__ = [
     "AgentConnection",
     "ApiToken",
     "ApprovalDecision",
+    "ApprovalLink",
     "ApprovalQueue",
     "ApprovalRequest",
     "ApprovalSettings",
@@ -65,7 +67,7 @@ __all__ = [
     "IdempotencyRecord",
     "MetricMinute",
     "MetricTotal",
-    "OutboxEvent",
+    "NotificationChannel", "OutboxEvent",
     "OutboxStatus",
     "PreparedOperation",
     "RateBucket",

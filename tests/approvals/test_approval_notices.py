@@ -55,8 +55,10 @@ def test_a_new_request_emails_the_tenants_approvers_through_the_outbox_with_a_li
     summary = "Publish to staff: “[personal]” (11 characters)"  # the title is personal: the console shows it
     assert summary in message["subject"] and summary in message["body"]
     assert "Maintenance" not in message["subject"] + message["body"]
-    link = f"{PUBLIC_URL}{reverse('admin:approval_link', args=[request.pk])}"
+    # alice's own one-click link (tests/approvals/test_approval_links.py), not the console's page of the request
+    link = f"{PUBLIC_URL}{reverse('admin:approval_decide', args=['TOKEN'])}".replace("TOKEN/", "")
     assert link in message["body"] and "agent:acme/test" in message["body"]
+    assert reverse("admin:approval_link", args=[request.pk]) not in message["body"]
     assert "Down at 2am" not in message["body"]  # the arguments stay in the console
     assert OutboxEvent.objects.get().record_id == request.record_id
 

@@ -90,28 +90,27 @@ def test_an_approver_follows_the_email_link_logs_in_and_approves(web_server, tok
     assert outbox.relay_batch().delivered == 1
     [(body,)] = sink.sql("SELECT body FROM messages WHERE channel = 'email' AND recipient = %s",
                          ["alice@example.invalid"])
-    link = re.search(r"http://127\.0\.0\.1:\d+/admin/approval/\d+/", body).group(0)
+    link = re.search(r"http://127\.0\.0\.1:\d+/admin/approval/decide/[^/\s]+/", body).group(0)  # her own link
 
     with browser_page() as page:
-        # when: she opens the link, logs in where it sends her, and approves
+        # when: she opens the link, logs in where it sends her, and approves with one click
         page.goto(link)
         page.fill("#id_username", "alice")
         page.fill("#id_password", "correct-horse-battery")
         page.fill("#id_otp_token", code_for("alice"))  # and her authenticator's code
         page.click("input[type=submit]")
-        page.wait_for_selector("#action-approve")
+        page.wait_for_selector("#decide-approve")
         landed = page.url
         shot(page, "approval-request", doc=True)
-        page.click("#action-approve")
         page.fill("#id_reason", "checked with the team")
         shot(page, "approval-confirm", doc=True)
-        page.keyboard.press("Control+Enter")  # the confirmation form's keyboard shortcut
-        page.wait_for_selector("ul.messagelist")
-        message = page.locator("ul.messagelist").inner_text()
+        page.click("#decide-approve")
+        page.wait_for_selector("#approval-done")
+        message = page.locator("#approval-done").inner_text()
 
-    # then: the link led to the request, and the decision is hers
-    assert landed.endswith(f"/admin/tools_app/approvalqueue/{approval['request_id']}/change/")
-    assert "approved; it is being executed" in message
+    # then: the link led to the decision, and the decision is hers
+    assert landed == link
+    assert "Approved: it is being executed." in message
     request = ApprovalRequest.objects.get(pk=approval["request_id"])
     assert (request.status, request.decided_by) == (ApprovalStatus.APPROVED, "user:alice")
     run_queued_jobs()

@@ -144,7 +144,8 @@ def test_the_approvers_messages_carry_the_summary_without_personal_values_and_a_
     delivered = {message["channel"]: message for message in sink_messages(sink)}
     email, hook = delivered["email"], json.loads(delivered["webhook"]["body"])
     link = f"{PUBLIC_URL}{reverse('admin:approval_link', args=[request.pk])}"
-    assert "Publish to staff: “[personal]” (24 characters)" in email["subject"] and link in email["body"]
+    own_link = f"{PUBLIC_URL}{reverse('admin:approval_decide', args=['x'])[:-2]}"  # alice's one-click link
+    assert "Publish to staff: “[personal]” (24 characters)" in email["subject"] and own_link in email["body"]
     assert hook["data"]["summary"] == "Publish to staff: “[personal]” (24 characters)"
     assert hook["data"]["url"] == link
     assert CANARY not in json.dumps(delivered)

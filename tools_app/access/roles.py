@@ -30,6 +30,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "view_unknownoutcomequeue", "resolve_unknown", "view_outboxevent", "view_deadletter", "redrive_outboxevent",
         "view_task", "view_taskneedingattention", "manage_task",
         "view_tenantlimits", "set_tenant_limits", "view_tenant", "rotate_webhooksecret",
+        "view_notificationchannel", "manage_notificationchannel",
         "view_retentionoverride", "manage_retention", "view_auditretention", "connect_agent", "view_agentconnection",
         "view_downstream", "pause_operations", "view_bulkaction", "run_bulk_action",
     ],

@@ -10,6 +10,7 @@ from tools_app.admin import (  # noqa: F401
     audit,
     auditors,
     bulk,
+    channels,
     dashboard,
     downstreams,
     limits,

@@ -13,7 +13,8 @@ from tools_app.outbox.models import DeadLetter, OutboxEvent, OutboxStatus
 
 @admin.register(OutboxEvent)
 class OutboxEventAdmin(ListedFromReplica[OutboxEvent], TenantScopedAdmin[OutboxEvent], ReadOnlyAdmin[OutboxEvent]):
-    list_display = ["id", "tenant", "kind", "status", "attempts", "next_attempt_at", "created_at", "delivered_at"]
+    list_display = ["id", "tenant", "kind", "status", "attempts", "next_attempt_at", "created_at", "delivered_at",
+                    "last_error"]
     list_filter = ["status", ("kind", RecentValuesFilter), ("tenant", TenantFilter), ("created_at", DateRangeFilter),
                    ("delivered_at", DateRangeFilter)]
     list_select_related = ["tenant"]

@@ -24,6 +24,7 @@ from django.urls import URLPattern, URLResolver, path, reverse
 
 from tools_app import access
 from tools_app.access import passkeys, second_factor
+from tools_app.admin.approval_links import decide_view
 from tools_app.admin.find import FindForm, find_view
 from tools_app.admin.operator_actions import QueueAdmin, age, second_factor_page
 from tools_app.admin.queues import QueueSummary
@@ -39,7 +40,8 @@ SECTIONS = [
                                "outboxevent", "downstream", "bulkaction", "auditevent", "auditseal", "auditcheckpoint",
                                "auditarchive"]),
     ("Reference data", "reference", ["tenant", "apitoken", "agentconnection", "tenantaccess", "approvalsettings",
-                                     "tenantlimits", "retentionoverride", "auditretention", "auditorkey"]),
+                                     "tenantlimits", "retentionoverride", "auditretention", "auditorkey",
+                                     "notificationchannel"]),
 ]
 
 
@@ -56,6 +58,7 @@ class ConsoleSite(admin.AdminSite):
             path("find/", self.admin_view(find_view(self)), name="find"),
             path("second-factor/", self.admin_view(second_factor_view(self)), name="second_factor"),
             path("approval/<int:request_id>/", self.admin_view(self.approval_link), name="approval_link"),
+            path("approval/decide/<str:token>/", self.admin_view(decide_view(self)), name="approval_decide"),
         ] + super().get_urls()
 
     # --- navigation ------------------------------------------------------------------------------

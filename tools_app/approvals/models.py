@@ -162,3 +162,23 @@ class ApprovalSettings(models.Model):
             return settings_
         except cls.DoesNotExist:
             return cls(tenant=tenant)
+
+
+class ApprovalLink(models.Model):
+    """One approver's link to one request, as sent in one message (tools_app.approvals.links).
+
+    The URL carries a token signed with Django's signing (request, person, deadline, a random nonce);
+    the row keeps only its SHA-256 digest, and `used_at` is set once, by a guarded UPDATE, in the
+    transaction of the decision the link made: a link decides at most once.
+    """
+
+    request = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="links")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    digest = models.CharField(max_length=64, unique=True, help_text="SHA-256 of the token in the link.")
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    used_for = models.CharField(max_length=8, blank=True, choices=ApprovalVerdict.choices)
+
+    def __str__(self) -> str:
+        return f"link to #{self.request_id} for user {self.user_id}"

@@ -10,12 +10,15 @@ relay delivers each at least once (the receiver deduplicates by event id). Who i
   eyes: they cannot approve it);
 - by webhook, the tenant's `ApprovalSettings.notify_webhook_url`, if set (checked against the
   webhook allow-list by the relay before each attempt);
-- on escalation, also the tenant's `escalation_email`, if set.
+- on escalation, also the tenant's `escalation_email`, if set;
+- through each of the tenant's enabled channels (outbox.channels: Apprise URLs for Slack, Microsoft
+  Teams, PagerDuty, ...; a channel marked `escalations_only` only on escalation).
 
 Messages carry the operation's summary without the values of the tool's declared personal arguments
-(`public_summary`: "Pay 42.00 EUR to [personal]") and a link (under IDEMOPS_PUBLIC_URL) to the
-request's page in the operators' console, where an approver reads the rest; never the call's
-arguments. Delivered messages do not outlive the call's retention either (retention.purge).
+(`public_summary`: "Pay 42.00 EUR to [personal]") and a link (under IDEMOPS_PUBLIC_URL): an approver's email
+its own one-click link to the decision (links.py: signed, for that person only, used once); every
+other message the request's page in the operators' console. An approver reads the rest there; never the
+call's arguments. Delivered messages do not outlive the call's retention either (retention.purge).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from django.urls import reverse
 
 from idemops.conf import conf
 from tools_app import outbox
+from tools_app.approvals import links
 from tools_app.approvals.execution import APPROVAL_SWEEPER
 from tools_app.approvals.models import ApprovalRequest, ApprovalSettings, ApprovalStatus
 from tools_app.core import clock, db, redaction
@@ -76,21 +80,30 @@ def announce(request: ApprovalRequest) -> int:
 
 def _send(request: ApprovalRequest, event: str, *, extra_emails: list[str], now: datetime | None = None) -> int:
     config = ApprovalSettings.of(request.tenant)
-    subject, body = _message(request, event, now)
-    emails = [user.email for user in approvers_of(request)] + extra_emails
-    for email in dict.fromkeys(emails):  # one message per address, in order
+    sent = 0
+    # Each approver's message carries a link of their own (links.py: signed, theirs only, good once).
+    approvers = {user.email: user for user in approvers_of(request)}
+    for email in dict.fromkeys([*approvers, *extra_emails]):  # one message per address, in order
+        person = approvers.get(email)
+        subject, body = _message(request, event, now, links.issue(request, person) if person else link(request))
         outbox.enqueue(tenant_id=request.tenant_id, kind="notification.email", record=request.record,
                        payload={"recipient": email, "subject": subject, "body": body})
-    sent = len(dict.fromkeys(emails))
+        sent += 1
+    subject, body = _message(request, event, now, link(request))
     if config.notify_webhook_url:
         outbox.enqueue(tenant_id=request.tenant_id, kind="notification.webhook", record=request.record,
                        payload={"recipient": config.notify_webhook_url, "subject": subject, "body": body,
                                 "data": _data(request, event)})
         sent += 1
+    # The tenant's channels (Slack, Teams, PagerDuty, ...: outbox.channels), by their id: the URL stays sealed.
+    for channel in outbox.channels_of(request.tenant_id, escalation=event == ESCALATED):
+        outbox.enqueue(tenant_id=request.tenant_id, kind=outbox.CHANNEL_KIND, record=request.record,
+                       payload={"channel": channel.pk, "subject": subject, "body": body})
+        sent += 1
     return sent
 
 
-def _message(request: ApprovalRequest, event: str, now: datetime | None) -> tuple[str, str]:
+def _message(request: ApprovalRequest, event: str, now: datetime | None, url: str) -> tuple[str, str]:
     tenant, summary = request.tenant.slug, public_summary(request)
     if event == ESCALATED:
         waited = _duration((now or clock.read()) - request.created_at)
@@ -106,7 +119,7 @@ def _message(request: ApprovalRequest, event: str, now: datetime | None) -> tupl
     lines += [f"  Asked by:  {request.requested_by}",
               f"  Approvals: {request.approvals} of {request.required_approvals} given",
               f"  Expires:   {request.expires_at:%Y-%m-%d %H:%M} UTC", "",
-              "Open it to approve or reject:", f"  {link(request)}", "",
+              "Open it to approve or reject:", f"  {url}", "",
               f"You get this because you may approve requests of tenant {tenant}."]
     return subject[:200], "\n".join(lines)
 

@@ -11,7 +11,9 @@ operation that wrote the event (X-Operation-Id), as the payment gateway's reques
 trace context of the delivery (`traceparent`: an email header, an HTTP header).
 
 Kinds: `notification.email` and `notification.webhook` (send_notification: subject and body),
-`task.webhook` (a finished task's notice: the JSON its payload holds, tools_app.tasks).
+`task.webhook` (a finished task's notice: the JSON its payload holds, tools_app.tasks), and
+`notification.channel` (a tenant's Apprise channel, channels.py: its URL, opened by the relay, is
+passed in; Apprise posts subject and body to Slack, Teams, PagerDuty, ...).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from standardwebhooks import Webhook
 from idemops.conf import conf
 from tools_app.core import tracing, url_allowlist
 from tools_app.core.errors import InvalidInput, Transient
+from tools_app.outbox.channels import CHANNEL_KIND
 from tools_app.outbox.models import OutboxEvent
 
 
@@ -48,10 +51,12 @@ class DeliveryRefused(DeliveryFailed):
 WEBHOOK_KINDS = frozenset({"notification.webhook", "task.webhook"})
 
 
-def deliver(event: OutboxEvent, signing_secrets: Sequence[str] = ()) -> None:
-    """Deliver `event`; a webhook is signed with each of `signing_secrets` (its tenant's, read by
-    the relay beforehand: delivery threads do no database work)."""
-    if event.kind == "notification.email":
+def deliver(event: OutboxEvent, signing_secrets: Sequence[str] = (), channel_url: str = "") -> None:
+    """Deliver `event`; a webhook is signed with each of `signing_secrets` (its tenant's), a channel's
+    message goes to `channel_url` (both read by the relay beforehand: delivery threads do no database work)."""
+    if event.kind == CHANNEL_KIND:
+        _notify_channel(event, channel_url)
+    elif event.kind == "notification.email":
         _send_email(event)
     elif event.kind == "notification.webhook":
         # `data`: what a machine reads (e.g. an approval request's id, state and link), when the writer gave it.
@@ -62,6 +67,25 @@ def deliver(event: OutboxEvent, signing_secrets: Sequence[str] = ()) -> None:
         _post_webhook(event, event.payload["json"], signing_secrets)
     else:
         raise DeliveryFailed(f"no delivery for kind {event.kind!r}")
+
+
+def _notify_channel(event: OutboxEvent, url: str) -> None:
+    """One message through Apprise to the channel's URL. Apprise's own log lines may show the URL (a
+    secret): the failure recorded says only what went wrong, in Apprise's words minus the URL."""
+    import apprise
+
+    if not url:
+        raise DeliveryFailed("the channel is gone or its URL cannot be opened (IDEMOPS_SECRET_KEY changed): "
+                             "set its URL again in the console")
+    notifier = apprise.Apprise(asset=apprise.AppriseAsset(storage_mode=apprise.PersistentStoreMode.MEMORY))
+    if not notifier.add(url):
+        raise DeliveryRefused("Apprise does not know this channel's URL any more")
+    with apprise.LogCapture(level=apprise.logging.WARNING) as captured:  # type: ignore[no-untyped-call]
+        delivered = notifier.notify(title=event.payload["subject"], body=event.payload["body"])
+    if not delivered:
+        said = [line.strip() for line in captured.getvalue().splitlines() if line.strip()]
+        raise DeliveryFailed((f"the channel did not take it: {said[-1] if said else 'no answer'}"
+                              ).replace(url, "[channel url]")[:300])
 
 
 def operation_header(event: OutboxEvent) -> dict[str, str]:

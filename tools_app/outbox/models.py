@@ -59,3 +59,28 @@ class DeadLetter(OutboxEvent):
         proxy = True
         verbose_name = "dead-lettered event"
         ordering = ["created_at"]
+
+
+class NotificationChannel(models.Model):
+    """A tenant's channel for approvers' notices and escalations beyond email: an Apprise URL (Slack,
+    Microsoft Teams, PagerDuty, a JSON endpoint, ...; tools_app.outbox.channels). The URL holds the
+    channel's secret (a webhook token, an integration key), so it is stored sealed like a webhook
+    signing secret; the console shows only its scheme and host (`shown`)."""
+
+    tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.CASCADE, related_name="notification_channels")
+    name = models.CharField(max_length=100, help_text="What the operators call it, e.g. “#payments-approvals”.")
+    sealed_url = models.TextField(editable=False)
+    shown = models.CharField(max_length=200, editable=False, help_text="Its scheme and host; the rest is secret.")
+    escalations_only = models.BooleanField(
+        default=False, help_text="Told only when a request is escalated (e.g. a PagerDuty service), "
+                                 "not of every new request.")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="channel_name_per_tenant")]
+        # One permission for adding and changing (outbox.channels.CHANGE_CHANNEL), as retention's manage_retention.
+        permissions = [("manage_notificationchannel", "Can add and change a tenant's notification channels")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.shown})"

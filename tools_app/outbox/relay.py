@@ -21,8 +21,9 @@ A webhook URL is checked against the allow-list again before each attempt
 A relay killed mid-batch leaves its events claimed until `claimed_until`; then
 another relay claims them and delivers them again (the killed one may have
 delivered some). Consumers that deduplicate by the event id (email Message-ID,
-webhook `webhook-id`) act once. A webhook's tenant's signing secrets are read before
-the delivery threads start (access.signing_secrets), so those threads stay off the database.
+webhook `webhook-id`) act once. A webhook's tenant's signing secrets and a channel message's
+Apprise URL are read before the delivery threads start (access.signing_secrets, channels.urls_of),
+so those threads stay off the database.
 
 Each event keeps the trace of the call that wrote it; each delivery attempt is a span in that
 trace (its context goes to the consumer as `traceparent`) and one log line (`outbox.delivery`:
@@ -43,6 +44,7 @@ from django.db import connection, connections, transaction
 from idemops.conf import conf
 from tools_app import access
 from tools_app.core import backoff, clock, counters, db, jobs, leases, logs, redaction, tracing
+from tools_app.outbox import channels
 from tools_app.outbox.delivery import WEBHOOK_KINDS, DeliveryFailed, deliver
 from tools_app.outbox.models import OutboxEvent, OutboxStatus
 
@@ -133,10 +135,10 @@ def relay_batch(limit: int | None = None) -> RelayReport:
     batch = claim_batch(leases.new_owner(), limit or conf().outbox_batch_size)
     if not batch:
         return report
-    keys = _signing_secrets(batch)
+    keys, urls = _signing_secrets(batch), _channel_urls(batch)
     with ThreadPoolExecutor(max_workers=min(len(batch), conf().outbox_delivery_threads),
                             thread_name_prefix="outbox-delivery") as pool:
-        deliveries = {pool.submit(_delivery_thread, event, keys.get(event.tenant_id, [])): event
+        deliveries = {pool.submit(_delivery_thread, event, keys.get(event.tenant_id, []), _url(urls, event)): event
                       for event in batch}
         for done in as_completed(deliveries):
             outcome = _record(deliveries[done], *done.result())
@@ -149,7 +151,8 @@ def relay_one(event_id: uuid.UUID) -> RelayReport:
     how its message fared drives its delivery itself, instead of waiting for a free worker)."""
     report = RelayReport()
     for event in claim_batch(leases.new_owner(), 1, event_id=event_id):
-        outcome = _record(event, *_deliver(event, _signing_secrets([event]).get(event.tenant_id, [])))
+        outcome = _record(event, *_deliver(event, _signing_secrets([event]).get(event.tenant_id, []),
+                                           _url(_channel_urls([event]), event)))
         setattr(report, outcome, getattr(report, outcome) + 1)
     return report
 
@@ -159,14 +162,25 @@ def _signing_secrets(batch: list[OutboxEvent]) -> dict[int, list[str]]:
     return access.signing_secrets({event.tenant_id for event in batch if event.kind in WEBHOOK_KINDS})
 
 
-def _delivery_thread(event: OutboxEvent, signing_secrets: list[str]) -> tuple[DeliveryFailed | None, float, Any]:
+def _channel_urls(batch: list[OutboxEvent]) -> dict[int, str]:
+    """The opened URLs of the channels the batch's channel messages go to (one query for the batch)."""
+    return channels.urls_of({event.payload.get("channel") for event in batch if event.kind == channels.CHANNEL_KIND})
+
+
+def _url(urls: dict[int, str], event: OutboxEvent) -> str:
+    return urls.get(event.payload.get("channel"), "") if event.kind == channels.CHANNEL_KIND else ""
+
+
+def _delivery_thread(event: OutboxEvent, signing_secrets: list[str], channel_url: str = ""
+                     ) -> tuple[DeliveryFailed | None, float, Any]:
     try:
-        return _deliver(event, signing_secrets)
+        return _deliver(event, signing_secrets, channel_url)
     finally:
         connections.close_all()  # this thread's, if anything in the delivery opened one
 
 
-def _deliver(event: OutboxEvent, signing_secrets: list[str]) -> tuple[DeliveryFailed | None, float, Any]:
+def _deliver(event: OutboxEvent, signing_secrets: list[str], channel_url: str = ""
+             ) -> tuple[DeliveryFailed | None, float, Any]:
     """Deliver one event inside its span, in the trace of the call that wrote it (the consumer gets
     its `traceparent`): (the failure or None, seconds taken, the span)."""
     # The payload is the caller's (an address, a message): no line may show it, an SMTP error included.
@@ -176,7 +190,7 @@ def _deliver(event: OutboxEvent, signing_secrets: list[str]) -> tuple[DeliveryFa
             "idemops.outbox_event": str(event.id), "idemops.kind": event.kind, "idemops.attempt": event.attempts + 1}
                            ) as span, logs.scrubbing(scrubbed):
         try:
-            deliver(event, signing_secrets)
+            deliver(event, signing_secrets, channel_url)
         except DeliveryFailed as exc:
             failure = exc
         except Exception as exc:  # a bug in a delivery must not stop the others: it counts as a failed attempt
