@@ -46,7 +46,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802  (http.server's name)
+            def do_POST(self):  # http.server's name
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
                 receiver.posts.append({"path": self.path, "type": self.headers.get("Content-Type", ""), "body": body})
                 self.send_response(500 if self.path in receiver.failing else 200)
