@@ -23,6 +23,7 @@ URL_HELP = ("The channel's Apprise URL, e.g. slack://TokenA/TokenB/TokenC/#chann
             "It holds the channel's secret: it is stored sealed and never shown again; leave it empty to keep it.")
 
 
+# django-stubs makes ModelForm generic over its model; the admin's forms name it in Meta instead.
 class ChannelForm(forms.ModelForm):  # type: ignore[type-arg]
     url = forms.CharField(label="Apprise URL", required=False, help_text=URL_HELP,
                           widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}))

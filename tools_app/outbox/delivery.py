@@ -80,6 +80,7 @@ def _notify_channel(event: OutboxEvent, url: str) -> None:
     notifier = apprise.Apprise(asset=apprise.AppriseAsset(storage_mode=apprise.PersistentStoreMode.MEMORY))
     if not notifier.add(url):
         raise DeliveryRefused("Apprise does not know this channel's URL any more")
+    # Apprise's LogCapture has no annotations.
     with apprise.LogCapture(level=apprise.logging.WARNING) as captured:  # type: ignore[no-untyped-call]
         delivered = notifier.notify(title=event.payload["subject"], body=event.payload["body"])
     if not delivered:
