@@ -4,6 +4,8 @@
     access | engine     tenants, tokens, roles, authorize | claim, execute, follow, record transitions
     toolkit             what a tool author imports: registry, policies, pipelines, calls
     approvals | reconciliation | outbox | tasks | documents
+    scheduling          scheduled and delayed operations: a tool call at a time or on a cron rule, each
+                        occurrence under its own key (not schedules.py: the platform's own periodic jobs)
     metrics             /metrics and the dashboard's figures, from the rows core.counters writes
     tools               the tools themselves (and their business models)
     mcp | api | admin | web | management      entry points

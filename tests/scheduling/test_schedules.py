@@ -15,7 +15,7 @@ from tools_app import access, scheduling
 from tools_app.access.roles import APPROVER, OPERATOR
 from tools_app.core import clock
 from tools_app.core.errors import InvalidInput, NotFound, PermissionDenied
-from tools_app.models import AuditEvent, ScheduledOperation, ScheduledRun, Tenant
+from tools_app.models import AuditEvent, ScheduledOperation, ScheduledRun
 from tools_app.scheduling import ticks
 from tools_app.scheduling.models import RunStatus
 
