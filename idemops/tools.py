@@ -20,6 +20,8 @@ What a declaration says (`write_tool`, `read_tool`, `long_tool`):
 - `approval`: `(tenant, args) -> ApprovalPolicy | None` (`amount_policy` for money);
 - `requires_operation_id=True` for a high-risk write: its key must be an id `prepare_operation`
   issued;
+- `concurrency_key` (an argument's name, or `args -> str`): the business entity a write acts on;
+  two operations on one entity never run at once, in any process;
 - for a long tool: a `Pipeline` of checkpointed `Step`s (with `compensate` for a saga,
   `ctx.each_batch` for chunked batches, `WaitFor` to pause for a person).
 """

@@ -1,13 +1,14 @@
 """idemops' Django app: one package per concept. docs/architecture.md shows the layers.
 
-The layers, top to bottom (pyproject.toml's import contract; a test holds this table to it):
+The layers, top to bottom (pyproject.toml's import contract; a test holds this table to it).
+`scheduling` is agents' and operators' scheduled tool calls; `schedules` the platform's own periodic jobs.
 
     apps                                   wiring: the app's start-up (hooks, signals)
     schedules | models | migrations        periodic jobs, the models Django loads, the schema
     mcp | api | admin | web | management   entry points
     tools                                  the platform's own tools
     metrics | retention | bulk             figures, keeping and purging, recovery by filter
-    approvals | reconciliation | tasks     a person's decision, finding out unknown outcomes, long tasks
+    approvals | reconciliation | tasks | scheduling   approvals, unknown outcomes, long tasks, scheduled calls
     toolkit | outbox                       what a tool author imports; messages sent after commit
     incidents                              breakers, pauses, in-flight limits per downstream
     engine | access                        claim, execute, follow, record transitions | tenants, tokens, roles

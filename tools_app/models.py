@@ -27,6 +27,7 @@ from tools_app.metrics.models import Dashboard
 from tools_app.outbox.models import DeadLetter, NotificationChannel, OutboxEvent, OutboxStatus
 from tools_app.reconciliation.models import UnknownOutcomeQueue
 from tools_app.retention.models import AuditRetention, RetentionOverride
+from tools_app.scheduling.models import Overlap, RunStatus, ScheduledOperation, ScheduledRun
 from tools_app.tasks.models import (
     Checkpoint,
     StepBatch,
@@ -41,6 +42,7 @@ from tools_app.toolkit.calls import CallOutcome
 
 __all__ = [
     "BulkAction", "BulkItem", "BulkState",
+    "Overlap", "RunStatus", "ScheduledOperation", "ScheduledRun",
     "Downstream",
     "DownstreamSlot",
     "Pause",

@@ -57,6 +57,9 @@ PERIODIC_JOBS: list[PeriodicJob] = [
     PeriodicJob("tasks.sweep", "tasks.sweep", minutes=conf().task_sweep_minutes),
     # Bulk actions whose job was lost (no progress for IDEMOPS_BULK_STALL_MINUTES) are queued again.
     PeriodicJob("bulk.sweep", "bulk.sweep"),
+    # Scheduled operations whose tick came due (tools_app.scheduling); the loop below runs it every
+    # IDEMOPS_SCHEDULE_TICK_SECONDS, this schedule is its backstop.
+    PeriodicJob("scheduling.tick", "scheduling.tick"),
     # Arguments, results, checkpoints and documents past their retention (tools_app.retention).
     PeriodicJob("retention.purge", "retention.purge", minutes=conf().retention_purge_minutes),
 ]
@@ -77,6 +80,8 @@ LOOP_JOBS: list[LoopJob] = [
     # A killed worker's task is handed on within its lease plus this period (the schedule below
     # is the backstop when no cluster runs loops).
     LoopJob("tasks.sweep", "tasks.sweep", seconds=conf().lease_sweep_seconds),
+    # Operators' and agents' scheduled operations (tools_app.scheduling) run within this of their tick.
+    LoopJob("scheduling.tick", "scheduling.tick", seconds=conf().schedule_tick_seconds),
 ]
 
 

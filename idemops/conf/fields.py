@@ -380,6 +380,13 @@ class IdemopsSettings(BaseSettings):
     follower_wait_seconds: float = setting(
         2, "How long a second call with a running key waits before answering in_progress.", ge=0,
         section=WRITES)
+    schedule_tick_seconds: float = setting(
+        1, "How often each django-q2 worker process runs the scheduled operations whose tick came due "
+        "(tools_app.scheduling); 0 leaves them to the 1-minute schedule.", ge=0, section=JOBS)
+    concurrency_wait_seconds: float = setting(
+        5, "How long a write whose tool declares a concurrency key waits while another operation on the same "
+        "business entity runs, before answering in_progress (nothing done; ask again with the same key).", ge=0,
+        section=WRITES)
     wait_poll_seconds: Seconds = setting(
         0.1, "How often a web process asks the database, in one query, about every row its waiting calls "
         "(followers, task waits) wait on.", section=WRITES)

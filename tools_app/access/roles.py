@@ -33,6 +33,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "view_notificationchannel", "manage_notificationchannel",
         "view_retentionoverride", "manage_retention", "view_auditretention", "connect_agent", "view_agentconnection",
         "view_downstream", "pause_operations", "view_bulkaction", "run_bulk_action",
+        "view_scheduledoperation", "manage_schedules",
     ],
     # Decides on sensitive operations; sees what they would touch.
     APPROVER: [

@@ -18,6 +18,7 @@ from tools_app.admin import (  # noqa: F401
     outbox,
     records,
     retention,
+    scheduling,
     tasks,
     tenants,
     unknown_outcomes,

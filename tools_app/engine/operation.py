@@ -8,7 +8,7 @@ import enum
 import json
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
@@ -77,6 +77,11 @@ class Operation:
     # `search_fields`): kept on the record as `attributes` (`searchable`), from the arguments when it is
     # claimed and from the result when it succeeds.
     search_fields: frozenset[str] = frozenset()
+    # Held around every run, a first one or a rerun (never a replay, never a follower's wait): a
+    # context manager that yields None while this run may go on, or the failure to answer instead
+    # (`in_progress`: another operation on the same business entity is running, tools_app.incidents
+    # one_at_a_time). Nothing is claimed, run or counted when it yields a failure.
+    hold: Callable[[], AbstractContextManager[ToolFailure | None]] | None = None
 
     # The fingerprint version `arguments` are for (core.keys): a record is claimed under it and keeps it.
     fingerprint_version: int = FINGERPRINT_AS_SENT

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from typing import TypeVar
 
 from django.db import DataError, connection, transaction
@@ -99,7 +99,10 @@ def _attempt(op: Operation, execute: Executor, rounds: int) -> Outcome | polling
             if (held := _held(op)) is not None:
                 return Outcome(uncommitted(op), error=held)
             try:
-                outcome, record = _claim_and_execute(op, execute)
+                with _holding(op) as busy:
+                    if busy is not None:
+                        return Outcome(uncommitted(op), error=busy)
+                    outcome, record = _claim_and_execute(op, execute)
             except ClaimWaitExpired:
                 # Another call's claim is still uncommitted: answer its operation id all the same.
                 return Outcome(uncommitted(op), error=_in_progress())
@@ -275,10 +278,13 @@ def _follow_failed(record: IdempotencyRecord, op: Operation, execute: Executor) 
             {"class": record.error_class, "message": record.error_message, "retry_after": wait}), record))
     if (held := _held(op)) is not None:
         return Outcome(record, replayed=True, error=with_retry_window(held, record))
-    reclaimed = reclaim(record, op)
-    if reclaimed is None:
-        return None  # another retry got there first; follow it
-    outcome = _execute(reclaimed, op, execute)
+    with _holding(op) as busy:
+        if busy is not None:
+            return Outcome(record, replayed=True, error=with_retry_window(busy, record))
+        reclaimed = reclaim(record, op)
+        if reclaimed is None:
+            return None  # another retry got there first; follow it
+        outcome = _execute(reclaimed, op, execute)
     crash_point("after_commit")
     return outcome
 
@@ -372,6 +378,11 @@ def _held(op: Operation) -> ToolFailure | None:
     except ToolFailure as held:
         return held
     return None
+
+
+def _holding(op: Operation) -> AbstractContextManager[ToolFailure | None]:
+    """op.hold around one run (one operation at a time per business entity), or nothing to hold."""
+    return op.hold() if op.hold is not None else nullcontext(None)
 
 
 def with_retry_window(failure: ToolFailure, record: IdempotencyRecord) -> ToolFailure:

@@ -8,7 +8,8 @@
 - `pauses.py`: an operator pauses a tool, a downstream or one tenant's writes (and resumes):
   meanwhile calls answer `transient` with retry_after and the operator's reason.
 - `limits.py`: a limit on calls in flight per downstream, shared across processes (leased slots),
-  so the retries and the reconciler's lookups after a recovery do not knock it over again.
+  so the retries and the reconciler's lookups after a recovery do not knock it over again; and the
+  same leased slots hold one operation at a time per business entity (a tool's concurrency_key).
 - `gate.py`: the one question asked before a write runs (engine.Operation.admit): may it run now?
   Answered from a snapshot of the pauses and breakers each process re-reads at most every
   IDEMOPS_INCIDENT_STATE_SECONDS, so the hot path asks the database nothing new.
@@ -23,11 +24,11 @@ through Operation.admit; toolkit (downstream requests, calls), reconciliation an
 
 from tools_app.incidents.breaker import record_failure, record_success
 from tools_app.incidents.gate import admission, admit, admit_request
-from tools_app.incidents.limits import Full, in_flight
+from tools_app.incidents.limits import Full, entity_slot_name, in_flight, one_at_a_time
 from tools_app.incidents.models import BreakerState, Downstream, Pause, PauseScope
 from tools_app.incidents.pauses import PAUSE, pause, resume
 from tools_app.incidents.state import breaker_open, downstream_of, learn, snapshot
 
 __all__ = ["PAUSE", "BreakerState", "breaker_open", "Downstream", "Full", "Pause", "PauseScope", "admission", "admit",
-           "admit_request", "downstream_of", "in_flight", "learn", "pause", "record_failure", "record_success",
-           "resume", "snapshot"]
+           "admit_request", "downstream_of", "entity_slot_name", "in_flight", "learn", "one_at_a_time", "pause",
+           "record_failure", "record_success", "resume", "snapshot"]

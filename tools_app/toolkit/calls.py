@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ from django.db import DataError, models
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
+from idemops.conf import conf
 from tools_app import engine, incidents
 from tools_app.core import keys, logs, polling, redaction, tracing
 from tools_app.core.errors import InvalidInput, ToolFailure, invalid_data
@@ -213,6 +214,7 @@ def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel, *, handler:
         approval=hooks.approval_gate(spec, caller.tenant_id, caller.actor, args) if spec.approval else None,
         retry_window=spec.retry_window, search_fields=spec.search_fields,
         admit=functools.partial(incidents.admit, caller.tenant_id, spec.name, spec.downstream),
+        hold=entity_hold(caller.tenant_id, spec.concurrency_key_of(args)),
     )
 
     def execute(record: IdempotencyRecord) -> dict[str, Any]:
@@ -223,6 +225,14 @@ def write_operation(spec: ToolSpec, caller: Caller, args: BaseModel, *, handler:
         return dump_result(spec, result)
 
     return operation, execute
+
+
+def entity_hold(tenant_id: int, entity: str | None) -> Callable[[], AbstractContextManager[ToolFailure | None]] | None:
+    """The engine's `hold` for a call on `entity` (a tool's concurrency_key): its slot, one at a time."""
+    if entity is None:
+        return None
+    return functools.partial(incidents.one_at_a_time, incidents.entity_slot_name(tenant_id, entity),
+                             wait=conf().concurrency_wait_seconds, what=entity)
 
 
 def with_idempotency_key(arguments: dict[str, Any], meta_key: str | None) -> dict[str, Any]:

@@ -229,6 +229,19 @@ class ToolSpec:
     # Non-personal argument or result fields operators and auditors search by (an order reference, a
     # ticket number): stored indexed with the record (engine: IdempotencyRecord.attributes).
     search_fields: frozenset[str] = frozenset()
+    # The business entity a call acts on, from its arguments (an account, an order): two calls with
+    # the same key never run at once, in any process; a third waits IDEMOPS_CONCURRENCY_WAIT_SECONDS,
+    # then answers in_progress. A field name (the key is `name=value`, shared by every tool keyed by
+    # that field) or a callable (validated arguments) -> str. Unset: no such limit.
+    concurrency_key: str | Callable[[Any], str] | None = None
+
+    def concurrency_key_of(self, args: BaseModel) -> str | None:
+        """The business entity `args` act on (concurrency_key), or None."""
+        if self.concurrency_key is None:
+            return None
+        if callable(self.concurrency_key):
+            return str(self.concurrency_key(args))
+        return f"{self.concurrency_key}={getattr(args, self.concurrency_key)}"
 
     @property
     def excluded_from_fingerprint(self) -> frozenset[str]:
@@ -312,11 +325,22 @@ def _check_options(spec: ToolSpec) -> None:
     if unknown := spec.search_fields - spec.input_model.model_fields.keys() - spec.output_model.model_fields.keys():
         raise TypeError(f"tool {spec.name!r} declares search fields that are neither arguments nor result fields: "
                         f"{sorted(unknown)}")
+    _check_concurrency_key(spec)
     if spec.retry_window is not None and spec.retry_window <= timedelta(0):
         raise ValueError(f"tool {spec.name!r}: retry_window must be positive")
     counted = {name for defaults in spec.counted_defaults for name in defaults}
     if unknown := counted - spec.input_model.model_fields.keys():
         raise TypeError(f"tool {spec.name!r} declares counted defaults for fields it does not take: {sorted(unknown)}")
+
+
+def _check_concurrency_key(spec: ToolSpec) -> None:
+    key = spec.concurrency_key
+    if key is not None and (not spec.writes or spec.pipeline is not None):
+        raise TypeError(f"tool {spec.name!r}: only a short write tool can declare a concurrency_key")
+    if isinstance(key, str) and key not in spec.input_model.model_fields:
+        raise TypeError(f"tool {spec.name!r}: concurrency_key {key!r} is not one of its arguments")
+    if isinstance(key, str) and key in (spec.personal_fields or frozenset()):
+        raise TypeError(f"tool {spec.name!r}: concurrency_key must not be a personal field")
 
 
 def _declare(writes: bool, **declaration: Any) -> Callable[[Handler], Handler]:
@@ -342,6 +366,7 @@ def write_tool(*, name: str, title: str, input_model: type[WriteInput], output_m
                counted_defaults: tuple[dict[str, Any], ...] = (),
                downstream: str | None = None, retry_window: timedelta | None = None,
                search_fields: frozenset[str] = frozenset(),
+               concurrency_key: str | Callable[[Any], str] | None = None,
                ) -> Callable[[Handler], Handler]:
     """Declare a tool with side effects, on its handler `(ctx: ToolContext, args) -> output model`: it runs
     under the idempotency engine (see ToolSpec for what each part means). The description defaults to the
@@ -353,7 +378,8 @@ def write_tool(*, name: str, title: str, input_model: type[WriteInput], output_m
                     reconciler=reconciler, result_for_reference=result_for_reference, approval=approval,
                     check=check, requires_operation_id=requires_operation_id,
                     operation_arguments=operation_arguments, counted_defaults=counted_defaults,
-                    downstream=downstream, retry_window=retry_window, search_fields=search_fields)
+                    downstream=downstream, retry_window=retry_window, search_fields=search_fields,
+                    concurrency_key=concurrency_key)
 
 
 def read_tool(*, name: str, title: str, input_model: type[ToolInput], output_model: type[BaseModel],

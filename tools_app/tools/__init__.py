@@ -1,10 +1,11 @@
-"""The platform's own tools: task tools, prepare_operation / get_operation, approval status, whoami.
+"""The platform's own tools: task tools, scheduled operations, prepare_operation / get_operation, approval status,
+whoami.
 
 An app's tools (the demo's orders, payments, documents...) are declared in its own `idemops_tools`
 module with the public tool API (`idemops.tools`) and found at start-up (`discover`).
 
 Importing this package registers the platform's tools (see tools_app.toolkit.registry). May import:
-toolkit and the concept packages (approvals, reconciliation, outbox, tasks), core, access and engine.
+toolkit and the concept packages (approvals, reconciliation, outbox, tasks, scheduling), core, access and engine.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tools_app.tools import (  # noqa: F401
     approvals,
     identity,
     operations,
+    scheduling_tools,
     task_tools,
 )
 
