@@ -74,7 +74,8 @@ class CallResult:
         return OUTCOME_OF_ERROR.get(self.error.error_class, CallOutcome.FAILED)
 
 
-def call_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta_key: str | None = None) -> CallResult:
+def call_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta_key: str | None = None,
+              confirming: Any = None) -> CallResult:
     """One call, in a span of its own (in the caller's trace, or a new one) whose ids the records it
     writes keep; every line logged meanwhile names the tenant and tool and shows neither the raw
     key nor the tool's personal arguments (core.logs.scrubbing)."""
@@ -84,7 +85,7 @@ def call_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta
                       ) as span, \
             observed(spec, caller.tenant_id, arguments, key=raw_key if isinstance(raw_key, str) else meta_key,
                      client_trace_id=client_trace_id[:100] if isinstance(client_trace_id, str) else None):
-        result = _call(spec, caller, arguments, meta_key)
+        result = _call(spec, caller, arguments, meta_key, confirming)
         span.set_attribute("idemops.outcome", str(result.outcome))
         if result.error is not None:
             span.set_attribute("idemops.error_class", str(result.error.error_class))
@@ -108,14 +109,15 @@ def observed(spec: ToolSpec, tenant_id: int, arguments: Any, *, key: str | None 
         yield
 
 
-def _call(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None) -> CallResult:
+def _call(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None,
+          confirming: Any = None) -> CallResult:
     try:
         if spec.pipeline is not None:
             # A long tool runs as a task: its call is start_task for it (one key space, one task).
             started: CallResult = hooks.run_long_tool(spec, caller, arguments, meta_key)
             return started
         if spec.writes:
-            return _call_write(spec, caller, arguments, meta_key)
+            return _call_write(spec, caller, arguments, meta_key, confirming)
         args = checked_arguments(spec, arguments)
         trace_id, span_id = tracing.ids()
         context = ToolContext(tenant_id=caller.tenant_id, actor=caller.actor, trace_id=trace_id, span_id=span_id,
@@ -127,13 +129,18 @@ def _call(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: s
         return CallResult(spec, error=invalid_data(exc))
 
 
-def _call_write(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None) -> CallResult:
+def _call_write(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None,
+                confirming: Any = None) -> CallResult:
+    """`confirming` (approvals.confirmations.Confirming): the call came through an MCP host that can ask its
+    person, so a tool with a confirmation rule asks first (see toolkit.hooks.confirm)."""
     arguments = with_idempotency_key(arguments, meta_key)
     args = checked_arguments(spec, arguments)
     operation, execute = write_operation(spec, caller, args)
     if spec.requires_operation_id:
         # Before any claim: a key the server did not issue for this call leaves nothing behind.
         operation = dataclasses.replace(operation, operation_id=engine.issued_operation_id(operation))
+    if confirming is not None and spec.confirmation is not None:
+        operation, execute = hooks.confirm(spec, caller.tenant_id, caller.actor, args, operation, execute, confirming)
     with incidents.admission():
         outcome = engine.run(operation, execute)
     if outcome.executed and outcome.record.status == RecordStatus.UNKNOWN:

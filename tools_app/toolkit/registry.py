@@ -26,7 +26,7 @@ from tools_app.core import redaction
 from tools_app.core.errors import NotFound
 from tools_app.core.keys import FINGERPRINT_AS_SENT, FINGERPRINT_FILLED, KEY_RULE
 from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
-from tools_app.toolkit.policies import KEEP_DEFAULTS, ApprovalPolicy, KeepFor
+from tools_app.toolkit.policies import KEEP_DEFAULTS, ApprovalPolicy, ConfirmationPolicy, KeepFor
 
 # Arguments every write tool takes that are not part of the operation.
 ENGINE_FIELDS = frozenset({"idempotency_key", "trace_id"})
@@ -162,6 +162,9 @@ Handler = Callable[[ToolContext, Any], dict[str, Any] | BaseModel]
 # Decides whether a call needs a person's approval: (tenant, validated arguments)
 # -> an ApprovalPolicy (summary, approvers needed, amount) or None to run at once.
 ApprovalRule = Callable[[Tenant, Any], ApprovalPolicy | None]
+# Decides whether the person behind the agent confirms a call first: (tenant, validated arguments)
+# -> a ConfirmationPolicy (the summary they are shown) or None to run without asking.
+ConfirmationRule = Callable[[Tenant, Any], ConfirmationPolicy | None]
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,10 @@ class ToolSpec:
     # Non-personal argument or result fields operators and auditors search by (an order reference, a
     # ticket number): stored indexed with the record (engine: IdempotencyRecord.attributes).
     search_fields: frozenset[str] = frozenset()
+    # Set: the person behind the agent confirms a call through their MCP host before it runs
+    # (elicitation; tools_app.approvals.confirmations). `always_confirm`, or a rule of the tenant and
+    # the arguments (above an amount, ...) returning a ConfirmationPolicy or None (never).
+    confirmation: ConfirmationRule | None = None
 
     @property
     def excluded_from_fingerprint(self) -> frozenset[str]:
@@ -310,6 +317,8 @@ def _check_options(spec: ToolSpec) -> None:
     if unknown := spec.search_fields - spec.input_model.model_fields.keys() - spec.output_model.model_fields.keys():
         raise TypeError(f"tool {spec.name!r} declares search fields that are neither arguments nor result fields: "
                         f"{sorted(unknown)}")
+    if spec.confirmation is not None and (not spec.writes or spec.pipeline is not None):
+        raise TypeError(f"tool {spec.name!r}: only a short write tool can ask for its user's confirmation")
     if spec.retry_window is not None and spec.retry_window <= timedelta(0):
         raise ValueError(f"tool {spec.name!r}: retry_window must be positive")
     counted = {name for defaults in spec.counted_defaults for name in defaults}
@@ -340,6 +349,7 @@ def write_tool(*, name: str, title: str, input_model: type[WriteInput], output_m
                counted_defaults: tuple[dict[str, Any], ...] = (),
                downstream: str | None = None, retry_window: timedelta | None = None,
                search_fields: frozenset[str] = frozenset(),
+               confirmation: ConfirmationRule | None = None,
                ) -> Callable[[Handler], Handler]:
     """Declare a tool with side effects, on its handler `(ctx: ToolContext, args) -> output model`: it runs
     under the idempotency engine (see ToolSpec for what each part means). The description defaults to the
@@ -351,7 +361,8 @@ def write_tool(*, name: str, title: str, input_model: type[WriteInput], output_m
                     reconciler=reconciler, result_for_reference=result_for_reference, approval=approval,
                     check=check, requires_operation_id=requires_operation_id,
                     operation_arguments=operation_arguments, counted_defaults=counted_defaults,
-                    downstream=downstream, retry_window=retry_window, search_fields=search_fields)
+                    downstream=downstream, retry_window=retry_window, search_fields=search_fields,
+                    confirmation=confirmation)
 
 
 def read_tool(*, name: str, title: str, input_model: type[ToolInput], output_model: type[BaseModel],
