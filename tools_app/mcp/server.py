@@ -42,6 +42,7 @@ from starlette.middleware import Middleware
 from starlette.types import Receive, Scope, Send
 
 from idemops.conf import conf
+from tools_app.approvals.confirmations import Confirming
 from tools_app.core import keys, outage, polling
 from tools_app.core.errors import INTERNAL_ERROR_ADVICE, PERMISSION_DENIED_ADVICE, UNKNOWN_OUTCOME_ADVICE, NotFound
 from tools_app.mcp import confirming, conformance_tools
@@ -125,7 +126,7 @@ def sdk_tool(spec: ToolSpec) -> Tool:
         asking = confirming.confirming(ctx) if spec.confirmation is not None and conf().mcp_user_confirmation \
             else None
 
-        async def call(asking: confirming.Confirming | None) -> CallResult:
+        async def call(asking: Confirming | None) -> CallResult:
             try:
                 # A call that waits (a follower, a task wait) waits holding no database thread (core.polling).
                 return await polling.run_async(in_db_thread, admitted, spec, limits, lambda: call_tool(
@@ -144,7 +145,7 @@ def sdk_tool(spec: ToolSpec) -> Tool:
             if ctx.session.can_send_request:  # a stateful session at 2025-11-25
                 answer = await confirming.elicit(ctx, asked)
                 if answer is not None:
-                    result = await call(confirming.Confirming(host=asking.host, answer=answer))
+                    result = await call(Confirming(host=asking.host, answer=answer))
         count_call(caller, spec.name, result, started)
         return render(confirming.with_page_link(result))
 
