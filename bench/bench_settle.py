@@ -108,7 +108,9 @@ def kill_mid_call(stack: Stack, keys: list[Key], label: str) -> float:
     paid_half, unpaid_half = payments[:len(payments) // 2], payments[len(payments) // 2:]
     orders = [k for k in keys if k.tool == "create_order"]
     # Enough database threads that every call is in flight at once (each held call keeps one).
+    # An unattended agent: no person behind it to confirm a small payment (docs/approvals.md).
     victim = stack.web_server(f"victim-{label}", IDEMOPS_PAYMENT_GATEWAY_TIMEOUT_SECONDS="300",
+                              IDEMOPS_MCP_USER_CONFIRMATION="false",
                               IDEMOPS_MCP_DB_THREADS=str(len(keys) + 8))
     # Orders wait inside their transaction, after the claim, for this lock on their table.
     lock = psycopg.connect(stack.database.url)

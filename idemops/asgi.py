@@ -1,4 +1,4 @@
-"""ASGI entry point: Django for admin/API, the MCP SDK's app for /mcp.
+"""ASGI entry point: Django for admin/API, the MCP SDK's app for /mcp and /mcp/session.
 
 Django's ASGI handler does not speak the lifespan protocol, and the MCP
 session manager needs it, so this dispatcher sends lifespan events and /mcp
@@ -18,12 +18,14 @@ django_app = get_asgi_application()
 from tools_app.mcp.server import build_app  # noqa: E402  (needs Django set up)
 
 mcp_app = build_app()
+# /mcp (stateless) and /mcp/session (stateful sessions, for hosts at 2025-11-25 asked mid-call).
+MCP_PATHS = ("/mcp", "/mcp/session")
 
 
 # Types both apps accept: Django's handler wants a dict scope, the OpenTelemetry middleware mutable mappings.
 async def application(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
                       send: Callable[[Mapping[str, Any]], Awaitable[None]]) -> None:
-    if scope["type"] == "lifespan" or scope.get("path", "").rstrip("/") == "/mcp":
+    if scope["type"] == "lifespan" or scope.get("path", "").rstrip("/") in MCP_PATHS:
         await mcp_app(scope, receive, send)
     else:
         await django_app(scope, receive, send)

@@ -18,6 +18,8 @@ What a declaration says (`write_tool`, `read_tool`, `long_tool`):
   answering `Found` / `NotDone` / `StillUnknown` (use `ctx.downstream_key` as the key you send, and
   `downstream_request` to send it: every failure comes back classified);
 - `approval`: `(tenant, args) -> ApprovalPolicy | None` (`amount_policy` for money);
+- `confirmation`: `(tenant, args) -> ConfirmationPolicy | None`: the person behind the agent confirms
+  the call through their MCP host first (its summary names only what they sent);
 - `requires_operation_id=True` for a high-risk write: its key must be an id `prepare_operation`
   issued;
 - `concurrency_key` (an argument's name, or `args -> str`): the business entity a write acts on;
@@ -59,7 +61,7 @@ from tools_app.retention import register_retained
 from tools_app.toolkit.downstream import request as downstream_request
 from tools_app.toolkit.pipelines import Pipeline, RetryPolicy, Step, StepContext, WaitFor
 from tools_app.toolkit.pipelines import task_tool as long_tool
-from tools_app.toolkit.policies import ApprovalPolicy, Found, KeepFor, NotDone, StillUnknown
+from tools_app.toolkit.policies import ApprovalPolicy, ConfirmationPolicy, Found, KeepFor, NotDone, StillUnknown
 from tools_app.toolkit.registry import (
     ObjectId,
     StrictModel,
@@ -80,7 +82,8 @@ __all__ = [
     "write_tool", "read_tool", "long_tool", "ToolSpec", "ToolContext", "ToolInput", "WriteInput", "StrictModel",
     "ObjectId",
     # policies
-    "ExpiryPolicy", "KeepFor", "ApprovalPolicy", "amount_policy", "Found", "NotDone", "StillUnknown",
+    "ExpiryPolicy", "KeepFor", "ApprovalPolicy", "ConfirmationPolicy", "amount_policy", "Found",
+    "NotDone", "StillUnknown",
     "evidence_entry",
     # long tools
     "Pipeline", "Step", "StepContext", "RetryPolicy", "WaitFor",

@@ -8,6 +8,7 @@ from oauth2_provider import views as oauth_views
 
 from tools_app.admin import passkeys
 from tools_app.admin.consent import ConsentView
+from tools_app.web.confirmations import confirmation_page
 from tools_app.web.health import livez, readyz
 from tools_app.web.metrics import metrics
 
@@ -34,6 +35,7 @@ urlpatterns = [
     # People's passkeys (docs/auth.md): the ceremonies the console's second-factor page calls.
     path("admin/second-factor/passkey/", include((passkeys.urlpatterns(), "otp_webauthn"))),
     path("admin/", admin.site.urls),
+    path("confirmations/<uuid:token>/", confirmation_page, name="confirmation"),
     path("livez", livez, name="livez"),
     path("readyz", readyz, name="readyz"),
     path("healthz", readyz, name="healthz"),  # /readyz's name before the two probes

@@ -20,6 +20,9 @@ DETERMINISTIC = frozenset({
     "downstream_conflict",
     "not_executed",    # nothing was done and the key is closed: a new operation needs a new key
     "internal_error",  # a fault of the server (a bug): report error.reference to an operator
+    # The person behind the agent: must confirm first (show them error.confirmation.url), declined (final),
+    # or the confirmation answer did not hold for the call. A retry as is decides nothing.
+    "confirmation_required", "confirmation_declined", "confirmation_refused",
     "unauthorized",    # client side: HTTP 401/403, the token is wrong
     "protocol_error",  # client side: a JSON-RPC error (unknown method, malformed request)
 })

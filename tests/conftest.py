@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from idemops.conf import override_conf
@@ -5,6 +7,11 @@ from tests.operators import VerifiedClient, agent_owner, make_operator
 from tools_app import access
 from tools_app.access.roles import APPROVER
 from tools_app.toolkit.calls import Caller
+
+# The servers the suite starts run the demo's tools without asking their user first (delete_record,
+# publish_announcement and small payments declare it): the tests of other behaviour call them as before.
+# tests/mcp/test_mcp_confirmation.py starts its server with confirmation on, as deployed by default.
+os.environ.setdefault("IDEMOPS_MCP_USER_CONFIRMATION", "false")
 
 # Fixtures kept beside the helpers they start: the long-task stack (doc_dir, doc_server, task_web,
 # task_workers, settle_tasks) and the web and cluster with their own logs (observed).

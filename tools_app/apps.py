@@ -32,6 +32,7 @@ class ToolsAppConfig(AppConfig):
         )
         from tools_app.access import logins
         from tools_app.access.roles import ensure_roles
+        from tools_app.approvals import confirmations
         from tools_app.core import jobs, tracing
         from tools_app.schedules import ensure_schedules, start_loops
 
@@ -41,7 +42,7 @@ class ToolsAppConfig(AppConfig):
         engine.hooks.register(follow_awaiting_approval=approvals.follow,
                               settle_expired=reconciliation.settle_expired)
         toolkit.hooks.register(approval_gate=approvals.gate, run_long_tool=tasks.call_task_tool,
-                               after_unknown=reconciliation.reconcile_soon)
+                               after_unknown=reconciliation.reconcile_soon, confirm=confirmations.confirm)
         tasks.hooks.register(enqueue_event=outbox.enqueue)
         # Every installed app's tools (its `idemops_tools` module), and the modules the settings name.
         tools.discover(conf().tool_modules)

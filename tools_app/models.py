@@ -9,6 +9,7 @@ from tools_app.access.models import (
     TenantAccess,
     TenantLimits,
 )
+from tools_app.approvals.confirmations import Confirmation, ConfirmationStatus
 from tools_app.approvals.models import (
     ApprovalDecision,
     ApprovalLink,
@@ -41,6 +42,7 @@ from tools_app.tasks.models import (
 from tools_app.toolkit.calls import CallOutcome
 
 __all__ = [
+    "Confirmation", "ConfirmationStatus",
     "BulkAction", "BulkItem", "BulkState",
     "Overlap", "RunStatus", "ScheduledOperation", "ScheduledRun",
     "Downstream",

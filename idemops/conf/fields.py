@@ -324,6 +324,10 @@ class IdemopsSettings(BaseSettings):
     mcp_max_request_bytes: int = setting(
         32 * 1024 * 1024, "Largest /mcp request body (ingest_document takes documents inline).", gt=0,
         section=MCP)
+    mcp_user_confirmation: bool = setting(
+        True, "A call through /mcp of a tool that declares a confirmation rule asks the person behind the agent "
+        "first, through their MCP host (docs/approvals.md); off: such tools run without asking (for unattended "
+        "agents only).", section=MCP)
 
     # --- agents' OAuth ---
     oauth_access_token_seconds: int = setting(

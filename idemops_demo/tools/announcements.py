@@ -6,7 +6,16 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from idemops.tools import ApprovalPolicy, Tenant, ToolContext, ToolInput, WriteInput, read_tool, write_tool
+from idemops.tools import (
+    ApprovalPolicy,
+    ConfirmationPolicy,
+    Tenant,
+    ToolContext,
+    ToolInput,
+    WriteInput,
+    read_tool,
+    write_tool,
+)
 from idemops_demo.models import Announcement
 
 # Publishing to everyone (customers included) takes two people; to staff, one.
@@ -46,14 +55,20 @@ def publishing_needs_approval(tenant: Tenant, args: PublishAnnouncementInput) ->
         approvals_required=APPROVERS_BY_AUDIENCE[args.audience])
 
 
+def publishing_is_confirmed(tenant: Tenant, args: PublishAnnouncementInput) -> ConfirmationPolicy:
+    return ConfirmationPolicy(summary=f"Publish to {args.audience}: “{args.title}” ({len(args.body)} characters)")
+
+
 @write_tool(name="publish_announcement", title="Publish an announcement", input_model=PublishAnnouncementInput,
             output_model=AnnouncementOutput, approval=publishing_needs_approval, requires_operation_id=True,
+            confirmation=publishing_is_confirmed,
             personal_fields=frozenset({"title", "body"}),
             # Who reads it decides what it is: left out, it is staff, as if sent.
             counted_defaults=({"audience": Announcement.Audience.STAFF},))
 def publish_announcement(ctx: ToolContext, args: PublishAnnouncementInput) -> AnnouncementOutput:
     """Publish an announcement to staff (one approver) or everyone (two approvers). Its idempotency_key must be
-    an operation_id from prepare_operation. The first call answers
+    an operation_id from prepare_operation. The person behind the agent confirms it first (their host asks
+    them); then the call answers
     `pending_approval` with a request_id and publishes nothing; call again with the same idempotency_key
     (or get_approval_status) to learn the outcome."""
     announcement = Announcement.objects.create(tenant_id=ctx.tenant_id, record=ctx.record, title=args.title,

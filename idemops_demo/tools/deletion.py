@@ -6,7 +6,16 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from idemops.tools import ApprovalPolicy, NotFound, ObjectId, Tenant, ToolContext, WriteInput, write_tool
+from idemops.tools import (
+    ApprovalPolicy,
+    ConfirmationPolicy,
+    NotFound,
+    ObjectId,
+    Tenant,
+    ToolContext,
+    WriteInput,
+    write_tool,
+)
 from idemops_demo.models import Order, Ticket
 
 DELETABLE: dict[str, type[Order] | type[Ticket]] = {"order": Order, "ticket": Ticket}
@@ -46,12 +55,18 @@ def deletion_needs_approval(tenant: Tenant, args: DeleteRecordInput) -> Approval
     return ApprovalPolicy(summary=f"Delete {describe(target)}. Reason: {args.reason}")
 
 
+def deletion_is_confirmed(tenant: Tenant, args: DeleteRecordInput) -> ConfirmationPolicy:
+    # Always; the summary names only what the user sent (never the order's customer).
+    return ConfirmationPolicy(summary=f"Delete {args.kind} #{args.id}. Reason: {args.reason}")
+
+
 @write_tool(name="delete_record", title="Delete an order or a ticket", input_model=DeleteRecordInput,
             output_model=DeleteRecordOutput, destructive=True, approval=deletion_needs_approval,
-            requires_operation_id=True, personal_fields=frozenset({"reason"}))
+            requires_operation_id=True, personal_fields=frozenset({"reason"}), confirmation=deletion_is_confirmed)
 def delete_record(ctx: ToolContext, args: DeleteRecordInput) -> DeleteRecordOutput:
     """Delete one of this tenant's orders or tickets. Its idempotency_key must be an operation_id from
-    prepare_operation. Needs a person's approval: the first call answers
+    prepare_operation. The person behind the agent confirms it first (their host asks them); then it needs
+    a person's approval: the first call answers
     `pending_approval` with a request_id and the summary shown to the approver, and deletes nothing. Call
     again with the same idempotency_key (or get_approval_status) to learn the outcome."""
     target = find(ctx.tenant_id, args.kind, args.id)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from idemops.conf import conf
 from idemops.tools import (
     ApprovalPolicy,
+    ConfirmationPolicy,
     ExpiryPolicy,
     Found,
     InvalidInput,
@@ -154,10 +155,18 @@ def payment_needs_approval(tenant: Tenant, args: RequestPaymentInput) -> Approva
                                  + (f" (reference {args.reference})" if args.reference else ""))
 
 
+def payment_is_confirmed(tenant: Tenant, args: RequestPaymentInput) -> ConfirmationPolicy | None:
+    """Below the tenant's approval threshold no operator looks at it: the person behind the agent confirms."""
+    if payment_needs_approval(tenant, args) is not None:
+        return None
+    return ConfirmationPolicy(summary=f"Pay {args.amount} {args.currency} to {args.payee}"
+                                      + (f" (reference {args.reference})" if args.reference else ""))
+
+
 @write_tool(name="request_payment", title="Request a payment", input_model=RequestPaymentInput,
             output_model=PaymentOutput, transactional=False, open_world=True, downstream="payment-gateway",
             reconciler=reconcile_payment, result_for_reference=payment_for_reference,
-            approval=payment_needs_approval, requires_operation_id=True,
+            approval=payment_needs_approval, requires_operation_id=True, confirmation=payment_is_confirmed,
             personal_fields=frozenset({"payee", "reference"}),
             # The gateway's payment id (from the result) and the currency: what an operator is quoted in an
             # incident (the caller's own reference may name a person, so it is not searchable).
@@ -169,7 +178,8 @@ def payment_needs_approval(tenant: Tenant, args: RequestPaymentInput) -> Approva
 def request_payment(ctx: ToolContext, args: RequestPaymentInput) -> PaymentOutput:
     """Ask the payment gateway to pay `amount` `currency` to `payee`. Its idempotency_key must be an operation_id
     from prepare_operation (any other key is refused as invalid_input); every retry with it returns the same
-    payment. Above the tenant's approval threshold the answer is
+    payment. At or below the tenant's approval threshold the person behind the agent confirms it (their host
+    asks them); above it the answer is
     `pending_approval` until a person confirms; call again with the same key to learn the outcome. If the
     answer is `unknown_outcome`, the payment is being reconciled: do not retry with a new key; calling again
     with the same key is safe and answers the reconciled outcome once it is known. `downstream_conflict`: the

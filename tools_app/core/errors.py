@@ -47,6 +47,14 @@ class ErrorClass(models.TextChoices):
     NOT_EXECUTED = "not_executed", (
         "Nothing was done, and this key is closed: the downstream refused every run within the retry window. "
         "Start a new operation (a new key) if it is still wanted")
+    CONFIRMATION_REQUIRED = "confirmation_required", (
+        "The person behind the agent must confirm this call first: their host asks them (elicitation), or "
+        "they open details.confirmation.url; then call again with the same key. Nothing was done")
+    CONFIRMATION_DECLINED = "confirmation_declined", (
+        "The person behind the agent declined this call: nothing was done, and this key is closed")
+    CONFIRMATION_REFUSED = "confirmation_refused", (
+        "This confirmation does not hold for this call (other arguments, another principal, past its deadline, "
+        "or used already): nothing was done")
 
 
 class ToolFailure(Exception):
@@ -214,6 +222,24 @@ class PendingApproval(ToolFailure):
     error_class = ErrorClass.PENDING_APPROVAL
 
 
+class ConfirmationRequired(ToolFailure):
+    """The person behind the agent has not confirmed this call yet; nothing was claimed or run."""
+
+    error_class = ErrorClass.CONFIRMATION_REQUIRED
+
+
+class ConfirmationDeclined(ToolFailure):
+    """The person declined: the key's record is FAILED with this class, and its replay says so."""
+
+    error_class = ErrorClass.CONFIRMATION_DECLINED
+
+
+class ConfirmationRefused(ToolFailure):
+    """A confirmation presented for this call does not hold for it: nothing ran."""
+
+    error_class = ErrorClass.CONFIRMATION_REFUSED
+
+
 class InternalError(ToolFailure):
     """A programming error of the server, not of the call: a retry runs the same code and fails the
     same way (seed 003 §7: never retry every failure). Final for the key; an operator finds the
@@ -252,7 +278,8 @@ def invalid_data(exc: Exception) -> InvalidInput:
 FAILURE_TYPES: dict[str, type[ToolFailure]] = {
     str(t.error_class): t
     for t in (InvalidInput, PermissionDenied, NotFound, Conflict, DownstreamConflict, InProgress, Transient,
-              RateLimited, UnknownOutcome, Expired, AlreadyDone, PendingApproval, InternalError, NotExecuted)
+              RateLimited, UnknownOutcome, Expired, AlreadyDone, PendingApproval, InternalError, NotExecuted,
+              ConfirmationRequired, ConfirmationDeclined, ConfirmationRefused)
 }
 
 # The classes a retry with the same key may run again (after retry_after).

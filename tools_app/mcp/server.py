@@ -24,7 +24,8 @@ cannot be checked HTTP 503 with Retry-After (`DatabaseGuard`).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 from mcp.server.auth.settings import AuthSettings
@@ -36,12 +37,15 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, CallToolResult, InputRequiredResult, ToolAnnotations
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from pydantic import BaseModel, ConfigDict, create_model
+from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.types import Receive, Scope, Send
 
 from idemops.conf import conf
+from tools_app.approvals.confirmations import Confirming
 from tools_app.core import keys, outage, polling
 from tools_app.core.errors import INTERNAL_ERROR_ADVICE, PERMISSION_DENIED_ADVICE, UNKNOWN_OUTCOME_ADVICE, NotFound
-from tools_app.mcp import conformance_tools
+from tools_app.mcp import confirming, conformance_tools
 from tools_app.mcp.guards import DatabaseGuard, RequestIdGuard
 from tools_app.mcp.idempotency_extension import (
     IDENTIFIER,
@@ -112,23 +116,39 @@ def tool_meta(spec: ToolSpec) -> dict[str, Any] | None:
 
 
 def sdk_tool(spec: ToolSpec) -> Tool:
-    async def handle(arguments: dict[str, Any], ctx: Context) -> CallToolResult:
+    async def handle(arguments: dict[str, Any], ctx: Context) -> CallToolResult | InputRequiredResult:
         started = time.perf_counter()
         caller = current_caller(ctx)
         limits = caller_limits()
         # _meta is the client's JSON: a key that is not a string is refused by keys.validate_key.
         meta: Mapping[str, Any] = ctx.request_context.meta or {}
-        try:
-            # A call that waits (a follower, a task wait) answers a handle on its wait, awaited here
-            # holding no database thread, then goes on from there (core.polling).
-            result = await polling.settle_async(in_db_thread, lambda: admitted(spec, limits, lambda: start_call(
-                spec, caller, arguments, meta_key=meta.get(keys.META_KEY))))
-        except DatabaseUnavailable:
-            # Whatever the call did is either committed with its record or not at
-            # all, and the engine runs the key at most once: the same key may retry.
-            result = CallResult(spec, error=outage.transient())
+        # A tool whose person confirms it first (tools_app.mcp.confirming): the host and its answer, if any.
+        asking = confirming.confirming(ctx) if spec.confirmation is not None and conf().mcp_user_confirmation \
+            else None
+
+        async def call(asking: Confirming | None) -> CallResult:
+            try:
+                # A call that waits (a follower, a task wait) answers a handle on its wait, awaited here
+                # holding no database thread, then goes on from there (core.polling).
+                return await polling.settle_async(in_db_thread, lambda: admitted(spec, limits, lambda: start_call(
+                    spec, caller, arguments, meta_key=meta.get(keys.META_KEY), confirming=asking)))
+            except DatabaseUnavailable:
+                # Whatever the call did is either committed with its record or not at
+                # all, and the engine runs the key at most once: the same key may retry.
+                return CallResult(spec, error=outage.transient())
+
+        result = await call(asking)
+        asked = confirming.question(result.error) if asking is not None and result.error is not None else None
+        if asking is not None and asked is not None and confirming.can_elicit_form(ctx):
+            if confirming.modern(ctx):
+                count_call(caller, spec.name, result, started)
+                return confirming.input_required(asked)
+            if ctx.session.can_send_request:  # a stateful session at 2025-11-25
+                answer = await confirming.elicit(ctx, asked)
+                if answer is not None:
+                    result = await call(Confirming(host=asking.host, answer=answer))
         count_call(caller, spec.name, result, started)
-        return render(result)
+        return render(confirming.with_page_link(result))
 
     out = output_model(spec)
     return Tool(
@@ -175,6 +195,9 @@ def build_server() -> MCPServer:
                      "operation.",
         tools=tools,
         extensions=[TasksExtension(), IdempotencyExtension()],
+        # Request state (2026-07-28's input-required rounds: a confirmation) sealed under keys every web
+        # process shares, so any process takes the host's answer (tools_app.mcp.confirming).
+        request_state_security=confirming.request_state_security(),
         middleware=[task_protocols, advertise_in_initialize],
         token_verifier=TenantTokenVerifier(f"{public_url}/mcp"),
         # This server is its own authorization server (django-oauth-toolkit, docs/auth.md); the SDK names its
@@ -190,11 +213,15 @@ def build_server() -> MCPServer:
     return server
 
 
-def build_app() -> OpenTelemetryMiddleware:
-    """The Starlette app serving /mcp (its lifespan runs the session manager)."""
-    app = build_server().streamable_http_app(
-        streamable_http_path="/mcp",
-        stateless_http=True,
+# Stateful Streamable HTTP, for hosts at 2025-11-25 whose tools ask their person mid-call (elicitation/create:
+# a confirmation). A session lives in the process that opened it: the load balancer routes by Mcp-Session-Id.
+SESSION_PATH = "/mcp/session"
+
+
+def _served(server: MCPServer, path: str, *, stateless: bool) -> Starlette:
+    app = server.streamable_http_app(
+        streamable_http_path=path,
+        stateless_http=stateless,
         max_request_body_size=conf().mcp_max_request_bytes,
         transport_security=TransportSecuritySettings(
             allowed_hosts=conf().mcp_allowed_hosts,
@@ -204,5 +231,29 @@ def build_app() -> OpenTelemetryMiddleware:
     app.add_middleware(DatabaseGuard)  # outermost of the app's middleware: around the bearer-token check
     # Innermost, after the SDK's authentication middleware (see guards.RequestIdGuard).
     app.user_middleware.append(Middleware(RequestIdGuard, max_body_size=conf().mcp_max_request_bytes))
+    return app
+
+
+def build_app() -> OpenTelemetryMiddleware:
+    """The ASGI app serving /mcp (stateless) and /mcp/session (stateful); its lifespan runs both session
+    managers."""
+    app = _served(build_server(), "/mcp", stateless=True)
+    sessions_server = build_server()
+    sessions = _served(sessions_server, SESSION_PATH, stateless=False)
+    own_lifespan = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def both(starlette: Starlette) -> AsyncIterator[Any]:
+        async with own_lifespan(starlette) as state, sessions_server.session_manager.run():
+            yield state
+
+    app.router.lifespan_context = both
+
+    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path", "").rstrip("/") == SESSION_PATH:
+            await sessions(scope, receive, send)
+        else:
+            await app(scope, receive, send)
+
     # Around everything: the HTTP request's span, from its traceparent header (lifespan passes through).
-    return OpenTelemetryMiddleware(app, exclude_spans=["receive", "send"])
+    return OpenTelemetryMiddleware(route, exclude_spans=["receive", "send"])

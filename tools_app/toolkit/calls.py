@@ -75,15 +75,18 @@ class CallResult:
         return OUTCOME_OF_ERROR.get(self.error.error_class, CallOutcome.FAILED)
 
 
-def call_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta_key: str | None = None) -> CallResult:
+def call_tool(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta_key: str | None = None,
+              confirming: Any = None) -> CallResult:
     """One call, waiting in this thread wherever it waits (see `start_call`)."""
-    return polling.settle(start_call(spec, caller, arguments, meta_key=meta_key))
+    return polling.settle(start_call(spec, caller, arguments, meta_key=meta_key, confirming=confirming))
 
 
-def start_call(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta_key: str | None = None
-               ) -> CallResult | polling.Pending[CallResult]:
+def start_call(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, meta_key: str | None = None,
+               confirming: Any = None) -> CallResult | polling.Pending[CallResult]:
     """One call: its result, or a handle on what it waits for (a follower for its executor, a caller
-    for its task) that goes on from there (core.polling). In a span of its own (in the caller's trace,
+    for its task) that goes on from there (core.polling). `confirming` (approvals.confirmations.Confirming): the
+    call came through an MCP host that can ask its person, so a tool with a confirmation rule asks
+    first (see toolkit.hooks.confirm). In a span of its own (in the caller's trace,
     or a new one) whose ids the records it writes keep; every line logged meanwhile names the tenant
     and tool and shows neither the raw key nor the tool's personal arguments (core.logs.scrubbing)."""
     raw_key = arguments.get("idempotency_key") if isinstance(arguments, dict) else None
@@ -110,7 +113,7 @@ def start_call(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], *, met
 
     try:
         with scope():
-            value = _answered(spec, lambda: _call(spec, caller, arguments, meta_key))
+            value = _answered(spec, lambda: _call(spec, caller, arguments, meta_key, confirming))
     except BaseException:
         span.end()
         raise
@@ -149,14 +152,14 @@ def _answered(spec: ToolSpec, call: Callable[[], CallResult | polling.Pending[Ca
     return value
 
 
-def _call(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None
+def _call(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None, confirming: Any = None
           ) -> CallResult | polling.Pending[CallResult]:
     if spec.pipeline is not None:
         # A long tool runs as a task: its call is start_task for it (one key space, one task).
         started: CallResult | polling.Pending[CallResult] = hooks.run_long_tool(spec, caller, arguments, meta_key)
         return started
     if spec.writes:
-        return _call_write(spec, caller, arguments, meta_key)
+        return _call_write(spec, caller, arguments, meta_key, confirming)
     args = checked_arguments(spec, arguments)
     trace_id, span_id = tracing.ids()
     context = ToolContext(tenant_id=caller.tenant_id, actor=caller.actor, trace_id=trace_id, span_id=span_id,
@@ -167,19 +170,23 @@ def _call(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: s
     return CallResult(spec, result=dump_result(spec, answer))
 
 
-def _call_write(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None
-                ) -> CallResult | polling.Pending[CallResult]:
-    return run_write(spec, caller, checked_arguments(spec, with_idempotency_key(arguments, meta_key)))
+def _call_write(spec: ToolSpec, caller: Caller, arguments: dict[str, Any], meta_key: str | None,
+                confirming: Any = None) -> CallResult | polling.Pending[CallResult]:
+    return run_write(spec, caller, checked_arguments(spec, with_idempotency_key(arguments, meta_key)),
+                     confirming=confirming)
 
 
-def run_write(spec: ToolSpec, caller: Caller, args: BaseModel, *, handler: Handler | None = None
-              ) -> CallResult | polling.Pending[CallResult]:
+def run_write(spec: ToolSpec, caller: Caller, args: BaseModel, *, handler: Handler | None = None,
+              confirming: Any = None) -> CallResult | polling.Pending[CallResult]:
     """A write call whose arguments `checked_arguments` passed, run by the engine (`handler`, if
-    given, in place of the tool's own: a long tool's start keeps the task it creates)."""
+    given, in place of the tool's own: a long tool's start keeps the task it creates; `confirming`:
+    see start_call)."""
     operation, execute = write_operation(spec, caller, args, handler=handler)
     if spec.requires_operation_id:
         # Before any claim: a key the server did not issue for this call leaves nothing behind.
         operation = dataclasses.replace(operation, operation_id=engine.issued_operation_id(operation))
+    if confirming is not None and spec.confirmation is not None:
+        operation, execute = hooks.confirm(spec, caller.tenant_id, caller.actor, args, operation, execute, confirming)
     with incidents.admission():
         outcome = engine.start(operation, execute)
     if isinstance(outcome, polling.Pending):

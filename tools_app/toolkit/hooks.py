@@ -6,6 +6,9 @@ without the toolkit importing them.
   registers it. Without it a sensitive call is refused, never run unchecked.
 - `run_long_tool(spec, caller, arguments, meta_key) -> CallResult`: a call of a
   long tool starts or rejoins its task; tasks registers it.
+- `confirm(spec, tenant_id, actor, args, operation, execute, confirming)`: for a tool with a
+  confirmation rule called through an MCP host, the operation to run once its person confirmed (or
+  declined); approvals registers it. Without it such a call is refused, never run unasked.
 - `after_unknown()`: a call just ended UNKNOWN; reconciliation registers
   "reconcile it soon". By default the periodic reconciliation finds it.
 """
@@ -32,6 +35,10 @@ def _no_tasks(spec: ToolSpec, caller: Any, arguments: dict[str, Any], meta_key: 
     raise LookupError(f"{spec.name} runs as a task, but no tasks package registered its hook")
 
 
+def _no_confirmations(spec: ToolSpec, *args: Any) -> NoReturn:
+    raise PermissionDenied(f"{spec.name} needs its user's confirmation and confirmations are not installed")
+
+
 def _left_to_the_schedule() -> None:
     """The periodic reconciliation finds UNKNOWN records by itself."""
 
@@ -41,6 +48,7 @@ class ToolkitHooks(Hooks):
     approval_gate: Callable[..., Callable[[Any], Any]] = _no_approvals
     run_long_tool: Callable[..., Any] = _no_tasks
     after_unknown: Callable[[], None] = _left_to_the_schedule
+    confirm: Callable[..., Any] = _no_confirmations
 
 
 hooks = ToolkitHooks()

@@ -59,6 +59,21 @@ class ApprovalPolicy:
     ttl: timedelta | None = None  # None: the tenant's request_ttl_minutes
 
 
+# --- confirmation: what the person behind the agent confirms (ToolSpec.confirmation returns it, or None) ---
+
+
+@dataclass(frozen=True)
+class ConfirmationPolicy:
+    """The person in front of the agent confirms this call, through their MCP host, before it runs.
+
+    `summary` is shown to that person: what will happen, naming only what they sent (no other
+    personal data: the host shows it, and it is kept in the audit log).
+    """
+
+    summary: str
+    ttl: timedelta = timedelta(minutes=10)  # how long the question stands
+
+
 # --- retention: how long what a tool's calls leave behind is kept (tools_app.retention purges it) ---
 
 

@@ -27,7 +27,7 @@ from tools_app.core.errors import NotFound
 from tools_app.core.keys import FINGERPRINT_AS_SENT, FINGERPRINT_FILLED, KEY_RULE
 from tools_app.core.polling import Pending
 from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
-from tools_app.toolkit.policies import KEEP_DEFAULTS, ApprovalPolicy, KeepFor
+from tools_app.toolkit.policies import KEEP_DEFAULTS, ApprovalPolicy, ConfirmationPolicy, KeepFor
 
 # Arguments every write tool takes that are not part of the operation.
 ENGINE_FIELDS = frozenset({"idempotency_key", "trace_id"})
@@ -164,6 +164,9 @@ Handler = Callable[[ToolContext, Any], "dict[str, Any] | BaseModel | Pending[Any
 # Decides whether a call needs a person's approval: (tenant, validated arguments)
 # -> an ApprovalPolicy (summary, approvers needed, amount) or None to run at once.
 ApprovalRule = Callable[[Tenant, Any], ApprovalPolicy | None]
+# Decides whether the person behind the agent confirms a call first: (tenant, validated arguments)
+# -> a ConfirmationPolicy (the summary they are shown) or None to run without asking.
+ConfirmationRule = Callable[[Tenant, Any], ConfirmationPolicy | None]
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,10 @@ class ToolSpec:
     # then answers in_progress. A field name (the key is `name=value`, shared by every tool keyed by
     # that field) or a callable (validated arguments) -> str. Unset: no such limit.
     concurrency_key: str | Callable[[Any], str] | None = None
+    # Set: the person behind the agent confirms a call through their MCP host before it runs
+    # (elicitation; tools_app.approvals.confirmations). `always_confirm`, or a rule of the tenant and
+    # the arguments (above an amount, ...) returning a ConfirmationPolicy or None (never).
+    confirmation: ConfirmationRule | None = None
 
     def concurrency_key_of(self, args: BaseModel) -> str | None:
         """The business entity `args` act on (concurrency_key), or None."""
@@ -326,6 +333,8 @@ def _check_options(spec: ToolSpec) -> None:
         raise TypeError(f"tool {spec.name!r} declares search fields that are neither arguments nor result fields: "
                         f"{sorted(unknown)}")
     _check_concurrency_key(spec)
+    if spec.confirmation is not None and (not spec.writes or spec.pipeline is not None):
+        raise TypeError(f"tool {spec.name!r}: only a short write tool can ask for its user's confirmation")
     if spec.retry_window is not None and spec.retry_window <= timedelta(0):
         raise ValueError(f"tool {spec.name!r}: retry_window must be positive")
     counted = {name for defaults in spec.counted_defaults for name in defaults}
@@ -367,6 +376,7 @@ def write_tool(*, name: str, title: str, input_model: type[WriteInput], output_m
                downstream: str | None = None, retry_window: timedelta | None = None,
                search_fields: frozenset[str] = frozenset(),
                concurrency_key: str | Callable[[Any], str] | None = None,
+               confirmation: ConfirmationRule | None = None,
                ) -> Callable[[Handler], Handler]:
     """Declare a tool with side effects, on its handler `(ctx: ToolContext, args) -> output model`: it runs
     under the idempotency engine (see ToolSpec for what each part means). The description defaults to the
@@ -379,7 +389,7 @@ def write_tool(*, name: str, title: str, input_model: type[WriteInput], output_m
                     check=check, requires_operation_id=requires_operation_id,
                     operation_arguments=operation_arguments, counted_defaults=counted_defaults,
                     downstream=downstream, retry_window=retry_window, search_fields=search_fields,
-                    concurrency_key=concurrency_key)
+                    concurrency_key=concurrency_key, confirmation=confirmation)
 
 
 def read_tool(*, name: str, title: str, input_model: type[ToolInput], output_model: type[BaseModel],
