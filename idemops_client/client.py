@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import anyio
 import httpx2
 from mcp import Client
+from mcp.client.session import ElicitationFnT
 from mcp_types import CallToolResult, ListToolsResult, RequestParamsMeta
 
 from idemops_client.canonical import business_arguments, derive_key, fingerprint
@@ -127,8 +128,11 @@ class IdempotentClient:
     def __init__(self, url: str, token: str | None = None, *, ledger: LedgerStore | None = None,
                  session_id: str = "default", policy: RetryPolicy | None = None,
                  headers: Mapping[str, str] | None = None, rng: random.Random | None = None,
-                 auth: httpx2.Auth | None = None):
+                 auth: httpx2.Auth | None = None, elicitation: ElicitationFnT | None = None):
         self.url = url
+        # How this client's person answers a tool that asks them first (MCP elicitation: a confirmation
+        # of a deletion or a payment); None: such a call answers `confirmation_required` with a link.
+        self._elicitation = elicitation
         self._auth = auth  # in place of a token: e.g. the SDK's OAuthClientProvider (the proxy's --oauth)
         self.session_id = session_id
         self.store: LedgerStore = ledger if ledger is not None else MemoryLedger()
@@ -160,7 +164,7 @@ class IdempotentClient:
     async def __aenter__(self) -> IdempotentClient:
         self._http = httpx2.AsyncClient(headers=self._headers, auth=self._auth, event_hooks={"response": [observe]},
                                         timeout=httpx2.Timeout(self.policy.attempt_timeout, connect=10))
-        self._dialer = Dialer(self.url, self._http, self.policy.attempt_timeout)
+        self._dialer = Dialer(self.url, self._http, self.policy.attempt_timeout, elicitation=self._elicitation)
         self.store.purge_expired()
         return self
 

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from mcp_types import ElicitResult
+
 from idemops_client.canonical import business_arguments, canonical_json
 from idemops_client.client import CallResult, IdempotentClient, operation_status
 from idemops_client.errors import ToolCallError
@@ -68,7 +70,7 @@ async def run(url: str, token: str, *, ledger_path: Path, session_id: str, tag: 
         ledger = Ledger(ledger_path)
         try:
             async with IdempotentClient(proxy.url_for(url), token, ledger=ledger, session_id=session_id,
-                                        policy=policy) as client:
+                                        policy=policy, elicitation=PersonSaysYes(report)) as client:
                 await place_orders(client, proxy, report, tag)
                 await other_writes(client, proxy, report, tag)
                 await replan_and_mistake(client, proxy, report, tag)
@@ -89,6 +91,18 @@ async def run(url: str, token: str, *, ledger_path: Path, session_id: str, tag: 
     if duplicates:
         return 1
     return 2 if report.problems else 0
+
+
+class PersonSaysYes:
+    """The person behind the demo's agent: shown what a tool asks them to confirm (a small payment,
+    through MCP elicitation), they say yes. A real host asks its user."""
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+
+    async def __call__(self, context: Any, params: Any) -> ElicitResult:
+        self.report.say(f"  the person behind the agent is asked: {params.message} -> confirms")
+        return ElicitResult(action="accept", content={"confirm": True})
 
 
 async def step(report: Report, what: str, call: Any) -> CallResult | None:

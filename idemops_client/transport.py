@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import httpx2
 from mcp import Client
+from mcp.client.session import ElicitationFnT
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, DiscoverResult, ListToolsResult, Tool
@@ -71,8 +72,10 @@ class Dialer:
     initialize handshake gets one handshake per session instead.
     """
 
-    def __init__(self, url: str, http: httpx2.AsyncClient, timeout: float):
+    def __init__(self, url: str, http: httpx2.AsyncClient, timeout: float, *,
+                 elicitation: ElicitationFnT | None = None):
         self.url = url
+        self.elicitation = elicitation  # the person's answers to what a tool asks them (MCP elicitation)
         self.http = http
         self.timeout = timeout
         self.discovered: DiscoverResult | None = None
@@ -92,7 +95,8 @@ class Dialer:
         mode = "legacy" if self.legacy else (self.protocol_version or LATEST_MODERN_VERSION)
         self.opened += 1
         async with Client(self._transport(), mode=mode, prior_discover=self.discovered,
-                          read_timeout_seconds=self.timeout, cache=None) as client:
+                          read_timeout_seconds=self.timeout, cache=None,
+                          elicitation_callback=self.elicitation) as client:
             absorb = getattr(client.session, "_absorb_tool_listing", None)
             if self.listing is not None and absorb is not None:
                 absorb(self.listing.model_copy(deep=True), complete=True)

@@ -16,9 +16,7 @@ from pydantic import BaseModel, Field
 
 from idemops.tools import WriteInput, write_tool
 
-RUNS_TABLE = """CREATE TABLE IF NOT EXISTS entity_runs (
-    id bigserial PRIMARY KEY, tool text NOT NULL, account text NOT NULL, key text NOT NULL,
-    started_at timestamptz NOT NULL, ended_at timestamptz NOT NULL)"""
+# Its table, `entity_runs`, is made by the test (tests/incidents/test_one_at_a_time.py: RUNS_TABLE).
 
 
 class Debit(WriteInput):

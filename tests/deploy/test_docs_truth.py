@@ -454,7 +454,10 @@ def test_the_readmes_operator_commands_and_the_client_demo_run_as_written_on_a_s
     demo's, as IDEMOPS_RUN_DEMO_DOWNSTREAMS=0 allows), then every line of the Operators block, then the client
     demo twice against the demo tenant: each line exits 0, and each demo run ends `duplicates 0`."""
     port = free_port()
+    # As deployed: its person confirms the demo's small payment through the client (the suite's other servers
+    # run without asking, tests/conftest.py).
     env = child_env(IDEMOPS_RUN_DEMO_DOWNSTREAMS="false", IDEMOPS_VAR_DIR=str(tmp_path), IDEMOPS_Q_WORKERS="1",
+                    IDEMOPS_MCP_USER_CONFIRMATION="true",
                     IDEMOPS_EMBEDDED_DATABASE="false",  # the test database is not serve's to stop
                     **downstream_env(gateway, sink))
     serve = Service("serve-readme", [sys.executable, "manage.py", "serve", "--port", str(port)], env)

@@ -50,6 +50,7 @@ class RunInline(TabularInline[ScheduledRun, ScheduledOperation]):
         return False
 
 
+# django-stubs makes ModelForm generic over its model; the admin's forms name it in Meta instead.
 class ScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
     tool = forms.ChoiceField(choices=())
     arguments = forms.JSONField(initial=dict, help_text="The call's arguments, without idempotency_key.")
