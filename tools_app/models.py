@@ -33,8 +33,10 @@ from tools_app.tasks.models import (
     StepRun,
     Task,
     TaskArtifact,
+    TaskEvent,
     TaskNeedingAttention,
     TaskStatus,
+    TaskWait,
 )
 from tools_app.toolkit.calls import CallOutcome
 
@@ -76,6 +78,8 @@ __all__ = [
     "StepRun",
     "Task",
     "TaskArtifact",
+    "TaskEvent",
+    "TaskWait",
     "TaskNeedingAttention",
     "TaskStatus",
     "Tenant",
