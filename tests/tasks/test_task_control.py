@@ -171,7 +171,8 @@ def test_a_queued_task_whose_cluster_died_holding_its_job_is_queued_again_after_
     assert queued_jobs() == jobs + 1
     requeued = AuditEvent.objects.get(action="task.requeued")
     assert (requeued.object_id, requeued.after["job_lost"]) == (str(orphaned.pk), True)
-    assert tasks.sweep() == {"past_deadline": 0, "expired": 0, "requeued": 0, "woken": 0}  # its new job waits in the queue
+    # its new job waits in the queue
+    assert tasks.sweep() == {"past_deadline": 0, "expired": 0, "requeued": 0, "woken": 0}
 
 
 def test_a_queued_task_is_not_taken_for_lost_before_its_lease_and_grace(caller, fast):
