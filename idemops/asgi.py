@@ -16,6 +16,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "idemops.settings")
 django_app = get_asgi_application()
 
 from tools_app.mcp.server import build_app  # noqa: E402  (needs Django set up)
+from tools_app.tasks.versions import refuse_stranded  # noqa: E402
+
+# A deploy whose pipelines cannot run some unfinished task's version does not start (docs/tasks.md).
+refuse_stranded()
 
 mcp_app = build_app()
 # /mcp (stateless) and /mcp/session (stateful sessions, for hosts at 2025-11-25 asked mid-call).

@@ -25,7 +25,9 @@ What a declaration says (`write_tool`, `read_tool`, `long_tool`):
 - `concurrency_key` (an argument's name, or `args -> str`): the business entity a write acts on;
   two operations on one entity never run at once, in any process;
 - for a long tool: a `Pipeline` of checkpointed `Step`s (with `compensate` for a saga,
-  `ctx.each_batch` for chunked batches, `WaitFor` to pause for a person).
+  `ctx.each_batch` for chunked batches, `WaitFor` to pause for a person, `ctx.wait_for_event` /
+  `ctx.sleep_until` for durable waits, answered by `send_event`; `version`, `previous` and
+  `ctx.patched` when a deploy changes the steps).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from tools_app.outbox.models import OutboxEvent as Message
 from tools_app.outbox.models import OutboxStatus as MessageStatus
 from tools_app.reconciliation import CallbackVerdict, settle_by_callback
 from tools_app.retention import register_retained
+from tools_app.tasks.waits import send_event
 from tools_app.toolkit.downstream import request as downstream_request
 from tools_app.toolkit.pipelines import Pipeline, RetryPolicy, Step, StepContext, WaitFor
 from tools_app.toolkit.pipelines import task_tool as long_tool
@@ -86,7 +89,7 @@ __all__ = [
     "NotDone", "StillUnknown",
     "evidence_entry",
     # long tools
-    "Pipeline", "Step", "StepContext", "RetryPolicy", "WaitFor",
+    "Pipeline", "Step", "StepContext", "RetryPolicy", "WaitFor", "send_event",
     # errors an agent can act on
     "ToolFailure", "ErrorClass", "InvalidInput", "NotFound", "PermissionDenied", "Transient", "UnknownOutcome",
     "DownstreamConflict", "invalid_data",

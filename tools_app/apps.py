@@ -44,6 +44,8 @@ class ToolsAppConfig(AppConfig):
         toolkit.hooks.register(approval_gate=approvals.gate, run_long_tool=tasks.call_task_tool,
                                after_unknown=reconciliation.reconcile_soon, confirm=confirmations.confirm)
         tasks.hooks.register(enqueue_event=outbox.enqueue)
+        # Importing registers the system check that refuses a deploy stranding unfinished tasks.
+        from tools_app.tasks import versions  # noqa: F401
         # Every installed app's tools (its `idemops_tools` module), and the modules the settings name.
         tools.discover(conf().tool_modules)
         post_migrate.connect(ensure_schedules, sender=self)

@@ -36,8 +36,10 @@ from tools_app.tasks.models import (
     StepRun,
     Task,
     TaskArtifact,
+    TaskEvent,
     TaskNeedingAttention,
     TaskStatus,
+    TaskWait,
 )
 from tools_app.toolkit.calls import CallOutcome
 
@@ -82,6 +84,8 @@ __all__ = [
     "StepRun",
     "Task",
     "TaskArtifact",
+    "TaskEvent",
+    "TaskWait",
     "TaskNeedingAttention",
     "TaskStatus",
     "Tenant",

@@ -135,11 +135,11 @@ def test_the_sweep_revives_dead_workers_tasks_and_requeues_lost_jobs(caller, fas
 
     counts = tasks.sweep()
 
-    assert counts == {"past_deadline": 0, "expired": 1, "requeued": 2}
+    assert counts == {"past_deadline": 0, "expired": 1, "requeued": 2, "woken": 0}
     assert queued_jobs() == jobs + 3
     assert Task.objects.get(pk=dead.pk).status == TaskStatus.CREATED
     assert Task.objects.get(pk=alive.pk).lease_owner == "worker-alive"
-    assert tasks.sweep() == {"past_deadline": 0, "expired": 0, "requeued": 0}
+    assert tasks.sweep() == {"past_deadline": 0, "expired": 0, "requeued": 0, "woken": 0}
 
 
 def job_of(task: Task) -> OrmQ:
@@ -167,11 +167,12 @@ def test_a_queued_task_whose_cluster_died_holding_its_job_is_queued_again_after_
 
     # then only the orphaned task is queued again (its old job stays locked: at most a second delivery,
     # which the task's lease turns away), and it is counted and audited as a lost job
-    assert counts == {"past_deadline": 0, "expired": 0, "requeued": 1}
+    assert counts == {"past_deadline": 0, "expired": 0, "requeued": 1, "woken": 0}
     assert queued_jobs() == jobs + 1
     requeued = AuditEvent.objects.get(action="task.requeued")
     assert (requeued.object_id, requeued.after["job_lost"]) == (str(orphaned.pk), True)
-    assert tasks.sweep() == {"past_deadline": 0, "expired": 0, "requeued": 0}  # its new job waits in the queue
+    # its new job waits in the queue
+    assert tasks.sweep() == {"past_deadline": 0, "expired": 0, "requeued": 0, "woken": 0}
 
 
 def test_a_queued_task_is_not_taken_for_lost_before_its_lease_and_grace(caller, fast):
@@ -179,17 +180,17 @@ def test_a_queued_task_is_not_taken_for_lost_before_its_lease_and_grace(caller, 
     Task.objects.filter(pk=task.pk).update(enqueued_at=timezone.now() - timedelta(seconds=12))
     job_of(task).delete()
 
-    assert tasks.sweep() == {"past_deadline": 0, "expired": 0, "requeued": 0}
+    assert tasks.sweep() == {"past_deadline": 0, "expired": 0, "requeued": 0, "woken": 0}
 
     Task.objects.filter(pk=task.pk).update(enqueued_at=timezone.now() - timedelta(seconds=16))
-    assert tasks.sweep() == {"past_deadline": 0, "expired": 0, "requeued": 1}
+    assert tasks.sweep() == {"past_deadline": 0, "expired": 0, "requeued": 1, "woken": 0}
 
 
 def test_a_task_whose_workers_keep_dying_fails_as_transient(caller, fast):
     task = tasks.take(str(start(caller, {"text": TEXT}).pk), "worker-a")
     Task.objects.filter(pk=task.pk).update(lease_expiries=4, lease_expires_at=timezone.now() - timedelta(seconds=1))
 
-    assert tasks.sweep() == {"past_deadline": 0, "expired": 1, "requeued": 0}
+    assert tasks.sweep() == {"past_deadline": 0, "expired": 1, "requeued": 0, "woken": 0}
 
     task.refresh_from_db()
     assert (task.status, task.failure_class, task.lease_expiries) == (TaskStatus.FAILED, "transient", 5)

@@ -12,6 +12,7 @@ from tools_app.api.audit_chain import AuditChainVerifyView
 from tools_app.api.audit_events import AuditEventViewSet
 from tools_app.api.idempotency_records import IdempotencyRecordViewSet
 from tools_app.api.outbox_events import OutboxEventViewSet
+from tools_app.api.task_events import task_events
 from tools_app.api.tasks import CheckpointViewSet, TaskViewSet
 
 router = SimpleRouter(trailing_slash=False)
@@ -29,6 +30,8 @@ v1_routes = [*router.urls,
 v1_patterns = [path("api/v1/", include(v1_routes))]
 
 urlpatterns = [
+    # Downstream systems' events for tasks in a durable wait (bearer API token; not an auditor endpoint).
+    path("v1/task-events", task_events, name="task-events"),
     path("v1/", include(v1_routes)),
     path("schema/", SpectacularAPIView.as_view(patterns=v1_patterns), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -4,6 +4,8 @@
 with its audit event); `runner.py` runs a pipeline's steps under a lease and a
 heartbeat; `checkpoints.py` writes and verifies each step's checkpoint;
 `control.py` is what agents and operators do (cancel, pause, resume);
+`waits.py` holds durable waits (a step waiting for an event or a time, parked in the
+database) and `send_event`; `versions.py` the start-up check of pipeline versions;
 `forks.py` re-runs a task from step N in a new task (fork); `agent_view.py` is
 how an agent starts, watches and waits for a task (start_task, a direct call
 of a long tool); `hooks.py` what the outbox does for it (a finished task's
@@ -51,6 +53,7 @@ from tools_app.tasks.state import (
     succeed,
     take,
 )
+from tools_app.tasks.waits import send_event
 
 __all__ = [
     "ACTIVE", "CANCEL", "CHANGES_CHANNEL", "FORK", "FORK_OPERATION", "MANAGE_PERMISSION", "MARK_CAUSE_FIXED", "PAUSE",
@@ -59,6 +62,6 @@ __all__ = [
     "ForkHandle", "begin_step", "call_task_tool", "cancel", "complete_step",
     "create_task", "describe", "expire_lease", "fail", "finish_step_run", "fork", "fork_operation",
     "get_for_tenant", "hand_on", "hooks", "lease_seconds", "mark_cause_fixed", "next_action", "outcome", "pause",
-    "pause_for_input", "renew_lease", "requeue", "resumable", "resume", "retry_later", "run_task", "succeed",
-    "sweep", "take", "unfinished", "wait_for",
+    "pause_for_input", "renew_lease", "requeue", "resumable", "resume", "retry_later", "run_task",
+    "send_event", "succeed", "sweep", "take", "unfinished", "wait_for",
 ]

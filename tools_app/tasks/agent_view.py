@@ -117,6 +117,9 @@ def next_action(task: Task) -> str:
             return (f"Backing off after a transient error ({task.failure_reason}); attempt {task.attempts} of "
                     f"{task.max_attempts} is due at {task.next_retry_at:%Y-%m-%dT%H:%M:%SZ}. "
                     "resume_task retries now; cancel_task stops it.")
+        case TaskStatus.PAUSED if task.waiting_until is not None:
+            return (f"Waiting: {task.pause_reason}. It goes on by itself when that arrives, or when the wait gives "
+                    "up; cancel_task stops it.")
         case TaskStatus.PAUSED if task.input_request:
             return (f"Paused: {task.pause_reason} Answer with resume_task(task_id, input={{...}}) giving "
                     f"{', '.join(sorted(task.input_request))}, or cancel_task.")
@@ -361,7 +364,7 @@ def reread(task: Task) -> Task:
 WATCHED_FIELDS = ["status", "current_step", "completed_steps", "progress_done", "progress_total",
                   "progress_message", "attempts", "failure_class", "failure_reason", "pause_reason", "pause_requested",
                   "input_request", "next_retry_at", "lease_expires_at", "result", "version", "updated_at",
-                  "finished_at", "deadline_at", "time_allowed"]
+                  "finished_at", "deadline_at", "time_allowed", "waiting_until"]
 
 
 def overall_progress(task: Task) -> float:

@@ -7,7 +7,7 @@ import logging
 import time
 
 from tools_app.core import clock, leases
-from tools_app.tasks import state
+from tools_app.tasks import state, waits
 from tools_app.tasks.models import Task, TaskStatus
 from tools_app.tasks.runner import Runner
 from tools_app.tasks.state import expire_lease, requeue, without_a_job
@@ -17,8 +17,9 @@ logger = logging.getLogger(__name__)
 
 def sweep() -> dict[str, int]:
     """The periodic safety net: end tasks past their deadline, revive tasks whose worker died, queue
-    due retries and lost jobs. (The cluster's loop runs it every IDEMOPS_LEASE_SWEEP_SECONDS.)"""
-    counts = {"past_deadline": 0, "expired": 0, "requeued": 0}
+    due retries and lost jobs, and wake parked tasks whose wait is over (tools_app.tasks.waits).
+    (The cluster's loop runs it every IDEMOPS_LEASE_SWEEP_SECONDS.)"""
+    counts = {"past_deadline": 0, "expired": 0, "requeued": 0, "woken": 0}
     # First: a task past its deadline ends, whatever else is wrong with it (a dead worker's too).
     for task in state.past_deadline():
         counts["past_deadline"] += state.end_at_deadline(task)
@@ -26,6 +27,7 @@ def sweep() -> dict[str, int]:
         counts["expired"] += expire_lease(task)
     for task in without_a_job():
         counts["requeued"] += requeue(task)
+    counts["woken"] = waits.wake_due()
     if any(counts.values()):
         logger.info("task sweep: %s", counts)
     return counts

@@ -61,6 +61,11 @@ class Task(models.Model):
                               "next step boundary.")
     input_request = models.JSONField(
         null=True, blank=True, help_text="What a paused step asks for: {key: {message, schema}}.")
+    pipeline_version = models.PositiveIntegerField(
+        default=1, help_text="The version of its tool's pipeline it started with: it runs on that version only.")
+    waiting_until = models.DateTimeField(
+        null=True, blank=True, help_text="Parked in a durable wait (TaskWait): when the wait gives up. The sweep "
+                                         "wakes it then; the awaited event wakes it sooner.")
     resume_input = models.JSONField(null=True, blank=True, help_text="The answer given when resuming.")
     next_retry_at = models.DateTimeField(null=True, blank=True)
     time_allowed = models.DurationField(
@@ -112,6 +117,9 @@ class Task(models.Model):
             # The sweep's search for unfinished tasks past their deadline (tools_app.tasks.jobs.sweep).
             models.Index(fields=["deadline_at"], name="task_unfinished_deadline",
                          condition=Q(status__in=["created", "running", "paused", "retrying"])),
+            # The sweep's search for parked tasks whose wait is over (tools_app.tasks.waits.wake_due).
+            models.Index(fields=["waiting_until"], name="task_parked_until",
+                         condition=Q(status="paused", waiting_until__isnull=False)),
         ]
         constraints = [
             # A running task always has a lease holder; nothing else does.
@@ -217,6 +225,52 @@ class StepRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.step} of {self.task_id} ({self.outcome})"
+
+
+class TaskWait(models.Model):
+    """A durable wait of a step (StepContext.wait_for_event, sleep_until): the n-th wait of the step at
+    `sequence`. Its `until` is fixed when the step first reaches it, so the step, run again after the
+    task is woken (or after a crash), finds the same wait and its answer."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="waits")
+    sequence = models.PositiveIntegerField(help_text="The step's position in the task's plan.")
+    number = models.PositiveIntegerField(help_text="The wait's position in its step, from 0.")
+    event = models.CharField(max_length=100, blank=True, help_text="The event awaited; empty: a timer.")
+    key = models.CharField(max_length=200, blank=True, help_text="The event's correlation key.")
+    description = models.CharField(max_length=200, blank=True, help_text="What is awaited, as the status says it.")
+    since = models.DateTimeField()
+    until = models.DateTimeField(help_text="When it gives up (a timer: when it ends).")
+    ended_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, blank=True, help_text="received or timed_out, once ended.")
+
+    class Meta:
+        ordering = ["task", "sequence", "number"]
+        constraints = [models.UniqueConstraint(fields=["task", "sequence", "number"], name="one_wait_per_place")]
+        indexes = [models.Index(fields=["event", "key"], name="taskwait_open_event",
+                                condition=Q(ended_at__isnull=True) & ~Q(event=""))]
+
+    def __str__(self) -> str:
+        return f"wait {self.number} of step {self.sequence} of {self.task_id}"
+
+
+class TaskEvent(models.Model):
+    """An event sent to waiting tasks (idemops.tools.send_event, POST /api/v1/task-events): one per
+    tenant, event and correlation key, kept whether or not a task waits for it yet, so one sent before
+    its wait begins is not lost, and one sent twice counts once (the unique constraint)."""
+
+    tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.CASCADE, related_name="task_events")
+    event = models.CharField(max_length=100)
+    key = models.CharField(max_length=200)
+    payload = models.JSONField(null=True, blank=True)
+    sender = models.CharField(max_length=200, blank=True)
+    received_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["received_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "event", "key"], name="one_event_per_key")]
+
+    def __str__(self) -> str:
+        return f"{self.event} {self.key}"
 
 
 class TaskNeedingAttention(Task):

@@ -39,7 +39,7 @@ from idemops.conf import conf
 from tools_app.core import counters, leases, logs, redaction, tracing
 from tools_app.core.crashpoints import crash_point
 from tools_app.core.errors import Held, ToolFailure, Transient
-from tools_app.tasks import checkpoints, state
+from tools_app.tasks import checkpoints, state, waits
 from tools_app.tasks.batches import BatchStore
 from tools_app.tasks.models import StepOutcome, StepRun, Task
 from tools_app.toolkit.calls import observed
@@ -47,6 +47,7 @@ from tools_app.toolkit.pipelines import (
     COMPENSATE_PREFIX,
     FAILED_PREFIX,
     Interrupted,
+    Parked,
     Pipeline,
     Step,
     StepContext,
@@ -57,6 +58,8 @@ from tools_app.toolkit.registry import ToolSpec, get_tool, parse_arguments
 logger = logging.getLogger(__name__)
 # When a held step (core.errors.Held) is tried again if its answer named no time.
 HELD_RETRY_SECONDS = 10.0
+# When a task of a pipeline version this code cannot run is offered again (to a worker of another deploy).
+UNRUNNABLE_RETRY_SECONDS = 60.0
 # What a run of the job ends with: its outcome, and the seconds until the retry if this job should wait.
 Outcome = tuple[str, float | None]
 
@@ -106,7 +109,10 @@ class Runner:
         self.task = task
         self.owner = owner
         self.spec: ToolSpec = get_tool(task.tool)
-        self.pipeline: Pipeline = self.spec.pipeline
+        # The pipeline of the version the task started with (Pipeline.for_version): its steps, and its
+        # saga's compensations; None when this deploy cannot run that version (tasks.versions).
+        self.runnable: Pipeline | None = self.spec.pipeline.for_version(task.pipeline_version)
+        self.pipeline: Pipeline = self.runnable or self.spec.pipeline
         self.slice_ends = time.monotonic() + conf().task_slice_seconds
 
     def run(self) -> tuple[str, float | None]:
@@ -117,6 +123,8 @@ class Runner:
 
     def _run(self) -> Outcome:
         task = self.task
+        if self.runnable is None:
+            return self._unrunnable()
         try:
             arguments = parse_arguments(self.spec.input_model, {
                 **task.arguments, **redaction.unseal(task.sealed_arguments), "idempotency_key": task.record.key})
@@ -151,12 +159,18 @@ class Runner:
             heartbeat = Heartbeat(task.pk, self.owner)
             batches = BatchStore(task, self.owner, index, checkpoints.input_digest(task, step, walk.checksums))
             context = StepContext(task=task, arguments=arguments, outputs=walk.outputs, progress=heartbeat.progress,
-                                  batches=batches)
+                                  batches=batches, waits=waits.WaitStore(task, index))
             try:
                 with heartbeat:
                     output = step.run(context)
                 prepared = checkpoints.prepare(task, step, index, output, walk.checksums)
             except Interrupted:
+                state.finish_step_run(run, StepOutcome.INTERRUPTED)
+                return f"interrupted in step {step.name}", None
+            except Parked as parked:
+                if waits.park(task, self.owner, parked.wait, run):
+                    seen["outcome"] = "waiting"
+                    return f"waiting in step {step.name}: {task.pause_reason}", None
                 state.finish_step_run(run, StepOutcome.INTERRUPTED)
                 return f"interrupted in step {step.name}", None
             except WaitFor as wait:
@@ -245,6 +259,19 @@ class Runner:
                 counters.observe(counters.TASK_STEP, seconds, tool=task.tool, tenant_id=task.tenant_id, label=step.name)
                 logs.get(__name__).info("task.step", outcome=seen["outcome"], sequence=index, attempt=task.attempts,
                                         duration_ms=round(seconds * 1000, 3))
+
+    def _unrunnable(self) -> Outcome:
+        """The task started on a pipeline version this deploy does not run: nothing of it runs here. It waits,
+        visibly, for a worker that runs it (a deploy that kept the version); start-up names such tasks."""
+        task = self.task
+        held = Held(f"this deploy cannot run version {task.pipeline_version} of {task.tool}'s pipeline, which the "
+                    f"task started on (it runs versions {', '.join(map(str, self.spec.pipeline.versions()))}): "
+                    "deploy code that keeps that version, or cancel the task")
+        logger.error("task %s: %s", task.pk, held.message)
+        if state.retry_later(task, self.owner, held, UNRUNNABLE_RETRY_SECONDS, waited_by_worker=False,
+                             counted=False):
+            return f"held: {held.message}", None
+        return "interrupted", None
 
     def _pause(self, reason: str, next_step: Step) -> tuple[str, float | None]:
         if state.pause_at_boundary(self.task, self.owner, reason, next_step):

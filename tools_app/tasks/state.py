@@ -7,6 +7,7 @@ created ──take──▶ running ──begin_step, complete_step…──▶ 
    │                 │ ├─retry_later (transient error)──▶ retrying ──take (when due)──▶ running
    │                 │ ├─pause_for_input (step waits)───▶ paused ──resume──▶ created
    │                 │ ├─pause_at_boundary (asked to)───▶ paused
+   │                 │ ├─park (a durable wait)──────────▶ paused ──wake (event, or its time)──▶ created
    │                 │ └─hand_on (slice used up)────────▶ created
    └──expire_lease (worker died: sweep, resume_task)──┘
 created|running|paused|retrying ──cancel──▶ cancelled
@@ -116,6 +117,8 @@ def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, An
     now = clock.read()
     allowed = time_allowed(tool, deadline)
     more.update(time_allowed=allowed, deadline_at=now + allowed)
+    # The pipeline version it starts on, and keeps (tools_app.tasks.versions).
+    more.setdefault("pipeline_version", pipeline_version(tool))
     task = Task.objects.create(
         tenant_id=record.tenant_id, tool=tool, record=record, operation_id=record.operation_id, arguments=arguments,
         input_digest=input_digest,
@@ -142,7 +145,7 @@ def take(task_id: str, owner: str) -> Task | None:
         return None
     if not transition(task, {"status__in": RUNNABLE}, {
         "status": TaskStatus.RUNNING, "lease_owner": owner, "lease_expires_at": leases.expiry(lease_seconds()),
-        "next_retry_at": None,
+        "next_retry_at": None, "waiting_until": None,
     }, action="task.taken", actor=owner, attempt=task.attempts):
         return None  # another worker took it (or it was cancelled) since we read it
     return task
@@ -308,6 +311,31 @@ def pause_for_input(task: Task, owner: str, reason: str, input_request: dict[str
         return False
     if run is not None:
         finish_step_run(run, StepOutcome.PAUSED, reason)
+    return True
+
+
+@transaction.atomic
+def park(task: Task, owner: str, reason: str, until: datetime, run: StepRun | None = None) -> bool:
+    """running -> paused in a durable wait (tools_app.tasks.waits): no lease, no worker; `wake` (the event
+    arrived, or the sweep found `until` passed) queues it again, and its step runs again from its start."""
+    if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
+        "status": TaskStatus.PAUSED, "pause_reason": reason, "input_request": None, "resume_input": None,
+        "waiting_until": until, "lease_owner": "", "lease_expires_at": None,
+    }, action="task.waiting", actor=owner, reason=reason, step=task.current_step, until=until.isoformat()):
+        return False
+    if run is not None:
+        finish_step_run(run, StepOutcome.PAUSED, reason)
+    return True
+
+
+@transaction.atomic
+def wake(task: Task, actor: str, reason: str) -> bool:
+    """paused in a durable wait -> created, queued: the event arrived or the wait's time came."""
+    if not transition(task, {"status": TaskStatus.PAUSED, "waiting_until__isnull": False}, {
+        "status": TaskStatus.CREATED, "pause_reason": "", "waiting_until": None, "enqueued_at": clock.NOW,
+    }, action="task.woken", actor=actor, reason=reason):
+        return False
+    enqueue_run(task)
     return True
 
 
@@ -487,6 +515,15 @@ def time_allowed(tool: str, requested: timedelta | None = None) -> timedelta:
     except NotFound:
         declared = None
     return pipelines.time_allowed(declared, requested)
+
+
+def pipeline_version(tool: str) -> int:
+    """The version of `tool`'s pipeline this code declares (a tool no longer declared: 1)."""
+    try:
+        pipeline = get_tool(tool).pipeline
+    except NotFound:
+        return 1
+    return pipeline.version if pipeline is not None else 1
 
 
 def key_retention(tool: str) -> timedelta:

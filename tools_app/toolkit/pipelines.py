@@ -19,6 +19,21 @@ A step that must wait for a person or a dependency raises WaitFor: the task
 is paused until resume_task (or the tasks extension's tasks/update) supplies
 the answer.
 
+A step that waits for an event (a downstream's callback, a message with a
+correlation key) or for a time calls `ctx.wait_for_event(event, key, timeout=...)`
+or `ctx.sleep_until(when)`: a durable wait (tools_app.tasks.waits). The task is
+parked in the database, holding no worker, until the event arrives (`send_event`)
+or the time comes; then the step runs again from its start and the same call
+answers the event's payload (None once the timeout passed). An event sent before
+the wait began is kept, and answers it at once.
+
+Versions: a pipeline carries a `version`; a task keeps the version it started
+with (Task.pipeline_version). A deploy that changes the steps bumps it and
+either keeps the old pipeline runnable (`previous`), or declares its steps run
+the old version too (`also_runs`, its steps branching on `ctx.patched(n)`), or
+else refuses to start while tasks of a version it cannot run are unfinished
+(tools_app.tasks.versions). A saga's compensation plan is its version's.
+
 A step that changes many things in one go (a batch of tickets, a document's
 embeddings) calls `ctx.each_batch(items, size, apply)`: each batch's effect
 and its record commit together, so a resumed step skips the batches done.
@@ -67,6 +82,14 @@ class Interrupted(Exception):
     """The task was cancelled or its lease was lost: stop now, write nothing."""
 
 
+class Parked(Exception):  # a signal, not an error
+    """A durable wait began (StepContext.wait_for_event, sleep_until): the runner parks the task."""
+
+    def __init__(self, wait: Any) -> None:
+        super().__init__(str(wait))
+        self.wait = wait  # a tools_app.tasks TaskWait (a layer above the toolkit)
+
+
 class WaitFor(Exception):  # a signal, not an error
     """Pause the task until someone answers `input_request` (or just resumes it).
 
@@ -90,7 +113,7 @@ class StepContext(Generic[ArgumentsT]):
     # `task`: a tools_app.tasks Task (a layer above the toolkit, so not named here).
     def __init__(self, *, task: Any, arguments: ArgumentsT, outputs: Mapping[str, Any],
                  progress: Callable[[float, float | None, str], None],
-                 batches: Callable[..., list[Any]] | None = None) -> None:
+                 batches: Callable[..., list[Any]] | None = None, waits: Any = None) -> None:
         self.task = task
         self.task_id = task.pk
         self.tenant_id = task.tenant_id
@@ -99,6 +122,32 @@ class StepContext(Generic[ArgumentsT]):
         self.resume_input: dict[str, Any] = task.resume_input or {}
         self._progress = progress
         self._batches = batches
+        self._waits = waits
+        # The version of the pipeline the task started with (Pipeline.version).
+        self.pipeline_version: int = getattr(task, "pipeline_version", 1) or 1
+
+    def patched(self, since: int) -> bool:
+        """A patch marker: whether this task started on pipeline version `since` or later. A step changed by
+        a deploy keeps its old code under `if not ctx.patched(n):` for the tasks that started before it."""
+        return self.pipeline_version >= since
+
+    def wait_for_event(self, event: str, key: str, *, timeout: timedelta, description: str = "") -> Any:
+        """Wait, durably, for `event` with correlation `key` (sent by idemops.tools.send_event or
+        POST /api/v1/task-events): its payload, or None once `timeout` (from the first time this step
+        reached this wait) passed. Until then the task is parked, holding no worker; the step runs again
+        from its start when the event arrives or the time comes, so what comes before a wait must be
+        safe to run again (or be a step of its own). `description` names what is awaited in the task's
+        status ("the gateway's callback")."""
+        if self._waits is None:
+            raise RuntimeError("wait_for_event needs the task runner's wait store")
+        return self._waits.wait_for_event(event, key, timeout=timeout, description=description)
+
+    def sleep_until(self, when: Any, description: str = "") -> None:
+        """Wait, durably, until `when` (an aware datetime, or a timedelta from the first time this step got
+        here): the task is parked meanwhile, holding no worker."""
+        if self._waits is None:
+            raise RuntimeError("sleep_until needs the task runner's wait store")
+        self._waits.sleep_until(when, description=description)
 
     def progress(self, done: float, total: float | None = None, message: str = "") -> None:
         """Record progress inside the step; raises Interrupted once the task is cancelled
@@ -175,6 +224,13 @@ class Pipeline:
     # How long a task may take from its start to its end, pauses and backoffs included (task_tool's
     # `deadline`); None: IDEMOPS_TASK_DEADLINE_SECONDS.
     deadline: timedelta | None = None
+    # The pipeline's version: bump it when a deploy changes the steps. A task keeps the version it
+    # started with (Task.pipeline_version) and runs only on code that can run that version.
+    version: int = 1
+    # Older versions these steps also run, through patch markers (`ctx.patched(n)` in the steps).
+    also_runs: tuple[int, ...] = ()
+    # Older pipelines kept runnable, whole, for the tasks that started on them (each with its version).
+    previous: tuple[Pipeline, ...] = ()
 
     def __post_init__(self) -> None:
         names = [step.name for step in self.steps]
@@ -182,6 +238,24 @@ class Pipeline:
             raise ValueError(f"a pipeline needs steps with unique names, got {names}")
         if self.deadline is not None and self.deadline <= timedelta(0):
             raise ValueError(f"a pipeline's deadline must be positive, got {self.deadline}")
+        if self.version < 1:
+            raise ValueError(f"a pipeline's version is a positive integer, got {self.version}")
+        versions = [self.version, *self.also_runs, *(p.version for p in self.previous)]
+        if len(set(versions)) != len(versions):
+            raise ValueError(f"a pipeline version is declared twice: {versions}")
+        if any(v >= self.version for v in versions[1:]):
+            raise ValueError(f"older versions must be lower than the pipeline's {self.version}: {versions[1:]}")
+
+    def for_version(self, version: int | None) -> Pipeline | None:
+        """The pipeline that runs a task started on `version` (None: the current one): this one, or an older
+        one kept in `previous`; None when this code cannot run it."""
+        if version is None or version == self.version or version in self.also_runs:
+            return self
+        return next((older for older in self.previous if older.for_version(version) is older), None)
+
+    def versions(self) -> tuple[int, ...]:
+        """Every version this code runs."""
+        return (self.version, *self.also_runs, *(v for p in self.previous for v in p.versions()))
 
     def time_allowed(self, requested: timedelta | None = None) -> timedelta:
         """The time a task of this pipeline gets (`time_allowed`)."""
