@@ -211,6 +211,7 @@ def purge(*, now: datetime | None = None, batch: int | None = None) -> PurgeRepo
         count, batches = purge_kind(kind, now=now, batch=batch)
         report.purged[kind] += count
         report.batches += batches
+    report.purged["confirmations"] = approvals_purge.forget_confirmations(now or clock.read())
     # Audit events have their own policy (AuditRetention) and leave as an archived prefix of the chain.
     report.purged["audit_events"] = audit_archive.archive_expired(now=now)
     return report
