@@ -48,7 +48,7 @@ from tools_app.engine.models import IdempotencyRecord
 from tools_app.outbox import purge as outbox_purge
 from tools_app.retention import audit_archive
 from tools_app.retention.policy import KINDS, default_for, kept_for, load_overrides
-from tools_app.tasks.models import Checkpoint, StepBatch, StepRun, Task, TaskArtifact, TaskStatus
+from tools_app.tasks.models import Checkpoint, StepBatch, StepRun, Task, TaskArtifact, TaskEvent, TaskStatus
 from tools_app.toolkit.registry import all_tools
 
 PURGER = "system:retention-purge"
@@ -211,7 +211,17 @@ def purge(*, now: datetime | None = None, batch: int | None = None) -> PurgeRepo
         count, batches = purge_kind(kind, now=now, batch=batch)
         report.purged[kind] += count
         report.batches += batches
-    report.purged["confirmations"] = approvals_purge.forget_confirmations(now or clock.read())
+    now = now or clock.read()
+    report.purged["confirmations"] = approvals_purge.forget_confirmations(now)
+    report.purged["task_events"] = forget_task_events(now)
     # Audit events have their own policy (AuditRetention) and leave as an archived prefix of the chain.
     report.purged["audit_events"] = audit_archive.archive_expired(now=now)
     return report
+
+
+def forget_task_events(now: datetime) -> int:
+    """Delete the events sent to waiting tasks (send_event, the task-events endpoint) received longer ago
+    than tasks are kept (IDEMOPS_RETENTION_TASKS_HOURS): their payloads may hold personal values, and
+    a task that waits for one has long had it. Returns how many."""
+    deleted, _ = TaskEvent.objects.filter(received_at__lt=now - default_for("tasks", None)).delete()
+    return deleted
