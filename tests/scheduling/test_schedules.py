@@ -4,6 +4,7 @@ to the console and to the concept functions, each refusal audited)."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -170,3 +171,35 @@ def test_the_key_names_the_schedule_and_the_tick(acme):
     with connection.cursor() as cursor:  # the key is one the engine accepts
         cursor.execute("SELECT %s ~ '^[A-Za-z0-9._:-]+$'", [scheduling.operations.key_of(row, tick)])
         assert cursor.fetchone()[0]
+
+
+def test_an_occurrence_held_back_by_a_pause_runs_once_the_tool_is_resumed(acme, settings):
+    from django.contrib.auth import get_user_model
+
+    from idemops.conf import override_conf
+    from tests.operators import verified
+    from tools_app import incidents
+
+    # given a paused create_order (every process hears of it at once here) and an occurrence coming due
+    override_conf(settings, incident_state_seconds=0.05)
+    root = verified(get_user_model().objects.create_superuser("root", "root@example.invalid", "pw"))
+    incidents.pause(incidents.PauseScope.TOOL, "create_order", root, reason="month-end freeze")
+    time.sleep(0.1)  # older than IDEMOPS_INCIDENT_STATE_SECONDS: this process reads the pause
+    row = _missed_schedule(acme, minutes_ago=1, backfill=0)
+    ticks.plan()
+
+    # when it runs: held back (transient), nothing made, and the occurrence stays to be asked again
+    ticks.run_due()
+    run = ScheduledRun.objects.get(schedule=row, status=RunStatus.RUNNING)
+    assert run.error_class == "transient" and Order.objects.count() == 0
+
+    # when the tool is resumed and the run is due again (LOST_AFTER past its start)
+    incidents.resume(incidents.PauseScope.TOOL, "create_order", root, reason="freeze over")
+    time.sleep(0.1)
+    ScheduledRun.objects.filter(pk=run.pk).update(started_at=clock.read() - ticks.LOST_AFTER - timedelta(seconds=1))
+    ticks.run_due()
+
+    # then it ran once, under its key, and is done
+    run.refresh_from_db()
+    assert (run.status, run.outcome, run.error_class) == (RunStatus.DONE, "executed", "")
+    assert Order.objects.count() == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import Q
 
 from tools_app.core import clock
 from tools_app.scheduling.models import Overlap, RunStatus, ScheduledOperation, ScheduledRun
@@ -28,7 +29,7 @@ SCHEDULES_PER_PASS = 100
 # A run still `running` this long after it started is taken for lost (its loop died) and called again
 # with its key: the engine answers what became of it, or runs it if nothing did.
 LOST_AFTER = timedelta(seconds=60)
-# Answers that leave an occurrence running: its operation is still under way.
+# Answers that leave an occurrence running: its operation is still under way (and retryable ones: below).
 STILL_RUNNING = {"in_progress", "pending_approval"}
 
 
@@ -73,7 +74,9 @@ def run_due() -> int:
     """Run the queued occurrences of unpaused schedules, each schedule's one after another, by its
     overlap policy. Returns how many were called."""
     called = 0
-    schedule_ids = list(ScheduledRun.objects.filter(status=RunStatus.QUEUED, schedule__paused=False)
+    # Queued runs, and running ones to ask again (their loop died, or their operation had not run yet).
+    due = Q(status=RunStatus.QUEUED) | Q(status=RunStatus.RUNNING, started_at__lt=clock.read() - LOST_AFTER)
+    schedule_ids = list(ScheduledRun.objects.filter(due, schedule__paused=False)
                         .order_by().values_list("schedule_id", flat=True).distinct()[:SCHEDULES_PER_PASS])
     for schedule_id in schedule_ids:
         while (run := _take(schedule_id)) is not None:
@@ -113,8 +116,10 @@ def _call(run: ScheduledRun) -> None:
                        {**row.arguments, "idempotency_key": run.key})
     error_class = str(result.error.error_class) if result.error is not None else ""
     operation_id = result.record.operation_id if result.record is not None else None
-    if error_class in STILL_RUNNING:
-        # Its operation is under way (another call of the key, a person's approval): asked again later.
+    if error_class in STILL_RUNNING or (result.error is not None and result.error.retryable):
+        # Its operation is under way (another call of the key, a person's approval), or did not run yet
+        # (transient, rate_limited: a paused tool, an open breaker): asked again with its key after
+        # LOST_AFTER, until it runs or its key's retry window closes it (not_executed, final).
         ScheduledRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
             operation_id=operation_id, outcome=str(result.outcome), error_class=error_class, started_at=clock.NOW)
         return
