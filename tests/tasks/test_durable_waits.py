@@ -12,11 +12,11 @@ woken by the cluster's sweep loop.
 import httpx2
 import pytest
 
+from tests.mcp_client import answer_of
 from tests.operators import agent_owner
 from tests.processes import WebServer, Worker
 from tests.task_stack import wait_until
 from tools_app import access
-from tools_app.mcp import tasks_extension
 from tools_app.models import AuditEvent, StepRun, Task, TaskEvent, TaskStatus, TaskWait
 from tools_app.toolkit import registry
 from tools_app.toolkit.calls import Caller, call_tool
@@ -71,7 +71,13 @@ def test_a_step_waits_for_a_callback_parked_in_the_database_across_a_restart_and
         assert task.pause_reason == (
             f"waiting for the gateway's callback (event 'gateway.callback', key 'pay-1') since "
             f"{wait.since:%Y-%m-%dT%H:%M:%SZ}, gives up at {wait.until:%Y-%m-%dT%H:%M:%SZ}")
-        answer = tasks_extension.task_shape(task)
+        # and so does the MCP task answer an agent gets over HTTP (tasks/get, 2025-11-25's core method)
+        got = httpx2.post(web.mcp_url, timeout=30, json={
+            "jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"taskId": str(task.pk)}}, headers={
+            "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-11-25"})
+        assert got.status_code == 200, got.text
+        answer = answer_of(got)["result"]
         assert answer["status"] == "working"
         assert "waiting for the gateway's callback" in answer["statusMessage"]
         assert f"gives up at {wait.until:%Y-%m-%dT%H:%M:%SZ}" in answer["statusMessage"]
