@@ -23,7 +23,7 @@ from idemops_demo.models import Order
 from tests.issued_ids import call_labelled
 from tests.mcp_client import call_sync
 from tests.operators import PASSWORD, current_code, login_for_the_web_server, make_operator
-from tools_app import engine, outbox, reconciliation, tasks
+from tools_app import access, engine, outbox, reconciliation, scheduling, tasks
 from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR, ROLE_PERMISSIONS
 from tools_app.admin.operator_actions import OperatorActionsAdmin
 from tools_app.core.errors import PermissionDenied, Transient, internal_error
@@ -175,6 +175,15 @@ def a_pending_approval(request, caller, model) -> Scene:
     return Scene(model.objects.get(pk=result.error.as_dict()["approval"]["request_id"]))
 
 
+def a_schedule(request, caller, model, action) -> Scene:
+    """An hourly order its agent scheduled: running for `pause`, paused for `resume`."""
+    agent = access.Agent(caller.tenant_id, caller.actor)
+    row = scheduling.schedule(agent, caller.tenant_id, "create_order", ORDER, cron="0 * * * *")
+    if action.name == "resume":
+        scheduling.pause(row, agent, reason="month end")
+    return Scene(model.objects.get(pk=row.pk))
+
+
 def make_scene(request, model_admin, action, caller) -> Scene:
     model = model_admin.model
     match model._meta.model_name:
@@ -190,6 +199,8 @@ def make_scene(request, model_admin, action, caller) -> Scene:
             return a_retrying_task(request, caller, model)
         case "approvalqueue":
             return a_pending_approval(request, caller, model)
+        case "scheduledoperation":
+            return a_schedule(request, caller, model, action)
     raise AssertionError(f"no scene for {model._meta.label}: add one so its actions are tested here")
 
 

@@ -13,17 +13,13 @@ import pytest
 from django.db import connection
 
 from tests.agents import Answer, call_until_done
+from tests.entity_runs import RUNS_TABLE
 from tests.processes import WebServer
 
 pytestmark = pytest.mark.live
 
 OVERLAPS = """SELECT count(*) FROM entity_runs a JOIN entity_runs b ON a.id < b.id AND a.tool = b.tool
               AND a.started_at < b.ended_at AND b.started_at < a.ended_at WHERE a.tool = %s {same}"""
-
-# The table the test tools' handlers (tests/entity_tools.py, loaded by the web processes only) record runs in.
-RUNS_TABLE = """CREATE TABLE IF NOT EXISTS entity_runs (
-    id bigserial PRIMARY KEY, tool text NOT NULL, account text NOT NULL, key text NOT NULL,
-    started_at timestamptz NOT NULL, ended_at timestamptz NOT NULL)"""
 
 
 @pytest.fixture

@@ -300,7 +300,7 @@ def test_no_token_key_password_or_personal_value_sent_through_any_tool_reaches_a
     from tools_app.toolkit.registry import all_tools
 
     url, sink = observed.web.mcp_url, observed.sink
-    raw_keys = [f"RAWKEY-ZQX-{n:02d}" for n in range(15)]
+    raw_keys = [f"RAWKEY-ZQX-{n:02d}" for n in range(18)]
     doc_url = doc_server.serve(f"quillon.txt?token={PERSONAL['document_token']}", PERSONAL["document"].encode())
     called: dict[str, object] = {}
 
@@ -360,6 +360,14 @@ def test_no_token_key_password_or_personal_value_sent_through_any_tool_reaches_a
     use("onboard_customer", {"name": PERSONAL["customer_name"], "email": PERSONAL["customer_email"],
                              "iban": PERSONAL["iban"], "idempotency_key": raw_keys[14]})
     use("whoami", {})
+    scheduled = use("schedule_operation", {"tool": "create_order", "arguments": {**ORDER, "customer": PERSONAL["customer"]},
+                                           "run_at": "2099-01-01T00:00:00+00:00", "idempotency_key": raw_keys[15]})
+    schedule_id = scheduled.structured_content["schedule_id"]
+    use("get_schedule", {"schedule_id": schedule_id})
+    use("pause_schedule", {"schedule_id": schedule_id, "reason": PERSONAL["pause_reason"],
+                           "idempotency_key": raw_keys[16]})
+    use("resume_schedule", {"schedule_id": schedule_id, "reason": PERSONAL["cancel_reason"],
+                            "idempotency_key": raw_keys[17]})
     # a person approves the deletion and the announcement: the cluster runs them
     tenant = Tenant.objects.get(slug="acme")
     bob = make_operator("bob", APPROVER, tenant)

@@ -10,7 +10,7 @@ import time
 import pytest
 from django.db import connection
 
-from tests.entity_tools import RUNS_TABLE
+from tests.entity_runs import RUNS_TABLE
 from tests.mcp_client import call_sync, error_of
 from tests.processes import WebServer, Worker
 from tools_app.models import ScheduledRun

@@ -17,7 +17,7 @@ from tools_app.access.roles import APPROVER, OPERATOR
 from tools_app.core import clock
 from tools_app.core.errors import InvalidInput, NotFound, PermissionDenied
 from tools_app.models import AuditEvent, ScheduledOperation, ScheduledRun
-from tools_app.scheduling import ticks
+from tools_app.scheduling import jobs as ticks
 from tools_app.scheduling.models import RunStatus
 
 ORDER = {"customer": "ACME", "currency": "EUR", "items": [{"sku": "A-1", "quantity": 1, "unit_price": "3.00"}]}

@@ -37,8 +37,8 @@ QUEUES = ["approvalqueue", "unknownoutcomequeue", "taskneedingattention", "deadl
 SECTIONS = [
     ("Work queues", "queues", QUEUES),
     ("Look into", "evidence", ["dashboard", "idempotencyrecord", "approvalrequest", "approvaldecision", "task",
-                               "outboxevent", "downstream", "bulkaction", "auditevent", "auditseal", "auditcheckpoint",
-                               "auditarchive"]),
+                               "outboxevent", "downstream", "bulkaction", "scheduledoperation", "auditevent",
+                               "auditseal", "auditcheckpoint", "auditarchive"]),
     ("Reference data", "reference", ["tenant", "apitoken", "agentconnection", "tenantaccess", "approvalsettings",
                                      "tenantlimits", "retentionoverride", "auditretention", "auditorkey",
                                      "notificationchannel"]),

@@ -43,7 +43,7 @@ JOBS: dict[str, str] = {
     "audit.seal": "tools_app.core.jobs.seal_audit_chain",
     "bulk.run": "tools_app.bulk.jobs.run",
     "bulk.sweep": "tools_app.bulk.jobs.sweep_stalled",
-    "scheduling.tick": "tools_app.scheduling.ticks.tick",
+    "scheduling.tick": "tools_app.scheduling.jobs.tick",
     "metrics.prune": "tools_app.metrics.jobs.prune_minutes",
     "outbox.relay": "tools_app.outbox.jobs.relay_pending",
     "reconciliation.reconcile_due": "tools_app.reconciliation.jobs.reconcile_due",

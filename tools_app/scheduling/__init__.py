@@ -5,7 +5,7 @@ on a cron rule (croniter, UTC), run by the job cluster.
   next tick) and ScheduledRun (one occurrence: its tick, its idempotency key, its outcome).
 - `operations.py`: schedule, pause, resume: by an operator (the console) or the tenant's agent (MCP
   tools), each through access.authorize and audited.
-- `ticks.py`: the cluster's loop (tools_app.schedules runs `tick` every IDEMOPS_SCHEDULE_TICK_SECONDS):
+- `jobs.py`: the cluster's loop (tools_app.schedules runs `tick` every IDEMOPS_SCHEDULE_TICK_SECONDS):
   due ticks become runs, runs call the tool through toolkit.calls.call_tool, as an agent's call would,
   with the key `schedule-<id>-<tick>`: a tick found twice runs once (the engine's claim of that key).
 
