@@ -360,7 +360,8 @@ def test_no_token_key_password_or_personal_value_sent_through_any_tool_reaches_a
     use("onboard_customer", {"name": PERSONAL["customer_name"], "email": PERSONAL["customer_email"],
                              "iban": PERSONAL["iban"], "idempotency_key": raw_keys[14]})
     use("whoami", {})
-    scheduled = use("schedule_operation", {"tool": "create_order", "arguments": {**ORDER, "customer": PERSONAL["customer"]},
+    scheduled = use("schedule_operation", {"tool": "create_order",
+                                           "arguments": {**ORDER, "customer": PERSONAL["customer"]},
                                            "run_at": "2099-01-01T00:00:00+00:00", "idempotency_key": raw_keys[15]})
     schedule_id = scheduled.structured_content["schedule_id"]
     use("get_schedule", {"schedule_id": schedule_id})
