@@ -203,3 +203,29 @@ def test_an_occurrence_held_back_by_a_pause_runs_once_the_tool_is_resumed(acme, 
     run.refresh_from_db()
     assert (run.status, run.outcome, run.error_class) == (RunStatus.DONE, "executed", "")
     assert Order.objects.count() == 1
+
+
+@pytest.mark.parametrize(("overlap", "left"), [("queue", RunStatus.QUEUED), ("skip", RunStatus.SKIPPED)])
+def test_ticks_while_an_occurrence_runs_wait_their_turn_under_queue_and_are_dropped_under_skip(acme, overlap, left):
+    # given three due occurrences of a schedule, the first of them still running (its call under way)
+    row = scheduling.schedule(_agent(acme), acme.pk, "create_order", ORDER, cron="* * * * *", backfill=2,
+                              overlap=overlap)
+    start = clock.read().replace(second=0, microsecond=0) - timedelta(minutes=2)
+    ScheduledOperation.objects.filter(pk=row.pk).update(next_tick_at=start)
+    ticks.plan()
+    first, *others = ScheduledRun.objects.filter(schedule=row).order_by("tick_at")
+    ScheduledRun.objects.filter(pk=first.pk).update(status=RunStatus.RUNNING, started_at=clock.read())
+
+    # when the loop runs
+    ticks.run_due()
+
+    # then nothing else ran meanwhile: under queue the others wait their turn, under skip they are dropped
+    assert Order.objects.count() == 0
+    assert {run.status for run in ScheduledRun.objects.filter(pk__in=[run.pk for run in others])} == {left}
+
+    # and under queue, once the first is done, they run one after another, each under its own key
+    if overlap == "queue":
+        ScheduledRun.objects.filter(pk=first.pk).update(status=RunStatus.DONE)
+        ticks.run_due()
+        assert Order.objects.count() == len(others)
+        assert set(ScheduledRun.objects.filter(schedule=row).values_list("status", flat=True)) == {RunStatus.DONE}
