@@ -127,7 +127,8 @@ def test_a_finished_tasks_data_checkpoints_and_document_go_each_at_its_own_reten
     first = retention.purge()
 
     # then only the checkpoints and artifacts went; the task keeps its data, the document stays searchable
-    assert first.purged == {"records": 0, "tasks": 0, "artifacts": 1, "documents": 0, "audit_events": 0}
+    assert first.purged == {"records": 0, "tasks": 0, "artifacts": 1, "documents": 0, "audit_events": 0,
+                            "confirmations": 0, "task_events": 0}
     assert not Checkpoint.objects.filter(task=task).exists() and not TaskArtifact.objects.filter(task=task).exists()
     task.refresh_from_db()
     assert task.result is not None and task.arguments and task.artifacts_purged_at is not None
