@@ -8,10 +8,12 @@ the code), so adding a field to a model needs no change here.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from functools import cache, lru_cache
 from typing import Any, TypeVar, cast
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models.sql import Query
 
@@ -34,16 +36,47 @@ def fetchone(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
 
     For the engine's hot path: the same connection, transaction and error classes as
     `connection.cursor()` (a broken connection is health-checked and replaced the same way), without
-    the ORM cursor wrapper's work per statement. psycopg prepares a statement it sees repeatedly
-    (DATABASES OPTIONS prepare_threshold).
+    the ORM cursor wrapper's work per statement. The statement's `%s` placeholders are numbered
+    once per text (`_numbered`) and it runs on a `psycopg.RawCursor`, which sends it as it is:
+    psycopg would parse the placeholders again on every call of a statement longer than 4,096
+    characters or with more than 50 of them (the claim). psycopg prepares a statement it sees
+    repeatedly (DATABASES OPTIONS prepare_threshold). With server-side binding off
+    (IDEMOPS_DB_SERVER_SIDE_BINDING, a pooler's choice) it runs as psycopg's own cursor would.
     """
     # One lookup of this thread's connection: every attribute of the `connection` proxy is another.
     wrapper = connections[DEFAULT_DB_ALIAS]
     wrapper.close_if_health_check_failed()
     wrapper.ensure_connection()
     with wrapper.wrap_database_errors:
-        # The raw psycopg connection is untyped in django-stubs (`Any`); its rows are tuples.
-        return cast("tuple[Any, ...] | None", wrapper.connection.execute(sql, params).fetchone())
+        raw = wrapper.connection
+        numbered = _numbered(sql) if wrapper.settings_dict["OPTIONS"].get("server_side_binding") else None
+        if numbered is None:
+            # The raw psycopg connection is untyped in django-stubs (`Any`); its rows are tuples.
+            return cast("tuple[Any, ...] | None", raw.execute(sql, params).fetchone())
+        with psycopg.RawCursor(raw) as cursor:
+            return cursor.execute(numbered, params).fetchone()
+
+
+@lru_cache(maxsize=1024)
+def _numbered(sql: str) -> str | None:
+    """`sql` with its `%s` placeholders numbered `$1`, `$2`, … (and `%%` a plain `%`), as a RawCursor
+    takes it; None for a statement with other placeholders (`%(name)s`), left to psycopg."""
+    parts = _PLACEHOLDERS.split(sql)
+    if any("%" in text for text in parts[::2]):
+        return None
+    numbered, count = [], 0
+    for index, part in enumerate(parts):
+        if index % 2 == 0:
+            numbered.append(part)
+        elif part == "%%":
+            numbered.append("%")
+        else:
+            count += 1
+            numbered.append(f"${count}")
+    return "".join(numbered)
+
+
+_PLACEHOLDERS = re.compile(r"(%%|%s)")
 
 
 def table(model: type[models.Model]) -> str:
