@@ -2,8 +2,9 @@
 
 The claim is one INSERT ... ON CONFLICT DO NOTHING against the partial unique constraint on
 (tenant, tool, key), with its audit event, in one statement (`_claim_sql`): never check-then-insert.
-Its caller is the executor if its row went in, else a follower of the live record (`find_live`
-reads what a replay needs, `whole` the rest). A transient failure is claimed again by `reclaim`,
+Its caller is the executor if its row went in, else a follower of the live record, whose replay
+fields the same statement read (`find_live` reads them alone where a call must not claim yet,
+`whole` the rest). A transient failure is claimed again by `reclaim`,
 guarded by the attempt count. An operation's id is a function of its key (`operation_id_for`), so a
 follower can name an uncommitted claim (`claim_operation_id`, `uncommitted`) and get_operation can
 see one in flight (`claimed_in_flight`); `downstream_key` is the key sent downstream for it.
@@ -41,8 +42,8 @@ def claim(op: Operation) -> tuple[IdempotencyRecord, bool]:
     claim commits with the side effect or not at all. A concurrent caller's
     INSERT then waits on the unique index for that transaction, at most
     IDEMOPS_FOLLOWER_WAIT_SECONDS (then `ClaimWaitExpired`), and reads the
-    committed record once it ends. (A replay never gets here: engine.run reads first.)
-    The record carries `read_at`, the database's time of the read.
+    committed record once it ends. A replay is answered from the same statement, which reads what it
+    needs of a live record. The record carries `read_at`, the database's time of the read.
     """
     with tracing.span("idempotency.claim") as span:
         record, claimed = _claim(op)
@@ -63,16 +64,19 @@ def _claim(op: Operation, operation_id: uuid.UUID | None = None) -> tuple[Idempo
         if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
             raise ClaimWaitExpired(op.key) from exc
         raise
-    if row is not None and row[-2]:
+    if row is not None:
+        inserted, read_at = row[len(computed) + 1], row[len(computed) + 2]
+        if not inserted:
+            # A live record holds the key: the statement read what a replay needs of it.
+            return _read((row[0], *row[len(computed) + 3:]), read_at), False
         # Ours: the row holds what we built, and the times the database computed for it.
         record.pk = row[0]
         record._state.adding, record._state.db = False, connection.alias
-        for field, value in zip(computed, row[1:-2], strict=True):
+        for field, value in zip(computed, row[1:len(computed) + 1], strict=True):
             setattr(record, field.attname, db.converted(field, value))
-        record.__dict__["read_at"] = row[-1]  # as annotate(read_at=NOW) would: not a declared attribute
+        record.__dict__["read_at"] = read_at  # as annotate(read_at=NOW) would: not a declared attribute
         return record, True
-    # A live record holds the key (committed since run() looked), or we lost a race to a claim
-    # our statement's snapshot could not see: read it now.
+    # We lost a race to a claim our statement's snapshot could not see: read it now.
     if live := find_live(op):
         return live, False
     if op.operation_id is not None and _operation_id_taken(op.operation_id):
@@ -189,8 +193,11 @@ def operation_id_of(key: str) -> uuid.UUID | None:
 def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent, computed: list[models.Field[Any, Any]]
                     ) -> tuple[Any, ...] | None:
     """One statement: INSERT the record and its audit event, unless a live record holds the key:
-    (the live or inserted record's id, the `computed` fields' values, whether this call inserted it,
-    the statement's time), or None.
+    (the inserted record's id and its `computed` fields' values, whether this call inserted it, the
+    statement's time, and a live record's REPLAY_FIELDS), or None.
+
+    The claim is also the replay's read: a call whose key is live reads what a replay answers with
+    in this one statement, so no call reads before it claims.
 
     Two first calls racing both pass the NOT EXISTS; PostgreSQL makes the
     second INSERT wait for the first's transaction and then skip (ON CONFLICT
@@ -227,16 +234,19 @@ def _computed_fields(record: IdempotencyRecord) -> list[models.Field[Any, Any]]:
 def _claim_sql(record_sql: tuple[tuple[str, ...], tuple[str, ...]], audit_sql: tuple[tuple[str, ...], tuple[str, ...]],
                computed: tuple[str, ...]) -> str:
     """The claim statement for a record of this shape: it returns the id, the `computed` columns,
-    whether this call inserted the row, and the database's time of the statement."""
+    whether this call inserted the row, the database's time of the statement, and the replay's
+    columns of a live record (REPLAY_FIELDS but the id)."""
     (columns, values), (audit_columns, audit_values) = record_sql, audit_sql
     records = db.table(IdempotencyRecord)
     returned = "".join(f", {column}" for column in computed)
     unknown = ", NULL" * len(computed)
+    _, replay = db.select_columns(IdempotencyRecord, fields=REPLAY_FIELDS[1:])
+    no_replay = ", NULL" * (len(REPLAY_FIELDS) - 1)
     return f"""
         WITH prior AS MATERIALIZED (
             SELECT current_setting('lock_timeout') AS lock_timeout
         ), live AS (
-            SELECT id FROM {records}
+            SELECT id, {replay} FROM {records}
             WHERE tenant_id = %s AND tool = %s AND key IN (%s, %s) AND retired_at IS NULL
         ), claimed AS (
             INSERT INTO {records} ({", ".join(columns)}) SELECT {", ".join(values)}
@@ -251,9 +261,9 @@ def _claim_sql(record_sql: tuple[tuple[str, ...], tuple[str, ...]], audit_sql: t
             SELECT pg_try_advisory_xact_lock_shared(%s, %s) FROM claimed
         )
         SELECT id{returned}, set_config('lock_timeout', (SELECT lock_timeout FROM prior), true) IS NOT NULL,
-               statement_timestamp() FROM claimed, announced
+               statement_timestamp(){no_replay} FROM claimed, announced
         UNION ALL
-        SELECT id{unknown}, false, statement_timestamp() FROM live
+        SELECT id{unknown}, false, statement_timestamp(), {replay} FROM live
     """
 
 
@@ -266,10 +276,13 @@ def find_live(op: Operation) -> IdempotencyRecord | None:
     """The live record of `op`'s key, if any: one indexed read of what a replay needs, with the
     database's time of the read (`read_at`)."""
     row = db.fetchone(_find_live_sql(), (op.tenant_id, op.tool, *keys.stored_forms(op.key)))
-    if row is None:
-        return None
-    record = db.from_row(IdempotencyRecord, row[:-1], fields=REPLAY_FIELDS)
-    record.__dict__["read_at"] = row[-1]  # as annotate(read_at=NOW) would: not a declared attribute
+    return None if row is None else _read(row[:-1], row[-1])
+
+
+def _read(row: tuple[Any, ...], read_at: Any) -> IdempotencyRecord:
+    """The live record of a row of its REPLAY_FIELDS, read at the database's time `read_at`."""
+    record = db.from_row(IdempotencyRecord, row, fields=REPLAY_FIELDS)
+    record.__dict__["read_at"] = read_at  # as annotate(read_at=NOW) would: not a declared attribute
     return record
 
 

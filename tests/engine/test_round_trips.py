@@ -1,0 +1,86 @@
+"""How many times a call waits for PostgreSQL: counted in libpq's own trace of the connection.
+
+Each Sync (a statement of the extended protocol) or Query (BEGIN, COMMIT) the client sends is one
+round trip. A first call claims at once (the claim statement also reads a live record), so a local
+tool's first call is BEGIN, the claim, its effect, the SUCCEEDED mark and COMMIT, with no read
+before; a replay is one statement once replays are what its tool mostly sees.
+"""
+
+import tempfile
+import uuid
+from collections.abc import Callable
+
+import pytest
+from django.db import connection
+from psycopg.pq import Trace
+
+from idemops_demo.models import Order
+from tools_app import access, engine
+from tools_app.engine import Operation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def round_trips(call: Callable[[], object]) -> list[str]:
+    """What `call()` sent PostgreSQL that waits for an answer, in order: "Query BEGIN", "Sync", …
+    (libpq's trace: one line per message, `F` from the client, tab-separated)."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            call()
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        lines = [line.split("\t") for line in trace.read().splitlines()]
+    return ["Query " + fields[3].strip(' "') if fields[2] == "Query" else "Sync"
+            for fields in lines if fields[0] == "F" and fields[2] in ("Query", "Sync")]
+
+
+def test_a_local_tools_first_call_is_begin_claim_effect_mark_commit_and_its_replay_one_statement():
+    tenant = access.create_tenant(f"trips-{uuid.uuid4().hex[:6]}")
+    tool = f"create_order_{uuid.uuid4().hex[:6]}"  # a tool of its own: its own share of replays
+
+    def operation(key: str) -> Operation:
+        return Operation(tenant_id=tenant.pk, tool=tool, key=key, arguments={"customer": "ACME"},
+                         actor="agent:acme/test")
+
+    def make_order(record):
+        return {"order_id": Order.objects.create(tenant=tenant, record=record, customer="ACME", currency="EUR",
+                                                 total=1).pk}
+
+    engine.run(operation("warm-up"), make_order)  # statements prepared, settings read
+    first = round_trips(lambda: engine.run(operation("k-1"), make_order))
+    assert first == ["Query BEGIN", "Sync", "Sync", "Sync", "Query COMMIT"]  # claim, the order, the mark
+
+    # A replay among first calls: the claim's statement read it (BEGIN and COMMIT around it).
+    assert round_trips(lambda: engine.run(operation("k-1"), make_order)) == ["Query BEGIN", "Sync", "Query COMMIT"]
+    # Once replays are most of what the tool sees, a replay is one read.
+    for _ in range(30):
+        assert engine.run(operation("k-1"), make_order).replayed
+    assert round_trips(lambda: engine.run(operation("k-1"), make_order)) == ["Sync"]
+    # A first call among them reads, then claims: one read more.
+    assert round_trips(lambda: engine.run(operation("k-2"), make_order)) == [
+        "Sync", "Query BEGIN", "Sync", "Sync", "Sync", "Query COMMIT"]
+    assert Order.objects.filter(tenant=tenant).count() == 3
+
+
+def test_a_downstream_tools_replay_is_the_claim_statement_alone():
+    tenant = access.create_tenant(f"trips-{uuid.uuid4().hex[:6]}")
+    tool = f"pay_{uuid.uuid4().hex[:6]}"
+    sent = []
+
+    def operation(key: str) -> Operation:
+        return Operation(tenant_id=tenant.pk, tool=tool, key=key, arguments={"amount": "1"},
+                         actor="agent:acme/test", transactional=False)
+
+    def pay(record):
+        sent.append(record.downstream_key)
+        return {"paid": True}
+
+    engine.run(operation("warm-up"), pay)
+    assert round_trips(lambda: engine.run(operation("k-1"), pay))[0] == "Sync"  # the claim, committed on its own
+    assert round_trips(lambda: engine.run(operation("k-1"), pay)) == ["Sync"]
+    assert len(sent) == 2
