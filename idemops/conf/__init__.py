@@ -18,6 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from idemops.conf.fields import PREFIX, RENAMED, CrashPoint, IdemopsSettings, env_name, environment_names
 from idemops.conf.startup import SettingsError, load
@@ -28,9 +30,24 @@ __all__ = ["PREFIX", "RENAMED", "CrashPoint", "IdemopsSettings", "SettingsError"
 
 
 def conf() -> IdemopsSettings:
-    """The settings of this process (Django's settings.IDEMOPS, built once by idemops/settings.py)."""
-    settings: IdemopsSettings = django_settings.IDEMOPS
-    return settings
+    """The settings of this process (Django's settings.IDEMOPS, built once by idemops/settings.py).
+
+    Kept at hand once read: every attribute read through Django's lazy settings object costs a
+    lookup, and the engine reads settings several times per call. A test's override of IDEMOPS
+    (Django's setting_changed signal) drops it."""
+    current = _current[0]
+    if current is None:
+        current = _current[0] = django_settings.IDEMOPS
+    return current
+
+
+_current: list[IdemopsSettings | None] = [None]
+
+
+@receiver(setting_changed)
+def _forget(*, setting: str, **_: Any) -> None:
+    if setting == "IDEMOPS":
+        _current[0] = None
 
 
 def override_conf(settings: Any, **changes: Any) -> IdemopsSettings:
