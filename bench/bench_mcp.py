@@ -170,8 +170,12 @@ def run(quick: bool = False) -> Section:
     p10 = at_least("P10", "create_order calls/s over /mcp / the floor's create_order calls/s (the lower of 1 and 32 "
                    "clients)", [min(r) for r in zip(*to_floor.values(), strict=True)], 0.7,
                    by_clients={str(c): v for c, v in to_floor.items()})
-    p11 = at_least("P11", "create_order calls/s over /mcp with 32 clients / with 1 client",
-                   scaling("idemops create_order"), 1.5, floor_scaling=scaling("floor, create_order"),
+    # P11 as issue 38 redefined it: how much of the floor's own gain from 1 to 32 clients idemops keeps (the
+    # floor gains only about 1.3× on two cores, so no server reached the old absolute 1.5×).
+    p11 = at_least("P11", "create_order's gain from 1 to 32 clients over /mcp / the floor's gain in the same round",
+                   [ours / floor for ours, floor in zip(scaling("idemops create_order"),
+                                                        scaling("floor, create_order"), strict=True)], 0.9,
+                   idemops_scaling=scaling("idemops create_order"), floor_scaling=scaling("floor, create_order"),
                    bare_scaling=scaling("bare SDK, no-op"))
 
     lines = ["## Tool calls over /mcp against the bare SDK and the floor (P4, P4b, P9, P10, P11)", "",
@@ -194,7 +198,8 @@ def run(quick: bool = False) -> Section:
     lines += ["", "| idemops create_order, 32 clients | calls/s |", "| --- | ---: |",
               f"| one web process | {statistics.median(p9.detail['one_process_per_s']):,.0f} |",
               f"| two web processes | {statistics.median(p9.detail['two_processes_per_s']):,.0f} |", "",
-              "| calls/s with 32 clients / with 1 (P11) | median | rounds |", "| --- | ---: | ---: |",
+              "| calls/s with 32 clients / with 1 (P11 divides the first by the second) | median | rounds |",
+              "| --- | ---: | ---: |",
               *(f"| {label} | {statistics.median(v):.2f}× | {', '.join(f'{x:.2f}' for x in v)} |"
                 for label, v in (("idemops create_order", scaling("idemops create_order")),
                                  ("floor, create_order", p11.detail["floor_scaling"]),
