@@ -48,7 +48,7 @@ FIGURES: dict[str, str] = {
     "P9": "web tier scale: 2 web processes vs 1 (calls/s, 32 clients)",
     "P10": "`create_order` over `/mcp` vs the floor (the bare SDK whose tool claims the key, inserts the order and "
            "stores the result in one transaction), 1 and 32 clients",
-    "P11": "`create_order` over `/mcp`: calls/s with 32 clients vs with 1",
+    "P11": "`create_order` over `/mcp`: its gain from 1 to 32 clients vs the floor's gain in the same round",
     "P12": "Django's psycopg pool (4 connections) vs persistent connections (one per thread), requests/s of 16 "
            "threads",
     "P13": "SIGKILL of the cluster holding a queued task's job → the task taken by another cluster, default settings",

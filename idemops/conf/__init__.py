@@ -56,4 +56,5 @@ def override_conf(settings: Any, **changes: Any) -> IdemopsSettings:
     current = settings.IDEMOPS
     changed: IdemopsSettings = type(current).model_validate({**current.model_dump(), **changes})
     settings.IDEMOPS = changed
+    _current[0] = None  # also where `settings` is Django's own object, which sends no setting_changed
     return changed

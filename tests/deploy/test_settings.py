@@ -246,3 +246,19 @@ def test_local_state_defaults_to_var_at_the_repository_root(monkeypatch):
 def test_the_models_and_the_migrations_agree():
     process = start(["manage.py", "makemigrations", "--check", "--dry-run"])
     assert process.returncode == 0, process.stdout + process.stderr
+
+
+def test_conf_follows_every_change_of_the_settings_object(settings):
+    """conf() keeps the settings object at hand once read: a test's override (Django's setting_changed)
+    and override_conf on Django's own settings (a benchmark's) are both seen at once."""
+    before = conf().follower_wait_seconds
+    override_conf(settings, follower_wait_seconds=before + 1)
+    assert conf().follower_wait_seconds == before + 1
+    original = django_settings.IDEMOPS
+    try:
+        override_conf(django_settings, follower_wait_seconds=before + 2)  # no signal: Django's own object
+        assert conf().follower_wait_seconds == before + 2
+    finally:
+        django_settings.IDEMOPS = original
+        conf_module._current[0] = None
+    assert conf() is original
