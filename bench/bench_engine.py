@@ -24,12 +24,14 @@ from bench.common import Section, at_most, row, summary, timed
 ROUNDS, QUICK_ROUNDS = 5, 2
 CALLS_PER_ROUND, QUICK_CALLS = 400, 60
 ENGINE_NOTE = (
-    "Where the engine's time goes: a replay is one indexed read of the columns a replay needs. A first call "
-    "of a local tool is that read (it finds nothing), then BEGIN, one statement that inserts the record and "
-    "its audit event, the side effect (no savepoint: a failure rolls back the whole transaction and is recorded "
-    "under a claim of its own), one statement that marks the record SUCCEEDED with its audit event, and one "
-    "COMMIT: one durable commit where the raw baseline makes two, and five round trips where it makes two. The "
-    "raw baseline writes no audit rows and reads nothing first.")
+    "Where the engine's time goes: a first call of a local tool is BEGIN, one statement that claims the key "
+    "(it inserts the record and its audit event, or reads a live record's replay columns), the side effect (no "
+    "savepoint: a failure rolls back the whole transaction and is recorded under a claim of its own), one "
+    "statement that marks the record SUCCEEDED with its audit event, and one COMMIT: one durable commit where "
+    "the raw baseline makes two, and four round trips where it makes two. A replay, where a tool's recent calls "
+    "were mostly replays (as here), is one indexed read of the columns a replay needs; among first calls, the "
+    "claim statement reads it (BEGIN, the claim, COMMIT). The raw baseline writes no audit rows "
+    "(tests/engine/test_round_trips.py counts the round trips).")
 
 
 def run(quick: bool = False) -> Section:
