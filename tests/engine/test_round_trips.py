@@ -16,7 +16,9 @@ from psycopg.pq import Trace
 
 from idemops_demo.models import Order
 from tools_app import access, engine
+from tools_app.core.errors import Transient
 from tools_app.engine import Operation
+from tools_app.models import IdempotencyRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,3 +86,36 @@ def test_a_downstream_tools_replay_is_the_claim_statement_alone():
     assert round_trips(lambda: engine.run(operation("k-1"), pay))[0] == "Sync"  # the claim, committed on its own
     assert round_trips(lambda: engine.run(operation("k-1"), pay)) == ["Sync"]
     assert len(sent) == 2
+
+
+@pytest.mark.parametrize("transactional", [True, False])
+def test_only_a_call_that_runs_is_admitted_and_a_local_call_held_back_leaves_nothing(transactional):
+    """op.admit may take the one probe of a circuit breaker: a replay must never be admitted, whichever
+    it does first (read or claim), and a local call held back after winning its claim rolls it back."""
+    tenant = access.create_tenant(f"trips-{uuid.uuid4().hex[:6]}")
+    tool = f"tool_{uuid.uuid4().hex[:6]}"
+    admitted: list[str] = []
+    holding = {"back": False}
+
+    def admit_for(key: str):
+        def admit() -> None:
+            admitted.append(key)
+            if holding["back"]:
+                raise Transient("paused by an operator", retry_after=5)
+        return admit
+
+    def operation(key: str) -> Operation:
+        return Operation(tenant_id=tenant.pk, tool=tool, key=key, arguments={"n": 1}, actor="agent:acme/test",
+                         transactional=transactional, admit=admit_for(key))
+
+    assert not engine.run(operation("k-1"), lambda record: {"ok": True}).replayed
+    for _ in range(3):
+        assert engine.run(operation("k-1"), lambda record: {"ok": True}).replayed
+    assert admitted == ["k-1"]  # the first call only
+
+    holding["back"] = True
+    held = engine.run(operation("k-2"), lambda record: {"ok": True})
+    assert held.error is not None and held.error.error_class == "transient"
+    assert engine.run(operation("k-1"), lambda record: {"ok": True}).replayed  # replays go on
+    assert admitted == ["k-1", "k-2"]
+    assert not IdempotencyRecord.objects.filter(tenant=tenant, key="k-2").exists()

@@ -109,21 +109,21 @@ def _claim_or_live(op: Operation, execute: Executor) -> Outcome | IdempotencyRec
     """This call's outcome as the key's executor (or why it may not run now), or the live record to
     follow.
 
-    The claim's one statement also reads what a replay needs of a live record, so a call that claims
-    first costs a first call one statement and a replay that same statement (with, for a local tool,
-    its transaction's BEGIN and COMMIT). Reading first costs a replay one indexed read and a first
-    call one read more. So a call reads first where its tool's recent calls mostly found their key
-    live (`_LiveShare`), and where it must be admitted or hold its entity before it claims (op.admit,
-    op.hold): a replay is answered even while its tool is paused or its entity busy.
+    The claim's one statement also reads what a replay needs of a live record, so a local tool's call
+    that claims first costs a first call one statement and a replay that statement with its
+    transaction's BEGIN and COMMIT; reading first costs a replay one indexed read and a first call one
+    read more. So a local tool's call reads first where its tool's recent calls mostly found their key
+    live (`_LiveShare`), or where it holds its entity before it claims (op.hold: a replay is answered
+    even while its entity is busy). A downstream tool's call always reads first: it is admitted
+    (op.admit: a pause, a circuit breaker whose one probe it may take) before its claim commits, and
+    only a call that runs may be admitted. A local tool's call is admitted once it has won its claim,
+    in the claim's transaction: held back, it rolls its claim back and leaves nothing.
     """
-    held = _held(op)
-    if held is not None or op.hold is not None or _live_share.mostly_live(op.tool):
+    if not op.transactional or op.hold is not None or _live_share.mostly_live(op.tool):
         record = find_live(op)
         _live_share.saw(op.tool, live=record is not None)
         if record is not None:
             return record
-        if held is not None:
-            return Outcome(uncommitted(op), error=held)
     try:
         with _holding(op) as busy:
             if busy is not None:
@@ -132,6 +132,8 @@ def _claim_or_live(op: Operation, execute: Executor) -> Outcome | IdempotencyRec
     except ClaimWaitExpired:
         # Another call's claim is still uncommitted: answer its operation id all the same.
         return Outcome(uncommitted(op), error=_in_progress())
+    except _HeldBack as back:
+        return Outcome(uncommitted(op), error=back.reason)
     _live_share.saw(op.tool, live=outcome is None)
     return record if outcome is None else outcome
 
@@ -181,6 +183,7 @@ def _claim_and_execute(op: Operation, execute: Executor) -> tuple[Outcome | None
     out and whose outcome is reconciled.
     """
     if not op.transactional:
+        _admit(op)
         record, claimed = claim(op)
         if not claimed:
             return None, record
@@ -191,6 +194,7 @@ def _claim_and_execute(op: Operation, execute: Executor) -> tuple[Outcome | None
                 record, claimed = claim(op)
                 if not claimed:
                     return None, record
+                _admit(op)  # held back: the claim rolls back with this transaction
                 outcome = _execute_with_claim(record, op, execute)
         except _EffectFailed as failed:
             if failed.session_lost:
@@ -408,6 +412,20 @@ def _known_failure(record: IdempotencyRecord, op: Operation, failure: ToolFailur
     failure = backed_off(failure, record.attempts)
     record = mark_failed(record, failure, actor=op.actor, retry_window=op.retry_window)
     return Outcome(record, error=with_retry_window(failure, record), executed=True)
+
+
+class _HeldBack(Exception):
+    """A call that won its claim may not run now (`reason`: op.admit's refusal)."""
+
+    def __init__(self, reason: ToolFailure) -> None:
+        super().__init__(reason.message)
+        self.reason = reason
+
+
+def _admit(op: Operation) -> None:
+    """Raise _HeldBack if the call must not run now (see `_held`)."""
+    if (held := _held(op)) is not None:
+        raise _HeldBack(held)
 
 
 def _held(op: Operation) -> ToolFailure | None:
