@@ -246,6 +246,18 @@ class IdemopsSettings(BaseSettings):
         "from then on, and makes purged keys unrecognisable (a held one would run as new).",
         shown="derived from the secret key", section=SECRETS)
 
+    kek: SecretStr | None = setting(
+        None, "The key-encryption key that wraps the data keys of personal values (32 random bytes, base64; "
+        "docs/deploy.md#personal-values-keys): the same on every process, kept apart from the database and its "
+        "backups. Production refuses to start without it (or IDEMOPS_KEK_FILE).",
+        shown="derived from the secret key", section=SECRETS)
+    kek_file: Path | None = setting(
+        None, "A file holding IDEMOPS_KEK (a mounted secret), read at start instead of the variable.",
+        section=SECRETS)
+    kek_previous: Annotated[list[SecretStr], NoDecode] = setting(
+        [], "Former key-encryption keys during a rotation (comma-separated): data keys they wrapped still open "
+        "until `manage.py rotate_kek` has wrapped them all again under IDEMOPS_KEK.", section=SECRETS)
+
     # --- database ---
     database_url: PostgresUrl | None = setting(
         None, "The PostgreSQL server (`postgres://…`); unset, idemops starts an embedded one. Unprefixed: "
@@ -260,6 +272,10 @@ class IdemopsSettings(BaseSettings):
         [], "Streaming replicas of DATABASE_URL (comma-separated `postgres://…`): the auditors' API reads and "
         "CSV exports, the console's evidence lists and its dashboard read from one of them; claims, "
         "transitions, operators' queues and every read before an action stay on the primary.", section=DATABASE)
+    keystore_url: PostgresUrl | None = setting(
+        None, "The key store's PostgreSQL database (the data keys of personal values, wrapped), apart from "
+        "DATABASE_URL's: a dump of the main database alone reveals no personal value. Production refuses to start "
+        "without it.", shown="a second database `<name>_keys` on DATABASE_URL's server", section=DATABASE)
     database_replica_max_lag_seconds: Seconds = setting(
         5, "A replica whose replay is further behind the primary than this is skipped (its reads go to the "
         "primary) until it catches up; an unreachable replica is skipped too.", section=DATABASE)
@@ -682,6 +698,12 @@ class IdemopsSettings(BaseSettings):
         if self.secret_key is None:
             problems.append(f"{env_name('secret_key')} is not set: {production} does not generate one (every "
                             "process must share it)")
+        if self.kek is None and self.kek_file is None:
+            problems.append(f"{env_name('kek')} (or {env_name('kek_file')}) is not set: {production} does not "
+                            "derive the key-encryption key of personal values from the secret key")
+        if self.keystore_url is None:
+            problems.append(f"{env_name('keystore_url')} is not set: {production} keeps the data keys of personal "
+                            "values in a database of their own")
         if self.debug:
             problems.append(f"{env_name('debug')} is on: {production} never shows tracebacks")
         if self.demo:

@@ -3,6 +3,7 @@ from django.db import models
 from django.db.models import Q, Value
 
 from tools_app.core.errors import ErrorClass
+from tools_app.core.personal import PersonalJSONField
 
 
 class RecordStatus(models.TextChoices):
@@ -34,9 +35,11 @@ class IdempotencyRecord(models.Model):
     field_digests = models.JSONField(
         default=dict, help_text="Digest per top-level argument, to name what differs on a conflict."
     )
-    arguments = models.JSONField(default=dict, help_text="The business arguments (canonical form).")
+    arguments = PersonalJSONField(default=dict, help_text="The business arguments (canonical form; personal "
+                                                          "values encrypted: core.personal).")
     status = models.CharField(max_length=24, choices=RecordStatus.choices, default=RecordStatus.PROCESSING)
-    result = models.JSONField(null=True, blank=True, help_text="What the first call returned; replays return it.")
+    result = PersonalJSONField(null=True, blank=True, help_text="What the first call returned; replays return it "
+                                                                "(personal values encrypted).")
     error_class = models.CharField(max_length=32, choices=ErrorClass.choices, blank=True)
     error_message = models.TextField(blank=True)
     retry_not_before = models.DateTimeField(null=True, blank=True)
