@@ -638,10 +638,23 @@ class IdemopsSettings(BaseSettings):
     crash_points: Annotated[list[CrashPoint], NoDecode] = setting(
         [], "Crash tests only: the process SIGKILLs itself at these points of the engine "
         "(tools_app/core/crashpoints.py). Never in production.", section=TESTING)
+    encrypt_personal_values: bool = setting(
+        True, "Benchmarks only: off, personal values are stored in clear (bench/bench_encryption.py measures what "
+        "encryption costs against it). Production refuses it off.", section=TESTING)
     conformance_test_tools: bool = setting(
         False, "Conformance tests only: /mcp also serves the test-only tools the official MCP conformance suite's "
         "tool scenarios call (tools_app/mcp/conformance_tools.py) and answers `logging/setLevel`. Never in "
         "production.", section=TESTING)
+
+    @field_validator("kek", "kek_previous")
+    @classmethod
+    def _kek_shape(cls, value: Any) -> Any:
+        """A key-encryption key is 32 random bytes in base64."""
+        for secret in value if isinstance(value, list) else [value]:
+            if secret is not None and not _is_key_of_32_bytes(secret.get_secret_value()):
+                raise ValueError("not 32 bytes in base64 (make one with: python -c 'import os, base64; "
+                                 "print(base64.b64encode(os.urandom(32)).decode())')")
+        return value
 
     @field_validator("*", mode="before")
     @classmethod
@@ -698,12 +711,7 @@ class IdemopsSettings(BaseSettings):
         if self.secret_key is None:
             problems.append(f"{env_name('secret_key')} is not set: {production} does not generate one (every "
                             "process must share it)")
-        if self.kek is None and self.kek_file is None:
-            problems.append(f"{env_name('kek')} (or {env_name('kek_file')}) is not set: {production} does not "
-                            "derive the key-encryption key of personal values from the secret key")
-        if self.keystore_url is None:
-            problems.append(f"{env_name('keystore_url')} is not set: {production} keeps the data keys of personal "
-                            "values in a database of their own")
+        problems += self._production_key_problems(production)
         if self.debug:
             problems.append(f"{env_name('debug')} is on: {production} never shows tracebacks")
         if self.demo:
@@ -713,6 +721,20 @@ class IdemopsSettings(BaseSettings):
             problems.append(f"{env_name('crash_points')} is set: {production} never kills itself for a test")
         if self.conformance_test_tools:
             problems.append(f"{env_name('conformance_test_tools')} is on: {production} serves no test-only tools")
+        return problems
+
+    def _production_key_problems(self, production: str) -> list[str]:
+        """What IDEMOPS_ENV=production refuses of where the keys of personal values come from."""
+        problems = []
+        if self.kek is None and self.kek_file is None:
+            problems.append(f"{env_name('kek')} (or {env_name('kek_file')}) is not set: {production} does not "
+                            "derive the key-encryption key of personal values from the secret key")
+        if self.keystore_url is None:
+            problems.append(f"{env_name('keystore_url')} is not set: {production} keeps the data keys of personal "
+                            "values in a database of their own")
+        if not self.encrypt_personal_values:
+            problems.append(f"{env_name('encrypt_personal_values')} is off: {production} stores personal values "
+                            "encrypted")
         return problems
 
     def _production_address_problems(self, production: str) -> list[str]:
@@ -733,6 +755,16 @@ class IdemopsSettings(BaseSettings):
 
 def _must_be_less(name: str, value: float, limit_name: str, limit: float, why: str) -> str:
     return f"{env_name(name)}={value:g} must be less than {env_name(limit_name)}={limit:g}: {why}"
+
+
+def _is_key_of_32_bytes(text: str) -> bool:
+    import base64
+    import binascii
+
+    try:
+        return len(base64.b64decode(text.strip(), validate=True)) == 32
+    except (binascii.Error, ValueError):
+        return False
 
 
 def env_name(field_name: str) -> str:

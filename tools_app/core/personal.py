@@ -40,6 +40,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.db import models
 from django.utils import timezone
 
+from idemops.conf import conf
 from tools_app.core import keystore, redaction
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ def period_for(kept: timedelta, now: datetime | None = None) -> date:
 
 def sealing(value: Any, tenant_id: int, kept: timedelta) -> Any:
     """`value` marked to be stored encrypted (a dict holding a personal name at any depth), else `value`."""
+    if not conf().encrypt_personal_values:
+        return value  # the benchmark's comparison only (production refuses it)
     if isinstance(value, dict) and _holds_personal(value, redaction.personal_fields()):
         return Sealing(value, tenant_id=tenant_id, period=period_for(kept))
     return value
