@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, connections
 from django.utils import timezone
 
 from tools_app import retention
@@ -190,7 +190,19 @@ OLD_KEK = base64.b64encode(b"o" * 32).decode()
 NEW_KEK = base64.b64encode(b"n" * 32).decode()
 
 
-def test_rotating_the_kek_during_a_write_storm_loses_nothing(transactional_db, caller, settings):
+@pytest.fixture
+def default_kek_after(settings):
+    """The key store's data keys wrapped back under the test settings' KEK afterwards: the key store outlives the
+    test (and the test database), and every later test opens its keys with that KEK."""
+    yield
+    from idemops.conf import override_conf
+
+    override_conf(settings, kek=None, kek_previous=[OLD_KEK, NEW_KEK])
+    keystore.rotate()
+    keystore.forget_cache()
+
+
+def test_rotating_the_kek_during_a_write_storm_loses_nothing(transactional_db, caller, settings, default_kek_after):
     from idemops.conf import override_conf
 
     override_conf(settings, kek=OLD_KEK)
@@ -208,7 +220,7 @@ def test_rotating_the_kek_during_a_write_storm_loses_nothing(transactional_db, c
                 (failures.append(answered.error) if answered.error else written.append(key))
                 n += 1
         finally:
-            connection.close()
+            connections.close_all()
             keystore.close()
 
     # given writers storming create_order, each call of a new tenant period... under the old KEK

@@ -143,14 +143,15 @@ def _unwrap(kek: bytes, wrapped: bytes, aad: bytes) -> bytes:
 
 
 def _connect_params() -> dict[str, Any]:
-    if conf().keystore_url is None:
+    url = conf().keystore_url
+    if url is None:
         # A second database on the main database's server, named after the main database as it is now
         # (under the test runner, `test_<name>`: each test database has its own key store).
         main = connections["default"].settings_dict
         config = {**main, "NAME": f"{main['NAME']}_keys"}
     else:
         # The URL as configured now (settings.DATABASES[ALIAS] is built from it at start).
-        config = dict(dj_database_url.parse(conf().keystore_url))
+        config = dict(dj_database_url.parse(url))
     params = {"dbname": config["NAME"], "user": config.get("USER") or None, "password": config.get("PASSWORD") or None,
               "host": config.get("HOST") or None, "port": config.get("PORT") or None,
               "connect_timeout": CONNECT_TIMEOUT_SECONDS, "autocommit": True}
@@ -159,14 +160,15 @@ def _connect_params() -> dict[str, Any]:
 
 _local = threading.local()
 _schema_ready: set[str] = set()
+_schema_lock = threading.Lock()
 
 
 def _create_database(params: dict[str, Any]) -> None:
     with psycopg.connect(**{**params, "dbname": "postgres"}) as admin:
         try:
             admin.execute(f'CREATE DATABASE "{params["dbname"]}"')
-        except psycopg.errors.DuplicateDatabase:
-            pass
+        except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
+            pass  # made meanwhile by another process or thread
 
 
 def _connection() -> psycopg.Connection[Any]:
@@ -183,13 +185,29 @@ def _connection() -> psycopg.Connection[Any]:
             _create_database(params)
             conn = psycopg.connect(**params)
         if params["dbname"] not in _schema_ready:
-            conn.execute(SCHEMA)
+            # Processes and threads meeting a new key store make its table once, one after the other.
+            with _schema_lock, conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(41)")
+                conn.execute(SCHEMA)
             _schema_ready.add(params["dbname"])
     except psycopg.Error as exc:
         raise KeyStoreUnavailable(f"the key store cannot be reached ({type(exc).__name__}); nothing was written",
                                   retry_after=5) from exc
     _local.conn = conn
     return conn
+
+
+def drop_derived() -> None:
+    """Drop the key store's database when it is the one derived from the main database's name (a test run's,
+    whose main database was just created anew): its keys belong to a database that is gone."""
+    if conf().keystore_url is not None:
+        return
+    close()
+    params = _connect_params()
+    with psycopg.connect(**{**params, "dbname": "postgres"}) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{params["dbname"]}" WITH (FORCE)')
+    _schema_ready.discard(params["dbname"])
+    forget_cache()
 
 
 def close() -> None:

@@ -182,7 +182,7 @@ def shown(value: Any, allowed: bool) -> Any:
     return walk(value)
 
 
-class PersonalJSONField(models.JSONField):  # type: ignore[type-arg]  # JSONField's generics vary by stub version
+class PersonalJSONField(models.JSONField):
     """A JSONField whose `Sealing` values are stored with their personal values encrypted, and whose
     envelopes are opened when read (core.personal)."""
 
