@@ -250,7 +250,7 @@ class IdemopsSettings(BaseSettings):
         None, "The key-encryption key that wraps the data keys of personal values (32 random bytes, base64; "
         "docs/deploy.md#personal-values-keys): the same on every process, kept apart from the database and its "
         "backups. Production refuses to start without it (or IDEMOPS_KEK_FILE).",
-        shown="derived from the secret key", section=SECRETS)
+        shown="development: made once and kept in the key store", section=SECRETS)
     kek_file: Path | None = setting(
         None, "A file holding IDEMOPS_KEK (a mounted secret), read at start instead of the variable.",
         section=SECRETS)
@@ -727,8 +727,8 @@ class IdemopsSettings(BaseSettings):
         """What IDEMOPS_ENV=production refuses of where the keys of personal values come from."""
         problems = []
         if self.kek is None and self.kek_file is None:
-            problems.append(f"{env_name('kek')} (or {env_name('kek_file')}) is not set: {production} does not "
-                            "derive the key-encryption key of personal values from the secret key")
+            problems.append(f"{env_name('kek')} (or {env_name('kek_file')}) is not set: {production} never keeps "
+                            "the key-encryption key of personal values beside the data keys it wraps")
         if self.keystore_url is None:
             problems.append(f"{env_name('keystore_url')} is not set: {production} keeps the data keys of personal "
                             "values in a database of their own")

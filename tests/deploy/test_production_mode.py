@@ -59,8 +59,8 @@ def test_the_same_environment_in_development_leaves_the_deployment_warnings_prod
     ({"IDEMOPS_SECRET_KEY": None},
      "IDEMOPS_SECRET_KEY is not set: IDEMOPS_ENV=production does not generate one (every process must share it)"),
     ({"IDEMOPS_KEK": None},
-     "IDEMOPS_KEK (or IDEMOPS_KEK_FILE) is not set: IDEMOPS_ENV=production does not derive the key-encryption key "
-     "of personal values from the secret key"),
+     "IDEMOPS_KEK (or IDEMOPS_KEK_FILE) is not set: IDEMOPS_ENV=production never keeps the key-encryption key "
+     "of personal values beside the data keys it wraps"),
     ({"IDEMOPS_KEK": "c2hvcnQ="},
      "IDEMOPS_KEK=<hidden>: value error, not 32 bytes in base64 (make one with: python -c 'import os, base64; "
      "print(base64.b64encode(os.urandom(32)).decode())'); expected text (secret)"),

@@ -5,8 +5,8 @@
   replica or backup of the main database holds ciphertext and key ids only; the keys are here.
 - **What**: one data key (AES-256) per tenant and retention period (`period`: the day its values' retention
   ends), stored wrapped (AES-GCM) by the key-encryption key (KEK: IDEMOPS_KEK or IDEMOPS_KEK_FILE; in
-  development, derived from the secret key). Each row names the KEK that wrapped it (`kek_id`, a keyed
-  digest of the KEK, never the KEK).
+  development without either, one made once and kept in the key store itself). Each row names the KEK
+  that wrapped it (`kek_id`, a keyed digest of the KEK, never the KEK).
 - **Rotation** (`rotate`, `manage.py rotate_kek`): with the new KEK in IDEMOPS_KEK and the old one in
   IDEMOPS_KEK_PREVIOUS, every data key is unwrapped and wrapped again, a row at a time, by a conditional
   UPDATE. Data keys themselves do not change, so no ciphertext is rewritten and writers never wait.
@@ -35,7 +35,6 @@ import dj_database_url
 import psycopg
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, models
 
@@ -44,9 +43,9 @@ from tools_app.core.errors import Transient
 
 ALIAS = "keystore"
 TABLE = "idemops_data_key"
+DEV_KEK_TABLE = "idemops_development_kek"
 KEY_BYTES = 32
 NONCE_BYTES = 12
-KEK_LABEL = b"idemops:key-encryption-key"
 KEK_ID_LABEL = b"idemops:kek-id"
 CONNECT_TIMEOUT_SECONDS = 2
 # How long a process keeps a data key it unwrapped: a key destroyed elsewhere stops opening here after it.
@@ -64,6 +63,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     destroyed_at timestamptz,
     destroyed_by text NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS {DEV_KEK_TABLE} (id int PRIMARY KEY, kek bytea NOT NULL);
 CREATE UNIQUE INDEX IF NOT EXISTS {TABLE}_live ON {TABLE} (tenant_id, period) WHERE destroyed_at IS NULL;
 """
 
@@ -110,8 +110,22 @@ def current_kek() -> bytes:
         return _decode_kek(text, "IDEMOPS_KEK_FILE")
     if settings_.kek is not None:
         return _decode_kek(settings_.kek.get_secret_value(), "IDEMOPS_KEK")
-    # Development: derived from the secret key, like the other derived secrets.
-    return hmac.new(settings.SECRET_KEY.encode(), KEK_LABEL, hashlib.sha256).digest()
+    return _development_kek()
+
+
+_development_keks: dict[str, bytes] = {}
+
+
+def _development_kek() -> bytes:
+    """Development only (production refuses to start without IDEMOPS_KEK): a KEK made once and kept in the key
+    store itself, so every process on the same databases (whatever its var dir and secret key) opens the same
+    data keys; a dump of the main database alone still holds none of them."""
+    name = _connect_params()["dbname"]
+    if name not in _development_keks:
+        _execute(f"INSERT INTO {DEV_KEK_TABLE} (id, kek) VALUES (1, %s) ON CONFLICT (id) DO NOTHING",
+                 (os.urandom(KEY_BYTES),))
+        _development_keks[name] = bytes(_execute(f"SELECT kek FROM {DEV_KEK_TABLE} WHERE id = 1")[0][0])
+    return _development_keks[name]
 
 
 def previous_keks() -> list[bytes]:
@@ -207,6 +221,7 @@ def drop_derived() -> None:
     with psycopg.connect(**{**params, "dbname": "postgres"}) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{params["dbname"]}" WITH (FORCE)')
     _schema_ready.discard(params["dbname"])
+    _development_keks.pop(params["dbname"], None)
     forget_cache()
 
 
