@@ -56,10 +56,11 @@ class Sealing(dict[str, Any]):
     """A JSON object to be stored with its personal values encrypted: whose (tenant) and until when its
     values are kept (`period`, the day their retention ends). Reads as the plain dict it holds."""
 
-    def __init__(self, value: dict[str, Any], *, tenant_id: int, period: date) -> None:
+    def __init__(self, value: dict[str, Any], *, tenant_id: int, period: date, whole: bool = False) -> None:
         super().__init__(value)
         self.tenant_id = tenant_id
         self.period = period
+        self.whole = whole  # the whole value one envelope (`sealing_whole`)
 
 
 def period_for(kept: timedelta, now: datetime | None = None) -> date:
@@ -74,6 +75,21 @@ def sealing(value: Any, tenant_id: int, kept: timedelta) -> Any:
     if isinstance(value, dict) and _holds_personal(value, redaction.personal_fields()):
         return Sealing(value, tenant_id=tenant_id, period=period_for(kept))
     return value
+
+
+def sealing_whole(value: Any, tenant_id: int, kept: timedelta = timedelta(0)) -> Any:
+    """`value` (a dict) marked to be stored as one envelope, whatever its names: what a tool that declares
+    personal arguments derives from them (a long tool's step outputs and result, the webhook telling them)."""
+    if not conf().encrypt_personal_values or not isinstance(value, dict):
+        return value
+    return Sealing(value, tenant_id=tenant_id, period=period_for(kept), whole=True)
+
+
+def whole_for(value: Any, tenant_id: int | None) -> Any:
+    """`value` as one envelope now (`sealing_whole`'s, for a writer that bypasses the field)."""
+    if not conf().encrypt_personal_values or value is None or is_envelope(value):
+        return value
+    return encrypt(value, keystore.for_period(tenant_id or 0, period_for(timedelta(0))))
 
 
 def _holds_personal(value: Any, names: frozenset[str]) -> bool:
@@ -99,21 +115,40 @@ def encrypt(value: Any, key: keystore.DataKey) -> dict[str, str]:
 
 def seal(value: Sealing) -> dict[str, Any]:
     """`value` as it is stored: each value under a personal name an envelope (one data key fetch at most)."""
+    if value.whole:
+        return encrypt(dict(value), keystore.for_period(value.tenant_id, value.period))
+    sealed: dict[str, Any] = sealed_value(dict(value), value.tenant_id, value.period)
+    return sealed
+
+
+def sealed_value(value: Any, tenant_id: int, period: date) -> Any:
+    """`value` (any JSON) with each value under a personal name an envelope of the data key of `tenant_id` and
+    `period`, at any depth; values sealed already stay as they are. The key store is asked only when there is
+    something to seal."""
     names = redaction.personal_fields()
-    key = keystore.for_period(value.tenant_id, value.period)
+    if not _holds_personal(value, names):
+        return value
+    key = keystore.for_period(tenant_id, period)
 
     def walk(item: Any) -> Any:
         if isinstance(item, dict):
             if MARK in item:
                 return item  # sealed already
-            return {name: (encrypt(inner, key) if name in names and inner is not None else walk(inner))
-                    for name, inner in item.items()}
+            return {name: (encrypt(inner, key) if name in names and inner is not None and not is_envelope(inner)
+                           else walk(inner)) for name, inner in item.items()}
         if isinstance(item, list):
             return [walk(inner) for inner in item]
         return item
 
-    sealed: dict[str, Any] = walk(dict(value))
-    return sealed
+    return walk(value)
+
+
+def sealed_for(value: Any, tenant_id: int | None, kept: timedelta = timedelta(0)) -> Any:
+    """`value` as stored by a writer that bypasses the field (raw SQL, a checkpoint's text): sealed now, under
+    the data key of `tenant_id` and of the period ending `kept` from now (`sealing`'s rule)."""
+    if not conf().encrypt_personal_values:
+        return value
+    return sealed_value(value, tenant_id or 0, period_for(kept))
 
 
 def is_envelope(value: Any) -> bool:
@@ -182,9 +217,40 @@ def shown(value: Any, allowed: bool) -> Any:
     return walk(value)
 
 
+def personal_columns() -> list[tuple[str, str]]:
+    """(table, column) of every PersonalJSONField of the installed models: where envelopes are stored, so
+    where the purge looks for the data keys still needed (retention.purge.shred)."""
+    from django.apps import apps
+
+    found = {(model._meta.db_table, field.column) for model in apps.get_models()
+             if not model._meta.proxy for field in model._meta.concrete_fields
+             if isinstance(field, PersonalJSONField)}
+    return sorted(found)
+
+
+def _tenant_of(instance: models.Model) -> int | None:
+    """Whose values an instance holds: its tenant, or its task's (a step's batch)."""
+    if (tenant_id := getattr(instance, "tenant_id", None)) is not None:
+        return int(tenant_id)
+    task = getattr(instance, "task", None) if getattr(instance, "task_id", None) is not None else None
+    return getattr(task, "tenant_id", None)
+
+
 class PersonalJSONField(models.JSONField):
-    """A JSONField whose `Sealing` values are stored with their personal values encrypted, and whose
-    envelopes are opened when read (core.personal)."""
+    """A JSONField whose personal values are stored encrypted (core.personal), and whose envelopes are opened
+    when read.
+
+    A `Sealing` value is sealed under its own tenant and period (the engine's records: their retention). Any
+    other value a model instance saves (save, create, bulk_create) is sealed under the instance's tenant
+    (`tenant_id`) and the period of the day it is written: its data key is destroyed by the purge once that day
+    is past and no row holds a value under it any more (retention.purge.shred). Writers that bypass the model
+    (QuerySet.update, raw SQL) pass a `Sealing` or `sealed_for`'s value."""
+
+    def pre_save(self, model_instance: models.Model, add: bool) -> Any:
+        value = super().pre_save(model_instance, add)
+        if isinstance(value, dict | list) and not isinstance(value, Sealing):
+            return sealed_for(value, _tenant_of(model_instance))
+        return value
 
     def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
         if isinstance(value, Sealing):

@@ -71,7 +71,7 @@ class IdempotencyRecord(models.Model):
     # Downstream systems and reconciliation (tools_app.reconciliation).
     downstream_key = models.CharField(
         max_length=100, blank=True, help_text="The key sent downstream: one per operation (derived from operation_id).")
-    evidence = models.JSONField(default=list, blank=True,
+    evidence = PersonalJSONField(default=list, blank=True,
                                 help_text="What was asked downstream, what came back, when; newest last.")
     reconcile_attempts = models.PositiveIntegerField(default=0)
     next_reconcile_at = models.DateTimeField(null=True, blank=True)

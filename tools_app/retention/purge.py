@@ -28,8 +28,9 @@ left for the next round instead of waited for. What stays:
   `document.purged`) naming the retention that applied.
 
 Before the rows, the keys (crypto-shredding, `shred`): each data key of the key store whose period ended
-(core.keystore) is destroyed, once no record still kept (not purged yet: its key has not expired, or it is
-`ongoing`) holds a value under it, with an audit event (`data_key.destroyed`, about the tenant). What the
+(core.keystore) is destroyed, once no row still holds a value under it (a record, task, approval request,
+outbox event... not purged yet: core.personal.personal_columns), with an audit event (`data_key.destroyed`,
+about the tenant). What the
 key encrypted is then unreadable everywhere: in this database, and in every dump, replica, backup and WAL
 archive taken of it before (core.personal: it reads `[forgotten]`).
 """
@@ -48,7 +49,7 @@ from django.db.models.expressions import RawSQL
 from idemops.conf import conf
 from tools_app.access.models import Tenant
 from tools_app.approvals import purge as approvals_purge
-from tools_app.core import audit, clock, keys, keystore
+from tools_app.core import audit, clock, keys, keystore, personal
 from tools_app.core.models import AuditEvent
 from tools_app.engine import FINISHED
 from tools_app.engine.models import IdempotencyRecord
@@ -212,14 +213,16 @@ def purge_kind(kind: str, *, now: datetime | None = None, batch: int | None = No
     return purged, batches
 
 
-def _still_kept(key: keystore.DataKey) -> bool:
-    """Whether a record not purged yet holds a value encrypted under `key`."""
-    marker = f"%:{key.id}:%"
+def keys_in_use() -> set[str]:
+    """The ids of the data keys some row still holds a value under: every envelope of every column that stores
+    them (core.personal.personal_columns; a purged row holds none, its values emptied), one scan a column."""
+    found: set[str] = set()
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {IdempotencyRecord._meta.db_table} WHERE tenant_id = %s "
-                       "AND purged_at IS NULL AND (arguments::text LIKE %s OR result::text LIKE %s))",
-                       [key.tenant_id, marker, marker])
-        found: bool = cursor.fetchone()[0]
+        for table, column in personal.personal_columns():
+            cursor.execute(f'SELECT DISTINCT m[1] FROM "{table}" AS t, '
+                           f'regexp_matches(t."{column}"::text, %s, \'g\') AS m WHERE t."{column}"::text LIKE %s',
+                           [f'"{personal.VERSION}:([0-9a-f-]{{36}}):', f"%{personal.MARK}%"])
+            found.update(row[0] for row in cursor.fetchall())
     return found
 
 
@@ -227,8 +230,10 @@ def shred(*, now: datetime | None = None) -> int:
     """Destroy the data keys whose period ended and that no kept record needs (each audited); how many."""
     now = now or clock.read()
     destroyed = 0
-    for key in keystore.expired(now.date()):
-        if _still_kept(key):
+    expired = keystore.expired(now.date())
+    in_use = keys_in_use() if expired else set()
+    for key in expired:
+        if str(key.id) in in_use:
             continue
         with transaction.atomic():
             # The event commits only if the key is gone: a key destroyed by another purge is not audited twice.
