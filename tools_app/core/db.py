@@ -15,7 +15,7 @@ from typing import Any, TypeVar, cast
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models.sql import Query
 
-from tools_app.core import audit
+from tools_app.core import audit, personal
 
 _M = TypeVar("_M", bound=models.Model)
 
@@ -222,7 +222,7 @@ def _conditional_update(instance: models.Model, expected: dict[str, Any], change
         else:
             change_shape.append((name, None))
             params.append(_field(model, name).get_db_prep_save(value, connection))
-    params += [json.dumps(items, default=str) for items in append.values()]
+    params += [json.dumps(personal.stored(items), default=str) for items in append.values()]
     params.append(instance.pk)
     expected_shape: list[tuple[str, str | None]] = []
     for key, value in expected.items():

@@ -77,6 +77,32 @@ def sealing(value: Any, tenant_id: int, kept: timedelta) -> Any:
     return value
 
 
+class SealingList(list[Any]):
+    """A JSON list to be stored with its personal values encrypted (`Sealing`'s, for a list a writer appends by
+    SQL: a record's evidence, core.db.transition); reads as the plain list it holds."""
+
+    def __init__(self, value: list[Any], *, tenant_id: int, period: date) -> None:
+        super().__init__(value)
+        self.tenant_id = tenant_id
+        self.period = period
+
+
+def sealing_list(value: list[Any], tenant_id: int, kept: timedelta = timedelta(0)) -> list[Any]:
+    """`value` marked to be stored with its personal values encrypted, else `value`."""
+    if not conf().encrypt_personal_values or not _holds_personal(value, redaction.personal_fields()):
+        return value
+    return SealingList(value, tenant_id=tenant_id, period=period_for(kept))
+
+
+def stored(value: Any) -> Any:
+    """What a writer that bypasses the field stores for `value`: a `Sealing` or `SealingList` sealed, else as is."""
+    if isinstance(value, Sealing):
+        return seal(value)
+    if isinstance(value, SealingList):
+        return sealed_value(list(value), value.tenant_id, value.period)
+    return value
+
+
 def sealing_whole(value: Any, tenant_id: int, kept: timedelta = timedelta(0)) -> Any:
     """`value` (a dict) marked to be stored as one envelope, whatever its names: what a tool that declares
     personal arguments derives from them (a long tool's step outputs and result, the webhook telling them)."""

@@ -93,7 +93,7 @@ def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: di
     `attributes` (search fields found in a result) are added to its attributes."""
     changes = {**changes, "updated_at": clock.NOW}
     entries = [evidence] if isinstance(evidence, dict) else list(evidence or [])
-    entries = personal.sealed_for(entries, record.tenant_id)  # appended by SQL: sealed here (core.personal)
+    entries = personal.sealing_list(entries, record.tenant_id)  # sealed as it is appended (core.personal)
     append: dict[str, list[Any] | dict[str, Any]] = {"evidence": entries} if entries else {}
     if attributes:
         append["attributes"] = attributes
