@@ -250,8 +250,8 @@ def personal_columns() -> list[tuple[str, str]]:
 
     found = {(model._meta.db_table, field.column) for model in apps.get_models()
              if not model._meta.proxy for field in model._meta.concrete_fields
-             if isinstance(field, PersonalJSONField)}
-    return sorted(found)
+             if isinstance(field, PersonalJSONField) and field.column}
+    return sorted((table, str(column)) for table, column in found)
 
 
 def _tenant_of(instance: models.Model) -> int | None:
