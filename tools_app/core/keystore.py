@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
-import dj_database_url
 import psycopg
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, models
+from psycopg.conninfo import conninfo_to_dict
 
 from idemops.conf import conf
 from tools_app.core.errors import Transient
@@ -158,17 +158,17 @@ def _unwrap(kek: bytes, wrapped: bytes, aad: bytes) -> bytes:
 
 def _connect_params() -> dict[str, Any]:
     url = conf().keystore_url
-    if url is None:
-        # A second database on the main database's server, named after the main database as it is now
-        # (under the test runner, `test_<name>`: each test database has its own key store).
-        main = connections["default"].settings_dict
-        config = {**main, "NAME": f"{main['NAME']}_keys"}
-    else:
-        # The URL as configured now (settings.DATABASES[ALIAS] is built from it at start).
-        config = dict(dj_database_url.parse(url))
-    params = {"dbname": config["NAME"], "user": config.get("USER") or None, "password": config.get("PASSWORD") or None,
-              "host": config.get("HOST") or None, "port": config.get("PORT") or None,
-              "connect_timeout": CONNECT_TIMEOUT_SECONDS, "autocommit": True}
+    if url is not None:
+        # The URL as configured now, read as libpq reads it (a socket directory in `?host=` included).
+        config = {name: value for name, value in conninfo_to_dict(url).items() if value}
+        return {**config, "dbname": config.get("dbname", ""), "connect_timeout": CONNECT_TIMEOUT_SECONDS,
+                "autocommit": True}
+    # A second database on the main database's server, named after the main database as it is now
+    # (under the test runner, `test_<name>`: each test database has its own key store).
+    main = connections["default"].settings_dict
+    params = {"dbname": f"{main['NAME']}_keys", "user": main.get("USER") or None,
+              "password": main.get("PASSWORD") or None, "host": main.get("HOST") or None,
+              "port": main.get("PORT") or None, "connect_timeout": CONNECT_TIMEOUT_SECONDS, "autocommit": True}
     return {name: value for name, value in params.items() if value is not None}
 
 

@@ -243,6 +243,19 @@ def shown(value: Any, allowed: bool) -> Any:
     return walk(value)
 
 
+VIEW_PERSONAL_VALUES = "tools_app.view_personal_values"
+
+
+def masked(instance: models.Model) -> models.Model:
+    """`instance` as shown to a reader not allowed to see personal values (without VIEW_PERSONAL_VALUES): each
+    of its stored values under a personal name `[personal]` (`shown`), in memory only. `[forgotten]` and
+    `[unreadable]` show as such to everyone."""
+    for field in instance._meta.concrete_fields:
+        if isinstance(field, PersonalJSONField):
+            setattr(instance, field.attname, shown(getattr(instance, field.attname), allowed=False))
+    return instance
+
+
 def personal_columns() -> list[tuple[str, str]]:
     """(table, column) of every PersonalJSONField of the installed models: where envelopes are stored, so
     where the purge looks for the data keys still needed (retention.purge.shred)."""

@@ -115,6 +115,7 @@ class IdempotencyRecord(models.Model):
             ("resolve_unknown", "Can resolve UNKNOWN outcomes"),
             ("force_expire_idempotencyrecord", "Can force-expire an idempotency key"),
             ("release_held_key", "Can release an idempotency key held past its retention"),
+            ("view_personal_values", "Can see the personal values of calls in the console (others see [personal])"),
         ]
 
     def __str__(self) -> str:

@@ -72,4 +72,13 @@ class Migration(migrations.Migration):
             name='payload',
             field=tools_app.core.personal.PersonalJSONField(blank=True, null=True),
         ),
+        migrations.AlterModelOptions(
+            name="idempotencyrecord",
+            options={"permissions": [
+                ("resolve_unknown", "Can resolve UNKNOWN outcomes"),
+                ("force_expire_idempotencyrecord", "Can force-expire an idempotency key"),
+                ("release_held_key", "Can release an idempotency key held past its retention"),
+                ("view_personal_values", "Can see the personal values of calls in the console (others see [personal])"),
+            ]},
+        ),
     ]
