@@ -57,6 +57,8 @@ FIGURES: dict[str, str] = {
     "P16": "console find-by-key p95 with 10M records, over HTTP",
     "P17": "console record page p95 with 10M records, over HTTP",
     "P18": "bulk action over 10,000 UNKNOWN records: seconds to finish",
+    "P19": "`create_order` over `/mcp`: calls/s with personal values in clear vs encrypted (issue 41), 1 and 8 "
+           "clients",
 }
 
 

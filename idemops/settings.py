@@ -307,9 +307,23 @@ DATABASES = {
     **{f"replica{number}": _replica_settings(url)
        for number, url in enumerate(_environment.database_replica_urls, start=1)},
 }
+
+
+def _keystore_settings() -> dj_database_url.DBConfig:
+    """The key store's database (tools_app/core/keystore.py): IDEMOPS_KEYSTORE_URL's, else a second database
+    `<name>_keys` on the main database's server (created on first use)."""
+    if _environment.keystore_url:
+        return _database_settings(_environment.keystore_url)
+    config = _database_settings(_database)
+    config["NAME"] = f"{config['NAME']}_keys"
+    config["OPTIONS"].pop("pool", None)
+    return config
+
+
+DATABASES["keystore"] = _keystore_settings()
 # Writes always go to the primary (a row read from a replica included); a read goes to a replica only
-# where its call site says so.
-DATABASE_ROUTERS = ["tools_app.core.replicas.Router"]
+# where its call site says so. Nothing of the main database goes to the key store, nor the other way.
+DATABASE_ROUTERS = ["tools_app.core.keystore.Router", "tools_app.core.replicas.Router"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # One cache every process shares, in the database (no other server to run): django-q2 keeps each

@@ -98,6 +98,17 @@ def _no_counts_left_from_another_test():
     state.forget()
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test databases, and a key store as new as them: the key store (a database of its own,
+    tools_app/core/keystore.py) is not one Django creates for a test run, so the last run's is dropped here."""
+    from tools_app.core import keystore
+
+    with django_db_blocker.unblock():
+        keystore.drop_derived()
+    return django_db_setup
+
+
 @pytest.fixture
 def client():
     """pytest-django's test client, whose force_login signs in with the authenticator code too

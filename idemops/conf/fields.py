@@ -246,6 +246,18 @@ class IdemopsSettings(BaseSettings):
         "from then on, and makes purged keys unrecognisable (a held one would run as new).",
         shown="derived from the secret key", section=SECRETS)
 
+    kek: SecretStr | None = setting(
+        None, "The key-encryption key that wraps the data keys of personal values (32 random bytes, base64; "
+        "docs/deploy.md#personal-values-keys): the same on every process, kept apart from the database and its "
+        "backups. Production refuses to start without it (or IDEMOPS_KEK_FILE).",
+        shown="development: made once and kept in the key store", section=SECRETS)
+    kek_file: Path | None = setting(
+        None, "A file holding IDEMOPS_KEK (a mounted secret), read at start instead of the variable.",
+        section=SECRETS)
+    kek_previous: Annotated[list[SecretStr], NoDecode] = setting(
+        [], "Former key-encryption keys during a rotation (comma-separated): data keys they wrapped still open "
+        "until `manage.py rotate_kek` has wrapped them all again under IDEMOPS_KEK.", section=SECRETS)
+
     # --- database ---
     database_url: PostgresUrl | None = setting(
         None, "The PostgreSQL server (`postgres://…`); unset, idemops starts an embedded one. Unprefixed: "
@@ -260,6 +272,10 @@ class IdemopsSettings(BaseSettings):
         [], "Streaming replicas of DATABASE_URL (comma-separated `postgres://…`): the auditors' API reads and "
         "CSV exports, the console's evidence lists and its dashboard read from one of them; claims, "
         "transitions, operators' queues and every read before an action stay on the primary.", section=DATABASE)
+    keystore_url: PostgresUrl | None = setting(
+        None, "The key store's PostgreSQL database (the data keys of personal values, wrapped), apart from "
+        "DATABASE_URL's: a dump of the main database alone reveals no personal value. Production refuses to start "
+        "without it.", shown="a second database `<name>_keys` on DATABASE_URL's server", section=DATABASE)
     database_replica_max_lag_seconds: Seconds = setting(
         5, "A replica whose replay is further behind the primary than this is skipped (its reads go to the "
         "primary) until it catches up; an unreachable replica is skipped too.", section=DATABASE)
@@ -622,10 +638,23 @@ class IdemopsSettings(BaseSettings):
     crash_points: Annotated[list[CrashPoint], NoDecode] = setting(
         [], "Crash tests only: the process SIGKILLs itself at these points of the engine "
         "(tools_app/core/crashpoints.py). Never in production.", section=TESTING)
+    encrypt_personal_values: bool = setting(
+        True, "Benchmarks only: off, personal values are stored in clear (bench/bench_encryption.py measures what "
+        "encryption costs against it). Production refuses it off.", section=TESTING)
     conformance_test_tools: bool = setting(
         False, "Conformance tests only: /mcp also serves the test-only tools the official MCP conformance suite's "
         "tool scenarios call (tools_app/mcp/conformance_tools.py) and answers `logging/setLevel`. Never in "
         "production.", section=TESTING)
+
+    @field_validator("kek", "kek_previous")
+    @classmethod
+    def _kek_shape(cls, value: Any) -> Any:
+        """A key-encryption key is 32 random bytes in base64."""
+        for secret in value if isinstance(value, list) else [value]:
+            if secret is not None and not _is_key_of_32_bytes(secret.get_secret_value()):
+                raise ValueError("not 32 bytes in base64 (make one with: python -c 'import os, base64; "
+                                 "print(base64.b64encode(os.urandom(32)).decode())')")
+        return value
 
     @field_validator("*", mode="before")
     @classmethod
@@ -682,6 +711,7 @@ class IdemopsSettings(BaseSettings):
         if self.secret_key is None:
             problems.append(f"{env_name('secret_key')} is not set: {production} does not generate one (every "
                             "process must share it)")
+        problems += self._production_key_problems(production)
         if self.debug:
             problems.append(f"{env_name('debug')} is on: {production} never shows tracebacks")
         if self.demo:
@@ -691,6 +721,20 @@ class IdemopsSettings(BaseSettings):
             problems.append(f"{env_name('crash_points')} is set: {production} never kills itself for a test")
         if self.conformance_test_tools:
             problems.append(f"{env_name('conformance_test_tools')} is on: {production} serves no test-only tools")
+        return problems
+
+    def _production_key_problems(self, production: str) -> list[str]:
+        """What IDEMOPS_ENV=production refuses of where the keys of personal values come from."""
+        problems = []
+        if self.kek is None and self.kek_file is None:
+            problems.append(f"{env_name('kek')} (or {env_name('kek_file')}) is not set: {production} never keeps "
+                            "the key-encryption key of personal values beside the data keys it wraps")
+        if self.keystore_url is None:
+            problems.append(f"{env_name('keystore_url')} is not set: {production} keeps the data keys of personal "
+                            "values in a database of their own")
+        if not self.encrypt_personal_values:
+            problems.append(f"{env_name('encrypt_personal_values')} is off: {production} stores personal values "
+                            "encrypted")
         return problems
 
     def _production_address_problems(self, production: str) -> list[str]:
@@ -711,6 +755,16 @@ class IdemopsSettings(BaseSettings):
 
 def _must_be_less(name: str, value: float, limit_name: str, limit: float, why: str) -> str:
     return f"{env_name(name)}={value:g} must be less than {env_name(limit_name)}={limit:g}: {why}"
+
+
+def _is_key_of_32_bytes(text: str) -> bool:
+    import base64
+    import binascii
+
+    try:
+        return len(base64.b64decode(text.strip(), validate=True)) == 32
+    except (binascii.Error, ValueError):
+        return False
 
 
 def env_name(field_name: str) -> str:

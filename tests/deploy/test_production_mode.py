@@ -6,6 +6,7 @@ Each test runs a real `manage.py check` (or a web server) with a crafted environ
 
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 import sys
@@ -27,7 +28,8 @@ def production(db) -> dict[str, str]:
     return {"IDEMOPS_ENV": "production", "DATABASE_URL": processes.test_database_url(),
             "IDEMOPS_SECRET_KEY": secrets.token_urlsafe(50), "IDEMOPS_PUBLIC_URL": f"https://{PUBLIC_HOST}",
             "IDEMOPS_ALLOWED_HOSTS": PUBLIC_HOST, "IDEMOPS_MCP_ALLOWED_HOSTS": PUBLIC_HOST,
-            "IDEMOPS_BEHIND_PROXY": "true"}
+            "IDEMOPS_BEHIND_PROXY": "true", "IDEMOPS_KEK": base64.b64encode(os.urandom(32)).decode(),
+            "IDEMOPS_KEYSTORE_URL": processes.test_database_url()}
 
 
 def without(env: typing.Mapping[str, str], name: str) -> dict[str, str]:
@@ -56,6 +58,15 @@ def test_the_same_environment_in_development_leaves_the_deployment_warnings_prod
      "IDEMOPS_EMBEDDED_DATABASE is set: IDEMOPS_ENV=production never runs on an embedded PostgreSQL server"),
     ({"IDEMOPS_SECRET_KEY": None},
      "IDEMOPS_SECRET_KEY is not set: IDEMOPS_ENV=production does not generate one (every process must share it)"),
+    ({"IDEMOPS_KEK": None},
+     "IDEMOPS_KEK (or IDEMOPS_KEK_FILE) is not set: IDEMOPS_ENV=production never keeps the key-encryption key "
+     "of personal values beside the data keys it wraps"),
+    ({"IDEMOPS_KEK": "c2hvcnQ="},
+     "IDEMOPS_KEK=<hidden>: value error, not 32 bytes in base64 (make one with: python -c 'import os, base64; "
+     "print(base64.b64encode(os.urandom(32)).decode())'); expected text (secret)"),
+    ({"IDEMOPS_KEYSTORE_URL": None},
+     "IDEMOPS_KEYSTORE_URL is not set: IDEMOPS_ENV=production keeps the data keys of personal values in a "
+     "database of their own"),
     ({"IDEMOPS_DEBUG": "true"}, "IDEMOPS_DEBUG is on: IDEMOPS_ENV=production never shows tracebacks"),
     ({"IDEMOPS_DEMO": "true"},
      "IDEMOPS_DEMO is on: IDEMOPS_ENV=production creates no demo tenant, people or token"),
@@ -71,7 +82,8 @@ def test_the_same_environment_in_development_leaves_the_deployment_warnings_prod
      "IDEMOPS_CRASH_POINTS is set: IDEMOPS_ENV=production never kills itself for a test"),
     ({"IDEMOPS_CONFORMANCE_TEST_TOOLS": "true"},
      "IDEMOPS_CONFORMANCE_TEST_TOOLS is on: IDEMOPS_ENV=production serves no test-only tools"),
-], ids=["no-database-url", "embedded-database", "no-secret-key", "debug", "demo", "http-public-url",
+], ids=["no-database-url", "embedded-database", "no-secret-key", "no-kek", "malformed-kek", "no-keystore-url",
+                                     "debug", "demo", "http-public-url",
         "default-allowed-hosts", "default-mcp-allowed-hosts", "crash-points", "conformance-test-tools"])
 def test_production_refuses_each_unsafe_default_naming_its_variable(production, change, line):
     env = dict(production)
@@ -88,8 +100,8 @@ def test_production_lists_every_problem_at_once():
                            IDEMOPS_DEMO="1"))
 
     assert [line.split(" ")[0].split("=")[0] for line in lines] == [
-        "DATABASE_URL", "IDEMOPS_SECRET_KEY", "IDEMOPS_DEBUG", "IDEMOPS_DEMO", "IDEMOPS_PUBLIC_URL",
-        "IDEMOPS_ALLOWED_HOSTS", "IDEMOPS_MCP_ALLOWED_HOSTS"]
+        "DATABASE_URL", "IDEMOPS_SECRET_KEY", "IDEMOPS_KEK", "IDEMOPS_KEYSTORE_URL", "IDEMOPS_DEBUG", "IDEMOPS_DEMO",
+        "IDEMOPS_PUBLIC_URL", "IDEMOPS_ALLOWED_HOSTS", "IDEMOPS_MCP_ALLOWED_HOSTS"]
 
 
 def test_the_demo_is_off_by_default_in_production_and_on_in_development(production):

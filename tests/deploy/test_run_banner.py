@@ -43,5 +43,7 @@ def test_the_banners_calls_work_and_its_payment_waits_for_the_approver_who_is_em
     request = ApprovalRequest.objects.get(tool="request_payment")
     assert request.status == ApprovalStatus.PENDING
     assert needs_step_up(request)  # approving it asks alice for a fresh code, as the banner says
-    emails = OutboxEvent.objects.filter(kind="notification.email", payload__recipient="alice@example.invalid")
-    assert emails.count() == 1
+    # (the recipient is stored encrypted, core.personal: chosen among the events as read, not by SQL)
+    emails = [event for event in OutboxEvent.objects.filter(kind="notification.email")
+              if event.payload["recipient"] == "alice@example.invalid"]
+    assert len(emails) == 1

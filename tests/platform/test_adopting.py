@@ -4,8 +4,9 @@ Every fenced block the page marks `file=PATH` is written to PATH under a tempora
 the tree), and every `$ ` line of its `console` blocks is run there, in order, in a fresh virtualenv.
 What differs from the page, and why:
 - `pip install idemops` installs the wheel built from this tree (nothing is published from here);
-- the exported DATABASE_URL and the refunds API's address are this test's own (a database of its own on
-  the test server, a free port on 127.0.0.1), and `idemops serve` gets a free port (IDEMOPS_PORT);
+- the exported DATABASE_URL, IDEMOPS_KEYSTORE_URL and the refunds API's address are this test's own (two
+  databases of its own on the test server, a free port on 127.0.0.1), and `idemops serve` gets a free
+  port (IDEMOPS_PORT);
   every other setting is the page's, the host names included: the test's requests reach 127.0.0.1 as
   the TLS proxy would, with `Host: tools.acme.example` and `X-Forwarded-Proto: https`, while `serve`'s
   own readiness check and the probes below call by address, as orchestrators do;
@@ -65,13 +66,13 @@ def commands() -> list[str]:
 class Adopter:
     """The temporary directory, the virtualenv's environment, and the background processes the page starts."""
 
-    def __init__(self, home: Path, wheel: Path, database_url: str):
+    def __init__(self, home: Path, wheel: Path, database_url: str, keystore_url: str):
         self.home, self.wheel = home, wheel
         self.port, self.api_port = free_port(), free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.api = f"http://127.0.0.1:{self.api_port}"
         # The test's own values for what the page exports (see the module's docstring): nothing else.
-        self.own = {"DATABASE_URL": database_url, "ACME_REFUNDS_API": self.api}
+        self.own = {"DATABASE_URL": database_url, "IDEMOPS_KEYSTORE_URL": keystore_url, "ACME_REFUNDS_API": self.api}
         self.env: dict[str, str] = {}
         self.background: list[subprocess.Popen] = []
         self.outputs: dict[str, str] = {}
@@ -149,11 +150,12 @@ class Adopter:
 def adopter(wheel, tmp_path_factory, transactional_db):
     home = tmp_path_factory.mktemp("adopter")
     assert not home.is_relative_to(ROOT)
-    database = "adopter_acme"
-    drop_database(database)
-    with psycopg.connect(service_database_url("postgres"), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
-    adopter = Adopter(home, wheel, database_url(database))
+    database, keystore = "adopter_acme", "adopter_acme_keys"
+    for name in (database, keystore):
+        drop_database(name)
+        with psycopg.connect(service_database_url("postgres"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    adopter = Adopter(home, wheel, database_url(database), database_url(keystore))
     try:
         for path, body in files().items():
             (home / path).parent.mkdir(parents=True, exist_ok=True)
@@ -165,6 +167,7 @@ def adopter(wheel, tmp_path_factory, transactional_db):
     finally:
         adopter.stop()
         drop_database(database)
+        drop_database(keystore)
 
 
 async def _call(adopter: Adopter, token: str, tool: str, arguments: dict, timeout: float = 30):

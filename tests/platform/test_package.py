@@ -74,7 +74,8 @@ def _production_env(database_url: str) -> dict[str, str]:
             "IDEMOPS_SECRET_KEY": "a-test-secret-that-is-long-enough-0123456789abcdefghij",
             "IDEMOPS_PUBLIC_URL": "https://tools.example.test", "IDEMOPS_ALLOWED_HOSTS": "tools.example.test",
             "IDEMOPS_MCP_ALLOWED_HOSTS": "tools.example.test",
-            "IDEMOPS_CSRF_TRUSTED_ORIGINS": "https://tools.example.test"}
+            "IDEMOPS_CSRF_TRUSTED_ORIGINS": "https://tools.example.test",
+            "IDEMOPS_KEK": "a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2s=", "IDEMOPS_KEYSTORE_URL": database_url}
 
 
 @pytest.mark.live

@@ -21,11 +21,12 @@ from tests.approvals_support import pending_request
 from tests.issued_ids import call_labelled
 from tests.jobs import run_queued_jobs
 from tests.operators import make_operator
-from tools_app import approvals, outbox, retention
+from tools_app import access, approvals, outbox, retention, scheduling
 from tools_app.access.roles import APPROVER
-from tools_app.core import audit, clock, keys
+from tools_app.core import audit, clock, keys, personal
 from tools_app.models import ApprovalRequest, ApprovalSettings, IdempotencyRecord, OutboxEvent, Task, TaskStatus
 from tools_app.tasks import jobs as task_jobs
+from tools_app.tasks.waits import send_event
 from tools_app.toolkit import registry
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.registry import get_tool
@@ -36,6 +37,19 @@ PUBLIC_URL = "https://ops.example.com"
 ANNOUNCEMENT = {"title": f"Visit of {CANARY}", "body": f"Dear {CANARY}, welcome", "audience": "staff",
                 "idempotency_key": "ann-1"}
 EFFECTS = {"idemops_demo_announcement", "idemops_demo_order"}
+# The columns that store a tool's declared personal values encrypted (core.personal.PersonalJSONField), and
+# the audit log's details, which never hold them in the first place.
+ENCRYPTED = {"tools_app_idempotencyrecord.arguments", "tools_app_idempotencyrecord.result",
+             "tools_app_idempotencyrecord.evidence", "tools_app_approvalrequest.arguments",
+             "tools_app_outboxevent.payload", "tools_app_task.arguments", "tools_app_task.result",
+             "tools_app_task.input_request", "tools_app_task.resume_input", "tools_app_stepbatch.output",
+             "tools_app_checkpoint.output_inline", "tools_app_taskevent.payload",
+             "tools_app_scheduledoperation.arguments", "tools_app_auditevent.before", "tools_app_auditevent.after"}
+# Those this test's calls write personal values into (so they hold envelopes).
+ENCRYPTED_HERE = {"tools_app_idempotencyrecord.arguments", "tools_app_idempotencyrecord.result",
+                  "tools_app_idempotencyrecord.evidence", "tools_app_approvalrequest.arguments",
+                  "tools_app_outboxevent.payload", "tools_app_task.arguments", "tools_app_checkpoint.output_inline",
+                  "tools_app_taskevent.payload", "tools_app_scheduledoperation.arguments"}
 
 
 # The columns that can hold words, by information_schema's data_type: text, JSON, bytes, and what casts to
@@ -181,12 +195,26 @@ def test_after_retention_no_table_holds_a_personal_value_or_a_raw_key_and_the_ch
     assert failed.status == TaskStatus.FAILED and CANARY in failed.failure_reason
     outbox.relay_batch()
     assert {f"{CANARY}-ingested", f"{CANARY}-filed"} <= {name for _, name, _ in sink.webhook_attempts()}
-    assert {"tools_app_idempotencyrecord.arguments", "tools_app_idempotencyrecord.key",
-            "tools_app_idempotencyrecord.result", "tools_app_approvalrequest.arguments",
-            "tools_app_outboxevent.payload", "tools_app_task.arguments", "tools_app_task.result",
-            "tools_app_task.notify_url", "tools_app_task.failure_reason", "tools_app_steprun.error",
-            "tools_app_checkpoint.output_inline", "idemops_demo_documentchunk.text"} \
-        <= columns_holding(CANARY).keys(), sorted(columns_holding(CANARY))
+    # and an order scheduled for next week, and an event sent to waiting tasks, both carrying it
+    scheduling.schedule(access.Agent(caller.tenant_id, "agent:test"), caller.tenant_id, "create_order", {
+        "customer": CANARY, "currency": "EUR", "items": [{"sku": "BOLT-1", "quantity": 1, "unit_price": "2.50"}]},
+        run_at=clock.read() + timedelta(days=7))
+    assert send_event(caller.tenant_id, "customer.called", "c-1", {"customer": CANARY})
+
+    # then the values the tools declared personal are stored encrypted wherever they are kept (core.personal:
+    # records, approval requests, outbox payloads, tasks and their checkpoints, scheduled operations, task
+    # events, evidence, audit details): those columns hold envelopes, never the canary
+    held = columns_holding(CANARY)
+    assert not held.keys() & ENCRYPTED, sorted(held.keys() & ENCRYPTED)
+    assert ENCRYPTED_HERE <= columns_holding(f'"{personal.MARK}"').keys(), sorted(columns_holding(personal.MARK))
+    # what still holds it in clear are the words around the values: the raw key, a webhook's address, what a
+    # careless step wrote, the approval's summary (each emptied by the purge), and the effects themselves
+    assert {"tools_app_idempotencyrecord.key", "tools_app_task.notify_url", "tools_app_task.failure_reason",
+            "tools_app_steprun.error", "idemops_demo_documentchunk.text"} <= held.keys(), sorted(held)
+    # and the engine, the relay and the steps read them whole
+    assert CANARY in json.dumps(ApprovalRequest.objects.get(pk=request.pk).arguments)
+    assert CANARY in json.dumps([event.payload for event in OutboxEvent.objects.all()])
+    assert CANARY in json.dumps(Task.objects.get(pk=ingested.pk).arguments)
 
     # when the database's clock is past every retention (a year and more) and the purge runs
     long_ago = clock.read() - timedelta(days=400)

@@ -33,12 +33,12 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "view_notificationchannel", "manage_notificationchannel",
         "view_retentionoverride", "manage_retention", "view_auditretention", "connect_agent", "view_agentconnection",
         "view_downstream", "pause_operations", "view_bulkaction", "run_bulk_action",
-        "view_scheduledoperation", "manage_schedules",
+        "view_scheduledoperation", "manage_schedules", "view_personal_values",
     ],
     # Decides on sensitive operations; sees what they would touch.
     APPROVER: [
         "view_dashboard", "view_approvalqueue", "view_approvalrequest", "decide_approvalrequest",
-        "view_idempotencyrecord", "connect_agent", "view_agentconnection",
+        "view_idempotencyrecord", "connect_agent", "view_agentconnection", "view_personal_values",
     ],
     # Reads everything that is evidence; changes nothing.
     AUDITOR: [

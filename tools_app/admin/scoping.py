@@ -27,7 +27,7 @@ from tools_app import access
 from tools_app.access.models import Tenant
 from tools_app.admin.big_lists import exact_search
 from tools_app.admin.generic import ModelAdmin, ModelT
-from tools_app.core import replicas
+from tools_app.core import personal, replicas
 
 
 class TenantScopedAdmin(ModelAdmin[ModelT]):
@@ -37,6 +37,14 @@ class TenantScopedAdmin(ModelAdmin[ModelT]):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ModelT]:
         return access.scope(super().get_queryset(request), request.user, self.tenant_field)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> ModelT | None:
+        """The object its page shows: its personal values `[personal]` to whoever may not see them
+        (core.personal.masked; decrypted, `[forgotten]` or `[unreadable]` to the others)."""
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None and not request.user.has_perm(personal.VIEW_PERSONAL_VALUES):
+            personal.masked(obj)
+        return obj
 
     def formfield_for_foreignkey(self, db_field: ForeignKey[Any, Any], request: HttpRequest,
                                  **kwargs: Any) -> ModelChoiceField[Any] | None:

@@ -17,6 +17,7 @@ from django.db.models import F, Q
 from idemops.conf import conf
 from tools_app.core import url_allowlist
 from tools_app.core.errors import ToolFailure
+from tools_app.core.personal import PersonalJSONField
 
 if TYPE_CHECKING:
     from tools_app.access.models import Tenant
@@ -37,7 +38,8 @@ class ApprovalRequest(models.Model):
     operation_id = models.UUIDField(null=True, blank=True, editable=False, help_text="Its record's operation_id.")
     fingerprint = models.CharField(max_length=64, help_text="The record's fingerprint when approval was asked.")
     tool = models.CharField(max_length=100)
-    arguments = models.JSONField(help_text="The validated call arguments, re-validated when the approved call runs.")
+    arguments = PersonalJSONField(help_text="The validated call arguments, re-validated when the approved call runs "
+                                  "(personal values encrypted: core.personal).")
     summary = models.TextField(help_text="What the operator is asked to approve, as shown in the queue.")
     amount = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
     currency = models.CharField(max_length=3, blank=True)

@@ -17,7 +17,7 @@ import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models.sql import Query
 
-from tools_app.core import audit
+from tools_app.core import audit, personal
 
 _M = TypeVar("_M", bound=models.Model)
 
@@ -255,7 +255,7 @@ def _conditional_update(instance: models.Model, expected: dict[str, Any], change
         else:
             change_shape.append((name, None))
             params.append(_field(model, name).get_db_prep_save(value, connection))
-    params += [json.dumps(items, default=str) for items in append.values()]
+    params += [json.dumps(personal.stored(items), default=str) for items in append.values()]
     params.append(instance.pk)
     expected_shape: list[tuple[str, str | None]] = []
     for key, value in expected.items():

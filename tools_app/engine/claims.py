@@ -21,7 +21,7 @@ from typing import Any
 from django.db import OperationalError, connection, models
 
 from idemops.conf import conf
-from tools_app.core import audit, clock, db, keys, leases, tracing
+from tools_app.core import audit, clock, db, keys, leases, personal, tracing
 from tools_app.core.errors import RETRYABLE
 from tools_app.core.keys import keyed_hash
 from tools_app.core.models import AuditEvent
@@ -95,7 +95,8 @@ def new_record(op: Operation, operation_id: uuid.UUID | None = None) -> Idempote
     return IdempotencyRecord(
         tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
         fingerprint_version=op.fingerprint_version, field_digests=op.field_digests,
-        arguments=stored_form(op.arguments), attributes=searchable(op.arguments, op.search_fields),
+        arguments=personal.sealing(stored_form(op.arguments), op.tenant_id, op.retention),
+        attributes=searchable(op.arguments, op.search_fields),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=leases.new_owner(),
         lease_expires_at=leases.expiry(lease_seconds()),
         operation_id=operation_id, trace_id=op.trace_id, span_id=op.span_id, actor=op.actor,

@@ -3,6 +3,7 @@ from django.db import models
 from django.db.models import Q, Value
 
 from tools_app.core.errors import ErrorClass
+from tools_app.core.personal import PersonalJSONField
 
 
 class RecordStatus(models.TextChoices):
@@ -34,9 +35,11 @@ class IdempotencyRecord(models.Model):
     field_digests = models.JSONField(
         default=dict, help_text="Digest per top-level argument, to name what differs on a conflict."
     )
-    arguments = models.JSONField(default=dict, help_text="The business arguments (canonical form).")
+    arguments = PersonalJSONField(default=dict, help_text="The business arguments (canonical form; personal "
+                                                          "values encrypted: core.personal).")
     status = models.CharField(max_length=24, choices=RecordStatus.choices, default=RecordStatus.PROCESSING)
-    result = models.JSONField(null=True, blank=True, help_text="What the first call returned; replays return it.")
+    result = PersonalJSONField(null=True, blank=True, help_text="What the first call returned; replays return it "
+                                                                "(personal values encrypted).")
     error_class = models.CharField(max_length=32, choices=ErrorClass.choices, blank=True)
     error_message = models.TextField(blank=True)
     retry_not_before = models.DateTimeField(null=True, blank=True)
@@ -68,7 +71,7 @@ class IdempotencyRecord(models.Model):
     # Downstream systems and reconciliation (tools_app.reconciliation).
     downstream_key = models.CharField(
         max_length=100, blank=True, help_text="The key sent downstream: one per operation (derived from operation_id).")
-    evidence = models.JSONField(default=list, blank=True,
+    evidence = PersonalJSONField(default=list, blank=True,
                                 help_text="What was asked downstream, what came back, when; newest last.")
     reconcile_attempts = models.PositiveIntegerField(default=0)
     next_reconcile_at = models.DateTimeField(null=True, blank=True)
@@ -112,6 +115,7 @@ class IdempotencyRecord(models.Model):
             ("resolve_unknown", "Can resolve UNKNOWN outcomes"),
             ("force_expire_idempotencyrecord", "Can force-expire an idempotency key"),
             ("release_held_key", "Can release an idempotency key held past its retention"),
+            ("view_personal_values", "Can see the personal values of calls in the console (others see [personal])"),
         ]
 
     def __str__(self) -> str:

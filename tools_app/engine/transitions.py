@@ -25,7 +25,7 @@ from django.db.models import Expression, F
 from django.db.models.functions import Coalesce
 
 from idemops.conf import conf
-from tools_app.core import backoff, clock, counters, db, leases, logs
+from tools_app.core import backoff, clock, counters, db, leases, logs, personal
 from tools_app.core.errors import RETRYABLE, NotExecuted, ToolFailure, UnknownOutcome
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.engine.operation import (
@@ -93,6 +93,7 @@ def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: di
     `attributes` (search fields found in a result) are added to its attributes."""
     changes = {**changes, "updated_at": clock.NOW}
     entries = [evidence] if isinstance(evidence, dict) else list(evidence or [])
+    entries = personal.sealing_list(entries, record.tenant_id)  # sealed as it is appended (core.personal)
     append: dict[str, list[Any] | dict[str, Any]] = {"evidence": entries} if entries else {}
     if attributes:
         append["attributes"] = attributes
@@ -102,6 +103,15 @@ def _transition(record: IdempotencyRecord, expected: dict[str, Any], changes: di
         after=after or {"status": changes.get("status", record.status),
                         **({"error_class": changes["error_class"]} if changes.get("error_class") else {})},
         append=append or None)
+
+
+def _sealing(record: IdempotencyRecord, result: Any) -> Any:
+    """The result as stored: its personal values encrypted, kept as long as the record's key (core.personal)."""
+    try:
+        kept = record.expires_at - record.created_at
+    except TypeError:  # a time not read back yet
+        kept = timedelta(0)
+    return personal.sealing(result, record.tenant_id, kept if isinstance(kept, timedelta) else timedelta(0))
 
 
 def _finished() -> dict[str, Any]:
@@ -119,8 +129,8 @@ def mark_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, actor: 
     """PROCESSING -> SUCCEEDED, by the lease holder. Call inside the business transaction. The
     result's `search_fields` join the record's attributes."""
     if not _transition(record, {"status": RecordStatus.PROCESSING, "lease_owner": record.lease_owner}, {
-        "status": RecordStatus.SUCCEEDED, "result": result, "lease_owner": "", "lease_expires_at": None,
-        "error_class": "", "error_message": "", **_finished(),
+        "status": RecordStatus.SUCCEEDED, "result": _sealing(record, result), "lease_owner": "",
+        "lease_expires_at": None, "error_class": "", "error_message": "", **_finished(),
     }, action="record.succeeded", actor=actor, evidence=evidence, attributes=searchable(result, search_fields)):
         raise LeaseLost(record.pk)
     return record
@@ -288,7 +298,7 @@ def resolve_succeeded(record: IdempotencyRecord, result: dict[str, Any], *, acto
     """UNKNOWN -> SUCCEEDED: the downstream did it; store its result so a replay returns it (and its
     `search_fields` in the record's attributes)."""
     return _transition(record, {"status": RecordStatus.UNKNOWN}, {
-        "status": RecordStatus.SUCCEEDED, "result": result, "error_class": "", "error_message": "",
+        "status": RecordStatus.SUCCEEDED, "result": _sealing(record, result), "error_class": "", "error_message": "",
         "next_reconcile_at": None, **_finished(),
     }, action="record.reconciled", actor=actor, reason=reason, evidence=evidence,
         attributes=searchable(result, search_fields))

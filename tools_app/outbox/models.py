@@ -2,6 +2,8 @@ import uuid
 
 from django.db import models
 
+from tools_app.core.personal import PersonalJSONField
+
 
 class OutboxStatus(models.TextChoices):
     PENDING = "pending", "Pending"
@@ -23,7 +25,7 @@ class OutboxEvent(models.Model):
     operation_id = models.UUIDField(null=True, blank=True, editable=False,
                                     help_text="The operation_id of the record that wrote it, if any; sent along.")
     kind = models.CharField(max_length=64, help_text="What the relay does with it, e.g. notification.email")
-    payload = models.JSONField()
+    payload = PersonalJSONField(help_text="What is delivered (personal values encrypted: core.personal).")
     status = models.CharField(max_length=16, choices=OutboxStatus.choices, default=OutboxStatus.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField()

@@ -31,8 +31,8 @@ from tools_app.retention.policy import (
     save_override,
     set_audit_retention,
 )
-from tools_app.retention.purge import PURGER, PurgeReport, purge, purge_kind, register_retained
+from tools_app.retention.purge import PURGER, PurgeReport, purge, purge_kind, register_retained, shred
 
 __all__ = ["CHANGE_RETENTION", "KINDS", "PURGER", "ArchiveRefused", "AuditRetention", "PurgeReport",
            "RetentionOverride", "archive_expired", "delete_override", "kept_for", "purge", "purge_kind",
-           "register_retained", "save_override", "set_audit_retention", "verify_archive_file"]
+           "register_retained", "save_override", "set_audit_retention", "shred", "verify_archive_file"]

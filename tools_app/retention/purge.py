@@ -26,6 +26,13 @@ left for the next round instead of waited for. What stays:
 - audit events: never purged (the chain stays whole and verifiable); each purged
   object gets one (`record.purged`, `task.purged`, `task.artifacts_purged`,
   `document.purged`) naming the retention that applied.
+
+Before the rows, the keys (crypto-shredding, `shred`): each data key of the key store whose period ended
+(core.keystore) is destroyed, once no row still holds a value under it (a record, task, approval request,
+outbox event... not purged yet: core.personal.personal_columns), with an audit event (`data_key.destroyed`,
+about the tenant). What the
+key encrypted is then unreadable everywhere: in this database, and in every dump, replica, backup and WAL
+archive taken of it before (core.personal: it reads `[forgotten]`).
 """
 
 from __future__ import annotations
@@ -35,13 +42,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.db.models import Count, Q
 from django.db.models.expressions import RawSQL
 
 from idemops.conf import conf
+from tools_app.access.models import Tenant
 from tools_app.approvals import purge as approvals_purge
-from tools_app.core import audit, clock, keys
+from tools_app.core import audit, clock, keys, keystore, personal
 from tools_app.core.models import AuditEvent
 from tools_app.engine import FINISHED
 from tools_app.engine.models import IdempotencyRecord
@@ -169,6 +177,7 @@ def _extra(kind: str, now: datetime) -> Q:
 class PurgeReport:
     purged: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     batches: int = 0
+    keys_destroyed: int = 0
 
     @property
     def total(self) -> int:
@@ -204,8 +213,42 @@ def purge_kind(kind: str, *, now: datetime | None = None, batch: int | None = No
     return purged, batches
 
 
+def keys_in_use() -> set[str]:
+    """The ids of the data keys some row still holds a value under: every envelope of every column that stores
+    them (core.personal.personal_columns; a purged row holds none, its values emptied), one scan a column."""
+    found: set[str] = set()
+    with connection.cursor() as cursor:
+        for table, column in personal.personal_columns():
+            cursor.execute(f'SELECT DISTINCT m[1] FROM "{table}" AS t, '
+                           f'regexp_matches(t."{column}"::text, %s, \'g\') AS m WHERE t."{column}"::text LIKE %s',
+                           [f'"{personal.VERSION}:([0-9a-f-]{{36}}):', f"%{personal.MARK}%"])
+            found.update(row[0] for row in cursor.fetchall())
+    return found
+
+
+def shred(*, now: datetime | None = None) -> int:
+    """Destroy the data keys whose period ended and that no kept record needs (each audited); how many."""
+    now = now or clock.read()
+    destroyed = 0
+    expired = keystore.expired(now.date())
+    in_use = keys_in_use() if expired else set()
+    for key in expired:
+        if str(key.id) in in_use:
+            continue
+        with transaction.atomic():
+            # The event commits only if the key is gone: a key destroyed by another purge is not audited twice.
+            if keystore.destroy(key.id, by=PURGER):
+                AuditEvent.objects.bulk_create([audit.new_event(
+                    action="data_key.destroyed", obj=Tenant(pk=key.tenant_id), actor=PURGER,
+                    reason="its retention period ended: what it encrypted is forgotten",
+                    after={"data_key": str(key.id), "period": key.period.isoformat()})])
+                destroyed += 1
+    return destroyed
+
+
 def purge(*, now: datetime | None = None, batch: int | None = None) -> PurgeReport:
-    """Every kind, oldest first within each; documents before artifacts (a document's task may go next)."""
+    """Every kind, oldest first within each; documents before artifacts (a document's task may go next).
+    Then the data keys no kept row needs any more are destroyed (`shred`)."""
     report = PurgeReport()
     for kind in ("documents", "artifacts", "tasks", "records"):
         count, batches = purge_kind(kind, now=now, batch=batch)
@@ -216,6 +259,7 @@ def purge(*, now: datetime | None = None, batch: int | None = None) -> PurgeRepo
     report.purged["task_events"] = forget_task_events(now)
     # Audit events have their own policy (AuditRetention) and leave as an archived prefix of the chain.
     report.purged["audit_events"] = audit_archive.archive_expired(now=now)
+    report.keys_destroyed = shred(now=now)
     return report
 
 

@@ -2,6 +2,8 @@
 
 from django.db import models
 
+from tools_app.core.personal import PersonalJSONField
+
 
 class Overlap(models.TextChoices):
     SKIP = "skip", "Skip a tick while the previous occurrence still runs"
@@ -18,7 +20,8 @@ class ScheduledOperation(models.Model):
 
     tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.CASCADE, related_name="+")
     tool = models.CharField(max_length=200)
-    arguments = models.JSONField(default=dict, help_text="The call's arguments, without its idempotency_key.")
+    arguments = PersonalJSONField(default=dict, help_text="The call's arguments, without its idempotency_key "
+                                                         "(personal values encrypted: core.personal).")
     cron = models.CharField(max_length=120, blank=True, help_text="A cron rule (5 fields, or 6 with seconds "
                                                                   "last), in UTC; empty: once, at run_at.")
     run_at = models.DateTimeField(null=True, blank=True, help_text="A one-time operation's time.")

@@ -24,7 +24,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from tools_app.core import audit
+from tools_app.core import audit, personal
+from tools_app.core.errors import NotFound
 from tools_app.tasks.models import Checkpoint, Task, TaskArtifact
 from tools_app.toolkit.pipelines import FAILED_PREFIX, Pipeline, Step
 
@@ -77,7 +78,13 @@ def write(task: Task, prepared: Prepared) -> None:
         artifact = TaskArtifact.objects.create(task=task, sha256=prepared.checksum, size=len(prepared.data),
                                                data=prepared.data, created_at=now)
     else:
+        # Its personal values encrypted (core.personal); the checksum stays the plain output's (stored_bytes).
         inline = prepared.data.decode()
+        output = json.loads(inline)
+        sealed = (personal.whole_for(output, task.tenant_id) if declares_personal(task.tool)
+                  else personal.sealed_for(output, task.tenant_id))
+        if sealed != output:
+            inline = json.dumps(sealed, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     fields = {"step": prepared.step.name, "input_digest": prepared.input_digest, "output_inline": inline,
               "artifact": artifact, "checksum": prepared.checksum, "finished_at": now}
     Checkpoint.objects.bulk_create(
@@ -90,9 +97,21 @@ def write(task: Task, prepared: Prepared) -> None:
     orphans.delete()
 
 
+def declares_personal(tool: str) -> bool:
+    """Whether `tool` declares personal arguments: its steps' outputs, derived from them, are personal too."""
+    from tools_app.toolkit.registry import get_tool
+
+    try:
+        return bool(get_tool(tool).personal_fields)
+    except NotFound:
+        return True  # a tool no longer declared: kept as carefully as it may have needed
+
+
 def stored_bytes(checkpoint: Checkpoint) -> bytes:
     if (artifact := checkpoint.artifact) is not None:
         return bytes(artifact.data)
+    if personal.MARK in checkpoint.output_inline:  # the plain output's bytes, its envelopes opened
+        return serialize(personal.opened(json.loads(checkpoint.output_inline)))
     return checkpoint.output_inline.encode()
 
 

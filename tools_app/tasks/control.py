@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
@@ -19,7 +20,7 @@ from django.db import transaction
 
 from tools_app import engine
 from tools_app.access import Permit, authorize
-from tools_app.core import clock, db
+from tools_app.core import clock, db, personal
 from tools_app.core.errors import (
     INTERNAL_ERROR_ADVICE,
     AlreadyDone,
@@ -235,7 +236,8 @@ def _resume_changes(task: Task, now: datetime, answer: dict[str, Any] | None) ->
                     "failure_reason": "", "finished_at": None, "enqueued_at": now, "cause_fixed_at": None,
                     "time_allowed": allowed, "deadline_at": now + allowed}
         case TaskStatus.PAUSED:
-            return {"status": TaskStatus.CREATED, "resume_input": _checked_answer(task, answer),
+            answered = personal.sealing(_checked_answer(task, answer), task.tenant_id, timedelta(0))
+            return {"status": TaskStatus.CREATED, "resume_input": answered,
                     "pause_reason": "", "pause_requested": "", "enqueued_at": now}
         case TaskStatus.RETRYING:
             return {"next_retry_at": now, "enqueued_at": now}

@@ -14,6 +14,8 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+from tools_app.core.personal import PersonalJSONField
+
 
 class TaskStatus(models.TextChoices):
     CREATED = "created", "Created (queued)"
@@ -34,7 +36,7 @@ class Task(models.Model):
         help_text="The start_task operation that created this task.")
     operation_id = models.UUIDField(null=True, blank=True, editable=False,
                                     help_text="Its record's operation_id: the id that names the operation everywhere.")
-    arguments = models.JSONField(
+    arguments = PersonalJSONField(
         help_text="The tool's validated arguments, as they may be shown (URLs without their query).")
     sealed_arguments = models.TextField(
         blank=True, help_text="The arguments scrubbing changed, in full, encrypted (tools_app.core.redaction.seal): "
@@ -59,14 +61,14 @@ class Task(models.Model):
     pause_requested = models.TextField(
         blank=True, help_text="Set while a running task is asked to pause (the reason): its worker pauses it at the "
                               "next step boundary.")
-    input_request = models.JSONField(
+    input_request = PersonalJSONField(
         null=True, blank=True, help_text="What a paused step asks for: {key: {message, schema}}.")
     pipeline_version = models.PositiveIntegerField(
         default=1, help_text="The version of its tool's pipeline it started with: it runs on that version only.")
     waiting_until = models.DateTimeField(
         null=True, blank=True, help_text="Parked in a durable wait (TaskWait): when the wait gives up. The sweep "
                                          "wakes it then; the awaited event wakes it sooner.")
-    resume_input = models.JSONField(null=True, blank=True, help_text="The answer given when resuming.")
+    resume_input = PersonalJSONField(null=True, blank=True, help_text="The answer given when resuming.")
     next_retry_at = models.DateTimeField(null=True, blank=True)
     time_allowed = models.DurationField(
         null=True, blank=True, help_text="How long it may take: its tool's deadline, or the shorter one its caller "
@@ -77,7 +79,7 @@ class Task(models.Model):
     lease_owner = models.CharField(max_length=100, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     version = models.PositiveIntegerField(default=1, help_text="Bumped by every state change.")
-    result = models.JSONField(null=True, blank=True, help_text="The tool's result, once succeeded.")
+    result = PersonalJSONField(null=True, blank=True, help_text="The tool's result, once succeeded.")
     notify_url = models.CharField(
         max_length=500, blank=True, help_text="A webhook (on the allow-list) told when the task finishes, through "
                                               "the outbox.")
@@ -185,7 +187,7 @@ class StepBatch(models.Model):
     sequence = models.PositiveIntegerField(help_text="The step's position in the task's plan.")
     batch = models.PositiveIntegerField(help_text="The batch's position in the step, from 0.")
     input_digest = models.CharField(max_length=64)
-    output = models.JSONField()
+    output = PersonalJSONField()
     checksum = models.CharField(max_length=64, help_text="SHA-256 of the output's canonical JSON.")
     finished_at = models.DateTimeField()
 
@@ -261,7 +263,7 @@ class TaskEvent(models.Model):
     tenant = models.ForeignKey("tools_app.Tenant", on_delete=models.CASCADE, related_name="task_events")
     event = models.CharField(max_length=100)
     key = models.CharField(max_length=200)
-    payload = models.JSONField(null=True, blank=True)
+    payload = PersonalJSONField(null=True, blank=True)
     sender = models.CharField(max_length=200, blank=True)
     received_at = models.DateTimeField()
 

@@ -53,7 +53,7 @@ from django.db.models import BooleanField, ExpressionWrapper, Q
 
 from idemops.conf import conf
 from tools_app import engine
-from tools_app.core import audit, clock, counters, db, jobs, leases
+from tools_app.core import audit, clock, counters, db, jobs, leases, personal
 from tools_app.core.errors import ErrorClass, NotFound, ToolFailure
 from tools_app.engine.models import IdempotencyRecord
 from tools_app.tasks import checkpoints
@@ -258,7 +258,8 @@ def finish_step_run(run: StepRun, outcome: StepOutcome, error: str = "") -> None
 def succeed(task: Task, owner: str, result: dict[str, Any]) -> bool:
     """running -> succeeded, storing the tool's result."""
     return transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
-        "status": TaskStatus.SUCCEEDED, "result": result, "current_step": "", "finished_at": clock.NOW,
+        "status": TaskStatus.SUCCEEDED, "result": derived_sealing(task, result),
+        "current_step": "", "finished_at": clock.NOW,
         "lease_owner": "", "lease_expires_at": None, "failure_class": "", "failure_reason": "",
         "progress_done": task.steps_total, "progress_total": task.steps_total, "progress_message": "done",
         "pause_requested": "",
@@ -305,7 +306,8 @@ def pause_for_input(task: Task, owner: str, reason: str, input_request: dict[str
                     run: StepRun | None = None) -> bool:
     """running -> paused: a step waits for a person or a dependency."""
     if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
-        "status": TaskStatus.PAUSED, "pause_reason": reason, "input_request": input_request, "resume_input": None,
+        "status": TaskStatus.PAUSED, "pause_reason": reason,
+        "input_request": personal.sealing(input_request, task.tenant_id, timedelta(0)), "resume_input": None,
         "lease_owner": "", "lease_expires_at": None,
     }, action="task.paused", actor=owner, reason=reason, step=task.current_step):
         return False
@@ -503,8 +505,16 @@ def finished(task: Task, actor: str) -> bool:
     engine.retain_from_end(task.record, key_retention(task.tool), actor=actor, reason=f"task {task.pk} {task.status}")
     if task.notify_url:
         hooks.enqueue_event(tenant_id=task.tenant_id, kind=WEBHOOK_KIND, record=task.record,
-                            payload={"recipient": task.notify_url, "json": webhook_body(task)})
+                            payload=derived_sealing(task, {"recipient": task.notify_url, "json": webhook_body(task)}))
     return True
+
+
+def derived_sealing(task: Task, value: Any) -> Any:
+    """A value a task of a tool with personal arguments derived from them (its result, its webhook), stored as one
+    envelope (core.personal.sealing_whole); otherwise its personal names sealed (core.personal.sealing)."""
+    if checkpoints.declares_personal(task.tool):
+        return personal.sealing_whole(value, task.tenant_id)
+    return personal.sealing(value, task.tenant_id, timedelta(0))
 
 
 def time_allowed(tool: str, requested: timedelta | None = None) -> timedelta:
