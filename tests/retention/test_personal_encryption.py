@@ -251,3 +251,31 @@ def test_rotating_the_kek_during_a_write_storm_loses_nothing(transactional_db, c
         call_command("rotate_kek", "--check", stdout=out)
     with pytest.raises(ImproperlyConfigured, match="IDEMOPS_KEK"):
         IdempotencyRecord.objects.get(key=written[0]).arguments  # noqa: B018
+
+
+def test_a_forked_child_reaches_the_key_store_on_a_connection_of_its_own_and_the_parents_keeps_working(db):
+    """django-q2's workers and a storm's callers are forked: a child must not talk on its parent's socket."""
+    import multiprocessing
+
+    tenant_id = 424242  # any tenant id: the key store keys by it alone
+    today = timezone.now().date()
+    parent_key = keystore.for_period(tenant_id, today)  # the parent's connection is open now
+    keystore.forget_cache()
+    context = multiprocessing.get_context("fork")
+    answers = context.Queue()
+
+    def child() -> None:
+        keystore.forget_cache()
+        answers.put([str(keystore.for_period(tenant_id, today).id) for _ in range(20)])
+
+    children = [context.Process(target=child) for _ in range(4)]
+    for process in children:
+        process.start()
+    seen = [answers.get(timeout=60) for _ in children]
+    for process in children:
+        process.join(30)
+        assert process.exitcode == 0
+    assert {key for keys in seen for key in keys} == {str(parent_key.id)}
+    keystore.forget_cache()
+    assert keystore.for_period(tenant_id, today).id == parent_key.id  # the parent's session still answers
+    assert keystore.counts()["live"] >= 1

@@ -380,3 +380,23 @@ def counts() -> dict[str, int]:
         if live:
             found[f"kek:{kek}"] = count
     return found
+
+
+# --- after a fork ------------------------------------------------------------------------------------------
+
+_inherited: list[Any] = []
+
+
+def _forget_after_fork() -> None:
+    """A forked child (django-q2's workers, a storm's callers) opens a connection of its own. The parent's is
+    not the child's to use: two processes on one socket corrupt each other's session. Nor to close: closing
+    would end the parent's session on the server, so the inherited one is kept, unused, for the child's life.
+    A lock held by another thread at the fork is released in the child by making it anew."""
+    global _local, _lock, _schema_lock
+    _inherited.append(_local)
+    _local = threading.local()
+    _lock = threading.Lock()
+    _schema_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
