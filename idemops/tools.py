@@ -10,13 +10,15 @@ Where tools are found: every installed Django app's `idemops_tools` module is im
 `IDEMOPS_TOOL_MODULES`. Importing a module that declares tools registers them.
 
 What a declaration says (`write_tool`, `read_tool`, `long_tool`):
-- its name, title and description, pydantic input and output models (`WriteInput` for writes: it
-  carries `idempotency_key`; `StrictModel` for nested models);
+- its name, title and description; its pydantic input and output models are the handler's
+  annotations, `(ctx: ToolContext, args: SomeInput) -> SomeOutput` (`WriteInput` for writes: it
+  carries `idempotency_key`; `StrictModel` for nested models), and every rule reading the arguments
+  (`approval`, `confirmation`, `check`, `concurrency_key`) is typed over the same model;
 - `personal_fields` (never logged, purged after retention), `non_business_fields` (left out of the
-  fingerprint), `retention`, `on_expiry` (`ExpiryPolicy`), `keep` (`KeepFor`);
-- for a write whose effect happens in another system: `transactional=False`, a `reconciler`
-  answering `Found` / `NotDone` / `StillUnknown` (use `ctx.downstream_key` as the key you send, and
-  `downstream_request` to send it: every failure comes back classified);
+  fingerprint), `retention=Retention(key=, on_expiry=ExpiryPolicy…, keep=KeepFor…)`;
+- for a write whose effect happens in another system: `reconciliation=Reconciliation(reconciler)`,
+  the reconciler answering `Found` / `NotDone` / `StillUnknown` (use `ctx.downstream_key` as the key
+  you send, and `downstream_request` to send it: every failure comes back classified);
 - `approval`: `(tenant, args) -> ApprovalPolicy | None` (`amount_policy` for money);
 - `confirmation`: `(tenant, args) -> ConfirmationPolicy | None`: the person behind the agent confirms
   the call through their MCP host first (its summary names only what they sent);
@@ -67,6 +69,8 @@ from tools_app.toolkit.pipelines import task_tool as long_tool
 from tools_app.toolkit.policies import ApprovalPolicy, ConfirmationPolicy, Found, KeepFor, NotDone, StillUnknown
 from tools_app.toolkit.registry import (
     ObjectId,
+    Reconciliation,
+    Retention,
     StrictModel,
     ToolContext,
     ToolInput,
@@ -77,7 +81,9 @@ from tools_app.toolkit.registry import (
 )
 
 # The API's version: a name removed or a signature changed incompatibly is a new major version.
-API_VERSION = "1.1"
+# 1.2: models read from the handler's annotations, rules typed over the input model, `Retention` and
+# `Reconciliation` group their keywords (the old keywords still work, with a DeprecationWarning).
+API_VERSION = "1.2"
 
 __all__ = [
     "API_VERSION",
@@ -85,7 +91,8 @@ __all__ = [
     "write_tool", "read_tool", "long_tool", "ToolSpec", "ToolContext", "ToolInput", "WriteInput", "StrictModel",
     "ObjectId",
     # policies
-    "ExpiryPolicy", "KeepFor", "ApprovalPolicy", "ConfirmationPolicy", "amount_policy", "Found",
+    "Retention", "Reconciliation", "ExpiryPolicy", "KeepFor", "ApprovalPolicy", "ConfirmationPolicy",
+    "amount_policy", "Found",
     "NotDone", "StillUnknown",
     "evidence_entry",
     # long tools

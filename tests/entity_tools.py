@@ -39,15 +39,14 @@ def _run(tool: str, args: Debit) -> Debited:
     return Debited(account=args.account)
 
 
-@write_tool(name="debit_account", title="Debit an account (test)", input_model=Debit, output_model=Debited,
+@write_tool(name="debit_account", title="Debit an account (test)",
             personal_fields=frozenset(), concurrency_key="account")
 def debit_account(ctx, args: Debit) -> Debited:
     """Test tool: one debit of an account at a time."""
     return _run("debit_account", args)
 
 
-@write_tool(name="debit_account_unkeyed", title="Debit an account, no key (test)", input_model=Debit,
-            output_model=Debited, personal_fields=frozenset())
+@write_tool(name="debit_account_unkeyed", title="Debit an account, no key (test)", personal_fields=frozenset())
 def debit_account_unkeyed(ctx, args: Debit) -> Debited:
     """Test tool: the same debit, without a concurrency key."""
     return _run("debit_account_unkeyed", args)

@@ -59,8 +59,8 @@ def publishing_is_confirmed(tenant: Tenant, args: PublishAnnouncementInput) -> C
     return ConfirmationPolicy(summary=f"Publish to {args.audience}: “{args.title}” ({len(args.body)} characters)")
 
 
-@write_tool(name="publish_announcement", title="Publish an announcement", input_model=PublishAnnouncementInput,
-            output_model=AnnouncementOutput, approval=publishing_needs_approval, requires_operation_id=True,
+@write_tool(name="publish_announcement", title="Publish an announcement", approval=publishing_needs_approval,
+            requires_operation_id=True,
             confirmation=publishing_is_confirmed,
             personal_fields=frozenset({"title", "body"}),
             # Who reads it decides what it is: left out, it is staff, as if sent.
@@ -76,8 +76,7 @@ def publish_announcement(ctx: ToolContext, args: PublishAnnouncementInput) -> An
     return announcement_output(announcement)
 
 
-@read_tool(name="list_announcements", title="List published announcements", input_model=ListAnnouncementsInput,
-           output_model=AnnouncementList, personal_fields=frozenset())
+@read_tool(name="list_announcements", title="List published announcements", personal_fields=frozenset())
 def list_announcements(ctx: ToolContext, args: ListAnnouncementsInput) -> AnnouncementList:
     """The tenant's published announcements, newest first."""
     latest = Announcement.objects.filter(tenant_id=ctx.tenant_id)[: args.limit]

@@ -60,8 +60,8 @@ def deletion_is_confirmed(tenant: Tenant, args: DeleteRecordInput) -> Confirmati
     return ConfirmationPolicy(summary=f"Delete {args.kind} #{args.id}. Reason: {args.reason}")
 
 
-@write_tool(name="delete_record", title="Delete an order or a ticket", input_model=DeleteRecordInput,
-            output_model=DeleteRecordOutput, destructive=True, approval=deletion_needs_approval,
+@write_tool(name="delete_record", title="Delete an order or a ticket", destructive=True,
+            approval=deletion_needs_approval,
             requires_operation_id=True, personal_fields=frozenset({"reason"}), confirmation=deletion_is_confirmed)
 def delete_record(ctx: ToolContext, args: DeleteRecordInput) -> DeleteRecordOutput:
     """Delete one of this tenant's orders or tickets. Its idempotency_key must be an operation_id from

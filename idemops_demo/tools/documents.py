@@ -247,8 +247,7 @@ class DocumentOutput(BaseModel):
     text_truncated: bool = False
 
 
-@read_tool(name="search_documents", title="Search documents", input_model=SearchDocumentsInput,
-           output_model=SearchDocumentsOutput, personal_fields=frozenset({"query"}))
+@read_tool(name="search_documents", title="Search documents", personal_fields=frozenset({"query"}))
 def search_documents(ctx: ToolContext, args: SearchDocumentsInput) -> SearchDocumentsOutput:
     """Search this tenant's ingested documents by words, by meaning, or both (mode, default hybrid); best
     matches first, with a snippet each."""
@@ -256,7 +255,7 @@ def search_documents(ctx: ToolContext, args: SearchDocumentsInput) -> SearchDocu
         hits=[SearchHit(**hit) for hit in documents.search(ctx.tenant_id, args.query, args.limit, args.mode)])
 
 
-@read_tool(name="get_document", title="Get a document", input_model=GetDocumentInput, output_model=DocumentOutput,
+@read_tool(name="get_document", title="Get a document",
            personal_fields=frozenset())
 def get_document(ctx: ToolContext, args: GetDocumentInput) -> DocumentOutput:
     """One of this tenant's documents: title, format, size, summary, and optionally its text."""

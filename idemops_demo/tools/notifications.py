@@ -64,8 +64,7 @@ def notification_output(event: Message) -> NotificationOutput:
                               status=event.status, attempts=event.attempts)
 
 
-@write_tool(name="send_notification", title="Send a notification", input_model=SendNotificationInput,
-            output_model=NotificationOutput, open_world=True, check=check_recipient,
+@write_tool(name="send_notification", title="Send a notification",  open_world=True, check=check_recipient,
             non_business_fields=frozenset({"sent_at"}), personal_fields=frozenset({"recipient", "subject", "body"}))
 def send_notification(ctx: ToolContext, args: SendNotificationInput) -> NotificationOutput:
     """Queue an email or webhook notification; it is delivered shortly, at least once; exactly once for
@@ -76,8 +75,7 @@ def send_notification(ctx: ToolContext, args: SendNotificationInput) -> Notifica
     return notification_output(event)
 
 
-@read_tool(name="get_notification", title="Get a notification's delivery status", input_model=GetNotificationInput,
-           output_model=NotificationOutput, personal_fields=frozenset())
+@read_tool(name="get_notification", title="Get a notification's delivery status", personal_fields=frozenset())
 def get_notification(ctx: ToolContext, args: GetNotificationInput) -> NotificationOutput:
     """Read whether one of this tenant's notifications was delivered."""
     event = find_message(ctx.tenant_id, args.notification_id)

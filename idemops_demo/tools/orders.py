@@ -76,7 +76,7 @@ def order_output(order: Order, lines: list[OrderLine]) -> OrderOutput:
     )
 
 
-@write_tool(name="create_order", title="Create an order", input_model=CreateOrderInput, output_model=OrderOutput,
+@write_tool(name="create_order", title="Create an order",
             non_business_fields=frozenset({"note"}), personal_fields=frozenset({"customer", "note"}),
             # Operators and auditors find an order's record by its id (the result's) and currency.
             search_fields=frozenset({"order_id", "currency"}))
@@ -91,7 +91,7 @@ def create_order(ctx: ToolContext, args: CreateOrderInput) -> OrderOutput:
     return order_output(order, lines)
 
 
-@read_tool(name="get_order", title="Get an order", input_model=GetOrderInput, output_model=OrderOutput,
+@read_tool(name="get_order", title="Get an order",
            personal_fields=frozenset())
 def get_order(ctx: ToolContext, args: GetOrderInput) -> OrderOutput:
     """Read one of this tenant's orders by id."""

@@ -31,6 +31,8 @@ from idemops.tools import (
     KeepFor,
     NotDone,
     PermissionDenied,
+    Reconciliation,
+    Retention,
     StillUnknown,
     Tenant,
     ToolContext,
@@ -163,18 +165,16 @@ def payment_is_confirmed(tenant: Tenant, args: RequestPaymentInput) -> Confirmat
                                       + (f" (reference {args.reference})" if args.reference else ""))
 
 
-@write_tool(name="request_payment", title="Request a payment", input_model=RequestPaymentInput,
-            output_model=PaymentOutput, transactional=False, open_world=True, downstream="payment-gateway",
-            reconciler=reconcile_payment, result_for_reference=payment_for_reference,
+@write_tool(name="request_payment", title="Request a payment", open_world=True, downstream="payment-gateway",
+            reconciliation=Reconciliation(reconcile_payment, result_for_reference=payment_for_reference),
             approval=payment_needs_approval, requires_operation_id=True, confirmation=payment_is_confirmed,
             personal_fields=frozenset({"payee", "reference"}),
             # The gateway's payment id (from the result) and the currency: what an operator is quoted in an
             # incident (the caller's own reference may name a person, so it is not searchable).
             search_fields=frozenset({"payment_id", "currency"}),
-            # A payment key is never silently reused after its retention.
-            on_expiry=ExpiryPolicy.HOLD,
-            # What was paid, to whom, stays readable for a year (the setting's 30 days are for the rest).
-            keep=KeepFor(records=timedelta(days=365)))
+            # A payment key is never silently reused after its retention; what was paid, to whom, stays
+            # readable for a year (the setting's 30 days are for the rest).
+            retention=Retention(on_expiry=ExpiryPolicy.HOLD, keep=KeepFor(records=timedelta(days=365))))
 def request_payment(ctx: ToolContext, args: RequestPaymentInput) -> PaymentOutput:
     """Ask the payment gateway to pay `amount` `currency` to `payee`. Its idempotency_key must be an operation_id
     from prepare_operation (any other key is refused as invalid_input); every retry with it returns the same

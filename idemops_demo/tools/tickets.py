@@ -33,8 +33,7 @@ def ticket_output(ticket: Ticket) -> TicketOutput:
                         status=ticket.status, created_at=ticket.created_at)
 
 
-@write_tool(name="create_ticket", title="Open a support ticket", input_model=CreateTicketInput,
-            output_model=TicketOutput, personal_fields=frozenset({"subject", "body"}),
+@write_tool(name="create_ticket", title="Open a support ticket", personal_fields=frozenset({"subject", "body"}),
             # Left out, the priority is normal: sending "normal" is the same ticket.
             counted_defaults=({"priority": Ticket.Priority.NORMAL},),
             search_fields=frozenset({"ticket_id", "priority"}))
@@ -46,7 +45,7 @@ def create_ticket(ctx: ToolContext, args: CreateTicketInput) -> TicketOutput:
     return ticket_output(ticket)
 
 
-@read_tool(name="get_ticket", title="Get a ticket", input_model=GetTicketInput, output_model=TicketOutput,
+@read_tool(name="get_ticket", title="Get a ticket",
            personal_fields=frozenset())
 def get_ticket(ctx: ToolContext, args: GetTicketInput) -> TicketOutput:
     """Read one of this tenant's tickets by id."""

@@ -345,6 +345,16 @@ def test_the_tutorial_serves_the_adopters_own_tools_with_the_promise_kept(adopte
                   timeout=600, check=False)
     assert checked.returncode == 1, checked.stdout
     assert 'Argument "personal_fields" to' in checked.stdout and 'expected "frozenset[str]"' in checked.stdout
+    # ... and a handler reading another model than its approval rule (API 1.2: both typed over one input)
+    mismatched = adopter.home / "mismatched_declaration.py"
+    mismatched.write_text(module.read_text().replace("def issue_refund(ctx: ToolContext, args: RefundInput)",
+                                                     "def issue_refund(ctx: ToolContext, args: ReportInput)", 1))
+    assert mismatched.read_text() != module.read_text()
+    checked = run(["bash", "-c", f"mypy --config-file acme-refunds/pyproject.toml {mismatched}"],
+                  cwd=adopter.home, env={**adopter.env, **adopter.own_path()}, timeout=600, check=False)
+    assert checked.returncode == 1, checked.stdout
+    assert 'incompatible type "Callable[[ToolContext, ReportInput], Refund]"' in checked.stdout, checked.stdout
+    assert 'expected "Callable[[ToolContext, RefundInput], Refund]"' in checked.stdout, checked.stdout
 
 
 def refunds_for(adopter: Adopter, order_ref: str) -> list[dict]:

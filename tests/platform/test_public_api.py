@@ -8,6 +8,7 @@ a signature and new dataclass fields at the end are compatible and pass (a new m
 """
 
 import ast
+import inspect
 import re
 from pathlib import Path
 
@@ -106,9 +107,28 @@ def test_a_declaration_the_registry_refuses_names_the_module_it_came_from():
         amount: int
 
     # when / then
-    with pytest.raises(TypeError, match=r"must declare a reconciler \(declared in tests\.platform\.test_public_api\)"):
-        @write_tool(name="adopters_refund", title="Refund", input_model=RefundInput, output_model=RefundInput,
-                    personal_fields=frozenset(), transactional=False)
+    # (in the old flat spelling: `Reconciliation` cannot be written without its reconciler)
+    refused = r"must declare a reconciler \(declared in tests\.platform\.test_public_api\)"
+    with pytest.raises(TypeError, match=refused), pytest.warns(DeprecationWarning, match="transactional="):
+        @write_tool(name="adopters_refund", title="Refund", personal_fields=frozenset(), transactional=False)
         def adopters_refund(ctx: ToolContext, args: RefundInput) -> RefundInput:
             return args
     assert "adopters_refund" not in _TOOLS
+
+
+def test_api_1_2_reads_models_from_the_handler_and_keeps_every_old_keyword():
+    """What changed in API_VERSION 1.2: `write_tool`'s and `read_tool`'s `input_model` and `output_model` are no
+    longer required (the handler's annotations say them), `Retention` and `Reconciliation` group keywords, and
+    every keyword of 1.1 is still accepted (deprecated), so a 1.1 declaration still runs."""
+    from idemops import tools
+
+    assert tools.API_VERSION == "1.2"
+    write = inspect.signature(tools.write_tool).parameters
+    read = inspect.signature(tools.read_tool).parameters
+    old_write = {"input_model", "output_model", "retention", "on_expiry", "keep", "transactional", "reconciler",
+                 "result_for_reference", "retry_window", "approval", "confirmation", "check", "concurrency_key"}
+    assert old_write <= write.keys() and {"input_model", "output_model"} <= read.keys()
+    assert all(write[name].default is None for name in ("input_model", "output_model", "on_expiry", "keep",
+                                                          "transactional", "reconciler"))
+    assert write["retention"].default is None and write["reconciliation"].default is None
+    assert {"Retention", "Reconciliation"} <= set(tools.__all__)

@@ -12,6 +12,10 @@ annotations, the engine's policy) is derived from it.
 
 from __future__ import annotations
 
+import inspect
+import sys
+import typing
+import warnings
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -20,6 +24,7 @@ from typing import Annotated, Any
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing_extensions import TypeVar
 
 from tools_app.access.models import Tenant
 from tools_app.core import redaction
@@ -27,7 +32,15 @@ from tools_app.core.errors import NotFound
 from tools_app.core.keys import FINGERPRINT_AS_SENT, FINGERPRINT_FILLED, KEY_RULE
 from tools_app.core.polling import Pending
 from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
-from tools_app.toolkit.policies import KEEP_DEFAULTS, ApprovalPolicy, ConfirmationPolicy, KeepFor
+from tools_app.toolkit.policies import (
+    KEEP_DEFAULTS,
+    ApprovalPolicy,
+    ConfirmationPolicy,
+    Found,
+    KeepFor,
+    NotDone,
+    StillUnknown,
+)
 
 # Arguments every write tool takes that are not part of the operation.
 ENGINE_FIELDS = frozenset({"idempotency_key", "trace_id"})
@@ -352,8 +365,115 @@ def _check_concurrency_key(spec: ToolSpec) -> None:
         raise TypeError(f"tool {spec.name!r}: concurrency_key must not be a personal field")
 
 
-def _declare(writes: bool, **declaration: Any) -> Callable[[Handler], Handler]:
-    def decorator(handler: Handler) -> Handler:
+# The model a tool's arguments are read into, inferred from its handler's `args` annotation: the
+# handler and the rules that read the same arguments (approval, confirmation, check, concurrency_key,
+# operation_arguments) are typed over it, so mypy finds one that reads another model.
+InputT = TypeVar("InputT", bound=ToolInput, default=Any)
+WriteInputT = TypeVar("WriteInputT", bound=WriteInput, default=Any)
+OutputT = TypeVar("OutputT")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long a write's key holds (`key`: a duration, or a callable asked at each call), what a key past
+    it does (`on_expiry`), and how long what its calls leave behind is kept once finished (`keep`)."""
+
+    key: timedelta | Callable[[], timedelta] = DEFAULT_RETENTION
+    on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE
+    keep: KeepFor = KEEP_DEFAULTS
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    """A write whose effect happens in another system (not transactional): `reconciler` (record) ->
+    Found | NotDone | StillUnknown finds out what became of an interrupted call; `result_for_reference`
+    (record, downstream reference) -> the result stored when an operator resolves one as succeeded;
+    `retry_window`: how long a key the downstream refused before acting may run again (None: the setting)."""
+
+    reconciler: Callable[[Any], Found | NotDone | StillUnknown]
+    result_for_reference: Callable[[Any, str], dict[str, Any]] | None = None
+    retry_window: timedelta | None = None
+
+
+def _deprecated(tool: str, old: str, new: str) -> None:
+    warnings.warn(f"tool {tool!r}: {old} is deprecated (API_VERSION 1.2); {new}", DeprecationWarning, stacklevel=4)
+
+
+def _annotated_models(handler: Callable[..., Any], scope: dict[str, Any],
+                      ) -> tuple[type[BaseModel] | None, type[BaseModel] | None]:
+    """The input model of `handler(ctx, args)` (its `args` annotation) and its output model (its return
+    annotation, or the model in `Model | Pending[Model]`), or None where they are not pydantic models.
+    `scope`: the names where the handler was declared (a model declared inside a function)."""
+    try:
+        hints = typing.get_type_hints(handler, localns=scope)
+    except Exception:  # an annotation only a type checker can resolve: the declaration must name its models
+        return None, None
+    parameters = list(inspect.signature(handler).parameters)
+    hint = hints.get(parameters[1]) if len(parameters) > 1 else None
+    model_in = hint if isinstance(hint, type) and issubclass(hint, BaseModel) else None
+    returned = hints.get("return")
+    candidates = typing.get_args(returned) if typing.get_args(returned) and not isinstance(returned, type) \
+        else (returned,)
+    models = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+    return model_in, models[0] if len(models) == 1 else None
+
+
+def _models(name: str, handler: Callable[..., Any], declaration: dict[str, Any], scope: dict[str, Any]) -> None:
+    """Fill the declaration's input and output models from the handler's annotations; a model also named
+    in the old keywords is deprecated, and one that differs from the annotation is refused."""
+    inferred = dict(zip(("input_model", "output_model"), _annotated_models(handler, scope), strict=True))
+    for keyword, model in inferred.items():
+        given = declaration.get(keyword)
+        if given is not None:
+            _deprecated(name, f"{keyword}=", "the model is read from the handler's annotations")
+            if model is not None and given is not model:
+                raise TypeError(f"tool {name!r}: {keyword}={given.__name__} differs from the handler's "
+                                f"annotation {model.__name__} (declared in {handler.__module__})")
+        elif model is None:
+            raise TypeError(f"tool {name!r}: annotate the handler's "
+                            f"{'args parameter' if keyword == 'input_model' else 'return'} with a pydantic model "
+                            f"(declared in {handler.__module__})")
+        else:
+            declaration[keyword] = model
+
+
+def _policies(name: str, declaration: dict[str, Any]) -> None:
+    """The grouped policies (Retention, Reconciliation) into ToolSpec's fields; the old flat keywords
+    still work, with a DeprecationWarning."""
+    retention = declaration.pop("retention")
+    flat_retention = {k: declaration.pop(k) for k in ("on_expiry", "keep")}
+    if isinstance(retention, Retention):
+        if any(v is not None for v in flat_retention.values()):
+            raise TypeError(f"tool {name!r}: on_expiry and keep belong in its Retention")
+    else:
+        if retention is not None or any(v is not None for v in flat_retention.values()):
+            _deprecated(name, "retention=<duration>, on_expiry= and keep=", "say retention=Retention(key=, "
+                        "on_expiry=, keep=)")
+        retention = Retention(**{"key": retention} if retention is not None else {},
+                              **{k: v for k, v in flat_retention.items() if v is not None})
+    declaration.update(retention=retention.key, on_expiry=retention.on_expiry, keep=retention.keep)
+    reconciliation = declaration.pop("reconciliation")
+    flat = {k: declaration.pop(k) for k in ("transactional", "reconciler", "result_for_reference", "retry_window")}
+    if reconciliation is not None:
+        if any(v is not None for v in flat.values()):
+            raise TypeError(f"tool {name!r}: transactional, reconciler, result_for_reference and retry_window "
+                            "belong in its Reconciliation")
+        declaration.update(transactional=False, reconciler=reconciliation.reconciler,
+                           result_for_reference=reconciliation.result_for_reference,
+                           retry_window=reconciliation.retry_window)
+        return
+    if any(v is not None for v in flat.values()):
+        _deprecated(name, "transactional=, reconciler=, result_for_reference= and retry_window=",
+                    "say reconciliation=Reconciliation(reconciler, result_for_reference=, retry_window=)")
+    declaration.update(transactional=True if flat["transactional"] is None else flat["transactional"],
+                       **{k: flat[k] for k in ("reconciler", "result_for_reference", "retry_window")})
+
+
+def _declare(writes: bool, **declaration: Any) -> Callable[[Callable[..., Any]], Any]:
+    def decorator(handler: Callable[..., Any]) -> Any:
+        _models(declaration["name"], handler, declaration, dict(sys._getframe(1).f_locals))
+        if writes:
+            _policies(declaration["name"], declaration)
         description = declaration.pop("description", None) or (handler.__doc__ or "").strip()
         register(ToolSpec(handler=handler, writes=writes, description=description, **declaration))
         return handler
@@ -361,30 +481,38 @@ def _declare(writes: bool, **declaration: Any) -> Callable[[Handler], Handler]:
     return decorator
 
 
-def write_tool(*, name: str, title: str, input_model: type[WriteInput], output_model: type[BaseModel],
-               personal_fields: frozenset[str], description: str | None = None,
+def write_tool(*, name: str, title: str, personal_fields: frozenset[str], description: str | None = None,
                non_business_fields: frozenset[str] = frozenset(),
-               retention: timedelta | Callable[[], timedelta] = DEFAULT_RETENTION,
-               on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE, keep: KeepFor = KEEP_DEFAULTS,
-               destructive: bool = False, open_world: bool = False, transactional: bool = True,
-               reconciler: Callable[[Any], Any] | None = None,
-               result_for_reference: Callable[[Any, str], dict[str, Any]] | None = None,
-               approval: ApprovalRule | None = None, check: Callable[[Any], None] | None = None,
+               retention: Retention | timedelta | Callable[[], timedelta] | None = None,
+               destructive: bool = False, open_world: bool = False,
+               reconciliation: Reconciliation | None = None,
+               approval: Callable[[Tenant, WriteInputT], ApprovalPolicy | None] | None = None,
+               confirmation: Callable[[Tenant, WriteInputT], ConfirmationPolicy | None] | None = None,
+               check: Callable[[WriteInputT], None] | None = None,
                requires_operation_id: bool = False,
-               operation_arguments: Callable[[Any, int], dict[str, Any]] | None = None,
+               operation_arguments: Callable[[WriteInputT, int], dict[str, Any]] | None = None,
                counted_defaults: tuple[dict[str, Any], ...] = (),
-               downstream: str | None = None, retry_window: timedelta | None = None,
+               downstream: str | None = None,
                search_fields: frozenset[str] = frozenset(),
-               concurrency_key: str | Callable[[Any], str] | None = None,
-               confirmation: ConfirmationRule | None = None,
-               ) -> Callable[[Handler], Handler]:
-    """Declare a tool with side effects, on its handler `(ctx: ToolContext, args) -> output model`: it runs
-    under the idempotency engine (see ToolSpec for what each part means). The description defaults to the
+               concurrency_key: str | Callable[[WriteInputT], str] | None = None,
+               # Deprecated (API_VERSION 1.2): read from the handler's annotations, or grouped above.
+               input_model: type[WriteInputT] | None = None, output_model: type[BaseModel] | None = None,
+               on_expiry: ExpiryPolicy | None = None, keep: KeepFor | None = None,
+               transactional: bool | None = None, reconciler: Callable[[Any], Any] | None = None,
+               result_for_reference: Callable[[Any, str], dict[str, Any]] | None = None,
+               retry_window: timedelta | None = None,
+               ) -> Callable[[Callable[[ToolContext, WriteInputT], OutputT]],
+                             Callable[[ToolContext, WriteInputT], OutputT]]:
+    """Declare a tool with side effects on its handler `(ctx: ToolContext, args: SomeWriteInput) -> SomeOutput`:
+    it runs under the idempotency engine (see ToolSpec for what each part means). The input and output models
+    are the handler's annotations; `approval`, `confirmation`, `check`, `concurrency_key` and
+    `operation_arguments` read the same input model (mypy holds them to it). The description defaults to the
     handler's docstring."""
     return _declare(True, name=name, title=title, input_model=input_model, output_model=output_model,
                     personal_fields=personal_fields, description=description,
                     non_business_fields=non_business_fields, retention=retention, on_expiry=on_expiry, keep=keep,
                     destructive=destructive, open_world=open_world, transactional=transactional,
+                    reconciliation=reconciliation,
                     reconciler=reconciler, result_for_reference=result_for_reference, approval=approval,
                     check=check, requires_operation_id=requires_operation_id,
                     operation_arguments=operation_arguments, counted_defaults=counted_defaults,
@@ -392,10 +520,13 @@ def write_tool(*, name: str, title: str, input_model: type[WriteInput], output_m
                     concurrency_key=concurrency_key, confirmation=confirmation)
 
 
-def read_tool(*, name: str, title: str, input_model: type[ToolInput], output_model: type[BaseModel],
-              personal_fields: frozenset[str], description: str | None = None, open_world: bool = False,
-              check: Callable[[Any], None] | None = None) -> Callable[[Handler], Handler]:
-    """Declare a tool that only reads: no key, no record; called as often as the agent likes."""
+def read_tool(*, name: str, title: str, personal_fields: frozenset[str], description: str | None = None,
+              open_world: bool = False, check: Callable[[InputT], None] | None = None,
+              # Deprecated (API_VERSION 1.2): read from the handler's annotations.
+              input_model: type[InputT] | None = None, output_model: type[BaseModel] | None = None,
+              ) -> Callable[[Callable[[ToolContext, InputT], OutputT]], Callable[[ToolContext, InputT], OutputT]]:
+    """Declare a tool that only reads: no key, no record; called as often as the agent likes. Its input and
+    output models are its handler's annotations."""
     return _declare(False, name=name, title=title, input_model=input_model, output_model=output_model,
                     personal_fields=personal_fields, description=description, open_world=open_world,
                     check=check)

@@ -29,8 +29,7 @@ class ApprovalStatusOutput(BaseModel):
     error: dict[str, Any] | None = Field(description="The operation's error once it failed")
 
 
-@read_tool(name="get_approval_status", title="Get an approval request's status", input_model=ApprovalStatusInput,
-           output_model=ApprovalStatusOutput, personal_fields=frozenset())
+@read_tool(name="get_approval_status", title="Get an approval request's status", personal_fields=frozenset())
 def get_approval_status(ctx: ToolContext, args: ApprovalStatusInput) -> ApprovalStatusOutput:
     """Where an approval request stands; once executed, the operation's result (the same one a call with the
     original idempotency_key returns)."""

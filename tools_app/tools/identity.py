@@ -10,7 +10,7 @@ class WhoamiOutput(BaseModel):
     agent: str
 
 
-@read_tool(name="whoami", title="Who am I", input_model=ToolInput, output_model=WhoamiOutput,
+@read_tool(name="whoami", title="Who am I",
            personal_fields=frozenset())
 def whoami(ctx: ToolContext, args: ToolInput) -> WhoamiOutput:
     """Return the tenant and agent identity of the calling token: a cheap way to check credentials."""

@@ -28,6 +28,7 @@ from tools_app.tasks import agent_view
 from tools_app.tasks.models import Task
 from tools_app.toolkit.calls import checked_arguments
 from tools_app.toolkit.registry import (
+    Retention,
     ToolContext,
     ToolInput,
     ToolSpec,
@@ -94,9 +95,8 @@ def id_ttl() -> timedelta:
     return timedelta(seconds=conf().operation_id_ttl_seconds)
 
 
-@write_tool(name=PREPARE_OPERATION, title="Prepare a high-risk operation", input_model=PrepareOperationInput,
-            output_model=PreparedOutput, check=check_prepare,
-            operation_arguments=prepared_arguments, retention=id_ttl,
+@write_tool(name=PREPARE_OPERATION, title="Prepare a high-risk operation", check=check_prepare,
+            operation_arguments=prepared_arguments, retention=Retention(key=id_ttl),
             # The high-risk call's own arguments (a payee, a reason, an announcement's text).
             personal_fields=frozenset({"arguments"}))
 def prepare_operation(ctx: ToolContext, args: PrepareOperationInput) -> PreparedOutput:
@@ -144,8 +144,7 @@ class OperationView(BaseModel):
     task_id: str | None = Field(default=None, description="The task a long tool's operation runs as")
 
 
-@read_tool(name="get_operation", title="Get an operation's state", input_model=GetOperationInput,
-           output_model=OperationView, personal_fields=frozenset())
+@read_tool(name="get_operation", title="Get an operation's state", personal_fields=frozenset())
 def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
     """What became of an operation, without calling its tool again: by operation_id (every write answer carries
     it in `idempotency.operation_id`, also an in_progress answer), or by tool and idempotency_key. Answers its

@@ -72,8 +72,7 @@ def describe(row: scheduling.ScheduledOperation) -> ScheduleView:
                         next_tick_at=row.next_tick_at, recent_runs=runs)
 
 
-@write_tool(name="schedule_operation", title="Schedule a tool call", input_model=ScheduleInput,
-            output_model=ScheduleView, personal_fields=frozenset({"arguments"}))
+@write_tool(name="schedule_operation", title="Schedule a tool call", personal_fields=frozenset({"arguments"}))
 def schedule_operation(ctx: ToolContext, args: ScheduleInput) -> ScheduleView:
     """Schedule a write tool's call: once at run_at, or on a cron rule (UTC). Each occurrence is called with its
     own idempotency key (schedule-<id>-<tick>), so an occurrence never runs twice; get_schedule shows each one's
@@ -83,7 +82,7 @@ def schedule_operation(ctx: ToolContext, args: ScheduleInput) -> ScheduleView:
     return describe(row)
 
 
-@write_tool(name="pause_schedule", title="Pause a schedule", input_model=ScheduleRef, output_model=ScheduleView,
+@write_tool(name="pause_schedule", title="Pause a schedule",
             personal_fields=frozenset({"reason"}))
 def pause_schedule(ctx: ToolContext, args: ScheduleRef) -> ScheduleView:
     """Pause a scheduled operation: no occurrence comes due until resume_schedule (one already running finishes)."""
@@ -91,7 +90,7 @@ def pause_schedule(ctx: ToolContext, args: ScheduleRef) -> ScheduleView:
     return describe(scheduling.pause(row, Agent(ctx.tenant_id, ctx.actor), reason=args.reason))
 
 
-@write_tool(name="resume_schedule", title="Resume a schedule", input_model=ScheduleRef, output_model=ScheduleView,
+@write_tool(name="resume_schedule", title="Resume a schedule",
             personal_fields=frozenset({"reason"}))
 def resume_schedule(ctx: ToolContext, args: ScheduleRef) -> ScheduleView:
     """Resume a paused scheduled operation from its next tick after now (ticks missed while paused do not run)."""
@@ -99,7 +98,7 @@ def resume_schedule(ctx: ToolContext, args: ScheduleRef) -> ScheduleView:
     return describe(scheduling.resume(row, Agent(ctx.tenant_id, ctx.actor), reason=args.reason))
 
 
-@read_tool(name="get_schedule", title="A scheduled operation", input_model=ScheduleLookup, output_model=ScheduleView,
+@read_tool(name="get_schedule", title="A scheduled operation",
            personal_fields=frozenset())
 def get_schedule(ctx: ToolContext, args: ScheduleLookup) -> ScheduleView:
     """A scheduled operation of this tenant: its rule, whether it is paused, its next tick and its latest

@@ -90,7 +90,7 @@ class TaskResult(BaseModel):
 TASK_WRITE_TOOLS = frozenset({"start_task", "resume_task", "cancel_task", "pause_task", "fork_task"})
 
 
-@write_tool(name="start_task", title="Start a long task", input_model=StartTaskInput, output_model=TaskHandle,
+@write_tool(name="start_task", title="Start a long task",
             check=agent_view.check_start, operation_arguments=agent_view.start_arguments,
             # The long tool's own arguments: any of them may be personal (a document's text); the
             # webhook to tell, as send_notification's recipient.
@@ -104,8 +104,7 @@ def start_task(ctx: ToolContext, args: StartTaskInput) -> TaskHandle:
     return agent_view.handle(agent_view.start(ctx, args))
 
 
-@read_tool(name="get_task_status", title="Get a task's status", input_model=WaitingInput,
-           output_model=TaskStatusView, personal_fields=frozenset())
+@read_tool(name="get_task_status", title="Get a task's status", personal_fields=frozenset())
 def get_task_status(ctx: ToolContext, args: WaitingInput) -> TaskStatusView | Pending[TaskStatusView]:
     """Status of a task: current step, steps done/total, progress, failure class and reason, whether it can be
     cancelled or resumed, and what to do next. wait_seconds waits for it to finish, reporting progress."""
@@ -113,7 +112,7 @@ def get_task_status(ctx: ToolContext, args: WaitingInput) -> TaskStatusView | Pe
     return after(agent_view.wait_for(task, args.wait_seconds, ctx.report_progress), agent_view.describe)
 
 
-@read_tool(name="get_task_result", title="Get a task's result", input_model=WaitingInput, output_model=TaskResult,
+@read_tool(name="get_task_result", title="Get a task's result",
            personal_fields=frozenset())
 def get_task_result(ctx: ToolContext, args: WaitingInput) -> TaskResult | Pending[TaskResult]:
     """The result of a succeeded task. Otherwise an error: in_progress (still working, with the task's status),
@@ -129,7 +128,7 @@ def _result(task: Task) -> TaskResult:
     return TaskResult(task_id=str(task.pk), tool=task.tool, status=task.status, result=task.result)
 
 
-@write_tool(name="resume_task", title="Resume a task", input_model=ResumeTaskInput, output_model=TaskStatusView,
+@write_tool(name="resume_task", title="Resume a task",
             personal_fields=frozenset({"input"}))
 def resume_task(ctx: ToolContext, args: ResumeTaskInput) -> TaskStatusView:
     """Continue a paused task (with the input it asked for), retry a backing-off or transiently failed task now,
@@ -139,7 +138,7 @@ def resume_task(ctx: ToolContext, args: ResumeTaskInput) -> TaskStatusView:
     return agent_view.describe(tasks.resume(task, Agent(ctx.tenant_id, ctx.actor), answer=args.input))
 
 
-@write_tool(name="cancel_task", title="Cancel a task", input_model=CancelTaskInput, output_model=TaskStatusView,
+@write_tool(name="cancel_task", title="Cancel a task",
             personal_fields=frozenset({"reason"}))
 def cancel_task(ctx: ToolContext, args: CancelTaskInput) -> TaskStatusView:
     """Cancel a task now: it is marked cancelled at once and no further step starts (a step in progress stops at
@@ -148,7 +147,7 @@ def cancel_task(ctx: ToolContext, args: CancelTaskInput) -> TaskStatusView:
     return agent_view.describe(tasks.cancel(task, Agent(ctx.tenant_id, ctx.actor), reason=args.reason))
 
 
-@write_tool(name="pause_task", title="Pause a task", input_model=PauseTaskInput, output_model=TaskStatusView,
+@write_tool(name="pause_task", title="Pause a task",
             personal_fields=frozenset({"reason"}))
 def pause_task(ctx: ToolContext, args: PauseTaskInput) -> TaskStatusView:
     """Pause a task: a queued or backing-off task at once; a running one at its next step boundary (the step in
@@ -157,8 +156,7 @@ def pause_task(ctx: ToolContext, args: PauseTaskInput) -> TaskStatusView:
     return agent_view.describe(tasks.pause(task, Agent(ctx.tenant_id, ctx.actor), reason=args.reason))
 
 
-@write_tool(name=tasks.FORK_OPERATION, title="Re-run a task from a step", input_model=ForkTaskInput,
-            output_model=ForkHandle, personal_fields=frozenset({"reason"}))
+@write_tool(name=tasks.FORK_OPERATION, title="Re-run a task from a step", personal_fields=frozenset({"reason"}))
 def fork_task(ctx: ToolContext, args: ForkTaskInput) -> ForkHandle:
     """Re-run a task from one of its steps, in a new task: the steps before it are reused from the original's
     verified checkpoints, from_step and the steps after it run again (with their effects). The original is left
