@@ -77,7 +77,7 @@ from tools_app.toolkit.registry import (
 )
 
 # The API's version: a name removed or a signature changed incompatibly is a new major version.
-API_VERSION = "1.1"
+API_VERSION = "2.0"  # 2.0: KeepFor(kinds=...) and register_retained(default=, description=) (issue 39)
 
 __all__ = [
     "API_VERSION",

@@ -27,7 +27,7 @@ from django.conf import settings as django_settings
 from idemops.conf.fields import EnvironmentSettings, IdemopsSettings, env_name
 
 SETTINGS_MODULE = "idemops_settings"
-S = TypeVar("S", bound="type[AppSettings]")
+A = TypeVar("A", bound="AppSettings")
 
 # Every registered app settings class, in registration order.
 _REGISTERED: list[type[AppSettings]] = []
@@ -55,7 +55,7 @@ class AppSettings(EnvironmentSettings):
         return loaded
 
 
-def register_settings(cls: S) -> S:
+def register_settings(cls: type[A]) -> type[A]:
     """Make an app's settings known to start-up (a class decorator). A variable the platform or another
     app already reads is refused: one name, one meaning."""
     taken = {env_name(name): "the platform" for name in IdemopsSettings.model_fields}

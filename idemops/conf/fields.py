@@ -161,8 +161,8 @@ class IdemopsSettings(EnvironmentSettings):
     demo: bool = setting(
         default_factory=lambda data: data.get("env", "development") != "production" and demo_installed(),
         doc="The demo app (`idemops_demo`: its tools, tables and console pages); `manage.py serve` creates the "
-        "demo tenant, its people and its agent token, and starts the demo downstream systems (with "
-        "IDEMOPS_RUN_DEMO_DOWNSTREAMS). Off: no demo tool is listed and no demo table is made. On by default "
+        "demo tenant, its people and its agent token, and starts the demo downstream systems (the demo's "
+        "own settings, docs/settings.md). Off: no demo tool is listed and no demo table is made. On by default "
         "only where the demo's dependencies are installed (`make run`, `pip install 'idemops[demo]'`): an "
         "adopter who never asked for it never meets it; on without them, start-up refuses, naming them. "
         "Production refuses it on.",

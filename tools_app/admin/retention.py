@@ -38,6 +38,9 @@ class _AppKindsForm(_OverrideForm):
         return cleaned
 
 
+OVERRIDE_FIELDS = ("tenant", "tool", "records", "tasks", "artifacts")
+
+
 @admin.register(RetentionOverride)
 class RetentionOverrideAdmin(RefusalsAuditedAdmin[RetentionOverride], TenantScopedAdmin[RetentionOverride],
                              ModelAdmin[RetentionOverride]):
@@ -45,18 +48,18 @@ class RetentionOverrideAdmin(RefusalsAuditedAdmin[RetentionOverride], TenantScop
     list_display = ["tenant", "tool_display", "records", "tasks", "artifacts", "app_kinds_display", "updated_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "tool"]
     list_select_related = ["tenant"]
-    fields = ["tenant", "tool", "records", "tasks", "artifacts"]
+    fields = OVERRIDE_FIELDS
 
     # The installed apps' own kinds (retention.register_retained): a period field each, kept in app_kinds.
-    def get_fields(self, request: HttpRequest, obj: RetentionOverride | None = None) -> list[str]:
-        return [*self.fields, *retention.APP_KINDS]
+    def get_fields(self, request: HttpRequest, obj: RetentionOverride | None = None) -> tuple[str, ...]:
+        return (*OVERRIDE_FIELDS, *retention.APP_KINDS)
 
     def get_form(self, request: HttpRequest, obj: RetentionOverride | None = None, change: bool = False,
                  **kwargs: Any) -> type[forms.ModelForm[RetentionOverride]]:
         kinds = {kind: forms.DurationField(required=False, help_text=spec.description)
                  for kind, spec in retention.APP_KINDS.items()}
         base = type("RetentionOverrideForm", (_AppKindsForm,), kinds)
-        kwargs["fields"] = list(self.fields)
+        kwargs["fields"] = list(OVERRIDE_FIELDS)
         form: type[forms.ModelForm[RetentionOverride]] = super().get_form(request, obj, change, form=base, **kwargs)
         return form
 
