@@ -69,9 +69,9 @@ lint: $(DEV)
 	$(VENV)/bin/lint-imports
 	DATABASE_URL=postgresql://lint@127.0.0.1:1/never $(VENV)/bin/mypy
 
-# docs/settings.md is generated from idemops/conf/fields.py (tests/deploy/test_settings.py fails when it is stale).
+# docs/settings.md is generated from idemops/conf/fields.py and the demo's idemops_demo/idemops_settings.py (tests/deploy/test_settings.py fails when it is stale).
 settings-doc: $(RUNTIME)
-	$(PY) -m idemops.conf > docs/settings.md
+	$(PY) -m idemops.conf idemops_demo > docs/settings.md
 
 # Stop the embedded PostgreSQL servers (make run's, and the tests' or benchmarks' left by a killed run: a test
 # session stops the servers it started, tests/conftest.py).

@@ -24,7 +24,9 @@ from idemops.conf.fields import missing_demo_dependencies
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 try:
-    _environment = conf.load()
+    # The demo's own settings (idemops_demo/idemops_settings.py) are known whether it is on or off, so a
+    # deployment that sets them and turns the demo off still starts; the platform reads none of them.
+    _environment = conf.load(apps=["idemops_demo"])
 except conf.SettingsError as error:
     # One readable message per problem, not a traceback; manage.py, uvicorn and qcluster all
     # import this module first, so each of them stops here.
@@ -404,6 +406,8 @@ IDEMOPS = _environment.model_copy(update={
     "key_digest_secret": _environment.key_digest_secret or SecretStr(derived_secret("idemops:key-digest")),
     "database_url": _database,
 })
+# Each app's own settings (idemops.conf.AppSettings) start-up read, by class: `<class>.current()` reads them.
+IDEMOPS_APPS = conf.apps.loaded()
 
 # Notification email goes through Django's SMTP backend (make run starts a
 # local sink on 8025; point IDEMOPS_EMAIL_HOST at a real relay in production).

@@ -83,7 +83,7 @@ from tools_app.toolkit.registry import (
 # The API's version: a name removed or a signature changed incompatibly is a new major version.
 # 1.2: models read from the handler's annotations, rules typed over the input model, `Retention` and
 # `Reconciliation` group their keywords (the old keywords still work, with a DeprecationWarning).
-API_VERSION = "1.2"
+API_VERSION = "2.0"  # 2.0: KeepFor(kinds=...) and register_retained(default=, description=) (issue 39)
 
 __all__ = [
     "API_VERSION",

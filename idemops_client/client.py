@@ -29,14 +29,17 @@ in flight on it, and the next attempt opens a new one.
 from __future__ import annotations
 
 import contextvars
+import functools
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import anyio
 import httpx2
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 from mcp import Client
 from mcp.client.session import ElicitationFnT
 from mcp_types import CallToolResult, ListToolsResult, RequestParamsMeta
@@ -57,9 +60,6 @@ from idemops_client.transport import (
     observe,
     result_text,
 )
-
-if TYPE_CHECKING:
-    from idemops_client.sync import SyncClient
 
 T = TypeVar("T")
 # The operation (one call(), all its attempts) whose trace an attempt joins.
@@ -150,8 +150,6 @@ class IdempotentClient:
     @classmethod
     def sync(cls, url: str, token: str | None = None, **options: Any) -> SyncClient:
         """The same client for code that is not async: `with IdempotentClient.sync(url, token) as c: c.call(...)`."""
-        from idemops_client.sync import SyncClient
-
         return SyncClient(url, token, **options)
 
     @property
@@ -526,3 +524,50 @@ def tool_info(tool: Any, advertisement: Advertisement | None = None) -> ToolInfo
                     non_business_fields=frozenset(meta.get(NON_BUSINESS_META) or ()))
 
 
+class SyncClient:
+    """IdempotentClient's API without `await` (`IdempotentClient.sync(...)` makes one)."""
+
+    def __init__(self, url: str, token: str | None = None, **options: Any):
+        self.client = IdempotentClient(url, token, **options)
+        self._portal: BlockingPortal | None = None
+        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
+
+    def __enter__(self) -> SyncClient:
+        self._portal_cm = start_blocking_portal()
+        self._portal = self._portal_cm.__enter__()
+        try:
+            self._portal.call(self.client.__aenter__)
+        except BaseException as exc:
+            self._portal_cm.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        assert self._portal is not None and self._portal_cm is not None
+        try:
+            self._portal.call(self.client.__aexit__, None, None, None)
+        finally:
+            self._portal_cm.__exit__(*exc_info)
+            self._portal = self._portal_cm = None
+
+    def _run(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._portal is None:
+            raise ClientError("use SyncClient in `with`")
+        return self._portal.call(functools.partial(function, *args, **kwargs))
+
+    @property
+    def ledger(self) -> SessionLedger:
+        return self.client.ledger
+
+    def call(self, tool: str, arguments: Mapping[str, Any] | None = None, *, key: str | None = None,
+             policy: RetryPolicy | None = None) -> CallResult:
+        result: CallResult = self._run(self.client.call, tool, arguments, key=key, policy=policy)
+        return result
+
+    def tools(self, refresh: bool = False) -> dict[str, ToolInfo]:
+        tools: dict[str, ToolInfo] = self._run(self.client.tools, refresh)
+        return tools
+
+    def refresh(self) -> list[Entry]:
+        entries: list[Entry] = self._run(self.client.refresh)
+        return entries

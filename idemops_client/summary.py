@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from idemops_client.ledger import Entry, State
+from idemops_client.entries import Entry, State
 
 SECRET_NAME = re.compile(r"pass(word)?|secret|token|api_?key|credential|authorization", re.IGNORECASE)
 MAX_ARGUMENTS = 4

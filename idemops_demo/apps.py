@@ -1,3 +1,5 @@
+from datetime import timedelta
+
 from django.apps import AppConfig
 
 
@@ -17,8 +19,9 @@ class DemoConfig(AppConfig):
         from psycopg.conninfo import make_conninfo
 
         from idemops.conf import conf
+        from idemops_demo.idemops_settings import DemoSettings
 
-        if not conf().run_demo_downstreams:
+        if not DemoSettings.current().run_demo_downstreams:
             return []
         # idemops/settings.py sets it at start-up (to the embedded server's when DATABASE_URL is unset).
         url = conf().database_url
@@ -37,9 +40,13 @@ class DemoConfig(AppConfig):
 
         from idemops.tools import register_retained
         from idemops_demo import documents
+        from idemops_demo.idemops_settings import DemoSettings
 
         # `migrate` (and `check --database default`) stop on a server without pgvector, saying so.
         checks.register(documents.check_pgvector, checks.Tags.database)
-        # The documents' retention (IDEMOPS_RETENTION_DOCUMENTS_HOURS, KeepFor.documents) removes them.
+        # The demo's own retention kind: documents, with their chunks and vectors, kept
+        # IDEMOPS_RETENTION_DOCUMENTS_HOURS (its own setting) unless a tool (KeepFor(kinds=...)) or a tenant says.
         register_retained("documents", model=documents.Document, tool="task__tool", since="created_at",
-                          purge=documents.purge_documents, action="document.purged")
+                          purge=documents.purge_documents, action="document.purged",
+                          default=lambda: timedelta(hours=DemoSettings.current().retention_documents_hours),
+                          description="Ingested documents, with their chunks and vectors, from their creation.")

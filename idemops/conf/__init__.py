@@ -9,6 +9,8 @@ the object through Django's `settings` fixture with `override_conf(settings, ...
 
 - `fields.py`: every setting (type, unit, default, bounds, description) and RENAMED.
 - `startup.py`: `load()`, and the refusal when the environment is wrong.
+- `apps.py`: an app's own settings (`AppSettings`, `register_settings`), declared in its
+  `idemops_settings` module, read and validated by `load()` with the platform's.
 - `words.py`: what a field accepts, in words; docs/settings.md (`make settings-doc`,
   `python -m idemops.conf`; a test checks it is up to date).
 """
@@ -21,12 +23,27 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from idemops.conf.fields import PREFIX, RENAMED, CrashPoint, IdemopsSettings, env_name, environment_names
+from idemops.conf.apps import AppSettings, register_settings
+from idemops.conf.apps import owner as _owner
+from idemops.conf.fields import (
+    PREFIX,
+    RENAMED,
+    CrashPoint,
+    HttpUrl,
+    IdemopsSettings,
+    Seconds,
+    TextList,
+    UrlList,
+    env_name,
+    environment_names,
+    setting,
+)
 from idemops.conf.startup import SettingsError, load
 from idemops.conf.words import expected, markdown
 
-__all__ = ["PREFIX", "RENAMED", "CrashPoint", "IdemopsSettings", "SettingsError", "conf", "env_name",
-           "environment_names", "expected", "load", "markdown", "override_conf"]
+__all__ = ["PREFIX", "RENAMED", "AppSettings", "CrashPoint", "HttpUrl", "IdemopsSettings", "Seconds",
+           "SettingsError", "TextList", "UrlList", "conf", "env_name", "environment_names", "expected", "load",
+           "markdown", "override_conf", "register_settings", "setting"]
 
 
 def conf() -> IdemopsSettings:
@@ -52,9 +69,21 @@ def _forget(*, setting: str, **_: Any) -> None:
 
 def override_conf(settings: Any, **changes: Any) -> IdemopsSettings:
     """Replace settings.IDEMOPS by a validated copy with `changes` (field names), for tests: with
-    pytest-django's `settings` fixture the original comes back after the test."""
+    pytest-django's `settings` fixture the original comes back after the test. A field of an app's
+    settings (AppSettings) changes that app's values (settings.IDEMOPS_APPS) the same way."""
     current = settings.IDEMOPS
-    changed: IdemopsSettings = type(current).model_validate({**current.model_dump(), **changes})
+    # A name neither the platform nor an app has is left to the platform's validation, which refuses it.
+    mine = {name: value for name, value in changes.items()
+            if name in type(current).model_fields or _owner(name) is None}
+    apps = dict(getattr(settings, "IDEMOPS_APPS", {}))
+    for name, value in changes.items():
+        model = _owner(name)
+        if name in mine or model is None:
+            continue
+        values = apps.get(model) or model()
+        apps[model] = type(values).model_validate({**values.model_dump(), name: value})
+    settings.IDEMOPS_APPS = apps
+    changed: IdemopsSettings = type(current).model_validate({**current.model_dump(), **mine})
     settings.IDEMOPS = changed
     _current[0] = None  # also where `settings` is Django's own object, which sends no setting_changed
     return changed

@@ -1,7 +1,9 @@
-"""`python -m idemops.conf` writes docs/settings.md to standard output (`make settings-doc`)."""
+"""`python -m idemops.conf [app ...]` writes docs/settings.md to standard output (`make settings-doc`):
+the platform's settings, then each named app's own (its `idemops_settings` module)."""
 
 import sys
 
+from idemops.conf.apps import discover
 from idemops.conf.words import markdown
 
-sys.stdout.write(markdown())
+sys.stdout.write(markdown(discover(sys.argv[1:])))

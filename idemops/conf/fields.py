@@ -47,8 +47,6 @@ RENAMED = {
     "MCP_ALLOWED_ORIGINS": "IDEMOPS_MCP_ALLOWED_ORIGINS",
     "MCP_DB_THREADS": "IDEMOPS_MCP_DB_THREADS",
     "MCP_MAX_REQUEST_BYTES": "IDEMOPS_MCP_MAX_REQUEST_BYTES",
-    "PAYMENT_GATEWAY_URL": "IDEMOPS_PAYMENT_GATEWAY_URL",
-    "PAYMENT_GATEWAY_TIMEOUT_SECONDS": "IDEMOPS_PAYMENT_GATEWAY_TIMEOUT_SECONDS",
     "NOTIFICATION_WEBHOOK_ALLOWED_PREFIXES": "IDEMOPS_WEBHOOK_ALLOWED_PREFIXES",
     "NOTIFICATION_WEBHOOK_TIMEOUT_SECONDS": "IDEMOPS_WEBHOOK_TIMEOUT_SECONDS",
     "EMAIL_HOST": "IDEMOPS_EMAIL_HOST",
@@ -109,27 +107,49 @@ TextList = Annotated[list[str], NoDecode]
 UrlList = Annotated[list[HttpUrl], NoDecode]
 
 
-def setting(default: Any = PydanticUndefined, doc: str = "", *, shown: str | None = None, section: str,
+def setting(default: Any = PydanticUndefined, doc: str = "", *, shown: str | None = None, section: str = "",
             **field: Any) -> Any:
     """A field with its one-line description, its section in docs/settings.md and, where the
-    default is computed, how the doc shows it."""
+    default is computed, how the doc shows it. An app's settings (AppSettings) need no section: the
+    doc lists them under the app's title."""
     return Field(default, description=doc, json_schema_extra={"section": section, "shown": shown}, **field)
 
 
 (WEB, OBSERVABILITY, TRACES, SECRETS, DATABASE, JOBS, MCP, OAUTH, LIMITS, WRITES, RECONCILE, DOWNSTREAM, EMAIL,
- OUTBOX, TASKS, DOCUMENTS, CONSOLE, RETENTION, AUDIT, TESTING) = (
+ OUTBOX, TASKS, CONSOLE, RETENTION, AUDIT, TESTING) = (
     "Web and processes", "Logs and metrics", "Traces (OpenTelemetry's own variables)", "Secrets", "Database",
     "Job cluster (django-q2)", "MCP endpoint", "Agents' OAuth (docs/auth.md)", "Per-tenant limits",
     "Writes, leases and outages", "Reconciliation of unknown outcomes", "Downstream systems",
-    "Email", "Outbox relay", "Long tasks", "Documents", "Operators' console", "Retention and purge",
+    "Email", "Outbox relay", "Long tasks", "Operators' console", "Retention and purge",
     "Audit log (docs/audit-log.md)", "Testing")
 
 
-class IdemopsSettings(BaseSettings):
-    """Every idemops setting, each from IDEMOPS_<NAME> (DATABASE_URL excepted)."""
+class EnvironmentSettings(BaseSettings):
+    """Settings read from IDEMOPS_<NAME> variables: the platform's (IdemopsSettings) and each app's
+    (idemops.conf.AppSettings), with the same rules for lists, empty values and frozen objects."""
 
     model_config = SettingsConfigDict(env_prefix=PREFIX, frozen=True, extra="forbid", validate_by_name=True,
                                       validate_default=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _from_environment(cls, value: Any, info: ValidationInfo) -> Any:
+        """Comma-separated lists; an empty optional value is unset; log levels in any case."""
+        if not isinstance(value, str):
+            return value
+        assert info.field_name is not None, "a field validator always validates a field"
+        field = cls.model_fields[info.field_name]
+        if NoDecode in field.metadata:
+            return [item.strip() for item in value.split(",") if item.strip()]
+        if value == "" and types.NoneType in typing.get_args(field.annotation):
+            return None
+        if info.field_name == "log_level":
+            return value.upper()
+        return value
+
+
+class IdemopsSettings(EnvironmentSettings):
+    """Every idemops setting, each from IDEMOPS_<NAME> (DATABASE_URL excepted)."""
 
     # --- web and processes ---
     # Declared first: the defaults below that depend on it (demo) read it.
@@ -141,8 +161,8 @@ class IdemopsSettings(BaseSettings):
     demo: bool = setting(
         default_factory=lambda data: data.get("env", "development") != "production" and demo_installed(),
         doc="The demo app (`idemops_demo`: its tools, tables and console pages); `manage.py serve` creates the "
-        "demo tenant, its people and its agent token, and starts the demo downstream systems (with "
-        "IDEMOPS_RUN_DEMO_DOWNSTREAMS). Off: no demo tool is listed and no demo table is made. On by default "
+        "demo tenant, its people and its agent token, and starts the demo downstream systems (the demo's "
+        "own settings, docs/settings.md). Off: no demo tool is listed and no demo table is made. On by default "
         "only where the demo's dependencies are installed (`make run`, `pip install 'idemops[demo]'`): an "
         "adopter who never asked for it never meets it; on without them, start-up refuses, naming them. "
         "Production refuses it on.",
@@ -338,7 +358,7 @@ class IdemopsSettings(BaseSettings):
         "token is refused by every process at most this long after the revocation (0: read every call).",
         ge=0, section=MCP)
     mcp_max_request_bytes: int = setting(
-        32 * 1024 * 1024, "Largest /mcp request body (ingest_document takes documents inline).", gt=0,
+        32 * 1024 * 1024, "Largest /mcp request body (a tool may take a whole file inline).", gt=0,
         section=MCP)
     mcp_user_confirmation: bool = setting(
         True, "A call through /mcp of a tool that declares a confirmation rule asks the person behind the agent "
@@ -443,17 +463,6 @@ class IdemopsSettings(BaseSettings):
     incident_state_seconds: Seconds = setting(
         1, "How often each process re-reads the pauses and breaker states it checks before a write runs: a "
         "pause or an opened breaker applies everywhere within this time.", section=DOWNSTREAM)
-    run_demo_downstreams: bool = setting(
-        True, "`make run` starts the demo payment gateway and notification sink (with IDEMOPS_DEMO on).",
-        section=DOWNSTREAM)
-    payment_gateway_url: HttpUrl = setting(
-        "http://127.0.0.1:8001", "Base URL of the payment gateway request_payment calls.", section=DOWNSTREAM)
-    payment_gateway_timeout_seconds: Seconds = setting(
-        5, "Timeout of one payment gateway request; a timeout is an unknown outcome.", section=DOWNSTREAM)
-    payment_gateway_callback_secret: SecretStr = setting(
-        SecretStr(""), "Shared secret of the payment gateway's signed callbacks to /callbacks/payment-gateway, "
-        "which settle an unknown payment at once (empty: callbacks are refused).", shown="empty",
-        section=DOWNSTREAM)
     webhook_allowed_prefixes: UrlList = setting(
         ["http://127.0.0.1:8002/webhooks/"], "URL prefixes a webhook recipient must fall under "
         "(comma-separated).", section=DOWNSTREAM)
@@ -546,28 +555,6 @@ class IdemopsSettings(BaseSettings):
         3600, "A subscriptions/listen stream for tasks ends (gracefully) after this long; the client listens "
         "again if it still cares.", section=TASKS)
 
-    # --- documents ---
-    document_allowed_dirs: TextList = setting(
-        [], "Absolute directories whose files ingest_document may read (comma-separated; empty: none).",
-        section=DOCUMENTS)
-    document_allowed_url_prefixes: UrlList = setting(
-        [], "URL prefixes ingest_document may fetch from (comma-separated; empty: none).", section=DOCUMENTS)
-    document_max_bytes: int = setting(20 * 1024 * 1024, "Largest document.", gt=0, section=DOCUMENTS)
-    document_fetch_timeout_seconds: Seconds = setting(30, "Timeout of one document fetch.", section=DOCUMENTS)
-    document_chunk_chars: int = setting(1200, "Size of a document chunk.", ge=1, section=DOCUMENTS)
-    document_embed_batch: int = setting(
-        64, "Chunks embedded (and written) per batch of the embed step: a crash loses at most one batch.", ge=1,
-        le=10_000, section=DOCUMENTS)
-    search_rrf_k: int = setting(
-        60, "The k of reciprocal-rank fusion in hybrid search: score = sum of 1/(k + rank) over the keyword and "
-        "the semantic ranking.", ge=1, section=DOCUMENTS)
-    search_candidates: int = setting(
-        50, "Hits each ranking (keyword, semantic) contributes to hybrid search before fusion.", ge=1, le=1000,
-        section=DOCUMENTS)
-
-    ticket_batch_chunk: int = setting(
-        250, "Tickets process_ticket_batch changes per transaction (a crash resumes at the chunk it was in).",
-        ge=1, le=10_000, section=TASKS)
 
     # --- retention ---
     retention_records_hours: float = setting(
@@ -579,9 +566,6 @@ class IdemopsSettings(BaseSettings):
         gt=0, section=RETENTION)
     retention_artifacts_hours: float = setting(
         24 * 7, "How long a finished task keeps its checkpoints and artifacts (step outputs), from its finish.",
-        gt=0, section=RETENTION)
-    retention_documents_hours: float = setting(
-        24 * 365, "How long an ingested document (and its chunks and vectors) is kept, from its creation.",
         gt=0, section=RETENTION)
     retention_purge_minutes: int = setting(
         60, "How often the purge job runs as a django-q2 schedule.", ge=1, section=RETENTION)
@@ -654,22 +638,6 @@ class IdemopsSettings(BaseSettings):
             if secret is not None and not _is_key_of_32_bytes(secret.get_secret_value()):
                 raise ValueError("not 32 bytes in base64 (make one with: python -c 'import os, base64; "
                                  "print(base64.b64encode(os.urandom(32)).decode())')")
-        return value
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _from_environment(cls, value: Any, info: ValidationInfo) -> Any:
-        """Comma-separated lists; an empty optional value is unset; log levels in any case."""
-        if not isinstance(value, str):
-            return value
-        assert info.field_name is not None, "a field validator always validates a field"
-        field = cls.model_fields[info.field_name]
-        if NoDecode in field.metadata:
-            return [item.strip() for item in value.split(",") if item.strip()]
-        if value == "" and types.NoneType in typing.get_args(field.annotation):
-            return None
-        if info.field_name == "log_level":
-            return value.upper()
         return value
 
     @model_validator(mode="after")
@@ -767,9 +735,9 @@ def _is_key_of_32_bytes(text: str) -> bool:
         return False
 
 
-def env_name(field_name: str) -> str:
-    """The environment variable of a field."""
-    field = IdemopsSettings.model_fields[field_name]
+def env_name(field_name: str, model: type[EnvironmentSettings] | None = None) -> str:
+    """The environment variable of a field (of the platform's settings, or of `model`)."""
+    field = (model or IdemopsSettings).model_fields[field_name]
     return field.validation_alias if isinstance(field.validation_alias, str) else PREFIX + field_name.upper()
 
 

@@ -14,7 +14,8 @@ import typing
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from idemops.conf.fields import PREFIX, RENAMED, IdemopsSettings, env_name, environment_names
+from idemops.conf import apps as app_settings
+from idemops.conf.fields import PREFIX, RENAMED, EnvironmentSettings, IdemopsSettings, env_name, environment_names
 from idemops.conf.words import expected
 
 
@@ -29,27 +30,45 @@ class SettingsError(Exception):
             *(f"  - {problem}" for problem in problems)]))
 
 
-def load() -> IdemopsSettings:
-    """The settings from the environment, or SettingsError listing every problem found."""
-    problems = _old_names(os.environ) + _unknown_names(os.environ)
+def load(apps: typing.Sequence[str] = ()) -> IdemopsSettings:
+    """The settings from the environment, or SettingsError listing every problem found.
+
+    `apps` (and IDEMOPS_EXTRA_APPS) are the apps whose own settings (their `idemops_settings` module,
+    idemops.conf.apps) are read too: their variables are known, and their values validated here."""
+    problems = []
     try:
         loaded = IdemopsSettings()
     except ValidationError as error:
         problems += [line for detail in error.errors(include_url=False) for line in _describe(detail)]
         loaded = None
+    # The extra apps are known even when another platform value is wrong: every problem is told at once.
+    extra_apps = loaded.extra_apps if loaded is not None else [
+        app.strip() for app in os.environ.get(env_name("extra_apps"), "").split(",") if app.strip()]
+    declared = app_settings.discover([*apps, *extra_apps])
+    problems = _old_names(os.environ, declared) + problems + _unknown_names(os.environ, declared)
+    values: dict[type[app_settings.AppSettings], app_settings.AppSettings] = {}
+    for model in declared:
+        try:
+            values[model] = model()
+        except ValidationError as error:
+            problems += [line for detail in error.errors(include_url=False) for line in _describe(detail, model)]
     if problems:
         raise SettingsError(problems)
     assert loaded is not None, "every validation error is described as a problem"
+    app_settings.remember(values)
     return loaded
 
 
-def _old_names(environ: typing.Mapping[str, str]) -> list[str]:
+def _old_names(environ: typing.Mapping[str, str],
+               declared: typing.Sequence[type[app_settings.AppSettings]] = ()) -> list[str]:
+    renamed = {**RENAMED, **{old: new for model in declared for old, new in model.renamed.items()}}
     return [f"{old} is no longer read: set {new} instead"
-            for old, new in RENAMED.items() if old in environ]
+            for old, new in renamed.items() if old in environ]
 
 
-def _unknown_names(environ: typing.Mapping[str, str]) -> list[str]:
-    known = environment_names()
+def _unknown_names(environ: typing.Mapping[str, str],
+                   declared: typing.Sequence[type[EnvironmentSettings]] = ()) -> list[str]:
+    known = environment_names() | {env_name(name, model): name for model in declared for name in model.model_fields}
     problems = []
     for name in sorted(environ):
         if name.upper().startswith(PREFIX) and name.upper() not in known:
@@ -59,14 +78,14 @@ def _unknown_names(environ: typing.Mapping[str, str]) -> list[str]:
     return problems
 
 
-def _describe(detail: ErrorDetails) -> list[str]:
+def _describe(detail: ErrorDetails, model: type[EnvironmentSettings] = IdemopsSettings) -> list[str]:
     if detail["type"] == "default_factory_not_called":
         return []  # a consequence of another field's error, reported on its own line
     if not detail["loc"]:
         return detail["msg"].split("\n")
     first = str(detail["loc"][0])  # a setting's name: a top-level location is never a list index
-    name = environment_names().get(first, first)  # an alias (DATABASE_URL) or a name
-    field = IdemopsSettings.model_fields.get(name)
+    name = environment_names().get(first, first) if model is IdemopsSettings else first  # an alias or a name
+    field = model.model_fields.get(name)
     if field is None:
         return [f"{name}: {detail['msg']}"]
     # Secrets and the database URL (its password) are not echoed.
@@ -74,4 +93,4 @@ def _describe(detail: ErrorDetails) -> list[str]:
     value = "<hidden>" if secret else repr(detail.get("input"))
     item = f" (item {detail['loc'][1] + 1})" if len(detail["loc"]) > 1 and isinstance(detail["loc"][1], int) else ""
     message = detail["msg"][0].lower() + detail["msg"][1:]
-    return [f"{env_name(name)}={value}{item}: {message}; expected {expected(name)}"]
+    return [f"{env_name(name, model)}={value}{item}: {message}; expected {expected(name, model)}"]

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, SecretStr
 from idemops.conf.fields import (
     PREFIX,
     RENAMED,
+    EnvironmentSettings,
     IdemopsSettings,
     check_http_url,
     check_network,
@@ -67,9 +68,9 @@ def _kind(annotation: Any, metadata: Sequence[Any] = ()) -> str:
             SecretStr: "text (secret)"}.get(annotation, "text")
 
 
-def expected(name: str) -> str:
+def expected(name: str, model: type[EnvironmentSettings] = IdemopsSettings) -> str:
     """What a field accepts, in words: `a number of seconds > 0`."""
-    field = IdemopsSettings.model_fields[name]
+    field = model.model_fields[name]
     if name in ("port", "email_port"):
         return "a port number, 1 to 65535"
     kind, unit, bounds = _kind(field.annotation, field.metadata), _unit(name), _bounds(field.metadata)
@@ -78,15 +79,15 @@ def expected(name: str) -> str:
     return f"{kind} {bounds}".strip()
 
 
-def _extra(name: str) -> dict[str, Any]:
+def _extra(name: str, model: type[EnvironmentSettings] = IdemopsSettings) -> dict[str, Any]:
     """What `setting()` said of a field beyond pydantic's own (its section, how its default is shown)."""
-    extra = IdemopsSettings.model_fields[name].json_schema_extra
+    extra = model.model_fields[name].json_schema_extra
     return extra if isinstance(extra, dict) else {}
 
 
-def _shown_default(name: str) -> str:
-    field = IdemopsSettings.model_fields[name]
-    if shown := _extra(name).get("shown"):
+def _shown_default(name: str, model: type[EnvironmentSettings] = IdemopsSettings) -> str:
+    field = model.model_fields[name]
+    if shown := _extra(name, model).get("shown"):
         return str(shown)
     default = field.default
     if default is None:
@@ -104,8 +105,17 @@ def _shown_default(name: str) -> str:
     return f"`{default}`"
 
 
-def markdown() -> str:
-    """docs/settings.md."""
+def _table(model: type[EnvironmentSettings], names: list[str]) -> list[str]:
+    lines = ["| Variable | Default | Type | What it does |", "| --- | --- | --- | --- |"]
+    for name in names:
+        lines.append(f"| `{env_name(name, model)}` | {_shown_default(name, model)} | {expected(name, model)} | "
+                     f"{model.model_fields[name].description} |")
+    return lines
+
+
+def markdown(apps: Sequence[type[EnvironmentSettings]] = ()) -> str:
+    """docs/settings.md: the platform's settings, then each of `apps`' (idemops.conf.AppSettings) under
+    its title."""
     lines = [
         "# Settings",
         "",
@@ -129,11 +139,16 @@ def markdown() -> str:
     for name in IdemopsSettings.model_fields:
         sections.setdefault(str(_extra(name)["section"]), []).append(name)
     for section, names in sections.items():
-        lines += ["", f"## {section}", "", "| Variable | Default | Type | What it does |", "| --- | --- | --- | --- |"]
-        for name in names:
-            field = IdemopsSettings.model_fields[name]
-            lines.append(f"| `{env_name(name)}` | {_shown_default(name)} | {expected(name)} | "
-                         f"{field.description} |")
+        lines += ["", f"## {section}", "", *_table(IdemopsSettings, names)]
+    for model in apps:
+        lines += ["", f"## {getattr(model, 'title', '') or model.__name__}", "",
+                  "An app's own settings (its `idemops_settings` module, registered with "
+                  "`idemops.conf.register_settings`): read only where the app is installed.", "",
+                  *_table(model, list(model.model_fields))]
+        if renamed := getattr(model, "renamed", {}):
+            lines += ["", "Its old names (setting one stops start-up, naming its replacement):", "",
+                      "| Old variable | New variable |", "| --- | --- |",
+                      *(f"| `{old}` | `{new}` |" for old, new in renamed.items())]
     lines += ["", "## Old names", "",
               "These variables were renamed; setting one stops start-up, naming its replacement.", "",
               "| Old variable | New variable |", "| --- | --- |"]

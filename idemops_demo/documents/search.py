@@ -20,9 +20,9 @@ from django.db import connection, transaction
 from django.db.models import F, QuerySet
 from pgvector.django import CosineDistance
 
-from idemops.conf import conf
 from idemops_demo.documents import embeddings
 from idemops_demo.documents.models import SEARCH_CONFIG, DocumentChunk
+from idemops_demo.idemops_settings import DemoSettings
 
 Mode = Literal["keyword", "semantic", "hybrid"]
 MODES: tuple[str, ...] = ("keyword", "semantic", "hybrid")
@@ -87,9 +87,10 @@ def search(tenant_id: int, query: str, limit: int, mode: Mode = "hybrid") -> lis
     elif mode == "semantic":
         ranked = [(pk, score, ["semantic"]) for pk, score in semantic_ranking(tenant_id, query, limit)]
     else:
-        depth = max(limit, conf().search_candidates)
+        own = DemoSettings.current()
+        depth = max(limit, own.search_candidates)
         ranked = fuse({"keyword": keyword_ranking(tenant_id, query, depth),
-                       "semantic": semantic_ranking(tenant_id, query, depth)}, conf().search_rrf_k)[:limit]
+                       "semantic": semantic_ranking(tenant_id, query, depth)}, own.search_rrf_k)[:limit]
     parsed = SearchQuery(query, search_type="websearch", config=SEARCH_CONFIG)
     chunks = {chunk.pk: chunk for chunk in DocumentChunk.objects.filter(pk__in=[pk for pk, _, _ in ranked])
               .annotate(snippet=SearchHeadline("text", parsed, config=SEARCH_CONFIG, start_sel="**",

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx2
 
-from idemops.conf import conf
 from idemops.tools import CheckedUrl, InvalidInput, NotFound, PermissionDenied, Transient, check_url, retry_after_header
+from idemops_demo.idemops_settings import DemoSettings
 
 READ_BLOCK = 1024 * 1024
 
@@ -29,7 +29,7 @@ def no_progress(done: float, total: float | None = None, message: str = "") -> N
 
 
 def max_bytes() -> int:
-    return conf().document_max_bytes
+    return DemoSettings.current().document_max_bytes
 
 
 def allowed_path(raw: str) -> Path:
@@ -38,7 +38,7 @@ def allowed_path(raw: str) -> Path:
     if not path.is_absolute():
         raise InvalidInput("path must be absolute")
     real = path.resolve()
-    for directory in conf().document_allowed_dirs:
+    for directory in DemoSettings.current().document_allowed_dirs:
         if real.is_relative_to(Path(directory).resolve()):
             return real
     raise InvalidInput("path is not under a directory this server may read (IDEMOPS_DOCUMENT_ALLOWED_DIRS)")
@@ -47,7 +47,7 @@ def allowed_path(raw: str) -> Path:
 def allowed_url(raw: str) -> CheckedUrl:
     """Where `raw` may be fetched from, if it passes IDEMOPS_DOCUMENT_ALLOWED_URL_PREFIXES
     (idemops.tools.check_url)."""
-    return check_url(raw, conf().document_allowed_url_prefixes, field="url")
+    return check_url(raw, DemoSettings.current().document_allowed_url_prefixes, field="url")
 
 
 def decode_base64(value: str) -> bytes:
@@ -90,7 +90,7 @@ def fetch_url(raw: str, progress: Progress = no_progress) -> bytes:
     the address the check resolved.
     """
     target = allowed_url(raw)
-    timeout = conf().document_fetch_timeout_seconds
+    timeout = DemoSettings.current().document_fetch_timeout_seconds
     try:
         with httpx2.Client(timeout=timeout) as client, closing(target.send(client, "GET", stream=True)) as response:
             _check_status(response)

@@ -17,7 +17,6 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, model_validator
 
-from idemops.conf import conf
 from idemops.tools import (
     InvalidInput,
     ObjectId,
@@ -33,6 +32,7 @@ from idemops.tools import (
     read_tool,
 )
 from idemops_demo import documents
+from idemops_demo.idemops_settings import DemoSettings
 
 SOURCES = ("text", "content_base64", "path", "url")
 
@@ -137,7 +137,7 @@ def extract_text(ctx: StepContext[IngestDocumentInput]) -> dict[str, Any]:
 
 
 def chunk(ctx: StepContext[IngestDocumentInput]) -> dict[str, Any]:
-    return {"chunks": documents.chunk(ctx.outputs["extract_text"]["text"], conf().document_chunk_chars)}
+    return {"chunks": documents.chunk(ctx.outputs["extract_text"]["text"], DemoSettings.current().document_chunk_chars)}
 
 
 def index(ctx: StepContext[IngestDocumentInput]) -> dict[str, Any]:
@@ -154,7 +154,8 @@ def embed(ctx: StepContext[IngestDocumentInput]) -> dict[str, Any]:
     # The vectors go to the chunk rows, a batch per transaction, not into this step's output: a
     # resumed step embeds only the chunks still without one (documents.embed_chunks).
     document_id = ctx.outputs["index"]["document_id"]
-    total = documents.embed_chunks(document_id, batch=conf().document_embed_batch, progress=ctx.progress)
+    total = documents.embed_chunks(document_id, batch=DemoSettings.current().document_embed_batch,
+                                   progress=ctx.progress)
     return {"document_id": document_id, "embedded": total, "model": documents.EMBEDDING_MODEL}
 
 

@@ -28,7 +28,6 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import BaseModel, Field
 
-from idemops.conf import conf
 from idemops.tools import (
     InvalidInput,
     KeepFor,
@@ -46,6 +45,7 @@ from idemops.tools import (
     long_tool,
     relay_message,
 )
+from idemops_demo.idemops_settings import DemoSettings
 from idemops_demo.models import Customer
 from idemops_demo.tools.payments import gateway_url
 
@@ -80,8 +80,8 @@ def _mandate_key(ctx: StepContext[OnboardCustomerInput]) -> str:
 
 def _gateway(method: str, path: str, **kwargs: Any) -> httpx2.Response:
     try:
-        return downstream_request(method, gateway_url(path), timeout=conf().payment_gateway_timeout_seconds,
-                                  **kwargs)
+        return downstream_request(method, gateway_url(path),
+                                  timeout=DemoSettings.current().payment_gateway_timeout_seconds, **kwargs)
     except UnknownOutcome as exc:
         # Sent, answer lost: the same request with the same key again is safe (the gateway deduplicates).
         raise Transient(f"the payment gateway's answer was lost; asking again with the same key ({exc.message})"

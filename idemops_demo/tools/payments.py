@@ -21,7 +21,6 @@ from typing import Annotated, Any, Protocol
 import httpx2
 from pydantic import BaseModel, Field
 
-from idemops.conf import conf
 from idemops.tools import (
     ApprovalPolicy,
     ConfirmationPolicy,
@@ -43,6 +42,7 @@ from idemops.tools import (
     traced_request,
     write_tool,
 )
+from idemops_demo.idemops_settings import DemoSettings
 
 
 class RequestPaymentInput(WriteInput):
@@ -68,11 +68,11 @@ OPERATION_ID_HEADER = "X-Operation-Id"
 
 
 def gateway_url(path: str) -> str:
-    return conf().payment_gateway_url.rstrip("/") + path
+    return DemoSettings.current().payment_gateway_url.rstrip("/") + path
 
 
 def _timeout() -> float:
-    return conf().payment_gateway_timeout_seconds
+    return DemoSettings.current().payment_gateway_timeout_seconds
 
 
 class SentPayment(Protocol):
@@ -116,7 +116,7 @@ def verify_callback(body: bytes, signature: str) -> dict[str, Any]:
     """The gateway's callback, if `signature` (its Gateway-Signature header: `t=<unix
     time>,v1=<hex HMAC-SHA256 of "<t>.<body>">`) proves it comes from the gateway; else
     PermissionDenied. A body that is not a callback is InvalidInput."""
-    secret = conf().payment_gateway_callback_secret.get_secret_value()
+    secret = DemoSettings.current().payment_gateway_callback_secret.get_secret_value()
     if not secret:
         raise PermissionDenied("payment gateway callbacks are not enabled here")
     parts = dict(part.split("=", 1) for part in signature.split(",") if "=" in part)

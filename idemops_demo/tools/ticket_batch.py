@@ -18,7 +18,6 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 from pydantic import BaseModel, Field, field_validator
 
-from idemops.conf import conf
 from idemops.tools import (
     InvalidInput,
     KeepFor,
@@ -32,6 +31,7 @@ from idemops.tools import (
     invalid_data,
     long_tool,
 )
+from idemops_demo.idemops_settings import DemoSettings
 from idemops_demo.models import Ticket, TicketNote
 
 MAX_TICKETS = 10_000
@@ -135,7 +135,8 @@ def apply_action(ctx: StepContext[ProcessTicketBatchInput]) -> dict[str, Any]:
             outcomes.append({"ticket_id": ticket_id, "outcome": "changed" if changed else "unchanged"})
         return outcomes
 
-    items = [item for chunk in ctx.each_batch(args.ticket_ids, conf().ticket_batch_chunk, apply) for item in chunk]
+    chunk_size = DemoSettings.current().ticket_batch_chunk
+    items = [item for chunk in ctx.each_batch(args.ticket_ids, chunk_size, apply) for item in chunk]
     counts = {outcome: sum(1 for item in items if item["outcome"] == outcome)
               for outcome in ("changed", "unchanged", "not_found", "failed")}
     return TicketBatchResult(action=args.change.type, total=len(items), items=items, **counts).model_dump()

@@ -237,12 +237,15 @@ def test_every_error_class_a_doc_names_exists(doc):
 def settings_read() -> dict[str, object]:
     """Every environment variable the code reads, with its default where it is a constant.
 
-    idemops's settings are the fields of idemops/conf/fields.py; the only other variables are the test
+    idemops's settings are the fields of idemops/conf/fields.py and the demo's own (idemops_demo/idemops_settings.py,
+    registered through idemops.conf); the only other variables are the test
     suite's and the benchmarks' own (read with os.environ)."""
     from idemops.conf import IdemopsSettings, env_name
+    from idemops_demo.idemops_settings import DemoSettings
 
-    found: dict[str, object] = {env_name(name): None if field.default_factory else field.default
-                                for name, field in IdemopsSettings.model_fields.items()}
+    found: dict[str, object] = {env_name(name, model): None if field.default_factory else field.default
+                                for model in (IdemopsSettings, DemoSettings)
+                                for name, field in model.model_fields.items()}
     for directory in CODE_DIRS:
         for source in (ROOT / directory).rglob("*.py"):
             for node in ast.walk(ast.parse(source.read_text())):
@@ -275,7 +278,10 @@ def known_setting_names() -> set[str]:
     mention: see the test below)."""
     from django.conf import settings
 
-    from idemops.conf import RENAMED
+    from idemops.conf import RENAMED as PLATFORM_RENAMED
+    from idemops_demo.idemops_settings import DemoSettings
+
+    RENAMED = {**PLATFORM_RENAMED, **DemoSettings.renamed}
 
     makefile_variables = set(re.findall(r"^([A-Z][A-Z0-9_]*) *\?=", (ROOT / "Makefile").read_text(), re.MULTILINE))
     return (set(settings_read()) | {name for name in dir(settings) if name.isupper()} | code_constants()
@@ -306,7 +312,10 @@ def test_every_setting_a_doc_names_is_read_by_the_code(doc):
 @pytest.mark.parametrize("doc", [doc for doc in DOCS if doc.name != "settings.md"], ids=name_of)
 def test_no_doc_but_the_settings_reference_names_a_renamed_variable(doc):
     """Old names stop start-up; a doc that still says `Q_WORKERS` sends its reader into that wall."""
-    from idemops.conf import RENAMED
+    from idemops.conf import RENAMED as PLATFORM_RENAMED
+    from idemops_demo.idemops_settings import DemoSettings
+
+    RENAMED = {**PLATFORM_RENAMED, **DemoSettings.renamed}
 
     named = {token for span in spans(text_of(doc)) for token in re.findall(r"\b[A-Z][A-Z0-9_]+\b", span)}
     assert sorted(named & set(RENAMED)) == [], f"{name_of(doc)} names old variables; docs/settings.md has the new ones"

@@ -3,11 +3,15 @@ stops every one of them."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 from pathlib import Path
 
+import httpx2
 import pytest
 
+from tests.operators import agent_owner
 from tests.processes import LOG_DIR, Service, child_env, free_port
 from tests.task_stack import wait_until
 
@@ -72,7 +76,25 @@ def serving(port: int) -> dict[int, str]:
     return found
 
 
+def demo_words() -> set[str]:
+    """What only the demo says: its tools' names, its retention kinds, its objects, its settings' variables
+    (read from its declarations, so a tool the demo gains is checked too)."""
+    root = Path(__file__).resolve().parents[2] / "idemops_demo"
+    tools = {name for source in (root / "tools").glob("*.py")
+             for name in re.findall(r'\bname="([a-z_]+)"', source.read_text())}
+    kinds = set(re.findall(r'register_retained\("([a-z_]+)"', (root / "apps.py").read_text()))
+    variables = set(re.findall(r"^    ([a-z_]+): .*= setting\(", (root / "idemops_settings.py").read_text(), re.M))
+    assert {"create_order", "ingest_document"} <= tools and kinds == {"documents"} and variables, (tools, kinds)
+    return (tools | kinds | {f"IDEMOPS_{name.upper()}" for name in variables}
+            | {"orders", "tickets", "announcements", "customers", "payment gateway", "notification sink"})
+
+
+def said(words: set[str], text: str) -> list[str]:
+    return sorted(word for word in words if re.search(rf"\b{re.escape(word)}\b", text))
+
+
 def test_serve_with_the_demo_off_creates_no_demo_tenant_and_starts_no_demo_downstream(transactional_db, tmp_path):
+    from tools_app import access
     from tools_app.access.models import Tenant
 
     port = free_port()
@@ -81,13 +103,28 @@ def test_serve_with_the_demo_off_creates_no_demo_tenant_and_starts_no_demo_downs
                               IDEMOPS_EMBEDDED_DATABASE="false"))
     try:
         serve.wait_http(f"http://127.0.0.1:{port}/readyz", timeout=120)
-        wait_until(lambda: "IDEMOPS_DEMO is off" in serve.log_path.read_text(errors="replace"), what="the banner")
+        wait_until(lambda: "Ctrl-C stops everything" in serve.log_path.read_text(errors="replace"), what="the banner")
 
         started = children(serve.process.pid).values()
         assert not [argv for argv in started if "downstream." in argv], started
         assert any(argv.endswith("-m idemops qcluster ") for argv in started)
         assert not Tenant.objects.filter(slug="demo").exists()
         assert not (tmp_path / "demo-credentials.json").exists()
+
+        # and no demo word is served or printed: tools/list over MCP, the banner, the settings doc
+        tenant = access.create_tenant("acme", "ACME")
+        _, token = access.issue_token(tenant, "agent", owner=agent_owner())
+        listed = httpx2.post(f"http://127.0.0.1:{port}/mcp", timeout=30, json={
+            "jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}, headers={
+            "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"})
+        assert listed.status_code == 200 and '"start_task"' in listed.text, listed.text[:500]
+        banner = serve.log_path.read_text(errors="replace")
+        assert "idemops is running" in banner
+        doc = subprocess.run([sys.executable, "-m", "idemops.conf"], capture_output=True, text=True, check=True,
+                             env=child_env(IDEMOPS_DEMO="false")).stdout
+        assert "## Retention and purge" in doc
+        words = demo_words()
+        assert (said(words, listed.text), said(words, banner), said(words, doc)) == ([], [], [])
     finally:
         serve.stop(grace=30)
 

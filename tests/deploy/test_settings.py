@@ -17,7 +17,9 @@ from django.conf import settings as django_settings
 from pydantic import ValidationError
 
 from idemops import conf as conf_module
-from idemops.conf import RENAMED, IdemopsSettings, conf, environment_names, override_conf
+from idemops.conf import RENAMED, IdemopsSettings, conf, env_name, environment_names, override_conf
+from idemops.conf.apps import discover
+from idemops_demo.idemops_settings import DemoSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 # Never reached: `manage.py check` and a refused start-up do not connect.
@@ -144,7 +146,7 @@ def test_lists_are_read_comma_separated_and_an_empty_one_is_empty(monkeypatch):
     read = IdemopsSettings()
 
     assert read.outbound_private_hosts == ["hooks.internal", "docs.internal"]
-    assert read.document_allowed_dirs == []
+    assert DemoSettings().document_allowed_dirs == []  # an app's settings read lists the same way
 
 
 def test_the_task_slice_defaults_to_half_of_django_q2s_timeout_which_redelivers_after_the_queue_wait(monkeypatch):
@@ -186,10 +188,18 @@ def test_secrets_do_not_show_in_the_objects_repr():
 
 
 def test_every_old_name_points_at_a_setting_that_exists_and_none_is_a_setting_itself():
-    names = environment_names()
+    names = set(environment_names())
+    demo_names = {env_name(field, DemoSettings) for field in DemoSettings.model_fields}
 
     assert [new for new in RENAMED.values() if new not in names] == []
-    assert [old for old in RENAMED if old in names] == []
+    assert [old for old in RENAMED if old in names | demo_names] == []
+    assert [new for new in DemoSettings.renamed.values() if new not in demo_names] == []
+    assert [old for old in DemoSettings.renamed if old in names | demo_names] == []
+
+
+def test_an_apps_old_names_stop_start_up_like_the_platforms():
+    assert problems(check(PAYMENT_GATEWAY_URL="http://gateway.test")) == [
+        "PAYMENT_GATEWAY_URL is no longer read: set IDEMOPS_PAYMENT_GATEWAY_URL instead"]
 
 
 def test_every_setting_is_prefixed_but_the_database_url_and_opentelemetrys_own():
@@ -201,8 +211,8 @@ def test_the_settings_reference_is_generated_from_the_object_and_up_to_date():
     """docs/settings.md: regenerate with `make settings-doc`."""
     doc = (ROOT / "docs" / "settings.md").read_text()
 
-    assert doc == conf_module.markdown()
-    for name in environment_names():
+    assert doc == conf_module.markdown(discover(["idemops_demo"]))
+    for name in [*environment_names(), *(env_name(field, DemoSettings) for field in DemoSettings.model_fields)]:
         assert len([line for line in doc.splitlines() if line.startswith(f"| `{name}` |")]) == 1, name
 
 
@@ -262,3 +272,80 @@ def test_conf_follows_every_change_of_the_settings_object(settings):
         django_settings.IDEMOPS = original
         conf_module._current[0] = None
     assert conf() is original
+
+
+# --- an app's own settings (idemops.conf.AppSettings) ---------------------------------------------
+
+SHOP_SETTINGS = """
+from idemops.conf import AppSettings, HttpUrl, Seconds, register_settings, setting
+
+
+@register_settings
+class ShopSettings(AppSettings):
+    title = "Shop"
+    shop_gateway_url: HttpUrl = setting("http://127.0.0.1:9000", "Base URL of the shop's gateway.")
+    shop_timeout_seconds: Seconds = setting(5, "Timeout of one gateway request.")
+"""
+
+
+@pytest.fixture
+def shop_app(tmp_path):
+    """An adopter's app (IDEMOPS_EXTRA_APPS=shop) that declares its own settings, nothing else."""
+    (tmp_path / "shop").mkdir()
+    (tmp_path / "shop" / "__init__.py").write_text("")
+    (tmp_path / "shop" / "idemops_settings.py").write_text(SHOP_SETTINGS)
+    return {"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "IDEMOPS_EXTRA_APPS": "shop", "IDEMOPS_DEMO": "0"}
+
+
+def test_an_apps_own_settings_are_read_at_start_up_from_their_variables(shop_app):
+    show = ["manage.py", "shell", "-c", "from shop.idemops_settings import ShopSettings; "
+            "print(ShopSettings.current().shop_gateway_url, ShopSettings.current().shop_timeout_seconds)"]
+
+    process = start(show, **shop_app, IDEMOPS_SHOP_GATEWAY_URL="https://gateway.shop.test")
+
+    assert process.returncode == 0, process.stderr
+    assert process.stdout.split()[-2:] == ["https://gateway.shop.test", "5.0"]
+
+
+def test_an_apps_bad_values_and_typos_stop_start_up_with_the_platforms(shop_app):
+    lines = problems(check(**shop_app, IDEMOPS_SHOP_TIMEOUT_SECONDS="soon", IDEMOPS_SHOP_GATEWAY_ULR="x",
+                           IDEMOPS_Q_WORKERS="0"))
+
+    assert sorted(lines) == sorted([
+        "IDEMOPS_SHOP_GATEWAY_ULR is not an idemops setting (did you mean IDEMOPS_SHOP_GATEWAY_URL?)",
+        "IDEMOPS_SHOP_TIMEOUT_SECONDS='soon': input should be a valid number, unable to parse string as a number; "
+        "expected a number of seconds > 0",
+        "IDEMOPS_Q_WORKERS='0': input should be greater than or equal to 1; expected an integer >= 1",
+    ])
+
+
+def test_without_the_app_its_variables_are_unknown(shop_app):
+    lines = problems(check(**{**shop_app, "IDEMOPS_EXTRA_APPS": ""}, IDEMOPS_SHOP_TIMEOUT_SECONDS="3"))
+
+    assert len(lines) == 1 and lines[0].startswith("IDEMOPS_SHOP_TIMEOUT_SECONDS is not an idemops setting"), lines
+
+
+def test_the_demos_variables_still_start_a_server_with_the_demo_off():
+    """An existing deployment that set the demo's variables and turns it off keeps starting."""
+    process = check(IDEMOPS_DEMO="0", IDEMOPS_PAYMENT_GATEWAY_TIMEOUT_SECONDS="10", IDEMOPS_RUN_DEMO_DOWNSTREAMS="0")
+
+    assert process.returncode == 0, process.stderr
+
+
+def test_an_app_may_not_take_a_variable_the_platform_reads():
+    from idemops.conf import AppSettings, register_settings, setting
+
+    class Clash(AppSettings):
+        q_workers: int = setting(2, "Taken.")
+
+    with pytest.raises(ValueError, match=r"IDEMOPS_Q_WORKERS \(read by the platform\)"):
+        register_settings(Clash)
+
+
+def test_override_conf_changes_an_apps_settings_in_a_test(settings):
+    override_conf(settings, document_max_bytes=1024, q_workers=3)
+
+    assert DemoSettings.current().document_max_bytes == 1024
+    assert conf().q_workers == 3
+    with pytest.raises(ValidationError, match="document_max_bytes"):
+        override_conf(settings, document_max_bytes=0)

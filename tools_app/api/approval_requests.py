@@ -39,7 +39,7 @@ class ApprovalRequestSerializer(AuditorSerializer):
 
 class ApprovalRequestFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filter ships no types
     tenant = tenant_filter()
-    tool = django_filters.CharFilter(help_text="Tool name, exactly (e.g. `request_payment`).")
+    tool = django_filters.CharFilter(help_text="Tool name, exactly.")
     status = django_filters.MultipleChoiceFilter(choices=ApprovalStatus.choices,
                                                  help_text="Request status; repeat the parameter for several.")
     actor = django_filters.CharFilter(field_name="requested_by", help_text="Who asked, exactly.")

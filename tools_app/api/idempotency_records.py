@@ -115,7 +115,7 @@ class AttributesFilter(django_filters.Filter):  # type: ignore[misc]  # django-f
 
 class IdempotencyRecordFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filter ships no types
     tenant = tenant_filter()
-    tool = django_filters.CharFilter(help_text="Tool name, exactly (e.g. `create_order`).")
+    tool = django_filters.CharFilter(help_text="Tool name, exactly.")
     status = django_filters.MultipleChoiceFilter(
         choices=RecordStatus.choices, help_text="Record status; repeat the parameter for several.")
     error_class = django_filters.MultipleChoiceFilter(

@@ -48,7 +48,7 @@ class TaskSerializer(AuditorSerializer):
 
 class TaskFilter(django_filters.FilterSet):  # type: ignore[misc]  # django-filter ships no types
     tenant = tenant_filter()
-    tool = django_filters.CharFilter(help_text="Tool name, exactly (e.g. `ingest_document`).")
+    tool = django_filters.CharFilter(help_text="Tool name, exactly.")
     status = django_filters.MultipleChoiceFilter(choices=TaskStatus.choices,
                                                  help_text="Task status; repeat the parameter for several.")
     failure_class = django_filters.MultipleChoiceFilter(choices=ErrorClass.choices,

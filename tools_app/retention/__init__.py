@@ -1,12 +1,12 @@
 """Retention tiers and the purge: how long what calls leave behind is kept, and its removal after.
 
-Four kinds, each kept for a time counted from when it finished (documents: from
-their creation): `records` (an idempotency record's arguments and result),
-`tasks` (a task's arguments, result and answers), `artifacts` (a task's
-checkpoints, step batches and artifacts) and `documents` (with their chunks and
-vectors: the objects an app registered with `register_retained`). The time comes from,
-first to last: the tenant's RetentionOverride for the tool, the tenant's override for every tool, the tool's declaration
-(`ToolSpec.keep`), the IDEMOPS_RETENTION_<KIND>_HOURS setting (`policy.py`).
+The platform's three kinds, each kept for a time counted from when it finished: `records` (an
+idempotency record's arguments and result), `tasks` (a task's arguments, result and answers) and
+`artifacts` (a task's checkpoints, step batches and artifacts). An app adds its own kinds with
+`register_retained` (the objects it keeps, their purge, and their default period from its own
+settings). The time comes from, first to last: the tenant's RetentionOverride for the tool, the
+tenant's override for every tool, the tool's declaration (`ToolSpec.keep`), the
+IDEMOPS_RETENTION_<KIND>_HOURS setting or the app kind's default (`policy.py`).
 
 `purge.py` removes what is past it, in batches taken with SELECT ... FOR UPDATE
 SKIP LOCKED, each batch with one audit event per purged object in its
@@ -24,15 +24,18 @@ May import: core, access, engine, toolkit, outbox, approvals, tasks.
 from tools_app.retention.audit_archive import ArchiveRefused, archive_expired, verify_archive_file
 from tools_app.retention.models import AuditRetention, RetentionOverride
 from tools_app.retention.policy import (
+    APP_KINDS,
     CHANGE_RETENTION,
     KINDS,
     delete_override,
     kept_for,
+    kinds,
     save_override,
     set_audit_retention,
 )
 from tools_app.retention.purge import PURGER, PurgeReport, purge, purge_kind, register_retained, shred
 
-__all__ = ["CHANGE_RETENTION", "KINDS", "PURGER", "ArchiveRefused", "AuditRetention", "PurgeReport",
-           "RetentionOverride", "archive_expired", "delete_override", "kept_for", "purge", "purge_kind",
-           "register_retained", "save_override", "set_audit_retention", "shred", "verify_archive_file"]
+__all__ = ["APP_KINDS", "CHANGE_RETENTION", "KINDS", "PURGER", "ArchiveRefused", "AuditRetention",
+           "PurgeReport", "RetentionOverride", "archive_expired", "delete_override", "kept_for", "kinds",
+           "purge", "purge_kind", "register_retained", "save_override", "set_audit_retention", "shred",
+           "verify_archive_file"]

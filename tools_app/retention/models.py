@@ -1,3 +1,5 @@
+from datetime import timedelta
+
 from django.db import models
 
 
@@ -15,7 +17,9 @@ class RetentionOverride(models.Model):
     tasks = models.DurationField(null=True, blank=True, help_text="Arguments, results and answers of finished tasks.")
     artifacts = models.DurationField(null=True, blank=True,
                                      help_text="Checkpoints, step batches and artifacts of finished tasks.")
-    documents = models.DurationField(null=True, blank=True, help_text="Ingested documents, from their creation.")
+    # An app's own kinds (retention.register_retained: the demo's documents), kind -> seconds.
+    app_kinds = models.JSONField(default=dict, blank=True,
+                                 help_text="Periods of the apps' own retention kinds, in seconds, by kind.")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -26,6 +30,22 @@ class RetentionOverride(models.Model):
 
     def __str__(self) -> str:
         return f"retention of {self.tenant} for {self.tool or 'every tool'}"
+
+    def period(self, kind: str) -> timedelta | None:
+        """This override's period for `kind` (the platform's or an app's), or None."""
+        if kind in ("records", "tasks", "artifacts"):
+            period: timedelta | None = getattr(self, kind)
+            return period
+        seconds = self.app_kinds.get(kind)
+        return None if seconds is None else timedelta(seconds=seconds)
+
+    def set_period(self, kind: str, period: timedelta | None) -> None:
+        if kind in ("records", "tasks", "artifacts"):
+            setattr(self, kind, period)
+        elif period is None:
+            self.app_kinds = {k: v for k, v in self.app_kinds.items() if k != kind}
+        else:
+            self.app_kinds = {**self.app_kinds, kind: period.total_seconds()}
 
 
 class AuditRetention(models.Model):

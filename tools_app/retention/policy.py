@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -18,16 +20,35 @@ if TYPE_CHECKING:
 
     from tools_app.access.models import Tenant
 
-KINDS = ("records", "tasks", "artifacts", "documents")
+# The platform's own kinds, each with its IDEMOPS_RETENTION_<KIND>_HOURS setting and a column of RetentionOverride.
+KINDS = ("records", "tasks", "artifacts")
+
+
+@dataclass(frozen=True)
+class AppKind:
+    """An app's own retention kind (purge.register_retained): its default period (the app's setting) and
+    what it keeps, in words. A tenant's override of it lives in RetentionOverride.app_kinds."""
+
+    default: Callable[[], timedelta]
+    description: str
+
+
+APP_KINDS: dict[str, AppKind] = {}
+
+
+def kinds() -> tuple[str, ...]:
+    """Every retention kind: the platform's, then the installed apps' (in registration order)."""
+    return (*KINDS, *APP_KINDS)
 
 CHANGE_RETENTION = access.Permit("tools_app.manage_retention", "change_retention",
                                  "change a tenant's retention", "retention.change_refused")
 
 
 def default_for(kind: str, spec: ToolSpec | None) -> timedelta:
-    """The tool's own period for `kind`, else the setting's."""
-    declared = getattr(spec.keep, kind) if spec is not None else None
-    period = declared if declared is not None else timedelta(hours=getattr(conf(), f"retention_{kind}_hours"))
+    """The tool's own period for `kind`, else the setting's (an app's kind: the app's default)."""
+    declared = spec.keep.period(kind) if spec is not None else None
+    period = declared if declared is not None else (
+        timedelta(hours=getattr(conf(), f"retention_{kind}_hours")) if kind in KINDS else APP_KINDS[kind].default())
     if kind == "records" and spec is not None:
         period = max(period, spec.retention_now())  # a replay needs the result as long as the key lives
     return period
@@ -52,12 +73,15 @@ def kept_for(kind: str, tenant_id: int, tool: str, overrides: Overrides | None =
 
 def load_overrides(kind: str) -> Overrides:
     """(tenant id, tool or "") -> period, for the overrides that set `kind`."""
+    if kind not in KINDS:  # an app's kind: seconds under its name in app_kinds
+        return {(tenant_id, tool): timedelta(seconds=periods[kind]) for tenant_id, tool, periods in
+                RetentionOverride.objects.filter(app_kinds__has_key=kind).values_list("tenant_id", "tool", "app_kinds")}
     return {(tenant_id, tool): period for tenant_id, tool, period in
             RetentionOverride.objects.filter(**{f"{kind}__isnull": False}).values_list("tenant_id", "tool", kind)}
 
 
 def _state(override: RetentionOverride) -> dict[str, str | None]:
-    return {"tool": override.tool or "*", **{kind: _text(getattr(override, kind)) for kind in KINDS}}
+    return {"tool": override.tool or "*", **{kind: _text(override.period(kind)) for kind in kinds()}}
 
 
 def _text(period: timedelta | None) -> str | None:

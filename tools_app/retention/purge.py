@@ -22,10 +22,11 @@ left for the next round instead of waited for. What stays:
   caller's `notify_url` (declared personal by start_task);
 - artifacts: checkpoints, step batches and artifacts are deleted (resuming a
   task afterwards starts from its first step);
-- documents: deleted, with their chunks and vectors;
+- an app's own kinds (register_retained; the demo's documents, with their chunks
+  and vectors): what the app's purge function removes;
 - audit events: never purged (the chain stays whole and verifiable); each purged
-  object gets one (`record.purged`, `task.purged`, `task.artifacts_purged`,
-  `document.purged`) naming the retention that applied.
+  object gets one (`record.purged`, `task.purged`, `task.artifacts_purged`, an
+  app kind's own action) naming the retention that applied.
 
 Before the rows, the keys (crypto-shredding, `shred`): each data key of the key store whose period ended
 (core.keystore) is destroyed, once no row still holds a value under it (a record, task, approval request,
@@ -55,7 +56,7 @@ from tools_app.engine import FINISHED
 from tools_app.engine.models import IdempotencyRecord
 from tools_app.outbox import purge as outbox_purge
 from tools_app.retention import audit_archive
-from tools_app.retention.policy import KINDS, default_for, kept_for, load_overrides
+from tools_app.retention.policy import APP_KINDS, KINDS, AppKind, default_for, kept_for, kinds, load_overrides
 from tools_app.tasks.models import Checkpoint, StepBatch, StepRun, Task, TaskArtifact, TaskEvent, TaskStatus
 from tools_app.toolkit.registry import all_tools
 
@@ -134,16 +135,20 @@ KIND_SPECS: dict[str, Kind] = {
 
 
 def register_retained(kind: str, *, model: type[models.Model], tool: str, since: str,
-                      purge: Purger, action: str,
+                      purge: Purger, action: str, default: Callable[[], timedelta], description: str,
                       pending: Q | None = None) -> None:
-    """An app's own objects that `kind`'s retention removes (the demo's documents): `tool` is the lookup
-    of the tool that made each row, `since` the field the period counts from, `purge(rows, now)` removes
-    them and says what each row's audit event `action` records. Called from the app's `ready()`."""
-    if kind not in KINDS:
-        raise ValueError(f"retention kind {kind!r} is not one of {KINDS}")
+    """An app's own retention kind (the demo's `documents`): `model`'s rows are removed once past it.
+    `tool` is the lookup of the tool that made each row, `since` the field the period counts from,
+    `purge(rows, now)` removes them and says what each row's audit event `action` records; `default()`
+    is the period when neither a tenant's override nor the tool's `KeepFor(kinds=...)` says one (read it
+    from the app's own settings), `description` says what the kind keeps (the console shows it).
+    Called from the app's `ready()`."""
+    if kind in KINDS:
+        raise ValueError(f"retention kind {kind!r} is the platform's own ({', '.join(KINDS)})")
     if kind in KIND_SPECS:
         raise ValueError(f"retention kind {kind!r} already purges {KIND_SPECS[kind].model.__name__}")
     KIND_SPECS[kind] = Kind(model, tool, since, pending if pending is not None else Q(), purge, action)
+    APP_KINDS[kind] = AppKind(default, description)
 
 
 def due(kind: str, now: datetime) -> Q:
@@ -175,7 +180,7 @@ def _extra(kind: str, now: datetime) -> Q:
 
 @dataclass
 class PurgeReport:
-    purged: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    purged: dict[str, int] = field(default_factory=lambda: dict.fromkeys(kinds(), 0))
     batches: int = 0
     keys_destroyed: int = 0
 
@@ -189,7 +194,7 @@ def purge_kind(kind: str, *, now: datetime | None = None, batch: int | None = No
     """Purge `kind` past its retention, a batch per transaction. Returns (rows purged, batches)."""
     spec = KIND_SPECS.get(kind)
     if spec is None:
-        return 0, 0  # no installed app keeps objects of this kind (documents without the demo)
+        return 0, 0  # no installed app keeps objects of this kind
     # The database's time: a host whose clock runs ahead would purge early.
     now = now or clock.read()
     size = batch or conf().retention_purge_batch
@@ -247,10 +252,11 @@ def shred(*, now: datetime | None = None) -> int:
 
 
 def purge(*, now: datetime | None = None, batch: int | None = None) -> PurgeReport:
-    """Every kind, oldest first within each; documents before artifacts (a document's task may go next).
-    Then the data keys no kept row needs any more are destroyed (`shred`)."""
+    """Every kind, oldest first within each; the apps' kinds before artifacts (an app's object, a document,
+    may name a task whose artifacts go next). Then the data keys no kept row needs any more are destroyed
+    (`shred`)."""
     report = PurgeReport()
-    for kind in ("documents", "artifacts", "tasks", "records"):
+    for kind in (*APP_KINDS, "artifacts", "tasks", "records"):
         count, batches = purge_kind(kind, now=now, batch=batch)
         report.purged[kind] += count
         report.batches += batches

@@ -7,6 +7,7 @@ nothing else from those packages to declare its policies.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -83,14 +84,22 @@ class KeepFor:
 
     records: a finished idempotency record's arguments and result (never less than the key's
     retention: a replay needs them); tasks: a finished task's arguments, result and answers;
-    artifacts: its checkpoints, step batches and artifacts; documents: a document it ingested,
-    with its chunks and vectors. A tenant's RetentionOverride wins over these.
+    artifacts: its checkpoints, step batches and artifacts; `kinds`: the periods of an app's own
+    retention kinds (register_retained), by kind, e.g. `{"documents": timedelta(days=30)}`. A tenant's
+    RetentionOverride wins over these.
     """
 
     records: timedelta | None = None
     tasks: timedelta | None = None
     artifacts: timedelta | None = None
-    documents: timedelta | None = None
+    kinds: Mapping[str, timedelta] = field(default_factory=dict, hash=False)
+
+    def period(self, kind: str) -> timedelta | None:
+        """The declared period of `kind` (the platform's or an app's), or None."""
+        if kind in ("records", "tasks", "artifacts"):
+            declared: timedelta | None = getattr(self, kind)
+            return declared
+        return self.kinds.get(kind)
 
 
 # Every retention at its setting's default (a declaration that says nothing of `keep`).

@@ -46,8 +46,9 @@ PREPARE_OPERATION = "prepare_operation"
 
 
 class PrepareOperationInput(WriteInput):
-    tool: str = Field(min_length=1, max_length=100, description="The high-risk tool the operation is for, e.g. "
-                                                                "request_payment.")
+    tool: str = Field(min_length=1, max_length=100,
+                      description="The high-risk tool the operation is for (tools/list marks it with _meta "
+                                  "io.idemops/requires-operation-id).")
     arguments: dict[str, Any] = Field(description="The arguments that tool will be called with, without "
                                                   "idempotency_key (the operation id is the key).")
 
@@ -100,8 +101,8 @@ def id_ttl() -> timedelta:
             # The high-risk call's own arguments (a payee, a reason, an announcement's text).
             personal_fields=frozenset({"arguments"}))
 def prepare_operation(ctx: ToolContext, args: PrepareOperationInput) -> PreparedOutput:
-    """Get the operation id a high-risk tool (request_payment, delete_record, publish_announcement; tools/list
-    marks them with _meta io.idemops/requires-operation-id) must be called with as its idempotency_key: those
+    """Get the operation id a high-risk tool (tools/list marks them with _meta
+    io.idemops/requires-operation-id) must be called with as its idempotency_key: those
     tools refuse any other key. Give the tool and the exact arguments you will call it with. Calling
     prepare_operation again with the same idempotency_key and arguments answers the same id, so retrying is safe;
     other arguments with that key are a `conflict`. Use the id within expires_at; then call the tool with it, and
@@ -148,7 +149,7 @@ class OperationView(BaseModel):
 def get_operation(ctx: ToolContext, args: GetOperationInput) -> OperationView:
     """What became of an operation, without calling its tool again: by operation_id (every write answer carries
     it in `idempotency.operation_id`, also an in_progress answer), or by tool and idempotency_key. Answers its
-    status and, once succeeded, its result (for a long tool such as ingest_document: processing until its task
+    status and, once succeeded, its result (for a long tool, one with a task: processing until its task
     ends, then the task's result). not_found: no such operation in this tenant, or its key was freed after its
     retention."""
     if args.operation_id is not None:

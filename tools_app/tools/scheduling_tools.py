@@ -20,7 +20,7 @@ RECENT_RUNS = 20
 
 
 class ScheduleInput(WriteInput):
-    tool: str = Field(min_length=1, max_length=100, description="The write tool to call, e.g. create_order.")
+    tool: str = Field(min_length=1, max_length=100, description="The write tool to call, by its name in tools/list.")
     arguments: dict[str, Any] = Field(
         default_factory=dict, description="Its arguments, without idempotency_key: each occurrence is called with "
                                           "its own key, schedule-<schedule id>-<tick time>.")

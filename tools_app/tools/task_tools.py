@@ -33,7 +33,8 @@ WAIT_RULE = ("Seconds to wait for the task to finish (or pause) before answering
 
 
 class StartTaskInput(WriteInput):
-    tool: str = Field(min_length=1, max_length=100, description="The long tool to run, e.g. ingest_document.")
+    tool: str = Field(min_length=1, max_length=100,
+                      description="The long tool to run (tools/list marks it with execution.taskSupport).")
     arguments: dict[str, Any] = Field(
         default_factory=dict, description="That tool's arguments (without idempotency_key and trace_id).")
     notify_url: str | None = Field(
@@ -96,7 +97,7 @@ TASK_WRITE_TOOLS = frozenset({"start_task", "resume_task", "cancel_task", "pause
             # webhook to tell, as send_notification's recipient.
             personal_fields=frozenset({"arguments", "notify_url"}))
 def start_task(ctx: ToolContext, args: StartTaskInput) -> TaskHandle:
-    """Start a long tool (ingest_document) as a durable task and return its task_id at once. The task survives
+    """Start a long tool as a durable task and return its task_id at once. The task survives
     disconnects and worker restarts and resumes from its last checkpoint. Requires idempotency_key: a retry with
     the same key returns the same task_id (never a second task) for as long as the task is unfinished, and for
     the long tool's retention (24 h by default) after it ends; only then may the key start a new task. The same
