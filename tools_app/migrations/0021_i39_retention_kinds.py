@@ -22,7 +22,7 @@ def app_kinds_to_documents(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("tools_app", "0019_i42_versions_waits")]
+    dependencies = [("tools_app", "0020_i41_encryption")]
 
     operations = [
         migrations.AddField(
