@@ -35,7 +35,7 @@ def main() -> None:
     from django.contrib.auth import get_user_model
 
     from bench.bench_mcp import Server, measure
-    from tests.processes import free_port
+    from tests.support.processes import free_port
     from tools_app import access
 
     class Checkout(Server):

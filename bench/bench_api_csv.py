@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx2
 from django.db import connection
 
-from tests.processes import Service, child_env, free_port
+from tests.support.processes import Service, child_env, free_port
 from tools_app.access import auditors, tenants
 from tools_app.models import Tenant
 

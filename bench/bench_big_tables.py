@@ -126,7 +126,7 @@ def measure(quick: bool, configured: bool) -> Section:
     from django.db import connection
 
     from bench.bench_api_csv import BenchServer, export
-    from tests.operators import admin_session, login_for_the_web_server, make_operator
+    from tests.support.operators import admin_session, login_for_the_web_server, make_operator
     from tools_app.access import auditors
     from tools_app.access.models import Tenant
     from tools_app.core import audit

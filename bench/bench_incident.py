@@ -1,6 +1,6 @@
 """Issue 36: a downstream outage ends by itself, and what it leaves for a person.
 
-The incident of tests/incident.py on a stack of its own (web, a django-q2 cluster, the demo payment
+The incident of tests/support/incident.py on a stack of its own (web, a django-q2 cluster, the demo payment
 gateway, on an embedded PostgreSQL of its own): ten agents keep paying while the gateway answers 503
 "nothing done" for 10 minutes (quick: 10 s), then commits without answering for 30 s (quick: 5 s),
 then recovers. Figures: duplicate payments, records left for a person, how long after the recovery
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.common import Section
 from idemops.conf import conf
-from tests import incident
+from tests.support import incident
 
 
 def run(quick: bool = False, root: Path | None = None) -> Section:

@@ -8,7 +8,7 @@ timeout and the expected queue wait: 720 s by default). The sweep now takes a qu
 the queue no longer holds for a worker for lost after its lease plus the grace
 (tools_app.tasks.state.without_a_job).
 
-Each round causes it (tests.task_stack.lost_job): cluster A's only worker is busy with a long PDF,
+Each round causes it (tests.support.task_stack.lost_job): cluster A's only worker is busy with a long PDF,
 so A's pusher holds the next task's job; A is SIGKILLed; a standby cluster B, frozen until then so
 that A took that job, runs on. Real `manage.py qcluster` processes on the benchmark database.
 Run alone with `.venv/bin/python bench/run.py lost_jobs`.
@@ -23,8 +23,8 @@ from django.db import connection
 
 from bench.common import ROOT, Section, at_most
 from idemops.conf import conf, override_conf
-from tests.documents_fixtures import long_text, pdf_of_text
-from tests.task_stack import lost_job
+from tests.support.documents_fixtures import long_text, pdf_of_text
+from tests.support.task_stack import lost_job
 from tools_app import access, tasks
 from tools_app.models import TenantLimits
 from tools_app.toolkit.calls import Caller

@@ -39,7 +39,7 @@ class Server:
     """An ASGI app served in its own process on a free port; stopped with `stop()`."""
 
     def __init__(self, app: str, *, workers: int = 1, server: str = "granian", env: dict[str, str] | None = None):
-        from tests.processes import free_port
+        from tests.support.processes import free_port
 
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"

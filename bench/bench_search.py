@@ -25,7 +25,7 @@ def run(quick: bool = False) -> str:
 
     from idemops.conf import conf
     from idemops_demo import documents
-    from tests.documents_fixtures import long_text
+    from tests.support.documents_fixtures import long_text
     from tools_app import access
     from tools_app.engine.models import IdempotencyRecord
     from tools_app.tasks.models import Task

@@ -1,6 +1,6 @@
 """Issue 9 (4): how soon keys settle after a fault: from the fault to every key answering its settled state.
 
-A whole stack of its own (tests.processes.Stack: web, a django-q2 cluster,
+A whole stack of its own (tests.support.processes.Stack: web, a django-q2 cluster,
 the payment gateway, on an embedded PostgreSQL of its own in a temporary
 directory) with the default lease settings. Three faults:
 
@@ -34,8 +34,8 @@ import psycopg
 
 from idemops.conf import conf
 from idemops_demo.models import Order
-from tests.agents import Answer, call_tool, call_until_done, issued_operation_id
-from tests.processes import Stack
+from tests.support.agents import Answer, call_tool, call_until_done, issued_operation_id
+from tests.support.processes import Stack
 from tools_app.models import IdempotencyRecord
 
 ORDER = {"customer": "ACME", "items": [{"sku": "BOLT-1", "quantity": 1, "unit_price": "2.50"}], "currency": "EUR"}

@@ -28,8 +28,8 @@ from mcp.client.extension import ClientExtension, NotificationBinding
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import SubscriptionsListenResult
 
-from tests.mcp_client import Listen, ListenParams, TaskPush
-from tests.processes import WebServer
+from tests.support.mcp_client import Listen, ListenParams, TaskPush
+from tests.support.processes import WebServer
 from tools_app import access, tasks
 from tools_app.core import db
 from tools_app.models import Task

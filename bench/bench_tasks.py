@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from bench.common import ROOT, Section, at_least, at_most
 from idemops.conf import conf, override_conf
 from idemops_demo.tools.documents import INGEST
-from tests.documents_fixtures import long_text, pdf_of_text
+from tests.support.documents_fixtures import long_text, pdf_of_text
 from tools_app import access, tasks
 from tools_app.models import StepRun, Task, TaskStatus, TenantLimits
 from tools_app.tasks import jobs as task_jobs
@@ -160,7 +160,7 @@ def drain(condition, timeout: float = 600) -> None:
 
 def throughput(caller: Caller, count: int, rounds: int) -> tuple[list[str], list[float]]:
     """(table rows, P6 per round: tasks/s ÷ bare jobs/s), the two interleaved on one cluster."""
-    from tests.processes import Worker
+    from tests.support.processes import Worker
 
     cluster = Worker(name="bench-throughput", **WORKER_ENV)
     bare, ours, submitted = [], [], []
@@ -209,7 +209,7 @@ def recovery(caller: Caller, doc_dir: Path, rounds: int) -> tuple[list[str], lis
 
 
 def recover_once(caller: Caller, path: Path, env: dict[str, str], n: int) -> tuple[str, float]:
-    from tests.processes import Worker
+    from tests.support.processes import Worker
 
     def current() -> Task:
         return Task.objects.get(pk=task.pk)

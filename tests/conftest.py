@@ -3,7 +3,7 @@ import os
 import pytest
 
 from idemops.conf import override_conf
-from tests.operators import VerifiedClient, agent_owner, make_operator
+from tests.support.operators import VerifiedClient, agent_owner, make_operator
 from tools_app import access
 from tools_app.access.roles import APPROVER
 from tools_app.toolkit.calls import Caller
@@ -15,7 +15,7 @@ os.environ.setdefault("IDEMOPS_MCP_USER_CONFIRMATION", "false")
 
 # Fixtures kept beside the helpers they start: the long-task stack (doc_dir, doc_server, task_web,
 # task_workers, settle_tasks) and the web and cluster with their own logs (observed).
-pytest_plugins = ["tests.task_stack", "tests.observability_support"]
+pytest_plugins = ["tests.support.task_stack", "tests.support.observability_support"]
 
 
 # Files that take minutes each (fresh virtualenvs, the quick run of every benchmark, the adoption tutorial, the
@@ -112,7 +112,7 @@ def django_db_setup(django_db_setup, django_db_blocker):
 @pytest.fixture
 def client():
     """pytest-django's test client, whose force_login signs in with the authenticator code too
-    (tests.operators.VerifiedClient; `force_login(user, second_factor=False)`: the password only)."""
+    (tests.support.operators.VerifiedClient; `force_login(user, second_factor=False)`: the password only)."""
     return VerifiedClient()
 
 
@@ -133,7 +133,7 @@ def caller(tenant):
 
 @pytest.fixture(scope="session")
 def _gateway(django_db_setup, django_db_blocker):
-    from tests.processes import PaymentGateway
+    from tests.support.processes import PaymentGateway
 
     with django_db_blocker.unblock():
         gateway = PaymentGateway()
@@ -143,7 +143,7 @@ def _gateway(django_db_setup, django_db_blocker):
 
 @pytest.fixture(scope="session")
 def _sink(django_db_setup, django_db_blocker):
-    from tests.processes import NotificationSink
+    from tests.support.processes import NotificationSink
 
     with django_db_blocker.unblock():
         sink = NotificationSink()
@@ -168,7 +168,7 @@ def sink(_sink):
 @pytest.fixture
 def downstreams(gateway, sink, settings):
     """Both downstream systems; in-process code (tests, relay calls) is pointed at them too."""
-    from tests.processes import downstream_env
+    from tests.support.processes import downstream_env
 
     env = downstream_env(gateway, sink)
     override_conf(settings,
@@ -184,7 +184,7 @@ def downstreams(gateway, sink, settings):
 @pytest.fixture(scope="session")
 def web_server(django_db_setup, django_db_blocker, _gateway, _sink):
     """uvicorn serving idemops.asgi against the test database and the test downstreams, for the session."""
-    from tests.processes import WebServer, downstream_env
+    from tests.support.processes import WebServer, downstream_env
 
     with django_db_blocker.unblock():
         server = WebServer(**downstream_env(_gateway, _sink))

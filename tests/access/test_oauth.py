@@ -15,9 +15,9 @@ from oauth2_provider.models import AccessToken, Application, RefreshToken
 
 from idemops.conf import override_conf
 from idemops_demo.models import Order
-from tests.issued_ids import call_labelled_sync
-from tests.mcp_client import call_sync, error_of, post_raw
-from tests.oauth_flow import (
+from tests.support.issued_ids import call_labelled_sync
+from tests.support.mcp_client import call_sync, error_of, post_raw
+from tests.support.oauth_flow import (
     REDIRECT,
     code_of,
     connected,
@@ -29,7 +29,7 @@ from tests.oauth_flow import (
     register,
     revoke,
 )
-from tests.operators import make_operator
+from tests.support.operators import make_operator
 from tools_app.access.roles import APPROVER, OPERATOR
 from tools_app.models import AgentConnection, ApprovalRequest, AuditEvent, Task, Tenant
 

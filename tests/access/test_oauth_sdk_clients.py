@@ -22,9 +22,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 
 from idemops_demo.models import Order
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, browser_page, code_for, needs_chromium
-from tests.interop_support import installed
-from tests.operators import PASSWORD, current_code, login_for_the_web_server, make_operator
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, browser_page, code_for, needs_chromium
+from tests.support.interop_support import installed
+from tests.support.operators import PASSWORD, current_code, login_for_the_web_server, make_operator
 from tools_app.access.roles import OPERATOR
 from tools_app.models import AgentConnection, AuditEvent, Tenant
 

@@ -9,10 +9,10 @@ from django.contrib.auth import get_user_model
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.mcp_client import call_sync, error_of
-from tests.operators import make_operator
-from tests.processes import WebServer
-from tests.race import race
+from tests.support.mcp_client import call_sync, error_of
+from tests.support.operators import make_operator
+from tests.support.processes import WebServer
+from tests.support.race import race
 from tools_app import access
 from tools_app.access import CallLimits
 from tools_app.access.roles import APPROVER, OPERATOR

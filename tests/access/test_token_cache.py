@@ -6,7 +6,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from idemops.conf import override_conf
-from tests.operators import agent_owner
+from tests.support.operators import agent_owner
 from tools_app import access
 from tools_app.access import tokens
 

@@ -4,8 +4,8 @@ import pytest
 from django.contrib.auth.models import Group, User
 from rest_framework.test import APIClient
 
-from tests.api_support import ENDPOINTS, key_client, make_row
-from tests.operators import agent_owner
+from tests.support.api_support import ENDPOINTS, key_client, make_row
+from tests.support.operators import agent_owner
 from tools_app import access
 from tools_app.access import auditors, secrets
 from tools_app.models import AuditEvent, AuditorKey

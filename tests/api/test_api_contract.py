@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.issued_ids import call_labelled
+from tests.support.issued_ids import call_labelled
 from tools_app.access import auditors, tenants
 from tools_app.toolkit.calls import Caller, call_tool
 from tools_app.toolkit.registry import get_tool

@@ -7,7 +7,7 @@ import json
 import httpx2
 import pytest
 
-from tests.api_support import at, csv_lines, csv_rows, key_client, make_event, make_record
+from tests.support.api_support import at, csv_lines, csv_rows, key_client, make_event, make_record
 from tools_app import access
 from tools_app.api.idempotency_records import IdempotencyRecordSerializer
 from tools_app.core import keys

@@ -12,7 +12,7 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import SimpleRouter
 
 from idemops_demo.models import Order, OrderLine
-from tests.api_support import csv_rows, key_client
+from tests.support.api_support import csv_rows, key_client
 from tools_app.api.endpoints import AuditorSerializer, AuditorViewSet, tenant_filter
 
 # --- the declaration ------------------------------------------------------------

@@ -3,7 +3,7 @@
 import pytest
 from django.utils import timezone
 
-from tests.api_support import all_pages, at, ids, key_client, make_event, make_record
+from tests.support.api_support import all_pages, at, ids, key_client, make_event, make_record
 from tools_app.core import keys
 from tools_app.models import RecordStatus
 

@@ -3,7 +3,7 @@
 import pytest
 from django.contrib.auth.models import Group, User
 
-from tests.api_support import ENDPOINTS, csv_rows, ids, key_client, make_row, pk_of
+from tests.support.api_support import ENDPOINTS, csv_rows, ids, key_client, make_row, pk_of
 from tools_app.access import auditors
 from tools_app.models import TenantAccess
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.api_support import csv_lines, key_client, make_checkpoint
+from tests.support.api_support import csv_lines, key_client, make_checkpoint
 
 pytestmark = pytest.mark.django_db
 

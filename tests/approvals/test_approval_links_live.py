@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.issued_ids import call_labelled_sync
-from tests.mcp_client import error_of
-from tests.operators import admin_session, login_for_the_web_server, make_operator
+from tests.support.issued_ids import call_labelled_sync
+from tests.support.mcp_client import error_of
+from tests.support.operators import admin_session, login_for_the_web_server, make_operator
 from tools_app.access.roles import APPROVER
 from tools_app.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, AuditEvent, OutboxEvent, Tenant
 

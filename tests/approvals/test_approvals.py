@@ -8,9 +8,9 @@ from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
 from idemops_demo.models import Announcement, Order, Ticket
-from tests.approvals_support import STAFF_NOTE, actions, call, pending_request
-from tests.jobs import queued_jobs, run_queued_jobs
-from tests.operators import make_operator
+from tests.support.approvals_support import STAFF_NOTE, actions, call, pending_request
+from tests.support.jobs import queued_jobs, run_queued_jobs
+from tests.support.operators import make_operator
 from tools_app import approvals, engine
 from tools_app.access.roles import APPROVER, OPERATOR
 from tools_app.core.errors import Refused

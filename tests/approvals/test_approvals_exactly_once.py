@@ -7,10 +7,10 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from idemops_demo.models import Announcement
-from tests.approvals_support import STAFF_NOTE, call, pending_request
-from tests.jobs import run_queued_jobs
-from tests.operators import make_operator
-from tests.race import race
+from tests.support.approvals_support import STAFF_NOTE, call, pending_request
+from tests.support.jobs import run_queued_jobs
+from tests.support.operators import make_operator
+from tests.support.race import race
 from tools_app import approvals
 from tools_app.access.roles import APPROVER
 from tools_app.core.errors import Refused

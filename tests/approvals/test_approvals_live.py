@@ -8,10 +8,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from idemops_demo.models import Announcement, Order
-from tests.issued_ids import call_labelled_sync
-from tests.mcp_client import call_sync, error_of
-from tests.operators import make_operator
-from tests.processes import JobCluster
+from tests.support.issued_ids import call_labelled_sync
+from tests.support.mcp_client import call_sync, error_of
+from tests.support.operators import make_operator
+from tests.support.processes import JobCluster
 from tools_app import approvals
 from tools_app.access.roles import APPROVER
 from tools_app.models import ApprovalRequest, ApprovalStatus, AuditEvent, Tenant

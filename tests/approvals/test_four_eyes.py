@@ -8,10 +8,10 @@ import pytest
 from django.urls import reverse
 
 from idemops_demo.models import Announcement
-from tests.issued_ids import call_labelled_sync
-from tests.jobs import run_queued_jobs
-from tests.mcp_client import error_of
-from tests.operators import make_operator
+from tests.support.issued_ids import call_labelled_sync
+from tests.support.jobs import run_queued_jobs
+from tests.support.mcp_client import error_of
+from tests.support.operators import make_operator
 from tools_app import access, approvals
 from tools_app.access.roles import APPROVER
 from tools_app.core.errors import Refused

@@ -5,8 +5,8 @@ find records by them."""
 import pytest
 from django.urls import reverse
 
-from tests.api_support import ids, key_client
-from tests.operators import make_operator
+from tests.support.api_support import ids, key_client
+from tests.support.operators import make_operator
 from tools_app.access.roles import OPERATOR
 from tools_app.models import IdempotencyRecord
 from tools_app.toolkit.calls import Caller, call_tool

@@ -12,7 +12,7 @@ from django_q.models import OrmQ
 
 from idemops.conf import override_conf
 from tests.bulk.support import run_to_the_end, unknown_records
-from tests.operators import PASSWORD, make_operator, verified, verify_session
+from tests.support.operators import PASSWORD, make_operator, verified, verify_session
 from tools_app import bulk
 from tools_app.access.roles import OPERATOR
 from tools_app.core.errors import InvalidInput, PermissionDenied

@@ -19,10 +19,10 @@ from django.urls import reverse
 from django_q.models import OrmQ
 
 from tests.bulk.support import unknown_records
-from tests.operators import admin_session, login_for_the_web_server, make_operator
-from tests.processes import WebServer, Worker, running
-from tests.processes import test_database_url as database_url  # not collected as a test
-from tests.task_stack import wait_until
+from tests.support.operators import admin_session, login_for_the_web_server, make_operator
+from tests.support.processes import WebServer, Worker, running
+from tests.support.processes import test_database_url as database_url  # not collected as a test
+from tests.support.task_stack import wait_until
 from tools_app import bulk
 from tools_app.access.roles import OPERATOR
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus

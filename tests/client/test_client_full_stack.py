@@ -9,8 +9,8 @@ import pytest
 from idemops_client import IdempotentClient, Ledger, MemoryLedger, RetriesExhausted, RetryPolicy, State
 from idemops_client.faults import FaultProxy
 from idemops_demo.models import Announcement, Document
-from tests.operators import make_operator
-from tests.processes import ROOT
+from tests.support.operators import make_operator
+from tests.support.processes import ROOT
 from tools_app import approvals
 from tools_app.access.roles import APPROVER
 from tools_app.models import ApprovalRequest, IdempotencyRecord, RecordStatus, Task, Tenant

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 CHECK = """
 import importlib.metadata, json, pathlib

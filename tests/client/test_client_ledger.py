@@ -10,7 +10,7 @@ import pytest
 
 from idemops_client import Entry, Ledger, MemoryLedger, State
 from idemops_client.summary import render
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 
 @pytest.fixture(params=["sqlite", "memory"])

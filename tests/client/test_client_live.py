@@ -16,8 +16,8 @@ import pytest
 from idemops_client import IdempotentClient, Ledger, MemoryLedger, RetriesExhausted, RetryPolicy, State, ToolCallError
 from idemops_client.faults import FaultProxy
 from idemops_demo.models import Order
-from tests.processes import ROOT
-from tests.task_stack import wait_until
+from tests.support.processes import ROOT
+from tests.support.task_stack import wait_until
 
 pytestmark = pytest.mark.live
 

@@ -23,9 +23,9 @@ from idemops_client.ledger import Ledger, LedgerError
 from idemops_client.oauth import token_path
 from idemops_client.proxy import package_version
 from idemops_demo.models import Order
-from tests.oauth_flow import console
-from tests.operators import make_operator
-from tests.processes import ROOT, free_port
+from tests.support.oauth_flow import console
+from tests.support.operators import make_operator
+from tests.support.processes import ROOT, free_port
 from tools_app.access.roles import OPERATOR
 from tools_app.models import AgentConnection, IdempotencyRecord, Tenant
 

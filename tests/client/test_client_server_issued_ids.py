@@ -16,7 +16,7 @@ from idemops_client import IdempotentClient, MemoryLedger, RetriesExhausted, Ret
 from idemops_client.client import ToolInfo
 from idemops_client.faults import FaultProxy
 from idemops_demo.models import Order
-from tests.processes import manage
+from tests.support.processes import manage
 from tools_app.models import IdempotencyRecord, PreparedOperation, RecordStatus
 
 pytestmark = pytest.mark.live

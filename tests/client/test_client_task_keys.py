@@ -11,7 +11,7 @@ import pytest
 
 from idemops_client import IdempotentClient, MemoryLedger, RetryPolicy
 from idemops_client.faults import FaultProxy
-from tests.tasks_support import TEXT
+from tests.support.tasks_support import TEXT
 from tools_app import tasks
 from tools_app.access import Agent
 from tools_app.models import Task

@@ -11,7 +11,7 @@ from opentelemetry import trace
 
 from idemops_client import IdempotentClient, MemoryLedger, RetryPolicy
 from idemops_client.faults import FaultProxy
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 from tools_app.engine.models import IdempotencyRecord
 
 QUICK = RetryPolicy(max_attempts=6, max_seconds=60, base_delay=0.05, max_delay=0.5, attempt_timeout=10)

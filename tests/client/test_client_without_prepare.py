@@ -16,7 +16,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from idemops_client import IdempotentClient, MemoryLedger, RetryPolicy, ToolCallError
-from tests.processes import ROOT, Service, free_port
+from tests.support.processes import ROOT, Service, free_port
 
 pytestmark = pytest.mark.live
 

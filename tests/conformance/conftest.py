@@ -6,7 +6,7 @@ import pytest
 @pytest.fixture(scope="package")
 def conformance_web(django_db_setup, django_db_blocker, _gateway, _sink):
     """uvicorn for the suites: the test downstreams, and a long tool called directly answers at once."""
-    from tests.processes import WebServer, downstream_env
+    from tests.support.processes import WebServer, downstream_env
 
     with django_db_blocker.unblock():
         server = WebServer(name="web-conformance", **downstream_env(
@@ -18,7 +18,7 @@ def conformance_web(django_db_setup, django_db_blocker, _gateway, _sink):
 @pytest.fixture(scope="package")
 def interop():
     """tests/interop's pinned npm packages; `make test` installs them (npm ci), and so does this."""
-    from tests.processes import ROOT
+    from tests.support.processes import ROOT
 
     folder = ROOT / "tests" / "interop"
     if not (folder / "node_modules" / "@modelcontextprotocol" / "conformance" / "package.json").exists():
@@ -30,7 +30,7 @@ def interop():
 def official_web(django_db_setup, django_db_blocker):
     """uvicorn for the official suite: the platform with the suite's test-only tools on (a setting production
     refuses), and no downstream systems (none of the suite's scenarios calls a platform tool)."""
-    from tests.processes import WebServer
+    from tests.support.processes import WebServer
 
     with django_db_blocker.unblock():
         server = WebServer(name="web-official-conformance", IDEMOPS_CONFORMANCE_TEST_TOOLS="1")

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from idemops_demo.models import Announcement, Order
-from tests.mcp_client import call_sync
-from tests.processes import WebServer
+from tests.support.mcp_client import call_sync
+from tests.support.processes import WebServer
 from tools_app.models import ApprovalRequest, Confirmation, IdempotencyRecord, Tenant
 
 pytestmark = [pytest.mark.live, pytest.mark.conformance]

@@ -11,8 +11,8 @@ import pytest
 from django.utils import timezone
 
 from idemops_demo.models import Order
-from tests.mcp_client import call_sync
-from tests.processes import ROOT
+from tests.support.mcp_client import call_sync
+from tests.support.processes import ROOT
 from tools_app.models import IdempotencyRecord
 
 # No workers run here: the in-progress scenario's ingest_document task stays queued until the flush.

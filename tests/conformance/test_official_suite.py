@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from tests.mcp_client import connect, raw_call
+from tests.support.mcp_client import connect, raw_call
 from tools_app.mcp.conformance_tools import NAMES
 
 pytestmark = [pytest.mark.live, pytest.mark.conformance]

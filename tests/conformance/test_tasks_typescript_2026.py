@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tests.documents_fixtures import long_text, make_pdf, pdf_of_text
+from tests.support.documents_fixtures import long_text, make_pdf, pdf_of_text
 from tools_app.models import Task, TaskStatus
 
 pytestmark = [pytest.mark.live, pytest.mark.conformance, pytest.mark.usefixtures("settle_tasks")]

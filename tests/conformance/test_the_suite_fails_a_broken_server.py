@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.processes import ROOT, Service, free_port
+from tests.support.processes import ROOT, Service, free_port
 
 pytestmark = [pytest.mark.conformance]
 

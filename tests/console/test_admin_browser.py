@@ -1,12 +1,13 @@
-"""The approval queue in a real browser: Playwright driving headless Chromium against uvicorn (tests/browser.py)."""
+"""The approval queue in a real browser: Playwright driving headless Chromium against uvicorn
+(tests/support/browser.py)."""
 
 
 from idemops_demo.models import Announcement
-from tests.browser import ARTIFACTS, browser_page, code_for, needs_chromium, shot
-from tests.issued_ids import call_labelled_sync
-from tests.jobs import run_queued_jobs
-from tests.mcp_client import error_of
-from tests.operators import PASSWORD, login_for_the_web_server, make_operator
+from tests.support.browser import ARTIFACTS, browser_page, code_for, needs_chromium, shot
+from tests.support.issued_ids import call_labelled_sync
+from tests.support.jobs import run_queued_jobs
+from tests.support.mcp_client import error_of
+from tests.support.operators import PASSWORD, login_for_the_web_server, make_operator
 from tools_app.access.roles import APPROVER
 from tools_app.models import ApprovalRequest, ApprovalStatus, Tenant
 

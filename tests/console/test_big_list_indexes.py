@@ -15,8 +15,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from tests.api_support import make_approval_request, make_event, make_outbox_event, make_record, make_task
-from tests.operators import make_operator
+from tests.support.api_support import make_approval_request, make_event, make_outbox_event, make_record, make_task
+from tests.support.operators import make_operator
 from tools_app.access.roles import AUDITOR
 from tools_app.models import ApprovalRequest, AuditEvent, IdempotencyRecord, OutboxEvent, Task
 

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tests.api_support import make_event, make_record
+from tests.support.api_support import make_event, make_record
 from tools_app.admin import scoping
 from tools_app.models import AuditEvent
 

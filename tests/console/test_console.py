@@ -8,9 +8,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.api_support import make_record
-from tests.approvals_support import STAFF_NOTE, call, pending_request
-from tests.operators import agent_owner, make_operator
+from tests.support.api_support import make_record
+from tests.support.approvals_support import STAFF_NOTE, call, pending_request
+from tests.support.operators import agent_owner, make_operator
 from tools_app import access
 from tools_app.access.roles import APPROVER, OPERATOR
 from tools_app.admin.queues import IDLE, VERSION

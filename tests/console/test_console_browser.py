@@ -1,6 +1,6 @@
 """The operators' console in a real browser: each queue's main path, from the home page to the item settled.
 
-Agents act over MCP against the live server; the browser (tests/browser.py) is the operator. What
+Agents act over MCP against the live server; the browser (tests/support/browser.py) is the operator. What
 the browser shows is checked on the page, what it did in the database. Screenshots of the main
 pages are the ones docs/operators-admin.md shows (`make screenshots`).
 """
@@ -12,12 +12,12 @@ from datetime import timedelta
 from django.utils import timezone
 
 from idemops.conf import override_conf
-from tests.api_support import make_record
-from tests.browser import browser_page, code_for, log_in, needs_chromium, shot
-from tests.issued_ids import call_labelled_sync
-from tests.jobs import run_queued_jobs
-from tests.mcp_client import call_sync, error_of
-from tests.operators import login_for_the_web_server, make_operator
+from tests.support.api_support import make_record
+from tests.support.browser import browser_page, code_for, log_in, needs_chromium, shot
+from tests.support.issued_ids import call_labelled_sync
+from tests.support.jobs import run_queued_jobs
+from tests.support.mcp_client import call_sync, error_of
+from tests.support.operators import login_for_the_web_server, make_operator
 from tools_app import outbox
 from tools_app.access.roles import APPROVER, OPERATOR
 from tools_app.core import polling
@@ -238,7 +238,7 @@ def test_an_operator_pastes_a_key_into_the_find_box_and_reads_the_operations_sto
 
 def test_a_queue_page_refreshes_itself_keeps_its_filters_and_waits_while_rows_are_selected(
         web_server, token, other_token, _gateway, _sink):
-    from tests.processes import WebServer, downstream_env
+    from tests.support.processes import WebServer, downstream_env
 
     acme, globex = Tenant.objects.get(slug="acme"), Tenant.objects.get(slug="globex")
     login_for_the_web_server(make_operator("bea", APPROVER, acme, globex))

@@ -7,8 +7,8 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.api_support import make_event, make_record
-from tests.operators import make_operator
+from tests.support.api_support import make_event, make_record
+from tests.support.operators import make_operator
 from tools_app.access.roles import AUDITOR, OPERATOR
 
 RECORDS = reverse("admin:tools_app_idempotencyrecord_changelist")

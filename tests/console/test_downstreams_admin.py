@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from idemops.conf import override_conf
 from idemops_demo.models import Order
-from tests.issued_ids import call_labelled
-from tests.operators import PASSWORD, make_operator, verified
+from tests.support.issued_ids import call_labelled
+from tests.support.operators import PASSWORD, make_operator, verified
 from tools_app import incidents
 from tools_app.access.roles import OPERATOR
 from tools_app.core import db

@@ -9,9 +9,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from idemops_demo.models import Announcement, Order
-from tests.issued_ids import call_labelled
-from tests.jobs import queued_jobs, run_queued_jobs
-from tests.operators import make_operator
+from tests.support.issued_ids import call_labelled
+from tests.support.jobs import queued_jobs, run_queued_jobs
+from tests.support.operators import make_operator
 from tools_app import approvals
 from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR, ROLE_PERMISSIONS
 from tools_app.core import counters

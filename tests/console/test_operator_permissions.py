@@ -20,9 +20,9 @@ from django.utils import timezone
 
 from idemops.conf import override_conf
 from idemops_demo.models import Order
-from tests.issued_ids import call_labelled
-from tests.mcp_client import call_sync
-from tests.operators import PASSWORD, current_code, login_for_the_web_server, make_operator
+from tests.support.issued_ids import call_labelled
+from tests.support.mcp_client import call_sync
+from tests.support.operators import PASSWORD, current_code, login_for_the_web_server, make_operator
 from tools_app import access, engine, outbox, reconciliation, scheduling, tasks
 from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR, ROLE_PERMISSIONS
 from tools_app.admin.operator_actions import OperatorActionsAdmin

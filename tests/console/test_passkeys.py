@@ -20,11 +20,11 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 from django_otp_webauthn.models import WebAuthnCredential
 
 from idemops.conf import conf
-from tests.browser import browser_page, log_in, needs_chromium, shot
 from tests.console.test_console_browser import announce, person
-from tests.issued_ids import call_labelled_sync
-from tests.mcp_client import error_of
-from tests.operators import make_operator
+from tests.support.browser import browser_page, log_in, needs_chromium, shot
+from tests.support.issued_ids import call_labelled_sync
+from tests.support.mcp_client import error_of
+from tests.support.operators import make_operator
 from tools_app.access import second_factor
 from tools_app.access.roles import APPROVER
 from tools_app.approvals.models import ApprovalSettings
@@ -306,7 +306,7 @@ STEP_UP_SECONDS = 9  # short, so that a verification goes stale while the test w
 
 @pytest.fixture
 def step_up_server(gateway, sink, transactional_db):
-    from tests.processes import WebServer, downstream_env
+    from tests.support.processes import WebServer, downstream_env
 
     server = WebServer("web-step-up", **downstream_env(gateway, sink,
                                                        IDEMOPS_STEP_UP_MINUTES=str(STEP_UP_SECONDS / 60)))

@@ -8,7 +8,7 @@ import uuid
 from django.db import connection
 from django.urls import reverse
 
-from tests.operators import make_operator
+from tests.support.operators import make_operator
 from tools_app.access.roles import AUDITOR, OPERATOR
 from tools_app.core import keystore, personal
 from tools_app.models import IdempotencyRecord, OutboxEvent

@@ -11,7 +11,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from django.urls import reverse
 
-from tests.operators import make_operator
+from tests.support.operators import make_operator
 from tools_app.access.roles import APPROVER, OPERATOR
 from tools_app.models import TenantAccess
 

@@ -10,8 +10,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tests.api_support import make_record
-from tests.operators import make_operator
+from tests.support.api_support import make_record
+from tests.support.operators import make_operator
 from tools_app.access.roles import OPERATOR
 from tools_app.models import IdempotencyRecord
 

@@ -6,8 +6,8 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.api_support import make_record
-from tests.operators import make_operator
+from tests.support.api_support import make_record
+from tests.support.operators import make_operator
 from tools_app import access
 from tools_app.access.roles import OPERATOR
 from tools_app.models import Task, TaskStatus

@@ -5,8 +5,8 @@ from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 from idemops.conf import override_conf
-from tests.issued_ids import call_labelled
-from tests.operators import make_operator
+from tests.support.issued_ids import call_labelled
+from tests.support.operators import make_operator
 from tools_app import access, reconciliation
 from tools_app.access.roles import OPERATOR
 from tools_app.core import counters

@@ -7,7 +7,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, connections, transaction
 
-from tests.race import race
+from tests.support.race import race
 from tools_app import access
 from tools_app.core import audit
 from tools_app.models import AuditEvent, AuditSeal

@@ -13,8 +13,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from tests.core.test_audit_chain import some_events, sql, trigger_disabled
-from tests.processes import ROOT, child_env
-from tests.processes import test_database_url as database_url
+from tests.support.processes import ROOT, child_env
+from tests.support.processes import test_database_url as database_url
 from tools_app import access
 from tools_app.core import audit
 from tools_app.models import AuditCheckpoint, Tenant

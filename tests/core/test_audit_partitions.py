@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from tests.api_support import make_event
+from tests.support.api_support import make_event
 from tools_app.core import audit, audit_partitions
 from tools_app.core.jobs import create_audit_partitions
 from tools_app.models import AuditEvent
@@ -92,7 +92,7 @@ def test_an_event_of_a_month_without_a_partition_is_kept_in_the_default_one_and_
 def test_creating_a_month_gives_up_on_a_reader_holding_the_table_and_the_next_run_creates_it():
     import psycopg
 
-    from tests.processes import test_database_url
+    from tests.support.processes import test_database_url
 
     this_month = audit_partitions.month_start(timezone.now())
     wanted = [name for name in months_from(this_month, 6) if name not in names()]
@@ -140,7 +140,7 @@ def migrate(url: str, *target: str) -> None:
     import subprocess
     import sys
 
-    from tests.processes import ROOT, child_env
+    from tests.support.processes import ROOT, child_env
 
     done = subprocess.run([sys.executable, "manage.py", "migrate", *target, "-v0"], cwd=ROOT,
                           env=child_env(DATABASE_URL=url), capture_output=True, text=True, timeout=300)
@@ -152,7 +152,7 @@ def test_upgrading_moves_every_event_into_its_months_partition_and_keeps_ids_sea
     import psycopg
 
     from tests.platform.conftest import database_url
-    from tests.processes import drop_database, service_database_url
+    from tests.support.processes import drop_database, service_database_url
 
     name = "audit_upgrade"
     drop_database(name)

@@ -8,7 +8,7 @@ import select
 import psycopg
 from django.db import close_old_connections, connection
 
-from tests.task_stack import wait_until
+from tests.support.task_stack import wait_until
 
 
 def other_connection() -> psycopg.Connection:

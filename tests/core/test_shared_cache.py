@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 from django_q.status import Stat
 
-from tests.processes import Worker
+from tests.support.processes import Worker
 from tools_app.core import polling
 
 

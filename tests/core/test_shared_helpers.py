@@ -17,8 +17,8 @@ from django.db import DataError, OperationalError, transaction
 from django.utils import timezone
 
 from idemops.conf import override_conf
-from tests.operators import agent_owner, make_operator, verified
-from tests.processes import free_port
+from tests.support.operators import agent_owner, make_operator, verified
+from tests.support.processes import free_port
 from tools_app import access, engine, outbox, tasks
 from tools_app.access import auditors, secrets
 from tools_app.access.roles import AUDITOR, OPERATOR

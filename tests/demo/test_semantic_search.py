@@ -11,9 +11,9 @@ from idemops_demo import documents
 from idemops_demo.documents import vector_extension
 from idemops_demo.documents.search import fuse
 from idemops_demo.models import Document, DocumentChunk
-from tests.documents_fixtures import long_text
-from tests.processes import Worker
-from tests.task_stack import swept_until, wait_until
+from tests.support.documents_fixtures import long_text
+from tests.support.processes import Worker
+from tests.support.task_stack import swept_until, wait_until
 from tools_app.models import StepRun, Task, TaskStatus, Tenant
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import Caller, call_tool
@@ -137,7 +137,7 @@ def test_a_server_without_the_extension_is_refused_with_what_to_install(db):
 
 @pytest.mark.live
 def test_an_mcp_client_searches_by_meaning_and_the_schema_offers_the_modes(web_server, token, settings):
-    from tests.mcp_client import call_sync
+    from tests.support.mcp_client import call_sync
 
     # given the token's tenant's documents, ingested and ready
     override_conf(settings, task_call_wait_seconds=0)

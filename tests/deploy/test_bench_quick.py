@@ -14,7 +14,7 @@ import pytest
 
 from bench.run import FIGURES
 from idemops import embedded_pg
-from tests.processes import ROOT, VAR_DIR
+from tests.support.processes import ROOT, VAR_DIR
 
 pytestmark = pytest.mark.live
 

@@ -9,7 +9,7 @@ from django_otp.oath import TOTP
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from idemops.conf import override_conf
-from tests.operators import agent_owner
+from tests.support.operators import agent_owner
 from tools_app import access
 from tools_app.management.commands.serve import banner
 from tools_app.management.demo import DEMO_STEP_UP_AMOUNT, ensure_demo
@@ -128,8 +128,8 @@ def test_make_runs_banner_points_a_new_operator_at_the_console_its_queues_and_th
 def test_an_operator_pauses_and_resumes_a_tool_from_the_shell_on_their_own_authority(transactional_db):
     import subprocess
 
-    from tests.operators import make_operator
-    from tests.processes import manage
+    from tests.support.operators import make_operator
+    from tests.support.processes import manage
     from tools_app.access.roles import OPERATOR
     from tools_app.incidents.models import Pause
 

@@ -26,7 +26,7 @@ from django.db import transaction
 from django.urls import Resolver404, resolve
 from django.utils import timezone
 
-from tests.processes import Service, child_env, downstream_env, free_port
+from tests.support.processes import Service, child_env, downstream_env, free_port
 from tools_app import engine
 from tools_app.core.errors import ErrorClass
 from tools_app.models import IdempotencyRecord, RecordStatus, Tenant

@@ -19,12 +19,12 @@ import psycopg
 import pytest
 
 from idemops_demo.models import Document, Order
-from tests import processes
 from tests.mcp.test_mcp_task_push import Session, big_pdf, listener_pids, run_session, webhook_body
-from tests.mcp_client import call
-from tests.pooler import PgBouncer
-from tests.processes import downstream_env
-from tests.task_stack import live_stack, stack_env, wait_until
+from tests.support import processes
+from tests.support.mcp_client import call
+from tests.support.pooler import PgBouncer
+from tests.support.processes import downstream_env
+from tests.support.task_stack import live_stack, stack_env, wait_until
 from tools_app import tasks
 from tools_app.access import auditors
 from tools_app.models import IdempotencyRecord, OutboxEvent, Task, TaskStatus, Tenant

@@ -15,9 +15,9 @@ import typing
 import httpx2
 import pytest
 
-from tests import processes
 from tests.deploy.test_settings import problems, start
-from tests.processes import Service, free_port
+from tests.support import processes
+from tests.support.processes import Service, free_port
 
 PUBLIC_HOST = "idemops.example.com"
 

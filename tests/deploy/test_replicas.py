@@ -1,4 +1,4 @@
-"""Read replicas, with a real streaming standby of the test PostgreSQL (tests/standby.py).
+"""Read replicas, with a real streaming standby of the test PostgreSQL (tests/support/standby.py).
 
 A web process is given the standby as IDEMOPS_DATABASE_REPLICA_URLS. The standby logs every
 statement it is sent, so each test reads there what reached it: the auditors' exports and the
@@ -17,11 +17,11 @@ import httpx2
 import pytest
 from django.contrib.auth import get_user_model
 
-from tests.mcp_client import call_sync
-from tests.operators import PASSWORD, admin_session, login_for_the_web_server
-from tests.processes import WebServer
-from tests.standby import Standby
-from tests.task_stack import wait_until
+from tests.support.mcp_client import call_sync
+from tests.support.operators import PASSWORD, admin_session, login_for_the_web_server
+from tests.support.processes import WebServer
+from tests.support.standby import Standby
+from tests.support.task_stack import wait_until
 from tools_app.access import auditors
 from tools_app.models import AuditEvent, IdempotencyRecord, Tenant
 

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from tests.mcp_client import answer_of, post_raw
-from tests.operators import make_operator
+from tests.support.mcp_client import answer_of, post_raw
+from tests.support.operators import make_operator
 from tools_app.access.roles import APPROVER
 from tools_app.approvals.thresholds import needs_step_up
 from tools_app.management.commands.serve import banner

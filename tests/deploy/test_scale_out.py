@@ -26,14 +26,14 @@ from django.urls import reverse
 from django_q.models import OrmQ
 
 from idemops_demo.models import Announcement
-from tests.approvals_support import STAFF_NOTE, pending_request
-from tests.approvals_support import call as call_approval
-from tests.documents_fixtures import long_text, pdf_of_text
-from tests.issued_ids import labelled_arguments
-from tests.mcp_client import call, call_sync, error_of
-from tests.operators import admin_session, login_for_the_web_server, make_operator
-from tests.processes import WebServer, Worker, downstream_env, faketime_env, manage, running
-from tests.task_stack import wait_until
+from tests.support.approvals_support import STAFF_NOTE, pending_request
+from tests.support.approvals_support import call as call_approval
+from tests.support.documents_fixtures import long_text, pdf_of_text
+from tests.support.issued_ids import labelled_arguments
+from tests.support.mcp_client import call, call_sync, error_of
+from tests.support.operators import admin_session, login_for_the_web_server, make_operator
+from tests.support.processes import WebServer, Worker, downstream_env, faketime_env, manage, running
+from tests.support.task_stack import wait_until
 from tools_app.access.roles import APPROVER
 from tools_app.models import (
     ApprovalRequest,

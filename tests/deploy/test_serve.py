@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from tests.operators import agent_owner
-from tests.processes import LOG_DIR, Service, child_env, free_port
-from tests.task_stack import wait_until
+from tests.support.operators import agent_owner
+from tests.support.processes import LOG_DIR, Service, child_env, free_port
+from tests.support.task_stack import wait_until
 
 pytestmark = pytest.mark.live
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from tests.agents import call_tool_sync
 from tests.deploy.test_serve import alive, children
-from tests.processes import LOG_DIR, DatabaseServer, Service, free_port
-from tests.task_stack import wait_until
+from tests.support.agents import call_tool_sync
+from tests.support.processes import LOG_DIR, DatabaseServer, Service, free_port
+from tests.support.task_stack import wait_until
 from tools_app.management.supervisor import Child, KeepsDying, Supervisor
 
 pytestmark = pytest.mark.live

@@ -8,9 +8,9 @@ import httpx2
 import pytest
 
 from idemops_demo.models import Order
-from tests.mcp_client import call_sync
-from tests.processes import LOG_DIR, Service, child_env, free_port
-from tests.task_stack import wait_until
+from tests.support.mcp_client import call_sync
+from tests.support.processes import LOG_DIR, Service, child_env, free_port
+from tests.support.task_stack import wait_until
 from tools_app.management.commands.serve import Command
 
 pytestmark = pytest.mark.live

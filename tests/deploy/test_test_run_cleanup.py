@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from idemops import embedded_pg
-from tests.processes import ROOT, VAR_DIR
+from tests.support.processes import ROOT, VAR_DIR
 from tools_app.models import Tenant
 
 pytestmark = pytest.mark.live

@@ -12,9 +12,9 @@ import pytest
 from django.utils import timezone
 
 from idemops_demo.models import Order
-from tests.issued_ids import labelled_arguments
-from tests.mcp_client import call_sync
-from tests.processes import WebServer, downstream_env, manage
+from tests.support.issued_ids import labelled_arguments
+from tests.support.mcp_client import call_sync
+from tests.support.processes import WebServer, downstream_env, manage
 from tools_app.models import IdempotencyRecord, RecordStatus
 
 pytestmark = pytest.mark.live

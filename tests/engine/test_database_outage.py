@@ -19,9 +19,9 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from idemops_demo.models import Order
-from tests.agents import Answer, call_tool, call_tool_sync, call_until_done, issued_operation_id
-from tests.mcp_client import call
-from tests.processes import Stack, manage
+from tests.support.agents import Answer, call_tool, call_tool_sync, call_until_done, issued_operation_id
+from tests.support.mcp_client import call
+from tests.support.processes import Stack, manage
 from tools_app.models import IdempotencyRecord
 
 pytestmark = pytest.mark.live

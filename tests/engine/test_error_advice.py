@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from idemops.conf import conf
-from tests.api_support import make_task
+from tests.support.api_support import make_task
 from tools_app import engine
 from tools_app.core.errors import (
     INTERNAL_ERROR_ADVICE,

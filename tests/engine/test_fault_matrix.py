@@ -18,11 +18,11 @@ import pytest
 from django.db import connection
 
 from idemops_demo.models import Order
-from tests.agents import call_tool as raw_tool_call
-from tests.issued_ids import labelled_arguments
-from tests.mcp_client import call_sync, error_of
-from tests.processes import PaymentGateway, WebServer, free_port
-from tests.task_stack import wait_until
+from tests.support.agents import call_tool as raw_tool_call
+from tests.support.issued_ids import labelled_arguments
+from tests.support.mcp_client import call_sync, error_of
+from tests.support.processes import PaymentGateway, WebServer, free_port
+from tests.support.task_stack import wait_until
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
 
 pytestmark = pytest.mark.live
@@ -64,7 +64,7 @@ def gateway(stack):
 
 def payment(web, token, label: str, amount: str = "42.00") -> dict:
     """request_payment's arguments; its key is the operation id issued for `label`, the same one
-    every time (tests/issued_ids.py)."""
+    every time (tests/support/issued_ids.py)."""
     return labelled_arguments(web.mcp_url, token, "request_payment", {
         "amount": amount, "currency": "EUR", "payee": "ACME Supplies", "idempotency_key": label})
 
@@ -323,6 +323,6 @@ def test_an_order_whose_success_the_database_rolls_back_is_retried_and_made_once
 
 
 async def _mcp_call(web, token, tool, arguments):
-    from tests.mcp_client import call
+    from tests.support.mcp_client import call
 
     return await call(web.mcp_url, token, tool, arguments)

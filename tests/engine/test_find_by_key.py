@@ -4,9 +4,9 @@ downstream key, a trace id), within the tenants the operator may see; the raw ke
 import pytest
 from django.urls import reverse
 
-from tests.approvals_support import STAFF_NOTE, call, pending_request
-from tests.operators import make_operator
-from tests.tasks_support import TEXT, start
+from tests.support.approvals_support import STAFF_NOTE, call, pending_request
+from tests.support.operators import make_operator
+from tests.support.tasks_support import TEXT, start
 from tools_app import engine
 from tools_app.access.roles import APPROVER, OPERATOR
 from tools_app.core import keys

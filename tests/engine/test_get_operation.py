@@ -11,10 +11,10 @@ from django.utils import timezone
 
 from idemops.conf import override_conf
 from idemops_demo.models import Order
-from tests.approvals_support import STAFF_NOTE
-from tests.issued_ids import call_labelled
-from tests.race import in_thread, wait_for_lock_waiters
-from tests.tasks_support import TEXT
+from tests.support.approvals_support import STAFF_NOTE
+from tests.support.issued_ids import call_labelled
+from tests.support.race import in_thread, wait_for_lock_waiters
+from tests.support.tasks_support import TEXT
 from tools_app import engine, reconciliation
 from tools_app.mcp.runtime import idempotency_info
 from tools_app.models import IdempotencyRecord, Task
@@ -102,7 +102,7 @@ def test_an_in_progress_answer_names_the_uncommitted_first_call_which_get_operat
 
 @pytest.mark.live
 def test_over_mcp_an_in_progress_answer_names_the_uncommitted_first_call_for_get_operation(web_server, token):
-    from tests.mcp_client import call_sync, error_of
+    from tests.support.mcp_client import call_sync, error_of
 
     def create():
         return call_sync(web_server.mcp_url, token, "create_order", {**ORDER, "idempotency_key": "o-1"})

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from idemops.conf import override_conf
 from idemops_demo.models import Order
-from tests.race import in_thread, race, wait_for_lock_waiters
+from tests.support.race import in_thread, race, wait_for_lock_waiters
 from tools_app import engine
 from tools_app.core.errors import InvalidInput, Transient
 from tools_app.engine import ExpiryPolicy, Operation

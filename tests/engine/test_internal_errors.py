@@ -13,8 +13,8 @@ from django.urls import reverse
 from idemops.conf import override_conf
 from idemops_demo.models import Order
 from idemops_demo.tools import orders
-from tests.operators import make_operator
-from tests.tasks_support import TEXT, agent, start
+from tests.support.operators import make_operator
+from tests.support.tasks_support import TEXT, agent, start
 from tools_app import engine, reconciliation, tasks
 from tools_app.access.roles import OPERATOR
 from tools_app.core import clock, polling

@@ -8,11 +8,11 @@ import asyncio
 import httpx2
 import pytest
 
-from tests.api_support import key_client
-from tests.approvals_support import STAFF_NOTE
-from tests.issued_ids import call_labelled
-from tests.mcp_client import call_sync, connect
-from tests.tasks_support import TEXT
+from tests.support.api_support import key_client
+from tests.support.approvals_support import STAFF_NOTE
+from tests.support.issued_ids import call_labelled
+from tests.support.mcp_client import call_sync, connect
+from tests.support.tasks_support import TEXT
 from tools_app.models import ApprovalRequest, AuditEvent, IdempotencyRecord, OutboxEvent, Task
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.registry import get_tool

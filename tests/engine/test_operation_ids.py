@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from tests.approvals_support import STAFF_NOTE
+from tests.support.approvals_support import STAFF_NOTE
 from tools_app import engine
 from tools_app.core.errors import InvalidInput
 from tools_app.models import AuditEvent, IdempotencyRecord, PreparedOperation, RecordStatus

@@ -1,7 +1,7 @@
 """Bad input, sent raw to the real /mcp endpoint: always `invalid_input` naming the field, and no key claimed.
 
 The SDK's client would never send most of these, so the tests POST JSON-RPC
-bytes to a live uvicorn (tests.mcp_client.raw_call).
+bytes to a live uvicorn (tests.support.mcp_client.raw_call).
 """
 
 import asyncio
@@ -14,7 +14,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
 
 from idemops_demo.models import Order
-from tests.mcp_client import connect, post_raw, raw_call, raw_error_of
+from tests.support.mcp_client import connect, post_raw, raw_call, raw_error_of
 from tools_app import engine
 from tools_app.core.errors import InvalidInput
 from tools_app.engine import Operation

@@ -222,7 +222,7 @@ def test_the_cluster_settles_a_dead_executors_key_within_seconds_with_no_caller_
                                                                                                  tenant):
     from django_q.models import Schedule
 
-    from tests.processes import Worker
+    from tests.support.processes import Worker
 
     # given a key whose executor died, that nobody asks about, and no minute schedule to sweep it
     Schedule.objects.all().delete()

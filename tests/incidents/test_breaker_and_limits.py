@@ -8,8 +8,8 @@ import time
 import httpx2
 import pytest
 
-from tests.agents import call_tool, issued_operation_id
-from tests.processes import Stack, manage
+from tests.support.agents import call_tool, issued_operation_id
+from tests.support.processes import Stack, manage
 from tools_app.core import polling
 
 PAYMENT = {"amount": "12.00", "currency": "EUR", "payee": "Bob", "reference": "breaker"}

@@ -12,9 +12,9 @@ import httpx2
 import pytest
 from django.db import connection
 
-from tests.agents import Answer, call_until_done
-from tests.entity_runs import RUNS_TABLE
-from tests.processes import WebServer
+from tests.support.agents import Answer, call_until_done
+from tests.support.entity_runs import RUNS_TABLE
+from tests.support.processes import WebServer
 
 pytestmark = pytest.mark.live
 
@@ -27,7 +27,7 @@ def webs(transactional_db):
     with connection.cursor() as cursor:
         cursor.execute(RUNS_TABLE)
         cursor.execute("TRUNCATE entity_runs")  # not a model: transactional_db does not empty it
-    env = {"IDEMOPS_TOOL_MODULES": "tests.entity_tools", "IDEMOPS_CONCURRENCY_WAIT_SECONDS": "1",
+    env = {"IDEMOPS_TOOL_MODULES": "tests.support.entity_tools", "IDEMOPS_CONCURRENCY_WAIT_SECONDS": "1",
            "IDEMOPS_IN_PROGRESS_RETRY_AFTER_SECONDS": "0.2", "IDEMOPS_MCP_DB_THREADS": "8"}
     servers = []
     try:

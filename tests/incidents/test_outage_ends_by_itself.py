@@ -1,12 +1,12 @@
 """Issue 36: a downstream outage ends by itself. The payment gateway answers 503 "nothing done" for
 60 s, then commits payments without answering for 30 s, then recovers, while ten agents keep paying
-(tests/incident.py): no payment twice, nothing left for a person, every key done within 60 s of the
+(tests/support/incident.py): no payment twice, nothing left for a person, every key done within 60 s of the
 recovery, and the open breaker spares the gateway most of the agents' retries."""
 
 import pytest
 
-from tests import incident
-from tests.processes import Stack
+from tests.support import incident
+from tests.support.processes import Stack
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ an attempt, and goes on after the resume; the pause and the resume need the perm
 from django.contrib.auth import get_user_model
 
 from idemops_demo.models import Customer
-from tests.operators import make_operator, verified
+from tests.support.operators import make_operator, verified
 from tools_app import incidents
 from tools_app.access.roles import OPERATOR
 from tools_app.core import clock, polling

@@ -21,9 +21,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitResult, Implementation, InputRequiredResult
 
 from idemops_demo.models import Announcement, Order
-from tests.mcp_client import call_sync
-from tests.operators import agent_owner, make_operator
-from tests.processes import WebServer
+from tests.support.mcp_client import call_sync
+from tests.support.operators import agent_owner, make_operator
+from tests.support.processes import WebServer
 from tools_app import access, approvals
 from tools_app.access.roles import APPROVER
 from tools_app.models import ApprovalRequest, AuditEvent, Confirmation, IdempotencyRecord, Tenant

@@ -9,8 +9,8 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 
 from idemops_demo.models import Order
-from tests.mcp_client import call_sync, error_of
-from tests.operators import PASSWORD, VerifiedClient
+from tests.support.mcp_client import call_sync, error_of
+from tests.support.operators import PASSWORD, VerifiedClient
 from tools_app.models import AuditEvent, IdempotencyRecord
 
 pytestmark = pytest.mark.live

@@ -26,11 +26,11 @@ from mcp_types import (
 from pydantic import ConfigDict
 
 from idemops_demo.models import Document
-from tests import processes
-from tests.documents_fixtures import long_text, pdf_of_text
-from tests.mcp_client import Listen, ListenParams, TaskPush, call_sync, error_of
-from tests.processes import downstream_env
-from tests.task_stack import live_stack, stack_env, wait_until
+from tests.support import processes
+from tests.support.documents_fixtures import long_text, pdf_of_text
+from tests.support.mcp_client import Listen, ListenParams, TaskPush, call_sync, error_of
+from tests.support.processes import downstream_env
+from tests.support.task_stack import live_stack, stack_env, wait_until
 from tools_app import tasks
 from tools_app.models import OutboxEvent, Task, TaskStatus
 

@@ -18,8 +18,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, Request, RequestParams, Result
 from pydantic import ConfigDict
 
-from tests.documents_fixtures import long_text, make_pdf, pdf_of_text
-from tests.mcp_client import call_sync
+from tests.support.documents_fixtures import long_text, make_pdf, pdf_of_text
+from tests.support.mcp_client import call_sync
 from tools_app.models import Task, TaskStatus
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("settle_tasks")]

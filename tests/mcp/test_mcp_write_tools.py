@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from idemops_demo.models import Order, Ticket
-from tests.mcp_client import call, call_sync, connect, error_of
+from tests.support.mcp_client import call, call_sync, connect, error_of
 from tools_app.models import IdempotencyRecord, RecordStatus
 
 pytestmark = pytest.mark.live

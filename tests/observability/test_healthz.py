@@ -6,7 +6,7 @@ import sys
 import httpx2
 import pytest
 
-from tests.processes import DatabaseServer, Service, child_env, free_port
+from tests.support.processes import DatabaseServer, Service, child_env, free_port
 
 
 @pytest.mark.django_db

@@ -12,7 +12,7 @@ import logging
 
 import pytest
 
-from tests.approvals_support import call, pending_request
+from tests.support.approvals_support import call, pending_request
 from tools_app import approvals, reconciliation
 from tools_app.access.roles import OPERATOR
 from tools_app.core import keys, logs, redaction, tracing
@@ -167,7 +167,7 @@ def test_a_tool_that_does_not_declare_its_personal_fields_cannot_be_registered()
 
 def test_an_operators_decision_and_a_refusal_are_each_one_line_once_committed(
         captured, caller, tenant, approver, django_capture_on_commit_callbacks):
-    from tests.operators import make_operator
+    from tests.support.operators import make_operator
 
     request = pending_request(call(caller, "publish_announcement", idempotency_key="a-1", **STAFF_NOTE))
     outsider = make_operator("olga", OPERATOR, tenant)

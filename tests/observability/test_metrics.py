@@ -14,8 +14,8 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from idemops.conf import override_conf
-from tests.approvals_support import STAFF_NOTE, call
-from tests.operators import make_operator
+from tests.support.approvals_support import STAFF_NOTE, call
+from tests.support.operators import make_operator
 from tools_app import engine
 from tools_app.access.roles import OPERATOR
 from tools_app.core import counters
@@ -234,7 +234,7 @@ def test_metrics_show_the_jobs_waiting_and_taken_and_how_long_the_oldest_has_wai
     from django.db.models import F
     from django_q.models import OrmQ
 
-    from tests.tasks_support import TEXT, start
+    from tests.support.tasks_support import TEXT, start
 
     # given three queued jobs (no cluster runs here): one waiting 90 s, one taken by a cluster
     for key in ("q-1", "q-2", "q-3"):

@@ -12,9 +12,9 @@ import httpx2
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.issued_ids import call_labelled_sync, labelled_arguments
-from tests.mcp_client import call, call_sync, post_raw, raw_call
-from tests.observability_support import (
+from tests.support.issued_ids import call_labelled_sync, labelled_arguments
+from tests.support.mcp_client import call, call_sync, post_raw, raw_call
+from tests.support.observability_support import (
     METRICS_TOKEN,
     events,
     in_trace,
@@ -23,8 +23,8 @@ from tests.observability_support import (
     trace_of,
     traceparent,
 )
-from tests.processes import WebServer
-from tests.task_stack import wait_until
+from tests.support.processes import WebServer
+from tests.support.task_stack import wait_until
 from tools_app.models import (
     AuditEvent,
     IdempotencyRecord,
@@ -211,7 +211,7 @@ def test_metrics_show_every_name_after_a_short_demo_counted_by_every_process_and
 def test_on_call_sees_each_live_job_cluster_and_its_processes_and_a_killed_one_goes_within_seconds(
         transactional_db, observed):
     from tests.deploy.test_serve import children
-    from tests.processes import Worker
+    from tests.support.processes import Worker
     from tools_app.metrics.processes import version
 
     def clusters() -> float:
@@ -292,8 +292,8 @@ PASSWORD = "Pa55word-Quillon-999"
 
 def test_no_token_key_password_or_personal_value_sent_through_any_tool_reaches_a_log(
         observed, token, doc_server, settle_tasks):
-    from tests.api_support import key_client
-    from tests.operators import make_operator
+    from tests.support.api_support import key_client
+    from tests.support.operators import make_operator
     from tools_app import approvals
     from tools_app.access.roles import APPROVER
     from tools_app.models import ApprovalRequest, Tenant

@@ -18,10 +18,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from idemops.conf import override_conf
-from tests.approvals_support import pending_request
-from tests.issued_ids import call_labelled
-from tests.operators import make_operator
 from tests.retention.test_retention_copies import ANNOUNCEMENT, CANARY
+from tests.support.approvals_support import pending_request
+from tests.support.issued_ids import call_labelled
+from tests.support.operators import make_operator
 from tools_app import approvals, outbox
 from tools_app.access.roles import APPROVER, OPERATOR
 from tools_app.models import (

@@ -10,8 +10,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from idemops.conf import override_conf
-from tests.operators import make_operator
-from tests.processes import ROOT, child_env, manage
+from tests.support.operators import make_operator
+from tests.support.processes import ROOT, child_env, manage
 from tools_app import outbox
 from tools_app.access.roles import OPERATOR
 from tools_app.core import clock

@@ -14,8 +14,8 @@ import pytest
 from django.utils import timezone
 from standardwebhooks import Webhook
 
-from tests.operators import make_operator
-from tests.processes import manage
+from tests.support.operators import make_operator
+from tests.support.processes import manage
 from tools_app import access, outbox
 from tools_app.access.models import WebhookSecret
 from tools_app.access.roles import APPROVER, OPERATOR

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 
 def run(args, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None,

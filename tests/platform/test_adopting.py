@@ -35,9 +35,9 @@ from django_otp.oath import TOTP
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.mcp_client import error_of
 from tests.platform.conftest import database_url, run
-from tests.processes import ROOT, drop_database, free_port, service_database_url
+from tests.support.mcp_client import error_of
+from tests.support.processes import ROOT, drop_database, free_port, service_database_url
 
 pytestmark = pytest.mark.live
 

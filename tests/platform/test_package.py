@@ -13,7 +13,7 @@ from packaging.requirements import Requirement
 from setuptools import find_packages
 
 from tests.platform.conftest import database_url, interpreter, run
-from tests.processes import ROOT, drop_database, service_database_url
+from tests.support.processes import ROOT, drop_database, service_database_url
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 

@@ -8,11 +8,11 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from idemops.conf import override_conf
-from tests.issued_ids import call_labelled, call_labelled_sync
-from tests.mcp_client import error_of
-from tests.operators import make_operator
-from tests.processes import manage
-from tests.task_stack import wait_until
+from tests.support.issued_ids import call_labelled, call_labelled_sync
+from tests.support.mcp_client import error_of
+from tests.support.operators import make_operator
+from tests.support.processes import manage
+from tests.support.task_stack import wait_until
 from tools_app.access.roles import OPERATOR
 from tools_app.core import backoff, clock
 from tools_app.core.errors import Transient
@@ -27,7 +27,8 @@ PAYMENT = {"amount": "42.50", "currency": "EUR", "payee": "ACME Supplies", "refe
 
 
 def pay(web_server, token, label, **overrides):
-    """A payment named by `label` (the key it carries is the operation id issued for it: tests/issued_ids.py)."""
+    """A payment named by `label` (the key it carries is the operation id issued for it:
+    tests/support/issued_ids.py)."""
     return call_labelled_sync(web_server.mcp_url, token, "request_payment",
                               {**PAYMENT, **overrides, "idempotency_key": label})
 
@@ -173,7 +174,7 @@ def test_a_rejection_from_the_gateway_is_deterministic_and_replayed(web_server, 
 
 
 def test_an_unreachable_gateway_is_transient(web_server, token, downstreams, gateway, settings):
-    from tests.processes import free_port
+    from tests.support.processes import free_port
     from tools_app.models import Tenant
     from tools_app.toolkit.calls import Caller
 
@@ -216,7 +217,7 @@ def test_a_key_the_gateway_holds_for_another_request_is_a_downstream_conflict_fo
 
 
 def test_reconciliation_that_keeps_failing_escalates_to_a_person(web_server, token, downstreams, gateway, settings):
-    from tests.processes import free_port
+    from tests.support.processes import free_port
     from tools_app import reconciliation
 
     gateway.set_fault("*", "hang", times=1)
@@ -246,8 +247,8 @@ def test_the_periodic_jobs_are_scheduled_after_migrate():
 
 @pytest.mark.django_db
 def test_a_payment_above_the_threshold_waits_for_a_person_then_pays_once(downstreams, gateway):
-    from tests.jobs import run_queued_jobs
-    from tests.operators import make_operator
+    from tests.support.jobs import run_queued_jobs
+    from tests.support.operators import make_operator
     from tools_app import access, approvals
     from tools_app.access.roles import APPROVER
     from tools_app.models import ApprovalRequest, ApprovalSettings

@@ -13,9 +13,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.issued_ids import call_labelled_sync
-from tests.mcp_client import error_of
-from tests.operators import make_operator
+from tests.support.issued_ids import call_labelled_sync
+from tests.support.mcp_client import error_of
+from tests.support.operators import make_operator
 from tools_app import reconciliation
 from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR
 from tools_app.core.errors import InvalidInput

@@ -17,8 +17,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from idemops.conf import override_conf
-from tests.api_support import make_event
-from tests.processes import test_database_url as database_url
+from tests.support.api_support import make_event
+from tests.support.processes import test_database_url as database_url
 from tools_app import retention
 from tools_app.core import audit, audit_partitions
 from tools_app.models import AuditArchive, AuditEvent, AuditRetention

@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from idemops.conf import override_conf
 from idemops_demo.models import Document, DocumentChunk, Order
-from tests.issued_ids import issued_key
-from tests.operators import make_operator
+from tests.support.issued_ids import issued_key
+from tests.support.operators import make_operator
 from tools_app import access, retention
 from tools_app.access.roles import AUDITOR, OPERATOR
 from tools_app.core import audit

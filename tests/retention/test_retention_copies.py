@@ -17,10 +17,10 @@ from pydantic import Field
 from idemops.conf import override_conf
 from idemops.tools import InvalidInput, Pipeline, Step, StrictModel, WriteInput, long_tool
 from idemops_demo.models import Document
-from tests.approvals_support import pending_request
-from tests.issued_ids import call_labelled
-from tests.jobs import run_queued_jobs
-from tests.operators import make_operator
+from tests.support.approvals_support import pending_request
+from tests.support.issued_ids import call_labelled
+from tests.support.jobs import run_queued_jobs
+from tests.support.operators import make_operator
 from tools_app import access, approvals, outbox, retention, scheduling
 from tools_app.access.roles import APPROVER
 from tools_app.core import audit, clock, keys, personal

@@ -1,7 +1,7 @@
 """Issue 42 §3 across real processes: an agent schedules a tool call over MCP; two job clusters run the
 ticks (each worker's loop); each occurrence runs once under its own key, the overlap policy skips a
 tick while the previous occurrence still runs, pause stops the ticks. Each run of the handler is a row
-(tests/entity_tools.py), so runs are counted, and overlaps found, in SQL."""
+(tests/support/entity_tools.py), so runs are counted, and overlaps found, in SQL."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import time
 import pytest
 from django.db import connection
 
-from tests.entity_runs import RUNS_TABLE
-from tests.mcp_client import call_sync, error_of
-from tests.processes import WebServer, Worker
+from tests.support.entity_runs import RUNS_TABLE
+from tests.support.mcp_client import call_sync, error_of
+from tests.support.processes import WebServer, Worker
 from tools_app.models import ScheduledRun
 from tools_app.scheduling.models import RunStatus
 
 pytestmark = pytest.mark.live
 
-ENV = {"IDEMOPS_TOOL_MODULES": "tests.entity_tools", "IDEMOPS_SCHEDULE_TICK_SECONDS": "0.2",
+ENV = {"IDEMOPS_TOOL_MODULES": "tests.support.entity_tools", "IDEMOPS_SCHEDULE_TICK_SECONDS": "0.2",
        "IDEMOPS_Q_WORKERS": "2"}
 
 

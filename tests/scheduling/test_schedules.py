@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from idemops_demo.models import Order
-from tests.operators import VerifiedClient, make_operator
+from tests.support.operators import VerifiedClient, make_operator
 from tools_app import access, scheduling
 from tools_app.access.roles import APPROVER, OPERATOR
 from tools_app.core import clock
@@ -177,7 +177,7 @@ def test_an_occurrence_held_back_by_a_pause_runs_once_the_tool_is_resumed(acme, 
     from django.contrib.auth import get_user_model
 
     from idemops.conf import override_conf
-    from tests.operators import verified
+    from tests.support.operators import verified
     from tools_app import incidents
 
     # given a paused create_order (every process hears of it at once here) and an occurrence coming due

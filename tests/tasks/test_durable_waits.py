@@ -12,10 +12,10 @@ woken by the cluster's sweep loop.
 import httpx2
 import pytest
 
-from tests.mcp_client import answer_of
-from tests.operators import agent_owner
-from tests.processes import WebServer, Worker
-from tests.task_stack import wait_until
+from tests.support.mcp_client import answer_of
+from tests.support.operators import agent_owner
+from tests.support.processes import WebServer, Worker
+from tests.support.task_stack import wait_until
 from tools_app import access
 from tools_app.models import AuditEvent, StepRun, Task, TaskEvent, TaskStatus, TaskWait
 from tools_app.toolkit import registry

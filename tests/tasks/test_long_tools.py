@@ -189,7 +189,7 @@ def test_a_sagas_plan_after_a_failure_is_the_steps_before_it_a_marker_and_their_
 
 
 def result_of(url, token, task_id) -> dict:
-    from tests.mcp_client import call_sync, error_of
+    from tests.support.mcp_client import call_sync, error_of
 
     for _ in range(4):  # wait_seconds is at most 60: an agent that will wait longer calls again
         answer = call_sync(url, token, "get_task_result", {"task_id": task_id, "wait_seconds": 60})
@@ -202,8 +202,8 @@ def result_of(url, token, task_id) -> dict:
 @pytest.mark.live
 @pytest.mark.usefixtures("settle_tasks")
 def test_an_mcp_client_runs_both_long_tools_as_tasks_and_reads_their_results(web_server, token, gateway, sink):
-    from tests.mcp_client import call_sync
-    from tests.processes import Worker, downstream_env
+    from tests.support.mcp_client import call_sync
+    from tests.support.processes import Worker, downstream_env
     from tools_app.models import Tenant
 
     # given the token's tenant's tickets, and a worker cluster pointed at the gateway and the mail sink

@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 
 from idemops_demo.models import Customer, Ticket, TicketNote
-from tests.processes import Worker, downstream_env, free_port
-from tests.task_stack import swept_until, wait_until
+from tests.support.processes import Worker, downstream_env, free_port
+from tests.support.task_stack import swept_until, wait_until
 from tools_app.models import Checkpoint, StepBatch, StepRun, Task, TaskStatus
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.registry import get_tool

@@ -12,8 +12,8 @@ import pytest
 from django_q.conf import Conf
 from django_q.models import OrmQ
 
-from tests.processes import faketime_env, manage
-from tests.tasks_support import TEXT, start
+from tests.support.processes import faketime_env, manage
+from tests.support.tasks_support import TEXT, start
 from tools_app.core import clock
 from tools_app.models import AuditEvent, Task
 from tools_app.tasks.state import lost_job_after

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from tests.processes import ROOT, WebServer, Worker, child_env
-from tests.task_stack import wait_until
+from tests.support.processes import ROOT, WebServer, Worker, child_env
+from tests.support.task_stack import wait_until
 from tools_app import access, tasks
 from tools_app.access.authorization import Agent
 from tools_app.models import StepRun, Task, TaskStatus

@@ -8,8 +8,8 @@ from django_q.conf import Conf
 from django_q.models import OrmQ
 
 from idemops_demo.tools.documents import INGEST
-from tests.operators import make_operator
-from tests.tasks_support import TEXT, agent, queued_jobs, start
+from tests.support.operators import make_operator
+from tests.support.tasks_support import TEXT, agent, queued_jobs, start
 from tools_app import tasks
 from tools_app.access import Agent
 from tools_app.access.roles import OPERATOR

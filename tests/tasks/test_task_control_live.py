@@ -10,10 +10,10 @@ import pytest
 from django.core.management import call_command
 
 from idemops_demo.models import Document
-from tests.documents_fixtures import long_text, pdf_of_text
-from tests.mcp_client import call_sync, error_of
-from tests.processes import WebServer, Worker, downstream_env
-from tests.task_stack import stack_env, wait_until
+from tests.support.documents_fixtures import long_text, pdf_of_text
+from tests.support.mcp_client import call_sync, error_of
+from tests.support.processes import WebServer, Worker, downstream_env
+from tests.support.task_stack import stack_env, wait_until
 from tools_app import tasks
 from tools_app.models import AuditEvent, OutboxEvent, StepRun, Task, TaskStatus
 

@@ -13,9 +13,9 @@ import pytest
 
 from idemops.conf import override_conf
 from idemops_demo.models import Document
-from tests.documents_fixtures import long_text, pdf_of_text
-from tests.processes import Worker
-from tests.task_stack import wait_until
+from tests.support.documents_fixtures import long_text, pdf_of_text
+from tests.support.processes import Worker
+from tests.support.task_stack import wait_until
 from tools_app import access
 from tools_app.models import AuditEvent, Checkpoint, StepRun, Task, TaskStatus
 from tools_app.toolkit.calls import Caller, call_tool
@@ -105,7 +105,7 @@ def test_a_worker_killed_inside_a_step_resumes_on_another_worker_from_its_checkp
 
 def test_a_queued_task_whose_cluster_died_holding_its_job_starts_again_within_its_lease_and_grace(
         transactional_db, settings, doc_dir):
-    from tests.task_stack import lost_job
+    from tests.support.task_stack import lost_job
     from tools_app.core.models import MetricTotal
 
     # given a cluster holding a queued task's job (its only worker busy with a long PDF), SIGKILLed

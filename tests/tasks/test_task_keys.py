@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from django.db.models import F
 
-from tests.tasks_support import TEXT, agent, start
+from tests.support.tasks_support import TEXT, agent, start
 from tools_app import engine, retention, tasks
 from tools_app.core.errors import Transient
 from tools_app.core.leases import new_owner

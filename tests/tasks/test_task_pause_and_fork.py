@@ -14,9 +14,9 @@ from django.utils import timezone
 from idemops.conf import override_conf
 from idemops_demo import documents
 from idemops_demo.models import Document
-from tests import processes
-from tests.operators import make_operator
-from tests.tasks_support import TEXT, agent, start
+from tests.support import processes
+from tests.support.operators import make_operator
+from tests.support.tasks_support import TEXT, agent, start
 from tools_app import tasks
 from tools_app.access.roles import AUDITOR, OPERATOR
 from tools_app.models import AuditEvent, Checkpoint, OutboxEvent, StepOutcome, StepRun, Task, TaskArtifact, TaskStatus

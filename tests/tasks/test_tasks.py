@@ -12,10 +12,10 @@ from django.urls import reverse
 
 from idemops.conf import override_conf
 from idemops_demo.tools.documents import INGEST
-from tests.operators import make_operator
-from tests.race import race
-from tests.task_stack import DocServer
-from tests.tasks_support import TEXT, agent, queued_jobs, start
+from tests.support.operators import make_operator
+from tests.support.race import race
+from tests.support.task_stack import DocServer
+from tests.support.tasks_support import TEXT, agent, queued_jobs, start
 from tools_app import tasks
 from tools_app.access.roles import AUDITOR, OPERATOR
 from tools_app.core.errors import NotFound, Transient

@@ -1,6 +1,6 @@
 """Long tasks end to end: the SDK's client over real HTTP, a real django-q2 cluster, real PostgreSQL.
 
-The cluster runs with a 2 s lease and 0.3 s heartbeats (tests/task_stack.py)
+The cluster runs with a 2 s lease and 0.3 s heartbeats (tests/support/task_stack.py)
 so that retries and cancellations play out in seconds; every wait polls for a
 condition.
 """
@@ -13,9 +13,9 @@ import pytest
 from django_q.tasks import async_task
 
 from idemops_demo.models import Document
-from tests.documents_fixtures import long_text, make_pdf, pdf_of_text
-from tests.mcp_client import call, call_sync, connect, error_of
-from tests.task_stack import wait_until
+from tests.support.documents_fixtures import long_text, make_pdf, pdf_of_text
+from tests.support.mcp_client import call, call_sync, connect, error_of
+from tests.support.task_stack import wait_until
 from tools_app.core.jobs import JOBS
 from tools_app.models import AuditEvent, Checkpoint, StepOutcome, StepRun, Task, TaskStatus
 

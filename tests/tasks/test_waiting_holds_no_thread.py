@@ -15,9 +15,9 @@ import asyncio
 
 import pytest
 
-from tests.issued_ids import labelled_arguments
-from tests.mcp_client import connect
-from tests.processes import WebServer
+from tests.support.issued_ids import labelled_arguments
+from tests.support.mcp_client import connect
+from tests.support.processes import WebServer
 
 pytestmark = pytest.mark.live
 
@@ -37,7 +37,7 @@ def web(gateway, transactional_db):
 
 def test_a_hundred_waiting_calls_leave_the_process_free_to_answer_whoami(web, gateway, token):
     gateway.set_fault("*", "slow", times=1, seconds=WAIT)
-    # request_payment takes an operation id issued by prepare_operation (tests/issued_ids.py)
+    # request_payment takes an operation id issued by prepare_operation (tests/support/issued_ids.py)
     payment = labelled_arguments(web.mcp_url, token, "request_payment", PAYMENT)
 
     async def scenario():

@@ -1,4 +1,4 @@
-"""The table the test tools of tests/entity_tools.py record their handler runs in (the account, the
+"""The table the test tools of tests/support/entity_tools.py record their handler runs in (the account, the
 database's time the run started and ended): made by the tests that count overlapping runs, which never
 import the tools themselves (only the web processes they start do, by IDEMOPS_TOOL_MODULES)."""
 

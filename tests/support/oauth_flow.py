@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx2
 
-from tests.operators import PASSWORD, current_code, login_for_the_web_server
+from tests.support.operators import PASSWORD, current_code, login_for_the_web_server
 
 REDIRECT = "http://127.0.0.1:9/callback"
 

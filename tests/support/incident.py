@@ -23,8 +23,8 @@ from pathlib import Path
 
 import httpx2
 
-from tests.agents import Answer, call_tool, issued_operation_id
-from tests.processes import Stack
+from tests.support.agents import Answer, call_tool, issued_operation_id
+from tests.support.processes import Stack
 from tools_app.models import IdempotencyRecord
 
 AGENTS = 10

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.processes import LOG_DIR, WebServer, Worker, downstream_env
+from tests.support.processes import LOG_DIR, WebServer, Worker, downstream_env
 from tools_app.core import tracing
 
 METRICS_TOKEN = "scrape-token-" + "q7" * 10

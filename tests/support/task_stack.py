@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import free_port
+from tests.support.processes import free_port
 
 
 class DocServer:
@@ -117,7 +117,7 @@ def live_stack(env: str, name: str) -> tuple[Callable[..., object], Callable[...
     """Two module-scoped fixtures started with the environment the fixture named `env` returns: a
     uvicorn web server (`web-<name>`) and a django-q2 cluster (`workers-<name>`). In a test module:
     `web, workers = live_stack("my_env", "mine")`."""
-    from tests.processes import WebServer, Worker
+    from tests.support.processes import WebServer, Worker
 
     @pytest.fixture(scope="module")
     def web(django_db_setup, django_db_blocker, request):
@@ -191,7 +191,7 @@ def lost_job(caller, long_pdf: Path, env: dict[str, str], name: str, key: str) -
     from django.utils import timezone
     from django_q.models import OrmQ
 
-    from tests.processes import Worker
+    from tests.support.processes import Worker
     from tools_app.core import clock
     from tools_app.models import AuditEvent, Task, TaskStatus
     from tools_app.toolkit.calls import call_tool

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.mcp_client import call_sync
+from tests.support.mcp_client import call_sync
 from tools_app.models import PreparedOperation
 from tools_app.toolkit.calls import Caller, CallResult, call_tool
 from tools_app.toolkit.registry import get_tool
@@ -73,5 +73,5 @@ def labelled_arguments(url: str, token: str, tool: str, arguments: dict[str, Any
 
 
 def call_labelled_sync(url: str, token: str, tool: str, arguments: dict[str, Any], **kwargs: Any):
-    """tests.mcp_client.call_sync, with `idempotency_key` read as the operation's label."""
+    """tests.support.mcp_client.call_sync, with `idempotency_key` read as the operation's label."""
     return call_sync(url, token, tool, labelled_arguments(url, token, tool, arguments), **kwargs)

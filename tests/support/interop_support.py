@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 INTEROP = ROOT / "tests" / "interop"
 

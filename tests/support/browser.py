@@ -13,8 +13,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.operators import PASSWORD, current_code
-from tests.processes import ROOT, VAR_DIR
+from tests.support.operators import PASSWORD, current_code
+from tests.support.processes import ROOT, VAR_DIR
 
 CHROMIUM = os.environ.get("CHROMIUM_BIN") or shutil.which("chromium") or next(
     (p for p in ("/usr/bin/chromium",) if os.path.exists(p)), None)

@@ -1,6 +1,6 @@
 """Agents calling tools over plain JSON-RPC on HTTP, seeing every status, header and body.
 
-The SDK's client (tests/mcp_client.py) turns transport answers into
+The SDK's client (tests/support/mcp_client.py) turns transport answers into
 exceptions; an agent's HTTP layer sees a 503 and its Retry-After. Used by
 the outage tests and bench/bench_settle.py.
 """

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from tests.processes import VAR_DIR, Service, free_port, test_database_url
+from tests.support.processes import VAR_DIR, Service, free_port, test_database_url
 
 ADMIN_DATABASE = "pgbouncer"
 

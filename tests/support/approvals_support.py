@@ -1,6 +1,6 @@
 """Helpers shared by the approval tests."""
 
-from tests.issued_ids import call_labelled
+from tests.support.issued_ids import call_labelled
 from tools_app.models import ApprovalRequest, AuditEvent
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.registry import get_tool
@@ -9,7 +9,7 @@ STAFF_NOTE = {"title": "Maintenance", "body": "Down at 2am", "audience": "staff"
 
 
 def call(caller, tool, **arguments):
-    """call_tool; a high-risk tool's `idempotency_key` is the operation's label (tests/issued_ids.py)."""
+    """call_tool; a high-risk tool's `idempotency_key` is the operation's label (tests/support/issued_ids.py)."""
     if "idempotency_key" in arguments:
         return call_labelled(caller, tool, arguments)
     return call_tool(get_tool(tool), caller, arguments)

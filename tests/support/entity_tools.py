@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from idemops.tools import WriteInput, write_tool
 
-# Its table, `entity_runs`, is made by the tests (tests/entity_runs.py: RUNS_TABLE).
+# Its table, `entity_runs`, is made by the tests (tests/support/entity_runs.py: RUNS_TABLE).
 
 
 class Debit(WriteInput):

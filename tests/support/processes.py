@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # This test process's local state: var/, or var/xdist-<worker>/ under pytest-xdist (idemops.test_settings,
 # imported before any test module, sets IDEMOPS_VAR_DIR for a worker).
 VAR_DIR = Path(os.environ.get("IDEMOPS_VAR_DIR", ROOT / "var"))

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from tests.processes import VAR_DIR, test_database_url
+from tests.support.processes import VAR_DIR, test_database_url
 
 PORT = 5433  # its socket is in its own directory; another number than the primary's says which is which
 
