@@ -23,8 +23,8 @@ QUERIES = ["customs tariff for a delayed container", "who pays the surcharge on 
 def run(quick: bool = False) -> str:
     from django.utils import timezone
 
-    from idemops.conf import conf
     from idemops_demo import documents
+    from idemops_demo.idemops_settings import DemoSettings
     from tests.support.documents_fixtures import long_text
     from tools_app import access
     from tools_app.engine.models import IdempotencyRecord
@@ -39,12 +39,12 @@ def run(quick: bool = False) -> str:
     task = Task.objects.create(tenant=tenant, tool="ingest_document", record=record, arguments={},
                                input_digest="0" * 64, steps_total=7, max_attempts=1, created_at=now, updated_at=now)
     text = long_text(characters)
-    chunks = documents.chunk(text, conf().document_chunk_chars)
+    chunks = documents.chunk(text, DemoSettings.current().document_chunk_chars)
     document = documents.index(tenant_id=tenant.pk, task_id=task.pk, title="bench", fmt="text", source="upload",
                                content_sha256="0" * 64, text=text, chunks=chunks)
     documents.embeddings.embed_one("warm up")  # the model loads once per process; not part of the step's rate
     started = time.perf_counter()
-    documents.embed_chunks(document.pk, batch=conf().document_embed_batch)
+    documents.embed_chunks(document.pk, batch=DemoSettings.current().document_embed_batch)
     embed_seconds = time.perf_counter() - started
     documents.mark_ready(document.pk, "bench")
 
@@ -52,8 +52,9 @@ def run(quick: bool = False) -> str:
     lines = [
         "## Semantic search (issue 13)", "",
         f"One document of {len(text):,} characters in {len(chunks):,} chunks of at most "
-        f"{conf().document_chunk_chars} characters. Embedding (model `{documents.EMBEDDING_MODEL}`, batches of "
-        f"{conf().document_embed_batch}, each written in its own transaction): {embed_seconds:.2f} s, "
+        f"{DemoSettings.current().document_chunk_chars} characters. Embedding (model "
+        f"`{documents.EMBEDDING_MODEL}`, batches of {DemoSettings.current().document_embed_batch}, each written in "
+        f"its own transaction): {embed_seconds:.2f} s, "
         f"**{len(chunks) / embed_seconds:,.0f} chunks/s**.", "",
         f"search_documents, {count} queries per mode, limit 10 (semantic and hybrid include embedding the query):",
         "", "| Mode | median ms | p99 ms | queries/s |", "| --- | --- | --- | --- |",

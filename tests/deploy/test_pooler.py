@@ -51,7 +51,19 @@ def pooled_env(pooler, doc_dir, doc_server, _gateway, _sink):
             "DATABASE_URL": pooler.url(), "IDEMOPS_DB_SERVER_SIDE_BINDING": "false",
             "IDEMOPS_DB_DISABLE_SERVER_SIDE_CURSORS": "true",
             "IDEMOPS_DATABASE_LISTEN_URL": processes.test_database_url(),
+            # and the key store on the server directly (docs/deploy.md, "The key store")
+            "IDEMOPS_KEYSTORE_URL": keystore_url(),
             "IDEMOPS_TASK_WATCH_POLL_SECONDS": "600", "IDEMOPS_FOLLOWER_WAIT_SECONDS": "10"}
+
+
+def keystore_url() -> str:
+    """The test run's key store (its database beside the test database's), on the server directly."""
+    from tools_app.core import keystore
+
+    keystore.counts()  # the test run's key store exists once this process has reached it
+    url = processes.test_database_url()
+    path, _, query = url.partition("?")
+    return f"{path}_keys?{query}"
 
 
 pooled_web, pooled_workers = live_stack("pooled_env", "pooled")
@@ -63,7 +75,9 @@ def pooled_transactions(pooler: PgBouncer) -> int:
 
 
 def server_pids(pooler: PgBouncer) -> set[int]:
-    return {int(row["remote_pid"]) for row in pooler.show("SERVERS") if row["remote_pid"]}
+    # The main database's pool only: the key store (core.keystore) is a database of its own, with a pool of its own.
+    return {int(row["remote_pid"]) for row in pooler.show("SERVERS")
+            if row["remote_pid"] and not str(row.get("database", "")).endswith("_keys")}
 
 
 def test_a_storm_of_identical_calls_through_the_pooler_executes_once_and_answers_everyone_alike(

@@ -388,7 +388,7 @@ def test_no_token_key_password_or_personal_value_sent_through_any_tool_reaches_a
         wait_until(delivered, timeout=180, what="the deliveries")
     except AssertionError as timed_out:
         raise AssertionError(f"{timed_out}; the outbox holds {outbox()}; tasks: "
-                             f"{sorted(Task.objects.values_list('tool', 'status'))}") from None
+                             f"{sorted(Task.objects.values_list('tool', 'status', 'failure_class', 'failure_reason'))}") from None
     assert [kind for kind, *_ in outbox()] == ["notification.email", "notification.email", "notification.webhook"]
     # an auditor exports, a forged token and a wrong admin password are refused
     auditor = key_client(tenant)

@@ -122,7 +122,7 @@ def test_api_1_2_reads_models_from_the_handler_and_keeps_every_old_keyword():
     every keyword of 1.1 is still accepted (deprecated), so a 1.1 declaration still runs."""
     from idemops import tools
 
-    assert tools.API_VERSION == "1.2"
+    assert tools.API_VERSION == "2.0"  # 1.2 as below; 2.0 then changed KeepFor (issue 39 item 2)
     write = inspect.signature(tools.write_tool).parameters
     read = inspect.signature(tools.read_tool).parameters
     old_write = {"input_model", "output_model", "retention", "on_expiry", "keep", "transactional", "reconciler",
