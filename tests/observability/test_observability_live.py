@@ -387,8 +387,8 @@ def test_no_token_key_password_or_personal_value_sent_through_any_tool_reaches_a
     try:  # on a loaded machine a delivery may be retried once (core.backoff): wait longer than one backoff
         wait_until(delivered, timeout=180, what="the deliveries")
     except AssertionError as timed_out:
-        raise AssertionError(f"{timed_out}; the outbox holds {outbox()}; tasks: "
-                             f"{sorted(Task.objects.values_list('tool', 'status', 'failure_class', 'failure_reason'))}") from None
+        tasks = sorted(Task.objects.values_list("tool", "status", "failure_class", "failure_reason"))
+        raise AssertionError(f"{timed_out}; the outbox holds {outbox()}; tasks: {tasks}") from None
     assert [kind for kind, *_ in outbox()] == ["notification.email", "notification.email", "notification.webhook"]
     # an auditor exports, a forged token and a wrong admin password are refused
     auditor = key_client(tenant)
