@@ -44,7 +44,10 @@ def run(quick: bool = False) -> Section:
     seconds = time.monotonic() - started
     action.refresh_from_db()
     left = IdempotencyRecord.objects.filter(tenant=tenant, status=RecordStatus.UNKNOWN).count()
-    assert action.state == bulk.BulkState.DONE and action.done == size and left == 0, (action, left)
+    assert action.state == bulk.BulkState.DONE and action.done == size and left == 0, (
+        action, action.done, action.failed, size, left, list(IdempotencyRecord.objects.filter(
+            tenant=tenant, status=RecordStatus.UNKNOWN).values_list("tool", "key", "created_at"))[:3],
+        list(bulk.BulkItem.objects.filter(bulk=action, outcome="failed").values_list("message", flat=True))[:3])
     p18 = at_most("P18", f"bulk action over {size:,} UNKNOWN records: seconds to finish", [seconds],
                   TARGET_SECONDS, unit=" s", records=size, batches=len(progress),
                   batch_size=conf().bulk_batch_size, confirm_seconds=round(confirm_seconds, 3))

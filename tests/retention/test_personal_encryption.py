@@ -279,3 +279,15 @@ def test_a_forked_child_reaches_the_key_store_on_a_connection_of_its_own_and_the
     keystore.forget_cache()
     assert keystore.for_period(tenant_id, today).id == parent_key.id  # the parent's session still answers
     assert keystore.counts()["live"] >= 1
+
+
+def test_a_key_store_connection_the_server_ended_is_replaced_and_the_call_goes_on(db):
+    """A restart or failover ends the kept connection; the next use replaces it instead of failing."""
+    today = timezone.now().date()
+    first = keystore.for_period(434343, today)
+    pid = keystore._connection().info.backend_pid
+    with psycopg.connect(**{**keystore._connect_params(), "autocommit": True}) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+    keystore.forget_cache()
+    assert keystore.for_period(434343, today).id == first.id
+    assert keystore._connection().info.backend_pid != pid

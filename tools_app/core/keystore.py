@@ -233,13 +233,21 @@ def close() -> None:
 
 
 def _execute(sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    try:
-        cursor = _connection().execute(sql, params)
-        return cursor.fetchall() if cursor.description else []
-    except psycopg.OperationalError as exc:
-        close()
-        raise KeyStoreUnavailable(f"the key store cannot be reached ({type(exc).__name__}); nothing was written",
-                                  retry_after=5) from exc
+    # A kept connection the server ended meanwhile (a restart, a failover, an idle timeout) is found dead only
+    # when used: it is replaced and the statement tried once more on a fresh one, as Django's health check does
+    # for the main database. A fresh connection that fails is the key store being down.
+    reused = getattr(_local, "conn", None) is not None
+    for attempt in (1, 2):
+        try:
+            cursor = _connection().execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+        except psycopg.OperationalError as exc:
+            close()
+            if attempt == 1 and reused:
+                continue
+            raise KeyStoreUnavailable(f"the key store cannot be reached ({type(exc).__name__}); nothing was "
+                                      "written", retry_after=5) from exc
+    raise AssertionError("unreachable")
 
 
 # --- data keys ---------------------------------------------------------------------------------------------
