@@ -6,39 +6,18 @@ tool's first call is BEGIN, the claim, its effect, the SUCCEEDED mark and COMMIT
 before; a replay is one statement once replays are what its tool mostly sees.
 """
 
-import tempfile
 import uuid
-from collections.abc import Callable
 
 import pytest
-from django.db import connection
-from psycopg.pq import Trace
 
 from idemops_demo.models import Order
+from tests.support.round_trips import round_trips
 from tools_app import access, engine
 from tools_app.core.errors import Transient
 from tools_app.engine import Operation
 from tools_app.models import IdempotencyRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def round_trips(call: Callable[[], object]) -> list[str]:
-    """What `call()` sent PostgreSQL that waits for an answer, in order: "Query BEGIN", "Sync", …
-    (libpq's trace: one line per message, `F` from the client, tab-separated)."""
-    connection.ensure_connection()
-    pgconn = connection.connection.pgconn
-    with tempfile.TemporaryFile("w+") as trace:
-        pgconn.trace(trace.fileno())
-        pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
-        try:
-            call()
-        finally:
-            pgconn.untrace()
-        trace.seek(0)
-        lines = [line.split("\t") for line in trace.read().splitlines()]
-    return ["Query " + fields[3].strip(' "') if fields[2] == "Query" else "Sync"
-            for fields in lines if fields[0] == "F" and fields[2] in ("Query", "Sync")]
 
 
 def test_a_local_tools_first_call_is_begin_claim_effect_mark_commit_and_its_replay_one_statement():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any, TypeVar, cast
 
@@ -201,10 +202,23 @@ def from_row(model: type[_M], row: tuple[Any, ...], fields: tuple[str, ...] | No
 _COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "gt": "> %s", "gte": ">= %s", "in": "= ANY(%s)"}
 
 
+@dataclass(frozen=True)
+class Together:
+    """A write that belongs to a transition: it runs in the transition's statement, and only if the row
+    moved. `sql` is one data-modifying statement that reads the statement's `changed` (the moved row's
+    id): `INSERT … SELECT … FROM changed`, or `UPDATE … WHERE … AND EXISTS (SELECT FROM changed)`.
+    `returns`: its `RETURNING` gives one value, which `transition_returning` answers."""
+
+    sql: str
+    params: Sequence[Any] = ()
+    returns: bool = False
+
+
 def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, Any], *, action: str, actor: str,
                reason: str = "", trace_id: str | None = None, before: dict[str, Any] | None = None,
                after: dict[str, Any] | None = None,
-               append: dict[str, list[Any] | dict[str, Any]] | None = None, notify: str | None = None) -> bool:
+               append: dict[str, list[Any] | dict[str, Any]] | None = None, notify: str | None = None,
+               together: Sequence[Together] = ()) -> bool:
     """Move `obj`'s row from the state `expected` to `changes`, and write the audit event of the move.
 
     One statement: a conditional UPDATE of the row where it still matches
@@ -223,27 +237,43 @@ def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, A
     a channel that hears the row's id (pg_notify) in the same statement:
     PostgreSQL delivers it when the change commits, never for one that rolls back.
     The statement's text is built once per shape (which fields change, how each
-    is expected, which are expressions), so psycopg prepares it.
+    is expected, which are expressions), so psycopg prepares it. `together`: writes that commit
+    with the change in the same statement, or not at all (`Together`).
     """
+    return transition_returning(obj, expected, changes, action=action, actor=actor, reason=reason,
+                                trace_id=trace_id, before=before, after=after, append=append, notify=notify,
+                                together=together) is not None
+
+
+def transition_returning(obj: models.Model, expected: dict[str, Any], changes: dict[str, Any], *, action: str,
+                         actor: str, reason: str = "", trace_id: str | None = None,
+                         before: dict[str, Any] | None = None, after: dict[str, Any] | None = None,
+                         append: dict[str, list[Any] | dict[str, Any]] | None = None, notify: str | None = None,
+                         together: Sequence[Together] = ()) -> tuple[Any, ...] | None:
+    """`transition`, answering None if the row did not move, else the values its `together` writes
+    returned (those with `returns`, in order)."""
     event = audit.new_event(action=action, obj=obj, actor=actor, reason=reason,
                             trace_id=getattr(obj, "trace_id", "") if trace_id is None else trace_id,
                             before=before, after=after)
-    computed = _conditional_update(obj, expected, changes, event, append or {}, notify)
-    if computed is None:
-        return False
+    moved = _conditional_update(obj, expected, changes, event, append or {}, notify, together)
+    if moved is None:
+        return None
+    computed, returned = moved
     audit.announce(event)
     for name, value in changes.items():
         setattr(obj, name, computed[name] if name in computed else value)
     for name, items in (append or {}).items():
         now = getattr(obj, name)
         setattr(obj, name, {**now, **items} if isinstance(items, dict) else [*now, *items])
-    return True
+    return returned
 
 
 def _conditional_update(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any],
                         event: models.Model, append: dict[str, list[Any] | dict[str, Any]],
-                        notify: str | None = None) -> dict[str, Any] | None:
-    """None if the row did not match; else the values the database computed (expressions), by field."""
+                        notify: str | None, together: Sequence[Together],
+                        ) -> tuple[dict[str, Any], tuple[Any, ...]] | None:
+    """None if the row did not match; else the values the database computed (expressions), by field, and
+    what the `together` writes returned."""
     model = type(instance)
     params: list[Any] = []
     change_shape: list[tuple[str, str | None]] = []
@@ -271,21 +301,27 @@ def _conditional_update(instance: models.Model, expected: dict[str, Any], change
             params.append(list(value) if lookup == "in" else value)
     event_columns, event_values = insert_sql(event)
     params += insert_params(event)
+    for write in together:
+        params.extend(write.params)
     if notify:
         params.append(notify)
     sql, computed = _update_sql(model, tuple(change_shape), tuple(expected_shape), tuple(append), type(event),
-                                event_columns, event_values, bool(notify))
+                                event_columns, event_values, bool(notify),
+                                tuple((write.sql, write.returns) for write in together))
     row = fetchone(sql, params)
     if row is None:
         return None
-    return {field.name: converted(field, value) for field, value in zip(computed, row[1:], strict=False)}
+    returned = sum(write.returns for write in together)
+    return ({field.name: converted(field, value) for field, value in zip(computed, row[1:], strict=False)},
+            tuple(row[len(row) - returned:]) if returned else ())
 
 
 @cache
 def _update_sql(model: type[models.Model], changes: tuple[tuple[str, str | None], ...],
                 expected: tuple[tuple[str, str | None], ...], append_names: tuple[str, ...],
                 event_model: type[models.Model], event_columns: tuple[str, ...], event_values: tuple[str, ...],
-                notify: bool) -> tuple[str, tuple[models.Field[Any, Any], ...]]:
+                notify: bool, together: tuple[tuple[str, bool], ...] = (),
+                ) -> tuple[str, tuple[models.Field[Any, Any], ...]]:
     """The statement of a transition of this shape, and the fields whose new value the database
     computes (returned after the id, in this order)."""
     quote = connection.ops.quote_name
@@ -314,12 +350,17 @@ def _update_sql(model: type[models.Model], changes: tuple[tuple[str, str | None]
            f"WHERE {' AND '.join(conditions)} RETURNING id{returned}), "
            f"audited AS (INSERT INTO {table(event_model)} ({', '.join(event_columns)}) "
            f"SELECT {', '.join(event_values)} FROM changed)")
+    # A data-modifying statement in a WITH runs whether or not the query reads it (and sees the rows as
+    # they were before the statement, as every part of it does).
+    sql += "".join(f", together{index} AS ({write})" for index, (write, _) in enumerate(together))
+    returned = "".join(f", (SELECT * FROM together{index})" for index, (_, returns) in enumerate(together)
+                       if returns)
     if notify:
         # A SELECT in a WITH runs only if the query reads it: the last line reads it, so the notice goes out.
         sql += (", notified AS (SELECT pg_notify(%s, id::text) FROM changed) "
-                "SELECT *, (SELECT count(*) FROM notified) FROM changed")
+                f"SELECT *, (SELECT count(*) FROM notified){returned} FROM changed")
     else:
-        sql += " SELECT * FROM changed"
+        sql += f" SELECT *{returned} FROM changed"
     return sql, tuple(computed)
 
 

@@ -19,12 +19,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
-from tools_app.core import audit, personal
+from tools_app.core import audit, clock, db, personal
 from tools_app.core.errors import NotFound
 from tools_app.tasks.models import Checkpoint, Task, TaskArtifact
 from tools_app.toolkit.pipelines import FAILED_PREFIX, Pipeline, Step
@@ -66,35 +69,45 @@ def prepare(task: Task, step: Step, sequence: int, output: Any, previous_checksu
                     input_digest=input_digest(task, step, previous_checksums))
 
 
-def write(task: Task, prepared: Prepared) -> None:
-    """Store the checkpoint, replacing an invalid one at the same position (one upsert).
-
-    Call inside the transaction that advances the task (tasks.complete_step).
+@contextmanager
+def writes(task: Task, prepared: Prepared) -> Iterator[tuple[db.Together, ...]]:
+    """The checkpoint's writes, to go in the statement that advances the task (tasks.complete_step):
+    its upsert (replacing an invalid one at the same position) and the removal of the artifact of
+    the output it replaces. Use the statement inside the block: an output too large to stay inline
+    is stored first as an artifact, in the block's transaction with the statement.
     """
-    now = timezone.now()
     artifact = None
     inline = ""
-    if len(prepared.data) > INLINE_LIMIT:
-        artifact = TaskArtifact.objects.create(task=task, sha256=prepared.checksum, size=len(prepared.data),
-                                               data=prepared.data, created_at=now)
-    else:
-        # Its personal values encrypted (core.personal); the checksum stays the plain output's (stored_bytes).
-        inline = prepared.data.decode()
-        output = json.loads(inline)
-        sealed = (personal.whole_for(output, task.tenant_id) if declares_personal(task.tool)
-                  else personal.sealed_for(output, task.tenant_id))
-        if sealed != output:
-            inline = json.dumps(sealed, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    fields = {"step": prepared.step.name, "input_digest": prepared.input_digest, "output_inline": inline,
-              "artifact": artifact, "checksum": prepared.checksum, "finished_at": now}
-    Checkpoint.objects.bulk_create(
-        [Checkpoint(task=task, sequence=prepared.sequence, **fields)],
-        update_conflicts=True, unique_fields=["task", "sequence"], update_fields=list(fields))
-    # The artifact of an output this one replaced (an invalid checkpoint) is nobody's now.
-    orphans = TaskArtifact.objects.filter(task=task, checkpoint__isnull=True)
-    if artifact is not None:
-        orphans = orphans.exclude(pk=artifact.pk)
-    orphans.delete()
+    with transaction.atomic() if len(prepared.data) > INLINE_LIMIT else nullcontext():
+        if len(prepared.data) > INLINE_LIMIT:
+            artifact = TaskArtifact.objects.create(task=task, sha256=prepared.checksum, size=len(prepared.data),
+                                                   data=prepared.data, created_at=timezone.now())
+        else:
+            # Its personal values encrypted (core.personal); the checksum stays the plain output's (stored_bytes).
+            inline = prepared.data.decode()
+            output = json.loads(inline)
+            sealed = (personal.whole_for(output, task.tenant_id) if declares_personal(task.tool)
+                      else personal.sealed_for(output, task.tenant_id))
+            if sealed != output:
+                inline = json.dumps(sealed, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        checkpoint = Checkpoint(task=task, sequence=prepared.sequence, step=prepared.step.name,
+                                input_digest=prepared.input_digest, output_inline=inline, artifact=artifact,
+                                checksum=prepared.checksum, finished_at=clock.NOW)
+        yield (_upsert(checkpoint),
+               # The artifact of an output this one replaces (an invalid checkpoint) is nobody's now: this
+               # reads the checkpoint as it was before the statement.
+               db.Together(f"DELETE FROM {db.table(TaskArtifact)} WHERE id = (SELECT artifact_id FROM "
+                           f"{db.table(Checkpoint)} WHERE task_id = %s AND sequence = %s) "
+                           "AND id IS DISTINCT FROM %s AND EXISTS (SELECT FROM changed)",
+                           (task.pk, prepared.sequence, artifact.pk if artifact else None)))
+
+
+def _upsert(checkpoint: Checkpoint) -> db.Together:
+    columns, values = db.insert_sql(checkpoint)
+    updated = ", ".join(f"{column} = EXCLUDED.{column}" for column in columns)
+    return db.Together(f"INSERT INTO {db.table(Checkpoint)} ({', '.join(columns)}) SELECT {', '.join(values)} "
+                       f"FROM changed ON CONFLICT (task_id, sequence) DO UPDATE SET {updated}",
+                       db.insert_params(checkpoint))
 
 
 def declares_personal(tool: str) -> bool:

@@ -182,12 +182,9 @@ class Runner:
             except Exception as exc:
                 return self._step_failed(walk, step, run, exc, seen)
             following = index + 1 < len(walk.plan)
-            boundary = state.at_boundary(task.pk) if following else state.Boundary("", False)
             # This job goes on to the next step unless it has run long enough (then a fresh job does),
-            # someone asked the task to pause, or its deadline passed.
-            go_on = (following and not boundary.pause and not boundary.past_deadline
-                     and not self._slice_used())
-            then = (walk.plan[index + 1], index + 1) if go_on else None
+            # someone asked the task to pause, or its deadline passed (complete_step checks those two).
+            then = (walk.plan[index + 1], index + 1) if following and not self._slice_used() else None
             advanced = state.complete_step(task, self.owner, prepared, run, then)
             if not advanced.moved:
                 state.finish_step_run(run, StepOutcome.INTERRUPTED)
@@ -197,8 +194,8 @@ class Runner:
         # What later steps read is what a resumed run would read: the stored JSON.
         walk.outputs[step.name] = json.loads(prepared.data)
         walk.checksums.append(prepared.checksum)
-        if following and then is None:
-            return self._stop_at_boundary(boundary, walk.plan[index + 1])
+        if following and advanced.next_run is None:
+            return self._stop_at_boundary(advanced.boundary or state.at_boundary(task.pk), walk.plan[index + 1])
         walk.run = advanced.next_run
         walk.index += 1
         return None

@@ -44,11 +44,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
 
 from idemops.conf import conf
@@ -81,11 +82,18 @@ def transition(task: Task, expected: dict[str, Any], changes: dict[str, Any], *,
                reason: str = "", **after: Any) -> bool:
     """core.db.transition for a task: also guarded by the version read (and `expected`), which it
     bumps; the event records the status before and after, and `after` adds to the after-state."""
-    return db.transition(
+    return moved(task, expected, changes, action=action, actor=actor, reason=reason, **after) is not None
+
+
+def moved(task: Task, expected: dict[str, Any], changes: dict[str, Any], *, action: str, actor: str,
+          reason: str = "", together: tuple[db.Together, ...] = (), **after: Any) -> tuple[Any, ...] | None:
+    """`transition` with writes that go with it in its statement (core.db.Together): None if the task
+    did not move, else what those writes returned."""
+    return db.transition_returning(
         task, {"version": task.version, **expected},
         {**changes, "version": task.version + 1, "updated_at": clock.NOW},
         action=action, actor=actor, reason=reason, before={"status": task.status},
-        after={"status": changes.get("status", task.status), **after}, notify=CHANGES_CHANNEL)
+        after={"status": changes.get("status", task.status), **after}, notify=CHANGES_CHANNEL, together=together)
 
 
 def enqueue_run(task: Task) -> None:
@@ -151,18 +159,18 @@ def take(task_id: str, owner: str) -> Task | None:
     return task
 
 
-@transaction.atomic
 def begin_step(task: Task, owner: str, step: Step, sequence: int, completed: list[str]) -> StepRun | None:
-    """Start the first step of a run, if the task is still ours and running.
+    """Start the first step of a run, if the task is still ours and running (one statement: the
+    task's move, its audit event and the step's StepRun).
 
     `completed` are the steps whose checkpoints this run verified: a rejected
     checkpoint's step no longer counts as done.
     """
-    if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner},
-                       {**_step_changes(step), "completed_steps": completed},
-                       action="task.step_started", actor=owner, step=step.name):
-        return None
-    return _step_run(task, owner, step, sequence)
+    starts, made = _step_run_starts(task, owner, step, sequence)
+    started = moved(task, {"status": TaskStatus.RUNNING, "lease_owner": owner},
+                    {**_step_changes(step), "completed_steps": completed},
+                    action="task.step_started", actor=owner, step=step.name, together=(starts,))
+    return None if started is None else made(started[-1])
 
 
 def _step_changes(step: Step) -> dict[str, Any]:
@@ -170,9 +178,29 @@ def _step_changes(step: Step) -> dict[str, Any]:
             "progress_done": None, "progress_total": None, "progress_message": ""}
 
 
-def _step_run(task: Task, owner: str, step: Step, sequence: int) -> StepRun:
-    return StepRun.objects.create(task=task, step=step.name, sequence=sequence, attempt=task.attempts,
-                                  worker=owner, started_at=clock.NOW, trace_id=task.trace_id)
+def _step_run_starts(task: Task, owner: str, step: Step, sequence: int, attempt: int | None = None
+                     ) -> tuple[db.Together, Callable[[int], StepRun]]:
+    """The INSERT of a step's StepRun that goes with a task's transition (in the task's attempt, or
+    `attempt`), and what makes the StepRun of the id it returns (its `started_at`, the database's
+    clock, is read from the row when asked for)."""
+    run = StepRun(task=task, step=step.name, sequence=sequence, attempt=attempt or task.attempts, worker=owner,
+                  started_at=clock.NOW, trace_id=task.trace_id)
+    columns, values = db.insert_sql(run)
+    insert = db.Together(f"INSERT INTO {db.table(StepRun)} ({', '.join(columns)}) SELECT {', '.join(values)} "
+                         "FROM changed RETURNING id", db.insert_params(run), returns=True)
+
+    def made(pk: int) -> StepRun:
+        run.pk = pk
+        run._state.adding, run._state.db = False, DEFAULT_DB_ALIAS
+        vars(run).pop("started_at")  # deferred: Django reads it from the row if asked
+        return run
+
+    return insert, made
+
+
+def _step_run_ends(run: StepRun, outcome: StepOutcome, error: str = "") -> db.Together:
+    """finish_step_run, as a write that goes with a task's transition."""
+    return db.Together(_FINISH_STEP_RUN + " AND EXISTS (SELECT FROM changed)", (outcome, error[:2000], run.pk))
 
 
 def renew_lease(task_id: uuid.UUID, owner: str, progress: tuple[float | None, float | None, str] | None = None,
@@ -195,42 +223,64 @@ def renew_lease(task_id: uuid.UUID, owner: str, progress: tuple[float | None, fl
 
 @dataclass(frozen=True)
 class Advanced:
-    """What moving a running task to its next step answers."""
+    """What moving a running task past a finished step answers."""
 
     moved: bool  # False: the lease is gone (cancelled, or taken), nothing was written
     next_run: StepRun | None = None  # the StepRun of the step it moved to; None when no step follows
+    # Why it did not go on to the step it was told to: a pause was asked for, or its deadline passed.
+    boundary: Boundary | None = None
 
 
-@transaction.atomic
 def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: StepRun,
                   then: tuple[Step, int] | None = None) -> Advanced:
-    """Advance past a finished step: its checkpoint, and the start of step `then`, in one transaction.
+    """Advance past a finished step, in one statement: the task's move and its audit event, the step's
+    checkpoint, its StepRun closed and the StepRun of step `then` begun.
 
     Guarded by the lease: a task cancelled while the step was finishing keeps
-    no output from it, and its next step never starts.
+    no output from it, and its next step never starts. Going on to `then` is also
+    guarded by the boundary (no pause asked for, the deadline not passed): where it is
+    not clear, the task moves past the step without starting `then`, and `boundary` says why.
     """
+    if then is None:
+        return _complete_step(task, owner, prepared, run, None, {})
+    boundary_clear = {"pause_requested": "",
+                      **({"deadline_at__gte": clock.NOW} if task.deadline_at is not None else {"deadline_at": None})}
+    advanced = _complete_step(task, owner, prepared, run, then, boundary_clear)
+    if advanced.moved:
+        return advanced
+    boundary = at_boundary(task.pk)
+    if not boundary.pause and not boundary.past_deadline:
+        return advanced  # not the boundary: the lease is gone
+    return replace(_complete_step(task, owner, prepared, run, None, {}), boundary=boundary)
+
+
+def _complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: StepRun,
+                   then: tuple[Step, int] | None, expected: dict[str, Any]) -> Advanced:
     completed = [name for name in task.completed_steps if name != prepared.step.name] + [prepared.step.name]
     # The finished step's own progress goes with it: left behind, it would count that step a second
     # time (tasks.agent_view.overall_progress) until the next step starts or the task ends.
     changes = {"completed_steps": completed, "lease_expires_at": leases.expiry(lease_seconds()),
                "progress_done": None, "progress_total": None, "progress_message": ""}
+    together = [_step_run_ends(run, StepOutcome.SUCCEEDED)]
     if then is not None:
         changes.update(_step_changes(then[0]))
-    if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, changes,
-                       action="task.step_completed", actor=owner, step=prepared.step.name,
-                       checksum=prepared.checksum, next_step=then[0].name if then else None):
+        starts, made = _step_run_starts(task, owner, *then)
+        together.append(starts)
+    with checkpoints.writes(task, prepared) as writes:
+        done = moved(task, {"status": TaskStatus.RUNNING, "lease_owner": owner, **expected}, changes,
+                     action="task.step_completed", actor=owner, step=prepared.step.name,
+                     checksum=prepared.checksum, next_step=then[0].name if then else None,
+                     together=(*writes, *together))
+    if done is None:
         return Advanced(moved=False)
-    checkpoints.write(task, prepared)
-    finish_step_run(run, StepOutcome.SUCCEEDED)
-    return Advanced(moved=True, next_run=_step_run(task, owner, *then) if then is not None else None)
+    return Advanced(moved=True, next_run=made(done[-1]) if then is not None else None)
 
 
-@transaction.atomic
 def begin_compensation(task: Task, owner: str, marker: checkpoints.Prepared, run: StepRun, failure: ToolFailure,
                        then: tuple[Step, int], steps_total: int) -> Advanced:
     """running: a saga's step failed for good -> its compensations start (the task stays running).
 
-    One transaction: the failure marker's checkpoint (so a resumed task goes on
+    One statement: the failure marker's checkpoint (so a resumed task goes on
     compensating, never forward), the failed StepRun, and the first compensation's
     start; guarded by the lease like complete_step.
     """
@@ -239,14 +289,21 @@ def begin_compensation(task: Task, owner: str, marker: checkpoints.Prepared, run
                # The compensations get a retry budget of their own: the forward run may have used it up.
                "steps_total": steps_total, "attempts": 1, "failure_class": str(failure.error_class),
                "failure_reason": failure.message, **_step_changes(then[0])}
-    if not transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, changes,
-                       action="task.compensating", actor=owner, reason=failure.message,
-                       failed_step=task.current_step, failure_class=str(failure.error_class),
-                       next_step=then[0].name):
+    # The first compensation's StepRun counts the compensations' attempts: the task's are 1 once moved.
+    starts, made = _step_run_starts(task, owner, *then, attempt=1)
+    with checkpoints.writes(task, marker) as writes:
+        done = moved(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, changes,
+                     action="task.compensating", actor=owner, reason=failure.message,
+                     failed_step=task.current_step, failure_class=str(failure.error_class),
+                     next_step=then[0].name,
+                     together=(*writes, _step_run_ends(run, StepOutcome.FAILED, failure.message), starts))
+    if done is None:
         return Advanced(moved=False)
-    checkpoints.write(task, marker)
-    finish_step_run(run, StepOutcome.FAILED, failure.message)
-    return Advanced(moved=True, next_run=_step_run(task, owner, *then))
+    return Advanced(moved=True, next_run=made(done[-1]))
+
+
+_FINISH_STEP_RUN = (f"UPDATE {StepRun._meta.db_table} SET outcome = %s, error = %s, "
+                    "finished_at = STATEMENT_TIMESTAMP() WHERE id = %s")
 
 
 def finish_step_run(run: StepRun, outcome: StepOutcome, error: str = "") -> None:

@@ -1,0 +1,83 @@
+"""A step's bookkeeping is one statement: counted in libpq's trace of the runner's connection.
+
+Between two steps the runner writes the task's move (its lease renewed, the next step named), its
+audit event, the step's checkpoint, the finished StepRun and the next one: one statement
+(tasks.complete_step), which also checks that no pause was asked for and the deadline has not
+passed. So a pipeline with more steps costs the runner exactly one round trip more per step.
+"""
+
+import uuid
+
+import pytest
+from pydantic import BaseModel
+
+from idemops.tools import Pipeline, Step, WriteInput, long_tool
+from tests.support.round_trips import round_trips
+from tools_app import tasks
+from tools_app.models import AuditEvent, Checkpoint, StepOutcome, StepRun, Task, TaskStatus
+from tools_app.tasks import jobs as task_jobs
+from tools_app.toolkit import registry
+from tools_app.toolkit.calls import call_tool
+from tools_app.toolkit.registry import get_tool
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class CountInput(WriteInput):
+    size: int = 10
+
+
+class CountOutput(BaseModel):
+    steps: int
+
+
+def step(number: int, steps: int):
+    def run(ctx):
+        return {"steps": steps} if number == steps - 1 else {"step": number, "pad": "x" * ctx.arguments.size}
+    return run
+
+
+@pytest.fixture
+def counting_tools(monkeypatch):
+    """Two long tools for this test only: 3 and 8 steps that do nothing."""
+    monkeypatch.setattr(registry, "_TOOLS", dict(registry._TOOLS))
+    for steps in (3, 8):
+        long_tool(name=f"count_{steps}", title="Count", description="Count.", input_model=CountInput,
+                  output_model=CountOutput, personal_fields=frozenset(),
+                  pipeline=Pipeline(steps=tuple(Step(f"s{n}", step(n, steps)) for n in range(steps))))
+
+
+def started(caller, tool: str) -> str:
+    answer = call_tool(get_tool("start_task"), caller, {"tool": tool, "arguments": {},
+                                                       "idempotency_key": uuid.uuid4().hex})
+    assert answer.error is None, answer.error
+    return answer.result["task_id"]
+
+
+def test_each_step_more_costs_the_runner_one_round_trip_and_leaves_its_whole_history(counting_tools, caller,
+                                                                                    fast):
+    for _ in range(2):  # settings read, statements prepared (psycopg prepares one on its 5th run: a round trip more)
+        task_jobs.run_task(started(caller, "count_8"))
+    trips = {}
+    for steps in (3, 8):
+        task_id = started(caller, f"count_{steps}")
+        trips[steps] = round_trips(lambda task_id=task_id: task_jobs.run_task(task_id))
+        task = Task.objects.get(pk=task_id)
+        assert task.status == TaskStatus.SUCCEEDED and task.result == {"steps": steps}
+        # Nothing of a step is left out of its one statement: its checkpoint, its closed StepRun, its event.
+        assert Checkpoint.objects.filter(task=task).count() == steps
+        runs = StepRun.objects.filter(task=task)
+        assert [r.step for r in runs.order_by("sequence")] == [f"s{n}" for n in range(steps)]
+        assert all(r.outcome == StepOutcome.SUCCEEDED and r.finished_at and r.started_at <= r.finished_at
+                   for r in runs)
+        assert AuditEvent.objects.filter(object_id=task_id, action="task.step_completed").count() == steps
+
+    assert len(trips[8]) - len(trips[3]) == 5, (trips[3], trips[8])
+
+
+def test_a_step_run_begun_with_its_task_move_reads_its_start_from_the_row(counting_tools, caller, fast):
+    task = tasks.take(started(caller, "count_3"), "worker-a")
+    run = tasks.begin_step(task, "worker-a", Step("s0", step(0, 3)), 0, completed=[])
+    assert run.started_at == StepRun.objects.get(pk=run.pk).started_at is not None
+    assert (run.task_id, run.step, run.sequence, run.worker, run.outcome) == (task.pk, "s0", 0, "worker-a",
+                                                                            StepOutcome.RUNNING)
