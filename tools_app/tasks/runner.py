@@ -136,13 +136,13 @@ class Runner:
         while walk.index < len(walk.plan):
             step = walk.plan[walk.index]
             if walk.run is None:
-                boundary = state.at_boundary(task.pk)
-                if boundary.past_deadline:
-                    return self._past_deadline()
-                if boundary.pause:
-                    return self._pause(boundary.pause, step)
                 walk.run = state.begin_step(task, self.owner, step, walk.index, completed=list(resumption.outputs))
-                if walk.run is None:
+                if walk.run is None:  # the boundary stopped it (a pause asked for, the deadline), or it is not ours
+                    boundary = state.at_boundary(task.pk)
+                    if boundary.past_deadline:
+                        return self._past_deadline()
+                    if boundary.pause:
+                        return self._pause(boundary.pause, step)
                     return "interrupted before step " + step.name, None
             ended = self._step(walk, step, walk.run, arguments)
             if ended is not None:

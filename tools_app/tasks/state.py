@@ -145,9 +145,9 @@ def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, An
 # --- the worker's transitions (guarded by the lease) ------------------------------------------
 
 
-@transaction.atomic
 def take(task_id: str, owner: str) -> Task | None:
-    """created|retrying (due, no live lease) -> running, held by `owner`. None: not ours to run."""
+    """created|retrying (due, no live lease) -> running, held by `owner`. None: not ours to run.
+    (No transaction around the read and the move: the move is guarded by the version read.)"""
     task = Task.objects.select_related("record").annotate(read_at=clock.NOW).filter(pk=task_id).first()
     if task is None or task.status not in RUNNABLE or (task.next_retry_at and task.next_retry_at > task.read_at):
         return None
@@ -160,17 +160,25 @@ def take(task_id: str, owner: str) -> Task | None:
 
 
 def begin_step(task: Task, owner: str, step: Step, sequence: int, completed: list[str]) -> StepRun | None:
-    """Start the first step of a run, if the task is still ours and running (one statement: the
-    task's move, its audit event and the step's StepRun).
+    """Start the first step of a run, if the task is still ours and running, no pause was asked for
+    and its deadline has not passed (one statement: the task's move, its audit event and the step's
+    StepRun). None: it did not start (`at_boundary` says whether the boundary stopped it).
 
     `completed` are the steps whose checkpoints this run verified: a rejected
     checkpoint's step no longer counts as done.
     """
     starts, made = _step_run_starts(task, owner, step, sequence)
-    started = moved(task, {"status": TaskStatus.RUNNING, "lease_owner": owner},
+    started = moved(task, {"status": TaskStatus.RUNNING, "lease_owner": owner, **_boundary_clear(task)},
                     {**_step_changes(step), "completed_steps": completed},
                     action="task.step_started", actor=owner, step=step.name, together=(starts,))
     return None if started is None else made(started[-1])
+
+
+def _boundary_clear(task: Task) -> dict[str, Any]:
+    """What a transition expects of a task for its next step to start: no pause asked for, its deadline not
+    passed (by the database's clock). The task's version guards the deadline read with it."""
+    return {"pause_requested": "",
+            **({"deadline_at__gte": clock.NOW} if task.deadline_at is not None else {"deadline_at": None})}
 
 
 def _step_changes(step: Step) -> dict[str, Any]:
@@ -243,9 +251,7 @@ def complete_step(task: Task, owner: str, prepared: checkpoints.Prepared, run: S
     """
     if then is None:
         return _complete_step(task, owner, prepared, run, None, {})
-    boundary_clear = {"pause_requested": "",
-                      **({"deadline_at__gte": clock.NOW} if task.deadline_at is not None else {"deadline_at": None})}
-    advanced = _complete_step(task, owner, prepared, run, then, boundary_clear)
+    advanced = _complete_step(task, owner, prepared, run, then, _boundary_clear(task))
     if advanced.moved:
         return advanced
     boundary = at_boundary(task.pk)
