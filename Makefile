@@ -50,7 +50,7 @@ test: $(DEV) $(INTEROP)
 
 # The console's browser tests, writing the pictures docs/operators-admin.md shows into docs/images/.
 screenshots: $(DEV)
-	DOC_SCREENSHOTS=1 $(PY) -m pytest tests/console/test_console_browser.py -q
+	DOC_SCREENSHOTS=1 $(PY) -m pytest tests/admin/test_console_browser.py -q
 
 # Every benchmark, full sizes: writes docs/benchmarks.md and docs/benchmarks.json (P1 … P9 by name).
 bench: $(DEV)

@@ -24,7 +24,7 @@ pytest_plugins = ["tests.support.task_stack", "tests.support.observability_suppo
 # xdist orders files by their number of tests and a one-test benchmark file came last).
 LONG_FILES_FIRST = (
     "tests/platform/test_package.py", "tests/deploy/test_bench_quick.py", "tests/platform/test_adopting.py",
-    "tests/api/test_api_contract.py", "tests/console/test_operator_permissions.py", "tests/deploy/test_docs_truth.py",
+    "tests/api/test_api_contract.py", "tests/admin/test_operator_permissions.py", "tests/deploy/test_docs_truth.py",
     "tests/incidents/test_outage_ends_by_itself.py", "tests/incidents/test_breaker_and_limits.py",
 )
 

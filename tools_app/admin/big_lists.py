@@ -1,5 +1,5 @@
 """The filters of the big tables' list pages (records, audit events, tasks...), each served by an index with
-the tenant scoping (the models' Meta.indexes; tests/console/test_big_list_indexes.py reads the plans), and none
+the tenant scoping (the models' Meta.indexes; tests/admin/test_big_list_indexes.py reads the plans), and none
 reading the whole table to draw its choices, as Django's AllValuesFieldListFilter and RelatedOnlyFieldListFilter
 do (a SELECT DISTINCT over every row, on every page).
 

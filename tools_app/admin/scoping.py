@@ -149,7 +149,7 @@ class ListedFromReplica(ModelAdmin[ModelT]):
     # The unfiltered total would be a second count, of the whole table, on the primary.
     show_full_result_count = False
     paginator = BoundedCountPaginator
-    # Only orders an index serves with the tenant scoping (tests/console/test_big_list_indexes.py).
+    # Only orders an index serves with the tenant scoping (tests/admin/test_big_list_indexes.py).
     sortable_by = ["id", "created_at"]
     # No date_hierarchy: its drill-down lists the years and months of every row (a DISTINCT over the whole
     # table on each page); the from/to days (big_lists.DateRangeFilter) narrow by time instead.

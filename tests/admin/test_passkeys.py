@@ -20,7 +20,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 from django_otp_webauthn.models import WebAuthnCredential
 
 from idemops.conf import conf
-from tests.console.test_console_browser import announce, person
+from tests.admin.test_console_browser import announce, person
 from tests.support.browser import browser_page, log_in, needs_chromium, shot
 from tests.support.issued_ids import call_labelled_sync
 from tests.support.mcp_client import error_of

@@ -4,7 +4,7 @@ asks for a fresh code; failed logins lock the user out from that address, audite
 
 Every refusal here is a crafted request (the POST a hidden button would have sent), answered 403 or sent
 to the second-factor page, audited, with the rows as they were. Every operator action's crafted POST
-from a password-only session is in tests/console/test_operator_permissions.py.
+from a password-only session is in tests/admin/test_operator_permissions.py.
 """
 
 from datetime import timedelta
