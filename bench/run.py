@@ -41,7 +41,7 @@ FIGURES: dict[str, str] = {
     "P4": "`create_order` over `/mcp` vs the bare SDK serving a no-op tool, 1 and 32 clients",
     "P4b": "`whoami` over `/mcp` vs the bare SDK no-op",
     "P5": "follower p99 in a storm of 50 identical calls vs the executor's latency",
-    "P6": "checkpointed 6-step task vs a bare django-q2 job, tasks/s",
+    "P6": "checkpointed 7-step task vs a bare django-q2 job, tasks/s",
     "P6b": "per-step checkpoint overhead, in single-row `UPDATE`+commit units",
     "P7": "SIGKILL of a worker → progress resumed, default settings",
     "P8": "replay latency with 1M records vs 1k",
