@@ -71,6 +71,7 @@ from tools_app.toolkit.registry import (
     ObjectId,
     Reconciliation,
     Retention,
+    SentCall,
     StrictModel,
     ToolContext,
     ToolInput,
@@ -91,7 +92,7 @@ __all__ = [
     "write_tool", "read_tool", "long_tool", "ToolSpec", "ToolContext", "ToolInput", "WriteInput", "StrictModel",
     "ObjectId",
     # policies
-    "Retention", "Reconciliation", "ExpiryPolicy", "KeepFor", "ApprovalPolicy", "ConfirmationPolicy",
+    "Retention", "Reconciliation", "SentCall", "ExpiryPolicy", "KeepFor", "ApprovalPolicy", "ConfirmationPolicy",
     "amount_policy", "Found",
     "NotDone", "StillUnknown",
     "evidence_entry",
