@@ -355,6 +355,27 @@ def test_the_tutorial_serves_the_adopters_own_tools_with_the_promise_kept(adopte
     assert checked.returncode == 1, checked.stdout
     assert 'incompatible type "Callable[[ToolContext, ReportInput], Refund]"' in checked.stdout, checked.stdout
     assert 'expected "Callable[[ToolContext, RefundInput], Refund]"' in checked.stdout, checked.stdout
+    # ... and a reconciler reading another model than the handler (API 2.1: a SentCall of the same input)
+    reconciler = adopter.home / "mismatched_reconciler.py"
+    reconciler.write_text(module.read_text().replace("def find_refund(call: SentCall[RefundInput])",
+                                                     "def find_refund(call: SentCall[ReportInput])", 1))
+    assert reconciler.read_text() != module.read_text()
+    checked = run(["bash", "-c", f"mypy --config-file acme-refunds/pyproject.toml {reconciler}"],
+                  cwd=adopter.home, env={**adopter.env, **adopter.own_path()}, timeout=600, check=False)
+    assert checked.returncode == 1, checked.stdout
+    assert '"ReportInput" has no attribute "order_ref"' in checked.stdout, checked.stdout
+    assert 'incompatible type "Callable[[ToolContext, RefundInput], Refund]"' in checked.stdout, checked.stdout
+    assert 'expected "Callable[[ToolContext, ReportInput], Refund]"' in checked.stdout, checked.stdout
+    # ... and a long tool whose approval rule reads another model than its input_model
+    long_approval = adopter.home / "mismatched_long_tool.py"
+    long_approval.write_text(module.read_text().replace("personal_fields=frozenset(),\n",
+                                                        "personal_fields=frozenset(), approval=needs_approval,\n", 1))
+    assert long_approval.read_text() != module.read_text()
+    checked = run(["bash", "-c", f"mypy --config-file acme-refunds/pyproject.toml {long_approval}"],
+                  cwd=adopter.home, env={**adopter.env, **adopter.own_path()}, timeout=600, check=False)
+    assert checked.returncode == 1, checked.stdout
+    assert ('Argument "approval" to "task_tool" has incompatible type "Callable[[Tenant, RefundInput], '
+            'ApprovalPolicy | None]"') in checked.stdout, checked.stdout
 
 
 def refunds_for(adopter: Adopter, order_ref: str) -> list[dict]:

@@ -163,7 +163,7 @@ class ToolContext:
     @property
     def downstream_key(self) -> str:
         """The key a write sends to the system that acts (its Idempotency-Key): stable across every retry
-        of this operation, and what a reconciler asks that system about (`record.downstream_key`)."""
+        of this operation, and what a reconciler asks that system about (`SentCall.downstream_key`)."""
         key: str = self.record.downstream_key
         return key
 
@@ -211,10 +211,10 @@ class ToolSpec:
     # holds no transaction across the call, sends `downstream_key` along, and
     # an interrupted call ends UNKNOWN until `reconciler` finds out.
     transactional: bool = True
-    # (record) -> reconciliation.Found | NotDone | StillUnknown. Transactional
+    # (SentCall) -> reconciliation.Found | NotDone | StillUnknown. Transactional
     # tools need none: if their record never committed, neither did the effect.
     reconciler: Callable[[Any], Any] | None = None
-    # (record, downstream reference) -> the result to store when an operator
+    # (SentCall, downstream reference) -> the result to store when an operator
     # resolves an UNKNOWN record as succeeded.
     result_for_reference: Callable[[Any, str], dict[str, Any]] | None = None
     approval: ApprovalRule | None = None  # set: a sensitive tool (see tools_app.approvals)
