@@ -16,7 +16,6 @@ import os
 import statistics
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,11 +31,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     args = parser.parse_args()
     setup_django()
-    from django.contrib.auth import get_user_model
 
-    from bench.bench_mcp import Server, measure
+    from bench.bench_mcp import Server, agent_token, measure
     from tests.support.processes import free_port
-    from tools_app import access
 
     class Checkout(Server):
         """idemops served from another directory (its code, this virtualenv and database)."""
@@ -54,9 +51,7 @@ def main() -> None:
                 env={**os.environ, "IDEMOPS_LOG_LEVEL": "WARNING", "IDEMOPS_PUBLIC_URL": self.base})
             self._wait()
 
-    tenant = access.create_tenant(f"bench-ab-{uuid.uuid4().hex[:6]}")
-    owner, _ = get_user_model().objects.get_or_create(username="bench-owner")
-    _, token = access.issue_token(tenant, "bench", owner=owner)
+    token = agent_token("ab")
     servers: dict[str, tuple[Server, str | None]] = {}
     rates: dict[tuple[str, int], list[float]] = {}
     try:

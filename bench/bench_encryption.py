@@ -13,29 +13,19 @@ result are both encrypted).
 from __future__ import annotations
 
 import statistics
-import uuid
 
-from bench.bench_mcp import Server, measure
+from bench.bench_mcp import agent_token, measure, served
 from bench.common import Section, at_most
 
 CONCURRENCY = (1, 8)
 
 
 def run(quick: bool = False) -> Section:
-    from django.contrib.auth import get_user_model
-
-    from tools_app import access
-
     rounds, seconds = (1, 1.0) if quick else (5, 5.0)
-    tenant = access.create_tenant(f"bench-enc-{uuid.uuid4().hex[:6]}")
-    owner, _ = get_user_model().objects.get_or_create(username="bench-owner")
-    _, token = access.issue_token(tenant, "bench", owner=owner)
-    servers: list[Server] = []
-    try:
-        encrypted = Server("idemops.asgi:application")
-        servers.append(encrypted)
-        clear = Server("idemops.asgi:application", env={"IDEMOPS_ENCRYPT_PERSONAL_VALUES": "0"})
-        servers.append(clear)
+    token = agent_token("enc")
+    with served() as serve:
+        encrypted = serve("idemops.asgi:application")
+        clear = serve("idemops.asgi:application", env={"IDEMOPS_ENCRYPT_PERSONAL_VALUES": "0"})
         cases = {"encrypted": encrypted, "in clear": clear}
         for server in cases.values():  # connections, the data key, prepared statements
             measure(server.mcp_url, token, "create_order", 4, 0.5)
@@ -45,9 +35,6 @@ def run(quick: bool = False) -> Section:
                 for label, server in cases.items():
                     measured = measure(server.mcp_url, token, "create_order", concurrency, seconds)
                     runs.setdefault((label, concurrency), []).append(measured["per_s"])
-    finally:
-        for server in servers:
-            server.stop()
     ratios = {c: [clear_ / enc for clear_, enc in zip(runs[("in clear", c)], runs[("encrypted", c)], strict=True)]
               for c in CONCURRENCY}
     worst = max(CONCURRENCY, key=lambda c: statistics.median(ratios[c]))

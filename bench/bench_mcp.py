@@ -25,8 +25,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from bench.common import ROOT, Section, at_least, percentile
 from bench.load import call_body, run_load
@@ -89,6 +91,35 @@ class Server:
         self.log.close()
 
 
+def agent_token(label: str) -> str:
+    """The token of an agent of a new tenant (`bench-<label>-…`), owned by the benches' own user."""
+    from django.contrib.auth import get_user_model
+
+    from tools_app import access
+
+    tenant = access.create_tenant(f"bench-{label}-{uuid.uuid4().hex[:6]}")
+    owner, _ = get_user_model().objects.get_or_create(username="bench-owner")
+    _, token = access.issue_token(tenant, "bench", owner=owner)
+    return token
+
+
+@contextmanager
+def served() -> Iterator[Callable[..., Server]]:
+    """`serve(app, **Server options)` starts a Server; every one started is stopped on the way out."""
+    servers: list[Server] = []
+
+    def serve(app: str, **options: Any) -> Server:
+        server = Server(app, **options)
+        servers.append(server)
+        return server
+
+    try:
+        yield serve
+    finally:
+        for server in servers:
+            server.stop()
+
+
 def bodies(tool: str) -> Callable[[], bytes]:
     if tool == "create_order":
         return lambda: call_body("create_order", {**ORDER, "idempotency_key": uuid.uuid4().hex})
@@ -102,29 +133,17 @@ def measure(url: str, token: str | None, tool: str, concurrency: int, seconds: f
 
 
 def run(quick: bool = False) -> Section:
-    from django.contrib.auth import get_user_model
-
-    from tools_app import access
-
     rounds, seconds = (1, 1.0) if quick else (3, 5.0)
-    tenant = access.create_tenant(f"bench-mcp-{uuid.uuid4().hex[:6]}")
-    owner, _ = get_user_model().objects.get_or_create(username="bench-owner")
-    _, token = access.issue_token(tenant, "bench", owner=owner)
-    servers: list[Server] = []
-    try:
-        bare = Server("bench.bare_mcp:app")
-        servers.append(bare)
-        floor = Server("bench.floor_mcp:app")
-        servers.append(floor)
-        one = Server("idemops.asgi:application")
-        servers.append(one)
-        two = Server("idemops.asgi:application", workers=2)
-        servers.append(two)
+    token = agent_token("mcp")
+    with served() as serve:
+        bare = serve("bench.bare_mcp:app")
+        floor = serve("bench.floor_mcp:app")
+        one = serve("idemops.asgi:application")
+        two = serve("idemops.asgi:application", workers=2)
         cases = [("bare SDK, no-op", bare, None, "noop"), ("floor, create_order", floor, None, "create_order"),
                  ("idemops whoami", one, token, "whoami"), ("idemops create_order", one, token, "create_order")]
         if not quick:  # what the token cache buys: the same web process reading the token on every call
-            uncached = Server("idemops.asgi:application", env={"IDEMOPS_TOKEN_CACHE_SECONDS": "0"})
-            servers.append(uncached)
+            uncached = serve("idemops.asgi:application", env={"IDEMOPS_TOKEN_CACHE_SECONDS": "0"})
             cases.append(("idemops whoami, token cache off", uncached, token, "whoami"))
         for _, server, key, tool in cases:  # connections, threads, prepared statements
             measure(server.mcp_url, key, tool, 4, 0.5)
@@ -141,9 +160,6 @@ def run(quick: bool = False) -> Section:
             double = measure(two.mcp_url, token, "create_order", 32, seconds)
             scale.append((single, double))
         granian = _granian_side_table(token, seconds) if not quick else []
-    finally:
-        for server in servers:
-            server.stop()
 
     def ratios(label: str, anchor_label: str = "bare SDK, no-op") -> dict[int, list[float]]:
         return {c: [ours["per_s"] / anchor["per_s"]

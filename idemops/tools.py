@@ -17,8 +17,9 @@ What a declaration says (`write_tool`, `read_tool`, `long_tool`):
 - `personal_fields` (never logged, purged after retention), `non_business_fields` (left out of the
   fingerprint), `retention=Retention(key=, on_expiry=ExpiryPolicy…, keep=KeepFor…)`;
 - for a write whose effect happens in another system: `reconciliation=Reconciliation(reconciler)`,
-  the reconciler answering `Found` / `NotDone` / `StillUnknown` (use `ctx.downstream_key` as the key
-  you send, and `downstream_request` to send it: every failure comes back classified);
+  the reconciler given a `SentCall[SomeInput]` (the call's `args`, the `downstream_key` it sent) and
+  answering `Found` / `NotDone` / `StillUnknown` (use `ctx.downstream_key` as the key you send, and
+  `downstream_request` to send it: every failure comes back classified);
 - `approval`: `(tenant, args) -> ApprovalPolicy | None` (`amount_policy` for money);
 - `confirmation`: `(tenant, args) -> ConfirmationPolicy | None`: the person behind the agent confirms
   the call through their MCP host first (its summary names only what they sent);
@@ -29,7 +30,8 @@ What a declaration says (`write_tool`, `read_tool`, `long_tool`):
 - for a long tool: a `Pipeline` of checkpointed `Step`s (with `compensate` for a saga,
   `ctx.each_batch` for chunked batches, `WaitFor` to pause for a person, `ctx.wait_for_event` /
   `ctx.sleep_until` for durable waits, answered by `send_event`; `version`, `previous` and
-  `ctx.patched` when a deploy changes the steps).
+  `ctx.patched` when a deploy changes the steps); its `input_model` names the model its `approval`,
+  `operation_arguments` and steps (`StepContext[SomeInput]`) read, and its `retention` is a `Retention`.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ from tools_app.toolkit.registry import (
     ObjectId,
     Reconciliation,
     Retention,
+    SentCall,
     StrictModel,
     ToolContext,
     ToolInput,
@@ -83,7 +86,13 @@ from tools_app.toolkit.registry import (
 # The API's version: a name removed or a signature changed incompatibly is a new major version.
 # 1.2: models read from the handler's annotations, rules typed over the input model, `Retention` and
 # `Reconciliation` group their keywords (the old keywords still work, with a DeprecationWarning).
-API_VERSION = "2.0"  # 2.0: KeepFor(kinds=...) and register_retained(default=, description=) (issue 39)
+# 2.0: KeepFor(kinds=...) and register_retained(default=, description=) (issue 39).
+# 2.1: a reconciler and result_for_reference are given a `SentCall[Input]` (the call's `args`, its
+# `downstream_key`, `key`, `tenant`, `record`), `Reconciliation` is typed over the handler's input model;
+# `long_tool` takes `retention=Retention(...)` and types `approval` and `operation_arguments` over its
+# `input_model` (a reconciler annotated for the record, and long_tool's flat `on_expiry`/`keep`/duration,
+# still run, with a DeprecationWarning).
+API_VERSION = "2.1"
 
 __all__ = [
     "API_VERSION",
@@ -91,7 +100,7 @@ __all__ = [
     "write_tool", "read_tool", "long_tool", "ToolSpec", "ToolContext", "ToolInput", "WriteInput", "StrictModel",
     "ObjectId",
     # policies
-    "Retention", "Reconciliation", "ExpiryPolicy", "KeepFor", "ApprovalPolicy", "ConfirmationPolicy",
+    "Retention", "Reconciliation", "SentCall", "ExpiryPolicy", "KeepFor", "ApprovalPolicy", "ConfirmationPolicy",
     "amount_policy", "Found",
     "NotDone", "StillUnknown",
     "evidence_entry",

@@ -232,16 +232,10 @@ class GetDocumentInput(ToolInput):
     max_chars: int = Field(20_000, ge=1, le=500_000, description="With include_text: at most this much text.")
 
 
-class DocumentOutput(BaseModel):
-    document_id: int
+class DocumentOutput(IngestResult):
+    """An ingested document (what its ingest answered), with its task and, on request, its text."""
+
     task_id: str
-    title: str
-    format: str
-    source: str
-    characters: int
-    chunks: int
-    content_sha256: str
-    summary: str
     ready: bool = Field(description="False while its ingest task is still running.")
     created_at: datetime
     text: str | None = None

@@ -33,6 +33,7 @@ from idemops.tools import (
     KeepFor,
     MessageStatus,
     Pipeline,
+    Retention,
     RetryPolicy,
     Step,
     StepContext,
@@ -165,7 +166,7 @@ long_tool(
     name="onboard_customer", title="Onboard a customer", input_model=OnboardCustomerInput,
     output_model=OnboardResult, pipeline=ONBOARDING, open_world=True, downstream="payment-gateway",
     # Who was onboarded with which mandate: the task's data is kept for a year, like payments' records.
-    keep=KeepFor(tasks=timedelta(days=365)),
+    retention=Retention(keep=KeepFor(tasks=timedelta(days=365))),
     personal_fields=frozenset({"name", "email", "iban"}),
     description="Onboard a customer across services: create the customer, request a payment mandate from the "
                 "payment gateway, send the welcome email. If a step fails for good (the bank refuses the mandate, "

@@ -16,7 +16,7 @@ import json
 import time
 from datetime import timedelta
 from decimal import Decimal
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 
 import httpx2
 from pydantic import BaseModel, Field
@@ -32,6 +32,7 @@ from idemops.tools import (
     PermissionDenied,
     Reconciliation,
     Retention,
+    SentCall,
     StillUnknown,
     Tenant,
     ToolContext,
@@ -75,19 +76,12 @@ def _timeout() -> float:
     return DemoSettings.current().payment_gateway_timeout_seconds
 
 
-class SentPayment(Protocol):
-    """What the reconciler reads of the call's idempotency record: the key the gateway was sent."""
-
-    @property
-    def downstream_key(self) -> str: ...
-
-
-def reconcile_payment(record: SentPayment) -> Found | NotDone | StillUnknown:
+def reconcile_payment(call: SentCall[RequestPaymentInput]) -> Found | NotDone | StillUnknown:
     """Ask the gateway whether a payment exists for the key we sent."""
     url = gateway_url("/payments")
-    asked = {"method": "GET", "url": url, "idempotency_key": record.downstream_key}
+    asked = {"method": "GET", "url": url, "idempotency_key": call.downstream_key}
     try:
-        response = traced_request("GET", url, params={"idempotency_key": record.downstream_key}, timeout=_timeout())
+        response = traced_request("GET", url, params={"idempotency_key": call.downstream_key}, timeout=_timeout())
     except httpx2.TransportError as exc:
         return StillUnknown(evidence_entry("reconciler", asked=asked, error=type(exc).__name__))
     answer = {"status": response.status_code, "body": response.text[:500]}
@@ -100,12 +94,17 @@ def reconcile_payment(record: SentPayment) -> Found | NotDone | StillUnknown:
     return StillUnknown(evidence_entry("reconciler", asked=asked, answer=answer))
 
 
-def payment_for_reference(record: SentPayment, payment_id: str) -> dict[str, Any]:
-    """What an operator's "succeeded, payment <id>" resolves to: the gateway's own record of it."""
+def payment_for_reference(call: SentCall[RequestPaymentInput], payment_id: str) -> dict[str, Any]:
+    """What an operator's "succeeded, payment <id>" resolves to: the gateway's own record of it, which must
+    be the payment this call asked for (its amount and currency)."""
     response = traced_request("GET", gateway_url(f"/payments/{payment_id}"), timeout=_timeout())
     if response.status_code != 200:
         raise InvalidInput(f"the gateway has no payment {payment_id!r}")
-    return PaymentOutput.model_validate(response.json()).model_dump()
+    payment = PaymentOutput.model_validate(response.json())
+    if (Decimal(payment.amount), payment.currency) != (call.args.amount, call.args.currency):
+        raise InvalidInput(f"payment {payment_id!r} is of {payment.amount} {payment.currency}, not the "
+                           f"{call.args.amount:.2f} {call.args.currency} this call asked for")
+    return payment.model_dump()
 
 
 # A callback signed longer ago than this is refused (a replayed capture of an old one).

@@ -23,6 +23,7 @@ from idemops.tools import (
     KeepFor,
     ObjectId,
     Pipeline,
+    Retention,
     Step,
     StepContext,
     StrictModel,
@@ -148,7 +149,7 @@ long_tool(
     name="process_ticket_batch", title="Process a batch of tickets", input_model=ProcessTicketBatchInput,
     output_model=TicketBatchResult, pipeline=TICKET_BATCH,
     # Up to 10,000 outcomes per chunk record and checkpoint: kept a day, the task's result for the usual time.
-    keep=KeepFor(artifacts=timedelta(days=1)),
+    retention=Retention(keep=KeepFor(artifacts=timedelta(days=1))),
     # The change names a person (assignee) or carries free text (a closing note).
     personal_fields=frozenset({"change"}),
     description="Apply one change to up to 10,000 of your tickets: assign them, set their priority, or close them "

@@ -1,7 +1,11 @@
 """Operators resolve UNKNOWN outcomes in the admin; every decision is audited."""
 
+from decimal import Decimal
+
+import httpx2
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.db import connection
 from django.urls import reverse
 
 from idemops.conf import override_conf
@@ -10,9 +14,10 @@ from tests.support.operators import make_operator
 from tools_app import access, reconciliation
 from tools_app.access.roles import OPERATOR
 from tools_app.core import counters
-from tools_app.core.errors import PermissionDenied
+from tools_app.core.errors import InvalidInput, PermissionDenied
 from tools_app.models import AuditEvent, IdempotencyRecord, MetricTotal, RecordStatus, Tenant, TenantAccess
 from tools_app.toolkit.calls import Caller
+from tools_app.toolkit.registry import get_tool, sent_call
 
 pytestmark = pytest.mark.live
 QUEUE = reverse("admin:tools_app_unknownoutcomequeue_changelist")
@@ -168,3 +173,26 @@ def test_a_reconciler_that_lost_the_race_counts_no_second_reconciliation(
 
     # then idemops_reconciliations_total went up once, not twice
     assert reconciliations_counted(unknown_payment) - before == 1
+
+
+def test_succeeded_needs_the_reference_of_the_payment_this_call_asked_for(unknown_payment, gateway):
+    """The demo's `payment_for_reference` reads the call's own arguments (a SentCall's `args`, decrypted from
+    the record): a payment of another amount is refused, and the record stays UNKNOWN."""
+    other = httpx2.post(f"{gateway.url}/payments", json={"amount": "5.00", "currency": "EUR", "payee": "Eve"},
+                        headers={"Idempotency-Key": "another-payment"}, timeout=10).json()["payment_id"]
+    # the payee is stored encrypted; what the tool is given is the call's own
+    assert "Bob" not in raw_arguments(unknown_payment)
+    call = sent_call(IdempotencyRecord.objects.get(pk=unknown_payment.pk), get_tool("request_payment"))
+    assert (call.args.amount, call.args.payee, call.args.currency) == (Decimal("99"), "Bob", "EUR")
+
+    with pytest.raises(InvalidInput, match=r"is of 5.00 EUR, not the 99.00 EUR this call asked for"):
+        reconciliation.resolve_by_operator(unknown_payment, operator("alice"), succeeded=True,
+                                           reason="found in the gateway dashboard", downstream_reference=other)
+    unknown_payment.refresh_from_db()
+    assert unknown_payment.status == RecordStatus.UNKNOWN
+
+
+def raw_arguments(record: IdempotencyRecord) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT arguments::text FROM tools_app_idempotencyrecord WHERE id = %s", [record.pk])
+        return cursor.fetchone()[0]

@@ -336,26 +336,38 @@ def test_the_tutorial_serves_the_adopters_own_tools_with_the_promise_kept(adopte
 
     # the page's type check passed on its app, models included; the same check catches a wrong declaration
     assert "Success: no issues found in 4 source files" in adopter.outputs[TYPE_CHECK]
-    module = adopter.home / "acme-refunds" / "acme_refunds" / "idemops_tools.py"
-    wrong = adopter.home / "wrong_declaration.py"
-    wrong.write_text(module.read_text().replace("personal_fields=frozenset(),", 'personal_fields=["order_ref"],', 1))
-    assert wrong.read_text() != module.read_text()
-    checked = run(["bash", "-c", f"mypy --config-file acme-refunds/pyproject.toml {wrong}"],
-                  cwd=adopter.home, env={**adopter.env, **adopter.own_path()},
-                  timeout=600, check=False)
-    assert checked.returncode == 1, checked.stdout
-    assert 'Argument "personal_fields" to' in checked.stdout and 'expected "frozenset[str]"' in checked.stdout
-    # ... and a handler reading another model than its approval rule (API 1.2: both typed over one input)
-    mismatched = adopter.home / "mismatched_declaration.py"
-    mismatched.write_text(module.read_text().replace("def issue_refund(ctx: ToolContext, args: RefundInput)",
-                                                     "def issue_refund(ctx: ToolContext, args: ReportInput)", 1))
-    assert mismatched.read_text() != module.read_text()
-    checked = run(["bash", "-c", f"mypy --config-file acme-refunds/pyproject.toml {mismatched}"],
+    # ... a wrong argument
+    said = type_errors(adopter, "personal_fields=frozenset(),", 'personal_fields=["order_ref"],')
+    assert 'Argument "personal_fields" to' in said and 'expected "frozenset[str]"' in said, said
+    # ... a handler reading another model than its approval rule (API 1.2: both typed over one input)
+    said = type_errors(adopter, "def issue_refund(ctx: ToolContext, args: RefundInput)",
+                       "def issue_refund(ctx: ToolContext, args: ReportInput)")
+    assert 'incompatible type "Callable[[ToolContext, ReportInput], Refund]"' in said, said
+    assert 'expected "Callable[[ToolContext, RefundInput], Refund]"' in said, said
+    # ... a reconciler reading another model than the handler (API 2.1: a SentCall of the same input)
+    said = type_errors(adopter, "def find_refund(call: SentCall[RefundInput])",
+                       "def find_refund(call: SentCall[ReportInput])")
+    assert '"ReportInput" has no attribute "order_ref"' in said, said
+    assert 'incompatible type "Callable[[ToolContext, RefundInput], Refund]"' in said, said
+    assert 'expected "Callable[[ToolContext, ReportInput], Refund]"' in said, said
+    # ... and a long tool whose approval rule reads another model than its input_model (API 2.1)
+    said = type_errors(adopter, "personal_fields=frozenset(),\n",
+                       "personal_fields=frozenset(), approval=needs_approval,\n")
+    assert ('Argument "approval" to "task_tool" has incompatible type "Callable[[Tenant, RefundInput], '
+            'ApprovalPolicy | None]"') in said, said
+
+
+def type_errors(adopter: Adopter, written: str, instead: str) -> str:
+    """What the page's type check says of its tools module with the first `written` made `instead` (it must
+    fail: the output is returned for the caller to read what it names)."""
+    module = (adopter.home / "acme-refunds" / "acme_refunds" / "idemops_tools.py").read_text()
+    changed = adopter.home / "changed_declaration.py"
+    changed.write_text(module.replace(written, instead, 1))
+    assert changed.read_text() != module, f"the page's tools module no longer says {written!r}"
+    checked = run(["bash", "-c", f"mypy --config-file acme-refunds/pyproject.toml {changed}"],
                   cwd=adopter.home, env={**adopter.env, **adopter.own_path()}, timeout=600, check=False)
     assert checked.returncode == 1, checked.stdout
-    assert 'incompatible type "Callable[[ToolContext, ReportInput], Refund]"' in checked.stdout, checked.stdout
-    assert 'expected "Callable[[ToolContext, RefundInput], Refund]"' in checked.stdout, checked.stdout
-
+    return checked.stdout
 
 def refunds_for(adopter: Adopter, order_ref: str) -> list[dict]:
     return [r for r in refunds(adopter, "EUR") if r["order_ref"] == order_ref]

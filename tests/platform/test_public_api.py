@@ -122,7 +122,7 @@ def test_api_1_2_reads_models_from_the_handler_and_keeps_every_old_keyword():
     every keyword of 1.1 is still accepted (deprecated), so a 1.1 declaration still runs."""
     from idemops import tools
 
-    assert tools.API_VERSION == "2.0"  # 1.2 as below; 2.0 then changed KeepFor (issue 39 item 2)
+    assert tools.API_VERSION == "2.1"  # 1.2 as below; 2.0 then changed KeepFor (issue 39 item 2); 2.1 below
     write = inspect.signature(tools.write_tool).parameters
     read = inspect.signature(tools.read_tool).parameters
     old_write = {"input_model", "output_model", "retention", "on_expiry", "keep", "transactional", "reconciler",
@@ -132,3 +132,22 @@ def test_api_1_2_reads_models_from_the_handler_and_keeps_every_old_keyword():
                                                           "transactional", "reconciler"))
     assert write["retention"].default is None and write["reconciliation"].default is None
     assert {"Retention", "Reconciliation"} <= set(tools.__all__)
+
+
+def test_api_2_1_types_reconcilers_and_long_tools_over_the_input_model_and_keeps_the_old_keywords():
+    """What changed in API_VERSION 2.1: a reconciler is given a `SentCall` of the tool's input model,
+    `Reconciliation` is generic over that model, and `long_tool` takes `retention=Retention(...)` with its
+    `approval` and `operation_arguments` typed over its `input_model`; its flat `on_expiry` and `keep` are still
+    accepted (deprecated, moved to the end of its keywords)."""
+    from idemops import tools
+
+    assert tools.API_VERSION == "2.1"
+    assert "SentCall" in tools.__all__
+    assert tools.Reconciliation.__parameters__ and tools.SentCall.__parameters__  # generic: Reconciliation[Input]
+    reconciler = inspect.signature(tools.Reconciliation).parameters["reconciler"].annotation
+    assert "SentCall[WriteInputT]" in str(reconciler)
+    long = inspect.signature(tools.long_tool).parameters
+    assert long["retention"].default is None and long["on_expiry"].default is None and long["keep"].default is None
+    assert list(long)[-2:] == ["on_expiry", "keep"]
+    assert all(str(long[name].annotation).count("WriteInputT") for name in ("input_model", "approval",
+                                                                             "operation_arguments"))

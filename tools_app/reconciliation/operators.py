@@ -10,7 +10,7 @@ from tools_app.core.errors import InvalidInput, Transient
 from tools_app.engine import evidence_entry
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.reconciliation.reconcile import observed, reconcile_record
-from tools_app.toolkit.registry import get_tool
+from tools_app.toolkit.registry import get_tool, sent_call
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser, User
@@ -72,7 +72,7 @@ def resolve_by_operator(record: IdempotencyRecord, user: User | AnonymousUser, *
         spec = get_tool(record.tool)
         if not downstream_reference or spec.result_for_reference is None:
             raise InvalidInput("resolving as succeeded needs a downstream reference this tool can look up")
-        result = spec.result_for_reference(record, downstream_reference)
+        result = spec.result_for_reference(sent_call(record, spec), downstream_reference)
         done = engine.resolve_succeeded(record, result, actor=actor, reason=reason, evidence=evidence,
                                          search_fields=spec.search_fields)
     else:

@@ -37,13 +37,14 @@ from tools_app.core.errors import Transient
 from tools_app.engine import evidence_entry
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.toolkit.policies import Answer, Found, NotDone, StillUnknown, nothing_committed
-from tools_app.toolkit.registry import ToolSpec, find_tool, get_tool
+from tools_app.toolkit.registry import ToolSpec, find_tool, get_tool, sent_call
 
 logger = logging.getLogger(__name__)
 RECONCILE_SWEEPER = "system:reconciler"
 
 
-def reconciler_for(spec: ToolSpec) -> Callable[[IdempotencyRecord], Any]:
+def reconciler_for(spec: ToolSpec) -> Callable[[Any], Any]:
+    """The tool's reconciler, given a SentCall (registry.sent_call); a transactional tool's answers NotDone."""
     return spec.reconciler or nothing_committed
 
 
@@ -158,7 +159,8 @@ def settle_by_callback(downstream_key: str, answer: Found | NotDone, *, actor: s
 
 def _ask(record: IdempotencyRecord) -> Answer:
     try:
-        answer: Answer = reconciler_for(get_tool(record.tool))(record)  # what a reconciler returns (registry)
+        spec = get_tool(record.tool)
+        answer: Answer = reconciler_for(spec)(sent_call(record, spec))  # what a reconciler returns (registry)
         return answer
     except Exception as exc:  # a reconciler that fails tells us nothing new
         logger.warning("reconciler for %s raised %s", record.tool, type(exc).__name__)

@@ -64,6 +64,7 @@ from django.db import DataError
 from pydantic import BaseModel
 
 from idemops.conf import conf
+from tools_app.access.models import Tenant
 from tools_app.core import backoff
 from tools_app.core.errors import (
     INFRASTRUCTURE_ERRORS,
@@ -73,9 +74,16 @@ from tools_app.core.errors import (
     internal_error,
     invalid_data,
 )
-from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
-from tools_app.toolkit.policies import KEEP_DEFAULTS, KeepFor
-from tools_app.toolkit.registry import ApprovalRule, ToolContext, ToolSpec, WriteInput, register
+from tools_app.engine import ExpiryPolicy
+from tools_app.toolkit.policies import ApprovalPolicy, KeepFor
+from tools_app.toolkit.registry import (
+    Retention,
+    ToolContext,
+    ToolSpec,
+    WriteInputT,
+    grouped_retention,
+    register,
+)
 
 
 class Interrupted(Exception):
@@ -306,23 +314,28 @@ def _runs_as_task(ctx: ToolContext, args: Any) -> dict[str, Any]:
     raise AssertionError("a long tool's call starts its task; it has no direct handler")
 
 
-def task_tool(*, name: str, title: str, description: str, input_model: type[WriteInput],
+def task_tool(*, name: str, title: str, description: str, input_model: type[WriteInputT],
               output_model: type[BaseModel], pipeline: Pipeline, personal_fields: frozenset[str],
               non_business_fields: frozenset[str] = frozenset(),
-              retention: timedelta | Callable[[], timedelta] = DEFAULT_RETENTION,
-              on_expiry: ExpiryPolicy = ExpiryPolicy.REEXECUTE, keep: KeepFor = KEEP_DEFAULTS,
-              destructive: bool = False, open_world: bool = False, approval: ApprovalRule | None = None,
-              operation_arguments: Callable[[Any, int], dict[str, Any]] | None = None,
+              retention: Retention | timedelta | Callable[[], timedelta] | None = None,
+              destructive: bool = False, open_world: bool = False,
+              approval: Callable[[Tenant, WriteInputT], ApprovalPolicy | None] | None = None,
+              operation_arguments: Callable[[WriteInputT, int], dict[str, Any]] | None = None,
               counted_defaults: tuple[dict[str, Any], ...] = (), deadline: timedelta | None = None,
-              downstream: str | None = None) -> ToolSpec:
+              downstream: str | None = None,
+              # Deprecated (API_VERSION 2.1): grouped in retention=Retention(key=, on_expiry=, keep=).
+              on_expiry: ExpiryPolicy | None = None, keep: KeepFor | None = None) -> ToolSpec:
     """Declare a long tool: calling it starts (or rejoins) a task running `pipeline`, checkpointed step by
-    step; its answer is the task's handle until the task ends, then its result. `deadline`: how long its
-    task may take, from its start to its end (None: the pipeline's own, else IDEMOPS_TASK_DEADLINE_SECONDS)."""
+    step; its answer is the task's handle until the task ends, then its result. `retention` as write_tool's;
+    `approval` and `operation_arguments` read `input_model` (mypy holds them to it, as the pipeline's steps
+    read it as `StepContext[input_model]`). `deadline`: how long its task may take, from its start to its end
+    (None: the pipeline's own, else IDEMOPS_TASK_DEADLINE_SECONDS)."""
+    kept = grouped_retention(name, retention, on_expiry, keep, stacklevel=4)
     if deadline is not None:
         pipeline = replace(pipeline, deadline=deadline)
     return register(ToolSpec(
         name=name, title=title, description=description, input_model=input_model, output_model=output_model,
         handler=_runs_as_task, writes=True, pipeline=pipeline, personal_fields=personal_fields,
-        non_business_fields=non_business_fields, retention=retention, on_expiry=on_expiry, keep=keep,
+        non_business_fields=non_business_fields, retention=kept.key, on_expiry=kept.on_expiry, keep=kept.keep,
         destructive=destructive, open_world=open_world, approval=approval,
         operation_arguments=operation_arguments, counted_defaults=counted_defaults, downstream=downstream))

@@ -14,9 +14,8 @@ from decimal import Decimal
 from typing import Any
 
 from tools_app.engine import evidence_entry
-from tools_app.engine.models import IdempotencyRecord
 
-# --- reconciliation: what a reconciler (record) -> Answer found downstream ---------------------
+# --- reconciliation: what a reconciler (SentCall) -> Answer found downstream ---------------------
 
 
 @dataclass
@@ -39,7 +38,7 @@ class StillUnknown:
 Answer = Found | NotDone | StillUnknown
 
 
-def nothing_committed(record: IdempotencyRecord) -> NotDone:
+def nothing_committed(call: object) -> NotDone:
     """The reconciler of every transactional tool: its effect commits with the
     record, so a record that never reached SUCCEEDED did nothing."""
     return NotDone("the local transaction never committed",

@@ -12,6 +12,7 @@ annotations, the engine's policy) is derived from it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import typing
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Generic
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -32,6 +33,7 @@ from tools_app.core.errors import NotFound
 from tools_app.core.keys import FINGERPRINT_AS_SENT, FINGERPRINT_FILLED, KEY_RULE
 from tools_app.core.polling import Pending
 from tools_app.engine import DEFAULT_RETENTION, ExpiryPolicy
+from tools_app.engine.models import IdempotencyRecord
 from tools_app.toolkit.policies import (
     KEEP_DEFAULTS,
     ApprovalPolicy,
@@ -161,7 +163,7 @@ class ToolContext:
     @property
     def downstream_key(self) -> str:
         """The key a write sends to the system that acts (its Idempotency-Key): stable across every retry
-        of this operation, and what a reconciler asks that system about (`record.downstream_key`)."""
+        of this operation, and what a reconciler asks that system about (`SentCall.downstream_key`)."""
         key: str = self.record.downstream_key
         return key
 
@@ -209,10 +211,10 @@ class ToolSpec:
     # holds no transaction across the call, sends `downstream_key` along, and
     # an interrupted call ends UNKNOWN until `reconciler` finds out.
     transactional: bool = True
-    # (record) -> reconciliation.Found | NotDone | StillUnknown. Transactional
+    # (SentCall) -> reconciliation.Found | NotDone | StillUnknown. Transactional
     # tools need none: if their record never committed, neither did the effect.
     reconciler: Callable[[Any], Any] | None = None
-    # (record, downstream reference) -> the result to store when an operator
+    # (SentCall, downstream reference) -> the result to store when an operator
     # resolves an UNKNOWN record as succeeded.
     result_for_reference: Callable[[Any, str], dict[str, Any]] | None = None
     approval: ApprovalRule | None = None  # set: a sensitive tool (see tools_app.approvals)
@@ -383,20 +385,115 @@ class Retention:
     keep: KeepFor = KEEP_DEFAULTS
 
 
-@dataclass(frozen=True)
-class Reconciliation:
-    """A write whose effect happens in another system (not transactional): `reconciler` (record) ->
-    Found | NotDone | StillUnknown finds out what became of an interrupted call; `result_for_reference`
-    (record, downstream reference) -> the result stored when an operator resolves one as succeeded;
-    `retry_window`: how long a key the downstream refused before acting may run again (None: the setting)."""
+class SentCall(Generic[WriteInputT]):
+    """What a reconciler (and `result_for_reference`) knows of a call whose outcome is unknown: `args`, the
+    call's validated input (the tool's input model, rebuilt from the arguments its record keeps, decrypted);
+    `downstream_key`, the key the other system was sent; `key`, the caller's idempotency key;
+    `operation_id`; `tenant`; and `record`, the idempotency record itself, for whoever needs more.
 
-    reconciler: Callable[[Any], Found | NotDone | StillUnknown]
-    result_for_reference: Callable[[Any, str], dict[str, Any]] | None = None
+    Until API_VERSION 2.1 a reconciler was given the record: the record's other attributes still read
+    through a SentCall (deprecated), so such a reconciler keeps working."""
+
+    def __init__(self, record: IdempotencyRecord, input_model: type[WriteInputT]) -> None:
+        self.record = record
+        self._input_model = input_model
+
+    @property
+    def downstream_key(self) -> str:
+        return self.record.downstream_key
+
+    @property
+    def key(self) -> str:
+        return self.record.key
+
+    @property
+    def operation_id(self) -> str:
+        return str(self.record.operation_id)
+
+    @property
+    def tenant_id(self) -> int:
+        return self.record.tenant_id
+
+    @property
+    def tenant(self) -> Tenant:
+        return self.record.tenant
+
+    @functools.cached_property
+    def args(self) -> WriteInputT:
+        """The call's input, as its handler was given it. A record keeps the business arguments: a tool whose
+        `operation_arguments` reshape them, or with a required non-business field, cannot rebuild its input
+        (ValueError: a reconciler reads `record.arguments` then)."""
+        try:
+            args = parse_arguments(self._input_model, {**self.record.arguments, "idempotency_key": self.record.key})
+        except pydantic_core.ValidationError as exc:
+            raise ValueError(f"the arguments kept with record {self.record.pk} do not rebuild "
+                             f"{self._input_model.__name__}: {exc.error_count()} error(s)") from None
+        return typing.cast(WriteInputT, args)
+
+    if not TYPE_CHECKING:  # the record's other attributes, for reconcilers written before 2.1 (deprecated)
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("_") or name == "record":
+                raise AttributeError(name)
+            return getattr(self.record, name)
+
+    def __repr__(self) -> str:
+        return f"SentCall(record={self.record.pk}, key={self.key!r})"
+
+
+def sent_call(record: IdempotencyRecord, spec: ToolSpec) -> SentCall[Any]:
+    """What the tool's reconciler is given for `record`."""
+    return SentCall(record, spec.input_model)
+
+
+@dataclass(frozen=True)
+class Reconciliation(Generic[WriteInputT]):
+    """A write whose effect happens in another system (not transactional): `reconciler` (SentCall) ->
+    Found | NotDone | StillUnknown finds out what became of an interrupted call; `result_for_reference`
+    (SentCall, downstream reference) -> the result stored when an operator resolves one as succeeded;
+    `retry_window`: how long a key the downstream refused before acting may run again (None: the setting).
+    Both callables read the SentCall of the tool's own input model (`SentCall[RefundInput]`): mypy holds
+    them to the handler's."""
+
+    reconciler: Callable[[SentCall[WriteInputT]], Found | NotDone | StillUnknown]
+    result_for_reference: Callable[[SentCall[WriteInputT], str], dict[str, Any]] | None = None
     retry_window: timedelta | None = None
 
 
-def _deprecated(tool: str, old: str, new: str) -> None:
-    warnings.warn(f"tool {tool!r}: {old} is deprecated (API_VERSION 1.2); {new}", DeprecationWarning, stacklevel=4)
+def _takes_record(function: Callable[..., Any] | None) -> bool:
+    """Whether `function`'s first parameter is annotated with anything but a SentCall (a reconciler
+    written for the record, before API_VERSION 2.1). Unannotated, or unresolvable: assumed new."""
+    if function is None:
+        return False
+    try:
+        hints = typing.get_type_hints(function)
+        parameters = list(inspect.signature(function).parameters)
+    except Exception:  # an annotation only a type checker resolves, or no signature: nothing to say
+        return False
+    hint = hints.get(parameters[0]) if parameters else None
+    return hint is not None and hint is not Any and (typing.get_origin(hint) or hint) is not SentCall
+
+
+def _deprecated(tool: str, old: str, new: str, since: str = "1.2", stacklevel: int = 4) -> None:
+    warnings.warn(f"tool {tool!r}: {old} is deprecated (API_VERSION {since}); {new}", DeprecationWarning,
+                  stacklevel=stacklevel)
+
+
+def grouped_retention(name: str, retention: Retention | timedelta | Callable[[], timedelta] | None,
+                      on_expiry: ExpiryPolicy | None, keep: KeepFor | None, *, stacklevel: int = 5) -> Retention:
+    """A declaration's `retention`, as a Retention: the old flat keywords (a duration, `on_expiry=`, `keep=`)
+    still work, with a DeprecationWarning (`stacklevel`: the declaring line's, seen from here)."""
+    flat = on_expiry is not None or keep is not None
+    if isinstance(retention, Retention):
+        if flat:
+            raise TypeError(f"tool {name!r}: on_expiry and keep belong in its Retention")
+        return retention
+    if retention is not None or flat:
+        _deprecated(name, "retention=<duration>, on_expiry= and keep=",
+                    "say retention=Retention(key=, on_expiry=, keep=)", stacklevel=stacklevel)
+    default = Retention()
+    return Retention(key=default.key if retention is None else retention,
+                     on_expiry=default.on_expiry if on_expiry is None else on_expiry,
+                     keep=default.keep if keep is None else keep)
 
 
 def _annotated_models(handler: Callable[..., Any], scope: dict[str, Any],
@@ -440,20 +537,16 @@ def _models(name: str, handler: Callable[..., Any], declaration: dict[str, Any],
 def _policies(name: str, declaration: dict[str, Any]) -> None:
     """The grouped policies (Retention, Reconciliation) into ToolSpec's fields; the old flat keywords
     still work, with a DeprecationWarning."""
-    retention = declaration.pop("retention")
-    flat_retention = {k: declaration.pop(k) for k in ("on_expiry", "keep")}
-    if isinstance(retention, Retention):
-        if any(v is not None for v in flat_retention.values()):
-            raise TypeError(f"tool {name!r}: on_expiry and keep belong in its Retention")
-    else:
-        if retention is not None or any(v is not None for v in flat_retention.values()):
-            _deprecated(name, "retention=<duration>, on_expiry= and keep=", "say retention=Retention(key=, "
-                        "on_expiry=, keep=)")
-        retention = Retention(**{"key": retention} if retention is not None else {},
-                              **{k: v for k, v in flat_retention.items() if v is not None})
+    retention = grouped_retention(name, declaration.pop("retention"), declaration.pop("on_expiry"),
+                                  declaration.pop("keep"))
     declaration.update(retention=retention.key, on_expiry=retention.on_expiry, keep=retention.keep)
     reconciliation = declaration.pop("reconciliation")
     flat = {k: declaration.pop(k) for k in ("transactional", "reconciler", "result_for_reference", "retry_window")}
+    callables = ((reconciliation.reconciler, reconciliation.result_for_reference) if reconciliation is not None
+                 else (flat["reconciler"], flat["result_for_reference"]))
+    if any(_takes_record(function) for function in callables):
+        _deprecated(name, "a reconciler (or result_for_reference) given the idempotency record",
+                    "take a SentCall[YourInput] (call.args, call.downstream_key, call.record)", since="2.1")
     if reconciliation is not None:
         if any(v is not None for v in flat.values()):
             raise TypeError(f"tool {name!r}: transactional, reconciler, result_for_reference and retry_window "
@@ -485,7 +578,7 @@ def write_tool(*, name: str, title: str, personal_fields: frozenset[str], descri
                non_business_fields: frozenset[str] = frozenset(),
                retention: Retention | timedelta | Callable[[], timedelta] | None = None,
                destructive: bool = False, open_world: bool = False,
-               reconciliation: Reconciliation | None = None,
+               reconciliation: Reconciliation[WriteInputT] | None = None,
                approval: Callable[[Tenant, WriteInputT], ApprovalPolicy | None] | None = None,
                confirmation: Callable[[Tenant, WriteInputT], ConfirmationPolicy | None] | None = None,
                check: Callable[[WriteInputT], None] | None = None,
@@ -507,7 +600,7 @@ def write_tool(*, name: str, title: str, personal_fields: frozenset[str], descri
     it runs under the idempotency engine (see ToolSpec for what each part means). The input and output models
     are the handler's annotations; `approval`, `confirmation`, `check`, `concurrency_key` and
     `operation_arguments` read the same input model (mypy holds them to it). The description defaults to the
-    handler's docstring."""
+    handler's docstring. A `reconciliation`'s callables read a SentCall of the same input model."""
     return _declare(True, name=name, title=title, input_model=input_model, output_model=output_model,
                     personal_fields=personal_fields, description=description,
                     non_business_fields=non_business_fields, retention=retention, on_expiry=on_expiry, keep=keep,
