@@ -47,6 +47,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
@@ -148,8 +149,11 @@ def create_task(*, record: IdempotencyRecord, tool: str, arguments: dict[str, An
 def take(task_id: str, owner: str) -> Task | None:
     """created|retrying (due, no live lease) -> running, held by `owner`. None: not ours to run.
     (No transaction around the read and the move: the move is guarded by the version read.)"""
-    task = Task.objects.select_related("record").annotate(read_at=clock.NOW).filter(pk=task_id).first()
-    if task is None or task.status not in RUNNABLE or (task.next_retry_at and task.next_retry_at > task.read_at):
+    found = _with_record(uuid.UUID(str(task_id)))
+    if found is None:
+        return None
+    task, read_at = found
+    if task.status not in RUNNABLE or (task.next_retry_at and task.next_retry_at > read_at):
         return None
     if not transition(task, {"status__in": RUNNABLE}, {
         "status": TaskStatus.RUNNING, "lease_owner": owner, "lease_expires_at": leases.expiry(lease_seconds()),
@@ -157,6 +161,26 @@ def take(task_id: str, owner: str) -> Task | None:
     }, action="task.taken", actor=owner, attempt=task.attempts):
         return None  # another worker took it (or it was cancelled) since we read it
     return task
+
+
+def _with_record(task_id: uuid.UUID) -> tuple[Task, datetime] | None:
+    """The task with its idempotency record, and the database's clock, in one read (the statement built
+    once: the ORM would compile it on every take)."""
+    row = db.fetchone(_with_record_sql(), [task_id])
+    if row is None:
+        return None
+    split = len(db.select_columns(Task)[0])
+    task = db.from_row(Task, row[:split])
+    task.record = db.from_row(IdempotencyRecord, row[split:-1])
+    return task, row[-1]
+
+
+@cache
+def _with_record_sql() -> str:
+    _, task_columns = db.select_columns(Task, "t")
+    _, record_columns = db.select_columns(IdempotencyRecord, "r")
+    return (f"SELECT {task_columns}, {record_columns}, STATEMENT_TIMESTAMP() FROM {db.table(Task)} t "
+            f"JOIN {db.table(IdempotencyRecord)} r ON r.id = t.record_id WHERE t.id = %s")
 
 
 def begin_step(task: Task, owner: str, step: Step, sequence: int, completed: list[str]) -> StepRun | None:
