@@ -16,10 +16,10 @@ import pytest
 from django.conf import settings as django_settings
 from pydantic import ValidationError
 
-from idemops import conf as conf_module
-from idemops.conf import RENAMED, IdemopsSettings, conf, env_name, environment_names, override_conf
-from idemops.conf.apps import discover
 from idemops_demo.idemops_settings import DemoSettings
+from tools_app import conf as conf_module
+from tools_app.conf import RENAMED, IdemopsSettings, conf, env_name, environment_names, override_conf
+from tools_app.conf.apps import discover
 
 ROOT = Path(__file__).resolve().parents[2]
 # Never reached: `manage.py check` and a refused start-up do not connect.
@@ -277,7 +277,7 @@ def test_conf_follows_every_change_of_the_settings_object(settings):
 # --- an app's own settings (idemops.conf.AppSettings) ---------------------------------------------
 
 SHOP_SETTINGS = """
-from idemops.conf import AppSettings, HttpUrl, Seconds, register_settings, setting
+from tools_app.conf import AppSettings, HttpUrl, Seconds, register_settings, setting
 
 
 @register_settings
@@ -333,7 +333,7 @@ def test_the_demos_variables_still_start_a_server_with_the_demo_off():
 
 
 def test_an_app_may_not_take_a_variable_the_platform_reads():
-    from idemops.conf import AppSettings, register_settings, setting
+    from tools_app.conf import AppSettings, register_settings, setting
 
     class Clash(AppSettings):
         q_workers: int = setting(2, "Taken.")

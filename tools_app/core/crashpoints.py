@@ -11,7 +11,7 @@ import os
 import signal
 import typing
 
-from idemops.conf import CrashPoint, conf
+from tools_app.conf import CrashPoint, conf
 
 # after_claim: the record is PROCESSING, nothing was sent downstream.
 # after_downstream: the handler returned (a downstream call answered), nothing recorded yet.

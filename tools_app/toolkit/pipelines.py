@@ -63,7 +63,7 @@ from typing import Any, Generic, TypeVar
 from django.db import DataError
 from pydantic import BaseModel
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import backoff
 from tools_app.core.errors import (
     INFRASTRUCTURE_ERRORS,

@@ -3,7 +3,7 @@ the platform's settings, then each named app's own (its `idemops_settings` modul
 
 import sys
 
-from idemops.conf.apps import discover
-from idemops.conf.words import markdown
+from tools_app.conf.apps import discover
+from tools_app.conf.words import markdown
 
 sys.stdout.write(markdown(discover(sys.argv[1:])))

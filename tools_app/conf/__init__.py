@@ -1,5 +1,9 @@
 """idemops's settings: one typed, validated, frozen object, read from the environment once.
 
+The ground floor of tools_app (below `core`): it imports nothing of tools_app or idemops, so every
+layer reads the settings without importing `idemops`, the public API's face. Apps import the same
+names as `idemops.conf`, which re-exports them (one `conf()`, one cache: this module's).
+
 Every setting is an environment variable `IDEMOPS_<NAME>`; the only unprefixed one is
 DATABASE_URL (the universal convention). `idemops/settings.py` calls `load()` once at
 start-up and builds Django's settings from the result; a bad value, an old variable name
@@ -12,7 +16,7 @@ the object through Django's `settings` fixture with `override_conf(settings, ...
 - `apps.py`: an app's own settings (`AppSettings`, `register_settings`), declared in its
   `idemops_settings` module, read and validated by `load()` with the platform's.
 - `words.py`: what a field accepts, in words; docs/settings.md (`make settings-doc`,
-  `python -m idemops.conf`; a test checks it is up to date).
+  `python -m idemops.conf`, which runs `python -m tools_app.conf`; a test checks it is up to date).
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from idemops.conf.apps import AppSettings, register_settings
-from idemops.conf.apps import owner as _owner
-from idemops.conf.fields import (
+from tools_app.conf.apps import AppSettings, register_settings
+from tools_app.conf.apps import owner as _owner
+from tools_app.conf.fields import (
     PREFIX,
     RENAMED,
     CrashPoint,
@@ -38,8 +42,8 @@ from idemops.conf.fields import (
     environment_names,
     setting,
 )
-from idemops.conf.startup import SettingsError, load
-from idemops.conf.words import expected, markdown
+from tools_app.conf.startup import SettingsError, load
+from tools_app.conf.words import expected, markdown
 
 __all__ = ["PREFIX", "RENAMED", "AppSettings", "CrashPoint", "HttpUrl", "IdemopsSettings", "Seconds",
            "SettingsError", "TextList", "UrlList", "conf", "env_name", "environment_names", "expected", "load",
