@@ -237,7 +237,7 @@ def test_every_error_class_a_doc_names_exists(doc):
 def settings_read() -> dict[str, object]:
     """Every environment variable the code reads, with its default where it is a constant.
 
-    idemops's settings are the fields of idemops/conf/fields.py and the demo's own (idemops_demo/idemops_settings.py,
+    idemops's settings are the fields of tools_app/conf/fields.py and the demo's own (idemops_demo/idemops_settings.py,
     registered through idemops.conf); the only other variables are the test
     suite's and the benchmarks' own (read with os.environ)."""
     from idemops_demo.idemops_settings import DemoSettings

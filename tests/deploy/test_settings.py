@@ -1,4 +1,5 @@
-"""The settings object (idemops/conf/): read once, typed, validated; a bad environment stops start-up.
+"""The settings object (tools_app/conf/; apps import it as idemops.conf): read once, typed, validated;
+a bad environment stops start-up.
 
 The start-up tests run real processes (manage.py, uvicorn, qcluster) with a crafted
 environment and read what they print and how they exit.
@@ -228,7 +229,7 @@ def test_no_module_but_the_settings_object_reads_the_environment():
     for directory in ("idemops", "tools_app"):
         for source in (ROOT / directory).rglob("*.py"):
             relative = str(source.relative_to(ROOT))
-            if relative.startswith("idemops/conf/") or relative in ENVIRONMENT_WRITERS:
+            if relative.startswith("tools_app/conf/") or relative in ENVIRONMENT_WRITERS:
                 continue
             for node in ast.walk(ast.parse(source.read_text())):
                 if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv"):
@@ -274,10 +275,26 @@ def test_conf_follows_every_change_of_the_settings_object(settings):
     assert conf() is original
 
 
+def test_idemops_conf_is_the_ground_floors_settings_under_the_name_apps_import(settings):
+    """Apps import the settings as idemops.conf (docs/adopting.md); they live in tools_app.conf, below core.
+    The names are the same objects, so there is one conf() and one kept object: an override through
+    either name is seen through the other, and `python -m idemops.conf` writes the same doc."""
+    import idemops.conf as public
+
+    assert public.__all__ == conf_module.__all__
+    assert all(getattr(public, name) is getattr(conf_module, name) for name in public.__all__)
+    before = conf().follower_wait_seconds
+    public.override_conf(settings, follower_wait_seconds=before + 3)
+    assert conf().follower_wait_seconds == public.conf().follower_wait_seconds == before + 3
+    doc = subprocess.run([sys.executable, "-m", "idemops.conf", "idemops_demo"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert doc == conf_module.markdown(discover(["idemops_demo"]))
+
+
 # --- an app's own settings (idemops.conf.AppSettings) ---------------------------------------------
 
 SHOP_SETTINGS = """
-from tools_app.conf import AppSettings, HttpUrl, Seconds, register_settings, setting
+from idemops.conf import AppSettings, HttpUrl, Seconds, register_settings, setting
 
 
 @register_settings

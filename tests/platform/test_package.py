@@ -122,7 +122,7 @@ def test_the_wheel_installs_and_starts_in_a_fresh_virtualenv(version, wheel, tmp
         helped = run([venv / "bin" / "idemops", "--help"], cwd=tmp_path, env=development, check=False)
         assert helped.returncode == 0 and "create_tenant" in helped.stdout, helped.stdout + helped.stderr
         demo = run([venv / "bin" / "idemops", "shell", "--no-imports", "-c",
-                    "from tools_app.conf import conf; print(conf().demo)"],
+                    "from idemops.conf import conf; print(conf().demo)"],
                    cwd=tmp_path, env=development).stdout
         assert demo.strip() == "False"
         refused = run([venv / "bin" / "idemops", "--help"], cwd=tmp_path, env={**development, "IDEMOPS_DEMO": "1"},

@@ -1,5 +1,5 @@
-"""`python -m idemops.conf [app ...]` writes docs/settings.md to standard output (`make settings-doc`):
-the platform's settings, then each named app's own (its `idemops_settings` module)."""
+"""`python -m tools_app.conf [app ...]` (apps say `python -m idemops.conf`) writes docs/settings.md to standard output
+(`make settings-doc`): the platform's settings, then each named app's own (its `idemops_settings` module)."""
 
 import sys
 
