@@ -69,7 +69,7 @@ lint: $(DEV)
 	$(VENV)/bin/lint-imports
 	DATABASE_URL=postgresql://lint@127.0.0.1:1/never $(VENV)/bin/mypy
 
-# docs/settings.md is generated from idemops/conf/fields.py and the demo's idemops_demo/idemops_settings.py (tests/deploy/test_settings.py fails when it is stale).
+# docs/settings.md is generated from tools_app/conf/fields.py and the demo's idemops_demo/idemops_settings.py (tests/deploy/test_settings.py fails when it is stale).
 settings-doc: $(RUNTIME)
 	$(PY) -m idemops.conf idemops_demo > docs/settings.md
 

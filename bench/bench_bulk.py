@@ -18,11 +18,11 @@ import uuid
 from django.db import connection
 
 from bench.common import Section, at_most
-from idemops.conf import conf
 from tests.bulk.support import run_to_the_end, unknown_records
 from tests.support.operators import make_operator
 from tools_app import access, bulk
 from tools_app.access.roles import OPERATOR
+from tools_app.conf import conf
 from tools_app.models import IdempotencyRecord, RecordStatus
 
 RUN = uuid.uuid4().hex[:8]

@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 from bench.common import Section
-from idemops.conf import conf
 from tests.support import incident
+from tools_app.conf import conf
 
 
 def run(quick: bool = False, root: Path | None = None) -> Section:

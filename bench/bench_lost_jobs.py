@@ -22,10 +22,10 @@ import uuid
 from django.db import connection
 
 from bench.common import ROOT, Section, at_most
-from idemops.conf import conf, override_conf
 from tests.support.documents_fixtures import long_text, pdf_of_text
 from tests.support.task_stack import lost_job
 from tools_app import access, tasks
+from tools_app.conf import conf, override_conf
 from tools_app.models import TenantLimits
 from tools_app.toolkit.calls import Caller
 

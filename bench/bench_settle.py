@@ -32,10 +32,10 @@ from pathlib import Path
 import httpx2
 import psycopg
 
-from idemops.conf import conf
 from idemops_demo.models import Order
 from tests.support.agents import Answer, call_tool, call_until_done, issued_operation_id
 from tests.support.processes import Stack
+from tools_app.conf import conf
 from tools_app.models import IdempotencyRecord
 
 ORDER = {"customer": "ACME", "items": [{"sku": "BOLT-1", "quantity": 1, "unit_price": "2.50"}], "currency": "EUR"}

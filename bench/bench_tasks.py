@@ -30,10 +30,10 @@ from pydantic import BaseModel
 
 from bench import floor_jobs
 from bench.common import ROOT, Section, at_least, at_most
-from idemops.conf import conf, override_conf
 from idemops_demo.tools.documents import INGEST
 from tests.support.documents_fixtures import long_text, pdf_of_text
 from tools_app import access, tasks
+from tools_app.conf import conf, override_conf
 from tools_app.models import StepRun, Task, TaskStatus, TenantLimits
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import Caller, call_tool

@@ -1,4 +1,4 @@
-"""Django settings for idemops, built from its one settings object (idemops/conf/).
+"""Django settings for idemops, built from its one settings object (tools_app/conf/).
 
 Every setting that differs between a laptop and production is an environment variable,
 read once here through `conf.load()` (docs/settings.md lists them); the defaults are for
@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 import dj_database_url
 from pydantic import SecretStr
 
-from idemops import conf
-from idemops.conf.fields import missing_demo_dependencies
+from tools_app import conf
+from tools_app.conf.fields import missing_demo_dependencies
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -60,7 +60,7 @@ DEBUG = _environment.debug
 ALLOWED_HOSTS = _environment.allowed_hosts
 CSRF_TRUSTED_ORIGINS = _environment.csrf_trusted_origins
 
-# --- Production (IDEMOPS_ENV=production; idemops/conf refuses its unsafe defaults) ------
+# --- Production (IDEMOPS_ENV=production; tools_app/conf refuses its unsafe defaults) ------
 PRODUCTION = _environment.env == "production"
 if PRODUCTION:
     # Browsers come over HTTPS only, and remember it for a year.
@@ -81,7 +81,7 @@ if _environment.behind_proxy:
 
 def _demo_installed() -> bool:
     """The demo's own dependencies (the `demo` extra) are there. IDEMOPS_DEMO is on by default only then
-    (idemops.conf.fields.demo_installed), so this refuses only an explicit IDEMOPS_DEMO=1 without them."""
+    (tools_app.conf.fields.demo_installed), so this refuses only an explicit IDEMOPS_DEMO=1 without them."""
     missing = missing_demo_dependencies()
     if missing:
         raise SystemExit(f"IDEMOPS_DEMO is on but the demo's dependencies are not installed ({', '.join(missing)}): "
@@ -399,7 +399,7 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- idemops -------------------------------------------------------------------
-# The settings object the code reads (`idemops.conf.conf()`), with what start-up resolved:
+# The settings object the code reads (`tools_app.conf.conf()`), with what start-up resolved:
 # the secret keys and the database actually used.
 IDEMOPS = _environment.model_copy(update={
     "secret_key": SecretStr(SECRET_KEY),

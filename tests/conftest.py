@@ -2,10 +2,10 @@ import os
 
 import pytest
 
-from idemops.conf import override_conf
 from tests.support.operators import VerifiedClient, agent_owner, make_operator
 from tools_app import access
 from tools_app.access.roles import APPROVER
+from tools_app.conf import override_conf
 from tools_app.toolkit.calls import Caller
 
 # The servers the suite starts run the demo's tools without asking their user first (delete_record,

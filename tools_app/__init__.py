@@ -13,9 +13,11 @@ The layers, top to bottom (pyproject.toml's import contract; a test holds this t
     incidents                              breakers, pauses, in-flight limits per downstream
     engine | access                        claim, execute, follow, record transitions | tenants, tokens, roles
     core                                   errors, keys, fingerprints, db helpers, audit, leases, jobs, logs
+    conf                                   the settings object (`conf()`), read once from the environment
 
 A package imports only from the lines below it (and its own modules); the
-import contract in `make lint` keeps it so.
+import contract in `make lint` keeps it so. Nothing here imports `idemops` (the public API's
+face, which imports all of this), but `serve` the embedded PostgreSQL server (idemops.embedded_pg).
 """
 
 import importlib

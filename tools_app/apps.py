@@ -20,7 +20,6 @@ class ToolsAppConfig(AppConfig):
         from django.db.models.signals import post_migrate
         from django_q.signals import post_execute_in_worker, post_spawn, pre_enqueue, pre_execute
 
-        from idemops.conf import conf
         from tools_app import (
             approvals,
             engine,
@@ -33,6 +32,7 @@ class ToolsAppConfig(AppConfig):
         from tools_app.access import logins
         from tools_app.access.roles import ensure_roles
         from tools_app.approvals import confirmations
+        from tools_app.conf import conf
         from tools_app.core import jobs, tracing
         from tools_app.schedules import ensure_schedules, start_loops
 

@@ -23,7 +23,7 @@ from django.db import close_old_connections
 from django.utils.module_loading import import_string
 from django_q.models import Schedule
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import counters, outage
 from tools_app.core.jobs import JOBS
 

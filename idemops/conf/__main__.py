@@ -1,9 +1,6 @@
-"""`python -m idemops.conf [app ...]` writes docs/settings.md to standard output (`make settings-doc`):
-the platform's settings, then each named app's own (its `idemops_settings` module)."""
+"""`python -m idemops.conf [app ...]`: the settings reference, docs/settings.md (`make settings-doc`);
+it runs `python -m tools_app.conf`, where the settings live."""
 
-import sys
+import runpy
 
-from idemops.conf.apps import discover
-from idemops.conf.words import markdown
-
-sys.stdout.write(markdown(discover(sys.argv[1:])))
+runpy.run_module("tools_app.conf", run_name="__main__", alter_sys=True)

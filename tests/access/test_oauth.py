@@ -13,7 +13,6 @@ import pytest
 from django.utils import timezone
 from oauth2_provider.models import AccessToken, Application, RefreshToken
 
-from idemops.conf import override_conf
 from idemops_demo.models import Order
 from tests.support.issued_ids import call_labelled_sync
 from tests.support.mcp_client import call_sync, error_of, post_raw
@@ -31,6 +30,7 @@ from tests.support.oauth_flow import (
 )
 from tests.support.operators import make_operator
 from tools_app.access.roles import APPROVER, OPERATOR
+from tools_app.conf import override_conf
 from tools_app.models import AgentConnection, ApprovalRequest, AuditEvent, Task, Tenant
 
 ORDER = {"customer": "ACME", "currency": "EUR", "items": [{"sku": "A-1", "quantity": 2, "unit_price": "9.50"}]}

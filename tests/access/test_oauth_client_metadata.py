@@ -13,8 +13,8 @@ from ipaddress import ip_address
 import pytest
 from oauth2_provider.cimd import CIMDError
 
-from idemops.conf import override_conf
 from tools_app.access.oauth import AllowListedMetadataFetcher
+from tools_app.conf import override_conf
 from tools_app.core import url_allowlist
 
 DOCUMENT = {"client_id": "set per request", "client_name": "a host", "redirect_uris": ["http://127.0.0.1:9/cb"]}

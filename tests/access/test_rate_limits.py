@@ -76,7 +76,7 @@ def test_no_limit_costs_no_bucket(tenant):
 
 
 def test_a_tenants_own_limits_replace_the_defaults_field_by_field(tenant, settings):
-    from idemops.conf import override_conf
+    from tools_app.conf import override_conf
 
     override_conf(settings, rate_limit_calls_per_minute=100, rate_limit_calls_per_minute_per_token=7)
     TenantLimits.objects.create(tenant=tenant, calls_per_minute=0, concurrent_tasks_per_agent=3)

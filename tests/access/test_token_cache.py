@@ -5,10 +5,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from idemops.conf import override_conf
 from tests.support.operators import agent_owner
 from tools_app import access
 from tools_app.access import tokens
+from tools_app.conf import override_conf
 
 
 @pytest.fixture

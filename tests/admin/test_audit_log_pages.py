@@ -11,11 +11,11 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from idemops.conf import override_conf
 from tests.support.api_support import make_event
 from tests.support.operators import make_operator
 from tools_app import retention
 from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core import audit
 from tools_app.models import AuditArchive, AuditCheckpoint, AuditEvent, AuditRetention
 

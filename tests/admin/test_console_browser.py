@@ -11,7 +11,6 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from idemops.conf import override_conf
 from tests.support.api_support import make_record
 from tests.support.browser import browser_page, code_for, log_in, needs_chromium, shot
 from tests.support.issued_ids import call_labelled_sync
@@ -20,6 +19,7 @@ from tests.support.mcp_client import call_sync, error_of
 from tests.support.operators import login_for_the_web_server, make_operator
 from tools_app import outbox
 from tools_app.access.roles import APPROVER, OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core import polling
 from tools_app.metrics import trends
 from tools_app.models import (

@@ -10,12 +10,12 @@ from django.test import Client
 from django.urls import reverse
 from prometheus_client.parser import text_string_to_metric_families
 
-from idemops.conf import override_conf
 from idemops_demo.models import Order
 from tests.support.issued_ids import call_labelled
 from tests.support.operators import PASSWORD, make_operator, verified
 from tools_app import incidents
 from tools_app.access.roles import OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core import db
 from tools_app.incidents.models import BreakerState, Downstream, Pause, PauseScope
 from tools_app.models import AuditEvent, IdempotencyRecord, Tenant, TenantAccess

@@ -18,7 +18,6 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from idemops.conf import override_conf
 from idemops_demo.models import Order
 from tests.support.issued_ids import call_labelled
 from tests.support.mcp_client import call_sync
@@ -26,6 +25,7 @@ from tests.support.operators import PASSWORD, current_code, login_for_the_web_se
 from tools_app import access, engine, outbox, reconciliation, scheduling, tasks
 from tools_app.access.roles import APPROVER, AUDITOR, OPERATOR, ROLE_PERMISSIONS
 from tools_app.admin.operator_actions import OperatorActionsAdmin
+from tools_app.conf import override_conf
 from tools_app.core.errors import PermissionDenied, Transient, internal_error
 from tools_app.models import AuditEvent, IdempotencyRecord, OutboxEvent, RecordStatus, Task, Tenant
 from tools_app.reconciliation.models import UnknownOutcomeQueue

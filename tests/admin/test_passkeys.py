@@ -19,7 +19,6 @@ from django_otp import DEVICE_ID_SESSION_KEY
 from django_otp.plugins.otp_totp.models import TOTPDevice
 from django_otp_webauthn.models import WebAuthnCredential
 
-from idemops.conf import conf
 from tests.admin.test_console_browser import announce, person
 from tests.support.browser import browser_page, log_in, needs_chromium, shot
 from tests.support.issued_ids import call_labelled_sync
@@ -28,6 +27,7 @@ from tests.support.operators import make_operator
 from tools_app.access import second_factor
 from tools_app.access.roles import APPROVER
 from tools_app.approvals.models import ApprovalSettings
+from tools_app.conf import conf
 from tools_app.models import ApprovalRequest, ApprovalStatus, AuditEvent, Tenant
 
 # --- who may register (no browser) -----------------------------------------------------------------------

@@ -18,12 +18,12 @@ from django.utils import timezone
 from django_otp.oath import TOTP
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from idemops.conf import override_conf
 from tests.support.issued_ids import call_labelled
 from tests.support.operators import PASSWORD, current_code, make_operator, verified, verify_session
 from tools_app import approvals
 from tools_app.access.roles import APPROVER, OPERATOR
 from tools_app.approvals.models import ApprovalRequest, ApprovalSettings, ApprovalStatus
+from tools_app.conf import override_conf
 from tools_app.core.errors import Refused
 from tools_app.models import AuditEvent, TenantLimits
 from tools_app.retention.models import RetentionOverride

@@ -8,11 +8,11 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.urls import reverse
 
-from idemops.conf import override_conf
 from tests.support.issued_ids import call_labelled
 from tests.support.operators import make_operator
 from tools_app import access, reconciliation
 from tools_app.access.roles import OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core import counters
 from tools_app.core.errors import InvalidInput, PermissionDenied
 from tools_app.models import AuditEvent, IdempotencyRecord, MetricTotal, RecordStatus, Tenant, TenantAccess

@@ -2,9 +2,9 @@
 
 import pytest
 
-from idemops.conf import override_conf
 from tests.core.test_audit_chain import sql, trigger_disabled
 from tests.support.api_support import key_client, make_event
+from tools_app.conf import override_conf
 from tools_app.core import audit
 
 pytestmark = pytest.mark.django_db

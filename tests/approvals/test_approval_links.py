@@ -16,11 +16,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from idemops.conf import override_conf
 from tests.support.approvals_support import STAFF_NOTE, call, pending_request
 from tests.support.operators import PASSWORD, current_code, make_operator, verify_session
 from tools_app.access.roles import APPROVER
 from tools_app.approvals import links
+from tools_app.conf import override_conf
 from tools_app.models import (
     ApprovalDecision,
     ApprovalLink,

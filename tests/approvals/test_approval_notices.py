@@ -10,11 +10,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django_q.models import Schedule
 
-from idemops.conf import override_conf
 from tests.support.approvals_support import STAFF_NOTE, call, pending_request
 from tests.support.operators import agent_owner, make_operator
 from tools_app import access, approvals, outbox
 from tools_app.access.roles import APPROVER, OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core.jobs import JOBS
 from tools_app.models import ApprovalRequest, ApprovalSettings, ApprovalStatus, AuditEvent, OutboxEvent
 from tools_app.toolkit.calls import Caller

@@ -10,11 +10,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from idemops.conf import override_conf
 from tests.bulk.support import run_to_the_end, unknown_records
 from tests.support.operators import PASSWORD, make_operator, verified, verify_session
 from tools_app import bulk
 from tools_app.access.roles import OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core.errors import InvalidInput, PermissionDenied
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus, TenantAccess
 

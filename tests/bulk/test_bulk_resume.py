@@ -8,13 +8,13 @@ from datetime import timedelta
 
 from django.urls import reverse
 
-from idemops.conf import override_conf
 from tests.bulk.support import run_to_the_end
 from tests.support.operators import make_operator
 from tests.support.task_stack import DocServer
 from tests.support.tasks_support import TEXT, start
 from tools_app import access, bulk
 from tools_app.access.roles import OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core import clock
 from tools_app.core.errors import ErrorClass
 from tools_app.models import AuditEvent, Task, TaskStatus

@@ -59,7 +59,7 @@ def test_the_audit_table_is_partitioned_by_month_and_an_event_lands_in_its_month
 
 
 def test_the_job_creates_the_months_ahead_once(settings):
-    from idemops.conf import override_conf
+    from tools_app.conf import override_conf
 
     override_conf(settings, audit_partition_months_ahead=5)
     this_month = audit_partitions.month_start(timezone.now())

@@ -15,12 +15,12 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from idemops.conf import conf, override_conf
 from idemops_demo.models import Document
 from tests.support.api_support import ENDPOINTS, key_client, make_event, make_record
 from tests.support.issued_ids import call_labelled
 from tests.support.task_stack import DocServer
 from tools_app import engine
+from tools_app.conf import conf, override_conf
 from tools_app.core import keys, redaction
 from tools_app.models import AuditEvent, Checkpoint, IdempotencyRecord, RecordStatus, Task, TaskStatus
 from tools_app.tasks import jobs as task_jobs

@@ -16,12 +16,12 @@ from django.contrib.auth.models import User
 from django.db import DataError, OperationalError, transaction
 from django.utils import timezone
 
-from idemops.conf import override_conf
 from tests.support.operators import agent_owner, make_operator, verified
 from tests.support.processes import free_port
 from tools_app import access, engine, outbox, tasks
 from tools_app.access import auditors, secrets
 from tools_app.access.roles import AUDITOR, OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core import backoff, clock, db, leases, polling
 from tools_app.engine import Operation
 from tools_app.engine.transitions import WRITE_RETRY_BASE_SECONDS, WRITE_RETRY_MAX_SECONDS

@@ -6,9 +6,9 @@ from ipaddress import ip_address
 
 import pytest
 
-from idemops.conf import override_conf
 from idemops_demo import documents
 from tests.support.documents_fixtures import long_text, make_pdf, pdf_of_text
+from tools_app.conf import override_conf
 from tools_app.core import redaction, url_allowlist
 from tools_app.core.errors import InvalidInput, NotFound
 from tools_app.models import Task

@@ -6,7 +6,6 @@ import re
 import pytest
 from django.db import connection
 
-from idemops.conf import override_conf
 from idemops_demo import documents
 from idemops_demo.documents import vector_extension
 from idemops_demo.documents.search import fuse
@@ -14,6 +13,7 @@ from idemops_demo.models import Document, DocumentChunk
 from tests.support.documents_fixtures import long_text
 from tests.support.processes import Worker
 from tests.support.task_stack import swept_until, wait_until
+from tools_app.conf import override_conf
 from tools_app.models import StepRun, Task, TaskStatus, Tenant
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import Caller, call_tool

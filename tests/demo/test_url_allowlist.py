@@ -14,11 +14,11 @@ from ipaddress import ip_address
 import pytest
 from django.utils import timezone
 
-from idemops.conf import conf, override_conf
 from idemops_demo import documents
 from tests.support.mcp_client import raw_call, raw_error_of
 from tests.support.processes import free_port, manage
 from tools_app import access, outbox
+from tools_app.conf import conf, override_conf
 from tools_app.core import url_allowlist
 from tools_app.core.errors import InvalidInput, Transient
 from tools_app.models import IdempotencyRecord, OutboxEvent, OutboxStatus

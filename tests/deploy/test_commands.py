@@ -8,9 +8,9 @@ from django.core.management import call_command
 from django_otp.oath import TOTP
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from idemops.conf import override_conf
 from tests.support.operators import agent_owner
 from tools_app import access
+from tools_app.conf import override_conf
 from tools_app.management.commands.serve import banner
 from tools_app.management.demo import DEMO_STEP_UP_AMOUNT, ensure_demo
 from tools_app.models import ApiToken, ApprovalSettings, AuditEvent, Tenant

@@ -237,11 +237,11 @@ def test_every_error_class_a_doc_names_exists(doc):
 def settings_read() -> dict[str, object]:
     """Every environment variable the code reads, with its default where it is a constant.
 
-    idemops's settings are the fields of idemops/conf/fields.py and the demo's own (idemops_demo/idemops_settings.py,
+    idemops's settings are the fields of tools_app/conf/fields.py and the demo's own (idemops_demo/idemops_settings.py,
     registered through idemops.conf); the only other variables are the test
     suite's and the benchmarks' own (read with os.environ)."""
-    from idemops.conf import IdemopsSettings, env_name
     from idemops_demo.idemops_settings import DemoSettings
+    from tools_app.conf import IdemopsSettings, env_name
 
     found: dict[str, object] = {env_name(name, model): None if field.default_factory else field.default
                                 for model in (IdemopsSettings, DemoSettings)
@@ -278,8 +278,8 @@ def known_setting_names() -> set[str]:
     mention: see the test below)."""
     from django.conf import settings
 
-    from idemops.conf import RENAMED as PLATFORM_RENAMED
     from idemops_demo.idemops_settings import DemoSettings
+    from tools_app.conf import RENAMED as PLATFORM_RENAMED
 
     RENAMED = {**PLATFORM_RENAMED, **DemoSettings.renamed}
 
@@ -312,8 +312,8 @@ def test_every_setting_a_doc_names_is_read_by_the_code(doc):
 @pytest.mark.parametrize("doc", [doc for doc in DOCS if doc.name != "settings.md"], ids=name_of)
 def test_no_doc_but_the_settings_reference_names_a_renamed_variable(doc):
     """Old names stop start-up; a doc that still says `Q_WORKERS` sends its reader into that wall."""
-    from idemops.conf import RENAMED as PLATFORM_RENAMED
     from idemops_demo.idemops_settings import DemoSettings
+    from tools_app.conf import RENAMED as PLATFORM_RENAMED
 
     RENAMED = {**PLATFORM_RENAMED, **DemoSettings.renamed}
 

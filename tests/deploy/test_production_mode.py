@@ -105,7 +105,7 @@ def test_production_lists_every_problem_at_once():
 
 
 def test_the_demo_is_off_by_default_in_production_and_on_in_development(production):
-    show = ["manage.py", "shell", "--no-imports", "-c", "from idemops.conf import conf; print(conf().demo)"]
+    show = ["manage.py", "shell", "--no-imports", "-c", "from tools_app.conf import conf; print(conf().demo)"]
 
     assert start(show, **production).stdout.strip() == "False"
     assert start(show, **without(production, "IDEMOPS_ENV")).stdout.strip() == "True"

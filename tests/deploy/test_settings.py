@@ -1,4 +1,5 @@
-"""The settings object (idemops/conf/): read once, typed, validated; a bad environment stops start-up.
+"""The settings object (tools_app/conf/; apps import it as idemops.conf): read once, typed, validated;
+a bad environment stops start-up.
 
 The start-up tests run real processes (manage.py, uvicorn, qcluster) with a crafted
 environment and read what they print and how they exit.
@@ -16,10 +17,10 @@ import pytest
 from django.conf import settings as django_settings
 from pydantic import ValidationError
 
-from idemops import conf as conf_module
-from idemops.conf import RENAMED, IdemopsSettings, conf, env_name, environment_names, override_conf
-from idemops.conf.apps import discover
 from idemops_demo.idemops_settings import DemoSettings
+from tools_app import conf as conf_module
+from tools_app.conf import RENAMED, IdemopsSettings, conf, env_name, environment_names, override_conf
+from tools_app.conf.apps import discover
 
 ROOT = Path(__file__).resolve().parents[2]
 # Never reached: `manage.py check` and a refused start-up do not connect.
@@ -228,7 +229,7 @@ def test_no_module_but_the_settings_object_reads_the_environment():
     for directory in ("idemops", "tools_app"):
         for source in (ROOT / directory).rglob("*.py"):
             relative = str(source.relative_to(ROOT))
-            if relative.startswith("idemops/conf/") or relative in ENVIRONMENT_WRITERS:
+            if relative.startswith("tools_app/conf/") or relative in ENVIRONMENT_WRITERS:
                 continue
             for node in ast.walk(ast.parse(source.read_text())):
                 if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv"):
@@ -272,6 +273,22 @@ def test_conf_follows_every_change_of_the_settings_object(settings):
         django_settings.IDEMOPS = original
         conf_module._current[0] = None
     assert conf() is original
+
+
+def test_idemops_conf_is_the_ground_floors_settings_under_the_name_apps_import(settings):
+    """Apps import the settings as idemops.conf (docs/adopting.md); they live in tools_app.conf, below core.
+    The names are the same objects, so there is one conf() and one kept object: an override through
+    either name is seen through the other, and `python -m idemops.conf` writes the same doc."""
+    import idemops.conf as public
+
+    assert public.__all__ == conf_module.__all__
+    assert all(getattr(public, name) is getattr(conf_module, name) for name in public.__all__)
+    before = conf().follower_wait_seconds
+    public.override_conf(settings, follower_wait_seconds=before + 3)
+    assert conf().follower_wait_seconds == public.conf().follower_wait_seconds == before + 3
+    doc = subprocess.run([sys.executable, "-m", "idemops.conf", "idemops_demo"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert doc == conf_module.markdown(discover(["idemops_demo"]))
 
 
 # --- an app's own settings (idemops.conf.AppSettings) ---------------------------------------------
@@ -333,7 +350,7 @@ def test_the_demos_variables_still_start_a_server_with_the_demo_off():
 
 
 def test_an_app_may_not_take_a_variable_the_platform_reads():
-    from idemops.conf import AppSettings, register_settings, setting
+    from tools_app.conf import AppSettings, register_settings, setting
 
     class Clash(AppSettings):
         q_workers: int = setting(2, "Taken.")

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from idemops.conf import conf
 from tests.support.api_support import make_task
 from tools_app import engine
+from tools_app.conf import conf
 from tools_app.core.errors import (
     INTERNAL_ERROR_ADVICE,
     PERMISSION_DENIED_ADVICE,

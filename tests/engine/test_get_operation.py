@@ -9,13 +9,13 @@ import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from idemops.conf import override_conf
 from idemops_demo.models import Order
 from tests.support.approvals_support import STAFF_NOTE
 from tests.support.issued_ids import call_labelled
 from tests.support.race import in_thread, wait_for_lock_waiters
 from tests.support.tasks_support import TEXT
 from tools_app import engine, reconciliation
+from tools_app.conf import override_conf
 from tools_app.mcp.runtime import idempotency_info
 from tools_app.models import IdempotencyRecord, Task
 from tools_app.tasks import jobs as task_jobs

@@ -8,10 +8,10 @@ from django.db import connection, connections
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from idemops.conf import override_conf
 from idemops_demo.models import Order
 from tests.support.race import in_thread, race, wait_for_lock_waiters
 from tools_app import engine
+from tools_app.conf import override_conf
 from tools_app.core.errors import InvalidInput, Transient
 from tools_app.engine import ExpiryPolicy, Operation
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus

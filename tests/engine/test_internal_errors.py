@@ -10,13 +10,13 @@ import pytest
 from django.db import OperationalError
 from django.urls import reverse
 
-from idemops.conf import override_conf
 from idemops_demo.models import Order
 from idemops_demo.tools import orders
 from tests.support.operators import make_operator
 from tests.support.tasks_support import TEXT, agent, start
 from tools_app import engine, reconciliation, tasks
 from tools_app.access.roles import OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core import clock, polling
 from tools_app.core.errors import INTERNAL_ERROR_ADVICE, InternalError, PermissionDenied, UnknownOutcome
 from tools_app.engine import Operation

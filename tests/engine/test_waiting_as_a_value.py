@@ -6,8 +6,8 @@ import time
 
 from django.db import connections
 
-from idemops.conf import conf, override_conf
 from tools_app import engine
+from tools_app.conf import conf, override_conf
 from tools_app.core import polling
 from tools_app.engine import Operation
 from tools_app.models import IdempotencyRecord, RecordStatus

@@ -10,9 +10,9 @@ from django.db import connections, transaction
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from idemops.conf import override_conf
 from idemops_demo.models import Order
 from tools_app import engine
+from tools_app.conf import override_conf
 from tools_app.engine import Operation
 from tools_app.models import AuditEvent, IdempotencyRecord, RecordStatus
 

@@ -17,7 +17,6 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import PaginatedRequestParams, Request, Result
 
-from idemops.conf import override_conf
 from idemops_demo.models import Document
 from tests.support.documents_fixtures import long_text, pdf_of_text
 from tests.support.interop_support import INTEROP, installed
@@ -25,6 +24,7 @@ from tests.support.mcp_client import answer_of, call_sync
 from tests.support.task_stack import wait_until
 from tests.support.tasks_support import start
 from tools_app import access
+from tools_app.conf import override_conf
 from tools_app.models import StepRun, Task, TaskStatus
 from tools_app.toolkit.calls import Caller
 

@@ -123,8 +123,8 @@ def test_without_a_valid_token_mcp_answers_401(web_server, transactional_db, tok
 
 
 def test_a_token_revoked_elsewhere_is_refused_by_the_web_process_once_its_cache_period_is_over(web_server, token):
-    from idemops.conf import conf
     from tools_app import access
+    from tools_app.conf import conf
     from tools_app.core import polling
     from tools_app.models import ApiToken
 

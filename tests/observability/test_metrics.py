@@ -13,11 +13,11 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from idemops.conf import override_conf
 from tests.support.approvals_support import STAFF_NOTE, call
 from tests.support.operators import make_operator
 from tools_app import engine
 from tools_app.access.roles import OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core import counters
 from tools_app.core.errors import ToolFailure
 from tools_app.metrics import rollup

@@ -16,11 +16,11 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProces
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import ValidationError
 
-from idemops.conf import IdemopsSettings, override_conf
 from tests.support.approvals_support import call
 from tests.support.mcp_client import call_sync
 from tests.support.processes import WebServer, free_port
 from tests.support.task_stack import wait_until
+from tools_app.conf import IdemopsSettings, override_conf
 from tools_app.core import jobs, tracing
 from tools_app.models import AuditEvent
 

@@ -17,13 +17,13 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from idemops.conf import override_conf
 from tests.retention.test_retention_copies import ANNOUNCEMENT, CANARY
 from tests.support.approvals_support import pending_request
 from tests.support.issued_ids import call_labelled
 from tests.support.operators import make_operator
 from tools_app import approvals, outbox
 from tools_app.access.roles import APPROVER, OPERATOR
+from tools_app.conf import override_conf
 from tools_app.models import (
     ApprovalRequest,
     ApprovalSettings,

@@ -9,11 +9,11 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from idemops.conf import override_conf
 from tests.support.operators import make_operator
 from tests.support.processes import ROOT, child_env, manage
 from tools_app import outbox
 from tools_app.access.roles import OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core import clock
 from tools_app.models import AuditEvent, OutboxEvent, OutboxStatus
 from tools_app.toolkit.calls import Caller, call_tool

@@ -7,13 +7,13 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from idemops.conf import override_conf
 from tests.support.issued_ids import call_labelled, call_labelled_sync
 from tests.support.mcp_client import error_of
 from tests.support.operators import make_operator
 from tests.support.processes import manage
 from tests.support.task_stack import wait_until
 from tools_app.access.roles import OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core import backoff, clock
 from tools_app.core.errors import Transient
 from tools_app.core.jobs import JOBS

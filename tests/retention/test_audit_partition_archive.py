@@ -16,10 +16,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from idemops.conf import override_conf
 from tests.support.api_support import make_event
 from tests.support.processes import test_database_url as database_url
 from tools_app import retention
+from tools_app.conf import override_conf
 from tools_app.core import audit, audit_partitions
 from tools_app.models import AuditArchive, AuditEvent, AuditRetention
 

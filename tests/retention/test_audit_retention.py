@@ -14,13 +14,13 @@ from django.core.management import CommandError, call_command
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from idemops.conf import override_conf
 from tests.core.test_audit_chain import sql, trigger_disabled
 from tests.support.api_support import make_event
 from tests.support.operators import make_operator
 from tests.support.processes import test_database_url as database_url
 from tools_app import access, retention
 from tools_app.access.roles import OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core import audit
 from tools_app.core.errors import PermissionDenied
 from tools_app.models import AuditArchive, AuditEvent, AuditRetention

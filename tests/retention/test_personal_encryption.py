@@ -79,7 +79,7 @@ def test_a_destroyed_key_reads_forgotten_and_a_damaged_value_unreadable(db, call
 
 
 def test_the_key_store_unreachable_answers_transient_and_writes_nothing(db, caller, settings):
-    from idemops.conf import override_conf
+    from tools_app.conf import override_conf
 
     keystore.forget_cache()
     keystore.close()
@@ -195,7 +195,7 @@ def default_kek_after(settings):
     """The key store's data keys wrapped back under the test settings' KEK afterwards: the key store outlives the
     test (and the test database), and every later test opens its keys with that KEK."""
     yield
-    from idemops.conf import override_conf
+    from tools_app.conf import override_conf
 
     override_conf(settings, kek=None, kek_previous=[OLD_KEK, NEW_KEK])
     keystore.rotate()
@@ -203,7 +203,7 @@ def default_kek_after(settings):
 
 
 def test_rotating_the_kek_during_a_write_storm_loses_nothing(transactional_db, caller, settings, default_kek_after):
-    from idemops.conf import override_conf
+    from tools_app.conf import override_conf
 
     override_conf(settings, kek=OLD_KEK)
     keystore.forget_cache()

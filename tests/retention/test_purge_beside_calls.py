@@ -30,7 +30,7 @@ def test_a_question_past_its_deadline_is_deleted_and_one_still_open_is_kept(tran
 
 
 def test_events_sent_to_tasks_are_deleted_once_older_than_tasks_are_kept(transactional_db, tenant):
-    from idemops.conf import conf
+    from tools_app.conf import conf
     from tools_app.tasks.models import TaskEvent
 
     now = clock.read()

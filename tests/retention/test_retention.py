@@ -11,12 +11,12 @@ from django.db import connection, transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from idemops.conf import override_conf
 from idemops_demo.models import Document, DocumentChunk, Order
 from tests.support.issued_ids import issued_key
 from tests.support.operators import make_operator
 from tools_app import access, retention
 from tools_app.access.roles import AUDITOR, OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core import audit
 from tools_app.core.errors import PermissionDenied
 from tools_app.models import AuditEvent, Checkpoint, IdempotencyRecord, RetentionOverride, Task, TaskArtifact

@@ -14,7 +14,6 @@ from django.db import connection
 from django.urls import reverse
 from pydantic import Field
 
-from idemops.conf import override_conf
 from idemops.tools import InvalidInput, Pipeline, Step, StrictModel, WriteInput, long_tool
 from idemops_demo.models import Document
 from tests.support.approvals_support import pending_request
@@ -23,6 +22,7 @@ from tests.support.jobs import run_queued_jobs
 from tests.support.operators import make_operator
 from tools_app import access, approvals, outbox, retention, scheduling
 from tools_app.access.roles import APPROVER
+from tools_app.conf import override_conf
 from tools_app.core import audit, clock, keys, personal
 from tools_app.models import ApprovalRequest, ApprovalSettings, IdempotencyRecord, OutboxEvent, Task, TaskStatus
 from tools_app.tasks import jobs as task_jobs

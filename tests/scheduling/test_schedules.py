@@ -176,9 +176,9 @@ def test_the_key_names_the_schedule_and_the_tick(acme):
 def test_an_occurrence_held_back_by_a_pause_runs_once_the_tool_is_resumed(acme, settings):
     from django.contrib.auth import get_user_model
 
-    from idemops.conf import override_conf
     from tests.support.operators import verified
     from tools_app import incidents
+    from tools_app.conf import override_conf
 
     # given a paused create_order (every process hears of it at once here) and an occurrence coming due
     override_conf(settings, incident_state_seconds=0.05)

@@ -6,9 +6,9 @@ import threading
 import pytest
 from django.db import connection
 
-from idemops.conf import override_conf
 from idemops_demo.models import Customer, Ticket, TicketNote
 from tools_app import outbox
+from tools_app.conf import override_conf
 from tools_app.models import StepBatch, StepRun, Task, TaskStatus
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import call_tool

@@ -11,12 +11,12 @@ from collections import Counter
 
 import pytest
 
-from idemops.conf import override_conf
 from idemops_demo.models import Document
 from tests.support.documents_fixtures import long_text, pdf_of_text
 from tests.support.processes import Worker
 from tests.support.task_stack import wait_until
 from tools_app import access
+from tools_app.conf import override_conf
 from tools_app.models import AuditEvent, Checkpoint, StepRun, Task, TaskStatus
 from tools_app.toolkit.calls import Caller, call_tool
 from tools_app.toolkit.registry import get_tool

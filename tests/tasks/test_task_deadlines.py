@@ -17,12 +17,12 @@ import pytest
 from django.db import connection, connections
 from django.db.models import F
 
-from idemops.conf import override_conf
 from idemops_demo.tools.documents import INGEST
 from tests.support.processes import Worker, free_port
 from tests.support.task_stack import wait_until
 from tests.support.tasks_support import TEXT, agent, start
 from tools_app import tasks
+from tools_app.conf import override_conf
 from tools_app.core import clock
 from tools_app.core.errors import ErrorClass
 from tools_app.engine.models import IdempotencyRecord, RecordStatus

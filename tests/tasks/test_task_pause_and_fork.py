@@ -11,7 +11,6 @@ from django.db import connections, transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from idemops.conf import override_conf
 from idemops_demo import documents
 from idemops_demo.models import Document
 from tests.support import processes
@@ -19,6 +18,7 @@ from tests.support.operators import make_operator
 from tests.support.tasks_support import TEXT, agent, start
 from tools_app import tasks
 from tools_app.access.roles import AUDITOR, OPERATOR
+from tools_app.conf import override_conf
 from tools_app.models import AuditEvent, Checkpoint, OutboxEvent, StepOutcome, StepRun, Task, TaskArtifact, TaskStatus
 from tools_app.tasks import jobs as task_jobs
 from tools_app.toolkit.calls import call_tool

@@ -10,7 +10,6 @@ import pytest
 from django.db import transaction
 from django.urls import reverse
 
-from idemops.conf import override_conf
 from idemops_demo.tools.documents import INGEST
 from tests.support.operators import make_operator
 from tests.support.race import race
@@ -18,6 +17,7 @@ from tests.support.task_stack import DocServer
 from tests.support.tasks_support import TEXT, agent, queued_jobs, start
 from tools_app import tasks
 from tools_app.access.roles import AUDITOR, OPERATOR
+from tools_app.conf import override_conf
 from tools_app.core.errors import NotFound, Transient
 from tools_app.core.jobs import JOBS
 from tools_app.models import AuditEvent, Checkpoint, StepOutcome, StepRun, Task, TaskArtifact, TaskStatus

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import connection, transaction
 
-from idemops.conf import conf
 from tools_app.access.authorization import Permit, authorize
 from tools_app.access.models import AgentConnection, ApiToken, RateBucket, Tenant, TenantLimits
+from tools_app.conf import conf
 from tools_app.core import audit, db
 from tools_app.core.errors import InvalidInput, RateLimited
 

@@ -27,10 +27,10 @@ from django.db import transaction
 from django.utils import timezone
 from oauth2_provider.models import AccessToken, Application, RefreshToken
 
-from idemops.conf import conf
 from tools_app.access.authorization import Permit, authorize
 from tools_app.access.limits import admit_per_hour
 from tools_app.access.models import AgentConnection, Tenant
+from tools_app.conf import conf
 from tools_app.core import audit, db, url_allowlist
 from tools_app.core.errors import InvalidInput, Transient
 

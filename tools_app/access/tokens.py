@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 from django.db import transaction
 
-from idemops.conf import conf
 from tools_app.access import secrets
 from tools_app.access.models import AGENT, OAUTH_AGENT, AgentConnection, ApiToken, Tenant
+from tools_app.conf import conf
 from tools_app.core import audit, db
 
 if TYPE_CHECKING:

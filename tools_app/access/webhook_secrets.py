@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 
 from django.db import transaction
 
-from idemops.conf import conf
 from tools_app.access.authorization import Permit, authorize
 from tools_app.access.models import Tenant, WebhookSecret
+from tools_app.conf import conf
 from tools_app.core import clock, db, redaction
 from tools_app.core.errors import InvalidInput
 

@@ -30,8 +30,8 @@ from django.utils.html import format_html
 from django.utils.text import capfirst
 from django_htmx.http import HttpResponseClientRefresh
 
-from idemops.conf import conf
 from tools_app.admin.generic import ModelAdmin, ModelT
+from tools_app.conf import conf
 
 # Query parameters of the poll that are not the change list's own.
 VERSION, DRAWN, IDLE = "_version", "_drawn", "_idle"

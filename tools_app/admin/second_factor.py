@@ -22,8 +22,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from idemops.conf import conf
 from tools_app.access import passkeys, second_factor
+from tools_app.conf import conf
 from tools_app.core import audit
 
 CODE_HELP = ("From your authenticator app (or a recovery code); with a passkey, leave it empty: it is asked for "

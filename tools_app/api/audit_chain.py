@@ -21,10 +21,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from idemops.conf import conf
 from tools_app import access
 from tools_app.api.auth import IsAuditor
 from tools_app.api.endpoints import ERROR_RESPONSES, FILTER_ERROR_RESPONSE, AuditorSchema, AuditorViewSet
+from tools_app.conf import conf
 from tools_app.core import audit
 from tools_app.core.models import AuditEvent
 

@@ -28,9 +28,9 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from pydantic import BaseModel
 
-from idemops.conf import conf
 from tools_app import engine
 from tools_app.access.models import Tenant
+from tools_app.conf import conf
 from tools_app.core import audit, clock
 from tools_app.core.errors import ConfirmationDeclined, ConfirmationRefused, ConfirmationRequired
 from tools_app.engine.claims import find_live

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from idemops.conf import conf
 from tools_app import access, engine
 from tools_app.access import second_factor
 from tools_app.approvals import execution, thresholds
@@ -27,6 +26,7 @@ from tools_app.approvals.models import (
     ApprovalStatus,
     ApprovalVerdict,
 )
+from tools_app.conf import conf
 from tools_app.core import clock, db
 from tools_app.core.errors import PermissionDenied, Refused
 

@@ -29,10 +29,10 @@ from django.core import signing
 from django.db import transaction
 from django.urls import reverse
 
-from idemops.conf import conf
 from tools_app import access
 from tools_app.approvals import decisions
 from tools_app.approvals.models import ApprovalLink, ApprovalRequest, ApprovalVerdict
+from tools_app.conf import conf
 from tools_app.core import audit, clock, db
 from tools_app.core.errors import Refused
 

@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import F, Q
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import url_allowlist
 from tools_app.core.errors import ToolFailure
 from tools_app.core.personal import PersonalJSONField

@@ -33,11 +33,11 @@ from django.db.models import DateTimeField, ExpressionWrapper, OuterRef, Q, Quer
 from django.db.models.functions import Coalesce
 from django.urls import reverse
 
-from idemops.conf import conf
 from tools_app import outbox
 from tools_app.approvals import links
 from tools_app.approvals.execution import APPROVAL_SWEEPER
 from tools_app.approvals.models import ApprovalRequest, ApprovalSettings, ApprovalStatus
+from tools_app.conf import conf
 from tools_app.core import clock, db, redaction
 from tools_app.toolkit import registry
 

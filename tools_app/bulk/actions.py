@@ -26,11 +26,11 @@ from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.db.models import Count, Q, QuerySet
 
-from idemops.conf import conf
 from tools_app import access, outbox, reconciliation, tasks
 from tools_app.access import second_factor
 from tools_app.bulk.models import BulkAction, BulkItem, BulkState
 from tools_app.bulk.selection import SHAPES, Filter, Target, money_tools, selection
+from tools_app.conf import conf
 from tools_app.core import audit, clock, db, jobs, outage
 from tools_app.core.errors import InvalidInput, Refused, ToolFailure
 

@@ -19,5 +19,5 @@
 - `counters.py`: what the platform counts, written about once a second to the per-minute rows
   and the running totals (`models.py`: MetricMinute, MetricTotal) that tools_app.metrics reads.
 
-May import: Django, libraries and the settings object (`idemops.conf.conf()`) only.
+May import: Django, libraries and the settings object (`tools_app.conf.conf()`) only.
 """

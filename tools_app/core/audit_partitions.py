@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 
 from django.db import OperationalError, connection, transaction
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import audit, clock
 from tools_app.core.models import AuditArchive
 

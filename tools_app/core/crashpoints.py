@@ -11,7 +11,7 @@ import os
 import signal
 import typing
 
-from idemops.conf import CrashPoint, conf
+from tools_app.conf import CrashPoint, conf
 
 # after_claim: the record is PROCESSING, nothing was sent downstream.
 # after_downstream: the handler returned (a downstream call answered), nothing recorded yet.
@@ -19,7 +19,7 @@ from idemops.conf import CrashPoint, conf
 # after_checkpoint: a task's step is checkpointed, the next step has not started (the task runner).
 # after_batch: a batch inside a step committed (embeddings, a chunk of tickets), the next has not begun.
 # in_compensation: a saga's compensation did its effect, its checkpoint is not written.
-# (An unknown name in IDEMOPS_CRASH_POINTS stops start-up: idemops/conf/fields.py.)
+# (An unknown name in IDEMOPS_CRASH_POINTS stops start-up: tools_app/conf/fields.py.)
 POINTS = frozenset(typing.get_args(CrashPoint))
 
 

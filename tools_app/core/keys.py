@@ -22,7 +22,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import BinaryField, Case, CharField, Expression, Func, Model, QuerySet, Value, When
 from django.db.models.functions import Concat, Left, Substr
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core.errors import InvalidInput
 
 if TYPE_CHECKING:

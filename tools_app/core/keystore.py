@@ -38,7 +38,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, models
 from psycopg.conninfo import conninfo_to_dict
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core.errors import Transient
 
 ALIAS = "keystore"

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core.errors import Transient
 
 logger = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.db import models
 from django.utils import timezone
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import keystore, redaction
 
 logger = logging.getLogger(__name__)

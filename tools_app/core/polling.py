@@ -42,7 +42,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 from django.db import connection
 
-from idemops.conf import conf
+from tools_app.conf import conf
 
 logger = logging.getLogger(__name__)
 

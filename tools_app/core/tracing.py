@@ -46,7 +46,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core.redaction import public_url
 
 tracer = trace.get_tracer("idemops")

@@ -37,7 +37,7 @@ from urllib.parse import unquote
 
 import httpx2
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import tracing
 from tools_app.core.errors import InvalidInput, Transient
 

@@ -9,7 +9,7 @@ operation ids issued before the call (prepare_operation), and `hooks.py` for
 how the packages built on it (approvals, reconciliation) tell it what it does
 not know itself.
 
-May import: tools_app.core only (and Django, and the settings object `idemops.conf`). Approvals,
+May import: tools_app.core only (and Django, and the settings object `tools_app.conf`). Approvals,
 reconciliation, tasks and the tools build on it; it never imports them.
 """
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db import OperationalError, connection, models
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import audit, clock, db, keys, leases, personal, tracing
 from tools_app.core.errors import RETRYABLE
 from tools_app.core.keys import keyed_hash

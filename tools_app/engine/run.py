@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from django.db import DataError, connection, transaction
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import db, polling
 from tools_app.core.crashpoints import crash_point
 from tools_app.core.errors import (

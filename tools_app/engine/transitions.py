@@ -24,7 +24,7 @@ from django.db import connection, transaction
 from django.db.models import Expression, F
 from django.db.models.functions import Coalesce
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import backoff, clock, counters, db, leases, logs, personal
 from tools_app.core.errors import RETRYABLE, NotExecuted, ToolFailure, UnknownOutcome
 from tools_app.engine.models import IdempotencyRecord, RecordStatus

@@ -19,8 +19,8 @@ import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from idemops.conf import conf
 from tools_app import access
+from tools_app.conf import conf
 from tools_app.core import clock, db
 from tools_app.core.errors import Held
 from tools_app.incidents import state

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import db, leases
 from tools_app.core.errors import Held, InProgress
 from tools_app.incidents.models import DownstreamSlot

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from django.db import DatabaseError, connection, transaction
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import db
 from tools_app.incidents.models import BreakerState, Downstream, Pause
 

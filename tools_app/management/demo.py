@@ -22,11 +22,11 @@ from pathlib import Path
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from idemops.conf import conf
 from tools_app import access
 from tools_app.access import roles, second_factor
 from tools_app.access.models import ApiToken, Tenant
 from tools_app.approvals.models import ApprovalSettings
+from tools_app.conf import conf
 
 DEMO_TENANT = "demo"
 DEMO_ADMIN = "admin"

@@ -1,5 +1,5 @@
 """Test-only tools for the official MCP conformance suite (@modelcontextprotocol/conformance), served only
-with IDEMOPS_CONFORMANCE_TEST_TOOLS on (production refuses it: idemops/conf/fields.py).
+with IDEMOPS_CONFORMANCE_TEST_TOOLS on (production refuses it: tools_app/conf/fields.py).
 
 The suite's tool scenarios call tools by fixed names (`test_simple_text`, `test_error_handling`, ...) and
 check what the MCP layer does with them: content blocks, an error result, log and progress

@@ -33,8 +33,8 @@ from pydantic import AnyHttpUrl
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from idemops.conf import conf
 from tools_app.access import oauth
+from tools_app.conf import conf
 from tools_app.core import outage
 from tools_app.core.errors import InvalidInput, NotFound
 from tools_app.mcp.runtime import DatabaseUnavailable

@@ -22,9 +22,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel, Field
 
-from idemops.conf import conf
 from tools_app import access, engine
 from tools_app.access import oauth
+from tools_app.conf import conf
 from tools_app.core import counters, keys, logs, outage
 from tools_app.core.errors import RateLimited
 from tools_app.toolkit.calls import Caller, CallResult

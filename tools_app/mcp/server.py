@@ -41,8 +41,8 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.types import Receive, Scope, Send
 
-from idemops.conf import conf
 from tools_app.approvals.confirmations import Confirming
+from tools_app.conf import conf
 from tools_app.core import keys, outage, polling
 from tools_app.core.errors import INTERNAL_ERROR_ADVICE, PERMISSION_DENIED_ADVICE, UNKNOWN_OUTCOME_ADVICE, NotFound
 from tools_app.mcp import confirming, conformance_tools

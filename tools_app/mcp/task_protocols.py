@@ -43,7 +43,7 @@ from mcp_types import (
     SubscriptionsAcknowledgedNotificationParams,
 )
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import keys
 from tools_app.core.errors import NotFound
 from tools_app.mcp import task_watch

@@ -28,8 +28,8 @@ import anyio
 import psycopg
 from django.db import connections
 
-from idemops.conf import conf
 from tools_app import tasks
+from tools_app.conf import conf
 from tools_app.core import backoff
 from tools_app.mcp.runtime import in_db_thread
 from tools_app.tasks.models import Task

@@ -61,9 +61,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, CallToolRequestParams, PaginatedRequestParams, RequestParams
 from pydantic import BaseModel, Field
 
-from idemops.conf import conf
 from tools_app import tasks
 from tools_app.access import Agent, CallLimits
+from tools_app.conf import conf
 from tools_app.core import keys
 from tools_app.core.errors import NotFound, ToolFailure
 from tools_app.mcp import task_watch

@@ -15,8 +15,8 @@ from typing import Any
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from idemops.conf import conf
 from tools_app import access
+from tools_app.conf import conf
 from tools_app.core.counters import METRICS, Metric
 from tools_app.core.models import MetricMinute
 

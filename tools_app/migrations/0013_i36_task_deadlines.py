@@ -11,7 +11,7 @@ UNFINISHED = ["created", "running", "paused", "retrying"]
 
 
 def give_unfinished_tasks_a_deadline(apps, schema_editor):
-    from idemops.conf import conf
+    from tools_app.conf import conf
 
     allowed = timedelta(seconds=conf().task_deadline_seconds)
     apps.get_model("tools_app", "Task").objects.filter(status__in=UNFINISHED, deadline_at=None).update(

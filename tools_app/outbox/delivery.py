@@ -29,7 +29,7 @@ from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 from standardwebhooks import Webhook
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import tracing, url_allowlist
 from tools_app.core.errors import InvalidInput, Transient
 from tools_app.outbox.channels import CHANNEL_KIND

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connection, connections, transaction
 
-from idemops.conf import conf
 from tools_app import access
+from tools_app.conf import conf
 from tools_app.core import backoff, clock, counters, db, jobs, leases, logs, redaction, tracing
 from tools_app.outbox import channels
 from tools_app.outbox.delivery import WEBHOOK_KINDS, DeliveryFailed, deliver

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import Counter
 from contextlib import nullcontext
 
-from idemops.conf import conf
 from tools_app import engine, incidents
+from tools_app.conf import conf
 from tools_app.core import clock
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
 from tools_app.reconciliation.reconcile import RECONCILE_SWEEPER, reconcile_record, take_turn

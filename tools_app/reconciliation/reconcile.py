@@ -30,8 +30,8 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from idemops.conf import conf
 from tools_app import engine
+from tools_app.conf import conf
 from tools_app.core import backoff, clock, counters, jobs, logs, tracing
 from tools_app.core.errors import Transient
 from tools_app.engine import evidence_entry

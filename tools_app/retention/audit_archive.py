@@ -29,7 +29,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import audit, audit_partitions, clock
 from tools_app.core.models import AuditArchive, AuditEvent
 from tools_app.retention.models import AuditRetention

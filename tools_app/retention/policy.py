@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from django.db import transaction
 
-from idemops.conf import conf
 from tools_app import access
+from tools_app.conf import conf
 from tools_app.core import audit
 from tools_app.retention.models import AuditRetention, RetentionOverride
 from tools_app.toolkit.registry import ToolSpec, all_tools

@@ -47,9 +47,9 @@ from django.db import connection, models, transaction
 from django.db.models import Count, Q
 from django.db.models.expressions import RawSQL
 
-from idemops.conf import conf
 from tools_app.access.models import Tenant
 from tools_app.approvals import purge as approvals_purge
+from tools_app.conf import conf
 from tools_app.core import audit, clock, keys, keystore, personal
 from tools_app.core.models import AuditEvent
 from tools_app.engine import FINISHED

@@ -27,8 +27,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from idemops.conf import conf
 from tools_app import access
+from tools_app.conf import conf
 from tools_app.core import clock, db, keys, polling, redaction, url_allowlist
 from tools_app.core.errors import (
     AlreadyDone,

@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import counters, leases, logs, redaction, tracing
 from tools_app.core.crashpoints import crash_point
 from tools_app.core.errors import Held, ToolFailure, Transient

@@ -53,8 +53,8 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
 
-from idemops.conf import conf
 from tools_app import engine
+from tools_app.conf import conf
 from tools_app.core import audit, clock, counters, db, jobs, leases, personal
 from tools_app.core.errors import ErrorClass, NotFound, ToolFailure
 from tools_app.engine.models import IdempotencyRecord

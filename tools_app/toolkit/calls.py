@@ -18,8 +18,8 @@ from django.db import DataError, models
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from idemops.conf import conf
 from tools_app import engine, incidents
+from tools_app.conf import conf
 from tools_app.core import keys, logs, polling, redaction, tracing
 from tools_app.core.errors import InvalidInput, ToolFailure, invalid_data
 from tools_app.engine.models import IdempotencyRecord, RecordStatus

@@ -63,8 +63,8 @@ from typing import Any, Generic, TypeVar
 from django.db import DataError
 from pydantic import BaseModel
 
-from idemops.conf import conf
 from tools_app.access.models import Tenant
+from tools_app.conf import conf
 from tools_app.core import backoff
 from tools_app.core.errors import (
     INFRASTRUCTURE_ERRORS,

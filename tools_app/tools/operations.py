@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
-from idemops.conf import conf
 from tools_app import approvals, engine
+from tools_app.conf import conf
 from tools_app.core import clock, keys
 from tools_app.core.errors import ErrorClass, InvalidInput, NotFound, ToolFailure
 from tools_app.core.keys import FINGERPRINT_FILLED

@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, PrivateAttr
 
-from idemops.conf import conf
 from tools_app import tasks
 from tools_app.access import Agent
+from tools_app.conf import conf
 from tools_app.core.polling import Pending, after
 from tools_app.tasks import agent_view
 from tools_app.tasks import forks as task_forks

@@ -14,7 +14,7 @@ import ipaddress
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.metrics import prometheus
 
 

@@ -22,7 +22,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from idemops import embedded_pg
-from idemops.conf import conf
+from tools_app.conf import conf
 from tools_app.core import polling
 from tools_app.management.demo import DEMO_STEP_UP_AMOUNT, ensure_demo
 from tools_app.management.supervisor import Child, EmbeddedPostgres, KeepsDying, Supervised, Supervisor, stop_processes

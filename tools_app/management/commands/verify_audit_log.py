@@ -3,8 +3,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from idemops.conf import conf
 from tools_app import retention
+from tools_app.conf import conf
 from tools_app.core import audit
 
 

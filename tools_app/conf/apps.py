@@ -24,7 +24,7 @@ from typing import ClassVar, Self, TypeVar
 
 from django.conf import settings as django_settings
 
-from idemops.conf.fields import EnvironmentSettings, IdemopsSettings, env_name
+from tools_app.conf.fields import EnvironmentSettings, IdemopsSettings, env_name
 
 SETTINGS_MODULE = "idemops_settings"
 A = TypeVar("A", bound="AppSettings")

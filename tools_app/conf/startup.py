@@ -14,9 +14,9 @@ import typing
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from idemops.conf import apps as app_settings
-from idemops.conf.fields import PREFIX, RENAMED, EnvironmentSettings, IdemopsSettings, env_name, environment_names
-from idemops.conf.words import expected
+from tools_app.conf import apps as app_settings
+from tools_app.conf.fields import PREFIX, RENAMED, EnvironmentSettings, IdemopsSettings, env_name, environment_names
+from tools_app.conf.words import expected
 
 
 class SettingsError(Exception):
@@ -34,7 +34,7 @@ def load(apps: typing.Sequence[str] = ()) -> IdemopsSettings:
     """The settings from the environment, or SettingsError listing every problem found.
 
     `apps` (and IDEMOPS_EXTRA_APPS) are the apps whose own settings (their `idemops_settings` module,
-    idemops.conf.apps) are read too: their variables are known, and their values validated here."""
+    tools_app.conf.apps) are read too: their variables are known, and their values validated here."""
     problems = []
     try:
         loaded = IdemopsSettings()

@@ -21,7 +21,7 @@ from pydantic_core import PydanticCustomError, PydanticUndefined
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PREFIX = "IDEMOPS_"
-BASE_DIR = Path(__file__).resolve().parents[2]  # the repository: idemops/conf/fields.py
+BASE_DIR = Path(__file__).resolve().parents[2]  # the repository: tools_app/conf/fields.py
 # Local state (the generated secret key, the embedded database, the demo credentials): var/ beside
 # manage.py in a checkout; for an installed platform, var/ in the directory it was started from.
 DEFAULT_VAR_DIR = BASE_DIR / "var" if (BASE_DIR / "manage.py").exists() else Path.cwd() / "var"

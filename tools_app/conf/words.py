@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import annotated_types
 from pydantic import AfterValidator, SecretStr
 
-from idemops.conf.fields import (
+from tools_app.conf.fields import (
     PREFIX,
     RENAMED,
     EnvironmentSettings,
@@ -119,11 +119,11 @@ def markdown(apps: Sequence[type[EnvironmentSettings]] = ()) -> str:
     lines = [
         "# Settings",
         "",
-        "<!-- Generated from idemops/conf/fields.py by `make settings-doc`; "
+        "<!-- Generated from tools_app/conf/fields.py by `make settings-doc`; "
         "tests/deploy/test_settings.py fails when it is out of date. -->",
         "",
         "Every setting is an environment variable, read once at start-up into one typed, frozen object",
-        "(`idemops/conf/fields.py`); the code reads `conf().<name>`. Every idemops variable starts with",
+        "(`tools_app/conf/fields.py`); the code reads `conf().<name>`. Every idemops variable starts with",
         f"`{PREFIX}`; the one exception is `DATABASE_URL`, the universal convention (the standard",
         "`OTEL_*` variables of OpenTelemetry are the others: they choose where traces go, see",
         "docs/observability.md).",
