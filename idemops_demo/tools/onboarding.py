@@ -76,7 +76,10 @@ def check_email(args: OnboardCustomerInput) -> None:
 
 
 def _mandate_key(ctx: StepContext[OnboardCustomerInput]) -> str:
-    return f"{ctx.task.record.downstream_key}.mandate"
+    # The operation's id: one per onboarding, kept across retries and resumptions. (Not the record's
+    # downstream_key: a long tool's start is transactional, its record has none, and every onboarding
+    # would send the gateway the same key.)
+    return f"{ctx.task.operation_id}.mandate"
 
 
 def _gateway(method: str, path: str, **kwargs: Any) -> httpx2.Response:

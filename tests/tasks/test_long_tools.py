@@ -113,7 +113,7 @@ def test_a_refused_mandate_closes_the_customer_created_before_it(transactional_d
                                                                   fast):
     # given a gateway that refuses this task's mandate (as a bank would, for good)
     task = start(caller, "onboard_customer", ONBOARD, "on-1")
-    gateway.set_fault(f"{task.record.downstream_key}.mandate", "reject")
+    gateway.set_fault(f"{task.operation_id}.mandate", "reject")
 
     task = run(task)
 
@@ -133,7 +133,7 @@ def test_a_fork_of_a_compensated_saga_never_reuses_a_step_that_was_undone(transa
                                                                          gateway, fast):
     # given an onboarding whose mandate was refused, so its customer was closed
     task = start(caller, "onboard_customer", ONBOARD, "on-fork")
-    gateway.set_fault(f"{task.record.downstream_key}.mandate", "reject")
+    gateway.set_fault(f"{task.operation_id}.mandate", "reject")
     task = run(task)
     assert task.status == TaskStatus.FAILED
 
@@ -150,6 +150,19 @@ def test_a_fork_of_a_compensated_saga_never_reuses_a_step_that_was_undone(transa
     assert Task.objects.filter(forked_from=task).count() == 1
     forked = Task.objects.get(pk=allowed.result["task_id"])
     assert (forked.completed_steps, forked.checkpoints.count(), forked.steps_total) == ([], 0, 3)
+
+
+def test_two_onboardings_on_one_gateway_each_get_their_own_mandate(transactional_db, caller, downstreams, gateway,
+                                                                   fast):
+    first = run(start(caller, "onboard_customer", ONBOARD, "on-a"))
+    second = run(start(caller, "onboard_customer", {**ONBOARD, "name": "Grace Hopper"}, "on-b"))
+
+    # each got its mandate under a key of its own operation (one shared key would be refused the second time)
+    assert all("request_mandate" in task.completed_steps for task in (first, second)), [
+        task.failure_reason for task in (first, second)]
+    keys = [key for _, key, _ in gateway.mandates()]
+    assert sorted(keys) == sorted(f"{task.operation_id}.mandate" for task in (first, second))
+    assert len(set(keys)) == 2
 
 
 def test_an_onboarding_runs_each_service_once_and_answers_the_customer(transactional_db, caller, downstreams,
@@ -169,7 +182,7 @@ def test_an_onboarding_runs_each_service_once_and_answers_the_customer(transacti
     assert task.result == {"customer_id": customer.pk, "mandate_id": customer.mandate_id,
                            "welcome_email_id": task.result["welcome_email_id"], "status": "onboarded"}
     assert [(key, status) for _, key, status in gateway.mandates()] == [
-        (f"{task.record.downstream_key}.mandate", "active")]
+        (f"{task.operation_id}.mandate", "active")]
     assert sink.messages() == {task.result["welcome_email_id"]: 1}
 
 
