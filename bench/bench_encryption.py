@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 
 from bench.bench_mcp import agent_token, measure, served
-from bench.common import Section, at_most
+from bench.common import Section, at_most, live_statistics
 
 CONCURRENCY = (1, 8)
 
@@ -29,6 +29,7 @@ def run(quick: bool = False) -> Section:
         cases = {"encrypted": encrypted, "in clear": clear}
         for server in cases.values():  # connections, the data key, prepared statements
             measure(server.mcp_url, token, "create_order", 4, 0.5)
+        live_statistics()
         runs: dict[tuple[str, int], list[float]] = {}
         for _ in range(rounds):
             for concurrency in CONCURRENCY:

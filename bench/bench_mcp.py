@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, Section, at_least, percentile
+from bench.common import ROOT, Section, at_least, live_statistics, percentile
 from bench.load import call_body, run_load
 
 CONCURRENCY = (1, 32)
@@ -148,6 +148,7 @@ def run(quick: bool = False) -> Section:
         for _, server, key, tool in cases:  # connections, threads, prepared statements
             measure(server.mcp_url, key, tool, 4, 0.5)
         measure(two.mcp_url, token, "create_order", 32, 0.5)
+        live_statistics()
 
         results: dict[tuple[str, int], list[dict]] = {}
         scale: list[tuple[dict, dict]] = []

@@ -20,7 +20,7 @@ import statistics
 import time
 import uuid
 
-from bench.common import Section, at_most, percentile
+from bench.common import Section, at_most, live_statistics, percentile
 
 CALLERS = 50
 STORMS, QUICK_STORMS = 5, 2
@@ -147,6 +147,7 @@ def run(quick: bool = False) -> Section:
 
     warm = call_tool(get_tool("create_order"), caller, {**order, "idempotency_key": uuid.uuid4().hex})
     assert warm.error is None, warm.error
+    live_statistics()
     for _ in range(storms):
         executor, followers = storm("create_order", {**order, "idempotency_key": uuid.uuid4().hex}, caller,
                                        work=WORK_SECONDS)

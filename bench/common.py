@@ -139,6 +139,24 @@ def concurrently(work: Callable[[], object], threads: int) -> float:
     return elapsed
 
 
+def live_statistics(*databases: str) -> None:
+    """ANALYZE the bench database (and `databases` of the same server), as autovacuum does on a live
+    server: a fresh database has no statistics until autovacuum's first round (`autovacuum_naptime`, a
+    minute in), and without them PostgreSQL may read a key through another index of the tenant's
+    records than its unique one, every record of the tenant scanned instead of one. Each benchmark of
+    per-call speed calls this after its warm-up, so both of its sides run on the plans a server has
+    once it has run for a minute."""
+    import psycopg
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    settings = connection.settings_dict
+    for name in databases:
+        with psycopg.connect(dbname=name, host=settings["HOST"], user=settings["USER"], autocommit=True) as other:
+            other.execute("ANALYZE")
+
+
 def timed(fn: Callable[[int], object], count: int) -> list[float]:
     """Per-call latencies in milliseconds of fn(0..count-1)."""
     latencies = []
