@@ -9,6 +9,8 @@ passed. So a pipeline with more steps costs the runner exactly one round trip mo
 import uuid
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from pydantic import BaseModel
 
 from idemops.tools import Pipeline, Step, WriteInput, long_tool
@@ -81,3 +83,13 @@ def test_a_step_run_begun_with_its_task_move_reads_its_start_from_the_row(counti
     assert run.started_at == StepRun.objects.get(pk=run.pk).started_at is not None
     assert (run.task_id, run.step, run.sequence, run.worker, run.outcome) == (task.pk, "s0", 0, "worker-a",
                                                                             StepOutcome.RUNNING)
+
+
+def test_a_task_with_no_step_done_starts_without_reading_checkpoints(counting_tools, caller, fast):
+    fresh = started(caller, "count_3")
+    with CaptureQueriesContext(connection) as queries:
+        assert task_jobs.run_task(fresh) == "succeeded"
+    reads = [q["sql"] for q in queries if q["sql"].startswith("SELECT") and 'FROM "tools_app_checkpoint"' in q["sql"]]
+    assert reads == []
+
+    # A task with steps done reads them and reuses them: tests/tasks/test_task_crash.py and test_long_tools_crash.py.

@@ -143,7 +143,14 @@ class Resumption:
 
 
 def valid_prefix(task: Task, pipeline: Pipeline, *, actor: str = audit.SYSTEM) -> Resumption:
-    """Verify the task's checkpoints in order; stop at the first missing or invalid one."""
+    """Verify the task's checkpoints in order; stop at the first missing or invalid one.
+
+    A task with no step done starts from its first step without reading: every checkpoint is written in
+    the statement that names its step done (complete_step, begin_compensation; a fork copies both), and
+    a run's first step keeps only the steps it verified, so a task that names none has none to reuse
+    (a checkpoint rejected before stays rejected: its step runs again, as reading it would decide)."""
+    if not task.completed_steps:
+        return Resumption(outputs={}, checksums=[], plan=pipeline.steps)
     stored = {cp.sequence: cp for cp in Checkpoint.objects.filter(task=task).select_related("artifact")}
     failed_at = next((sequence for sequence, cp in sorted(stored.items()) if cp.step.startswith(FAILED_PREFIX)),
                      None)
