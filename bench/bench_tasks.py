@@ -43,7 +43,7 @@ from tools_app.toolkit.registry import WriteInput, get_tool
 RUN = uuid.uuid4().hex[:8]  # keys of this run never meet an earlier run's
 WORKER_ENV = {"IDEMOPS_Q_WORKERS": "2"}
 # Tasks run before P6b is measured (the tables of a server that has run some, analyzed).
-WARM_TASKS = 20
+WARM_TASKS, QUICK_WARM_TASKS = 20, 3
 
 
 # --- a synthetic pipeline, for the fixed cost of a step -------------------------------------------
@@ -106,8 +106,9 @@ def checkpoint_overhead(caller: Caller, rounds: int, quick: bool) -> tuple[float
     """(anchor ms, table rows, P6b per round: the synthetic 200 B pipeline's overhead per step in anchors)."""
     last_job = OrmQ.objects.order_by("-id").values_list("id", flat=True).first() or 0
     anchor = new_task(caller, "bench_synthetic", {"size": 1}, "anchor")
-    for n in range(WARM_TASKS):  # a warm server: tables that hold tasks, with statistics
-        assert task_jobs.run_task(str(new_task(caller, "bench_synthetic", {"size": 200}, f"warm-{n}").pk)) == "succeeded"
+    for n in range(QUICK_WARM_TASKS if quick else WARM_TASKS):  # a warm server: tables holding tasks, analyzed
+        warm = new_task(caller, "bench_synthetic", {"size": 200}, f"warm-{n}")
+        assert task_jobs.run_task(str(warm.pk)) == "succeeded"
     live_statistics()
     anchor_ms = one_update_commit_ms(anchor)
     # Tasks no runner finishes (the anchor; the plain runs hold a lease nobody renews): cancelled at
