@@ -1,7 +1,11 @@
+from collections import OrderedDict
 from decimal import Decimal
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from tools_app.core import keys
 from tools_app.core.errors import InvalidInput
 from tools_app.core.keys import canonical_json, digest, validate_key
 
@@ -43,3 +47,43 @@ def test_it_accepts_keys_following_the_rule(key):
 def test_it_rejects_other_keys_with_the_rule_in_the_message(key):
     with pytest.raises(InvalidInput, match=r"1-255 characters from A-Z a-z 0-9 \. _ : -"):
         validate_key(key)
+
+
+# JSON-like values, plain or not: text of any script (NFC or not), integers of any size, finite floats,
+# booleans, nulls, lists, tuples and dicts of them.
+JSON_LIKE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=10**27, max_value=10**40).map(lambda n: n | 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text() | st.text(alphabet="abcAB09 _-\"\\\n")
+    | st.text(alphabet="ae\u0301\u030aA\u212b\u00e9\u00c5"),
+    lambda children: st.lists(children, max_size=5) | st.tuples(children, children)
+    | st.dictionaries(st.text(max_size=8) | st.sampled_from(["a", "b", "sku", "B", "10", "2", "cafe\u0301", "é"]),
+                      children, max_size=5),
+    max_leaves=30)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(JSON_LIKE)
+@example(10**28 + 1)  # rounded to 28 digits by the walk
+@example("cafe\u0301")  # written in NFC by the walk
+@example({"cafe\u0301": 1, "b": 2})  # a key in NFC, and sorted as such
+def test_the_fast_canonical_form_is_the_walked_one_byte_for_byte(value):
+    """canonical_json writes a plain value with the C encoder: the bytes of every stored fingerprint
+    must not change, so it must equal the Python walk on anything."""
+    assert canonical_json(value) == keys._canonical(value)
+
+
+@pytest.mark.parametrize("value", [
+    {"customer": "ACME", "items": [{"sku": "BOLT-1", "quantity": 3}], "express": True, "note": None},
+    ["a", 1, -2, [], {}, (1, "b")], 10**28 - 1, -(10**28 - 1), "tab\there \"quoted\" \\",
+])
+def test_plain_arguments_take_the_encoder(value):
+    assert keys._plain(value)
+    assert canonical_json(value) == keys._canonical(value)
+
+
+@pytest.mark.parametrize("value", [
+    10**28, -(10**28), 1.0, Decimal("2.50"), "café", {"cafe\u0301": 1}, OrderedDict(a=1), {1: "a"}, [1, 2.5],
+])
+def test_what_the_encoder_would_write_otherwise_is_walked(value):
+    assert not keys._plain(value)
+    assert canonical_json(value) == keys._canonical(value)
