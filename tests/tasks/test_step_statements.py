@@ -7,6 +7,7 @@ passed. So a pipeline with more steps costs the runner exactly one round trip mo
 """
 
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -18,6 +19,7 @@ from tests.support.round_trips import round_trips
 from tools_app import tasks
 from tools_app.models import AuditEvent, Checkpoint, StepOutcome, StepRun, Task, TaskStatus
 from tools_app.tasks import jobs as task_jobs
+from tools_app.tasks import state
 from tools_app.toolkit import registry
 from tools_app.toolkit.calls import call_tool
 from tools_app.toolkit.registry import get_tool
@@ -93,3 +95,29 @@ def test_a_task_with_no_step_done_starts_without_reading_checkpoints(counting_to
     assert reads == []
 
     # A task with steps done reads them and reuses them: tests/tasks/test_task_crash.py and test_long_tools_crash.py.
+
+
+def test_a_tasks_end_moves_its_key_in_its_own_statement_each_audited(counting_tools, caller, fast):
+    task = tasks.take(started(caller, "count_3"), "worker-a")
+    record = task.record
+    assert record.ongoing
+
+    # Not the lease's owner: neither the task nor its key moves, and nothing is audited.
+    assert not state.succeed(task, "worker-b", {"steps": 3})
+    record.refresh_from_db()
+    assert record.ongoing and Task.objects.get(pk=task.pk).status == TaskStatus.RUNNING
+    assert not AuditEvent.objects.filter(object_id=str(record.pk), action="record.retention_from_end").exists()
+
+    # Its owner: one round trip moves both, each with its audit event.
+    trips = round_trips(lambda: state.succeed(task, "worker-a", {"steps": 3}))
+    assert trips == ["Sync"], trips
+    ended = Task.objects.select_related("record").get(pk=task.pk)
+    retention = state.key_retention("count_3")
+    assert ended.status == TaskStatus.SUCCEEDED and not ended.record.ongoing
+    assert ended.finished_at + retention <= ended.record.expires_at <= ended.finished_at + retention + timedelta(
+        seconds=1)
+    assert AuditEvent.objects.filter(object_id=str(task.pk), action="task.succeeded").count() == 1
+    event = AuditEvent.objects.get(object_id=str(record.pk), action="record.retention_from_end")
+    assert (event.actor, event.before, event.after["ongoing"]) == ("worker-a", {"ongoing": True}, False)
+    # The object in hand says so too (the database's time read on use).
+    assert not task.record.ongoing and task.record.expires_at == ended.record.expires_at

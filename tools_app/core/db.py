@@ -207,11 +207,55 @@ class Together:
     """A write that belongs to a transition: it runs in the transition's statement, and only if the row
     moved. `sql` is one data-modifying statement that reads the statement's `changed` (the moved row's
     id): `INSERT … SELECT … FROM changed`, or `UPDATE … WHERE … AND EXISTS (SELECT FROM changed)`.
-    `returns`: its `RETURNING` gives one value, which `transition_returning` answers."""
+    `returns`: its `RETURNING` gives one value, which `transition_returning` answers. `name`: what a
+    later write of the same statement reads it by (`also_moved`: another row's move and its audit event).
+    """
 
     sql: str
     params: Sequence[Any] = ()
     returns: bool = False
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class AlsoMoving:
+    """Another row's guarded move with its audit event, as writes of a transition's statement (`also_moving`)."""
+
+    obj: models.Model
+    changes: dict[str, Any]
+    writes: tuple[Together, ...]
+
+    def applied(self, moved_id: Any) -> bool:
+        """After the statement: whether the row moved (`moved_id`, what its UPDATE answered), and if it did,
+        `changes` put on the object (a value the database computed is read again when first used)."""
+        if moved_id is None:
+            return False
+        for name, value in self.changes.items():
+            if is_expression(value):
+                self.obj.__dict__.pop(_field(type(self.obj), name).attname, None)  # deferred: read on use
+            else:
+                setattr(self.obj, name, value)
+        return True
+
+
+def also_moving(obj: models.Model, expected: dict[str, Any], changes: dict[str, Any], *, name: str, action: str,
+                actor: str, reason: str = "", trace_id: str | None = None, before: dict[str, Any] | None = None,
+                after: dict[str, Any] | None = None) -> AlsoMoving:
+    """`transition` of `obj`'s row, run inside another transition's statement (its `together`): the row moves
+    from `expected` to `changes` only if the transition's own row moved too, and its audit event is written
+    only if it did. So two rows of two tables move in one statement, each guarded, each audited.
+    `name` names the move in the statement (unique within it)."""
+    event = audit.new_event(action=action, obj=obj, actor=actor, reason=reason,
+                            trace_id=getattr(obj, "trace_id", "") if trace_id is None else trace_id,
+                            before=before, after=after)
+    change_shape, expected_shape, params = _update_shape(obj, expected, changes, {})
+    update, _ = _update_of(type(obj), change_shape, expected_shape)
+    columns, values = insert_sql(event)
+    return AlsoMoving(obj, changes, (
+        Together(f"{update} AND EXISTS (SELECT FROM changed) RETURNING id", params, returns=True, name=name),
+        Together(f"INSERT INTO {table(type(event))} ({', '.join(columns)}) SELECT {', '.join(values)} FROM {name}",
+                 insert_params(event)),
+    ))
 
 
 def transition(obj: models.Model, expected: dict[str, Any], changes: dict[str, Any], *, action: str, actor: str,
@@ -275,6 +319,59 @@ def _conditional_update(instance: models.Model, expected: dict[str, Any], change
     """None if the row did not match; else the values the database computed (expressions), by field, and
     what the `together` writes returned."""
     model = type(instance)
+    change_shape, expected_shape, params = _update_shape(instance, expected, changes, append)
+    event_columns, event_values = insert_sql(event)
+    params += insert_params(event)
+    for write in together:
+        params.extend(write.params)
+    if notify:
+        params.append(notify)
+    sql, computed = _update_sql(model, change_shape, expected_shape, tuple(append), type(event),
+                                event_columns, event_values, bool(notify),
+                                tuple((write.sql, write.returns, write.name) for write in together))
+    row = fetchone(sql, params)
+    if row is None:
+        return None
+    returned = sum(write.returns for write in together)
+    return ({field.name: converted(field, value) for field, value in zip(computed, row[1:], strict=False)},
+            tuple(row[len(row) - returned:]) if returned else ())
+
+
+@cache
+def _update_sql(model: type[models.Model], changes: tuple[tuple[str, str | None], ...],
+                expected: tuple[tuple[str, str | None], ...], append_names: tuple[str, ...],
+                event_model: type[models.Model], event_columns: tuple[str, ...], event_values: tuple[str, ...],
+                notify: bool, together: tuple[tuple[str, bool, str], ...] = (),
+                ) -> tuple[str, tuple[models.Field[Any, Any], ...]]:
+    """The statement of a transition of this shape, and the fields whose new value the database
+    computes (returned after the id, in this order)."""
+    update, computed = _update_of(model, changes, expected, append_names)
+    quote = connection.ops.quote_name
+    returned = "".join(f", {quote(_column(field))}" for field in computed)
+    sql = (f"WITH changed AS ({update} RETURNING id{returned}), "
+           f"audited AS (INSERT INTO {table(event_model)} ({', '.join(event_columns)}) "
+           f"SELECT {', '.join(event_values)} FROM changed)")
+    # A data-modifying statement in a WITH runs whether or not the query reads it (and sees the rows as
+    # they were before the statement, as every part of it does).
+    names = [name or f"together{index}" for index, (_, _, name) in enumerate(together)]
+    sql += "".join(f", {name} AS ({write})" for name, (write, _, _) in zip(names, together, strict=True))
+    returned = "".join(f", (SELECT * FROM {name})" for name, (_, returns, _) in zip(names, together, strict=True)
+                       if returns)
+    if notify:
+        # A SELECT in a WITH runs only if the query reads it: the last line reads it, so the notice goes out.
+        sql += (", notified AS (SELECT pg_notify(%s, id::text) FROM changed) "
+                f"SELECT *, (SELECT count(*) FROM notified){returned} FROM changed")
+    else:
+        sql += f" SELECT *{returned} FROM changed"
+    return sql, computed
+
+
+def _update_shape(instance: models.Model, expected: dict[str, Any], changes: dict[str, Any],
+                  append: dict[str, list[Any] | dict[str, Any]]
+                  ) -> tuple[tuple[tuple[str, str | None], ...], tuple[tuple[str, str | None], ...], list[Any]]:
+    """The shape of a guarded UPDATE of `instance`'s row (which fields change, how each is expected,
+    which are expressions: what `_update_of` builds its text from) and its params, in the text's order."""
+    model = type(instance)
     params: list[Any] = []
     change_shape: list[tuple[str, str | None]] = []
     for name, value in changes.items():
@@ -299,31 +396,15 @@ def _conditional_update(instance: models.Model, expected: dict[str, Any], change
         else:
             expected_shape.append((key, None))
             params.append(list(value) if lookup == "in" else value)
-    event_columns, event_values = insert_sql(event)
-    params += insert_params(event)
-    for write in together:
-        params.extend(write.params)
-    if notify:
-        params.append(notify)
-    sql, computed = _update_sql(model, tuple(change_shape), tuple(expected_shape), tuple(append), type(event),
-                                event_columns, event_values, bool(notify),
-                                tuple((write.sql, write.returns) for write in together))
-    row = fetchone(sql, params)
-    if row is None:
-        return None
-    returned = sum(write.returns for write in together)
-    return ({field.name: converted(field, value) for field, value in zip(computed, row[1:], strict=False)},
-            tuple(row[len(row) - returned:]) if returned else ())
+    return tuple(change_shape), tuple(expected_shape), params
 
 
 @cache
-def _update_sql(model: type[models.Model], changes: tuple[tuple[str, str | None], ...],
-                expected: tuple[tuple[str, str | None], ...], append_names: tuple[str, ...],
-                event_model: type[models.Model], event_columns: tuple[str, ...], event_values: tuple[str, ...],
-                notify: bool, together: tuple[tuple[str, bool], ...] = (),
-                ) -> tuple[str, tuple[models.Field[Any, Any], ...]]:
-    """The statement of a transition of this shape, and the fields whose new value the database
-    computes (returned after the id, in this order)."""
+def _update_of(model: type[models.Model], changes: tuple[tuple[str, str | None], ...],
+               expected: tuple[tuple[str, str | None], ...], append_names: tuple[str, ...] = (),
+               ) -> tuple[str, tuple[models.Field[Any, Any], ...]]:
+    """`UPDATE … SET … WHERE id = %s AND <expected>` of this shape, and the fields whose new value the
+    database computes (expressions)."""
     quote = connection.ops.quote_name
     sets: list[str] = []
     computed: list[models.Field[Any, Any]] = []
@@ -345,23 +426,7 @@ def _update_sql(model: type[models.Model], changes: tuple[tuple[str, str | None]
             conditions.append(f"{column} {_COMPARISONS[lookup].replace('%s', how)}")
         else:
             conditions.append(f"{column} {_COMPARISONS[lookup]}")
-    returned = "".join(f", {quote(_column(field))}" for field in computed)
-    sql = (f"WITH changed AS (UPDATE {table(model)} SET {', '.join(sets)} "
-           f"WHERE {' AND '.join(conditions)} RETURNING id{returned}), "
-           f"audited AS (INSERT INTO {table(event_model)} ({', '.join(event_columns)}) "
-           f"SELECT {', '.join(event_values)} FROM changed)")
-    # A data-modifying statement in a WITH runs whether or not the query reads it (and sees the rows as
-    # they were before the statement, as every part of it does).
-    sql += "".join(f", together{index} AS ({write})" for index, (write, _) in enumerate(together))
-    returned = "".join(f", (SELECT * FROM together{index})" for index, (_, returns) in enumerate(together)
-                       if returns)
-    if notify:
-        # A SELECT in a WITH runs only if the query reads it: the last line reads it, so the notice goes out.
-        sql += (", notified AS (SELECT pg_notify(%s, id::text) FROM changed) "
-                f"SELECT *, (SELECT count(*) FROM notified){returned} FROM changed")
-    else:
-        sql += f" SELECT *{returned} FROM changed"
-    return sql, tuple(computed)
+    return f"UPDATE {table(model)} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}", tuple(computed)
 
 
 def converted(field: models.Field[Any, Any], value: Any) -> Any:

@@ -157,9 +157,9 @@ def _plain(value: Any) -> bool:
     itself otherwise)."""
     kind = type(value)
     if kind is str:
-        return value.isascii()
+        return bool(value.isascii())
     if kind is int:
-        return -_PLAIN_INTEGER_BOUND < value < _PLAIN_INTEGER_BOUND
+        return bool(-_PLAIN_INTEGER_BOUND < value < _PLAIN_INTEGER_BOUND)
     if value is None or kind is bool:
         return True
     if kind is dict:

@@ -65,6 +65,7 @@ from tools_app.engine.transitions import (
     resolve_succeeded,
     retain_from_end,
     retention_ends_at,
+    retention_from_end_with,
     retire,
     start_approved,
 )
@@ -82,5 +83,5 @@ __all__ = [
     "start_approved", "valid_unused",
     "wait_for_outcome",
     # Keys of operations that go on after their call (long tasks).
-    "hold_while_ongoing", "retain_from_end", "retention_ends_at",
+    "hold_while_ongoing", "retain_from_end", "retention_ends_at", "retention_from_end_with",
 ]

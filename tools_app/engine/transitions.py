@@ -253,11 +253,28 @@ def hold_while_ongoing(record: IdempotencyRecord, *, actor: str, reason: str) ->
 def retain_from_end(record: IdempotencyRecord, retention: timedelta, *, actor: str, reason: str) -> bool:
     """What `record` started has ended: its key's retention (`retention`) counts from now. Call in
     the transaction of the end, so no moment exists where the operation ended but the key is held
-    forever, or where it is unfinished but the key may expire."""
+    forever, or where it is unfinished but the key may expire (or put `retention_from_end_with`'s
+    writes in the end's own statement)."""
     return _transition(record, {"ongoing": True}, {"ongoing": False, "expires_at": clock.later(retention)},
-                       action="record.retention_from_end", actor=actor, reason=reason,
-                       before={"ongoing": True}, after={"ongoing": False, "retention_seconds":
-                                                        retention.total_seconds()})
+                       action=RETAINED_FROM_END, actor=actor, reason=reason,
+                       before={"ongoing": True}, after=_retained_after(retention))
+
+
+def retention_from_end_with(record: IdempotencyRecord, retention: timedelta, *, actor: str,
+                            reason: str) -> db.AlsoMoving:
+    """`retain_from_end` as writes of the statement that ends what `record` started (core.db.also_moving):
+    the record's move and its audit event commit with the end, only if the end moved, or not at all."""
+    return db.also_moving(record, {"ongoing": True},
+                          {"ongoing": False, "expires_at": clock.later(retention), "updated_at": clock.NOW},
+                          name="retained", action=RETAINED_FROM_END, actor=actor, reason=reason,
+                          trace_id=record.trace_id, before={"ongoing": True}, after=_retained_after(retention))
+
+
+RETAINED_FROM_END = "record.retention_from_end"
+
+
+def _retained_after(retention: timedelta) -> dict[str, Any]:
+    return {"ongoing": False, "retention_seconds": retention.total_seconds()}
 
 
 def expire_lease(record: IdempotencyRecord, *, actor: str = LEASE_SWEEPER, source: str = "sweep",

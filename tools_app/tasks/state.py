@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import cache
@@ -342,16 +343,25 @@ def finish_step_run(run: StepRun, outcome: StepOutcome, error: str = "") -> None
     db.fetchone(_FINISH_STEP_RUN + " RETURNING id", (outcome, error[:2000], run.pk))
 
 
-@transaction.atomic
 def succeed(task: Task, owner: str, result: dict[str, Any]) -> bool:
-    """running -> succeeded, storing the tool's result."""
-    return transition(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
-        "status": TaskStatus.SUCCEEDED, "result": derived_sealing(task, result),
-        "current_step": "", "finished_at": clock.NOW,
-        "lease_owner": "", "lease_expires_at": None, "failure_class": "", "failure_reason": "",
-        "progress_done": task.steps_total, "progress_total": task.steps_total, "progress_message": "done",
-        "pause_requested": "",
-    }, action="task.succeeded", actor=owner) and finished(task, owner)
+    """running -> succeeded, storing the tool's result; what follows an end (`finished`) in the same
+    statement: the key's retention from now (engine.retention_from_end_with), and in its transaction
+    the webhook, if the caller asked for one."""
+    retained = engine.retention_from_end_with(task.record, key_retention(task.tool), actor=owner,
+                                              reason=f"task {task.pk} {TaskStatus.SUCCEEDED}")
+    with transaction.atomic() if task.notify_url else nullcontext():
+        ended = moved(task, {"status": TaskStatus.RUNNING, "lease_owner": owner}, {
+            "status": TaskStatus.SUCCEEDED, "result": derived_sealing(task, result),
+            "current_step": "", "finished_at": clock.NOW,
+            "lease_owner": "", "lease_expires_at": None, "failure_class": "", "failure_reason": "",
+            "progress_done": task.steps_total, "progress_total": task.steps_total, "progress_message": "done",
+            "pause_requested": "",
+        }, action="task.succeeded", actor=owner, together=retained.writes)
+        if ended is None:
+            return False
+        retained.applied(ended[0])
+        _notify_caller(task)
+    return True
 
 
 @transaction.atomic
@@ -591,10 +601,15 @@ def finished(task: Task, actor: str) -> bool:
     outbox, which delivers it at least once with the event id (X-Event-Id) for the receiver to
     deduplicate by."""
     engine.retain_from_end(task.record, key_retention(task.tool), actor=actor, reason=f"task {task.pk} {task.status}")
+    _notify_caller(task)
+    return True
+
+
+def _notify_caller(task: Task) -> None:
+    """The webhook the caller asked for (`notify_url`), if any, through the outbox (in the caller's transaction)."""
     if task.notify_url:
         hooks.enqueue_event(tenant_id=task.tenant_id, kind=WEBHOOK_KIND, record=task.record,
                             payload=derived_sealing(task, {"recipient": task.notify_url, "json": webhook_body(task)}))
-    return True
 
 
 def derived_sealing(task: Task, value: Any) -> Any:
