@@ -12,13 +12,16 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models.sql import Query
 
 from tools_app.core import audit, personal
+
+if TYPE_CHECKING:
+    from tools_app.core.models import AuditEvent
 
 _M = TypeVar("_M", bound=models.Model)
 
@@ -223,13 +226,16 @@ class AlsoMoving:
 
     obj: models.Model
     changes: dict[str, Any]
+    event: AuditEvent
     writes: tuple[Together, ...]
 
     def applied(self, moved_id: Any) -> bool:
         """After the statement: whether the row moved (`moved_id`, what its UPDATE answered), and if it did,
-        `changes` put on the object (a value the database computed is read again when first used)."""
+        `changes` put on the object (a value the database computed is read again when first used) and its
+        event announced, as `transition` does."""
         if moved_id is None:
             return False
+        audit.announce(self.event)
         for name, value in self.changes.items():
             if is_expression(value):
                 self.obj.__dict__.pop(_field(type(self.obj), name).attname, None)  # deferred: read on use
@@ -251,7 +257,7 @@ def also_moving(obj: models.Model, expected: dict[str, Any], changes: dict[str, 
     change_shape, expected_shape, params = _update_shape(obj, expected, changes, {})
     update, _ = _update_of(type(obj), change_shape, expected_shape)
     columns, values = insert_sql(event)
-    return AlsoMoving(obj, changes, (
+    return AlsoMoving(obj, changes, event, (
         Together(f"{update} AND EXISTS (SELECT FROM changed) RETURNING id", params, returns=True, name=name),
         Together(f"INSERT INTO {table(type(event))} ({', '.join(columns)}) SELECT {', '.join(values)} FROM {name}",
                  insert_params(event)),
