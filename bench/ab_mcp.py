@@ -11,7 +11,6 @@ P10 and P11 terms, under one load. Both checkouts must share the schema (no migr
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -21,15 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import setup_django  # noqa: E402
+from bench.common import before_and_after, setup_django  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("before", type=Path, help="a checkout of the code before the change")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=4.0)
-    args = parser.parse_args()
+    args = before_and_after(__doc__, seconds=(float, 4.0))
     setup_django()
 
     from bench.bench_mcp import Server, agent_token, measure

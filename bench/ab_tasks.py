@@ -13,7 +13,6 @@ schema (no migration between them).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -24,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import fresh_database_url  # noqa: E402
+from bench.common import before_and_after, fresh_database_url  # noqa: E402
 
 # What each side runs, in its own checkout: only names both sides have.
 MEASURE = """
@@ -53,11 +52,7 @@ print(json.dumps({"anchor_ms": anchor, "task_ms": statistics.median(one() for _ 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("before", type=Path, help="a checkout of the code before the change")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tasks", type=int, default=30)
-    args = parser.parse_args()
+    args = before_and_after(__doc__, tasks=(int, 30))
     env = {**os.environ, "DATABASE_URL": os.environ.get("DATABASE_URL") or fresh_database_url(),
            "IDEMOPS_LOG_LEVEL": "WARNING"}
     sides = {"before": args.before.resolve(), "after": ROOT}

@@ -139,6 +139,19 @@ def concurrently(work: Callable[[], object], threads: int) -> float:
     return elapsed
 
 
+def before_and_after(description: str, **options: tuple[type, Any]) -> Any:
+    """The arguments of an A/B script (bench/ab_*.py): the checkout of the code before the change,
+    `--rounds`, and the script's own `options` (name: (type, default))."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("before", type=Path, help="a checkout of the code before the change")
+    parser.add_argument("--rounds", type=int, default=3)
+    for name, (kind, default) in options.items():
+        parser.add_argument(f"--{name}", type=kind, default=default)
+    return parser.parse_args()
+
+
 def live_statistics(*databases: str) -> None:
     """ANALYZE the bench database (and `databases` of the same server), as autovacuum does on a live
     server: a fresh database has no statistics until autovacuum's first round (`autovacuum_naptime`, a
