@@ -211,7 +211,7 @@ class Together:
     moved. `sql` is one data-modifying statement that reads the statement's `changed` (the moved row's
     id): `INSERT … SELECT … FROM changed`, or `UPDATE … WHERE … AND EXISTS (SELECT FROM changed)`.
     `returns`: its `RETURNING` gives one value, which `transition_returning` answers. `name`: what a
-    later write of the same statement reads it by (`also_moved`: another row's move and its audit event).
+    later write of the same statement reads it by (`also_moving`: another row's move and its audit event).
     """
 
     sql: str
