@@ -1,0 +1,109 @@
+"""The engine's own reads (`core.db.fetchone`, `core.db.from_row`) give what the ORM gives: the same
+times, the same instances, and every listener still called."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.db.models.signals import post_init
+
+from tools_app import access, engine
+from tools_app.core import clock, db
+from tools_app.engine.claims import REPLAY_FIELDS
+from tools_app.models import IdempotencyRecord
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TIMES = [dt.datetime(1, 1, 1, tzinfo=dt.UTC), dt.datetime(2026, 12, 5, 1, 2, 3, 456789, tzinfo=dt.UTC),
+         dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)]
+
+
+def _orm_reads(sql: str, params: Sequence[Any]) -> tuple[object, ...] | None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row: tuple[object, ...] | None = cursor.fetchone()
+        return row
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["numbered", "psycopg-parsed"])
+def test_times_read_on_the_hot_path_are_the_orms(named: bool) -> None:
+    if named:
+        sql, params = "SELECT %(a)s::timestamptz, %(b)s::timestamptz, %(c)s::timestamptz, now()", dict(
+            zip("abc", TIMES, strict=True))
+        row = db.fetchone(sql, params)  # type: ignore[arg-type]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            orm = cursor.fetchone()
+    else:
+        sql = "SELECT %s::timestamptz, %s::timestamptz, %s::timestamptz, now()"
+        row, orm = db.fetchone(sql, TIMES), _orm_reads(sql, TIMES)
+    assert row is not None and orm is not None
+    assert list(row[:3]) == TIMES == list(orm[:3])
+    assert all(value.tzinfo is dt.UTC for value in [*row, *orm])
+
+
+def test_a_session_in_another_time_zone_reads_as_django_does() -> None:
+    """psycopg's loader would give the session's zone; Django's attaches UTC to whatever it got. Where
+    the two part, the hot path reads as Django does."""
+    sql = "SELECT %s::timestamptz"
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL TIME ZONE 'Asia/Kolkata'")
+        row, orm = db.fetchone(sql, [TIMES[1]]), _orm_reads(sql, [TIMES[1]])
+    assert row == orm and row is not None and row[0].tzinfo is dt.UTC
+
+
+def _record() -> IdempotencyRecord:
+    tenant = access.create_tenant(f"rows-{uuid.uuid4().hex[:6]}")
+    op = engine.Operation(tenant_id=tenant.pk, tool="rows", key=uuid.uuid4().hex, arguments={"a": [1, "b"]},
+                          actor="agent:rows/test")
+    engine.run(op, lambda record: {"ok": True})
+    return IdempotencyRecord.objects.get(tenant=tenant)
+
+
+@pytest.mark.parametrize("fields", [None, REPLAY_FIELDS], ids=["every-field", "replay-fields"])
+def test_from_row_builds_what_from_db_builds(fields: tuple[str, ...] | None) -> None:
+    stored = _record()
+    attnames, select_list = db.select_columns(IdempotencyRecord, fields=fields)
+    row = db.fetchone(f"SELECT {select_list} FROM {db.table(IdempotencyRecord)} WHERE id = %s", [stored.pk])
+    assert row is not None
+    built = db.from_row(IdempotencyRecord, row, fields=fields)
+    orm = IdempotencyRecord.objects.only(*attnames).get(pk=stored.pk) if fields else stored
+    assert {k: v for k, v in built.__dict__.items() if k != "_state"} == {
+        k: v for k, v in orm.__dict__.items() if k != "_state"}
+    assert built.get_deferred_fields() == orm.get_deferred_fields() == (
+        set() if fields is None else {f.attname for f in IdempotencyRecord._meta.concrete_fields} - set(fields))
+    assert (built._state.adding, built._state.db) == (False, "default")
+    assert built == orm and built.status == orm.status and built.tenant_id == orm.tenant_id
+    if fields:
+        assert built.attempts == stored.attempts  # a deferred field loads when read, as the ORM's would
+
+
+def test_from_row_still_calls_init_listeners() -> None:
+    stored = _record()
+    seen: list[int] = []
+
+    def listener(sender: type, instance: IdempotencyRecord, **kwargs: object) -> None:
+        seen.append(instance.pk)
+
+    _, select_list = db.select_columns(IdempotencyRecord)
+    row = db.fetchone(f"SELECT {select_list} FROM {db.table(IdempotencyRecord)} WHERE id = %s", [stored.pk])
+    assert row is not None
+    post_init.connect(listener, sender=IdempotencyRecord)
+    try:
+        db.from_row(IdempotencyRecord, row)
+    finally:
+        post_init.disconnect(listener, sender=IdempotencyRecord)
+    assert seen == [stored.pk]
+
+
+def test_is_expression_tells_the_clock_from_values() -> None:
+    assert db.is_expression(clock.NOW) and db.is_expression(clock.later(10))
+    values: list[object] = ["NOW", 1, 1.5, True, None, {"a": 1}, [1], uuid.uuid4(), TIMES[0], TIMES[0].date(),
+                            type("Text", (str,), {})("x")]
+    assert not any(db.is_expression(value) for value in values)
