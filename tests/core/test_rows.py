@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import DataError, connection, transaction
 from django.db.models.signals import post_init
 
 from tools_app import access, engine
@@ -51,11 +51,25 @@ def test_a_session_in_another_time_zone_reads_as_django_does() -> None:
     """psycopg's loader would give the session's zone; Django's attaches UTC to whatever it got. Where
     the two part, the hot path reads as Django does."""
     sql = "SELECT %s::timestamptz"
+    assert db.fetchone(sql, [TIMES[1]]) == (TIMES[1],)  # the connection's kept cursor reads times in C
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL TIME ZONE 'Asia/Kolkata'")
         row, orm = db.fetchone(sql, [TIMES[1]]), _orm_reads(sql, [TIMES[1]])
     assert row == orm and row is not None and row[0].tzinfo is dt.UTC
+
+
+def test_the_kept_cursor_outlives_an_error_and_a_new_connection_gets_its_own() -> None:
+    db.fetchone("SELECT 1", [])
+    with pytest.raises(DataError), transaction.atomic():
+        db.fetchone("SELECT 1 / %s", [0])
+    assert db.fetchone("SELECT %s::int + 1", [1]) == (2,)
+    before = connection.connection
+    connection.close()
+    assert db.fetchone("SELECT %s::int + 2", [1]) == (3,) and connection.connection is not before
+    with connection.cursor() as cursor:  # the ORM on the same connection, in between
+        cursor.execute("SELECT 4")
+    assert db.fetchone("SELECT %(x)s::int * 2", {"x": 2}) == (4,)  # type: ignore[arg-type]
 
 
 def _record() -> IdempotencyRecord:

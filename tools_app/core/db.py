@@ -51,29 +51,41 @@ def fetchone(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
     characters or with more than 50 of them (the claim). psycopg prepares a statement it sees
     repeatedly (DATABASES OPTIONS prepare_threshold). With server-side binding off
     (IDEMOPS_DB_SERVER_SIDE_BINDING, a pooler's choice) it runs as psycopg's own cursor would.
-    Times are read by psycopg's C loader where that gives what Django's would (`_read_times_in_c`).
+    The cursor is kept for the connection's next statements (`_kept_cursor`).
     """
     # One lookup of this thread's connection: every attribute of the `connection` proxy is another.
     wrapper = connections[DEFAULT_DB_ALIAS]
     wrapper.close_if_health_check_failed()
     wrapper.ensure_connection()
     with wrapper.wrap_database_errors:
-        raw = wrapper.connection
         numbered = _numbered(sql) if wrapper.settings_dict["OPTIONS"].get("server_side_binding") else None
+        cursor = _kept_cursor(wrapper, raw_text=numbered is not None)
         # The raw psycopg connection is untyped in django-stubs (`Any`); its rows are tuples.
-        with psycopg.RawCursor(raw) if numbered is not None else raw.cursor() as cursor:
-            _read_times_in_c(cursor, wrapper)
-            return cast("tuple[Any, ...] | None", cursor.execute(numbered or sql, params).fetchone())
+        return cast("tuple[Any, ...] | None", cursor.execute(numbered or sql, params).fetchone())
 
 
-def _read_times_in_c(cursor: Any, wrapper: Any) -> None:
-    """Let `cursor` read `timestamptz` with psycopg's own loader (C, from psycopg-binary) instead of
-    Django's, a Python subclass that converts each value again (`register_tzloader`): a replay's
-    three times cost it about 20 µs of its 150 µs of Python. Only where the two give the same value: Django
-    wants UTC (USE_TZ, no DATABASES TIME_ZONE) and the session's time zone is UTC, which psycopg
-    reads as `datetime.timezone.utc`, the object Django attaches."""
-    if wrapper.timezone is dt.UTC and cursor.connection.pgconn.parameter_status(b"TimeZone") == b"UTC":
+def _kept_cursor(wrapper: Any, *, raw_text: bool) -> Any:
+    """A cursor on this thread's psycopg connection (a `RawCursor` for a numbered text), kept on Django's
+    connection wrapper for its next statements as long as the connection lives: a new cursor is a new
+    adapters map and loader cache, about 20 µs a statement.
+
+    Its times are read by psycopg's own loader (C, from psycopg-binary) instead of Django's, a Python
+    subclass that converts each value again (`register_tzloader`): a replay's three times cost it
+    about 20 µs of its 150 µs of Python. Only where the two give the same value: Django wants UTC
+    (USE_TZ, no DATABASES TIME_ZONE) and the session's time zone is UTC, which psycopg reads as
+    `datetime.timezone.utc`, the object Django attaches. Otherwise (a session's `SET TIME ZONE`, another
+    zone configured) the statement gets a new cursor that reads times as Django's cursors do."""
+    raw = wrapper.connection
+    if wrapper.timezone is not dt.UTC or raw.pgconn.parameter_status(b"TimeZone") != b"UTC":
+        return psycopg.RawCursor(raw) if raw_text else raw.cursor()
+    kept = wrapper.__dict__.get("_idemops_cursors")
+    if kept is None or kept[0] is not raw:
+        kept = wrapper._idemops_cursors = (raw, {})
+    cursor = kept[1].get(raw_text)
+    if cursor is None:
+        cursor = kept[1][raw_text] = psycopg.RawCursor(raw) if raw_text else raw.cursor()
         cursor.adapters.register_loader(_TIMESTAMPTZ, TimestamptzLoader)
+    return cursor
 
 
 _TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
