@@ -64,11 +64,11 @@ def run(quick: bool = False) -> Section:
         raw.execute("UPDATE bench_raw_claims SET status = 'succeeded', result = %s WHERE id = %s "
                     "AND status = 'processing'", ['{"ok": true}', rid])
 
-    full_rows: dict[str, tuple[list[str], list[str], list]] = {}
+    full_rows: dict[str, db.InsertParts] = {}
     table = db.table(IdempotencyRecord)
 
     def raw_full_claim(key: str) -> None:
-        columns, values, params = full_rows[key]
+        columns, values, params, _ = full_rows[key]
         rid = raw.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(values)}) "
                           "ON CONFLICT DO NOTHING RETURNING id", params).fetchone()[0]
         raw.execute(f"UPDATE {table} SET status = 'succeeded', result = %s, lease_owner = '', "

@@ -1,5 +1,6 @@
-"""The engine's own reads (`core.db.fetchone`, `core.db.from_row`) give what the ORM gives: the same
-times, the same instances, and every listener still called."""
+"""The engine's own reads and rows (`core.db.fetchone`, `core.db.from_row`, `core.instances`,
+`core.db.insert_parts`) give what the ORM gives: the same times, the same instances, and every
+listener still called."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from django.db import DataError, connection, transaction
 from django.db.models.signals import post_init
 
 from tools_app import access, engine
-from tools_app.core import clock, db
+from tools_app.core import clock, db, instances
 from tools_app.engine.claims import REPLAY_FIELDS
-from tools_app.models import IdempotencyRecord
+from tools_app.models import AuditEvent, IdempotencyRecord, Tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -121,3 +122,53 @@ def test_is_expression_tells_the_clock_from_values() -> None:
     values: list[object] = ["NOW", 1, 1.5, True, None, {"a": 1}, [1], uuid.uuid4(), TIMES[0], TIMES[0].date(),
                             type("Text", (str,), {})("x")]
     assert not any(db.is_expression(value) for value in values)
+
+
+def _fields(instance: object) -> dict[str, object]:
+    return {name: value for name, value in vars(instance).items() if name != "_state"}
+
+
+def test_unsaved_builds_what_the_constructor_builds() -> None:
+    stored = _record()
+    event = dict(tenant_id=stored.tenant_id, actor="agent:rows/test", action="record.claimed",
+                 object_type="idempotencyrecord", object_id=str(stored.pk), after={"status": "processing"},
+                 created_at=TIMES[1])
+    for model, values in [(AuditEvent, event), (IdempotencyRecord, {"tenant_id": stored.tenant_id, "tool": "t",
+                                                                     "key": "k", "expires_at": clock.NOW})]:
+        built, django = instances.unsaved(model, **values), model(**values)
+        assert _fields(built) == _fields(django) and set(_fields(built)) == {
+            f.attname for f in model._meta.concrete_fields}
+        assert (built._state.adding, built._state.db) == (True, None) == (django._state.adding, django._state.db)
+    # A value named by its relation (not its attribute name) is Django's to resolve.
+    tenant = Tenant.objects.get(pk=stored.tenant_id)
+    by_relation = instances.unsaved(AuditEvent, tenant=tenant, actor="a", action="b")
+    assert by_relation.tenant_id == tenant.pk and by_relation.tenant == tenant
+
+
+def test_unsaved_still_calls_init_listeners() -> None:
+    seen: list[str] = []
+
+    def listener(sender: type, instance: AuditEvent, **kwargs: object) -> None:
+        seen.append(instance.action)
+
+    post_init.connect(listener, sender=AuditEvent)
+    try:
+        instances.unsaved(AuditEvent, actor="a", action="heard")
+    finally:
+        post_init.disconnect(listener, sender=AuditEvent)
+    assert seen == ["heard"]
+
+
+def test_insert_parts_names_the_fields_the_database_computes() -> None:
+    record = engine.new_record(engine.Operation(tenant_id=_record().tenant_id, tool="rows", key="parts",
+                                                arguments={"a": 1}, actor="agent:rows/test"))
+    parts = db.insert_parts(record)
+    computed = {field.attname for field in parts.computed}
+    assert computed == {"created_at", "updated_at", "expires_at", "lease_expires_at"}
+    by_column = dict(zip(parts.columns, parts.values, strict=True))
+    assert {name for name, value in by_column.items() if value != "%s"} == {
+        connection.ops.quote_name(str(field.column)) for field in parts.computed}
+    assert len(parts.params) == sum(value.count("%s") for value in parts.values)
+    given = db.insert_parts(record, {"key": "'given'"})
+    assert dict(zip(given.columns, given.values, strict=True))['"key"'] == "'given'"
+    assert len(given.params) == len(parts.params) - 1

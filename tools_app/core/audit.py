@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connection, models, transaction
 from django.utils import timezone
 
-from tools_app.core import logs
+from tools_app.core import instances, logs
 from tools_app.core.models import AuditArchive, AuditCheckpoint, AuditEvent, AuditSeal
 from tools_app.core.redaction import PERSON_PREFIX
 
@@ -94,7 +94,8 @@ def new_event(
     # A queue's proxy (UNKNOWN outcome, dead letter) is the row itself: name the real model.
     concrete = obj._meta.concrete_model
     assert concrete is not None and concrete._meta.model_name is not None, "only installed models are audited"
-    return AuditEvent(
+    return instances.unsaved(
+        AuditEvent,
         tenant_id=tenant_id if tenant_id is not None else (getattr(obj, "tenant_id", None) if about_a_row else None),
         actor=actor,
         action=action,

@@ -14,16 +14,14 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
-from django.db.models.base import ModelState
-from django.db.models.signals import post_init, pre_init
 from django.db.models.sql import Query
 from psycopg.types.datetime import TimestamptzLoader
 
-from tools_app.core import audit, personal
+from tools_app.core import audit, instances, personal
 
 if TYPE_CHECKING:
     from tools_app.core.models import AuditEvent
@@ -117,51 +115,52 @@ def table(model: type[models.Model]) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
 
-def insert_parts(
-    instance: models.Model, *, expressions: dict[str, str] | None = None
-) -> tuple[list[str], list[str], list[Any]]:
-    """Columns, value SQL and params for INSERTing `instance`.
+class InsertParts(NamedTuple):
+    """What an INSERT of one instance needs (`insert_parts`)."""
+
+    columns: tuple[str, ...]
+    values: tuple[str, ...]  # each column's value SQL: `%s`, or an expression's
+    params: list[Any]
+    computed: tuple[models.Field[Any, Any], ...]  # the fields whose value the database computes
+
+
+def insert_parts(instance: models.Model, expressions: dict[str, str] | None = None) -> InsertParts:
+    """Columns, value SQL and params for INSERTing `instance`, in one walk of its fields.
 
     `expressions` replaces the value of some fields with raw SQL (e.g. a
     column of a preceding CTE); those fields take no parameter. A field whose
-    value is an ORM expression (the database's clock: core.clock) is compiled.
+    value is an ORM expression (the database's clock: core.clock) is compiled, and its value
+    is the database's (`computed`, for a RETURNING). The columns and value SQL are the same for
+    every instance of a model whose fields hold expressions of the same shape: built once per shape.
     """
-    columns, values = insert_sql(instance, expressions)
-    return list(columns), list(values), insert_params(instance, expressions)
-
-
-def insert_sql(instance: models.Model, expressions: dict[str, str] | None = None
-               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The columns and value SQL of `insert_parts`: the same for every instance of a model whose
-    fields hold expressions of the same shape, so it is built once per shape."""
+    model = type(instance)
+    fields, _, needs_prep = _columns(model)
     given = expressions or {}
-    fields, _, _ = _columns(type(instance))
-    computed = tuple((field.attname, expression_sql(type(instance), value)[0]) for field in fields
-                     if field.attname not in given and is_expression(value := getattr(instance, field.attname)))
-    return _insert_sql(type(instance), tuple(given.items()), computed)
+    params: list[Any] = []
+    shape: list[tuple[str, str]] = []
+    for field, prep in zip(fields, needs_prep, strict=True):
+        if field.attname in given:
+            continue
+        value = getattr(instance, field.attname)
+        if is_expression(value):
+            sql, expression_params = expression_sql(model, value)
+            shape.append((field.attname, sql))
+            params.extend(expression_params)
+        else:
+            params.append(field.get_db_prep_save(value, connection) if prep else value)
+    columns, values, computed = _insert_sql(model, tuple(given.items()), tuple(shape))
+    return InsertParts(columns, values, params, computed)
 
 
 @cache
 def _insert_sql(model: type[models.Model], expressions: tuple[tuple[str, str], ...],
-                computed: tuple[tuple[str, str], ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+                computed: tuple[tuple[str, str], ...],
+                ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[models.Field[Any, Any], ...]]:
     given = dict(expressions) | dict(computed)
     fields, columns, _ = _columns(model)
-    return columns, tuple(given.get(field.attname, "%s") for field in fields)
-
-
-def insert_params(instance: models.Model, expressions: dict[str, str] | None = None) -> list[Any]:
-    """The params of `insert_parts(instance, expressions=...)` alone."""
-    fields, _, needs_prep = _columns(type(instance))
-    params: list[Any] = []
-    for field, prep in zip(fields, needs_prep, strict=True):
-        if expressions and field.attname in expressions:
-            continue
-        value = getattr(instance, field.attname)
-        if is_expression(value):
-            params.extend(expression_sql(type(instance), value)[1])
-            continue
-        params.append(field.get_db_prep_save(value, connection) if prep else value)
-    return params
+    names = dict(computed)
+    return (columns, tuple(given.get(field.attname, "%s") for field in fields),
+            tuple(field for field in fields if field.attname in names))
 
 
 def _field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
@@ -230,27 +229,14 @@ def from_row(model: type[_M], row: tuple[Any, ...], fields: tuple[str, ...] | No
     """Build an instance from a row selected with `select_columns` (with the same `fields`), converting
     values as the ORM would.
 
-    The instance is what `Model.from_db` builds (its fields in `__dict__`, the others deferred, its
-    state saved in the default database), without `Model.__init__`'s walk of every field: 9 µs of a
-    replay's Python. A model with its own `__init__` or `from_db`, or with init signals connected,
-    goes through `from_db`, so nothing that listens is skipped."""
+    The instance is what `Model.from_db` builds (core.instances.loaded)."""
     attnames, _ = select_columns(model, fields=fields)
     values = []
     for value, converters in zip(row, _converters(model, fields), strict=True):
         for converter in converters:
             value = converter(value, None, connection)
         values.append(value)
-    if (model.__init__ is not models.Model.__init__ or getattr(model.from_db, "__func__", None) is not _FROM_DB
-            or pre_init.has_listeners(model) or post_init.has_listeners(model)):
-        return model.from_db(DEFAULT_DB_ALIAS, attnames, values)
-    instance = model.__new__(model)
-    state = instance._state = ModelState()
-    state.adding, state.db = False, DEFAULT_DB_ALIAS
-    instance.__dict__.update(zip(attnames, values, strict=True))
-    return instance
-
-
-_FROM_DB = vars(models.Model)["from_db"].__func__
+    return instances.loaded(model, DEFAULT_DB_ALIAS, attnames, values)
 
 
 _COMPARISONS = {"": "= %s", "lt": "< %s", "lte": "<= %s", "gt": "> %s", "gte": ">= %s", "in": "= ANY(%s)"}
@@ -307,11 +293,11 @@ def also_moving(obj: models.Model, expected: dict[str, Any], changes: dict[str, 
                             before=before, after=after)
     change_shape, expected_shape, params = _update_shape(obj, expected, changes, {})
     update, _ = _update_of(type(obj), change_shape, expected_shape)
-    columns, values = insert_sql(event)
+    columns, values, event_params, _ = insert_parts(event)
     return AlsoMoving(obj, changes, event, (
         Together(f"{update} AND EXISTS (SELECT FROM changed) RETURNING id", params, returns=True, name=name),
         Together(f"INSERT INTO {table(type(event))} ({', '.join(columns)}) SELECT {', '.join(values)} FROM {name}",
-                 insert_params(event)),
+                 event_params),
     ))
 
 
@@ -377,8 +363,8 @@ def _conditional_update(instance: models.Model, expected: dict[str, Any], change
     what the `together` writes returned."""
     model = type(instance)
     change_shape, expected_shape, params = _update_shape(instance, expected, changes, append)
-    event_columns, event_values = insert_sql(event)
-    params += insert_params(event)
+    event_columns, event_values, event_params, _ = insert_parts(event)
+    params += event_params
     for write in together:
         params.extend(write.params)
     if notify:

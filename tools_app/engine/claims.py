@@ -18,10 +18,10 @@ import uuid
 from functools import cache
 from typing import Any
 
-from django.db import OperationalError, connection, models
+from django.db import OperationalError, connection
 
 from tools_app.conf import conf
-from tools_app.core import audit, clock, db, keys, leases, personal, tracing
+from tools_app.core import audit, clock, db, instances, keys, leases, personal, tracing
 from tools_app.core.errors import RETRYABLE
 from tools_app.core.keys import keyed_hash
 from tools_app.core.models import AuditEvent
@@ -57,9 +57,10 @@ def _claim(op: Operation, operation_id: uuid.UUID | None = None) -> tuple[Idempo
     # The record has no id yet: the statement fills object_id from the inserted row.
     claimed_event = audit.new_event(action="record.claimed", obj=record, actor=op.actor, trace_id=op.trace_id,
                                     after={"status": RecordStatus.PROCESSING, "fingerprint": op.fingerprint})
-    computed = _computed_fields(record)
+    parts = db.insert_parts(record)
+    computed = parts.computed
     try:
-        row = _claim_or_fetch(record, claimed_event, computed)
+        row = _claim_or_fetch(record, parts, claimed_event)
     except OperationalError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
             raise ClaimWaitExpired(op.key) from exc
@@ -92,8 +93,8 @@ def new_record(op: Operation, operation_id: uuid.UUID | None = None) -> Idempote
     """The PROCESSING record a claim of `op` inserts (not saved; its times are the database's,
     computed by the INSERT), named `operation_id` (by default, its key's first: operation_id_for)."""
     operation_id = op.operation_id or operation_id or operation_id_for(op.tenant_id, op.tool, op.key, 0)
-    return IdempotencyRecord(
-        tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
+    return instances.unsaved(
+        IdempotencyRecord, tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
         fingerprint_version=op.fingerprint_version, field_digests=op.field_digests,
         arguments=personal.sealing(stored_form(op.arguments), op.tenant_id, op.retention),
         attributes=searchable(op.arguments, op.search_fields),
@@ -191,10 +192,10 @@ def operation_id_of(key: str) -> uuid.UUID | None:
         return None
 
 
-def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent, computed: list[models.Field[Any, Any]]
+def _claim_or_fetch(record: IdempotencyRecord, parts: db.InsertParts, claimed_event: AuditEvent
                     ) -> tuple[Any, ...] | None:
-    """One statement: INSERT the record and its audit event, unless a live record holds the key:
-    (the inserted record's id and its `computed` fields' values, whether this call inserted it, the
+    """One statement: INSERT the record (its `parts`) and its audit event, unless a live record holds the key:
+    (the inserted record's id and its computed fields' values, whether this call inserted it, the
     statement's time, and a live record's REPLAY_FIELDS), or None.
 
     The claim is also the replay's read: a call whose key is live reads what a replay answers with
@@ -215,20 +216,15 @@ def _claim_or_fetch(record: IdempotencyRecord, claimed_event: AuditEvent, comput
     operation is running (claimed_in_flight).
     """
     wait_ms = f"{max(1, int(conf().follower_wait_seconds * 1000))}ms"
-    sql = _claim_sql(db.insert_sql(record), db.insert_sql(claimed_event, CLAIMED_EVENT_ID),
-                     tuple(field.column for field in computed))
-    return db.fetchone(sql, [record.tenant_id, record.tool, *keys.stored_forms(record.key), *db.insert_params(record),
-                             wait_ms, *db.insert_params(claimed_event, CLAIMED_EVENT_ID),
+    event = db.insert_parts(claimed_event, CLAIMED_EVENT_ID)
+    sql = _claim_sql((parts.columns, parts.values), (event.columns, event.values),
+                     tuple(field.column for field in parts.computed))
+    return db.fetchone(sql, [record.tenant_id, record.tool, *keys.stored_forms(record.key), *parts.params,
+                             wait_ms, *event.params,
                              _lock_key(f"{record.tenant_id}\n{record.tool}"), _lock_key(record.operation_id.hex)])
 
 
 CLAIMED_EVENT_ID = {"object_id": "claimed.id::text"}
-
-
-def _computed_fields(record: IdempotencyRecord) -> list[models.Field[Any, Any]]:
-    """The fields of a new record whose value the database computes (its clock)."""
-    return [field for field in IdempotencyRecord._meta.concrete_fields if db.is_expression(getattr(record,
-                                                                                                  field.attname))]
 
 
 @cache

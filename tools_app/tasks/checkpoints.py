@@ -103,11 +103,10 @@ def writes(task: Task, prepared: Prepared) -> Iterator[tuple[db.Together, ...]]:
 
 
 def _upsert(checkpoint: Checkpoint) -> db.Together:
-    columns, values = db.insert_sql(checkpoint)
+    columns, values, params, _ = db.insert_parts(checkpoint)
     updated = ", ".join(f"{column} = EXCLUDED.{column}" for column in columns)
     return db.Together(f"INSERT INTO {db.table(Checkpoint)} ({', '.join(columns)}) SELECT {', '.join(values)} "
-                       f"FROM changed ON CONFLICT (task_id, sequence) DO UPDATE SET {updated}",
-                       db.insert_params(checkpoint))
+                       f"FROM changed ON CONFLICT (task_id, sequence) DO UPDATE SET {updated}", params)
 
 
 def declares_personal(tool: str) -> bool:

@@ -218,9 +218,9 @@ def _step_run_starts(task: Task, owner: str, step: Step, sequence: int, attempt:
     clock, is read from the row when asked for)."""
     run = StepRun(task=task, step=step.name, sequence=sequence, attempt=attempt or task.attempts, worker=owner,
                   started_at=clock.NOW, trace_id=task.trace_id)
-    columns, values = db.insert_sql(run)
+    columns, values, params, _ = db.insert_parts(run)
     insert = db.Together(f"INSERT INTO {db.table(StepRun)} ({', '.join(columns)}) SELECT {', '.join(values)} "
-                         "FROM changed RETURNING id", db.insert_params(run), returns=True)
+                         "FROM changed RETURNING id", params, returns=True)
 
     def made(pk: int) -> StepRun:
         run.pk = pk
