@@ -1,4 +1,4 @@
-"""The A/B scripts (bench/ab_tasks.py, bench/ab_mcp.py) run end to end, so neither rots unnoticed.
+"""The A/B scripts (bench/ab_engine.py, bench/ab_tasks.py, bench/ab_mcp.py) run end to end, so neither rots unnoticed.
 
 Each compares this checkout with itself at the smallest size, as `docs/performance.md` runs them with a
 checkout of the commit before a change, on its own embedded cluster. Only that they run and print
@@ -18,6 +18,7 @@ pytestmark = pytest.mark.live
 
 
 @pytest.mark.parametrize("script, size, sides", [
+    ("ab_engine.py", ["--calls", "20"], ("| 1 | before |", "| 1 | after |")),
     ("ab_tasks.py", ["--tasks", "2"], ("| 1 | before |", "| 1 | after |")),
     ("ab_mcp.py", ["--seconds", "0.5"], ("32 client(s), before:", "32 client(s), after :")),
 ])
