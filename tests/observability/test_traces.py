@@ -4,6 +4,10 @@ queued in, and the exporter the OTEL_* variables choose (OTLP, checked against a
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -18,7 +22,7 @@ from pydantic import ValidationError
 
 from tests.support.approvals_support import call
 from tests.support.mcp_client import call_sync
-from tests.support.processes import WebServer, free_port
+from tests.support.processes import ROOT, WebServer, free_port
 from tests.support.task_stack import wait_until
 from tools_app.conf import IdemopsSettings, override_conf
 from tools_app.core import jobs, tracing
@@ -126,6 +130,53 @@ def test_with_nothing_to_receive_them_spans_are_not_recorded_yet_the_call_keeps_
     assert [span.name for span in exporter.get_finished_spans()] == ["tool create_order"]
 
 
+# Run in a process of its own: this one's provider receives spans once any test here adds a processor.
+OUR_SPANS_UNRECORDED = """
+import django, json
+django.setup()
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tools_app.core import tracing
+tracing.configure()
+seen = {}
+with tracing.continued("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", "task.step s", attempt=1) as step:
+    seen["recorded"] = step.is_recording()
+    seen["ids"] = tracing.ids(step)
+    seen["traceparent"] = tracing.carrier()["traceparent"]
+    with tracing.span("inner") as inner:
+        seen["inner"] = [inner.is_recording(), tracing.ids(inner)[0], tracing.carrier()["traceparent"][-2:]]
+with tracing.span("new trace") as fresh:
+    seen["fresh"] = [fresh.is_recording(), tracing.carrier()["traceparent"][-2:]]
+exporter = InMemorySpanExporter()
+trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
+with tracing.continued("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", "task.step s", attempt=1) as step:
+    seen["received"] = step.is_recording()
+seen["exported"] = [(span.name, dict(span.attributes)) for span in exporter.get_finished_spans()]
+print(json.dumps(seen))
+"""
+
+
+def test_with_nothing_to_receive_them_our_spans_in_a_sampled_trace_pass_it_on_unrecorded():
+    """A span continuing a stored row's trace (sampled, so that it is passed on sampled) is not built as a
+    recorded span that nothing would read; what it passes on is what the recorded span would."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "idemops.settings"}
+    for name in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-c", OUR_SPANS_UNRECORDED], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    trace_id, span_id = seen["ids"]
+    assert not seen["recorded"] and trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert span_id not in ("00f067aa0ba902b7", "0" * 16) and len(span_id) == 16
+    assert seen["traceparent"] == f"00-{trace_id}-{span_id}-01"  # passed on sampled, as the recorded span did
+    assert seen["inner"] == [False, trace_id, "00"]  # a local child: the sampler's decision, as before
+    assert seen["fresh"] == [False, "02"]  # a new trace, not sampled (its id random, as the SDK flags it)
+    # Once something receives spans, the same span is recorded, with its attributes.
+    assert seen["received"] is True and seen["exported"] == [["task.step s", {"attempt": 1}]]
+
+
 def test_the_sampler_ratio_records_that_share_of_new_traces_and_follows_a_callers_decision():
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
@@ -184,7 +235,9 @@ class Collector:
 
 
 @pytest.mark.live
-def test_with_an_otlp_endpoint_set_the_web_process_exports_its_calls_spans(transactional_db, token):
+def test_with_an_otlp_endpoint_set_the_web_process_exports_its_calls_spans(transactional_db, token, spans):
+    # `spans`: this process records (and so samples) the client's span, whose context the call carries;
+    # the web process follows the caller's decision, so the call's spans are recorded there too.
     collector = Collector()
     web = WebServer("web-otlp", OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.port}",
                     OTEL_BSP_SCHEDULE_DELAY="100", OTEL_SERVICE_NAME="idemops-under-test")

@@ -116,6 +116,11 @@ class Provider(TracerProvider):
         super().add_span_processor(span_processor)
         self._receiving_sampler.receiving = True
 
+    @property
+    def receiving(self) -> bool:
+        """Whether a span processor would receive a recorded span."""
+        return self._receiving_sampler.receiving
+
 
 PROBES_MIDDLEWARE = "tools_app.web.health.ProbesMiddleware"
 
@@ -166,14 +171,36 @@ def exporters() -> list[SpanExporter]:
 # taken for it.
 def span(name: str, kind: SpanKind = SpanKind.INTERNAL, /, **attributes: Any) -> AbstractContextManager[trace.Span]:
     """A span of ours around a piece of work, current inside (attributes with None are left out)."""
-    return tracer.start_as_current_span(name, kind=kind,
-                                        attributes={k: v for k, v in attributes.items() if v is not None})
+    return trace.use_span(_started(name, None, kind, attributes), end_on_exit=True)
 
 
 def opened(name: str, kind: SpanKind = SpanKind.INTERNAL, /, **attributes: Any) -> trace.Span:
     """A span of ours for work that pauses and goes on (a call that waits: core.polling.Pending):
     made current by `current(span)` for each part, ended by its owner."""
-    return tracer.start_span(name, kind=kind, attributes={k: v for k, v in attributes.items() if v is not None})
+    return _started(name, None, kind, attributes)
+
+
+def _started(name: str, context: otel_context.Context | None, kind: SpanKind, attributes: dict[str, Any]
+             ) -> trace.Span:
+    """`tracer.start_span`, but not recorded where it would be recorded for nothing. With no span
+    processor (nothing exported) the `Sampler` records only a span whose parent is a caller's sampled
+    trace (a `traceparent`, a stored row's ids: `remote_parent`), so that what this process passes on
+    stays sampled; a span that nothing reads, with its attributes checked one by one (20 µs a span).
+    That span is then a non-recording one with what the recorded one would pass on: the parent's
+    trace id and trace state, a span id of its own, the sampled flag (and the random-trace-id flag
+    where the parent had it)."""
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, Provider) and not provider.receiving:
+        parent = trace.get_current_span(context).get_span_context()
+        if parent.is_valid and parent.is_remote and parent.trace_flags.sampled:
+            return NonRecordingSpan(SpanContext(
+                parent.trace_id, provider.id_generator.generate_span_id(), is_remote=False,
+                trace_flags=TraceFlags(parent.trace_flags & _PASSED_ON), trace_state=parent.trace_state))
+    return tracer.start_span(name, context=context, kind=kind,
+                             attributes={k: v for k, v in attributes.items() if v is not None})
+
+
+_PASSED_ON = TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID
 
 
 def current(opened_span: trace.Span) -> AbstractContextManager[trace.Span]:
@@ -206,8 +233,8 @@ def remote_parent(trace_id: str, span_id: str = "") -> otel_context.Context | No
 def continued(trace_id: str, span_id: str, name: str, kind: SpanKind = SpanKind.INTERNAL, /,
               **attributes: Any) -> Iterator[trace.Span]:
     """A span `name` in the trace stored with a row (see `remote_parent`); in the current trace if none."""
-    with tracer.start_as_current_span(name, context=remote_parent(trace_id, span_id), kind=kind,
-                                      attributes={k: v for k, v in attributes.items() if v is not None}) as current:
+    started = _started(name, remote_parent(trace_id, span_id), kind, attributes)
+    with trace.use_span(started, end_on_exit=True) as current:
         yield current
 
 
