@@ -12,17 +12,13 @@ excluded), round by round. Both checkouts must share the schema (no migration be
 
 from __future__ import annotations
 
-import json
-import os
-import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import before_and_after, fresh_database_url  # noqa: E402
+from bench.common import before_and_after, in_both_checkouts, print_gain  # noqa: E402
 
 # What each side runs, in its own checkout: only names both sides have.
 MEASURE = """
@@ -56,26 +52,11 @@ print(json.dumps({"first_ms": first_ms, "first_cpu_ms": first_cpu_ms, "replay_ms
 
 def main() -> None:
     args = before_and_after(__doc__, calls=(int, 400))
-    env = {**os.environ, "DATABASE_URL": os.environ.get("DATABASE_URL") or fresh_database_url(),
-           "IDEMOPS_LOG_LEVEL": "WARNING"}
-    sides = {"before": args.before.resolve(), "after": ROOT}
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
-    print("| round | side | ms a first call | CPU ms a first call | ms a replay |")
-    print("| ---: | --- | ---: | ---: | ---: |")
-    for round_number in range(1, args.rounds + 1):
-        for name, checkout in sides.items():
-            done = subprocess.run([sys.executable, "-c", MEASURE, str(args.calls)], cwd=checkout, env=env,
-                                  capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise SystemExit(f"{name} ({checkout}) failed:\n{done.stderr[-3000:]}")
-            figures = json.loads(done.stdout.strip().splitlines()[-1])
-            results[name].append(figures)
-            print(f"| {round_number} | {name} | {figures['first_ms']:.3f} | {figures['first_cpu_ms']:.3f} | "
-                  f"{figures['replay_ms']:.3f} |", flush=True)
-    for figure, what in (("first_ms", "ms a first call"), ("first_cpu_ms", "CPU ms a first call"),
-                         ("replay_ms", "ms a replay")):
-        before, after = (statistics.median(r[figure] for r in results[n]) for n in ("before", "after"))
-        print(f"median {what}: before {before:.3f}, after {after:.3f} ({before / after:.2f}× faster)")
+    figures = (("first_ms", "ms a first call"), ("first_cpu_ms", "CPU ms a first call"), ("replay_ms", "ms a replay"))
+    results = in_both_checkouts(args, MEASURE, args.calls, [what for _, what in figures],
+                                lambda measured: [f"{measured[name]:.3f}" for name, _ in figures])
+    for name, what in figures:
+        print_gain(results, name, what, 3)
 
 
 if __name__ == "__main__":

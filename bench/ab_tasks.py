@@ -13,17 +13,13 @@ schema (no migration between them).
 
 from __future__ import annotations
 
-import json
-import os
-import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import before_and_after, fresh_database_url  # noqa: E402
+from bench.common import before_and_after, in_both_checkouts, print_gain  # noqa: E402
 
 # What each side runs, in its own checkout: only names both sides have.
 MEASURE = """
@@ -53,25 +49,15 @@ print(json.dumps({"anchor_ms": anchor, "task_ms": statistics.median(one() for _ 
 
 def main() -> None:
     args = before_and_after(__doc__, tasks=(int, 30))
-    env = {**os.environ, "DATABASE_URL": os.environ.get("DATABASE_URL") or fresh_database_url(),
-           "IDEMOPS_LOG_LEVEL": "WARNING"}
-    sides = {"before": args.before.resolve(), "after": ROOT}
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
-    print("| round | side | ms a task | ms a step | anchor ms | a step, in anchors |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: |")
-    for round_number in range(1, args.rounds + 1):
-        for name, checkout in sides.items():
-            done = subprocess.run([sys.executable, "-c", MEASURE, str(args.tasks)], cwd=checkout, env=env,
-                                  capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise SystemExit(f"{name} ({checkout}) failed:\n{done.stderr[-3000:]}")
-            figures = json.loads(done.stdout.strip().splitlines()[-1])
-            results[name].append(figures)
-            step = figures["task_ms"] / 10
-            print(f"| {round_number} | {name} | {figures['task_ms']:.1f} | {step:.2f} | {figures['anchor_ms']:.2f} | "
-                  f"{step / figures['anchor_ms']:.1f} |", flush=True)
-    before, after = (statistics.median(r["task_ms"] for r in results[n]) for n in ("before", "after"))
-    print(f"\nmedian ms a task: before {before:.1f}, after {after:.1f} ({before / after:.2f}× faster)")
+
+    def cells(figures: dict[str, float]) -> list[str]:
+        step = figures["task_ms"] / 10
+        return [f"{figures['task_ms']:.1f}", f"{step:.2f}", f"{figures['anchor_ms']:.2f}",
+                f"{step / figures['anchor_ms']:.1f}"]
+
+    results = in_both_checkouts(args, MEASURE, args.tasks,
+                                ["ms a task", "ms a step", "anchor ms", "a step, in anchors"], cells)
+    print_gain(results, "task_ms", "ms a task", 1)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,6 +150,39 @@ def before_and_after(description: str, **options: tuple[type, Any]) -> Any:
     for name, (kind, default) in options.items():
         parser.add_argument(f"--{name}", type=kind, default=default)
     return parser.parse_args()
+
+
+def in_both_checkouts(args: Any, measure: str, count: int, columns: Sequence[str],
+                      cells: Callable[[dict[str, float]], Sequence[str]]) -> dict[str, list[dict[str, float]]]:
+    """An A/B script's rounds (bench/ab_engine.py, bench/ab_tasks.py): `measure`, Python source that prints
+    its figures as a JSON object on its last line, run with `count` in a process of each checkout (before:
+    `args.before`; after: this one), alternating, `args.rounds` times, on one benchmark database. Prints a
+    markdown row per run (`cells` of its figures) under `columns`; returns each side's figures by round."""
+    import json
+    import subprocess
+
+    env = {**os.environ, "DATABASE_URL": os.environ.get("DATABASE_URL") or fresh_database_url(),
+           "IDEMOPS_LOG_LEVEL": "WARNING"}
+    sides = {"before": args.before.resolve(), "after": ROOT}
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
+    print("| round | side | " + " | ".join(columns) + " |")
+    print("| ---: | --- |" + " ---: |" * len(columns))
+    for round_number in range(1, args.rounds + 1):
+        for name, checkout in sides.items():
+            done = subprocess.run([sys.executable, "-c", measure, str(count)], cwd=checkout, env=env,
+                                  capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise SystemExit(f"{name} ({checkout}) failed:\n{done.stderr[-3000:]}")
+            figures = json.loads(done.stdout.strip().splitlines()[-1])
+            results[name].append(figures)
+            print(f"| {round_number} | {name} | " + " | ".join(cells(figures)) + " |", flush=True)
+    return results
+
+
+def print_gain(results: dict[str, list[dict[str, float]]], figure: str, what: str, digits: int) -> None:
+    """The median of `figure` over the rounds, before and after, and the ratio."""
+    before, after = (statistics.median(r[figure] for r in results[side]) for side in ("before", "after"))
+    print(f"median {what}: before {before:.{digits}f}, after {after:.{digits}f} ({before / after:.2f}× faster)")
 
 
 def live_statistics(*databases: str) -> None:
