@@ -11,13 +11,23 @@ P1 claim+complete: `engine.run` of a new key with a no-op local side effect
      itself costs.
 P2 replay: `engine.run` of a key already SUCCEEDED, against a raw indexed
    SELECT of the same row.
+Beside each, the engine's own statements issued from raw psycopg with nothing
+around them (`EngineStatements`: the texts and parameters the engine sent for
+one key, captured once, sent again for each new key): what its SQL costs
+alone, so that a ratio splits into the statements' part and the Python's.
 The sides alternate in rounds so that machine noise hits them alike.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import hashlib
 import statistics
 import uuid
+from collections.abc import Callable
+from typing import Any
+from unittest import mock
 
 from bench.common import Section, at_most, live_statistics, row, summary, timed
 
@@ -34,6 +44,83 @@ ENGINE_NOTE = (
     "(tests/engine/test_round_trips.py counts the round trips).")
 
 
+class EngineStatements:
+    """The statements `engine.run` sends through `core.db.fetchone` for one call, captured for two keys, and
+    sent again from a raw psycopg connection for any other key: the parameters that differ between the two
+    captures are the key's own (the key, its digest, the operation id, the record's id, a time), replaced by
+    the new key's; the rest is sent as captured. The texts are sent as the engine sends them (numbered
+    placeholders on a `RawCursor`), on a connection that prepares statements as the engine's does."""
+
+    def __init__(self, call: Callable[[str], object], keys: tuple[str, str]) -> None:
+        from tools_app.core import db
+
+        captures: list[list[tuple[str, list[Any]]]] = []
+        fetchone = db.fetchone
+        for key in keys:
+            sent: list[tuple[str, list[Any]]] = []
+
+            def spy(sql: str, params: Any, sent: list[tuple[str, list[Any]]] = sent) -> Any:
+                sent.append((sql, list(params)))
+                return fetchone(sql, params)
+
+            with mock.patch.object(db, "fetchone", spy):
+                call(key)
+            captures.append(sent)
+        first, second = captures
+        assert [sql for sql, _ in first] == [sql for sql, _ in second], "the two calls sent other statements"
+        self.keys = keys
+        self.statements = [(db._numbered(sql) or sql, a, [i for i, (x, y) in enumerate(zip(a, b, strict=True))
+                                                          if _plain(x) != _plain(y)])
+                           for (sql, a), (_, b) in zip(first, second, strict=True)]
+
+    def sender(self, raw: Any) -> Callable[[str], None]:
+        """A function that sends the statements for a new key on `raw` (an autocommit connection)."""
+        import psycopg
+
+        cursor = psycopg.RawCursor(raw)
+        old_key = self.keys[0]
+
+        def send(key: str) -> None:
+            fresh: dict[Any, Any] = {old_key: key}
+            # In one transaction as the engine's, or (one statement, a replay's read) in autocommit as the engine's.
+            with raw.transaction() if len(self.statements) > 1 else contextlib.nullcontext():
+                for sql, params, varying in self.statements:
+                    values = list(params)
+                    for i in varying:
+                        old = params[i]
+                        if _plain(old) is old:  # JSON (a ciphertext's nonce differs) is sent as captured
+                            if old not in fresh:
+                                fresh[old] = self._new(old, key, fresh)
+                            values[i] = fresh[old]
+                    row = cursor.execute(sql, values).fetchone()
+                    if row is not None and isinstance(row[0], int) and "id" not in fresh:
+                        fresh["id"] = row[0]
+
+        return send
+
+    @staticmethod
+    def _new(old: Any, key: str, fresh: dict[Any, Any]) -> Any:
+        value: Any = old  # the rest (a lease owner, a ciphertext's nonce, an advisory lock's number): as captured
+        if isinstance(old, uuid.UUID):
+            value = uuid.uuid4()
+        elif isinstance(old, dt.datetime):
+            value = dt.datetime.now(dt.UTC)
+        elif isinstance(old, str) and old.startswith("#"):  # the key's digest (core.keys)
+            value = "#" + hashlib.sha256(key.encode()).hexdigest()
+        elif "id" in fresh and (isinstance(old, int) or (isinstance(old, str) and old.isdigit())):
+            value = fresh["id"] if isinstance(old, int) else str(fresh["id"])  # the claimed record's id
+        return value
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.2f}–{max(values):.2f}×"
+
+
+def _plain(value: Any) -> Any:
+    """A parameter as compared between the two captures: a JSON one by its value."""
+    return getattr(value, "obj", value)
+
+
 def run(quick: bool = False) -> Section:
     rounds, calls = (QUICK_ROUNDS, QUICK_CALLS) if quick else (ROUNDS, CALLS_PER_ROUND)
     import psycopg
@@ -45,7 +132,8 @@ def run(quick: bool = False) -> Section:
 
     tenant = access.create_tenant("bench")
     s = connection.settings_dict
-    raw = psycopg.connect(dbname=s["NAME"], host=s["HOST"], user=s["USER"], autocommit=True)
+    raw = psycopg.connect(dbname=s["NAME"], host=s["HOST"], user=s["USER"], autocommit=True,
+                          prepare_threshold=s["OPTIONS"].get("prepare_threshold", 5))
     raw.execute("CREATE TABLE IF NOT EXISTS bench_raw_claims (id bigserial PRIMARY KEY, tenant_id bigint, "
                 "tool text, key text, fingerprint text, status text, result jsonb, UNIQUE (tenant_id, tool, key))")
 
@@ -88,22 +176,33 @@ def run(quick: bool = False) -> Section:
         engine_claim(f"warm-{i}")
         raw_claim(f"warm-{i}")
     live_statistics()
-    steps = {"raw_claim": raw_claim, "raw_full_claim": raw_full_claim, "engine_claim": engine_claim,
-             "raw_select": raw_select, "engine_replay": engine_replay}
+    # The engine's own statements, captured as it sends them among first calls, then among replays.
+    claim_statements = EngineStatements(engine_claim, ("captured-a", "captured-b")).sender(raw)
+    for _ in range(2):
+        for i in range(40):
+            engine_replay(f"warm-{i}")
+    replay_statements = EngineStatements(engine_replay, ("warm-0", "warm-1")).sender(raw)
+    steps = {"raw_claim": raw_claim, "raw_full_claim": raw_full_claim, "engine_sql_claim": claim_statements,
+             "engine_claim": engine_claim, "raw_select": raw_select, "engine_sql_replay": replay_statements,
+             "engine_replay": engine_replay}
     latencies: dict[str, list[float]] = {name: [] for name in steps}
-    per_round: dict[str, list[float]] = {"claim": [], "replay": []}
+    per_round: dict[str, list[float]] = {"claim": [], "replay": [], "claim_sql": [], "replay_sql": []}
     for _ in range(rounds):
         prefix = uuid.uuid4().hex[:8]
         for i in range(calls):
             full_rows[f"full-{prefix}-{i}"] = db.insert_parts(engine.new_record(operation(f"full-{prefix}-{i}")))
         this_round = {}
         for name, step in steps.items():
-            key_prefix = f"full-{prefix}" if name == "raw_full_claim" else prefix
+            # The raw statements' replays read the rows their claims wrote (the engine's, its own).
+            key_prefix = {"raw_full_claim": f"full-{prefix}", "engine_sql_claim": f"sql-{prefix}",
+                          "engine_sql_replay": f"sql-{prefix}"}.get(name, prefix)
             this_round[name] = timed(lambda i, step=step, key_prefix=key_prefix: step(f"{key_prefix}-{i}"), calls)
             latencies[name] += this_round[name]
         medians = {name: statistics.median(values) for name, values in this_round.items()}
         per_round["claim"].append(medians["engine_claim"] / medians["raw_claim"])
         per_round["replay"].append(medians["engine_replay"] / medians["raw_select"])
+        per_round["claim_sql"].append(medians["engine_sql_claim"] / medians["raw_claim"])
+        per_round["replay_sql"].append(medians["engine_sql_replay"] / medians["raw_select"])
     stats = {name: summary(values) for name, values in latencies.items()}
 
     def ratio(a: str, b: str) -> float:
@@ -111,9 +210,13 @@ def run(quick: bool = False) -> Section:
 
     p1 = at_most("P1", "engine claim+complete / raw INSERT … ON CONFLICT + UPDATE (minimal table)", per_round["claim"],
                  2, engine_ms=stats["engine_claim"]["median_ms"], raw_ms=stats["raw_claim"]["median_ms"],
-                 raw_engine_table_ms=stats["raw_full_claim"]["median_ms"])
+                 raw_engine_table_ms=stats["raw_full_claim"]["median_ms"],
+                 engine_statements_ms=stats["engine_sql_claim"]["median_ms"],
+                 engine_statements_ratio=statistics.median(per_round["claim_sql"]))
     p2 = at_most("P2", "engine replay / raw indexed SELECT", per_round["replay"], 1.5,
-                 engine_ms=stats["engine_replay"]["median_ms"], raw_ms=stats["raw_select"]["median_ms"])
+                 engine_ms=stats["engine_replay"]["median_ms"], raw_ms=stats["raw_select"]["median_ms"],
+                 engine_statements_ms=stats["engine_sql_replay"]["median_ms"],
+                 engine_statements_ratio=statistics.median(per_round["replay_sql"]))
     return Section("\n".join([
         "## P1, P2: the idempotency engine vs raw SQL",
         "",
@@ -124,8 +227,10 @@ def run(quick: bool = False) -> Section:
         "| --- | ---: | ---: | ---: |",
         row("raw INSERT … ON CONFLICT + UPDATE, minimal table", stats["raw_claim"]),
         row("raw INSERT … ON CONFLICT + UPDATE, the engine's table and row", stats["raw_full_claim"]),
+        row("the engine's statements alone: BEGIN, claim, complete, COMMIT", stats["engine_sql_claim"]),
         row("engine claim + complete (with both audit events)", stats["engine_claim"]),
         row("raw indexed SELECT", stats["raw_select"]),
+        row("the engine's replay statement alone", stats["engine_sql_replay"]),
         row("engine replay", stats["engine_replay"]),
         "",
         f"- P1 claim+complete: engine / raw on a minimal table = **{p1.value:.2f}×** (rounds {p1.spread_cell()}; "
@@ -133,6 +238,12 @@ def run(quick: bool = False) -> Section:
         f"**{ratio('engine_claim', 'raw_full_claim'):.2f}×**; the record alone / minimal = "
         f"{ratio('raw_full_claim', 'raw_claim'):.2f}×",
         f"- P2 replay: engine / raw SELECT = **{p2.value:.2f}×** (rounds {p2.spread_cell()}; target ≤ 1.5×)",
+        f"- The engine's statements sent raw (its SQL without its Python) / the same baseline: claim + complete "
+        f"**{statistics.median(per_round['claim_sql']):.2f}×** (rounds {spread(per_round['claim_sql'])}), replay "
+        f"**{statistics.median(per_round['replay_sql']):.2f}×** (rounds {spread(per_round['replay_sql'])}); the "
+        f"engine / its statements: claim + complete {ratio('engine_claim', 'engine_sql_claim'):.2f}×, replay "
+        f"{ratio('engine_replay', 'engine_sql_replay'):.2f}× (its Python: the key's digest and the arguments' "
+        "fingerprint, the record built and sealed, the answer)",
         "",
         ENGINE_NOTE,
         "",
