@@ -14,10 +14,11 @@ from django.utils import timezone
 from idemops_demo.models import Document, DocumentChunk, Order
 from tests.support.issued_ids import issued_key
 from tests.support.operators import make_operator
+from tests.support.round_trips import round_trips
 from tools_app import access, retention
 from tools_app.access.roles import AUDITOR, OPERATOR
 from tools_app.conf import override_conf
-from tools_app.core import audit
+from tools_app.core import audit, keys
 from tools_app.core.errors import PermissionDenied
 from tools_app.models import AuditEvent, Checkpoint, IdempotencyRecord, RetentionOverride, Task, TaskArtifact
 from tools_app.tasks import jobs as task_jobs
@@ -77,6 +78,31 @@ def test_a_purged_key_follows_its_expiry_policy_and_the_audit_chain_still_verifi
     out = StringIO()
     call_command("verify_audit_log", stdout=out)
     assert out.getvalue().startswith("OK: ")
+
+
+def test_a_purged_key_is_found_where_its_tool_reads_the_raw_key_before_it_claims(transactional_db, caller):
+    # given create_order's recent calls are mostly replays, so a call reads its key first (its raw form only:
+    # claims.find_live(purged=False)), and an order whose key expired and was purged
+    order(caller, "o-1")
+    for _ in range(30):
+        assert call(caller, "create_order", {**ORDER, "idempotency_key": "o-busy"}).error is None
+    age(IdempotencyRecord, 400, key="o-1")
+    assert retention.purge().purged["records"] == 1
+    purged = IdempotencyRecord.objects.get(purged_at__isnull=False)
+
+    # when the key is used again
+    sent: list[str] = []
+    again = round_trips(lambda: sent.append(order(caller, "o-1")))
+
+    # then the read found nothing under the raw key, and the call went on to find the purged record all the same:
+    # the key followed its tool's expiry policy (retired, then run again as a new order), not a second live
+    # record beside the purged one
+    assert again[:2] == ["Sync", "Query BEGIN"]
+    assert not sent[0].replayed and Order.objects.count() == 3
+    purged.refresh_from_db()
+    assert purged.retired_at is not None
+    assert IdempotencyRecord.objects.filter(tenant_id=caller.tenant_id, tool="create_order",
+                                            key__in=keys.stored_forms("o-1"), retired_at__isnull=True).count() == 1
 
 
 def test_nothing_is_purged_before_its_retention_nor_a_record_whose_key_still_lives(transactional_db, caller):

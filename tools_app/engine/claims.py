@@ -269,10 +269,16 @@ REPLAY_FIELDS = ("id", "tenant_id", "tool", "key", "fingerprint", "fingerprint_v
                  "operation_id", "created_at", "expires_at", "ongoing")
 
 
-def find_live(op: Operation) -> IdempotencyRecord | None:
+def find_live(op: Operation, *, purged: bool = True) -> IdempotencyRecord | None:
     """The live record of `op`'s key, if any: one indexed read of what a replay needs, with the
-    database's time of the read (`read_at`)."""
-    row = db.fetchone(_find_live_sql(), (op.tenant_id, op.tool, *keys.stored_forms(op.key)))
+    database's time of the read (`read_at`).
+
+    The key is looked up in both its forms (raw, and purged: `keys.stored_forms`), or with
+    `purged=False` in its raw form only: one probe of the index, and no keyed hash to compute. That is
+    for a caller whose miss goes on to the claim, which finds a purged key's record all the same (its
+    statement looks in both forms): a replay's read, where keys are seldom purged ones."""
+    forms = keys.stored_forms(op.key) if purged else (op.key,)
+    row = db.fetchone(_find_live_sql(len(forms)), (op.tenant_id, op.tool, *forms))
     return None if row is None else _read(row[:-1], row[-1])
 
 
@@ -284,10 +290,11 @@ def _read(row: tuple[Any, ...], read_at: Any) -> IdempotencyRecord:
 
 
 @cache
-def _find_live_sql() -> str:
+def _find_live_sql(forms: int) -> str:
     _, select_list = db.select_columns(IdempotencyRecord, fields=REPLAY_FIELDS)
+    key = "key = %s" if forms == 1 else "key IN (%s, %s)"
     return (f"SELECT {select_list}, statement_timestamp() FROM {db.table(IdempotencyRecord)} "
-            "WHERE tenant_id = %s AND tool = %s AND key IN (%s, %s) AND retired_at IS NULL")
+            f"WHERE tenant_id = %s AND tool = %s AND {key} AND retired_at IS NULL")
 
 
 def whole(record: IdempotencyRecord) -> IdempotencyRecord:

@@ -120,7 +120,8 @@ def _claim_or_live(op: Operation, execute: Executor) -> Outcome | IdempotencyRec
     in the claim's transaction: held back, it rolls its claim back and leaves nothing.
     """
     if not op.transactional or op.hold is not None or _live_share.mostly_live(op.tool):
-        record = find_live(op)
+        # A local tool's miss goes straight on to its claim, which also finds a purged key's record.
+        record = find_live(op, purged=not op.transactional or op.hold is not None)
         _live_share.saw(op.tool, live=record is not None)
         if record is not None:
             return record
