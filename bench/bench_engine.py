@@ -132,8 +132,10 @@ def run(quick: bool = False) -> Section:
 
     tenant = access.create_tenant("bench")
     s = connection.settings_dict
+    # As Django's connections: statements prepared alike, and the session in UTC (psycopg's C loader then reads a
+    # time without a zone conversion in Python).
     raw = psycopg.connect(dbname=s["NAME"], host=s["HOST"], user=s["USER"], autocommit=True,
-                          prepare_threshold=s["OPTIONS"].get("prepare_threshold", 5))
+                          prepare_threshold=s["OPTIONS"].get("prepare_threshold", 5), options="-c TimeZone=UTC")
     raw.execute("CREATE TABLE IF NOT EXISTS bench_raw_claims (id bigserial PRIMARY KEY, tenant_id bigint, "
                 "tool text, key text, fingerprint text, status text, result jsonb, UNIQUE (tenant_id, tool, key))")
 

@@ -321,8 +321,8 @@ task has steps, no platform) and the tasks interleaved in rounds on one cluster.
 {chr(10).join(rates)}
 
 - P6: the tasks / the bare job = **{p6.value:.2f}×** (rounds {p6.spread_cell()}; target ≥ 0.8×). The floor of a
-  checkpointed job, which writes as the task does and nothing else, is itself near 0.8× the bare job; the tasks /
-  that floor, round by round: **{statistics.median(to_floor):.2f}×** ({min(to_floor):.2f}–{max(to_floor):.2f}×;
+  checkpointed job writes as the task does and nothing else (its ratio to the bare job is the row above); the
+  tasks / that floor, round by round: **{statistics.median(to_floor):.2f}×** ({min(to_floor):.2f}–{max(to_floor):.2f}×;
   proposed target ≥ 0.9×, docs/performance.md).
 
 ### From SIGKILL to resumed progress: P7
