@@ -67,6 +67,8 @@ class EngineStatements:
                 call(key)
             captures.append(sent)
         first, second = captures
+        # Nothing captured would make the raw side an empty loop: its figure would mean nothing.
+        assert first, "engine.run sent no statement through core.db.fetchone"
         assert [sql for sql, _ in first] == [sql for sql, _ in second], "the two calls sent other statements"
         self.keys = keys
         self.statements = [(db._numbered(sql) or sql, a, [i for i, (x, y) in enumerate(zip(a, b, strict=True))
