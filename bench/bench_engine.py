@@ -247,7 +247,10 @@ def run(quick: bool = False) -> Section:
         f"**{statistics.median(per_round['replay_sql']):.2f}×** (rounds {spread(per_round['replay_sql'])}); the "
         f"engine / its statements: claim + complete {ratio('engine_claim', 'engine_sql_claim'):.2f}×, replay "
         f"{ratio('engine_replay', 'engine_sql_replay'):.2f}× (its Python: the key's digest and the arguments' "
-        "fingerprint, the record built and sealed, the answer)",
+        "fingerprint, the record built and sealed, the answer). "
+        + ("The replay statement alone above 1.5× puts P2's target out of reach of the read a replay needs; "
+           if statistics.median(per_round["replay_sql"]) > 1.5 else "")
+        + "proposed instead for P2: the engine's replay / its statement ≤ 1.5× (docs/performance.md)",
         "",
         ENGINE_NOTE,
         "",
