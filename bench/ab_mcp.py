@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import before_and_after, setup_django  # noqa: E402
+from bench.common import before_and_after, setup_django, spread  # noqa: E402
 
 
 def main() -> None:
@@ -69,10 +69,10 @@ def main() -> None:
             ratios = [ours / floor for ours, floor in zip(rates[(name, clients)], rates[("floor", clients)],
                                                           strict=True)]
             print(f"{clients:2} client(s), {name:6}: {statistics.median(rates[(name, clients)]):6.0f} calls/s, "
-                  f"{statistics.median(ratios):.2f}× the floor ({min(ratios):.2f}–{max(ratios):.2f})")
+                  f"{statistics.median(ratios):.2f}× the floor ({spread(ratios, '')})")
     for name in servers:
         scaling = [many / one for one, many in zip(rates[(name, 1)], rates[(name, 32)], strict=True)]
-        print(f"{name:6} 32 clients / 1: {statistics.median(scaling):.2f}× ({min(scaling):.2f}–{max(scaling):.2f})")
+        print(f"{name:6} 32 clients / 1: {statistics.median(scaling):.2f}× ({spread(scaling, '')})")
     print(f"load average {os.getloadavg()}")
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
-from bench.common import Section, at_most, live_statistics, row, summary, timed
+from bench.common import Section, at_most, live_statistics, row, spread, summary, timed
 
 ROUNDS, QUICK_ROUNDS = 5, 2
 CALLS_PER_ROUND, QUICK_CALLS = 400, 60
@@ -72,7 +72,7 @@ class EngineStatements:
         assert [sql for sql, _ in first] == [sql for sql, _ in second], "the two calls sent other statements"
         self.keys = keys
         self.statements = [(db._numbered(sql) or sql, a, [i for i, (x, y) in enumerate(zip(a, b, strict=True))
-                                                          if _plain(x) != _plain(y)])
+                                                          if _compared(x) != _compared(y)])
                            for (sql, a), (_, b) in zip(first, second, strict=True)]
 
     def sender(self, raw: Any) -> Callable[[str], None]:
@@ -83,42 +83,40 @@ class EngineStatements:
         old_key = self.keys[0]
 
         def send(key: str) -> None:
-            fresh: dict[Any, Any] = {old_key: key}
+            for_key: dict[Any, Any] = {old_key: key}  # a captured parameter -> this key's value
+            record_id: int | None = None  # the claimed record's, once a statement returned it
             # In one transaction as the engine's, or (one statement, a replay's read) in autocommit as the engine's.
             with raw.transaction() if len(self.statements) > 1 else contextlib.nullcontext():
                 for sql, params, varying in self.statements:
                     values = list(params)
                     for i in varying:
                         old = params[i]
-                        if _plain(old) is old:  # JSON (a ciphertext's nonce differs) is sent as captured
-                            if old not in fresh:
-                                fresh[old] = self._new(old, key, fresh)
-                            values[i] = fresh[old]
+                        if _compared(old) is not old:  # JSON (a ciphertext's nonce differs): sent as captured
+                            continue
+                        if old not in for_key:
+                            for_key[old] = _for_key(old, key, record_id)
+                        values[i] = for_key[old]
                     row = cursor.execute(sql, values).fetchone()
-                    if row is not None and isinstance(row[0], int) and "id" not in fresh:
-                        fresh["id"] = row[0]
+                    if record_id is None and row is not None and isinstance(row[0], int):
+                        record_id = row[0]
 
         return send
 
-    @staticmethod
-    def _new(old: Any, key: str, fresh: dict[Any, Any]) -> Any:
-        value: Any = old  # the rest (a lease owner, a ciphertext's nonce, an advisory lock's number): as captured
-        if isinstance(old, uuid.UUID):
-            value = uuid.uuid4()
-        elif isinstance(old, dt.datetime):
-            value = dt.datetime.now(dt.UTC)
-        elif isinstance(old, str) and old.startswith("#"):  # the key's digest (core.keys)
-            value = "#" + hashlib.sha256(key.encode()).hexdigest()
-        elif "id" in fresh and (isinstance(old, int) or (isinstance(old, str) and old.isdigit())):
-            value = fresh["id"] if isinstance(old, int) else str(fresh["id"])  # the claimed record's id
-        return value
+
+def _for_key(old: Any, key: str, record_id: int | None) -> Any:
+    """The value for `key` of a captured parameter that differed between the two captures."""
+    if isinstance(old, uuid.UUID):
+        return uuid.uuid4()
+    if isinstance(old, dt.datetime):
+        return dt.datetime.now(dt.UTC)
+    if isinstance(old, str) and old.startswith("#"):  # the key's digest (core.keys)
+        return "#" + hashlib.sha256(key.encode()).hexdigest()
+    if record_id is not None and (isinstance(old, int) or (isinstance(old, str) and old.isdigit())):
+        return record_id if isinstance(old, int) else str(record_id)  # the claimed record's id
+    return old  # the rest (a lease owner, an advisory lock's number): as captured
 
 
-def spread(values: list[float]) -> str:
-    return f"{min(values):.2f}–{max(values):.2f}×"
-
-
-def _plain(value: Any) -> Any:
+def _compared(value: Any) -> Any:
     """A parameter as compared between the two captures: a JSON one by its value."""
     return getattr(value, "obj", value)
 

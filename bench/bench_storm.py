@@ -20,7 +20,7 @@ import statistics
 import time
 import uuid
 
-from bench.common import Section, at_most, live_statistics, percentile
+from bench.common import Section, at_most, live_statistics, percentile, spread
 
 CALLERS = 50
 STORMS, QUICK_STORMS = 5, 2
@@ -176,7 +176,7 @@ def run(quick: bool = False) -> Section:
         "the floor's ratio |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |", *rows, "",
         f"- P5: followers' p99 / executor = **{p5.value:.2f}×** (storms {p5.spread_cell()}; target ≤ 1.2×); "
         f"the floor's, in the same storms: {statistics.median(floors):.2f}× "
-        f"({min(floors):.2f}–{max(floors):.2f}×). P5 / the floor's ratio, storm by storm: "
-        f"**{statistics.median(to_floor):.2f}×** ({min(to_floor):.2f}–{max(to_floor):.2f}×; proposed target ≤ 1×: "
+        f"({spread(floors)}). P5 / the floor's ratio, storm by storm: "
+        f"**{statistics.median(to_floor):.2f}×** ({spread(to_floor)}; proposed target ≤ 1×: "
         "followers wait no longer, relative to their executor, than with no platform; docs/performance.md).", "",
     ]), [p5])

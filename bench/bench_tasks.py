@@ -29,7 +29,7 @@ from django_q.tasks import async_task
 from pydantic import BaseModel
 
 from bench import floor_jobs
-from bench.common import ROOT, Section, at_least, at_most, live_statistics
+from bench.common import ROOT, Section, at_least, at_most, live_statistics, spread
 from idemops_demo.tools.documents import INGEST
 from tests.support.documents_fixtures import long_text, pdf_of_text
 from tools_app import access, tasks
@@ -322,7 +322,7 @@ task has steps, no platform) and the tasks interleaved in rounds on one cluster.
 
 - P6: the tasks / the bare job = **{p6.value:.2f}×** (rounds {p6.spread_cell()}; target ≥ 0.8×). The floor of a
   checkpointed job writes as the task does and nothing else (its ratio to the bare job is the row above); the
-  tasks / that floor, round by round: **{statistics.median(to_floor):.2f}×** ({min(to_floor):.2f}–{max(to_floor):.2f}×;
+  tasks / that floor, round by round: **{statistics.median(to_floor):.2f}×** ({spread(to_floor)};
   proposed target ≥ 0.9×, docs/performance.md).
 
 ### From SIGKILL to resumed progress: P7

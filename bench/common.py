@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -158,9 +160,6 @@ def in_both_checkouts(args: Any, measure: str, count: int, columns: Sequence[str
     its figures as a JSON object on its last line, run with `count` in a process of each checkout (before:
     `args.before`; after: this one), alternating, `args.rounds` times, on one benchmark database. Prints a
     markdown row per run (`cells` of its figures) under `columns`; returns each side's figures by round."""
-    import json
-    import subprocess
-
     env = {**os.environ, "DATABASE_URL": os.environ.get("DATABASE_URL") or fresh_database_url(),
            "IDEMOPS_LOG_LEVEL": "WARNING"}
     sides = {"before": args.before.resolve(), "after": ROOT}
@@ -183,6 +182,11 @@ def print_gain(results: dict[str, list[dict[str, float]]], figure: str, what: st
     """The median of `figure` over the rounds, before and after, and the ratio."""
     before, after = (statistics.median(r[figure] for r in results[side]) for side in ("before", "after"))
     print(f"median {what}: before {before:.{digits}f}, after {after:.{digits}f} ({before / after:.2f}× faster)")
+
+
+def spread(values: Sequence[float], unit: str = "×") -> str:
+    """The lowest and highest of `values` (rounds, storms), as the figures print them."""
+    return f"{min(values):.2f}–{max(values):.2f}{unit}"
 
 
 def live_statistics(*databases: str) -> None:
@@ -249,10 +253,7 @@ class Figure:
         return f"{self.value:.2f}{self.unit}"
 
     def spread_cell(self) -> str:
-        if self.spread is None:
-            return ""
-        low, high = self.spread
-        return f"{low:.2f}–{high:.2f}{self.unit}"
+        return "" if self.spread is None else spread(self.spread, self.unit)
 
 
 @dataclass

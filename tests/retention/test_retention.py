@@ -91,7 +91,7 @@ def test_a_purged_key_is_found_where_its_tool_reads_the_raw_key_before_it_claims
     purged = IdempotencyRecord.objects.get(purged_at__isnull=False)
 
     # when the key is used again
-    sent: list[str] = []
+    sent = []
     again = round_trips(lambda: sent.append(order(caller, "o-1")))
 
     # then the read found nothing under the raw key, and the call went on to find the purged record all the same:

@@ -292,9 +292,8 @@ def _read(row: tuple[Any, ...], read_at: Any) -> IdempotencyRecord:
 @cache
 def _find_live_sql(forms: int) -> str:
     _, select_list = db.select_columns(IdempotencyRecord, fields=REPLAY_FIELDS)
-    key = "key = %s" if forms == 1 else "key IN (%s, %s)"
     return (f"SELECT {select_list}, statement_timestamp() FROM {db.table(IdempotencyRecord)} "
-            f"WHERE tenant_id = %s AND tool = %s AND {key} AND retired_at IS NULL")
+            f"WHERE tenant_id = %s AND tool = %s AND key IN ({', '.join(['%s'] * forms)}) AND retired_at IS NULL")
 
 
 def whole(record: IdempotencyRecord) -> IdempotencyRecord:

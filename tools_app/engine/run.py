@@ -119,9 +119,10 @@ def _claim_or_live(op: Operation, execute: Executor) -> Outcome | IdempotencyRec
     only a call that runs may be admitted. A local tool's call is admitted once it has won its claim,
     in the claim's transaction: held back, it rolls its claim back and leaves nothing.
     """
-    if not op.transactional or op.hold is not None or _live_share.mostly_live(op.tool):
-        # A local tool's miss goes straight on to its claim, which also finds a purged key's record.
-        record = find_live(op, purged=not op.transactional or op.hold is not None)
+    answered_before_claim = not op.transactional or op.hold is not None
+    if answered_before_claim or _live_share.mostly_live(op.tool):
+        # Otherwise a miss goes straight on to the claim, which also finds a purged key's record.
+        record = find_live(op, purged=answered_before_claim)
         _live_share.saw(op.tool, live=record is not None)
         if record is not None:
             return record
