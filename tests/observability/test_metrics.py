@@ -4,6 +4,7 @@ and tool, served at /metrics to the scrapers allowed, and what is stuck right no
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import psycopg
@@ -85,6 +86,31 @@ def test_a_count_made_in_a_transaction_that_rolls_back_is_never_written(tenant, 
     counters.flush()
 
     assert list(MetricTotal.objects.values_list("tool", "count")) == [("create_ticket", 1)]
+
+
+def test_a_count_in_an_event_loops_thread_is_added_at_once_and_builds_no_connection_for_the_request(
+        tenant, monkeypatch):
+    """The /mcp handlers count each call in the event loop's thread, where Django runs no ORM work and
+    keeps a connection object per asyncio task: the count asks no connection whether it is in a
+    transaction (that would build one per request, and its garbage)."""
+    from django.db import connections
+
+    built = []
+    create = connections.create_connection
+    monkeypatch.setattr(connections, "create_connection", lambda alias: built.append(alias) or create(alias))
+
+    async def handler():
+        counters.observe(counters.TOOL_CALL, 0.01, tool="whoami", tenant_id=tenant.pk, label="executed")
+
+    async def requests():  # each request its own task, as the ASGI server runs them
+        for _ in range(3):
+            await asyncio.create_task(handler())
+
+    asyncio.run(requests())
+    counters.flush()
+
+    assert built == []
+    assert MetricTotal.objects.get(metric="tool_call", tool="whoami", label="executed").count == 3
 
 
 def test_an_expired_executor_lease_counts_one_processing_timeout(caller, committing):

@@ -17,6 +17,7 @@ name (older rows would add up wrongly).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
@@ -88,10 +89,22 @@ def observe(metric: Metric, seconds: float, *, tool: str = "", tenant_id: int | 
 
 def _after_commit(metric: Metric, tool: str, tenant_id: int | None, label: str, n: int, seconds: float | None
                   ) -> None:
-    if connection.in_atomic_block:
+    if _in_transaction():
         transaction.on_commit(lambda: _add(metric, tool, tenant_id, label, n, seconds))
     else:
         _add(metric, tool, tenant_id, label, n, seconds)
+
+
+def _in_transaction() -> bool:
+    """Whether this thread's database connection is in `atomic()`. In a thread running an event loop
+    (the /mcp handlers count their calls there) it is not: Django runs no ORM work there
+    (SynchronousOnlyOperation), and asking would build a connection object for each request, since
+    Django keeps one per asyncio task (about 50 µs and garbage for the collector, per call)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return connection.in_atomic_block
+    return False
 
 
 def _add(metric: Metric, tool: str, tenant_id: int | None, label: str, n: int, seconds: float | None) -> None:
