@@ -177,6 +177,56 @@ def test_with_nothing_to_receive_them_our_spans_in_a_sampled_trace_pass_it_on_un
     assert seen["received"] is True and seen["exported"] == [["task.step s", {"attempt": 1}]]
 
 
+# In a process of its own too: whether spans are received is the process's provider's state.
+HTTP_SPAN_ONLY_WHEN_RECEIVED = """
+import asyncio, django, json
+django.setup()
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tools_app.core import tracing
+tracing.configure()
+seen = []
+
+async def app(scope, receive, send):
+    current = trace.get_current_span()
+    seen.append([current.is_recording(), *tracing.ids(current)])
+
+async def request():
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "raw_path": b"/mcp", "query_string": b"",
+             "scheme": "http", "http_version": "1.1", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 9),
+             "headers": [(b"host", b"127.0.0.1"),
+                         (b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]}
+    async def receive(): return {"type": "http.request", "body": b"", "more_body": False}
+    async def send(message): pass
+    await tracing.TracedASGI(app)(scope, receive, send)
+
+asyncio.run(request())
+exporter = InMemorySpanExporter()
+trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
+asyncio.run(request())
+print(json.dumps({"seen": seen, "exported": [span.name for span in exporter.get_finished_spans()]}))
+"""
+
+
+def test_the_http_requests_span_is_built_only_where_spans_are_received_and_its_trace_context_always_followed():
+    """With nothing receiving spans, /mcp's ASGI layer makes the request's `traceparent` current and builds
+    no span (the call's own spans follow it, unrecorded); once something receives them, OpenTelemetry's
+    ASGI middleware records the HTTP request's span, in the same trace."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "idemops.settings"}
+    for name in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-c", HTTP_SPAN_ONLY_WHEN_RECEIVED], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    unreceived, received = answer["seen"]
+    # the caller's context itself, no span of the server's between
+    assert unreceived == [False, "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"]
+    assert received[:2] == [True, "4bf92f3577b34da6a3ce929d0e0e4736"] and received[2] != "00f067aa0ba902b7"
+    assert answer["exported"] == ["POST /mcp"]
+
+
 def test_the_sampler_ratio_records_that_share_of_new_traces_and_follows_a_callers_decision():
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 

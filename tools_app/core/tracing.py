@@ -31,13 +31,14 @@ import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import Token
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 from django.conf import settings as django_settings
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware, asgi_getter
 from opentelemetry.instrumentation.django import DjangoInstrumentor
 from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -45,6 +46,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tools_app.conf import conf
 from tools_app.core.redaction import public_url
@@ -162,6 +164,34 @@ def exporters() -> list[SpanExporter]:
         names = ["otlp"] if settings.otel_exporter_otlp_traces_endpoint or settings.otel_exporter_otlp_endpoint \
             else []
     return [OTLPSpanExporter() if name == "otlp" else ConsoleSpanExporter() for name in names if name != "none"]
+
+
+def receiving() -> bool:
+    """Whether a recorded span would reach anything (an exporter, a test's processor)."""
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, Provider) or provider.receiving
+
+
+class TracedASGI:
+    """Around an ASGI app: OpenTelemetry's ASGI middleware (an HTTP server span per request, from its
+    `traceparent` header) while spans are received; otherwise only the request's trace context
+    (`traceparent`, through the configured propagators) made current, which is all a span that is
+    not recorded would pass on. Checked per request, so a processor added later is served spans."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.traced = OpenTelemetryMiddleware(app, exclude_spans=["receive", "send"])
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or receiving():
+            await self.traced(scope, receive, send)
+            return
+        # The getter reads an ASGI scope's headers (it is typed for a dict; Starlette types the scope as a mapping).
+        token = otel_context.attach(propagate.extract(cast(dict[str, Any], scope), getter=asgi_getter))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            otel_context.detach(token)
 
 
 # --- spans and ids ---------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ database thread, and render the result or error.
 Streamable HTTP runs stateless, so any number of web processes can serve it.
 
 Traces: OpenTelemetry's ASGI middleware, outermost, opens a span per HTTP request from its
-`traceparent` header; the SDK's own OpenTelemetryMiddleware then opens one per MCP message,
+`traceparent` header (where spans are exported; otherwise only that context is made current:
+`tracing.TracedASGI`); the SDK's own OpenTelemetryMiddleware then opens one per MCP message,
 parented on `params._meta.traceparent` when the call carries one (MCP SEP-414), else on the
 HTTP span. A tool call's spans and records are in that trace (tools_app.core.tracing).
 
@@ -35,7 +36,6 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, CallToolResult, InputRequiredResult, ToolAnnotations
-from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from pydantic import BaseModel, ConfigDict, create_model
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -43,7 +43,7 @@ from starlette.types import Receive, Scope, Send
 
 from tools_app.approvals.confirmations import Confirming
 from tools_app.conf import conf
-from tools_app.core import keys, outage, polling
+from tools_app.core import keys, outage, polling, tracing
 from tools_app.core.errors import INTERNAL_ERROR_ADVICE, PERMISSION_DENIED_ADVICE, UNKNOWN_OUTCOME_ADVICE, NotFound
 from tools_app.mcp import confirming, conformance_tools
 from tools_app.mcp.guards import DatabaseGuard, RequestIdGuard
@@ -234,7 +234,7 @@ def _served(server: MCPServer, path: str, *, stateless: bool) -> Starlette:
     return app
 
 
-def build_app() -> OpenTelemetryMiddleware:
+def build_app() -> tracing.TracedASGI:
     """The ASGI app serving /mcp (stateless) and /mcp/session (stateful); its lifespan runs both session
     managers."""
     app = _served(build_server(), "/mcp", stateless=True)
@@ -256,4 +256,4 @@ def build_app() -> OpenTelemetryMiddleware:
             await app(scope, receive, send)
 
     # Around everything: the HTTP request's span, from its traceparent header (lifespan passes through).
-    return OpenTelemetryMiddleware(route, exclude_spans=["receive", "send"])
+    return tracing.TracedASGI(route)
