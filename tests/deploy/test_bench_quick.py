@@ -38,3 +38,23 @@ def test_every_benchmark_runs_in_quick_mode_and_reports_every_figure_by_name(tmp
     assert all(section["quick"] for section in report["sections"].values())
     markdown = (tmp_path / "benchmarks.md").read_text()
     assert "not measured" not in markdown and "**Failed**" not in markdown
+
+
+def test_the_in_process_driver_of_mcp_calls_measures_each_call_against_the_bare_sdk(tmp_path):
+    """bench/drive_mcp.py (the Python of one /mcp call, no HTTP server) runs, answers every call and
+    writes the profile it is asked for."""
+    pgdata = VAR_DIR / "bench-drive-test-pg"
+    env = {**os.environ, "BENCH_PGDATA": str(pgdata), "DJANGO_SETTINGS_MODULE": "idemops.settings"}
+    env.pop("DATABASE_URL", None)
+    profile = tmp_path / "whoami.prof"
+    try:
+        finished = subprocess.run([sys.executable, "bench/drive_mcp.py", "--rounds", "1", "--requests", "5",
+                                   "--profile", str(profile)], cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=600)
+    finally:
+        embedded_pg.stop(pgdata)
+
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    rows = [line for line in finished.stdout.splitlines() if line.startswith("| ") and "×" in line]
+    assert [row.split(" | ")[0] for row in rows] == ["| bare SDK, no-op", "| idemops whoami", "| idemops create_order"]
+    assert profile.stat().st_size > 0
