@@ -26,8 +26,8 @@ from bench.common import before_and_after, setup_django, spread  # noqa: E402
 
 def main() -> None:
     args = before_and_after(__doc__, seconds=(float, 4.0), tool=(str, "create_order"))
-    anchor_app, anchor_tool = ("bench.floor_mcp:app", "create_order") if args.tool == "create_order" else \
-        ("bench.bare_mcp:app", "noop")
+    anchor, anchor_app, anchor_tool = ("floor", "bench.floor_mcp:app", "create_order") \
+        if args.tool == "create_order" else ("bare SDK", "bench.bare_mcp:app", "noop")
     setup_django()
 
     from bench.bench_mcp import Server, agent_token, measure
@@ -53,11 +53,11 @@ def main() -> None:
     servers: dict[str, tuple[Server, str | None]] = {}
     rates: dict[tuple[str, int], list[float]] = {}
     try:
-        servers["floor"] = (Server(anchor_app), None)
+        servers[anchor] = (Server(anchor_app), None)
         servers["before"] = (Checkout(args.before.resolve()), token)
         servers["after"] = (Checkout(ROOT), token)
         def tool(name: str) -> str:
-            return anchor_tool if name == "floor" else args.tool
+            return anchor_tool if name == anchor else args.tool
 
         for name, (server, key) in servers.items():
             measure(server.mcp_url, key, tool(name), 4, 0.5)
@@ -72,14 +72,14 @@ def main() -> None:
             server.stop()
     for clients in (1, 32):
         for name in ("before", "after"):
-            ratios = [ours / floor for ours, floor in zip(rates[(name, clients)], rates[("floor", clients)],
+            ratios = [ours / floor for ours, floor in zip(rates[(name, clients)], rates[(anchor, clients)],
                                                           strict=True)]
             print(f"{clients:2} client(s), {name:6}: {statistics.median(rates[(name, clients)]):6.0f} calls/s, "
-                  f"{statistics.median(ratios):.2f}× the {'floor' if args.tool == 'create_order' else 'bare SDK'} "
+                  f"{statistics.median(ratios):.2f}× the {anchor} "
                   f"({spread(ratios, '')})")
     for name in servers:
         scaling = [many / one for one, many in zip(rates[(name, 1)], rates[(name, 32)], strict=True)]
-        print(f"{name:6} 32 clients / 1: {statistics.median(scaling):.2f}× ({spread(scaling, '')})")
+        print(f"{name:8} 32 clients / 1: {statistics.median(scaling):.2f}× ({spread(scaling, '')})")
     print(f"load average {os.getloadavg()}")
 
 

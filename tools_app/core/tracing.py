@@ -18,9 +18,10 @@
 - `carrier()` / `context_from(carrier)`: the W3C trace context as a dict (an email header, a
   django-q2 job's payload: core/jobs.py).
 
-The MCP side needs nothing here: the SDK's own OpenTelemetryMiddleware opens a span per message,
-parented on `params._meta.traceparent` (MCP SEP-414) when the call carries one and otherwise on
-the HTTP request's span (the `traceparent` header, read by the ASGI instrumentation around /mcp).
+On the MCP side the SDK's own OpenTelemetryMiddleware opens a span per message, parented on
+`params._meta.traceparent` (MCP SEP-414) when the call carries one and otherwise on the HTTP
+request's context: `TracedASGI` around /mcp, OpenTelemetry's ASGI middleware (an HTTP span) where
+spans are received, else the `traceparent` header's context made current with no span built.
 """
 
 from __future__ import annotations
@@ -219,10 +220,10 @@ def _started(name: str, context: otel_context.Context | None, kind: SpanKind, at
     That span is then a non-recording one with what the recorded one would pass on: the parent's
     trace id and trace state, a span id of its own, the sampled flag (and the random-trace-id flag
     where the parent had it)."""
-    provider = trace.get_tracer_provider()
-    if isinstance(provider, Provider) and not provider.receiving:
+    if not receiving():
         parent = trace.get_current_span(context).get_span_context()
         if parent.is_valid and parent.is_remote and parent.trace_flags.sampled:
+            provider = cast(Provider, trace.get_tracer_provider())  # not receiving: ours
             return NonRecordingSpan(SpanContext(
                 parent.trace_id, provider.id_generator.generate_span_id(), is_remote=False,
                 trace_flags=TraceFlags(parent.trace_flags & _PASSED_ON), trace_state=parent.trace_state))
