@@ -182,12 +182,15 @@ def test_metrics_show_every_name_after_a_short_demo_counted_by_every_process_and
                what="the task")
     wait_until(lambda: OutboxEvent.objects.filter(status="delivered").exists(), what="the delivery")
 
-    # what the cluster counted (steps, deliveries) is in the web process's answer, once flushed
+    # what the cluster counted (steps, deliveries) and this test's calls are in the web process's answer, once
+    # flushed (each process writes its counts about once a second; earlier tests' counts may already be there)
     lag = "idemops_outbox_delivery_lag_seconds"
     metrics = wait_until(lambda: (m := scrape(observed.web.base_url)) and value(m[lag], f"{lag}_count")
                          and value(m["idemops_task_step_seconds"], "idemops_task_step_seconds_count",
-                                   tool="ingest_document", step="summarize") and m,
-                         what="the cluster's counts")
+                                   tool="ingest_document", step="summarize")
+                         and value(m["idemops_tool_calls"], "idemops_tool_calls_total", tool="create_order",
+                                   outcome="conflict") and m,
+                         what="the cluster's counts and this test's calls")
     assert [name for name in EVERY_NAME if not metrics.get(name)] == []
     calls = metrics["idemops_tool_calls"]
     counted = {outcome: value(calls, "idemops_tool_calls_total", tool="create_order", outcome=outcome)
