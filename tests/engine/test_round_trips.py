@@ -98,3 +98,28 @@ def test_only_a_call_that_runs_is_admitted_and_a_local_call_held_back_leaves_not
     assert engine.run(operation("k-1"), lambda record: {"ok": True}).replayed  # replays go on
     assert admitted == ["k-1", "k-2"]
     assert not IdempotencyRecord.objects.filter(tenant=tenant, key="k-2").exists()
+
+
+def test_the_engine_reads_djangos_connection_through_no_proxy_attribute(monkeypatch):
+    """Every attribute read through Django's `connection` proxy looks this thread's connection up again
+    (an asgiref Local): a first call's JSON values each read `connection.ops` that way. The engine looks
+    the connection up once where it hands it on (core.db), so neither a first call nor a replay reads the
+    proxy."""
+    from django.utils.connection import ConnectionProxy
+
+    tenant = access.create_tenant(f"proxy-{uuid.uuid4().hex[:6]}")
+
+    def operation(key: str) -> Operation:
+        return Operation(tenant_id=tenant.pk, tool="proxy_reads", key=key, actor="agent:acme/test",
+                         arguments={"customer": "ACME", "items": [{"sku": "A", "quantity": 1}]})
+
+    engine.run(operation("warm-up"), lambda record: {"ok": True})
+    read = []
+    through = ConnectionProxy.__getattr__
+    monkeypatch.setattr(ConnectionProxy, "__getattr__", lambda proxy, name: read.append(name) or through(proxy, name))
+
+    first = engine.run(operation("k-1"), lambda record: {"ok": True, "items": [1, 2]})
+    replay = engine.run(operation("k-1"), lambda record: {"ok": False})
+
+    assert (first.executed, replay.replayed, replay.record.result) == (True, True, {"ok": True, "items": [1, 2]})
+    assert read == []

@@ -18,7 +18,7 @@ import uuid
 from functools import cache
 from typing import Any
 
-from django.db import OperationalError, connection
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection
 
 from tools_app.conf import conf
 from tools_app.core import audit, clock, db, instances, keys, leases, personal, tracing
@@ -72,7 +72,7 @@ def _claim(op: Operation, operation_id: uuid.UUID | None = None) -> tuple[Idempo
             return _read((row[0], *row[len(computed) + 3:]), read_at), False
         # Ours: the row holds what we built, and the times the database computed for it.
         record.pk = row[0]
-        record._state.adding, record._state.db = False, connection.alias
+        record._state.adding, record._state.db = False, DEFAULT_DB_ALIAS
         for field, value in zip(computed, row[1:len(computed) + 1], strict=True):
             setattr(record, field.attname, db.converted(field, value))
         record.__dict__["read_at"] = read_at  # as annotate(read_at=NOW) would: not a declared attribute
