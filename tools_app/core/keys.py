@@ -23,6 +23,7 @@ from django.db.models import BinaryField, Case, CharField, Expression, Func, Mod
 from django.db.models.functions import Concat, Left, Substr
 
 from tools_app.conf import conf
+from tools_app.core import jsontext
 from tools_app.core.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -141,12 +142,12 @@ def canonical_json(value: Any) -> str:
     form, an integer below 10**28 its own normalized number), several times faster than the walk
     below. tests/core/test_fingerprint.py holds the two to the same bytes."""
     if _plain(value):
-        return _PLAIN_ENCODER.encode(value)
+        return _PLAIN_ENCODER(value)
     return _canonical(value)
 
 
 # Sorted keys, no spaces, text as it is: the bytes `_canonical` writes for a plain value.
-_PLAIN_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_PLAIN_ENCODER = jsontext.encoder(sort_keys=True, ensure_ascii=False, compact=True)
 # Decimal's default context keeps 28 digits: `_canonical_number` rounds a longer integer, so the
 # encoder's exact digits would differ (a quirk every stored fingerprint already has).
 _PLAIN_INTEGER_BOUND = 10**28

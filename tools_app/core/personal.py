@@ -41,7 +41,7 @@ from django.db import models
 from django.utils import timezone
 
 from tools_app.conf import conf
-from tools_app.core import keystore, redaction
+from tools_app.core import jsontext, keystore, redaction
 
 logger = logging.getLogger(__name__)
 
@@ -131,10 +131,13 @@ def _aad(key_id: uuid.UUID, tenant_id: int) -> bytes:
     return f"idemops-personal\n{key_id}\n{tenant_id}".encode()
 
 
+_COMPACT = jsontext.encoder(ensure_ascii=False, compact=True)
+
+
 def encrypt(value: Any, key: keystore.DataKey) -> dict[str, str]:
     assert key.key is not None
     nonce = os.urandom(keystore.NONCE_BYTES)
-    plain = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    plain = _COMPACT(value).encode()
     sealed = nonce + AESGCM(key.key).encrypt(nonce, plain, _aad(key.id, key.tenant_id))
     return {MARK: f"{VERSION}:{key.id}:{base64.b64encode(sealed).decode()}"}
 
