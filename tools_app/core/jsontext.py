@@ -26,7 +26,7 @@ def encoder(*, sort_keys: bool = False, ensure_ascii: bool = True, compact: bool
     make = getattr(_std, "c_make_encoder", None)
     if make is None:
         return functools.partial(json.dumps, sort_keys=sort_keys, ensure_ascii=ensure_ascii, separators=separators)
-    strings = _std.c_encode_basestring_ascii if ensure_ascii else _std.c_encode_basestring
+    strings = _std.encode_basestring_ascii if ensure_ascii else _std.encode_basestring  # the C ones where present
     default = json.JSONEncoder().default  # raises TypeError naming the type, as json.dumps does
     chunks = make(None, default, strings, None, separators[1], separators[0], sort_keys, False, True)
 
