@@ -24,9 +24,12 @@ _FROM_DB = vars(models.Model)["from_db"].__func__
 
 
 def _plain(model: type[models.Model]) -> bool:
-    """Whether Django's construction of `model` is only filling its fields."""
+    """Whether Django's construction of `model` is only filling its fields. (A signal with no receivers
+    at all, as is usual for these two, is not asked about this model: that asks its cache, a weak
+    dictionary, each time.)"""
     return (model.__init__ is models.Model.__init__ and getattr(model.from_db, "__func__", None) is _FROM_DB
-            and not pre_init.has_listeners(model) and not post_init.has_listeners(model))
+            and not (pre_init.receivers and pre_init.has_listeners(model))
+            and not (post_init.receivers and post_init.has_listeners(model)))
 
 
 def _bare(model: type[_M], *, adding: bool, db: str | None) -> _M:
