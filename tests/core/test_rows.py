@@ -145,6 +145,28 @@ def test_unsaved_builds_what_the_constructor_builds() -> None:
     assert by_relation.tenant_id == tenant.pk and by_relation.tenant == tenant
 
 
+def test_unsaved_keeps_related_objects_as_the_constructor_does(django_assert_num_queries: Any) -> None:
+    stored = _record()
+    tenant = Tenant.objects.get(pk=stored.tenant_id)
+    built = instances.unsaved(AuditEvent, {"tenant": tenant}, actor="a", action="b")
+    django = AuditEvent(tenant=tenant, actor="a", action="b")
+    assert _fields(built) == _fields(django) and built.tenant_id == tenant.pk
+    with django_assert_num_queries(0):
+        assert built.tenant is tenant  # kept, not read again
+    assert instances.unsaved(AuditEvent, {"tenant": None}, actor="a").tenant_id is None
+    # With a listener, Django builds it, the related object given as such.
+    post_init.connect(_ignore, sender=AuditEvent)
+    try:
+        by_django = instances.unsaved(AuditEvent, {"tenant": tenant}, actor="a", action="b")
+    finally:
+        post_init.disconnect(_ignore, sender=AuditEvent)
+    assert by_django.tenant_id == tenant.pk and by_django.tenant is tenant
+
+
+def _ignore(sender: type, **kwargs: object) -> None:
+    pass
+
+
 def test_unsaved_still_calls_init_listeners() -> None:
     seen: list[str] = []
 

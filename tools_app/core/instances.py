@@ -10,7 +10,7 @@ a listener connected later is still called); any other model is built by Django 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Any, TypeVar
 
@@ -49,16 +49,29 @@ def loaded(model: type[_M], db: str, attnames: Sequence[str], values: Sequence[A
     return instance
 
 
-def unsaved(model: type[_M], **values: Any) -> _M:
-    """`model(**values)`, for values named by their fields' attribute names (`tenant_id`, not
-    `tenant`): every other concrete field takes its default, as Django's constructor gives it."""
+def unsaved(model: type[_M], related: Mapping[str, models.Model | None] | None = None, **values: Any) -> _M:
+    """`model(**related, **values)`, for values named by their fields' attribute names (`tenant_id`, not
+    `tenant`) and `related` objects by their foreign keys' names (`task`: its id is the value of
+    `task_id`, and the object is what `instance.task` answers, as Django's constructor keeps it): every
+    other concrete field takes its default, as Django's constructor gives it."""
+    ids = {_fk_attname(model, name): None if obj is None else obj.pk for name, obj in (related or {}).items()}
     if not _plain(model) or not values.keys() <= _attnames(model):
-        return model(**values)
+        return model(**values, **(related or {}))
+    values.update(ids)
     instance = _bare(model, adding=True, db=None)
     fields = instance.__dict__
     for attname, default in _defaults(model):
         fields[attname] = values[attname] if attname in values else default()
+    if related:
+        instance._state.fields_cache.update(related)
     return instance
+
+
+@cache
+def _fk_attname(model: type[models.Model], name: str) -> str:
+    field = model._meta.get_field(name)
+    assert isinstance(field, models.ForeignKey), f"{model.__name__}.{name} is not a foreign key"
+    return field.attname
 
 
 @cache

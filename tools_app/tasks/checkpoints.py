@@ -27,7 +27,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from tools_app.core import audit, clock, db, personal
+from tools_app.core import audit, clock, db, instances, personal
 from tools_app.core.errors import NotFound
 from tools_app.tasks.models import Checkpoint, Task, TaskArtifact
 from tools_app.toolkit.pipelines import FAILED_PREFIX, Pipeline, Step
@@ -90,9 +90,9 @@ def writes(task: Task, prepared: Prepared) -> Iterator[tuple[db.Together, ...]]:
                       else personal.sealed_for(output, task.tenant_id))
             if sealed != output:
                 inline = json.dumps(sealed, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-        checkpoint = Checkpoint(task=task, sequence=prepared.sequence, step=prepared.step.name,
-                                input_digest=prepared.input_digest, output_inline=inline, artifact=artifact,
-                                checksum=prepared.checksum, finished_at=clock.NOW)
+        checkpoint = instances.unsaved(Checkpoint, {"task": task, "artifact": artifact}, sequence=prepared.sequence,
+                                       step=prepared.step.name, input_digest=prepared.input_digest,
+                                       output_inline=inline, checksum=prepared.checksum, finished_at=clock.NOW)
         yield (_upsert(checkpoint),
                # The artifact of an output this one replaces (an invalid checkpoint) is nobody's now: this
                # reads the checkpoint as it was before the statement.

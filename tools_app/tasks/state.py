@@ -56,7 +56,7 @@ from django.db.models import BooleanField, ExpressionWrapper, Q
 
 from tools_app import engine
 from tools_app.conf import conf
-from tools_app.core import audit, clock, counters, db, jobs, leases, personal
+from tools_app.core import audit, clock, counters, db, instances, jobs, leases, personal
 from tools_app.core.errors import ErrorClass, NotFound, ToolFailure
 from tools_app.engine.models import IdempotencyRecord
 from tools_app.tasks import checkpoints
@@ -216,8 +216,9 @@ def _step_run_starts(task: Task, owner: str, step: Step, sequence: int, attempt:
     """The INSERT of a step's StepRun that goes with a task's transition (in the task's attempt, or
     `attempt`), and what makes the StepRun of the id it returns (its `started_at`, the database's
     clock, is read from the row when asked for)."""
-    run = StepRun(task=task, step=step.name, sequence=sequence, attempt=attempt or task.attempts, worker=owner,
-                  started_at=clock.NOW, trace_id=task.trace_id)
+    run = instances.unsaved(StepRun, {"task": task}, step=step.name, sequence=sequence,
+                            attempt=attempt or task.attempts, worker=owner, started_at=clock.NOW,
+                            trace_id=task.trace_id)
     columns, values, params, _ = db.insert_parts(run)
     insert = db.Together(f"INSERT INTO {db.table(StepRun)} ({', '.join(columns)}) SELECT {', '.join(values)} "
                          "FROM changed RETURNING id", params, returns=True)
