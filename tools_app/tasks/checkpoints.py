@@ -27,7 +27,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from tools_app.core import audit, clock, db, instances, personal
+from tools_app.core import audit, clock, db, instances, jsontext, personal
 from tools_app.core.errors import NotFound
 from tools_app.tasks.models import Checkpoint, Task, TaskArtifact
 from tools_app.toolkit.pipelines import FAILED_PREFIX, Pipeline, Step
@@ -39,8 +39,11 @@ INLINE_LIMIT = 16 * 1024
 
 
 def serialize(output: Any) -> bytes:
-    # sort_keys: the same output always has the same bytes, hence the same checksum.
-    return json.dumps(output, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+    return _SORTED(output).encode()
+
+
+# Sorted keys: the same output always has the same bytes, hence the same checksum.
+_SORTED = jsontext.encoder(sort_keys=True, ensure_ascii=False, compact=True)
 
 
 def sha256(data: bytes) -> str:
@@ -89,7 +92,7 @@ def writes(task: Task, prepared: Prepared) -> Iterator[tuple[db.Together, ...]]:
             sealed = (personal.whole_for(output, task.tenant_id) if declares_personal(task.tool)
                       else personal.sealed_for(output, task.tenant_id))
             if sealed != output:
-                inline = json.dumps(sealed, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+                inline = _SORTED(sealed)
         checkpoint = instances.unsaved(Checkpoint, {"task": task, "artifact": artifact}, sequence=prepared.sequence,
                                        step=prepared.step.name, input_digest=prepared.input_digest,
                                        output_inline=inline, checksum=prepared.checksum, finished_at=clock.NOW)
