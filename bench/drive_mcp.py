@@ -3,12 +3,14 @@
     .venv/bin/python bench/drive_mcp.py [--rounds 5] [--requests 500] [--profile FILE]
 
 Sends `tools/call` requests straight to the ASGI apps (their lifespans run, no sockets, no load
-generator): the bare SDK's no-op (bench/bare_mcp.py), idemops' `whoami` and `create_order` (a new key
-each), in interleaved rounds on a fresh benchmark database. Prints the CPU time per request of each
-(the process's: the event loop's thread and the database threads), and each against the bare
-SDK's: what idemops' own Python adds to a call, which over HTTP is hidden in the server's and the
-load generator's time. `--profile FILE` writes a cProfile of idemops' `whoami` rounds (the event
-loop's thread only) to FILE, for `python -m pstats FILE`.
+generator): the bare SDK's no-op (bench/bare_mcp.py), the floor's `create_order` (bench/floor_mcp.py),
+idemops' `whoami` and `create_order` (a new key each), in interleaved rounds on a fresh benchmark
+database. Prints the CPU time per request of each (the process's: the event loop's thread and the
+database threads), each against the bare SDK's, and the wall time per request: what idemops' own
+Python adds to a call, which over HTTP is hidden in the server's and the load generator's time; and
+the floor's wall time over idemops' `create_order`'s, P10's one-client cell without HTTP.
+`--profile FILE` writes a cProfile of idemops' `whoami` rounds (the event loop's thread only) to
+FILE, for `python -m pstats FILE`.
 """
 
 from __future__ import annotations
@@ -75,38 +77,45 @@ async def call(app: App, token: str | None, tool: str, arguments: dict[str, Any]
 async def main(args: argparse.Namespace, token: str) -> None:
     from bench.bare_mcp import app as bare
     from bench.bench_mcp import ORDER
+    from bench.floor_mcp import app as floor
     from idemops.asgi import application as idemops
 
     cases: dict[str, tuple[App, str | None, str, Callable[[], dict[str, Any]]]] = {
         "bare SDK, no-op": (bare, None, "noop", dict),
+        "floor, create_order": (floor, None, "create_order", lambda: {**ORDER, "idempotency_key": uuid.uuid4().hex}),
         "idemops whoami": (idemops, token, "whoami", dict),
         "idemops create_order": (idemops, token, "create_order",
                                  lambda: {**ORDER, "idempotency_key": uuid.uuid4().hex}),
     }
-    stops = [await started(bare), await started(idemops)]
+    stops = [await started(bare), await started(floor), await started(idemops)]
     profile = cProfile.Profile() if args.profile else None
     cpu: dict[str, list[float]] = {name: [] for name in cases}
+    wall: dict[str, list[float]] = {name: [] for name in cases}
     for round_number in range(args.rounds + 1):  # round 0 warms up: connections, caches, prepared statements
         for name, (app, key, tool, arguments) in cases.items():
             measured = profile is not None and name == "idemops whoami" and round_number > 0
             if measured:
                 profile.enable()  # type: ignore[union-attr]
-            started_at = time.process_time()
+            started_at, clock = time.process_time(), time.perf_counter()
             for _ in range(args.requests):
                 await call(app, key, tool, arguments())
             if measured:
                 profile.disable()  # type: ignore[union-attr]
             if round_number > 0:
                 cpu[name].append((time.process_time() - started_at) / args.requests * 1e6)
+                wall[name].append((time.perf_counter() - clock) / args.requests * 1e6)
     for stop in stops:
         await stop.put({"type": "lifespan.shutdown"})
     bare_cpu = cpu["bare SDK, no-op"]
-    print("| call | CPU µs a request (median of rounds) | rounds | ÷ the bare SDK's |")
-    print("| --- | ---: | --- | ---: |")
+    print("| call | CPU µs a request (median of rounds) | rounds | ÷ the bare SDK's | wall µs a request (median) |")
+    print("| --- | ---: | --- | ---: | ---: |")
     for name, figures in cpu.items():
         ratios = [ours / anchor for ours, anchor in zip(figures, bare_cpu, strict=True)]
         print(f"| {name} | {statistics.median(figures):.0f} | {', '.join(f'{f:.0f}' for f in figures)} | "
-              f"{statistics.median(ratios):.2f}× |")
+              f"{statistics.median(ratios):.2f}× | {statistics.median(wall[name]):.0f} |")
+    floor_wall, ours_wall = wall["floor, create_order"], wall["idemops create_order"]
+    print(f"\ncreate_order's wall time, the floor's ÷ idemops' (P10's one-client cell without HTTP): "
+          f"{statistics.median(f / o for f, o in zip(floor_wall, ours_wall, strict=True)):.2f}×")
     if profile is not None:
         profile.dump_stats(args.profile)
         print(f"profile of idemops whoami written to {args.profile}")

@@ -1,4 +1,5 @@
-"""The A/B scripts (bench/ab_engine.py, bench/ab_tasks.py, bench/ab_mcp.py) run end to end, so neither rots unnoticed.
+"""The A/B scripts (bench/ab_engine.py, bench/ab_tasks.py, bench/ab_mcp.py, bench/ab_drive_mcp.py) run end to end,
+so none rots unnoticed.
 
 Each compares this checkout with itself at the smallest size, as `docs/performance.md` runs them with a
 checkout of the commit before a change, on its own embedded cluster. Only that they run and print
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.live
     ("ab_engine.py", ["--calls", "20"], ("| 1 | before |", "| 1 | after |")),
     ("ab_tasks.py", ["--tasks", "2"], ("| 1 | before |", "| 1 | after |")),
     ("ab_mcp.py", ["--seconds", "0.5"], ("32 client(s), before:", "32 client(s), after :")),
+    ("ab_drive_mcp.py", ["--requests", "5"], ("| 1 | before |", "| 1 | after |")),
 ])
 def test_an_ab_script_compares_two_checkouts_round_by_round(script, size, sides):
     pgdata = VAR_DIR / f"bench-ab-test-{script.removesuffix('.py')}"

@@ -41,8 +41,8 @@ def test_every_benchmark_runs_in_quick_mode_and_reports_every_figure_by_name(tmp
 
 
 def test_the_in_process_driver_of_mcp_calls_measures_each_call_against_the_bare_sdk(tmp_path):
-    """bench/drive_mcp.py (the Python of one /mcp call, no HTTP server) runs, answers every call and
-    writes the profile it is asked for."""
+    """bench/drive_mcp.py (the Python of one /mcp call, no HTTP server) runs, answers every call (the floor's
+    too) and writes the profile it is asked for."""
     pgdata = VAR_DIR / "bench-drive-test-pg"
     env = {**os.environ, "BENCH_PGDATA": str(pgdata), "DJANGO_SETTINGS_MODULE": "idemops.settings"}
     env.pop("DATABASE_URL", None)
@@ -56,5 +56,7 @@ def test_the_in_process_driver_of_mcp_calls_measures_each_call_against_the_bare_
 
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     rows = [line for line in finished.stdout.splitlines() if line.startswith("| ") and "×" in line]
-    assert [row.split(" | ")[0] for row in rows] == ["| bare SDK, no-op", "| idemops whoami", "| idemops create_order"]
+    assert [row.split(" | ")[0] for row in rows] == ["| bare SDK, no-op", "| floor, create_order", "| idemops whoami",
+                                                      "| idemops create_order"]
+    assert "create_order's wall time, the floor's ÷ idemops'" in finished.stdout
     assert profile.stat().st_size > 0
