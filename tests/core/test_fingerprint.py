@@ -1,4 +1,5 @@
 from collections import OrderedDict
+from datetime import date
 from decimal import Decimal
 
 import pytest
@@ -50,10 +51,13 @@ def test_it_rejects_other_keys_with_the_rule_in_the_message(key):
 
 
 # JSON-like values, plain or not: text of any script (NFC or not), integers of any size, finite floats,
-# booleans, nulls, lists, tuples and dicts of them.
+# decimals (amounts, and any finite one), dates, times and UUIDs, booleans, nulls, lists, tuples and
+# dicts of them.
 JSON_LIKE = st.recursive(
     st.none() | st.booleans() | st.integers() | st.integers(min_value=10**27, max_value=10**40).map(lambda n: n | 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text() | st.text(alphabet="abcAB09 _-\"\\\n")
+    | st.floats(allow_nan=False, allow_infinity=False) | st.decimals(allow_nan=False, allow_infinity=False)
+    | st.decimals(min_value=0, max_value=10**6, places=2) | st.datetimes() | st.datetimes(timezones=st.timezones())
+    | st.dates() | st.uuids() | st.text() | st.text(alphabet="abcAB09 _-\"\\\n")
     | st.text(alphabet="ae\u0301\u030aA\u212b\u00e9\u00c5"),
     lambda children: st.lists(children, max_size=5) | st.tuples(children, children)
     | st.dictionaries(st.text(max_size=8) | st.sampled_from(["a", "b", "sku", "B", "10", "2", "cafe\u0301", "é"]),
@@ -82,8 +86,20 @@ def test_plain_arguments_take_the_encoder(value):
 
 
 @pytest.mark.parametrize("value", [
-    10**28, -(10**28), 1.0, Decimal("2.50"), "café", {"cafe\u0301": 1}, OrderedDict(a=1), {1: "a"}, [1, 2.5],
+    10**28, -(10**28), 1.0, Decimal("2.50"), "café", {"cafe\u0301": 1}, [1, 2.5], Decimal("1E+30"),
+    {"items": [{"sku": "BOLT-1", "quantity": 3, "unit_price": Decimal("2.50")}], "at": date(2026, 12, 5)},
 ])
-def test_what_the_encoder_would_write_otherwise_is_walked(value):
+def test_what_the_encoder_would_write_otherwise_is_handed_to_it_in_the_form_it_writes_as_the_walk(value):
     assert not keys._plain(value)
+    assert canonical_json(value) == keys._canonical(value) == keys._PLAIN_ENCODER(keys._encodable(value))
+
+
+@pytest.mark.parametrize("value", [
+    OrderedDict(a=1), {1: "a"}, Decimal("0.0000001"), 1e-7, {"cafe\u0301": 1, "café": 2}, Decimal("1E+5000"),
+])
+def test_what_the_encoder_cannot_write_as_the_walk_does_is_walked(value):
+    """A type of its own, a number whose float repr is in exponent notation (or too long for int()),
+    two keys with one NFC form."""
+    with pytest.raises(keys._Walk):
+        keys._encodable(value)
     assert canonical_json(value) == keys._canonical(value)

@@ -140,10 +140,15 @@ def canonical_json(value: Any) -> str:
     Most arguments are plain (ASCII text, small integers, booleans, nulls, lists and dicts of them):
     for those the standard library's C encoder writes the same bytes (an ASCII string is its own NFC
     form, an integer below 10**28 its own normalized number), several times faster than the walk
-    below. tests/core/test_fingerprint.py holds the two to the same bytes."""
+    below. Most others (decimal amounts, text in other scripts, dates) are handed to it with each such
+    part replaced by what it writes as the walk does (`_encodable`); the rest are walked.
+    tests/core/test_fingerprint.py holds the three to the same bytes."""
     if _plain(value):
         return _PLAIN_ENCODER(value)
-    return _canonical(value)
+    try:
+        return _PLAIN_ENCODER(_encodable(value))
+    except _Walk:
+        return _canonical(value)
 
 
 # Sorted keys, no spaces, text as it is: the bytes `_canonical` writes for a plain value.
@@ -174,6 +179,64 @@ def _plain(value: Any) -> bool:
                 return False
         return True
     return False
+
+
+class _Walk(Exception):
+    """A value whose canonical form the C encoder cannot be handed: `_canonical` walks it."""
+
+
+def _encodable(value: Any) -> Any:
+    """`value` with each part the C encoder would write otherwise replaced by one it writes as the walk
+    does: text in NFC, a number by the value whose JSON is its normalized form (an int, or a float whose
+    repr is that form), a date, time or UUID by its text. _Walk where none is (a float whose repr is in
+    exponent notation, two keys with one NFC form, a type of its own...)."""
+    kind = type(value)
+    if kind is str:
+        return _nfc(value)
+    if value is None or kind is bool:
+        return value
+    if kind is int or kind is float or kind is Decimal:
+        return _number_as_encoded(value)
+    if kind is dict:
+        return _encodable_dict(value)
+    if kind is list or kind is tuple:
+        return [_encodable(item) for item in value]
+    if kind is datetime:
+        return (value.astimezone(UTC) if value.tzinfo else value).isoformat()
+    if kind is date or kind is uuid.UUID:
+        return str(value)
+    raise _Walk
+
+
+def _nfc(text: str) -> str:
+    return text if text.isascii() else unicodedata.normalize("NFC", text)
+
+
+def _encodable_dict(value: dict[Any, Any]) -> dict[str, Any]:
+    encodable = {}
+    for key, item in value.items():
+        if type(key) is not str:
+            raise _Walk
+        encodable[_nfc(key)] = _encodable(item)
+    if len(encodable) != len(value):  # two keys with one NFC form: the walk orders them by their values
+        raise _Walk
+    return encodable
+
+
+def _number_as_encoded(value: int | float | Decimal) -> int | float:
+    """The int or float the C encoder writes as `value`'s normalized form."""
+    if type(value) is int and -_PLAIN_INTEGER_BOUND < value < _PLAIN_INTEGER_BOUND:
+        return value
+    try:
+        text = _canonical_number(value)
+        if "." not in text:
+            return int(text)  # its repr is the text: no sign of zero, no leading zeros
+        number = float(text)
+    except (InvalidInput, ValueError):  # not finite, or more digits than int() reads: the walk says
+        raise _Walk from None
+    if repr(number) != text:
+        raise _Walk
+    return number
 
 
 def _canonical(value: Any) -> str:
@@ -207,7 +270,12 @@ def _canonical_number(value: int | float | Decimal) -> str:
 
 
 def digest(value: Any) -> str:
-    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+    return digest_of_canonical(canonical_json(value))
+
+
+def digest_of_canonical(text: str) -> str:
+    """digest() of the value whose canonical_json is `text`."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # What a fingerprint covers, by version (a record keeps the version it was claimed under, and a later

@@ -27,7 +27,7 @@ from tools_app.core.keys import keyed_hash
 from tools_app.core.models import AuditEvent
 from tools_app.engine.lookup import records_with_key
 from tools_app.engine.models import IdempotencyRecord, RecordStatus
-from tools_app.engine.operation import ClaimWaitExpired, Operation, operation_id_spent, searchable, stored_form
+from tools_app.engine.operation import ClaimWaitExpired, Operation, operation_id_spent, searchable
 from tools_app.engine.transitions import _transition, lease_seconds, reread
 
 # SQLSTATE of a lock wait that ran past lock_timeout.
@@ -96,7 +96,7 @@ def new_record(op: Operation, operation_id: uuid.UUID | None = None) -> Idempote
     return instances.unsaved(
         IdempotencyRecord, tenant_id=op.tenant_id, tool=op.tool, key=op.key, fingerprint=op.fingerprint,
         fingerprint_version=op.fingerprint_version, field_digests=op.field_digests,
-        arguments=personal.sealing(stored_form(op.arguments), op.tenant_id, op.retention),
+        arguments=personal.sealing(op.stored_arguments, op.tenant_id, op.retention),
         attributes=searchable(op.arguments, op.search_fields),
         status=RecordStatus.PROCESSING, attempts=1, lease_owner=leases.new_owner(),
         lease_expires_at=leases.expiry(lease_seconds()),

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from tools_app.core import redaction
 from tools_app.core.errors import InvalidInput, ToolFailure
-from tools_app.core.keys import FINGERPRINT_AS_SENT, canonical_json, digest
+from tools_app.core.keys import FINGERPRINT_AS_SENT, canonical_json, digest, digest_of_canonical
 from tools_app.engine.models import IdempotencyRecord
 
 DEFAULT_RETENTION = timedelta(hours=24)
@@ -103,8 +103,18 @@ class Operation:
         return self.fingerprint if version == self.fingerprint_version else digest(self.covered(version))
 
     @cached_property
+    def canonical_arguments(self) -> str:
+        """canonical_json of `arguments`: what the fingerprint digests and the stored form is read from."""
+        return canonical_json(self.arguments)
+
+    @cached_property
     def fingerprint(self) -> str:
-        return digest(self.arguments)
+        return digest_of_canonical(self.canonical_arguments)
+
+    @property
+    def stored_arguments(self) -> dict[str, Any]:
+        """stored_form(arguments), from the canonical text already written."""
+        return stored_form(self.arguments, self.canonical_arguments)
 
     @cached_property
     def field_digests(self) -> dict[str, str]:
@@ -168,10 +178,11 @@ def searchable(values: dict[str, Any] | None, fields: frozenset[str]) -> dict[st
     return found
 
 
-def stored_form(arguments: dict[str, Any]) -> dict[str, Any]:
+def stored_form(arguments: dict[str, Any], canonical: str | None = None) -> dict[str, Any]:
     """The business arguments as a record keeps them to be read: canonical JSON, URLs without their
-    query (tokens); the fingerprint covers them in full."""
-    stored: dict[str, Any] = redaction.scrub_urls(json.loads(canonical_json(arguments)))
+    query (tokens); the fingerprint covers them in full. `canonical`: their canonical_json, if written."""
+    stored: dict[str, Any] = redaction.scrub_urls(json.loads(canonical_json(arguments) if canonical is None
+                                                             else canonical))
     return stored
 
 
