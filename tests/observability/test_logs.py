@@ -199,3 +199,14 @@ def test_a_reconciliation_is_one_line_with_its_result(captured, caller, django_c
     assert (line["tool"], line["result"], line["operation_id"]) == ("create_order", "failed",
                                                                    str(record.operation_id))
     assert line["trace_id"] == record.trace_id  # reconciled in the trace of the call
+
+
+def test_bound_fields_end_with_their_block_and_an_outer_value_comes_back():
+    with logs.bound(tenant_id=1, tool="outer", ignored=None):
+        with logs.bound(tool="inner", step="a"):
+            assert logs.context() == {"tenant_id": 1, "tool": "inner", "step": "a"}
+        assert logs.context() == {"tenant_id": 1, "tool": "outer"}
+        with pytest.raises(RuntimeError), logs.bound(tool="failing"):
+            raise RuntimeError
+        assert logs.context() == {"tenant_id": 1, "tool": "outer"}
+    assert logs.context() == {}
