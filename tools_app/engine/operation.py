@@ -114,7 +114,7 @@ class Operation:
     @property
     def stored_arguments(self) -> dict[str, Any]:
         """stored_form(arguments), from the canonical text already written."""
-        return stored_form(self.arguments, self.canonical_arguments)
+        return stored_form_of(self.canonical_arguments)
 
     @cached_property
     def field_digests(self) -> dict[str, str]:
@@ -178,11 +178,15 @@ def searchable(values: dict[str, Any] | None, fields: frozenset[str]) -> dict[st
     return found
 
 
-def stored_form(arguments: dict[str, Any], canonical: str | None = None) -> dict[str, Any]:
+def stored_form(arguments: dict[str, Any]) -> dict[str, Any]:
     """The business arguments as a record keeps them to be read: canonical JSON, URLs without their
-    query (tokens); the fingerprint covers them in full. `canonical`: their canonical_json, if written."""
-    stored: dict[str, Any] = redaction.scrub_urls(json.loads(canonical_json(arguments) if canonical is None
-                                                             else canonical))
+    query (tokens); the fingerprint covers them in full."""
+    return stored_form_of(canonical_json(arguments))
+
+
+def stored_form_of(canonical: str) -> dict[str, Any]:
+    """stored_form() of the arguments whose canonical_json is `canonical`."""
+    stored: dict[str, Any] = redaction.scrub_urls(json.loads(canonical))
     return stored
 
 
