@@ -80,12 +80,14 @@ async def main(args: argparse.Namespace, token: str) -> None:
     from bench.floor_mcp import app as floor
     from idemops.asgi import application as idemops
 
+    def new_order() -> dict[str, Any]:
+        return {**ORDER, "idempotency_key": uuid.uuid4().hex}
+
     cases: dict[str, tuple[App, str | None, str, Callable[[], dict[str, Any]]]] = {
         "bare SDK, no-op": (bare, None, "noop", dict),
-        "floor, create_order": (floor, None, "create_order", lambda: {**ORDER, "idempotency_key": uuid.uuid4().hex}),
+        "floor, create_order": (floor, None, "create_order", new_order),
         "idemops whoami": (idemops, token, "whoami", dict),
-        "idemops create_order": (idemops, token, "create_order",
-                                 lambda: {**ORDER, "idempotency_key": uuid.uuid4().hex}),
+        "idemops create_order": (idemops, token, "create_order", new_order),
     }
     stops = [await started(bare), await started(floor), await started(idemops)]
     profile = cProfile.Profile() if args.profile else None
