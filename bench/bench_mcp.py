@@ -13,6 +13,11 @@ is taken from one round, under one load. Stateless Streamable HTTP needs no init
   inserts the order and stores the result in one transaction), with 1 and 32 clients (the lower).
 - P11: `create_order` calls/s with 32 clients ÷ with 1 client (the same round).
 
+P10 is split in the same rounds by `floor_order` (bench/floor_tool.py): `create_order` as idemops declares it,
+with the floor's one INSERT as its body. The floor ÷ `floor_order` is what idemops adds around one business
+statement; `floor_order` ÷ `create_order` what the demo's body (two ORM inserts, an order and its lines, and an
+answer listing them) costs beyond the floor's statement.
+
 A side table serves the bare SDK and idemops' `whoami` with uvicorn as well (the server of the
 issue's first anchors, and the one `make run` used before granian measured faster).
 """
@@ -121,7 +126,7 @@ def served() -> Iterator[Callable[..., Server]]:
 
 
 def bodies(tool: str) -> Callable[[], bytes]:
-    if tool == "create_order":
+    if tool in ("create_order", "floor_order"):
         return lambda: call_body("create_order", {**ORDER, "idempotency_key": uuid.uuid4().hex})
     return lambda: call_body(tool, {})
 
@@ -138,10 +143,12 @@ def run(quick: bool = False) -> Section:
     with served() as serve:
         bare = serve("bench.bare_mcp:app")
         floor = serve("bench.floor_mcp:app")
-        one = serve("idemops.asgi:application")
+        # `floor_order` (bench/floor_tool.py) writes the floor's table: served once the floor's server made it.
+        one = serve("idemops.asgi:application", env={"IDEMOPS_TOOL_MODULES": "bench.floor_tool"})
         two = serve("idemops.asgi:application", workers=2)
         cases = [("bare SDK, no-op", bare, None, "noop"), ("floor, create_order", floor, None, "create_order"),
-                 ("idemops whoami", one, token, "whoami"), ("idemops create_order", one, token, "create_order")]
+                 ("idemops whoami", one, token, "whoami"), ("idemops create_order", one, token, "create_order"),
+                 ("idemops floor_order", one, token, "floor_order")]
         if not quick:  # what the token cache buys: the same web process reading the token on every call
             uncached = serve("idemops.asgi:application", env={"IDEMOPS_TOKEN_CACHE_SECONDS": "0"})
             cases.append(("idemops whoami, token cache off", uncached, token, "whoami"))
@@ -173,6 +180,8 @@ def run(quick: bool = False) -> Section:
 
     order, who = ratios("idemops create_order"), ratios("idemops whoami")
     to_floor = ratios("idemops create_order", "floor, create_order")
+    around_floor = ratios("idemops floor_order", "floor, create_order")
+    body = ratios("idemops create_order", "idemops floor_order")
     # Each round's figure is the lower of its two concurrencies: the target holds for both.
     p4 = at_least("P4", "create_order calls/s over /mcp / bare SDK no-op calls/s (the lower of 1 and 32 clients)",
                   [min(r) for r in zip(*order.values(), strict=True)], 0.7,
@@ -209,7 +218,7 @@ def run(quick: bool = False) -> Section:
             cell = f"{statistics.median(r['per_s'] / a['per_s'] for r, a in zip(runs, anchors, strict=True)):.2f}×"
             floors = results[("floor, create_order", concurrency)]
             to = (f"{statistics.median(r['per_s'] / f['per_s'] for r, f in zip(runs, floors, strict=True)):.2f}×"
-                  if label == "idemops create_order" else "")
+                  if label in ("idemops create_order", "idemops floor_order") else "")
             lines.append(f"| {label} | {concurrency} | {_med(runs, 'per_s'):,.0f} | {_med(runs, 'median_ms'):.2f} | "
                          f"{_med(runs, 'p99_ms'):.2f} | {cell} | {to} |")
     lines += ["", "| idemops create_order, 32 clients | calls/s |", "| --- | ---: |",
@@ -221,6 +230,11 @@ def run(quick: bool = False) -> Section:
                 for label, v in (("idemops create_order", scaling("idemops create_order")),
                                  ("floor, create_order", p11.detail["floor_scaling"]),
                                  ("bare SDK, no-op", p11.detail["bare_scaling"]))), ""]
+    lines += ["P10 split, in the same rounds (medians of the rounds; not targets): idemops around the floor's one "
+              "statement (`floor_order`: `create_order`'s declaration, the floor's INSERT as its body) / the floor "
+              f"= {_clients(around_floor)}: what idemops adds. `create_order` / `floor_order` = {_clients(body)}: "
+              "what the demo's body (two ORM inserts, an order and its lines, and an answer listing them) costs "
+              "beyond the floor's statement.", ""]
     if granian:
         lines += ["uvicorn and granian 2.8 side by side (one round each, same load generator):", "",
                   "| server, tool | clients | calls/s uvicorn | calls/s granian |", "| --- | ---: | ---: | ---: |",
@@ -230,6 +244,11 @@ def run(quick: bool = False) -> Section:
               "calls) and the hop to a database thread; `create_order` adds the engine's claim and its completion, "
               "committed with the order, its lines and the audit rows.", ""]
     return Section("\n".join(lines), [p4, p4b, p9, p10, p11])
+
+
+def _clients(ratios: dict[int, list[float]]) -> str:
+    """`ratios` by clients, as text: each concurrency's median of the rounds."""
+    return ", ".join(f"{statistics.median(v):.2f}× with {c} client{'s' if c > 1 else ''}" for c, v in ratios.items())
 
 
 def _med(runs: list[dict], key: str) -> float:

@@ -38,6 +38,8 @@ def test_every_benchmark_runs_in_quick_mode_and_reports_every_figure_by_name(tmp
     assert all(section["quick"] for section in report["sections"].values())
     markdown = (tmp_path / "benchmarks.md").read_text()
     assert "not measured" not in markdown and "**Failed**" not in markdown
+    # P10's split: idemops around the floor's own statement (bench/floor_tool.py) answered its calls too.
+    assert "| idemops floor_order | 32 |" in markdown and "P10 split, in the same rounds" in markdown
 
 
 def test_the_in_process_driver_of_mcp_calls_measures_each_call_against_the_bare_sdk(tmp_path):
