@@ -127,7 +127,7 @@ def served() -> Iterator[Callable[..., Server]]:
 
 def bodies(tool: str) -> Callable[[], bytes]:
     if tool in ("create_order", "floor_order"):
-        return lambda: call_body("create_order", {**ORDER, "idempotency_key": uuid.uuid4().hex})
+        return lambda: call_body(tool, {**ORDER, "idempotency_key": uuid.uuid4().hex})
     return lambda: call_body(tool, {})
 
 

@@ -42,6 +42,17 @@ def test_every_benchmark_runs_in_quick_mode_and_reports_every_figure_by_name(tmp
     assert "| idemops floor_order | 32 |" in markdown and "P10 split, in the same rounds" in markdown
 
 
+def test_each_tool_of_the_mcp_benchmark_is_called_by_its_own_name():
+    """The load generator's bodies name the tool measured: a row labelled `floor_order` measures floor_order
+    (the load generator checks only that each call succeeded, which another tool's would as well)."""
+    from bench.bench_mcp import bodies
+
+    for tool in ("create_order", "floor_order", "whoami", "noop"):
+        call = json.loads(bodies(tool)())
+        assert call["method"] == "tools/call" and call["params"]["name"] == tool
+    assert json.loads(bodies("floor_order")())["params"]["arguments"]["idempotency_key"]
+
+
 def test_the_in_process_driver_of_mcp_calls_measures_each_call_against_the_bare_sdk(tmp_path):
     """bench/drive_mcp.py (the Python of one /mcp call, no HTTP server) runs, answers every call (the floor's
     too) and writes the profile it is asked for."""
