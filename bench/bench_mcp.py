@@ -234,7 +234,9 @@ def run(quick: bool = False) -> Section:
               "statement (`floor_order`: `create_order`'s declaration, the floor's INSERT as its body) / the floor "
               f"= {_clients(around_floor)}: what idemops adds. `create_order` / `floor_order` = {_clients(body)}: "
               "what the demo's body (two ORM inserts, an order and its lines, and an answer listing them) costs "
-              "beyond the floor's statement.", ""]
+              "beyond the floor's statement. P10 as defined sets idemops with the demo's body against the floor's "
+              "one raw INSERT; proposed instead (docs/performance.md): P10 as `floor_order` / the floor, like for "
+              "like, ≥ 0.7× with 1 and 32 clients, `create_order`'s ratio reported beside it.", ""]
     if granian:
         lines += ["uvicorn and granian 2.8 side by side (one round each, same load generator):", "",
                   "| server, tool | clients | calls/s uvicorn | calls/s granian |", "| --- | ---: | ---: | ---: |",
