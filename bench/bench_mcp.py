@@ -14,9 +14,9 @@ is taken from one round, under one load. Stateless Streamable HTTP needs no init
 - P11: `create_order` calls/s with 32 clients ÷ with 1 client (the same round).
 
 P10 is split in the same rounds by `floor_order` (bench/floor_tool.py): `create_order` as idemops declares it,
-with the floor's one INSERT as its body. The floor ÷ `floor_order` is what idemops adds around one business
-statement; `floor_order` ÷ `create_order` what the demo's body (two ORM inserts, an order and its lines, and an
-answer listing them) costs beyond the floor's statement.
+with the floor's one INSERT as its body. `floor_order` calls/s ÷ the floor's is what idemops adds around one
+business statement; `create_order` calls/s ÷ `floor_order`'s what the demo's body (two ORM inserts, an order and
+its lines, and an answer listing them) costs beyond the floor's statement.
 
 A side table serves the bare SDK and idemops' `whoami` with uvicorn as well (the server of the
 issue's first anchors, and the one `make run` used before granian measured faster).

@@ -6,8 +6,8 @@ ORM inserts (the order, then its lines) and an answer that lists the lines. This
 `create_order` that idemops does (the same input model and its validation, personal and non-business fields,
 search fields: so the same fingerprint, sealing, claim, audit rows and mark) and replaces the body by the
 floor's: `INSERT INTO floor_order … RETURNING id` in raw SQL, answering the floor's result. So
-`bench_mcp` splits P10 in the same run: the floor ÷ `floor_order` is what idemops adds around one
-business statement, and `floor_order` ÷ `create_order` is what the demo's body costs beyond it.
+`bench_mcp` splits P10 in the same run: `floor_order` calls/s ÷ the floor's is what idemops adds around one
+business statement, and `create_order` calls/s ÷ `floor_order`'s is what the demo's body costs beyond it.
 
 Served by bench_mcp's idemops servers only (`IDEMOPS_TOOL_MODULES=bench.floor_tool`); its table is the
 floor's, which the floor's server creates when it starts (bench_mcp starts it first).
