@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from idemops import embedded_pg
-from tests.support.processes import ROOT, VAR_DIR
+from tests.support.processes import ROOT, VAR_DIR, postgres_serving
 from tools_app.models import Tenant
 
 pytestmark = pytest.mark.live
@@ -36,25 +36,14 @@ def run_a_session(var: Path, *options: str) -> subprocess.CompletedProcess:
     env["IDEMOPS_VAR_DIR"] = str(var)
     session = subprocess.run(
         [sys.executable, "-m", "pytest", f"{Path(__file__).relative_to(ROOT)}::"
-         "test_a_session_reaches_its_own_test_database", "-q", "-p", "no:cacheprovider", *options],
+         "test_a_session_reaches_its_own_test_database", "-q", "-p", "no:cacheprovider",
+         # its temporary directories in its own var: pytest makes /tmp/pytest-of-<user> private (0700) again
+         # when a session starts there, and a server this run starts meanwhile as the embedded server's user
+         # then cannot reach its data directory (tests/deploy/test_embedded_pg.py)
+         "--basetemp", str(var / "pytest"), *options],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert session.returncode == 0 and "1 passed" in session.stdout, session.stdout[-3000:] + session.stderr[-3000:]
     return session
-
-
-def postgres_serving(pgdata: Path) -> list[int]:
-    """The ids of the postgres processes whose data directory is `pgdata` (the postmaster and its children)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # it ended while we looked
-        if argv[0].endswith(b"/postgres") and str(pgdata).encode() in argv:
-            found.append(int(proc.name))
-    return found
 
 
 @pytest.fixture

