@@ -108,9 +108,7 @@ def kill_mid_call(stack: Stack, keys: list[Key], label: str) -> float:
     paid_half, unpaid_half = payments[:len(payments) // 2], payments[len(payments) // 2:]
     orders = [k for k in keys if k.tool == "create_order"]
     # Enough database threads that every call is in flight at once (each held call keeps one).
-    # An unattended agent: no person behind it to confirm a small payment (docs/approvals.md).
     victim = stack.web_server(f"victim-{label}", IDEMOPS_PAYMENT_GATEWAY_TIMEOUT_SECONDS="300",
-                              IDEMOPS_MCP_USER_CONFIRMATION="false",
                               IDEMOPS_MCP_DB_THREADS=str(len(keys) + 8))
     # Orders wait inside their transaction, after the claim, for this lock on their table.
     lock = psycopg.connect(stack.database.url)
@@ -254,6 +252,9 @@ def restarted_under_agents(stack: Stack, agents: int) -> dict:
 def run(quick: bool = False, root: Path | None = None) -> str:
     per_tool, agents = (2, 4) if quick else (10, 20)
     env = {"IDEMOPS_EXECUTION_LEASE_SECONDS": "2", "IDEMOPS_EXECUTION_HEARTBEAT_SECONDS": "0.5"} if quick else {}
+    # Its agents are unattended scripts: no person behind them to confirm a small payment (docs/approvals.md),
+    # on every web process of the stack (the victims and the one the agents call through an outage).
+    env["IDEMOPS_MCP_USER_CONFIRMATION"] = "false"
     lease = float(env.get("IDEMOPS_EXECUTION_LEASE_SECONDS", conf().execution_lease_seconds))
     heartbeat = float(env.get("IDEMOPS_EXECUTION_HEARTBEAT_SECONDS", conf().execution_heartbeat_seconds))
     loop = conf().lease_sweep_seconds
