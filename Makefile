@@ -56,7 +56,7 @@ screenshots: $(DEV)
 bench: $(DEV)
 	$(PY) bench/run.py
 
-# The same code at small sizes (under 3 minutes), into var/bench-quick/; tests/deploy/test_bench_quick.py runs it.
+# The same code at small sizes (about 5 minutes on 2 cores), into var/bench-quick/; tests/deploy/test_bench_quick.py runs it.
 bench-quick: $(DEV)
 	$(PY) bench/run.py --quick
 

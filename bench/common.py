@@ -55,8 +55,9 @@ BENCH_MAX_CONNECTIONS = 200
 SECTION_SETTINGS = ("shared_buffers",)
 
 
-def fresh_database_url(name: str = BENCH_DATABASE) -> str:
-    """Drop and recreate the benchmark database, so every run starts from an empty, current schema."""
+def fresh_database_url(name: str = BENCH_DATABASE, template: str | None = None) -> str:
+    """Drop and recreate the benchmark database, so every run starts from an empty, current schema; from
+    `template` (a database of the same cluster, copied file by file) when one is given."""
     import psycopg
 
     from idemops.embedded_pg import ensure_running
@@ -76,7 +77,7 @@ def fresh_database_url(name: str = BENCH_DATABASE) -> str:
         restart_bench_server()
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     return admin_url.replace("/postgres?", f"/{name}?")
 
 

@@ -28,7 +28,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Figure, Section, fresh_database_url, on_bench_database, setup_django  # noqa: E402
+from bench.common import (  # noqa: E402
+    BENCH_DATABASE,
+    Figure,
+    Section,
+    fresh_database_url,
+    on_bench_database,
+    setup_django,
+)
 
 DOCS = ROOT / "docs"
 QUICK_OUT = ROOT / "var" / "bench-quick"
@@ -71,6 +78,8 @@ def main() -> None:
     out = args.out or (QUICK_OUT if args.quick else DOCS)
     out.mkdir(parents=True, exist_ok=True)
     setup_django()
+    if on_bench_database():
+        keep_migrated_schema()
     modules = sorted(p.stem for p in (ROOT / "bench").glob("bench_*.py"))
     if args.modules:
         modules = [m for m in modules if any(s in m for s in args.modules)]
@@ -158,12 +167,26 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
+# The schema as this run's migrations left it (setup_django migrated the bench database), kept as a template: a
+# section's fresh database is a copy of it, where migrating each anew took 12 s a section (99 migrations).
+SCHEMA_TEMPLATE = f"{BENCH_DATABASE}_migrated"
+
+
+def keep_migrated_schema() -> None:
+    from django.db import connections
+
+    connections.close_all()  # a template must have no connections while it is copied
+    fresh_database_url(SCHEMA_TEMPLATE, template=BENCH_DATABASE)
+
+
 def fresh_database() -> None:
     from django.core.management import call_command
     from django.db import connections
 
     connections.close_all()
-    fresh_database_url()
+    fresh_database_url(template=SCHEMA_TEMPLATE)
+    # Nothing left to apply: it checks that, and runs the post_migrate handlers (roles, schedules) as after a full
+    # migrate of an empty database.
     call_command("migrate", verbosity=0, interactive=False)
 
 
