@@ -43,8 +43,8 @@ def test_every_benchmark_runs_in_quick_mode_and_reports_every_figure_by_name(tmp
     assert "not measured" not in markdown and "**Failed**" not in markdown
     # P10's split: idemops around the floor's own statement (bench/floor_tool.py) answered its calls too.
     assert "| idemops floor_order | 32 |" in markdown and "P10 split, in the same rounds" in markdown
-    # bench_settle reports no figure: its table says each of its three outages ended with every key taken
-    # effect once and every answer carrying a class.
+    # bench_settle reports no figure: its table says that after each of its three faults every key took effect
+    # exactly once and every answer carried a class.
     settle = report["sections"]["bench_settle"]["markdown"]
     rows = [line for line in settle.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(rows) == 3, settle
