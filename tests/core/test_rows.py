@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 from django.db import DataError, connection, transaction
+from django.db.models import Value
 from django.db.models.signals import post_init
+from psycopg.types.json import Jsonb
 
 from tools_app import access, engine
 from tools_app.core import clock, db, instances
@@ -139,6 +141,10 @@ def test_unsaved_builds_what_the_constructor_builds() -> None:
         assert _fields(built) == _fields(django) and set(_fields(built)) == {
             f.attname for f in model._meta.concrete_fields}
         assert (built._state.adding, built._state.db) == (True, None) == (django._state.adding, django._state.db)
+    # A default made by a function is made anew for each instance, as Django's constructor makes it.
+    first, second = instances.unsaved(IdempotencyRecord), instances.unsaved(IdempotencyRecord)
+    assert first.arguments == {} and first.arguments is not second.arguments
+    assert first.evidence == [] and first.evidence is not second.evidence
     # A value named by its relation (not its attribute name) is Django's to resolve.
     tenant = Tenant.objects.get(pk=stored.tenant_id)
     by_relation = instances.unsaved(AuditEvent, tenant=tenant, actor="a", action="b")
@@ -194,3 +200,43 @@ def test_insert_parts_names_the_fields_the_database_computes() -> None:
     given = db.insert_parts(record, {"key": "'given'"})
     assert dict(zip(given.columns, given.values, strict=True))['"key"'] == "'given'"
     assert len(given.params) == len(parts.params) - 1
+
+
+@pytest.mark.parametrize("value", [{"a": [1, 2.5, None, True]}, [1, "two"], "text", 7, 2.5, False, None,
+                                   Value(None, IdempotencyRecord._meta.get_field("attributes")),
+                                   type("Text", (str,), {})("x")],
+                         ids=["object", "list", "text", "int", "float", "bool", "sql-null", "json-null",
+                              "str-subclass"])
+def test_insert_parts_prepares_each_value_as_django_does(value: object) -> None:
+    """A JSON field's value (Django's own JSONField, a PersonalJSONField holding the same value) and every other
+    field's: the parameter `insert_parts`, or a transition's UPDATE, sends is the one Django's `get_db_prep_save`
+    prepares, written to the same JSON text."""
+    record = engine.new_record(engine.Operation(tenant_id=_record().tenant_id, tool="rows", key="prep",
+                                                arguments={"a": 1}, actor="agent:rows/test"))
+    record.attributes = value
+    record.result = value
+    parts = db.insert_parts(record)
+    expected: list[object] = []
+    for field in IdempotencyRecord._meta.concrete_fields[1:]:  # all but the id
+        held = getattr(record, field.attname)
+        if db.is_expression(held):  # the database's clock: its SQL's parameters
+            expected += db.expression_sql(IdempotencyRecord, held)[1]
+        else:
+            expected.append(field.get_db_prep_save(held, connection))
+    assert len(parts.params) == len(expected)
+    for sent, django in zip(parts.params, expected, strict=True):
+        if isinstance(django, Jsonb):
+            assert isinstance(sent, Jsonb) and sent.dumps(sent.obj) == django.dumps(django.obj)
+        else:  # psycopg adapts the value itself (Django's preparation may wrap an int, e.g. Int2(2) == 2)
+            assert sent == django
+    if db.is_expression(value):
+        return  # an UPDATE sets it by its SQL, which takes no parameter of it
+    # A transition's UPDATE prepares what it sets alike (core.db.transition).
+    record.pk = 1
+    set_to = {"attributes": value, "result": value, "attempts": 2}
+    _, _, update_params = db._update_shape(record, {}, set_to, {})
+    django_params = [IdempotencyRecord._meta.get_field(name).get_db_prep_save(held, connection)
+                     for name, held in set_to.items()]
+    for sent, django in zip(update_params, django_params, strict=False):  # then the row's id
+        assert type(sent) is type(django)
+        assert sent.dumps(sent.obj) == django.dumps(django.obj) if isinstance(django, Jsonb) else sent == django

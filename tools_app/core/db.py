@@ -135,23 +135,61 @@ def insert_parts(instance: models.Model, expressions: dict[str, str] | None = No
     every instance of a model whose fields hold expressions of the same shape: built once per shape.
     """
     model = type(instance)
-    fields, _, needs_prep = _columns(model)
     given = expressions or {}
-    wrapper: Any = _wrapper() if any(needs_prep) else None  # a JSON field is what reads it
     params: list[Any] = []
     shape: list[tuple[str, str]] = []
-    for field, prep in zip(fields, needs_prep, strict=True):
-        if field.attname in given:
+    held = instance.__dict__
+    for field, attname, how in _insert_plan(model):
+        if given and attname in given:
             continue
-        value = getattr(instance, field.attname)
+        value = held[attname] if attname in held else getattr(instance, attname)
         if is_expression(value):
             sql, expression_params = expression_sql(model, value)
-            shape.append((field.attname, sql))
+            shape.append((attname, sql))
             params.extend(expression_params)
         else:
-            params.append(_json_text(field.get_db_prep_save(value, wrapper)) if prep else value)
+            params.append(value if how is _AS_IS else _param(field, how, value))
     columns, values, computed = _insert_sql(model, tuple(given.items()), tuple(shape))
     return InsertParts(columns, values, params, computed)
+
+
+# How a field's value becomes a statement's parameter (`_param`).
+_AS_IS, _JSON, _PREPARED = "as is", "json", "prepared"
+_JSON_TYPES = frozenset({dict, list, str, int, float, bool, type(None)})
+
+
+def _param(field: models.Field[Any, Any], how: str, value: Any, wrapper: Any = None) -> Any:
+    """`value` of `field` as a parameter: as it is (`_AS_IS`: psycopg adapts strings, numbers, times and UUIDs
+    itself); for Django's own JSONField without an encoder (`_JSON`), as Django prepares it, Jsonb(value) (None:
+    SQL NULL), without its five calls; otherwise by the field's `get_db_prep_save` (`_PREPARED`: another JSON
+    field's own preparation, or any field's in an UPDATE). Django's JSON text is written by the encoder built
+    once (`_json_text`). `wrapper`: this thread's connection wrapper, if the caller has it (`_wrapper`)."""
+    if how is _AS_IS:
+        return value
+    if how is _JSON and type(value) in _JSON_TYPES:
+        return None if value is None else Jsonb(value, _JSON_TEXT)
+    return _json_text(field.get_db_prep_save(value, wrapper or _wrapper()))
+
+
+def _how(field: models.Field[Any, Any]) -> str:
+    """How an UPDATE sets `field` (`_param`)."""
+    return _JSON if type(field) is models.JSONField and field.encoder is None else _PREPARED
+
+
+@cache
+def _insert_plan(model: type[models.Model]) -> tuple[tuple[models.Field[Any, Any], str, str], ...]:
+    """Each field an INSERT writes, its attribute name, and how its value becomes a parameter (`_param`):
+    a JSON field as an UPDATE sets it, any other as it is."""
+    fields, _, needs_prep = _columns(model)
+    return tuple((field, field.attname, _how(field) if prep else _AS_IS)
+                 for field, prep in zip(fields, needs_prep, strict=True))
+
+
+@cache
+def _update_plan(model: type[models.Model], name: str) -> tuple[models.Field[Any, Any], str]:
+    """The field an UPDATE sets by `name`, and how its value becomes a parameter (`_param`)."""
+    field = _field(model, name)
+    return field, _how(field)
 
 
 def _json_text(param: Any) -> Any:
@@ -438,7 +476,7 @@ def _update_shape(instance: models.Model, expected: dict[str, Any], changes: dic
             params.extend(expression_params)
         else:
             change_shape.append((name, None))
-            params.append(_json_text(_field(model, name).get_db_prep_save(value, wrapper)))
+            params.append(_param(*_update_plan(model, name), value, wrapper))
     params += [json.dumps(personal.stored(items), default=str) for items in append.values()]
     params.append(instance.pk)
     expected_shape: list[tuple[str, str | None]] = []

@@ -60,8 +60,11 @@ def unsaved(model: type[_M], related: Mapping[str, models.Model | None] | None =
     values.update(ids)
     instance = _bare(model, adding=True, db=None)
     fields = instance.__dict__
-    for attname, default in _defaults(model):
-        fields[attname] = values[attname] if attname in values else default()
+    for attname, constant, make in _defaults(model):
+        if attname in values:
+            fields[attname] = values[attname]
+        else:
+            fields[attname] = constant if make is None else make()
     if related:
         instance._state.fields_cache.update(related)
     return instance
@@ -75,11 +78,22 @@ def _fk_attname(model: type[models.Model], name: str) -> str:
 
 
 @cache
-def _defaults(model: type[models.Model]) -> tuple[tuple[str, Callable[[], Any]], ...]:
+def _defaults(model: type[models.Model]) -> tuple[tuple[str, Any, Callable[[], Any] | None], ...]:
+    """Each field's attribute name and its default: a value Django's `get_default` gives as it is every
+    time (a constant `default`, or none: None or ""), or the function that makes a new one (a callable
+    `default`, or a `db_default`'s expression, which Django builds anew for each instance)."""
     # Django's constructor skips generated fields: the database computes them.
-    return tuple((field.attname, field.get_default) for field in model._meta.concrete_fields if not field.generated)
+    return tuple((field.attname, *_default(field)) for field in model._meta.concrete_fields if not field.generated)
+
+
+def _default(field: models.Field[Any, Any]) -> tuple[Any, Callable[[], Any] | None]:
+    if field.has_default():
+        return (None, field.default) if callable(field.default) else (field.get_default(), None)
+    if field.has_db_default():
+        return None, field.get_default
+    return field.get_default(), None
 
 
 @cache
 def _attnames(model: type[models.Model]) -> frozenset[str]:
-    return frozenset(attname for attname, _ in _defaults(model))
+    return frozenset(attname for attname, _, _ in _defaults(model))
