@@ -136,6 +136,7 @@ def insert_parts(instance: models.Model, expressions: dict[str, str] | None = No
     """
     model = type(instance)
     given = expressions or {}
+    wrapper: Any = None  # this thread's connection wrapper, once a value's preparation needs it
     params: list[Any] = []
     shape: list[tuple[str, str]] = []
     held = instance.__dict__
@@ -147,8 +148,12 @@ def insert_parts(instance: models.Model, expressions: dict[str, str] | None = No
             sql, expression_params = expression_sql(model, value)
             shape.append((attname, sql))
             params.extend(expression_params)
+        elif how is _AS_IS:
+            params.append(value)
         else:
-            params.append(value if how is _AS_IS else _param(field, how, value))
+            if how is _PREPARED and wrapper is None:
+                wrapper = _wrapper()
+            params.append(_param(field, how, value, wrapper))
     columns, values, computed = _insert_sql(model, tuple(given.items()), tuple(shape))
     return InsertParts(columns, values, params, computed)
 
