@@ -255,6 +255,11 @@ def run(quick: bool = False, root: Path | None = None) -> str:
     # Its agents are unattended scripts: no person behind them to confirm a small payment (docs/approvals.md),
     # on every web process of the stack (the victims and the one the agents call through an outage).
     env["IDEMOPS_MCP_USER_CONFIRMATION"] = "false"
+    # Each victim's payments are held by the gateway under a 300 s timeout, and a SIGKILLed process's slots of the
+    # downstream's in-flight limit stay leased for that timeout (tools_app.incidents.limits): the first victim's
+    # would leave the second too few to send all of its payments (with 10 a tool: 6 of the default 16). The limit
+    # is the default plus what both victims hold, so each fault starts with the default's slots free.
+    env["IDEMOPS_DOWNSTREAM_MAX_IN_FLIGHT"] = str(conf().downstream_max_in_flight + 2 * per_tool)
     lease = float(env.get("IDEMOPS_EXECUTION_LEASE_SECONDS", conf().execution_lease_seconds))
     heartbeat = float(env.get("IDEMOPS_EXECUTION_HEARTBEAT_SECONDS", conf().execution_heartbeat_seconds))
     loop = conf().lease_sweep_seconds
@@ -278,7 +283,9 @@ def run(quick: bool = False, root: Path | None = None) -> str:
              "a third key of its own under the restart). "
              "*Settled*: a call answers the key's real state (its result, or `unknown_outcome` while it is "
              "reconciled), not `in_progress`; for the cluster alone: the record is SUCCEEDED or FAILED. Agents "
-             f"retry every {AGENT_MAX_PAUSE} s at most (sooner if `retry_after` says so).", "",
+             f"retry every {AGENT_MAX_PAUSE} s at most (sooner if `retry_after` says so). The downstream's in-flight "
+             f"limit is {env['IDEMOPS_DOWNSTREAM_MAX_IN_FLIGHT']}: the default's plus the slots both killed victims "
+             "hold for their requests' 300 s timeout.", "",
              "| Fault | keys | every key settled (s) | every key succeeded (s) | exactly once | unclassified answers |",
              "| --- | ---: | ---: | ---: | --- | ---: |"]
     for label, r in results:
