@@ -136,7 +136,7 @@ def insert_parts(instance: models.Model, expressions: dict[str, str] | None = No
     """
     model = type(instance)
     given = expressions or {}
-    wrapper: Any = None  # this thread's connection wrapper, once a value's preparation needs it
+    wrapper = _wrapper()  # what a JSON field's preparation reads
     params: list[Any] = []
     shape: list[tuple[str, str]] = []
     held = instance.__dict__
@@ -148,12 +148,8 @@ def insert_parts(instance: models.Model, expressions: dict[str, str] | None = No
             sql, expression_params = expression_sql(model, value)
             shape.append((attname, sql))
             params.extend(expression_params)
-        elif how is _AS_IS:
-            params.append(value)
         else:
-            if how is _PREPARED and wrapper is None:
-                wrapper = _wrapper()
-            params.append(_param(field, how, value, wrapper))
+            params.append(value if how is _AS_IS else _param(field, how, value, wrapper))
     columns, values, computed = _insert_sql(model, tuple(given.items()), tuple(shape))
     return InsertParts(columns, values, params, computed)
 
@@ -163,17 +159,16 @@ _AS_IS, _JSON, _PREPARED = "as is", "json", "prepared"
 _JSON_TYPES = frozenset({dict, list, str, int, float, bool, type(None)})
 
 
-def _param(field: models.Field[Any, Any], how: str, value: Any, wrapper: Any = None) -> Any:
-    """`value` of `field` as a parameter: as it is (`_AS_IS`: psycopg adapts strings, numbers, times and UUIDs
-    itself); for Django's own JSONField without an encoder (`_JSON`), as Django prepares it, Jsonb(value) (None:
-    SQL NULL), without its five calls; otherwise by the field's `get_db_prep_save` (`_PREPARED`: another JSON
-    field's own preparation, or any field's in an UPDATE). Django's JSON text is written by the encoder built
-    once (`_json_text`). `wrapper`: this thread's connection wrapper, if the caller has it (`_wrapper`)."""
-    if how is _AS_IS:
-        return value
+def _param(field: models.Field[Any, Any], how: str, value: Any, wrapper: Any) -> Any:
+    """`value` of `field` as a parameter (a field an INSERT writes `_AS_IS` is not asked: psycopg adapts
+    strings, numbers, times and UUIDs itself). For Django's own JSONField without an encoder (`_JSON`), as
+    Django prepares it, Jsonb(value) (None: SQL NULL), without its five calls; otherwise by the field's
+    `get_db_prep_save` (`_PREPARED`: another JSON field's own preparation, or any field's in an UPDATE), on
+    `wrapper`, this thread's connection wrapper (`_wrapper`). Django's JSON text is written by the encoder built
+    once (`_json_text`)."""
     if how is _JSON and type(value) in _JSON_TYPES:
         return None if value is None else Jsonb(value, _JSON_TEXT)
-    return _json_text(field.get_db_prep_save(value, wrapper or _wrapper()))
+    return _json_text(field.get_db_prep_save(value, wrapper))
 
 
 def _how(field: models.Field[Any, Any]) -> str:
