@@ -2,18 +2,42 @@
 
 Django checks a persistent connection before its first query of each request (CONN_HEALTH_CHECKS,
 on here): `SELECT 1`, one round trip per request, and per tool call over /mcp, whose database
-threads keep their connections (tools_app/mcp/runtime.py). A connection the server closed (a
-restart, `pg_terminate_backend`, an idle timeout) has sent its last message and the end of the
-stream, so its socket reads as ready while nothing was asked; a live idle connection's does not.
-So the check polls the socket (no round trip) and runs Django's own `SELECT 1` only when something
-arrived unasked: a connection found broken is replaced before the call uses it, as before.
+threads keep their connections (tools_app/mcp/runtime.py). With a pool (IDEMOPS_DB_POOL_MAX_SIZE),
+Django has psycopg_pool check each connection it hands out instead (`check_connection`: an empty
+query, a round trip per request too). A connection the server closed (a restart,
+`pg_terminate_backend`, an idle timeout) has sent its last message and the end of the stream, so
+its socket reads as ready while nothing was asked; a live idle connection's does not. So both checks
+poll the socket (no round trip) and ask the server, as Django and psycopg_pool would, only when
+something arrived unasked: a connection found broken is replaced before the call uses it, as before.
 """
 
 from __future__ import annotations
 
 import select
+from typing import Any
 
+import psycopg
 from django.db.backends.postgresql import base
+from psycopg_pool import ConnectionPool
+
+
+def unasked(connection: psycopg.Connection[Any]) -> bool:
+    """Whether something arrived on the connection's socket that nobody asked for (the server's goodbye,
+    a notice, a notification), or it has no socket to poll: then only a round trip can tell."""
+    if connection.closed or connection.broken:
+        return True
+    try:
+        ready, _, _ = select.select([connection.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(ready)
+
+
+def check_pooled(connection: psycopg.Connection[Any]) -> None:
+    """The pool's check of a connection it is about to hand out: psycopg_pool's own (it raises for a dead
+    connection, which the pool then replaces) only when the socket says something arrived unasked."""
+    if unasked(connection):
+        ConnectionPool.check_connection(connection)
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
@@ -21,10 +45,15 @@ class DatabaseWrapper(base.DatabaseWrapper):
         connection = self.connection
         if connection is None or connection.closed or connection.broken:
             return False
-        try:
-            ready, _, _ = select.select([connection.fileno()], [], [], 0)
-        except (OSError, ValueError):
-            return False
         # Something arrived unasked: the server's goodbye (then SELECT 1 fails), or a notice or a
         # notification (then it answers, and the message is read).
-        return super().is_usable() if ready else True
+        return super().is_usable() if unasked(connection) else True
+
+    def get_new_connection(self, conn_params: dict[str, Any]) -> psycopg.Connection[Any]:
+        pool = self.pool
+        # Django builds the pool with psycopg_pool's round-trip check when health checks are on (as they
+        # are here), and takes no check of its own in OPTIONS["pool"]; the pool keeps it as `_check`.
+        if pool is not None and pool._check is ConnectionPool.check_connection:
+            pool._check = check_pooled
+        connection: psycopg.Connection[Any] = super().get_new_connection(conn_params)
+        return connection
