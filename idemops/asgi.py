@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from django.core.asgi import get_asgi_application
+from django.db import connections
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "idemops.settings")
 
@@ -23,6 +24,10 @@ from tools_app.tasks.versions import refuse_stranded  # noqa: E402
 refuse_stranded()
 
 mcp_app = build_app()
+# What start-up read went through this thread's connection, which no request's end closes: hand it back
+# (to its pool, with IDEMOPS_DB_POOL_MAX_SIZE, where this thread would otherwise hold one of the pool's
+# connections for the process's life, and a pool of one would serve no request).
+connections.close_all()
 # /mcp (stateless) and /mcp/session (stateful sessions, for hosts at 2025-11-25 asked mid-call).
 MCP_PATHS = ("/mcp", "/mcp/session")
 

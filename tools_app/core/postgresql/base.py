@@ -13,6 +13,7 @@ something arrived unasked: a connection found broken is replaced before the call
 
 from __future__ import annotations
 
+import os
 import select
 from typing import Any
 
@@ -59,3 +60,22 @@ class DatabaseWrapper(base.DatabaseWrapper):
             pool._check = check_pooled
         connection: psycopg.Connection[Any] = super().get_new_connection(conn_params)
         return connection
+
+
+# A forked child (django-q2's cluster forks its workers, pusher and monitor) inherits its parent's pools,
+# the sockets of their connections included: used from both processes, one connection's messages
+# interleave ("the last operation didn't produce records"). django-q2 closes Django's connections before
+# it forks, which hands a pooled one back to its pool, still open. So a child starts with no pool (the next
+# connection it needs opens a pool of its own), and keeps its parent's pools referenced without using them:
+# closing one, or letting it be collected, would end the parent's connections (libpq's goodbye goes out on
+# the shared socket).
+_parents_pools: list[dict[str, ConnectionPool]] = []
+
+
+def _no_inherited_pool() -> None:
+    # Django's registry of pools, by alias (not in django-stubs).
+    _parents_pools.append(base.DatabaseWrapper._connection_pools)  # type: ignore[attr-defined]
+    base.DatabaseWrapper._connection_pools = {}  # type: ignore[attr-defined]  # the same registry
+
+
+os.register_at_fork(after_in_child=_no_inherited_pool)
