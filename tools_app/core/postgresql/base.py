@@ -1,4 +1,5 @@
-"""Django's PostgreSQL backend, with a health check that asks the server only when it must.
+"""Django's PostgreSQL backend, with a health check that asks the server only when it must, and connection
+pools a forked process does not share (at the end of this module).
 
 Django checks a persistent connection before its first query of each request (CONN_HEALTH_CHECKS,
 on here): `SELECT 1`, one round trip per request, and per tool call over /mcp, whose database
