@@ -103,6 +103,18 @@ class EngineStatements:
         return send
 
 
+def raw_connection() -> Any:
+    """An autocommit psycopg connection to the benchmark database, as Django's connections are set up:
+    statements prepared alike, and the session in UTC (psycopg's C loader then reads a time without a zone
+    conversion in Python)."""
+    import psycopg
+    from django.db import connection
+
+    s = connection.settings_dict
+    return psycopg.connect(dbname=s["NAME"], host=s["HOST"], user=s["USER"], autocommit=True,
+                           prepare_threshold=s["OPTIONS"].get("prepare_threshold", 5), options="-c TimeZone=UTC")
+
+
 def _for_key(old: Any, key: str, record_id: int | None) -> Any:
     """The value for `key` of a captured parameter that differed between the two captures."""
     if isinstance(old, uuid.UUID):
@@ -123,19 +135,12 @@ def _compared(value: Any) -> Any:
 
 def run(quick: bool = False) -> Section:
     rounds, calls = (QUICK_ROUNDS, QUICK_CALLS) if quick else (ROUNDS, CALLS_PER_ROUND)
-    import psycopg
-    from django.db import connection
-
     from tools_app import access, engine
     from tools_app.core import db
     from tools_app.models import IdempotencyRecord
 
     tenant = access.create_tenant("bench")
-    s = connection.settings_dict
-    # As Django's connections: statements prepared alike, and the session in UTC (psycopg's C loader then reads a
-    # time without a zone conversion in Python).
-    raw = psycopg.connect(dbname=s["NAME"], host=s["HOST"], user=s["USER"], autocommit=True,
-                          prepare_threshold=s["OPTIONS"].get("prepare_threshold", 5), options="-c TimeZone=UTC")
+    raw = raw_connection()
     raw.execute("CREATE TABLE IF NOT EXISTS bench_raw_claims (id bigserial PRIMARY KEY, tenant_id bigint, "
                 "tool text, key text, fingerprint text, status text, result jsonb, UNIQUE (tenant_id, tool, key))")
 

@@ -75,6 +75,30 @@ def test_the_kept_cursor_outlives_an_error_and_a_new_connection_gets_its_own() -
     assert db.fetchone("SELECT %(x)s::int * 2", {"x": 2}) == (4,)  # type: ignore[arg-type]
 
 
+def _kept() -> dict[str, Any]:
+    return connection.connection.__dict__.get("_idemops_cursors", {})
+
+
+def test_each_statement_keeps_its_own_cursor_and_its_adapters_and_the_least_recently_used_is_closed() -> None:
+    """A first call alternates its claim and its mark: each statement's cursor keeps the adapters psycopg found
+    for its parameters (its transformer, replaced whenever a cursor runs another text), at most KEPT_CURSORS."""
+    first, second = "SELECT %s::int + 1, 'first'", "SELECT %s::text || 'x', 'second'"
+    assert db.fetchone(first, [1]) == (2, "first")
+    kept_first = _kept()[db._numbered(first) or first]
+    adapters = kept_first._tx  # psycopg's transformer of that cursor: the dumpers and loaders it found
+    assert db.fetchone(second, ["a"]) == ("ax", "second")
+    assert db.fetchone(first, [2]) == (3, "first")
+    assert _kept()[db._numbered(first) or first] is kept_first and kept_first._tx is adapters
+    assert _kept()[db._numbered(second) or second] is not kept_first
+
+    others = [f"SELECT %s::int + {n}" for n in range(db.KEPT_CURSORS)]
+    for n, sql in enumerate(others):
+        assert db.fetchone(sql, [1]) == (n + 1,)
+    assert len(_kept()) == db.KEPT_CURSORS and (db._numbered(first) or first) not in _kept()
+    assert kept_first.closed  # the least recently used, closed as it was let go
+    assert db.fetchone(first, [3]) == (4, "first")  # and run again on a cursor of its own
+
+
 def _record() -> IdempotencyRecord:
     tenant = access.create_tenant(f"rows-{uuid.uuid4().hex[:6]}")
     op = engine.Operation(tenant_id=tenant.pk, tool="rows", key=uuid.uuid4().hex, arguments={"a": [1, "b"]},

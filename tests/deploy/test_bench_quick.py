@@ -43,6 +43,10 @@ def test_every_benchmark_runs_in_quick_mode_and_reports_every_figure_by_name(tmp
     assert "not measured" not in markdown and "**Failed**" not in markdown
     # P10's split: idemops around the floor's own statement (bench/floor_tool.py) answered its calls too.
     assert "| idemops floor_order | 32 |" in markdown and "P10 split, in the same rounds" in markdown
+    # P3's split: the engine's statements alone, sent raw, in the same rounds as the engine and DBOS.
+    p3 = report["figures"]["P3"]
+    assert p3["detail"]["engine_statements_per_s"] > 0 and p3["detail"]["engine_over_statements"] > 0, p3
+    assert "The engine's statements alone / DBOS" in markdown
     # bench_settle reports no figure: its table says that after each of its three faults every key took effect
     # exactly once and every answer carried a class.
     settle = report["sections"]["bench_settle"]["markdown"]
