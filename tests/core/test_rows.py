@@ -99,6 +99,16 @@ def test_each_statement_keeps_its_own_cursor_and_its_adapters_and_the_least_rece
     assert db.fetchone(first, [3]) == (4, "first")  # and run again on a cursor of its own
 
 
+def test_a_kept_cursor_holds_no_result_once_its_row_is_read() -> None:
+    """A replay's row can carry a large tool result: the cursor kept for the statement lets it go."""
+    big = "x" * 1_000_000
+    sql = "SELECT %s::text, 'held?'"
+    assert db.fetchone(sql, [big]) == (big, "held?")
+    kept = _kept()[db._numbered(sql) or sql]
+    assert kept.pgresult is None and kept._tx.pgresult is None  # the cursor's and its transformer's
+    assert db.fetchone(sql, ["again"]) == ("again", "held?")  # and the statement runs again on it
+
+
 def _record() -> IdempotencyRecord:
     tenant = access.create_tenant(f"rows-{uuid.uuid4().hex[:6]}")
     op = engine.Operation(tenant_id=tenant.pk, tool="rows", key=uuid.uuid4().hex, arguments={"a": [1, "b"]},

@@ -60,7 +60,18 @@ def fetchone(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         numbered = _numbered(sql) if wrapper.settings_dict["OPTIONS"].get("server_side_binding") else None
         cursor = _kept_cursor(wrapper, numbered or sql, raw_text=numbered is not None)
         # The raw psycopg connection is untyped in django-stubs (`Any`); its rows are tuples.
-        return cast("tuple[Any, ...] | None", cursor.execute(numbered or sql, params).fetchone())
+        row = cast("tuple[Any, ...] | None", cursor.execute(numbered or sql, params).fetchone())
+        _let_go(cursor)
+        return row
+
+
+def _let_go(cursor: Any) -> None:
+    """Free what a kept cursor still holds of its statement once its row is read: the result (a replay's can
+    hold a large tool result) and the parameters sent. Without this each of a connection's kept cursors would
+    hold its statement's last result until that statement ran again. (psycopg has no public call for it:
+    `close` also ends the cursor. Its adapters, what the cursor is kept for, stay.)"""
+    cursor._reset()
+    cursor._tx.set_pgresult(None)
 
 
 def _kept_cursor(wrapper: Any, sql: str, *, raw_text: bool) -> Any:
