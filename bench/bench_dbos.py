@@ -5,7 +5,9 @@ cluster): the engine on the benchmark database, DBOS with its system database be
 engine runs a local tool with a no-op side effect under a new key (the record, its two audit
 events and the outcome, one commit); DBOS runs a workflow of one no-op step under a new workflow
 id (its workflow status and the step's output). Then both replay what they ran (same key, same
-workflow id). The two sides alternate in rounds.
+workflow id). The two sides alternate in rounds. Beside them, the engine's statements sent alone from raw
+psycopg, and the pieces of Python every first execution needs, each timed alone (bench/engine_pieces.py): what
+4× leaves the engine over its statements, and what it cannot do without.
 
 DBOS (`dbos` on PyPI) is installed for the benchmarks only (requirements-dev.txt).
 """
@@ -16,11 +18,13 @@ import statistics
 import time
 import uuid
 
+from bench import engine_pieces
 from bench.bench_engine import EngineStatements, raw_connection
 from bench.common import Section, at_least, fresh_database_url, live_statistics, spread
 
 ROUNDS, QUICK_ROUNDS = 5, 2
 CALLS, QUICK_CALLS = 300, 40
+PIECES, QUICK_PIECES = 5000, 50  # runs of each piece timed alone (engine_pieces)
 
 
 def run(quick: bool = False) -> Section:
@@ -46,9 +50,11 @@ def run(quick: bool = False) -> Section:
     DBOS.launch()
     tenant = access.create_tenant(f"bench-dbos-{uuid.uuid4().hex[:6]}")
 
+    def operation(key: str) -> engine.Operation:
+        return engine.Operation(tenant_id=tenant.pk, tool="bench", key=key, arguments={"n": 1}, actor="agent:bench/a")
+
     def engine_call(key: str) -> None:
-        engine.run(engine.Operation(tenant_id=tenant.pk, tool="bench", key=key, arguments={"n": 1},
-                                    actor="agent:bench/a"), lambda record: {"ok": True})
+        engine.run(operation(key), lambda record: {"ok": True})
 
     def dbos_call(key: str) -> None:
         with SetWorkflowID(key):
@@ -78,6 +84,7 @@ def run(quick: bool = False) -> Section:
             rates["engine_statements"].append(per_second(statements, [f"sql-{key}" for key in keys]))
             rates["engine_replay"].append(per_second(engine_call, keys))
             rates["dbos_replay"].append(per_second(dbos_call, keys))
+        pieces = engine_pieces.measure(operation, raw, QUICK_PIECES if quick else PIECES)
     finally:
         raw.close()
         DBOS.destroy()
@@ -87,12 +94,16 @@ def run(quick: bool = False) -> Section:
     within = [s / e for e, s in zip(rates["engine"], rates["engine_statements"], strict=True)]
     replay_ratios = [e / d for e, d in zip(rates["engine_replay"], rates["dbos_replay"], strict=True)]
     median = {name: statistics.median(values) for name, values in rates.items()}
+    # What 4× leaves the engine's Python around its statements, per first execution (µs), and what it needs.
+    allowed_us = 1e6 / (4 * median["dbos"]) - 1e6 / median["engine_statements"]
+    _, needs_us = engine_pieces.total(pieces)
     p3 = at_least("P3", "engine first executions/s / DBOS one-step workflows/s", ratios, 4,
                   engine_per_s=median["engine"], dbos_per_s=median["dbos"],
                   replay_ratio=statistics.median(replay_ratios),
                   engine_statements_per_s=median["engine_statements"],
                   engine_statements_ratio=statistics.median(statements_ratios),
-                  engine_over_statements=statistics.median(within))
+                  engine_over_statements=statistics.median(within), allowed_beyond_statements_us=allowed_us,
+                  pieces_in_a_call_us=needs_us)
     needed = statistics.median(statements_ratios) / 4  # the engine / its statements that 4× allows
     return Section("\n".join([
         "## P3: the engine vs DBOS Transact, in process", "",
@@ -113,7 +124,11 @@ def run(quick: bool = False) -> Section:
         f"time of its statements (rounds {spread(within)}), where 4× DBOS allows "
         + (f"{needed:.2f}×." if needed > 1 else
            f"{needed:.2f}×: less than the statements alone, so 4× is out of reach of the statements a first "
-           "execution sends."), "",
+           "execution sends."),
+        f"- So 4× leaves the engine **{allowed_us:.0f} µs** a first execution beyond its statements; the pieces of "
+        f"Python every first execution needs, each timed alone right after a round trip as in a call, take "
+        f"**{needs_us:.0f} µs** together (bench/engine_pieces.py):", "",
+        *engine_pieces.table(pieces), "",
         "Per operation the engine makes one durable commit (claim, side effect, outcome and two audit events "
         "together); a DBOS workflow records its status when it starts, the step's output, and its status when "
         "it ends.", "",

@@ -47,6 +47,12 @@ def test_every_benchmark_runs_in_quick_mode_and_reports_every_figure_by_name(tmp
     p3 = report["figures"]["P3"]
     assert p3["detail"]["engine_statements_per_s"] > 0 and p3["detail"]["engine_over_statements"] > 0, p3
     assert "The engine's statements alone / DBOS" in markdown
+    # ...and the pieces of Python every first execution needs, each timed alone (bench/engine_pieces.py), with
+    # what 4x DBOS leaves the engine beyond its statements (negative where the statements alone exceed it).
+    assert p3["detail"]["pieces_in_a_call_us"] > 0 and "allowed_beyond_statements_us" in p3["detail"], p3
+    table = markdown.partition("| a piece every first call needs, timed alone |")[2]
+    table = table.partition("| **their sum for one first call** |")[0]
+    assert len([line for line in table.splitlines()[2:] if line.startswith("| ")]) == 7, table
     # bench_settle reports no figure: its table says that after each of its three faults every key took effect
     # exactly once and every answer carried a class.
     settle = report["sections"]["bench_settle"]["markdown"]
@@ -89,3 +95,24 @@ def test_the_in_process_driver_of_mcp_calls_measures_each_call_against_the_bare_
                                                       "| idemops create_order"]
     assert "create_order's wall time, the floor's ÷ idemops'" in finished.stdout
     assert profile.stat().st_size > 0
+
+
+def test_the_pieces_of_a_first_call_are_each_timed_alone_in_a_loop_and_after_a_round_trip():
+    """bench/engine_pieces.py (also printed in P3's section) runs on its own: each piece every first call needs
+    has both its times, and their sum is given."""
+    pgdata = VAR_DIR / "bench-pieces-test-pg"
+    env = {**os.environ, "BENCH_PGDATA": str(pgdata), "DJANGO_SETTINGS_MODULE": "idemops.settings"}
+    env.pop("DATABASE_URL", None)
+    try:
+        finished = subprocess.run([sys.executable, "bench/engine_pieces.py", "--number", "20"], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=600)
+    finally:
+        embedded_pg.stop(pgdata)
+
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in finished.stdout.splitlines()
+            if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 8 and rows[-1][0] == "**their sum for one first call**", finished.stdout
+    for what, in_a_loop, after_a_round_trip in rows:
+        assert float(in_a_loop.strip("*")) >= 0 and float(after_a_round_trip.strip("*")) >= 0, what
+    assert float(rows[-1][2].strip("*")) > 0
