@@ -125,9 +125,10 @@ def run(quick: bool = False) -> Section:
         + (f"{needed:.2f}×." if needed > 1 else
            f"{needed:.2f}×: less than the statements alone, so 4× is out of reach of the statements a first "
            "execution sends."),
-        f"- So 4× leaves the engine **{allowed_us:.0f} µs** a first execution beyond its statements; the pieces of "
-        f"Python every first execution needs, each timed alone right after a round trip as in a call, take "
-        f"**{needs_us:.0f} µs** together (bench/engine_pieces.py):", "",
+        (f"- So 4× leaves the engine **{allowed_us:.0f} µs** a first execution beyond its statements"
+         if allowed_us > 0 else "- So 4× leaves the engine nothing beyond its statements")
+        + f"; the pieces of Python every first execution needs, each timed alone right after a round trip as in a "
+        f"call, take **{needs_us:.0f} µs** together (bench/engine_pieces.py):", "",
         *engine_pieces.table(pieces), "",
         "Per operation the engine makes one durable commit (claim, side effect, outcome and two audit events "
         "together); a DBOS workflow records its status when it starts, the step's output, and its status when "
