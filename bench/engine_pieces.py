@@ -86,25 +86,27 @@ def measure(operation: Callable[[str], Any], raw: Any, number: int) -> list[Piec
         with raw.transaction():
             cursor.execute("SELECT 1").fetchone()
 
+    runs = max(number // 5, 1)  # a run after a round trip costs the round trip too: fewer of them
+
     def after_round_trip_us(work: Callable[[], object]) -> float:
         blocks = []
         for _ in range(3):
             spent = 0
-            for _ in range(max(number // 5, 1)):
+            for _ in range(runs):
                 db.fetchone("SELECT 1", [])
                 started = time.perf_counter_ns()
                 work()
                 spent += time.perf_counter_ns() - started
-            blocks.append(spent / max(number // 5, 1) / 1e3)
+            blocks.append(spent / runs / 1e3)
         return min(blocks)
 
     def cpu_us(work: Callable[[], object]) -> float:
         blocks = []
         for _ in range(3):
             started = time.process_time()
-            for _ in range(max(number // 5, 1)):
+            for _ in range(runs):
                 work()
-            blocks.append((time.process_time() - started) / max(number // 5, 1) * 1e6)
+            blocks.append((time.process_time() - started) / runs * 1e6)
         return min(blocks)
 
     def timed(what: str, work: Callable[[], object], times: int = 1) -> Piece:
