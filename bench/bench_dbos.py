@@ -14,13 +14,22 @@ DBOS (`dbos` on PyPI) is installed for the benchmarks only (requirements-dev.txt
 
 from __future__ import annotations
 
+import collections
 import statistics
 import time
 import uuid
 
 from bench import engine_pieces
 from bench.bench_engine import EngineStatements, raw_connection
-from bench.common import Section, at_least, fresh_database_url, live_statistics, spread
+from bench.common import (
+    Section,
+    at_least,
+    fresh_database_url,
+    live_statistics,
+    local_session,
+    session_cpu_seconds,
+    spread,
+)
 
 ROUNDS, QUICK_ROUNDS = 5, 2
 CALLS, QUICK_CALLS = 300, 40
@@ -60,14 +69,24 @@ def run(quick: bool = False) -> Section:
         with SetWorkflowID(key):
             one_step_workflow()
 
-    def per_second(call, keys: list[str]) -> float:
+    def per_second(call, keys: list[str], cpu: str | None = None, session: int | None = None) -> float:
+        """Calls per second of `call` over `keys`; with `cpu`, each call's CPU time in microseconds is kept
+        under that name: this thread's (DBOS's own threads left out), and the database session's (`session`:
+        its backend's pid)."""
+        process, server = time.thread_time(), session_cpu_seconds(session) if session is not None else None
         started = time.perf_counter()
         for key in keys:
             call(key)
-        return len(keys) / (time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        if cpu is not None:
+            cpu_us[cpu].append((time.thread_time() - process) / len(keys) * 1e6)
+            if session is not None and server is not None and (after := session_cpu_seconds(session)) is not None:
+                cpu_us[f"{cpu}_session"].append((after - server) / len(keys) * 1e6)
+        return len(keys) / elapsed
 
     rates: dict[str, list[float]] = {"engine": [], "dbos": [], "engine_replay": [], "dbos_replay": [],
-                                     "engine_statements": []}
+                                     "engine_statements": [], "through_django": []}
+    cpu_us: dict[str, list[float]] = collections.defaultdict(list)
     raw = raw_connection()
     try:
         warm = [f"warm-{uuid.uuid4().hex}" for _ in range(calls)]  # both sides' tables hold calls, with statistics
@@ -75,13 +94,18 @@ def run(quick: bool = False) -> Section:
         per_second(dbos_call, warm)
         live_statistics("idemops_bench_dbos")
         # Captured among first calls (the warm-up's), as the rounds' first executions send them.
-        statements = EngineStatements(engine_call, (f"captured-{uuid.uuid4().hex}", f"captured-{uuid.uuid4().hex}")
-                                      ).sender(raw)
+        captured = EngineStatements(engine_call, (f"captured-{uuid.uuid4().hex}", f"captured-{uuid.uuid4().hex}"))
+        statements, through_django = captured.sender(raw), captured.through_django()
+        connection.ensure_connection()
+        sessions = {"engine": local_session(connection.connection), "engine_statements": local_session(raw)}
         for _ in range(rounds):
             keys = [uuid.uuid4().hex for _ in range(calls)]
-            rates["engine"].append(per_second(engine_call, keys))
-            rates["dbos"].append(per_second(dbos_call, keys))
-            rates["engine_statements"].append(per_second(statements, [f"sql-{key}" for key in keys]))
+            rates["engine"].append(per_second(engine_call, keys, "engine", sessions["engine"]))
+            rates["dbos"].append(per_second(dbos_call, keys, "dbos"))
+            rates["engine_statements"].append(per_second(statements, [f"sql-{key}" for key in keys],
+                                                         "engine_statements", sessions["engine_statements"]))
+            rates["through_django"].append(per_second(through_django, [f"django-{key}" for key in keys],
+                                                      "through_django", sessions["engine"]))
             rates["engine_replay"].append(per_second(engine_call, keys))
             rates["dbos_replay"].append(per_second(dbos_call, keys))
         pieces = engine_pieces.measure(operation, raw, QUICK_PIECES if quick else PIECES)
@@ -97,13 +121,18 @@ def run(quick: bool = False) -> Section:
     # What 4× leaves the engine's Python around its statements, per first execution (µs), and what it needs.
     allowed_us = 1e6 / (4 * median["dbos"]) - 1e6 / median["engine_statements"]
     _, needs_us = engine_pieces.total(pieces)
+    cpu = {name: statistics.median(values) for name, values in cpu_us.items()}
+    # Where the engine's time beyond its statements goes: Django's transaction and core.db around them, then the
+    # engine's own Python; each in time, the calling thread's CPU and the database session's (µs a call).
+    django_part = _difference(median, cpu, "through_django", "engine_statements")
+    own_part = _difference(median, cpu, "engine", "through_django")
     p3 = at_least("P3", "engine first executions/s / DBOS one-step workflows/s", ratios, 4,
                   engine_per_s=median["engine"], dbos_per_s=median["dbos"],
                   replay_ratio=statistics.median(replay_ratios),
                   engine_statements_per_s=median["engine_statements"],
                   engine_statements_ratio=statistics.median(statements_ratios),
                   engine_over_statements=statistics.median(within), allowed_beyond_statements_us=allowed_us,
-                  pieces_in_a_call_us=needs_us)
+                  pieces_in_a_call_us=needs_us, django_and_db_us=django_part, engine_own_us=own_part)
     needed = statistics.median(statements_ratios) / 4  # the engine / its statements that 4× allows
     return Section("\n".join([
         "## P3: the engine vs DBOS Transact, in process", "",
@@ -130,7 +159,41 @@ def run(quick: bool = False) -> Section:
         + f"; the pieces of Python every first execution needs, each timed alone right after a round trip as in a "
         f"call, take **{needs_us:.0f} µs** together (bench/engine_pieces.py):", "",
         *engine_pieces.table(pieces), "",
+        "Where each first execution's time goes (the CPU time of the thread that calls, and of its database "
+        "session from the kernel's scheduler statistics where the server runs on this machine; the rest is "
+        "waiting: round trips, the disk's flush at COMMIT, another process on the core):", "",
+        *_cpu_table(median, cpu, django_part, own_part), "",
         "Per operation the engine makes one durable commit (claim, side effect, outcome and two audit events "
         "together); a DBOS workflow records its status when it starts, the step's output, and its status when "
         "it ends.", "",
     ]), [p3])
+
+
+def _per_call(median: dict[str, float], cpu: dict[str, float], name: str) -> dict[str, float | None]:
+    """µs a call of side `name`: its time, the calling thread's CPU, its database session's CPU (None: not
+    measured)."""
+    return {"time": 1e6 / median[name], "cpu": cpu.get(name), "session_cpu": cpu.get(f"{name}_session")}
+
+
+def _difference(median: dict[str, float], cpu: dict[str, float], upper: str, lower: str) -> dict[str, float | None]:
+    """What side `upper` costs a call beyond side `lower`, in each of `_per_call`'s figures."""
+    above, below = _per_call(median, cpu, upper), _per_call(median, cpu, lower)
+    return {what: None if (a := above[what]) is None or (b := below[what]) is None else a - b for what in above}
+
+
+def _cpu_table(median: dict[str, float], cpu: dict[str, float], django_part: dict[str, float | None],
+               own_part: dict[str, float | None]) -> list[str]:
+    """µs a first execution, median of the rounds: each side's time, calling thread's CPU and database session's
+    CPU, and the two parts of the engine's beyond its statements."""
+    def cells(figures: dict[str, float | None], bold: bool = False) -> str:
+        mark = "**" if bold else ""
+        return " | ".join("n/a" if value is None else f"{mark}{value:,.0f}{mark}" for value in figures.values())
+
+    sides = (("the engine's statements alone, sent raw", "engine_statements"),
+             ("the same statements in Django's transaction, through core.db", "through_django"),
+             ("the engine", "engine"), ("DBOS (its sessions are a pool: not measured)", "dbos"))
+    return ["| µs a first execution (median of rounds) | time | the calling thread's CPU | its database session's "
+            "CPU |", "| --- | ---: | ---: | ---: |",
+            *(f"| {label} | {cells(_per_call(median, cpu, name))} |" for label, name in sides),
+            f"| **Django's transaction and core.db beyond the raw statements** | {cells(django_part, True)} |",
+            f"| **the engine's own Python beyond them** | {cells(own_part, True)} |"]

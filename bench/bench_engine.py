@@ -80,13 +80,29 @@ class EngineStatements:
         import psycopg
 
         cursor = psycopg.RawCursor(raw)
+        # In one transaction as the engine's, or (one statement, a replay's read) in autocommit as the engine's.
+        return self._send(lambda: raw.transaction() if len(self.statements) > 1 else contextlib.nullcontext(),
+                          lambda sql, values: cursor.execute(sql, values).fetchone())
+
+    def through_django(self) -> Callable[[str], None]:
+        """A function that sends the statements for a new key as the engine sends them, with nothing of the
+        engine around them: in Django's transaction (`atomic`) on Django's connection, through `core.db.fetchone`
+        (its kept cursors). What the engine's Python beyond them costs is the engine's own."""
+        from django.db import transaction
+
+        from tools_app.core import db
+
+        return self._send(lambda: transaction.atomic() if len(self.statements) > 1 else contextlib.nullcontext(),
+                          db.fetchone)
+
+    def _send(self, transaction: Callable[[], contextlib.AbstractContextManager[Any]],
+              fetchone: Callable[[str, list[Any]], Any]) -> Callable[[str], None]:
         old_key = self.keys[0]
 
         def send(key: str) -> None:
             for_key: dict[Any, Any] = {old_key: key}  # a captured parameter -> this key's value
             record_id: int | None = None  # the claimed record's, once a statement returned it
-            # In one transaction as the engine's, or (one statement, a replay's read) in autocommit as the engine's.
-            with raw.transaction() if len(self.statements) > 1 else contextlib.nullcontext():
+            with transaction():
                 for sql, params, varying in self.statements:
                     values = list(params)
                     for i in varying:
@@ -96,7 +112,7 @@ class EngineStatements:
                         if old not in for_key:
                             for_key[old] = _for_key(old, key, record_id)
                         values[i] = for_key[old]
-                    row = cursor.execute(sql, values).fetchone()
+                    row = fetchone(sql, values)
                     if record_id is None and row is not None and isinstance(row[0], int):
                         record_id = row[0]
 

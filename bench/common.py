@@ -208,6 +208,22 @@ def live_statistics(*databases: str) -> None:
             other.execute("ANALYZE")
 
 
+def local_session(raw: Any) -> int | None:
+    """The process id of psycopg connection `raw`'s database session where it runs on this machine (reached
+    through a Unix socket, as the benchmarks' embedded cluster is), else None: a server elsewhere's process id
+    names nothing here, or another process."""
+    return int(raw.info.backend_pid) if raw.info.host.startswith("/") else None
+
+
+def session_cpu_seconds(pid: int) -> float | None:
+    """The CPU time a database session's process on this machine (`local_session`) has used so far, from the
+    kernel's scheduler statistics (nanoseconds); None where it cannot be read."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def timed(fn: Callable[[int], object], count: int) -> list[float]:
     """Per-call latencies in milliseconds of fn(0..count-1)."""
     latencies = []

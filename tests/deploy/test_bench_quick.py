@@ -53,6 +53,18 @@ def test_every_benchmark_runs_in_quick_mode_and_reports_every_figure_by_name(tmp
     table = markdown.partition("| a piece every first call needs, timed alone |")[2]
     table = table.partition("| **their sum for one first call** |")[0]
     assert len([line for line in table.splitlines()[2:] if line.startswith("| ")]) == 7, table
+    # ...and where the engine's time beyond its statements goes: Django's transaction and core.db around the same
+    # statements, then the engine's own Python; in time, the calling thread's CPU and its database session's (the
+    # embedded server runs on this machine, so the kernel's figures for its process are read).
+    for part in ("django_and_db_us", "engine_own_us"):
+        assert all(isinstance(p3["detail"][part][what], float) for what in ("time", "cpu", "session_cpu")), p3
+    cpu_rows = markdown.partition("| µs a first execution (median of rounds) |")[2].split("\n\n")[0].splitlines()[2:]
+    assert [row.split("|")[1].strip() for row in cpu_rows] == [
+        "the engine's statements alone, sent raw", "the same statements in Django's transaction, through core.db",
+        "the engine", "DBOS (its sessions are a pool: not measured)",
+        "**Django's transaction and core.db beyond the raw statements**", "**the engine's own Python beyond them**",
+    ], cpu_rows
+    assert "n/a" not in "".join(cpu_rows[:3] + cpu_rows[4:]), cpu_rows
     # bench_settle reports no figure: its table says that after each of its three faults every key took effect
     # exactly once and every answer carried a class.
     settle = report["sections"]["bench_settle"]["markdown"]
