@@ -73,13 +73,13 @@ def run(quick: bool = False) -> Section:
         """Calls per second of `call` over `keys`; with `cpu`, each call's CPU time in microseconds is kept
         under that name: this thread's (DBOS's own threads left out), and the database session's (`session`:
         its backend's pid)."""
-        process, server = time.thread_time(), session_cpu_seconds(session) if session is not None else None
+        thread, server = time.thread_time(), session_cpu_seconds(session) if session is not None else None
         started = time.perf_counter()
         for key in keys:
             call(key)
         elapsed = time.perf_counter() - started
         if cpu is not None:
-            cpu_us[cpu].append((time.thread_time() - process) / len(keys) * 1e6)
+            cpu_us[cpu].append((time.thread_time() - thread) / len(keys) * 1e6)
             if session is not None and server is not None and (after := session_cpu_seconds(session)) is not None:
                 cpu_us[f"{cpu}_session"].append((after - server) / len(keys) * 1e6)
         return len(keys) / elapsed
@@ -191,7 +191,7 @@ def _cpu_table(median: dict[str, float], cpu: dict[str, float], django_part: dic
 
     sides = (("the engine's statements alone, sent raw", "engine_statements"),
              ("the same statements in Django's transaction, through core.db", "through_django"),
-             ("the engine", "engine"), ("DBOS (its sessions are a pool: not measured)", "dbos"))
+             ("the engine", "engine"), ("DBOS (its sessions are a pool, not read)", "dbos"))
     return ["| µs a first execution (median of rounds) | time | the calling thread's CPU | its database session's "
             "CPU |", "| --- | ---: | ---: | ---: |",
             *(f"| {label} | {cells(_per_call(median, cpu, name))} |" for label, name in sides),

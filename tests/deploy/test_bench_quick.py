@@ -61,7 +61,7 @@ def test_every_benchmark_runs_in_quick_mode_and_reports_every_figure_by_name(tmp
     cpu_rows = markdown.partition("| µs a first execution (median of rounds) |")[2].split("\n\n")[0].splitlines()[2:]
     assert [row.split("|")[1].strip() for row in cpu_rows] == [
         "the engine's statements alone, sent raw", "the same statements in Django's transaction, through core.db",
-        "the engine", "DBOS (its sessions are a pool: not measured)",
+        "the engine", "DBOS (its sessions are a pool, not read)",
         "**Django's transaction and core.db beyond the raw statements**", "**the engine's own Python beyond them**",
     ], cpu_rows
     assert "n/a" not in "".join(cpu_rows[:3] + cpu_rows[4:]), cpu_rows
