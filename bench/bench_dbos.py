@@ -108,7 +108,7 @@ def run(quick: bool = False) -> Section:
                                                       "through_django", sessions["engine"]))
             rates["engine_replay"].append(per_second(engine_call, keys))
             rates["dbos_replay"].append(per_second(dbos_call, keys))
-        pieces = engine_pieces.measure(operation, raw, QUICK_PIECES if quick else PIECES)
+        pieces = engine_pieces.measure(operation, QUICK_PIECES if quick else PIECES)
     finally:
         raw.close()
         DBOS.destroy()

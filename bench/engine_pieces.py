@@ -5,14 +5,15 @@
 On a fresh benchmark database, for P3's operation (bench/bench_dbos.py: a local tool, arguments `{"n": 1}`):
 the operation's fingerprint, stored form and field digests; the record built (its operation id, its sealed
 arguments, its lease); the record's INSERT parameters; an audit event and its parameters (a first call writes
-two); the SUCCEEDED mark's UPDATE and its audit event with their parameters; the call's span; and Django's
-transaction (`atomic` and its commit) around one statement, beyond psycopg's own around the same statement.
+two); the SUCCEEDED mark's UPDATE and its audit event with their parameters; and the call's span. (Django's
+transaction is not among them: timed alone around one statement it took tens of µs of CPU beyond psycopg's, but in
+a call it costs nothing beyond psycopg's own, as P3's section measures with the engine's statements in both.)
 
 Each piece is timed twice: in a loop (`timeit`, the best of five repeats of `--number`), and each run right
 after a round trip to the database, as a call runs it, with the processor's caches as the wait left them (the
-lowest of three blocks of `--number` / 5). The transaction's figure is CPU time, round trips in both sides.
-Their sum is Python the engine cannot do without, however it is arranged: `make bench` prints it in P3's
-section beside what 4× DBOS leaves the engine over its statements (docs/performance.md, "Where issue 38 ends").
+lowest of three blocks of `--number` / 5). Their sum is Python the engine cannot do without, however it is
+arranged: `make bench` prints it in P3's section beside what 4× DBOS leaves the engine over its statements
+(docs/performance.md, "Where a first execution's time goes beyond its statements").
 """
 
 from __future__ import annotations
@@ -38,11 +39,8 @@ class Piece(NamedTuple):
     times: int = 1  # how many a first call has
 
 
-def measure(operation: Callable[[str], Any], raw: Any, number: int) -> list[Piece]:
-    """The pieces of a first call of `operation(key)` (an `engine.Operation`), each timed alone; `raw` is an
-    autocommit psycopg connection to the same database (`bench_engine.raw_connection`)."""
-    from django.db import transaction
-
+def measure(operation: Callable[[str], Any], number: int) -> list[Piece]:
+    """The pieces of a first call of `operation(key)` (an `engine.Operation`), each timed alone."""
     from tools_app.core import audit, clock, db, tracing
     from tools_app.engine import claims
     from tools_app.engine.models import RecordStatus
@@ -76,16 +74,6 @@ def measure(operation: Callable[[str], Any], raw: Any, number: int) -> list[Piec
         with tracing.span("idempotency.claim") as span:
             span.set_attribute("idemops.claimed", True)
 
-    cursor = raw.cursor()
-
-    def django_transaction() -> None:
-        with transaction.atomic():
-            db.fetchone("SELECT 1", [])
-
-    def psycopg_transaction() -> None:
-        with raw.transaction():
-            cursor.execute("SELECT 1").fetchone()
-
     runs = max(number // 5, 1)  # a run after a round trip costs the round trip too: fewer of them
 
     def after_round_trip_us(work: Callable[[], object]) -> float:
@@ -100,20 +88,10 @@ def measure(operation: Callable[[str], Any], raw: Any, number: int) -> list[Piec
             blocks.append(spent / runs / 1e3)
         return min(blocks)
 
-    def cpu_us(work: Callable[[], object]) -> float:
-        blocks = []
-        for _ in range(3):
-            started = time.process_time()
-            for _ in range(runs):
-                work()
-            blocks.append((time.process_time() - started) / runs * 1e6)
-        return min(blocks)
-
     def timed(what: str, work: Callable[[], object], times: int = 1) -> Piece:
         in_a_loop = min(timeit.repeat(work, number=number, repeat=5)) / number * 1e6
         return Piece(what, in_a_loop, after_round_trip_us(work), times)
 
-    transaction_cpu = max(cpu_us(django_transaction) - cpu_us(psycopg_transaction), 0.0)
     return [
         timed("the operation: its fingerprint, stored form and field digests", the_operation),
         timed("the record built (its operation id, sealed arguments and lease)", lambda: claims.new_record(op)),
@@ -121,8 +99,6 @@ def measure(operation: Callable[[str], Any], raw: Any, number: int) -> list[Piec
         timed("an audit event and its parameters (a first call writes two)", an_event, times=2),
         timed("the SUCCEEDED mark's UPDATE and its audit event, with their parameters", the_mark),
         timed("the call's span", a_span),
-        Piece("Django's transaction around one statement, beyond psycopg's (CPU time)", transaction_cpu,
-              transaction_cpu),
     ]
 
 
@@ -141,7 +117,6 @@ def table(pieces: list[Piece]) -> list[str]:
 
 
 def main(number: int) -> None:
-    from bench.bench_engine import raw_connection
     from tools_app import access, engine
 
     tenant = access.create_tenant(f"bench-pieces-{uuid.uuid4().hex[:6]}")
@@ -151,11 +126,7 @@ def main(number: int) -> None:
 
     for _ in range(50):  # the statements prepared, the caches filled
         engine.run(operation(uuid.uuid4().hex), lambda record: {"ok": True})
-    raw = raw_connection()
-    try:
-        print("\n".join(table(measure(operation, raw, number))))
-    finally:
-        raw.close()
+    print("\n".join(table(measure(operation, number))))
 
 
 if __name__ == "__main__":
